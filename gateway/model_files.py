@@ -1,0 +1,62 @@
+"""Load what the Gateway needs from a Hugging Face style model directory, without transformers:
+tokenizer.json (Rust tokenizers), the chat template, special tokens and the context window."""
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ModelFiles(BaseModel):
+    """The pieces of a model directory the Gateway reads, validated once at start-up."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokenizer_path: Path
+    chat_template: str
+    bos_token: str | None
+    eos_token: str
+    context_window: int | None
+
+
+class ModelFilesError(ValueError):
+    """The tokenizer directory lacks something the Gateway cannot run without."""
+
+
+def _token_text(value: object) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    raise ModelFilesError(f"unsupported special token entry {value!r}")
+
+
+def load_model_files(directory: Path, chat_template_file: Path | None = None) -> ModelFiles:
+    directory = Path(directory)
+    tokenizer_path = directory / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise ModelFilesError(f"{tokenizer_path} not found (need a fast-tokenizer tokenizer.json)")
+    config_path = directory / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if chat_template_file is not None:
+        template = Path(chat_template_file).read_text()
+    elif (directory / "chat_template.jinja").is_file():
+        template = (directory / "chat_template.jinja").read_text()
+    elif isinstance(tok_config.get("chat_template"), str):
+        template = tok_config["chat_template"]
+    else:
+        raise ModelFilesError(f"no chat template in {directory} (pass --chat-template FILE)")
+    eos = _token_text(tok_config.get("eos_token"))
+    if not eos:
+        raise ModelFilesError(f"{config_path}: eos_token is required")
+    window = None
+    model_config = directory / "config.json"
+    if model_config.is_file():
+        window = json.loads(model_config.read_text()).get("max_position_embeddings")
+    return ModelFiles(
+        tokenizer_path=tokenizer_path,
+        chat_template=template,
+        bos_token=_token_text(tok_config.get("bos_token")),
+        eos_token=eos,
+        context_window=window,
+    )

@@ -1,0 +1,28 @@
+"""Gateway control API contracts: creating a session and what it returns."""
+
+from typing import Any
+
+from pydantic import Field
+
+from schemas.base import StrictModel
+from schemas.sampling import SamplingParams
+from schemas.scenes import SceneConfig
+
+
+class SessionConfig(StrictModel):
+    """Body of `POST /sessions`: everything the Gateway enforces for one rollout."""
+
+    rollout_id: str = Field(min_length=1, max_length=256)
+    policy_version: str = Field(default="unversioned", min_length=1, max_length=256)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    scenes: SceneConfig = Field(default_factory=SceneConfig)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionCreated(StrictModel):
+    """Reply of `POST /sessions`: what the sandbox needs to point an agent at us."""
+
+    session_id: str
+    token: str
+    openai_base_url: str
+    anthropic_base_url: str

@@ -1,0 +1,95 @@
+"""Recorded calls and segments: the Gateway's token-exact record of a session."""
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from schemas.base import StrictModel
+from schemas.sampling import SamplingParams
+from schemas.scenes import Scene
+
+
+class CallStatus(StrEnum):
+    ok = "ok"
+    engine_error = "engine_error"
+    cancelled = "cancelled"
+
+
+class MatchKind(StrEnum):
+    """How a request's messages related to the tokens already held (ARCHITECTURE §5)."""
+
+    clean = "clean"
+    realign = "realign"
+    fork = "fork"
+
+
+class RecordedCall(StrictModel):
+    """One agent LLM call exactly as the engine served it."""
+
+    call_id: str
+    segment_id: str
+    scene: Scene
+    protocol: Literal["openai_chat", "openai_responses", "anthropic_messages"]
+    path: str
+    status: CallStatus
+    match: MatchKind
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    new_prompt_tokens: int = Field(ge=0, description="prompt tokens tokenized for this call")
+    finish_reason: str | None = None
+    sampling: SamplingParams
+    policy_version: str
+    engine_url: str | None = None
+    started_at: datetime
+    duration_s: float = Field(ge=0.0)
+    error: str | None = None
+    parse_error: str | None = None
+    drift: list[str] = Field(default_factory=list, description="what realign forgave")
+
+    @model_validator(mode="after")
+    def _logprobs_align(self) -> "RecordedCall":
+        if len(self.output_logprobs) != len(self.output_ids):
+            raise ValueError("output_logprobs must align with output_ids")
+        return self
+
+
+class Segment(StrictModel):
+    """One token-contiguous conversation: first prompt, then everything after it.
+
+    `loss_mask` is 1 exactly on sampled tokens; `logprobs` is the engine's on those and
+    0.0 elsewhere. Both align with `response_ids`.
+    """
+
+    segment_id: str
+    parent_id: str | None = None
+    link: Literal["continues", "spawned_by"] | None = None
+    scene: Scene
+    trainable: bool
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    call_ids: list[str]
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "Segment":
+        n = len(self.response_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError("loss_mask and logprobs must align with response_ids")
+        return self
+
+
+class Trajectory(StrictModel):
+    """Reply of `GET /sessions/{id}/trajectory`."""
+
+    session_id: str
+    rollout_id: str
+    policy_version: str
+    closed: bool
+    prompt_template_version: str
+    calls: list[RecordedCall]
+    segments: list[Segment]
+    metadata: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The one test command: installs what a fresh machine lacks (system packages, services,
+# virtual environments, caches), then runs every test: unit, integration and e2e.
+# Idempotent and cached, so a second run on the same machine is fast.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+export ROLLOUT_CACHE_DIR=${ROLLOUT_CACHE_DIR:-$HOME/.cache/agentic-rollout}
+mkdir -p "$ROLLOUT_CACHE_DIR"
+
+echo "== system packages and services"
+bash scripts/install_system_deps.sh
+
+echo "== project virtual environment (.venv)"
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q --upgrade pip >/dev/null
+.venv/bin/pip install -q -e ".[dev]"
+
+echo "== vLLM CPU virtual environment (cached under $ROLLOUT_CACHE_DIR)"
+.venv/bin/python -c "from gateway.vllm_server import ensure_vllm_venv; print(ensure_vllm_venv())"
+
+if [ -f scripts/build_base_image.sh ]; then
+  echo "== sandbox base image (cached by recipe hash)"
+  bash scripts/build_base_image.sh
+fi
+
+echo "== lint"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+
+echo "== tests"
+exec .venv/bin/python -m pytest -q -ra "$@"

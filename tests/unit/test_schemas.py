@@ -1,0 +1,106 @@
+"""Schema contracts: strict models, sampling policy precedence, Parquet round trip and
+refusal of unknown schema versions."""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
+
+from schemas.samples import (
+    SAMPLE_ARROW_SCHEMA,
+    SampleRow,
+    SampleStatus,
+    UnknownSchemaVersionError,
+    read_samples,
+    rows_to_table,
+    table_to_rows,
+    write_samples,
+)
+from schemas.sampling import SamplingParams
+from schemas.scenes import Scene
+from schemas.session import SessionConfig
+
+
+def make_row(**overrides: object) -> SampleRow:
+    data: dict[str, object] = {
+        "rollout_id": "r1",
+        "task_id": "t1",
+        "group_id": "g1",
+        "segment_id": "seg1",
+        "scene": Scene.main,
+        "prompt_ids": [1, 2, 3],
+        "response_ids": [4, 5, 6],
+        "loss_mask": [1, 0, 1],
+        "logprobs": [-0.5, 0.0, -1.25],
+        "reward": 1.0,
+        "status": SampleStatus.ok,
+        "policy_version": "p1",
+        "env_version": "sha256:abc",
+        "prompt_template_version": "tmpl",
+        "reward_fn_version": "rf1",
+        "harness": "command",
+        "harness_version": "1",
+        "sampling": '{"temperature": 1.0}',
+        "seed": 7,
+    }
+    data.update(overrides)
+    return SampleRow.model_validate(data)
+
+
+def test_session_config_rejects_unknown_fields() -> None:
+    with pytest.raises(ValidationError, match="rollout_idd"):
+        SessionConfig.model_validate({"rollout_id": "x", "rollout_idd": "typo"})
+
+
+def test_session_policy_wins_and_max_tokens_is_a_cap() -> None:
+    policy = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=256, seed=3)
+    requested = SamplingParams(temperature=0.0, max_tokens=4096, stop=["</x>"])
+    used = policy.merged_over(requested)
+    assert used.temperature == 1.0
+    assert used.top_p == 0.9
+    assert used.seed == 3
+    assert used.max_tokens == 256
+    assert used.stop == ["</x>"]
+    assert policy.merged_over(SamplingParams(max_tokens=10)).max_tokens == 10
+
+
+def test_sample_row_alignment_is_checked() -> None:
+    with pytest.raises(ValidationError, match="align"):
+        make_row(loss_mask=[1, 1])
+    with pytest.raises(ValidationError, match="only 0 and 1"):
+        make_row(loss_mask=[1, 2, 1])
+
+
+def test_parquet_round_trip(tmp_path) -> None:
+    rows = [make_row(), make_row(segment_id="seg2", scene=Scene.compaction, seed=None)]
+    path = tmp_path / "s.parquet"
+    write_samples(rows, path)
+    table = read_samples(path)
+    assert table.schema.equals(SAMPLE_ARROW_SCHEMA, check_metadata=False)
+    back = table_to_rows(table)
+    assert back == rows
+
+
+def test_reader_refuses_unknown_schema_version(tmp_path) -> None:
+    table = rows_to_table([make_row()])
+    future = table.replace_schema_metadata({b"agentic_rollout.schema_version": b"99"})
+    path = tmp_path / "future.parquet"
+    pq.write_table(future, path)
+    with pytest.raises(UnknownSchemaVersionError, match="99"):
+        read_samples(path)
+    bare = tmp_path / "bare.parquet"
+    pq.write_table(pa.table({"x": [1]}), bare)
+    with pytest.raises(UnknownSchemaVersionError, match="no agentic_rollout"):
+        read_samples(bare)
+
+
+def test_reader_checks_each_file_of_a_directory(tmp_path) -> None:
+    write_samples([make_row()], tmp_path / "a.parquet")
+    future = rows_to_table([make_row()]).replace_schema_metadata(
+        {b"agentic_rollout.schema_version": b"2"}
+    )
+    pq.write_table(future, tmp_path / "b.parquet")
+    with pytest.raises(UnknownSchemaVersionError):
+        read_samples(tmp_path)
+    (tmp_path / "b.parquet").unlink()
+    assert read_samples(tmp_path).num_rows == 1
