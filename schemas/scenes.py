@@ -31,7 +31,6 @@ class SceneRule(StrictModel):
     system_contains: str | None = None
     last_user_contains: str | None = None
     no_tools: bool | None = None
-    body_equals: dict[str, str] = Field(default_factory=dict)
 
 
 class SceneConfig(StrictModel):

@@ -1,0 +1,337 @@
+"""The Gateway core: sessions, and one protocol-independent path for every agent call.
+
+prepare prompt (held tokens + new part) → engine (token IDs in, sampled IDs out) → parse →
+commit to the held segment → append the record to disk → hand the result to the adapter.
+Adapters only translate protocols; everything that makes trajectories exact lives here.
+"""
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from gateway.canonical import CanonicalRequest, CompletionResult, Message
+from gateway.chat_template import ChatTemplate, TemplateRenderError
+from gateway.engine_client import EngineClient
+from gateway.errors import GatewayError
+from gateway.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
+from gateway.metrics import GatewayMetrics
+from gateway.output_parser import OutputParser
+from gateway.scenes import classify
+from gateway.store import CallRecord, SegmentOpened, SessionMeta, SessionStore
+from gateway.trajectory import build_segments, recorded_calls
+from schemas.sampling import SamplingParams
+from schemas.scenes import Scene
+from schemas.session import SessionConfig, SessionCreated
+from schemas.trajectory import CallStatus, MatchKind, RecordedCall, Trajectory
+
+
+class GatewayOptions(BaseModel):
+    """Settings of one gateway process that the core needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str
+    public_url: str
+    data_dir: Path
+    context_window: int
+    default_max_tokens: int = 4096
+    max_inflight_engine_calls: int = 256
+    max_queued_engine_calls: int = 4096
+
+
+class LiveSession:
+    """In-memory state of a session owned by this process."""
+
+    def __init__(self, meta: SessionMeta) -> None:
+        self.meta = meta
+        self.held: list[HeldSegment] = []
+        self.segment_scenes: dict[str, Scene] = {}
+        self.lock = asyncio.Lock()
+        self.closed = False
+        self.inflight = 0
+
+
+def _hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Gateway:
+    def __init__(
+        self,
+        options: GatewayOptions,
+        template: ChatTemplate,
+        incremental: IncrementalTokenizer,
+        parser: OutputParser,
+        engine: EngineClient,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.options = options
+        self.template = template
+        self.incremental = incremental
+        self.parser = parser
+        self.engine = engine
+        self.metrics = metrics or GatewayMetrics()
+        self.store = SessionStore(options.data_dir)
+        self.sessions: dict[str, LiveSession] = {}
+        self._engine_slots = asyncio.Semaphore(options.max_inflight_engine_calls)
+        self._waiting = 0
+
+    # ------------------------------------------------------------------ control API
+    def create_session(self, config: SessionConfig) -> SessionCreated:
+        session_id = "s" + uuid.uuid4().hex
+        token = f"{session_id}.{secrets.token_urlsafe(24)}"
+        meta = SessionMeta(
+            session_id=session_id,
+            config=config,
+            token_sha256=_hash_token(token),
+            engine_url=self.engine.assign(session_id),
+            prompt_template_version=self.template.version,
+            created_at=datetime.now(UTC),
+        )
+        self.store.create(meta)
+        self.sessions[session_id] = LiveSession(meta)
+        self.metrics.sessions_open.inc()
+        base = self.options.public_url.rstrip("/")
+        return SessionCreated(
+            session_id=session_id,
+            token=token,
+            openai_base_url=f"{base}/v1",
+            anthropic_base_url=base,
+        )
+
+    def close_session(self, session_id: str) -> None:
+        """Idempotent; a session owned by another process is closed through its marker."""
+        if not self.store.exists(session_id):
+            raise GatewayError("not_found", f"session {session_id} does not exist")
+        self.store.mark_closed(session_id)
+        live = self.sessions.get(session_id)
+        if live is not None and not live.closed:
+            live.closed = True
+            live.held.clear()  # the records on disk keep everything; free the memory
+            self.engine.release(session_id)
+            self.metrics.sessions_open.dec()
+
+    def trajectory(self, session_id: str) -> Trajectory:
+        if not self.store.exists(session_id):
+            raise GatewayError("not_found", f"session {session_id} does not exist")
+        meta = self.store.load_meta(session_id)
+        records = self.store.load_records(session_id)
+        trainable = set(meta.config.scenes.trainable)
+        return Trajectory(
+            session_id=session_id,
+            rollout_id=meta.config.rollout_id,
+            policy_version=meta.config.policy_version,
+            closed=self.store.is_closed(session_id),
+            prompt_template_version=meta.prompt_template_version,
+            calls=recorded_calls(records),
+            segments=build_segments(records, trainable),
+            metadata=meta.config.metadata,
+        )
+
+    # ------------------------------------------------------------------ agent API
+    def authenticate(self, token: str | None) -> LiveSession:
+        """Session token → live session: 401 bad token, 404 unknown, 409 closed."""
+        if not token:
+            raise GatewayError("authentication", "missing session token (use it as the API key)")
+        session_id, _, _ = token.partition(".")
+        live = self.sessions.get(session_id)
+        if live is None:
+            if self.store.exists(session_id):
+                meta = self.store.load_meta(session_id)
+                if hmac.compare_digest(meta.token_sha256, _hash_token(token)):
+                    # Owned by another process or recorded before a restart: read-only now.
+                    raise GatewayError(
+                        "conflict", f"session {session_id} is not served by this process"
+                    )
+            raise GatewayError("authentication", "invalid session token")
+        if not hmac.compare_digest(live.meta.token_sha256, _hash_token(token)):
+            raise GatewayError("authentication", "invalid session token")
+        if live.closed or self.store.is_closed(session_id):
+            live.closed = True
+            raise GatewayError("conflict", f"session {session_id} is closed")
+        return live
+
+    async def complete(
+        self, session: LiveSession, request: CanonicalRequest, raw_request: dict[str, Any]
+    ) -> CompletionResult:
+        config = session.meta.config
+        scene = classify(request, config.scenes)
+        started_at = datetime.now(UTC)
+        wall0 = time.perf_counter()
+        async with session.lock:
+            cpu0 = time.process_time()
+            try:
+                plan = self.incremental.prepare(
+                    session.held, request.messages, request.tools, request.template_kwargs
+                )
+            except TemplateRenderError as exc:
+                raise GatewayError("invalid_request", f"chat template: {exc}") from exc
+            self.metrics.prepare_seconds.observe(time.process_time() - cpu0)
+        sampling = self._sampling_for(config.sampling, request.sampling, len(plan.prompt_ids))
+        call_id = uuid.uuid4().hex[:24]
+        try:
+            completion = await self._call_engine(session, plan.prompt_ids, sampling)
+        except GatewayError as err:
+            await self._record_failure(
+                session, request, raw_request, plan, scene, sampling, call_id, started_at, err
+            )
+            raise
+        text = self.incremental.tokenizer.decode(completion.output_ids)
+        parsed = self.parser.parse(
+            text,
+            call_id=call_id,
+            starts_in_reasoning=self.incremental.prompt_opens_reasoning(plan.prompt_ids),
+        )
+        reply = Message(
+            role="assistant",
+            content=parsed.content,
+            reasoning=parsed.reasoning,
+            tool_calls=parsed.tool_calls,
+        )
+        finish = "length" if completion.finish_reason == "length" else "stop"
+        async with session.lock:
+            segment = self.incremental.commit(
+                session.held,
+                plan,
+                completion.output_ids,
+                completion.output_logprobs,
+                reply,
+                finished_with_eot=finish == "stop",
+            )
+            opened = segment.segment_id not in session.segment_scenes
+            if opened:
+                session.segment_scenes[segment.segment_id] = scene
+                self.store.append(
+                    session.meta.session_id,
+                    SegmentOpened(
+                        segment_id=segment.segment_id,
+                        parent_id=segment.parent_id,
+                        scene=scene.value,
+                    ),
+                )
+            match = plan.kind if segment.segment_id == plan.segment_id else MatchKind.fork
+            call = RecordedCall(
+                call_id=call_id,
+                segment_id=segment.segment_id,
+                scene=scene,
+                protocol=request.protocol,
+                path=request.path,
+                status=CallStatus.ok,
+                match=match,
+                prompt_ids=plan.prompt_ids,
+                output_ids=completion.output_ids,
+                output_logprobs=completion.output_logprobs,
+                new_prompt_tokens=plan.new_token_count,
+                finish_reason=completion.finish_reason,
+                sampling=sampling,
+                policy_version=config.policy_version,
+                engine_url=session.meta.engine_url,
+                started_at=started_at,
+                duration_s=time.perf_counter() - wall0,
+                parse_error=parsed.parse_error,
+                drift=plan.drift,
+            )
+            self.store.append(
+                session.meta.session_id,
+                CallRecord(call=call, request=raw_request, normalized=request.model_dump()),
+            )
+        self._count(request, scene, call, plan)
+        return CompletionResult(
+            call_id=call_id,
+            model=request.model or self.options.model_name,
+            created=int(started_at.timestamp()),
+            output=parsed,
+            finish_reason="tool_calls" if parsed.tool_calls and finish == "stop" else finish,
+            prompt_tokens=len(plan.prompt_ids),
+            completion_tokens=len(completion.output_ids),
+            cached_prompt_tokens=plan.base_length,
+            output_ids=completion.output_ids,
+            output_logprobs=completion.output_logprobs,
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _sampling_for(
+        self, policy: SamplingParams, requested: SamplingParams, prompt_len: int
+    ) -> SamplingParams:
+        room = self.options.context_window - prompt_len
+        if room < 1:
+            raise GatewayError(
+                "invalid_request",
+                f"prompt is {prompt_len} tokens; the context window is "
+                f"{self.options.context_window}",
+                param="messages",
+            )
+        used = policy.merged_over(requested)
+        cap = min(used.max_tokens or self.options.default_max_tokens, room)
+        return used.model_copy(update={"max_tokens": cap})
+
+    async def _call_engine(self, session: LiveSession, prompt_ids: list[int], sampling: Any) -> Any:
+        if self._waiting >= self.options.max_queued_engine_calls:
+            raise GatewayError("overloaded", "gateway queue is full", status=429, retry_after=1.0)
+        self._waiting += 1
+        try:
+            await self._engine_slots.acquire()
+        finally:
+            self._waiting -= 1
+        self.metrics.engine_inflight.inc()
+        try:
+            return await self.engine.complete(session.meta.engine_url, prompt_ids, sampling)
+        finally:
+            self.metrics.engine_inflight.dec()
+            self._engine_slots.release()
+
+    async def _record_failure(
+        self,
+        session: LiveSession,
+        request: CanonicalRequest,
+        raw_request: dict[str, Any],
+        plan: PromptPlan,
+        scene: Scene,
+        sampling: SamplingParams,
+        call_id: str,
+        started_at: datetime,
+        err: GatewayError,
+    ) -> None:
+        call = RecordedCall(
+            call_id=call_id,
+            segment_id=plan.segment_id,
+            scene=scene,
+            protocol=request.protocol,
+            path=request.path,
+            status=CallStatus.engine_error,
+            match=plan.kind,
+            prompt_ids=plan.prompt_ids,
+            output_ids=[],
+            output_logprobs=[],
+            new_prompt_tokens=plan.new_token_count,
+            sampling=sampling,
+            policy_version=session.meta.config.policy_version,
+            engine_url=session.meta.engine_url,
+            started_at=started_at,
+            duration_s=(datetime.now(UTC) - started_at).total_seconds(),
+            error=f"{err.status} {err.kind}: {err.message}",
+        )
+        async with session.lock:
+            self.store.append(
+                session.meta.session_id,
+                CallRecord(call=call, request=raw_request, normalized=request.model_dump()),
+            )
+        self.metrics.calls.labels(request.protocol, scene.value, call.status.value, plan.kind).inc()
+
+    def _count(
+        self, request: CanonicalRequest, scene: Scene, call: RecordedCall, plan: PromptPlan
+    ) -> None:
+        m = self.metrics
+        m.calls.labels(request.protocol, scene.value, call.status.value, call.match.value).inc()
+        m.new_prompt_tokens.inc(plan.new_token_count)
+        m.reused_prompt_tokens.inc(plan.base_length)
+        m.sampled_tokens.inc(len(call.output_ids))
+        m.call_seconds.labels(request.protocol).observe(call.duration_s)

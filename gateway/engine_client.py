@@ -1,0 +1,409 @@
+"""Token-ID client for vLLM's OpenAI-compatible `/v1/completions` endpoint.
+
+The Gateway renders prompts itself and sends token IDs (ARCHITECTURE.md §5), so this client
+never sees text prompts. It returns the sampled output IDs and their logprobs exactly as the
+engine produced them, after validating the reply: an engine reply is external input, and a
+silently misaligned logprob would poison training data rather than fail loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.errors import GatewayError
+from schemas.sampling import SamplingParams
+
+ENGINE_UNAVAILABLE_RETRY_AFTER_S = 5.0
+"""Retry-After suggested to agents when no engine connection could be made."""
+
+ENGINE_OVERLOADED_RETRY_AFTER_S = 1.0
+"""Retry-After used when the engine says it is busy but does not say for how long."""
+
+_SAMPLING_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+class EngineCompletion(BaseModel):
+    """One validated engine completion: `output_ids[i]` was sampled with `output_logprobs[i]`.
+
+    `text` is the engine's own detokenization (special tokens kept); informational only —
+    the Gateway decodes `output_ids` itself. `stop_reason` is vLLM's: the stop token ID or
+    stop string that ended generation, or None for EOS / length.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    output_ids: list[int]
+    output_logprobs: list[float]
+    text: str
+    finish_reason: Literal["stop", "length"]
+    stop_reason: int | str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+
+
+class EngineModelInfo(BaseModel):
+    """What `/v1/models` says about the served model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    max_model_len: int
+
+
+# --- vLLM wire models (validation of external input) ------------------------------------
+# strict: no "5" -> 5 coercions; extra="ignore": vLLM adds fields across versions.
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class _VllmLogprobs(_Wire):
+    token_logprobs: list[float | None]
+    tokens: list[str] | None = None
+
+
+class _VllmChoice(_Wire):
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    logprobs: _VllmLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class _VllmPromptTokensDetails(_Wire):
+    cached_tokens: int | None = None
+
+
+class _VllmUsage(_Wire):
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_tokens_details: _VllmPromptTokensDetails | None = None
+
+
+class _VllmCompletionReply(_Wire):
+    choices: list[_VllmChoice] = Field(min_length=1)
+    usage: _VllmUsage | None = None
+
+
+class _VllmModelCard(_Wire):
+    id: str
+    max_model_len: int | None = None
+
+
+class _VllmModelList(_Wire):
+    data: list[_VllmModelCard]
+
+
+def _bad_reply(url: str, what: str) -> GatewayError:
+    return GatewayError("engine_bad_reply", f"engine at {url} returned a malformed reply: {what}")
+
+
+def extract_completion(
+    url: str, prompt_ids: list[int], reply: _VllmCompletionReply
+) -> EngineCompletion:
+    """The one place that maps vLLM's completion reply onto `EngineCompletion`.
+
+    vLLM field → ours:
+      choices[0].token_ids                 → output_ids   (needs `return_token_ids: true`)
+      choices[0].logprobs.token_logprobs   → output_logprobs (sampled token's logprob)
+      choices[0].prompt_token_ids          → checked equal to what we sent, if present
+      choices[0].finish_reason/stop_reason → finish_reason/stop_reason
+      usage.prompt_tokens_details.cached_tokens → cached_prompt_tokens (0 if absent)
+    """
+    choice = reply.choices[0]
+    if choice.token_ids is None:
+        raise _bad_reply(url, "choices[0].token_ids missing (engine must support return_token_ids)")
+    if choice.logprobs is None:
+        raise _bad_reply(url, "choices[0].logprobs missing")
+    output_ids = choice.token_ids
+    raw_logprobs = choice.logprobs.token_logprobs
+    if len(raw_logprobs) != len(output_ids):
+        raise _bad_reply(
+            url,
+            f"{len(output_ids)} token_ids but {len(raw_logprobs)} token_logprobs",
+        )
+    if choice.logprobs.tokens is not None and len(choice.logprobs.tokens) != len(output_ids):
+        raise _bad_reply(
+            url, f"{len(output_ids)} token_ids but {len(choice.logprobs.tokens)} logprob tokens"
+        )
+    output_logprobs: list[float] = []
+    for i, lp in enumerate(raw_logprobs):
+        if lp is None or not math.isfinite(lp):
+            raise _bad_reply(url, f"token_logprobs[{i}] is {lp!r}")
+        output_logprobs.append(float(lp))
+    if any(t < 0 for t in output_ids):
+        raise _bad_reply(url, "negative token id in choices[0].token_ids")
+    if choice.prompt_token_ids is not None and choice.prompt_token_ids != prompt_ids:
+        raise _bad_reply(url, "choices[0].prompt_token_ids differ from the prompt sent")
+    if choice.finish_reason not in ("stop", "length"):
+        raise _bad_reply(url, f"unexpected finish_reason {choice.finish_reason!r}")
+
+    prompt_tokens = len(prompt_ids)
+    completion_tokens = len(output_ids)
+    cached = 0
+    if reply.usage is not None:
+        if reply.usage.completion_tokens != completion_tokens:
+            raise _bad_reply(
+                url,
+                f"usage.completion_tokens={reply.usage.completion_tokens} "
+                f"but {completion_tokens} token_ids",
+            )
+        if reply.usage.prompt_tokens != prompt_tokens:
+            raise _bad_reply(
+                url,
+                f"usage.prompt_tokens={reply.usage.prompt_tokens} "
+                f"but {prompt_tokens} prompt ids were sent",
+            )
+        details = reply.usage.prompt_tokens_details
+        if details is not None and details.cached_tokens is not None:
+            cached = details.cached_tokens
+    return EngineCompletion(
+        url=url,
+        output_ids=output_ids,
+        output_logprobs=output_logprobs,
+        text=choice.text,
+        finish_reason=choice.finish_reason,  # type: ignore[arg-type]  # narrowed above
+        stop_reason=choice.stop_reason,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cached_prompt_tokens=cached,
+    )
+
+
+def _engine_message(resp: httpx.Response) -> str:
+    """The engine's error message; vLLM has used both `{"error": {...}}` and flat shapes."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500] or resp.reason_phrase
+    if isinstance(body, dict):
+        inner = body.get("error")
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return inner["message"]
+        if isinstance(inner, str):
+            return inner
+        if isinstance(body.get("message"), str):
+            return body["message"]
+    return resp.text[:500]
+
+
+def _retry_after(resp: httpx.Response) -> float:
+    value = resp.headers.get("retry-after")
+    if value is not None:
+        try:
+            seconds = float(value)
+            if math.isfinite(seconds) and seconds >= 0:
+                return seconds
+        except ValueError:
+            pass
+    return ENGINE_OVERLOADED_RETRY_AFTER_S
+
+
+def _status_error(url: str, resp: httpx.Response) -> GatewayError:
+    """Map an engine HTTP error to what the agent should see."""
+    message = _engine_message(resp)
+    code = resp.status_code
+    if code == 400:
+        return GatewayError("invalid_request", message)
+    if code == 413:
+        return GatewayError("too_large", message)
+    if code in (429, 503):
+        return GatewayError(
+            "overloaded",
+            f"engine is overloaded: {message}",
+            status=code,
+            retry_after=_retry_after(resp),
+        )
+    return GatewayError("engine_bad_reply", f"engine at {url} answered HTTP {code}: {message}")
+
+
+class EngineClient:
+    """Talks to one or more vLLM servers serving the same model.
+
+    Sessions are sticky: a session keeps its engine URL so its growing prefix hits that
+    engine's prefix cache. Only failures where the request cannot have reached the engine
+    (connect errors) are retried, and on the same URL, to keep that stickiness.
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        model: str,
+        *,
+        request_timeout_s: float,
+        connect_retries: int,
+        client: httpx.AsyncClient | None = None,
+        connect_timeout_s: float = 5.0,
+        retry_backoff_s: float = 0.2,
+        logprobs: int = 1,
+    ) -> None:
+        if not urls:
+            raise ValueError("EngineClient needs at least one engine URL")
+        if connect_retries < 0:
+            raise ValueError("connect_retries must be >= 0")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.model = model
+        self.connect_retries = connect_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.logprobs = logprobs
+        self._timeout = httpx.Timeout(
+            request_timeout_s, connect=min(connect_timeout_s, request_timeout_s)
+        )
+        self._owns_client = client is None
+        self._client = client if client is not None else httpx.AsyncClient()
+        self._session_url: dict[str, str] = {}
+        self._load: dict[str, int] = dict.fromkeys(self.urls, 0)
+
+    # --- session placement ----------------------------------------------------------------
+
+    def assign(self, session_id: str) -> str:
+        """The engine URL for a session: its existing one, else the least-loaded (ties by order)."""
+        url = self._session_url.get(session_id)
+        if url is not None:
+            return url
+        url = min(self.urls, key=lambda u: self._load[u])  # min() keeps the first on ties
+        self._session_url[session_id] = url
+        self._load[url] += 1
+        return url
+
+    def release(self, session_id: str) -> None:
+        """Forget a session's placement; idempotent."""
+        url = self._session_url.pop(session_id, None)
+        if url is not None:
+            self._load[url] -= 1
+
+    def sessions_per_url(self) -> dict[str, int]:
+        return dict(self._load)
+
+    # --- HTTP -----------------------------------------------------------------------------
+
+    def build_payload(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
+        """The `/v1/completions` body: token-ID prompt, sampled-token logprobs, raw output."""
+        payload: dict[str, Any] = {"model": self.model, "prompt": list(prompt_ids)}
+        for name in _SAMPLING_FIELDS:
+            value = getattr(sampling, name)
+            if value is not None:
+                payload[name] = value
+        payload["logprobs"] = self.logprobs
+        payload["return_token_ids"] = True
+        payload["skip_special_tokens"] = False
+        payload.update(sampling.engine_extra)
+        return payload
+
+    async def _send(self, method: str, url: str, path: str, json: Any = None) -> httpx.Response:
+        """Send with connect-only retries; translate transport failures to GatewayError."""
+        attempt = 0
+        while True:
+            try:
+                resp = await self._client.request(
+                    method, f"{url}{path}", json=json, timeout=self._timeout
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if attempt < self.connect_retries:
+                    await asyncio.sleep(min(self.retry_backoff_s * (2**attempt), 2.0))
+                    attempt += 1
+                    continue
+                raise GatewayError(
+                    "engine_unavailable",
+                    f"cannot connect to engine at {url} after {attempt + 1} attempt(s): "
+                    f"{type(exc).__name__}",
+                    retry_after=ENGINE_UNAVAILABLE_RETRY_AFTER_S,
+                ) from exc
+            except httpx.PoolTimeout as exc:
+                raise GatewayError(
+                    "overloaded",
+                    "too many concurrent engine requests in this gateway",
+                    status=503,
+                    retry_after=ENGINE_OVERLOADED_RETRY_AFTER_S,
+                ) from exc
+            except httpx.TimeoutException as exc:
+                raise GatewayError(
+                    "engine_timeout",
+                    f"engine at {url} did not answer within {self._timeout.read}s",
+                ) from exc
+            except httpx.TransportError as exc:
+                # Connection dropped mid-request: it may have been processed, so no retry.
+                raise GatewayError(
+                    "engine_unavailable",
+                    f"connection to engine at {url} failed: {type(exc).__name__}: {exc}",
+                    retry_after=ENGINE_UNAVAILABLE_RETRY_AFTER_S,
+                ) from exc
+            if resp.status_code >= 400:
+                raise _status_error(url, resp)
+            return resp
+
+    @staticmethod
+    def _json(url: str, resp: httpx.Response) -> Any:
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise _bad_reply(url, "body is not JSON") from exc
+
+    async def complete(
+        self, url: str, prompt_ids: list[int], sampling: SamplingParams
+    ) -> EngineCompletion:
+        """Sample a continuation of `prompt_ids` on engine `url`."""
+        url = url.rstrip("/")
+        resp = await self._send(
+            "POST", url, "/v1/completions", self.build_payload(prompt_ids, sampling)
+        )
+        body = self._json(url, resp)
+        try:
+            reply = _VllmCompletionReply.model_validate(body)
+        except ValidationError as exc:
+            raise _bad_reply(url, _first_error(exc)) from exc
+        return extract_completion(url, prompt_ids, reply)
+
+    async def model_info(self, url: str) -> EngineModelInfo:
+        """Read `/v1/models` for our model's context window (`max_model_len`)."""
+        url = url.rstrip("/")
+        resp = await self._send("GET", url, "/v1/models")
+        body = self._json(url, resp)
+        try:
+            listing = _VllmModelList.model_validate(body)
+        except ValidationError as exc:
+            raise _bad_reply(url, _first_error(exc)) from exc
+        for card in listing.data:
+            if card.id == self.model:
+                if card.max_model_len is None or card.max_model_len <= 0:
+                    raise _bad_reply(url, f"model {card.id!r} has no max_model_len")
+                return EngineModelInfo(id=card.id, max_model_len=card.max_model_len)
+        served = [c.id for c in listing.data]
+        raise _bad_reply(url, f"model {self.model!r} is not served (engine serves {served})")
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "body"
+    return f"{loc}: {err['msg']}"

@@ -1,0 +1,146 @@
+"""ScriptedEngine: a FAKE LLM engine that follows a script, speaking vLLM's token API.
+
+Why a fake: agent end-to-end tests need an LLM that reliably calls the right tools, which
+no model that runs here can do. Everything else stays real: the reply text is tokenized
+with the real tokenizer, token IDs and per-token logprobs come back in exactly the shape
+vLLM's `/v1/completions` uses (`choices[0].token_ids`, `choices[0].logprobs.token_logprobs`,
+the end-of-turn token included when the reply stops), and `max_tokens` truncates.
+Rules are consumed in order: the first unused rule whose `when_contains` occurs in the
+decoded prompt answers; when none is left the `default_reply` is used.
+"""
+
+import itertools
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from tokenizers import Tokenizer
+
+
+class ScriptRule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reply: str
+    when_contains: str | None = None
+    repeat: bool = False
+
+
+class Script(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rules: list[ScriptRule] = Field(default_factory=list)
+    default_reply: str = "Done."
+
+
+class CompletionsBody(BaseModel):
+    """The subset of vLLM's completions request the Gateway sends; the rest is accepted."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: list[int] = Field(min_length=1)
+    max_tokens: int = Field(default=16, ge=1)
+    model: str | None = None
+
+
+class ScriptedEngine:
+    """A scripted stand-in for vLLM. Thread-safe; records every prompt it was sent."""
+
+    def __init__(
+        self,
+        tokenizer_path: Path,
+        script: Script,
+        eos_token: str = "<|im_end|>",
+        model: str = "tiny",
+        max_model_len: int = 32768,
+    ) -> None:
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        eos_id = self.tokenizer.token_to_id(eos_token)
+        if eos_id is None:
+            raise ValueError(f"end-of-turn token {eos_token!r} is not in the tokenizer")
+        self.eos_id: int = eos_id
+        self.script = script
+        self.model = model
+        self.max_model_len = max_model_len
+        self.prompts: list[list[int]] = []
+        self._used: set[int] = set()
+        self._lock = threading.Lock()
+
+    def _choose(self, prompt_text: str) -> str:
+        with self._lock:
+            for index, rule in enumerate(self.script.rules):
+                if index in self._used:
+                    continue
+                if rule.when_contains is None or rule.when_contains in prompt_text:
+                    if not rule.repeat:
+                        self._used.add(index)
+                    return rule.reply
+            return self.script.default_reply
+
+    def complete(self, body: CompletionsBody) -> dict[str, Any]:
+        with self._lock:
+            self.prompts.append(list(body.prompt))
+        prompt_text = self.tokenizer.decode(body.prompt, skip_special_tokens=False)
+        reply = self._choose(prompt_text)
+        ids = [*self.tokenizer.encode(reply, add_special_tokens=False).ids, self.eos_id]
+        finish = "stop"
+        if len(ids) > body.max_tokens:
+            ids, finish = ids[: body.max_tokens], "length"
+        logprobs = [-round(0.05 * ((i % 9) + 1), 4) for i in range(len(ids))]
+        tokens = [self.tokenizer.id_to_token(i) or "" for i in ids]
+        offsets = list(itertools.accumulate((len(t) for t in tokens), initial=0))[:-1]
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": self.tokenizer.decode(ids, skip_special_tokens=True),
+                    "logprobs": {
+                        "text_offset": offsets,
+                        "token_logprobs": logprobs,
+                        "tokens": tokens,
+                        "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs, strict=True)],
+                    },
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "token_ids": ids,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(body.prompt),
+                "completion_tokens": len(ids),
+                "total_tokens": len(body.prompt) + len(ids),
+            },
+        }
+
+    def app(self) -> Starlette:
+        async def completions(request: Request) -> JSONResponse:
+            try:
+                body = CompletionsBody.model_validate(await request.json())
+            except (ValidationError, ValueError) as exc:
+                return JSONResponse({"error": {"message": str(exc), "code": 400}}, 400)
+            return JSONResponse(self.complete(body))
+
+        async def models(request: Request) -> JSONResponse:
+            entry = {"id": self.model, "object": "model", "max_model_len": self.max_model_len}
+            return JSONResponse({"object": "list", "data": [entry]})
+
+        async def health(request: Request) -> JSONResponse:
+            return JSONResponse({})
+
+        return Starlette(
+            routes=[
+                Route("/v1/completions", completions, methods=["POST"]),
+                Route("/v1/models", models, methods=["GET"]),
+                Route("/health", health, methods=["GET"]),
+            ]
+        )

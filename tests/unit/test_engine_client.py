@@ -1,0 +1,425 @@
+"""EngineClient: payload, reply validation and error mapping, against scripted fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from gateway.engine_client import EngineClient
+from gateway.errors import GatewayError
+from schemas.sampling import SamplingParams
+
+MODEL = "tiny"
+PROMPT = [1, 2, 3, 4]
+
+
+class FakeVllmForTests:
+    """Scripted stand-in for a vLLM server — NOT vLLM. It answers `/v1/completions` with
+    whatever the test queued (default: a well-formed reply echoing the request) and records
+    every request body, so tests can check both directions of the wire."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.scripted: list[Response] = []
+        self.app = Starlette(
+            routes=[
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+    @staticmethod
+    def good_reply(prompt: list[int], output: list[int], **choice: Any) -> dict[str, Any]:
+        lps = [-0.5 - i for i in range(len(output))]
+        base_choice = {
+            "index": 0,
+            "text": "x" * len(output),
+            "logprobs": {
+                "text_offset": list(range(len(output))),
+                "token_logprobs": lps,
+                "tokens": ["x"] * len(output),
+                "top_logprobs": [{"x": lp} for lp in lps],
+            },
+            "finish_reason": "stop",
+            "stop_reason": None,
+            "prompt_token_ids": prompt,
+            "token_ids": output,
+        }
+        base_choice.update(choice)
+        return {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 1,
+            "model": MODEL,
+            "choices": [base_choice],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(output),
+                "total_tokens": len(prompt) + len(output),
+                "prompt_tokens_details": {"cached_tokens": 2},
+            },
+        }
+
+    async def _completions(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(body)
+        if self.scripted:
+            return self.scripted.pop(0)
+        return JSONResponse(self.good_reply(body["prompt"], [7, 8, 9]))
+
+    async def _models(self, request: Request) -> Response:
+        if self.scripted:
+            return self.scripted.pop(0)
+        return JSONResponse(
+            {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 4096}]}
+        )
+
+
+@pytest.fixture
+def fake() -> FakeVllmForTests:
+    return FakeVllmForTests()
+
+
+@pytest.fixture
+async def client(fake: FakeVllmForTests) -> AsyncIterator[EngineClient]:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=fake.app))
+    ec = EngineClient(
+        ["http://engine-a"], MODEL, request_timeout_s=5, connect_retries=2, client=http
+    )
+    yield ec
+    await http.aclose()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def expect_error(coro: Any, status: int, kind: str) -> GatewayError:
+    with pytest.raises(GatewayError) as info:
+        await coro
+    assert (info.value.status, info.value.kind) == (status, kind), info.value
+    return info.value
+
+
+# --- success -----------------------------------------------------------------------------
+
+
+async def test_success_payload_and_mapping(client: EngineClient, fake: FakeVllmForTests) -> None:
+    sampling = SamplingParams(
+        temperature=0.7, max_tokens=64, seed=3, stop=["</s>"], engine_extra={"ignore_eos": True}
+    )
+    res = await client.complete("http://engine-a/", PROMPT, sampling)
+    sent = fake.requests[0]
+    assert sent == {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "max_tokens": 64,
+        "temperature": 0.7,
+        "seed": 3,
+        "stop": ["</s>"],
+        "logprobs": 1,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "ignore_eos": True,
+    }
+    assert res.output_ids == [7, 8, 9]
+    assert res.output_logprobs == [-0.5, -1.5, -2.5]
+    assert res.finish_reason == "stop" and res.stop_reason is None
+    assert (res.prompt_tokens, res.completion_tokens, res.cached_prompt_tokens) == (4, 3, 2)
+    assert res.url == "http://engine-a"
+
+
+async def test_stop_reason_and_length(client: EngineClient, fake: FakeVllmForTests) -> None:
+    fake.scripted.append(JSONResponse(fake.good_reply(PROMPT, [5], stop_reason=151645)))
+    res = await client.complete("http://engine-a", PROMPT, SamplingParams())
+    assert res.stop_reason == 151645
+    fake.scripted.append(JSONResponse(fake.good_reply(PROMPT, [5, 6], finish_reason="length")))
+    res = await client.complete("http://engine-a", PROMPT, SamplingParams())
+    assert res.finish_reason == "length"
+
+
+async def test_usage_and_optional_fields_absent(
+    client: EngineClient, fake: FakeVllmForTests
+) -> None:
+    reply = fake.good_reply(PROMPT, [5])
+    del reply["usage"]
+    del reply["choices"][0]["prompt_token_ids"]
+    reply["choices"][0]["logprobs"] = {"token_logprobs": [-0.1]}
+    fake.scripted.append(JSONResponse(reply))
+    res = await client.complete("http://engine-a", PROMPT, SamplingParams())
+    assert res.output_ids == [5] and res.cached_prompt_tokens == 0
+
+
+async def test_model_info(client: EngineClient, fake: FakeVllmForTests) -> None:
+    info = await client.model_info("http://engine-a")
+    assert (info.id, info.max_model_len) == (MODEL, 4096)
+    fake.scripted.append(JSONResponse({"data": [{"id": "other", "max_model_len": 10}]}))
+    err = await expect_error(client.model_info("http://engine-a"), 502, "engine_bad_reply")
+    assert "not served" in err.message
+
+
+# --- malformed replies → 502 ----------------------------------------------------------------
+
+
+def _mutations() -> list[tuple[str, Any]]:
+    def choice(**kw: Any) -> Any:
+        def apply(r: dict[str, Any]) -> None:
+            r["choices"][0].update(kw)
+
+        return apply
+
+    def drop(key: str) -> Any:
+        return lambda r: r["choices"][0].pop(key)
+
+    def lps(values: list[Any]) -> Any:
+        return lambda r: r["choices"][0]["logprobs"].update(token_logprobs=values)
+
+    return [
+        ("no token_ids", drop("token_ids")),
+        ("no logprobs", drop("logprobs")),
+        ("fewer logprobs", lps([-1.0, -1.0])),
+        ("null logprob", lps([-1.0, None, -1.0])),
+        ("string token id", choice(token_ids=[7, "8", 9])),
+        ("negative token id", choice(token_ids=[7, -8, 9])),
+        ("float token id", choice(token_ids=[7, 8.5, 9])),
+        ("abort finish", choice(finish_reason="abort")),
+        ("null finish", choice(finish_reason=None)),
+        ("prompt echo differs", choice(prompt_token_ids=[1, 2, 3])),
+        ("usage count differs", lambda r: r["usage"].update(completion_tokens=99)),
+        ("usage prompt differs", lambda r: r["usage"].update(prompt_tokens=99)),
+        ("empty choices", lambda r: r.update(choices=[])),
+        ("token strings differ", lambda r: r["choices"][0]["logprobs"].update(tokens=["x"])),
+    ]
+
+
+@pytest.mark.parametrize(("label", "mutate"), _mutations(), ids=[m[0] for m in _mutations()])
+async def test_malformed_reply_is_502(
+    client: EngineClient, fake: FakeVllmForTests, label: str, mutate: Any
+) -> None:
+    reply = fake.good_reply(PROMPT, [7, 8, 9])
+    mutate(reply)
+    fake.scripted.append(JSONResponse(reply))
+    err = await expect_error(
+        client.complete("http://engine-a", PROMPT, SamplingParams()), 502, "engine_bad_reply"
+    )
+    assert "malformed" in err.message
+
+
+async def test_non_json_reply_is_502(client: EngineClient, fake: FakeVllmForTests) -> None:
+    fake.scripted.append(PlainTextResponse("<html>gateway</html>"))
+    await expect_error(
+        client.complete("http://engine-a", PROMPT, SamplingParams()), 502, "engine_bad_reply"
+    )
+
+
+# --- engine HTTP errors ---------------------------------------------------------------------
+
+
+async def test_engine_400_passes_message(client: EngineClient, fake: FakeVllmForTests) -> None:
+    msg = "This model's maximum context length is 4096 tokens. However, you requested 5000."
+    fake.scripted.append(
+        JSONResponse({"error": {"message": msg, "type": "BadRequestError", "code": 400}}, 400)
+    )
+    err = await expect_error(
+        client.complete("http://engine-a", PROMPT, SamplingParams()), 400, "invalid_request"
+    )
+    assert err.message == msg
+    # Older flat error shape.
+    fake.scripted.append(JSONResponse({"object": "error", "message": "bad top_k"}, 400))
+    err = await expect_error(
+        client.complete("http://engine-a", PROMPT, SamplingParams()), 400, "invalid_request"
+    )
+    assert err.message == "bad top_k"
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "want_status", "want_kind", "retry_after"),
+    [
+        (429, {"Retry-After": "7"}, 429, "overloaded", 7.0),
+        (503, {}, 503, "overloaded", 1.0),
+        (413, {}, 413, "too_large", None),
+        (500, {}, 502, "engine_bad_reply", None),
+        (404, {}, 502, "engine_bad_reply", None),
+    ],
+)
+async def test_engine_status_mapping(
+    client: EngineClient,
+    fake: FakeVllmForTests,
+    status: int,
+    headers: dict[str, str],
+    want_status: int,
+    want_kind: str,
+    retry_after: float | None,
+) -> None:
+    fake.scripted.append(JSONResponse({"error": {"message": "nope"}}, status, headers=headers))
+    err = await expect_error(
+        client.complete("http://engine-a", PROMPT, SamplingParams()), want_status, want_kind
+    )
+    assert err.retry_after == retry_after
+    assert "nope" in err.message
+
+
+# --- transport failures -----------------------------------------------------------------------
+
+
+class CountingTransport(httpx.AsyncHTTPTransport):
+    """A real HTTP transport that counts attempts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.attempts += 1
+        return await super().handle_async_request(request)
+
+
+async def test_connect_refused_is_503_after_retries() -> None:
+    transport = CountingTransport()
+    async with httpx.AsyncClient(transport=transport) as http:
+        ec = EngineClient(
+            [f"http://127.0.0.1:{free_port()}"],
+            MODEL,
+            request_timeout_s=5,
+            connect_retries=2,
+            client=http,
+            retry_backoff_s=0.01,
+        )
+        err = await expect_error(
+            ec.complete(ec.urls[0], PROMPT, SamplingParams()), 503, "engine_unavailable"
+        )
+    assert transport.attempts == 3
+    assert err.retry_after is not None and err.headers() == {"Retry-After": "5"}
+    assert "3 attempt" in err.message
+
+
+async def test_connect_error_then_success_retries_same_url(fake: FakeVllmForTests) -> None:
+    asgi = httpx.ASGITransport(app=fake.app)
+    seen: list[str] = []
+
+    class FlakyTransport(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            seen.append(str(request.url))
+            if len(seen) <= 2:
+                raise httpx.ConnectError("refused", request=request)
+            return await asgi.handle_async_request(request)
+
+    async with httpx.AsyncClient(transport=FlakyTransport()) as http:
+        ec = EngineClient(
+            ["http://a", "http://b"],
+            MODEL,
+            request_timeout_s=5,
+            connect_retries=2,
+            client=http,
+            retry_backoff_s=0.0,
+        )
+        res = await ec.complete("http://b", PROMPT, SamplingParams())
+    assert res.output_ids == [7, 8, 9]
+    assert seen == ["http://b/v1/completions"] * 3
+
+
+async def test_dropped_connection_is_not_retried() -> None:
+    attempts = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal attempts
+        attempts += 1
+        raise httpx.RemoteProtocolError("server disconnected", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        ec = EngineClient(["http://a"], MODEL, request_timeout_s=5, connect_retries=3, client=http)
+        await expect_error(
+            ec.complete("http://a", PROMPT, SamplingParams()), 503, "engine_unavailable"
+        )
+    assert attempts == 1
+
+
+async def test_read_timeout_is_504() -> None:
+    """A real loopback server that accepts and never answers."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await asyncio.sleep(10)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with EngineClient(
+            [f"http://127.0.0.1:{port}"], MODEL, request_timeout_s=0.3, connect_retries=2
+        ) as ec:
+            start = time.monotonic()
+            await expect_error(
+                ec.complete(ec.urls[0], PROMPT, SamplingParams()), 504, "engine_timeout"
+            )
+            assert time.monotonic() - start < 2  # not retried
+    finally:
+        server.close()
+
+
+@contextmanager
+def serve_on_loopback(app: Any) -> Iterator[str]:
+    """Run an ASGI app with uvicorn on 127.0.0.1 in a thread; yield its base URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+async def test_real_http_round_trip(fake: FakeVllmForTests) -> None:
+    with serve_on_loopback(fake.app) as url:
+        async with EngineClient([url], MODEL, request_timeout_s=5, connect_retries=0) as ec:
+            res = await ec.complete(url, PROMPT, SamplingParams(top_k=20))
+            info = await ec.model_info(url)
+    assert res.output_ids == [7, 8, 9] and info.max_model_len == 4096
+    assert fake.requests[0]["top_k"] == 20
+
+
+# --- session placement ------------------------------------------------------------------------
+
+
+def test_assign_least_loaded_sticky_and_release() -> None:
+    ec = EngineClient(["http://a", "http://b/"], MODEL, request_timeout_s=1, connect_retries=0)
+    assert ec.assign("s1") == "http://a"  # tie → first
+    assert ec.assign("s2") == "http://b"
+    assert ec.assign("s3") == "http://a"
+    assert ec.assign("s1") == "http://a"  # sticky, no double count
+    assert ec.sessions_per_url() == {"http://a": 2, "http://b": 1}
+    ec.release("s1")
+    ec.release("s1")  # idempotent
+    ec.release("unknown")
+    assert ec.sessions_per_url() == {"http://a": 1, "http://b": 1}
+    assert ec.assign("s4") == "http://a"
+
+
+def test_constructor_validation() -> None:
+    with pytest.raises(ValueError):
+        EngineClient([], MODEL, request_timeout_s=1, connect_retries=0)
+    with pytest.raises(ValueError):
+        EngineClient(["http://a"], MODEL, request_timeout_s=1, connect_retries=-1)
