@@ -138,20 +138,26 @@ class Gateway:
 
     # ------------------------------------------------------------------ agent API
     def authenticate(self, token: str | None) -> LiveSession:
-        """Session token → live session: 401 bad token, 404 unknown, 409 closed."""
+        """Session token (`<session_id>.<secret>`) → live session.
+
+        401 missing or wrong secret, 404 unknown session, 409 closed session (or one this
+        process does not serve: it was created on another gateway process).
+        """
         if not token:
             raise GatewayError("authentication", "missing session token (use it as the API key)")
-        session_id, _, _ = token.partition(".")
+        session_id, dot, _ = token.partition(".")
+        if not dot:
+            raise GatewayError("authentication", "malformed session token")
         live = self.sessions.get(session_id)
         if live is None:
-            if self.store.exists(session_id):
-                meta = self.store.load_meta(session_id)
-                if hmac.compare_digest(meta.token_sha256, _hash_token(token)):
-                    # Owned by another process or recorded before a restart: read-only now.
-                    raise GatewayError(
-                        "conflict", f"session {session_id} is not served by this process"
-                    )
-            raise GatewayError("authentication", "invalid session token")
+            if not self.store.exists(session_id):
+                raise GatewayError("not_found", f"session {session_id} does not exist")
+            meta = self.store.load_meta(session_id)
+            if not hmac.compare_digest(meta.token_sha256, _hash_token(token)):
+                raise GatewayError("authentication", "invalid session token")
+            if self.store.is_closed(session_id):
+                raise GatewayError("conflict", f"session {session_id} is closed")
+            raise GatewayError("conflict", f"session {session_id} is not served by this process")
         if not hmac.compare_digest(live.meta.token_sha256, _hash_token(token)):
             raise GatewayError("authentication", "invalid session token")
         if live.closed or self.store.is_closed(session_id):

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import httpx
 import uvicorn
-from gateway.chat_template import ChatTemplate
-from gateway.incremental import IncrementalTokenizer, load_tokenizer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 
 from gateway.app import GatewayApp
+from gateway.chat_template import ChatTemplate
 from gateway.core import Gateway, GatewayOptions
 from gateway.engine_client import EngineClient
+from gateway.incremental import IncrementalTokenizer, load_tokenizer
 from gateway.model_files import load_model_files
 from gateway.output_parser import get_parser
 
@@ -76,8 +76,8 @@ def engine_context_window(url: str, model: str) -> int | None:
     return None
 
 
-def build_app(settings: GatewaySettings) -> Starlette:
-    check_admin_policy(settings)
+def build_gateway(settings: GatewaySettings) -> Gateway:
+    """The Gateway core from settings: model files, template, tokenizer, engine client."""
     files = load_model_files(settings.tokenizer, settings.chat_template)
     template = ChatTemplate(
         files.chat_template, bos_token=files.bos_token, eos_token=files.eos_token
@@ -103,7 +103,12 @@ def build_app(settings: GatewaySettings) -> Starlette:
         request_timeout_s=settings.request_timeout_s,
         connect_retries=3,
     )
-    gateway = Gateway(options, template, incremental, get_parser(settings.parser), engine)
+    return Gateway(options, template, incremental, get_parser(settings.parser), engine)
+
+
+def build_app(settings: GatewaySettings) -> Starlette:
+    check_admin_policy(settings)
+    gateway = build_gateway(settings)
     return GatewayApp(gateway, settings.admin_token, settings.max_body_bytes).build()
 
 

@@ -1,0 +1,283 @@
+"""Render a model's chat template the way transformers does, normalised to that template.
+
+The Gateway renders prompts itself (ARCHITECTURE §5), so it must reproduce what
+`tokenizer.apply_chat_template` would produce: the same Jinja environment, the same
+`tojson`, `raise_exception` and `strftime_now` helpers, and the same message dicts.
+Real templates disagree on input details (ARCHITECTURE §8, `chat_templates/SOURCES.md`):
+some crash on an assistant `content` of None, some silently drop tool calls unless it is
+None, some need tool-call `arguments` as a mapping and others as a JSON string. At
+construction we probe the template once and remember the variant it renders correctly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from gateway.canonical import Message, Tool, ToolCall
+
+__all__ = [
+    "TOOL_CALL_STYLES",
+    "ChatTemplate",
+    "TemplateRenderError",
+    "ToolCallStyle",
+]
+
+
+class TemplateRenderError(ValueError):
+    """The template rejected the input; the message is the template's own (→ HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class ToolCallStyle:
+    """How an assistant message with tool calls is handed to the template."""
+
+    content_none: bool
+    """Empty assistant content is passed as None (True) or as "" (False)."""
+    arguments_as_dict: bool
+    """Tool-call arguments are passed parsed (dict) or as the JSON text."""
+
+    def describe(self) -> str:
+        content = "None" if self.content_none else '""'
+        arguments = "dict" if self.arguments_as_dict else "JSON string"
+        return f"content={content}, arguments={arguments}"
+
+
+TOOL_CALL_STYLES: tuple[ToolCallStyle, ...] = (
+    ToolCallStyle(content_none=False, arguments_as_dict=True),
+    ToolCallStyle(content_none=False, arguments_as_dict=False),
+    ToolCallStyle(content_none=True, arguments_as_dict=True),
+    ToolCallStyle(content_none=True, arguments_as_dict=False),
+)
+"""Probe order. "" before None: None crashes several templates or renders as the text
+"None". dict before string: templates that apply `tojson` encode a string a second time."""
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+"""Message fields templates read reasoning from (Qwen/GLM/Kimi/MiniMax, gpt-oss, others)."""
+
+# The probe conversation: distinctive strings so their presence in the output is meaningful.
+_PROBE_ID = "prb000001"  # 9 alphanumerics: Mistral templates reject any other length
+_PROBE_TOOL = "probe_lookup_tool"
+_PROBE_KEY = "probe_key_q7"
+_PROBE_VALUE = "probe-value-z9"
+_PROBE_QUESTION = "probe question x3"
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' `tojson`: plain `json.dumps`, no HTML escaping, non-ASCII kept."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tool_dict(tool: Tool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    function["parameters"] = tool.parameters
+    return {"type": "function", "function": function}
+
+
+def _arguments(text: str, as_dict: bool) -> Any:
+    """Parse arguments for dict-style templates; keep the text if it is not a JSON object."""
+    if not as_dict:
+        return text
+    if not text.strip():
+        return {}
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text
+    return parsed if isinstance(parsed, dict) else text
+
+
+def _tool_call_dict(call: ToolCall, as_dict: bool) -> dict[str, Any]:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": _arguments(call.arguments, as_dict)},
+    }
+
+
+class ChatTemplate:
+    """One model's chat template, rendered with transformers semantics.
+
+    `version` (sha256 of the text) is the `prompt_template_version` of samples.
+    `tool_call_style` is the input variant the probe found; `supports_tools` is False when
+    no variant made a tool call visible in the output. `tool_names_via_ids` is True for
+    templates that render a call by its id only (Kimi-K2-Thinking: the model's own ids are
+    `functions.<name>:<n>`, so the name survives only while ids keep that form).
+    """
+
+    def __init__(
+        self,
+        template_text: str,
+        *,
+        bos_token: str | None,
+        eos_token: str,
+        extra_context: Mapping[str, Any] | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.text = template_text
+        self.bos_token = bos_token or ""
+        self.eos_token = eos_token
+        self.version = hashlib.sha256(template_text.encode("utf-8")).hexdigest()
+        self._extra = dict(extra_context or {})
+        self._clock = clock or datetime.now
+        self._template = self._compile(template_text)
+        self.reasoning_fields = tuple(
+            f for f in _REASONING_FIELDS if re.search(rf"\b{f}\b", template_text)
+        )
+        self.tool_call_style, self.supports_tools, self.tool_names_via_ids = self._probe()
+
+    def _compile(self, text: str) -> jinja2.Template:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: self._clock().strftime(fmt)
+        try:
+            return env.from_string(text)
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateRenderError(f"chat template syntax error: {exc}") from exc
+
+    # -- conversion -------------------------------------------------------------------
+
+    def message_dicts(
+        self, messages: Sequence[Message], style: ToolCallStyle | None = None
+    ) -> list[dict[str, Any]]:
+        """Canonical messages as the dicts this template expects."""
+        style = style or self.tool_call_style
+        return [self._message_dict(m, style) for m in messages]
+
+    def _message_dict(self, message: Message, style: ToolCallStyle) -> dict[str, Any]:
+        # Keys are added only when meaningful: templates test `'tool_calls' in message`,
+        # `"thinking" in message` or `message.get('name')`, and an empty value breaks them.
+        out: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.role == "assistant" and message.tool_calls:
+            if not message.content:
+                out["content"] = None if style.content_none else ""
+            out["tool_calls"] = [
+                _tool_call_dict(c, style.arguments_as_dict) for c in message.tool_calls
+            ]
+        elif out["content"] is None:
+            out["content"] = ""
+        if message.role == "assistant" and message.reasoning is not None:
+            for field in self.reasoning_fields:
+                out[field] = message.reasoning
+        if message.tool_call_id is not None:
+            out["tool_call_id"] = message.tool_call_id
+        if message.name is not None:
+            out["name"] = message.name
+        return out
+
+    # -- rendering --------------------------------------------------------------------
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool] = (),
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render canonical messages; raises `TemplateRenderError` with the template's reason."""
+        return self.render_dicts(
+            self.message_dicts(messages),
+            [_tool_dict(t) for t in tools],
+            add_generation_prompt,
+            **template_kwargs,
+        )
+
+    def render_dicts(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render already-converted dicts. No tools is passed as None, as transformers does:
+        templates test `tools is not none`, and an empty list would announce a tool mode."""
+        context = {**self._extra, **template_kwargs}
+        context.update(
+            messages=messages,
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
+        try:
+            return self._template.render(**context)
+        except jinja2.TemplateError as exc:
+            raise TemplateRenderError(str(exc) or type(exc).__name__) from exc
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+            raise TemplateRenderError(f"{type(exc).__name__}: {exc}") from exc
+
+    # -- probe ------------------------------------------------------------------------
+
+    def _probe(self) -> tuple[ToolCallStyle, bool, bool]:
+        """Pick the first style that renders and shows the tool call's name and arguments.
+
+        A template showing the call's id instead of its name is accepted as a second
+        choice (see `tool_names_via_ids`)."""
+        first_rendering: ToolCallStyle | None = None
+        by_id: ToolCallStyle | None = None
+        for style in TOOL_CALL_STYLES:
+            try:
+                text = self.render_dicts(
+                    self.message_dicts(_probe_messages(), style), [_probe_tool()], True
+                )
+            except TemplateRenderError:
+                continue
+            first_rendering = first_rendering or style
+            if _tool_call_visible(text, _PROBE_TOOL):
+                return style, True, False
+            if by_id is None and _tool_call_visible(text, _PROBE_ID):
+                by_id = style
+        if by_id is not None:
+            return by_id, True, True
+        return first_rendering or TOOL_CALL_STYLES[0], False, False
+
+
+def _probe_messages() -> list[Message]:
+    call = ToolCall(
+        id=_PROBE_ID, name=_PROBE_TOOL, arguments=json.dumps({_PROBE_KEY: _PROBE_VALUE})
+    )
+    return [
+        Message(role="system", content="probe system prompt"),
+        Message(role="user", content=_PROBE_QUESTION),
+        Message(role="assistant", content=None, tool_calls=[call]),
+        Message(role="tool", content="probe result r5", tool_call_id=_PROBE_ID),
+    ]
+
+
+def _probe_tool() -> dict[str, Any]:
+    schema = {"type": "object", "properties": {_PROBE_KEY: {"type": "string"}}}
+    return _tool_dict(Tool(name=_PROBE_TOOL, description="Probe tool.", parameters=schema))
+
+
+def _tool_call_visible(text: str, handle: str) -> bool:
+    """The call must appear after the user turn (tool declarations come before it)."""
+    at = text.rfind(_PROBE_QUESTION)
+    tail = text[at + len(_PROBE_QUESTION) :] if at >= 0 else text
+    shown = all(s in tail for s in (handle, _PROBE_KEY, _PROBE_VALUE))
+    return shown and "None" not in tail

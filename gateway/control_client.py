@@ -1,0 +1,59 @@
+"""Typed client for the Gateway control API (used by activities, tests, benches, the demo)."""
+
+from types import TracebackType
+
+import httpx
+
+from schemas.session import SessionConfig, SessionCreated
+from schemas.trajectory import Trajectory
+
+
+class GatewayControlError(RuntimeError):
+    """The control API answered with an error; carries the status for retry decisions."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"gateway control API {status}: {message}")
+        self.status = status
+
+
+class GatewayControlClient:
+    def __init__(self, base_url: str, admin_token: str | None = None, timeout_s: float = 60.0):
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s
+        )
+
+    @staticmethod
+    def _check(reply: httpx.Response) -> httpx.Response:
+        if reply.is_success:
+            return reply
+        try:
+            message = reply.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = reply.text[:500]
+        raise GatewayControlError(reply.status_code, message)
+
+    async def create_session(self, config: SessionConfig) -> SessionCreated:
+        reply = await self._http.post("/sessions", content=config.model_dump_json())
+        return SessionCreated.model_validate_json(self._check(reply).content)
+
+    async def trajectory(self, session_id: str) -> Trajectory:
+        reply = await self._http.get(f"/sessions/{session_id}/trajectory")
+        return Trajectory.model_validate_json(self._check(reply).content)
+
+    async def close_session(self, session_id: str) -> None:
+        self._check(await self._http.delete(f"/sessions/{session_id}"))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "GatewayControlClient":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

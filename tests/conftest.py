@@ -1,0 +1,7 @@
+"""Shared fixtures. Services are started once per test session and stopped at the end;
+a missing service fails with install instructions rather than skipping."""
+
+pytest_plugins = [
+    "tests.fixtures.vllm",
+    "tests.fixtures.gateway",
+]

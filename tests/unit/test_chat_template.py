@@ -1,0 +1,242 @@
+"""ChatTemplate: transformers rendering semantics, message conversion, the input probe."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from gateway.canonical import Message, Tool, ToolCall
+from gateway.chat_template import ChatTemplate, TemplateRenderError, ToolCallStyle
+
+
+def shared_templates_dir() -> Path:
+    root = os.environ.get("ROLLOUT_SHARED_DIR")
+    base = Path(root) if root else Path(__file__).resolve().parents[3] / "shared"
+    folder = base / "chat_templates"
+    if not folder.is_dir():
+        pytest.fail(
+            f"real chat templates not found in {folder}; set ROLLOUT_SHARED_DIR to the "
+            "directory holding chat_templates/",
+            pytrace=False,
+        )
+    return folder
+
+
+def real(name: str, bos: str = "<s>", eos: str = "</s>") -> ChatTemplate:
+    text = (shared_templates_dir() / f"{name}.jinja").read_text()
+    return ChatTemplate(text, bos_token=bos, eos_token=eos, clock=lambda: datetime(2025, 1, 2))
+
+
+def tiny(text: str, **kwargs: object) -> ChatTemplate:
+    return ChatTemplate(text, bos_token="<s>", eos_token="</s>", **kwargs)  # type: ignore[arg-type]
+
+
+USER = Message(role="user", content="hi")
+CALL = ToolCall(id="call00001", name="get_weather", arguments='{"city": "Paris"}')
+TOOL = Tool(name="get_weather", description="Weather.", parameters={"type": "object"})
+
+
+# -- environment ----------------------------------------------------------------------
+
+
+def test_tojson_accepts_transformers_kwargs_and_does_not_escape() -> None:
+    t = tiny(
+        "{{ messages[0].content | tojson }}|"
+        "{{ {'b': 1, 'a': '<é>'} | tojson(sort_keys=True, indent=1) }}"
+    )
+    out = t.render([Message(role="user", content="<b>ü</b>")], add_generation_prompt=False)
+    assert out == '"<b>ü</b>"|' + json.dumps({"a": "<é>", "b": 1}, indent=1, ensure_ascii=False)
+    t = tiny("{{ [1, 2] | tojson(separators=(',', ':'), ensure_ascii=True) }}")
+    assert t.render([USER], add_generation_prompt=False) == "[1,2]"
+
+
+def test_trim_and_lstrip_blocks_and_loop_controls() -> None:
+    text = (
+        "{% for m in messages %}\n    {% if loop.index > 1 %}{% break %}{% endif %}\n"
+        "[{{ m.content }}]\n{% endfor %}\n"
+    )
+    out = tiny(text).render([USER, USER], add_generation_prompt=False)
+    assert out == "[hi]\n"
+
+
+def test_strftime_now_uses_the_injected_clock() -> None:
+    t = tiny("{{ strftime_now('%d %b %Y') }}", clock=lambda: datetime(2024, 7, 26))
+    assert t.render([USER]) == "26 Jul 2024"
+
+
+def test_raise_exception_becomes_template_render_error_with_its_message() -> None:
+    t = tiny("{{ raise_exception('Roles must alternate!') }}")
+    with pytest.raises(TemplateRenderError, match="Roles must alternate!"):
+        t.render([USER])
+
+
+def test_python_errors_inside_templates_become_template_render_errors() -> None:
+    t = tiny("{{ messages[0].content + 1 }}")
+    with pytest.raises(TemplateRenderError, match="TypeError"):
+        t.render([USER])
+
+
+def test_syntax_error_is_reported_at_construction() -> None:
+    with pytest.raises(TemplateRenderError, match="syntax"):
+        tiny("{% for m in messages %}")
+
+
+def test_version_is_sha256_of_the_text_and_none_bos_renders_empty() -> None:
+    text = "{{ bos_token }}[{{ eos_token }}]{{ add_generation_prompt }}"
+    t = ChatTemplate(text, bos_token=None, eos_token="</s>")
+    assert t.version == hashlib.sha256(text.encode()).hexdigest()
+    assert t.render([USER], add_generation_prompt=True) == "[</s>]True"
+
+
+def test_template_kwargs_and_extra_context_reach_the_template() -> None:
+    t = tiny(
+        "{{ who }}/{{ enable_thinking }}", extra_context={"who": "ctx", "enable_thinking": True}
+    )
+    assert t.render([USER]) == "ctx/True"
+    assert t.render([USER], enable_thinking=False) == "ctx/False"
+
+
+def test_no_tools_is_passed_as_none() -> None:
+    t = tiny("{{ tools is none }}")
+    assert t.render([USER]) == "True"
+    assert t.render([USER], [TOOL]) == "False"
+
+
+# -- conversion -----------------------------------------------------------------------
+
+
+def test_message_conversion_shapes() -> None:
+    t = tiny("{{ messages | tojson }}|{{ tools | tojson }}{# reasoning_content thinking #}")
+    messages = [
+        Message(role="user", content=None),
+        Message(role="assistant", content=None, reasoning="hmm", tool_calls=[CALL]),
+        Message(role="tool", content="sunny", tool_call_id="call00001", name="get_weather"),
+        Message(role="assistant", content="done"),
+    ]
+    rendered, tools = t.render(messages, [TOOL]).split("|")
+    user, call, tool, answer = json.loads(rendered)
+    assert user == {"role": "user", "content": ""}
+    assert call == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call00001",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+        "reasoning_content": "hmm",
+        "thinking": "hmm",
+    }
+    assert tool == {
+        "role": "tool",
+        "content": "sunny",
+        "tool_call_id": "call00001",
+        "name": "get_weather",
+    }
+    assert answer == {"role": "assistant", "content": "done"}  # no empty keys
+    assert json.loads(tools) == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather.",
+                "parameters": {"type": "object"},
+            },
+        }
+    ]
+
+
+def test_reasoning_is_only_passed_in_fields_the_template_reads() -> None:
+    t = tiny("{{ messages[0] | tojson }}")
+    out = json.loads(t.render([Message(role="assistant", content="x", reasoning="r")]))
+    assert out == {"role": "assistant", "content": "x"}
+
+
+def test_arguments_that_are_not_a_json_object_stay_text_for_dict_templates() -> None:
+    t = tiny("{{ messages }}")
+    calls = [
+        CALL.model_copy(update={"arguments": "not json"}),
+        CALL.model_copy(update={"arguments": ""}),
+        CALL.model_copy(update={"arguments": "[1]"}),
+    ]
+    style = ToolCallStyle(content_none=False, arguments_as_dict=True)
+    dicts = t.message_dicts([Message(role="assistant", tool_calls=calls)], style)
+    assert [c["function"]["arguments"] for c in dicts[0]["tool_calls"]] == ["not json", {}, "[1]"]
+
+
+# -- probe ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "content_none", "as_dict", "via_ids"),
+    [
+        ("qwen3", False, True, False),  # content None crashes it
+        ("qwen3.5", False, True, False),  # string arguments crash `|items`
+        ("deepseek-v3.1", False, False, False),  # dict arguments crash string concatenation
+        ("deepseek-r1-distill-qwen", True, False, False),  # drops tool calls unless None
+        ("glm-4.7-flash", False, True, False),  # None would render as the text "None"
+        ("minimax-m2", False, True, False),
+        ("llama3.1", False, True, False),  # string arguments get JSON-encoded twice
+        ("gpt-oss", False, True, False),
+        ("mistral-nemo", False, True, False),
+        ("kimi-k2-thinking", False, True, True),  # renders a call by its id only
+    ],
+)
+def test_probe_picks_the_variant_each_real_template_needs(
+    name: str, content_none: bool, as_dict: bool, via_ids: bool
+) -> None:
+    t = real(name)
+    assert t.supports_tools
+    assert t.tool_call_style == ToolCallStyle(content_none=content_none, arguments_as_dict=as_dict)
+    assert t.tool_names_via_ids is via_ids
+
+
+def test_every_real_template_renders_a_tool_conversation_after_normalisation() -> None:
+    for path in sorted(shared_templates_dir().glob("*.jinja")):
+        t = real(path.stem)
+        messages = [
+            Message(role="system", content="sys"),
+            Message(role="user", content="weather?"),
+            Message(role="assistant", content=None, tool_calls=[CALL]),
+            Message(role="tool", content="sunny", tool_call_id="call00001"),
+        ]
+        out = t.render(messages, [TOOL], add_generation_prompt=True)
+        assert "Paris" in out, path.stem
+
+
+def test_template_without_tool_calls_does_not_support_tools() -> None:
+    t = tiny("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    assert not t.supports_tools
+    assert t.tool_call_style == ToolCallStyle(content_none=False, arguments_as_dict=True)
+
+
+def test_real_template_errors_carry_the_templates_own_message() -> None:
+    late_system = [USER, Message(role="system", content="late")]
+    with pytest.raises(TemplateRenderError, match="System message must be at the beginning"):
+        real("qwen3.5").render(late_system)
+    bad_id = [
+        USER,
+        Message(role="assistant", tool_calls=[CALL.model_copy(update={"id": "x"})]),
+    ]
+    with pytest.raises(TemplateRenderError, match="length 9"):
+        real("mistral-nemo").render(bad_id, [TOOL])
+
+
+def test_forcing_the_wrong_variant_fails_where_sources_say_it_does() -> None:
+    t = real("deepseek-v3.1")
+    wrong = ToolCallStyle(content_none=False, arguments_as_dict=True)
+    messages = t.message_dicts([USER, Message(role="assistant", tool_calls=[CALL])], wrong)
+    with pytest.raises(TemplateRenderError):
+        t.render_dicts(messages, None, True)
+
+
+def test_enable_thinking_kwarg_reaches_qwen3() -> None:
+    out = real("qwen3").render([USER], add_generation_prompt=True, enable_thinking=False)
+    assert out.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
