@@ -14,17 +14,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import openai_chat
+from gateway import anthropic_messages, openai_chat, openai_responses
+from gateway.canonical import CanonicalRequest
 from gateway.core import Gateway
-from gateway.errors import GatewayError, openai_error_body
+from gateway.errors import GatewayError
 from schemas.session import SessionConfig
 
 log = logging.getLogger("rollout.gateway")
 
-ErrorRenderer = Callable[[GatewayError], dict[str, Any]]
+ErrorResponder = Callable[[GatewayError], Response]
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -73,7 +74,7 @@ class GatewayApp:
             raise GatewayError("invalid_request", "body must be a JSON object")
         return body
 
-    def _guard(self, handler: Handler, render: ErrorRenderer) -> Handler:
+    def _guard(self, handler: Handler, respond: ErrorResponder) -> Handler:
         async def guarded(request: Request) -> Response:
             try:
                 return await handler(request)
@@ -86,7 +87,7 @@ class GatewayApp:
                 log.exception("unhandled error on %s %s", request.method, request.url.path)
                 err_out = GatewayError("internal", "internal gateway error (see gateway log)")
             self.gateway.metrics.errors.labels(str(err_out.status), err_out.kind).inc()
-            return JSONResponse(render(err_out), err_out.status, headers=err_out.headers())
+            return respond(err_out)
 
         return guarded
 
@@ -124,18 +125,43 @@ class GatewayApp:
         )
 
     # ------------------------------------------------------------------ agent API
-    async def chat_completions(self, request: Request) -> Response:
+    async def _agent_call(self, request: Request) -> tuple[CanonicalRequest, Any]:
+        """Authenticate, read, translate with `parse`, run the core: shared by protocols."""
         session = self.gateway.authenticate(_bearer(request))
         body = await self._read_json(request)
-        canonical = openai_chat.parse_chat_request(body, dict(request.headers), request.url.path)
-        result = await self.gateway.complete(session, canonical, body)
-        if canonical.stream:
-            return StreamingResponse(
-                openai_chat.chat_completion_sse(result, include_usage=canonical.include_usage),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        return JSONResponse(openai_chat.chat_completion_body(result))
+        path = request.url.path
+        parse = {
+            "/v1/chat/completions": openai_chat.parse_chat_request,
+            "/v1/responses": openai_responses.parse_responses_request,
+            "/v1/responses/compact": openai_responses.parse_responses_request,
+            "/v1/messages": anthropic_messages.parse_messages_request,
+        }[path]
+        canonical = parse(body, dict(request.headers), path)
+        return canonical, await self.gateway.complete(session, canonical, body)
+
+    async def chat_completions(self, request: Request) -> Response:
+        canonical, result = await self._agent_call(request)
+        return openai_chat.chat_completion_response(
+            result, stream=canonical.stream, include_usage=canonical.include_usage
+        )
+
+    async def responses(self, request: Request) -> Response:
+        canonical, result = await self._agent_call(request)
+        if request.url.path.endswith("/compact"):
+            return openai_responses.compact_response(result, canonical)
+        return openai_responses.responses_response(result, stream=canonical.stream)
+
+    async def messages(self, request: Request) -> Response:
+        canonical, result = await self._agent_call(request)
+        return anthropic_messages.messages_response(result, stream=canonical.stream)
+
+    async def count_tokens(self, request: Request) -> Response:
+        self.gateway.authenticate(_bearer(request))
+        body = await self._read_json(request)
+        canonical = anthropic_messages.parse_count_tokens_request(
+            body, dict(request.headers), request.url.path
+        )
+        return anthropic_messages.count_tokens_response(self.gateway.count_tokens(canonical))
 
     async def models(self, request: Request) -> Response:
         self.gateway.authenticate(_bearer(request))
@@ -156,25 +182,26 @@ class GatewayApp:
         )
 
     def build(self) -> Starlette:
-        control = openai_error_body
-        agent = openai_error_body
+        control = openai_chat.openai_error_response
+        openai = openai_chat.openai_error_response
+        anthropic = anthropic_messages.anthropic_error_response
+        endpoints: list[tuple[str, Handler, ErrorResponder, str]] = [
+            ("/sessions", self.create_session, control, "POST"),
+            ("/sessions/{session_id}/trajectory", self.get_trajectory, control, "GET"),
+            ("/sessions/{session_id}", self.delete_session, control, "DELETE"),
+            ("/v1/chat/completions", self.chat_completions, openai, "POST"),
+            ("/v1/responses", self.responses, openai, "POST"),
+            ("/v1/responses/compact", self.responses, openai, "POST"),
+            ("/v1/messages", self.messages, anthropic, "POST"),
+            ("/v1/messages/count_tokens", self.count_tokens, anthropic, "POST"),
+            ("/v1/models", self.models, openai, "GET"),
+        ]
         routes = [
-            Route("/sessions", self._guard(self.create_session, control), methods=["POST"]),
-            Route(
-                "/sessions/{session_id}/trajectory",
-                self._guard(self.get_trajectory, control),
-                methods=["GET"],
-            ),
-            Route(
-                "/sessions/{session_id}",
-                self._guard(self.delete_session, control),
-                methods=["DELETE"],
-            ),
+            Route(path, self._guard(handler, respond), methods=[method])
+            for path, handler, respond, method in endpoints
+        ]
+        routes += [
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
-            Route(
-                "/v1/chat/completions", self._guard(self.chat_completions, agent), methods=["POST"]
-            ),
-            Route("/v1/models", self._guard(self.models, agent), methods=["GET"]),
         ]
         return Starlette(routes=routes)

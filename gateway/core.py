@@ -56,7 +56,36 @@ class LiveSession:
         self.segment_scenes: dict[str, Scene] = {}
         self.lock = asyncio.Lock()
         self.closed = False
-        self.inflight = 0
+
+    def _latest(self, *scenes: Scene) -> str | None:
+        for segment_id, scene in reversed(self.segment_scenes.items()):
+            if scene in scenes:
+                return segment_id
+        return None
+
+    def open_segment(self, segment: HeldSegment, scene: Scene) -> SegmentOpened:
+        """Place a new segment in the session's tree (ARCHITECTURE §5).
+
+        A sub-agent's conversation is `spawned_by` the latest main segment; a compaction
+        `continues` the main conversation it summarises, and the main conversation that
+        resumes from the summary `continues` that compaction. Anything else keeps the
+        parent the prefix matcher found (a fork of shared history), unlinked.
+        """
+        parent, link = segment.parent_id, None
+        if scene is Scene.subagent:
+            parent, link = self._latest(Scene.main) or parent, "spawned_by"
+        elif scene is Scene.compaction:
+            parent, link = self._latest(Scene.main) or parent, "continues"
+        elif scene is Scene.main:
+            latest = self._latest(Scene.main, Scene.compaction)
+            if latest is not None and self.segment_scenes[latest] is Scene.compaction:
+                parent, link = latest, "continues"
+        if link is not None and parent is None:
+            link = None
+        self.segment_scenes[segment.segment_id] = scene
+        return SegmentOpened(
+            segment_id=segment.segment_id, parent_id=parent, link=link, scene=scene.value
+        )
 
 
 def _hash_token(token: str) -> str:
@@ -212,17 +241,8 @@ class Gateway:
                 reply,
                 finished_with_eot=finish == "stop",
             )
-            opened = segment.segment_id not in session.segment_scenes
-            if opened:
-                session.segment_scenes[segment.segment_id] = scene
-                self.store.append(
-                    session.meta.session_id,
-                    SegmentOpened(
-                        segment_id=segment.segment_id,
-                        parent_id=segment.parent_id,
-                        scene=scene.value,
-                    ),
-                )
+            if segment.segment_id not in session.segment_scenes:
+                self.store.append(session.meta.session_id, session.open_segment(segment, scene))
             match = plan.kind if segment.segment_id == plan.segment_id else MatchKind.fork
             call = RecordedCall(
                 call_id=call_id,
@@ -262,6 +282,19 @@ class Gateway:
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
         )
+
+    def count_tokens(self, request: CanonicalRequest) -> int:
+        """Exact prompt length of a request under our template and tokenizer."""
+        try:
+            text = self.template.render(
+                request.messages,
+                request.tools,
+                add_generation_prompt=True,
+                **request.template_kwargs,
+            )
+        except TemplateRenderError as exc:
+            raise GatewayError("invalid_request", f"chat template: {exc}") from exc
+        return len(self.incremental.tokenizer.encode(text))
 
     # ------------------------------------------------------------------ helpers
     def _sampling_for(

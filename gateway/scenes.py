@@ -6,17 +6,14 @@ import re
 from gateway.canonical import CanonicalRequest
 from schemas.scenes import Scene, SceneConfig, SceneRule
 
-GENERIC_PROFILE: list[SceneRule] = [
-    SceneRule(scene=Scene.probe, max_tokens_at_most=1),
+BASE_RULES: list[SceneRule] = [
+    # Markers the protocol adapters derive from each client's own signals.
+    SceneRule(scene=Scene.compaction, header_equals={"x-rollout-request-kind": "compaction"}),
     SceneRule(scene=Scene.compaction, path_suffix="/responses/compact"),
+    SceneRule(scene=Scene.subagent, header_present="x-rollout-subagent"),
+    SceneRule(scene=Scene.probe, max_tokens_at_most=1),
 ]
-
-PROFILES: dict[str, list[SceneRule]] = {"generic": GENERIC_PROFILE}
-
-
-def register_profile(name: str, rules: list[SceneRule]) -> None:
-    """Harnesses ship their own profiles; registering one makes it selectable by name."""
-    PROFILES[name] = list(rules)
+"""Tried after the session's own rules (which harnesses fill from their profiles)."""
 
 
 def _first_text(request: CanonicalRequest, role: str, last: bool = False) -> str:
@@ -47,8 +44,7 @@ def rule_matches(rule: SceneRule, request: CanonicalRequest) -> bool:
 
 
 def classify(request: CanonicalRequest, config: SceneConfig) -> Scene:
-    profile = PROFILES.get(config.profile, GENERIC_PROFILE)
-    for rule in [*config.rules, *profile]:
+    for rule in [*config.rules, *BASE_RULES]:
         if rule_matches(rule, request):
             return rule.scene
     return Scene.main

@@ -34,7 +34,8 @@ class SceneRule(StrictModel):
 
 
 class SceneConfig(StrictModel):
-    """Per-session scene policy: a named built-in profile, extra rules tried first, and
+    """Per-session scene policy: rules (a harness profile plus task overrides, named by
+    `profile` for the record) tried before the built-in marker rules, and
     the set of scenes whose segments become training samples."""
 
     profile: str = "generic"

@@ -1,0 +1,208 @@
+"""Gateway overhead against vLLM, measured side by side in one run.
+
+(a) the same multi-turn tool conversations sent straight to vLLM's own
+`/v1/chat/completions`, and (b) through the Gateway (a separate `rollout gateway`
+process in front of the same vLLM). Prints the p50/p99 latency ratio b/a, and the
+Gateway process's CPU time per call at the first turns vs the last turns of long
+conversations: it must stay flat, because only new tokens are tokenized.
+
+Run: `python bench/gateway_overhead.py [--conversations 8] [--turns 40]`.
+The tiny model never calls tools, so both paths force the reply format with vLLM
+structured outputs; each path feeds its own sampled replies back.
+"""
+
+import argparse
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.tiny_model import ensure_tiny_model
+from gateway.vllm_server import VllmServer, VllmServerConfig, free_port
+
+REGEX = (
+    r'<think>\n[a-z]{2,6}\n</think>\n\n<tool_call>\n\{"name": "run", '
+    r'"arguments": \{"cmd": "[a-z]{2,8}"\}\}\n</tool_call>'
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
+# vLLM's own chat endpoint needs a tool parser to accept `tools` (the Gateway parses itself).
+VLLM_ARGS = ["--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+TOOL_OUTPUT = "total 8\n-rw-r--r-- 1 root root 42 hello.py\n-rw-r--r-- 1 root root 17 notes.md\n"
+
+
+def clock_ticks(pid: int) -> int:
+    """utime + stime of a process, in clock ticks (/proc, no psutil needed)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class Conversation:
+    def __init__(self, direct: bool) -> None:
+        self.direct = direct
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "List the files, then inspect each one."},
+        ]
+
+    def body(self, model: str) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": self.messages,
+            "tools": TOOLS,
+            "max_tokens": 64,
+        }
+        if self.direct:  # the gateway applies the same params from its session policy
+            body.update(temperature=1.0, seed=1, structured_outputs={"regex": REGEX})
+        return body
+
+    def absorb(self, reply: dict[str, Any], turn: int) -> None:
+        message = reply["choices"][0]["message"]
+        if not message.get("tool_calls"):
+            self.messages.append({"role": "assistant", "content": message.get("content") or ""})
+            self.messages.append(
+                {"role": "user", "content": f"<tool_response>\n{TOOL_OUTPUT}\n</tool_response>"}
+            )
+            return
+        call = message["tool_calls"][0]
+        self.messages.append(
+            {"role": "assistant", "content": message.get("content"), "tool_calls": [call]}
+        )
+        self.messages.append(
+            {"role": "tool", "tool_call_id": call["id"], "content": f"{TOOL_OUTPUT}turn {turn}"}
+        )
+
+
+def run_path(
+    url: str,
+    headers_for: list[dict[str, str]],
+    model: str,
+    turns: int,
+    direct: bool,
+    pid: int | None,
+) -> tuple[list[float], list[float]]:
+    """Lockstep: turn t of every conversation, then turn t+1. Returns latencies and, per
+    turn, the gateway CPU ms per call (empty for the direct path)."""
+    conversations = [Conversation(direct) for _ in headers_for]
+    latencies: list[float] = []
+    cpu_per_turn: list[float] = []
+    with httpx.Client(timeout=300) as client:
+        for turn in range(turns):
+            before = clock_ticks(pid) if pid else 0
+            for conv, headers in zip(conversations, headers_for, strict=True):
+                t0 = time.perf_counter()
+                reply = client.post(
+                    f"{url}/chat/completions", json=conv.body(model), headers=headers
+                )
+                latencies.append(time.perf_counter() - t0)
+                reply.raise_for_status()
+                conv.absorb(reply.json(), turn)
+            if pid:
+                ticks = clock_ticks(pid) - before
+                cpu_per_turn.append(1000 * ticks / os.sysconf("SC_CLK_TCK") / len(conversations))
+    return latencies, cpu_per_turn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--conversations", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=40)
+    args = parser.parse_args()
+    model_dir = ensure_tiny_model()
+    admin = secrets.token_urlsafe(16)
+    with VllmServer(VllmServerConfig(model_dir=model_dir, extra_args=VLLM_ARGS)) as vllm:
+        port = free_port()
+        data_dir = tempfile.mkdtemp(prefix="gw-bench-")
+        gateway = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "workers.cli",
+                "gateway",
+                "--engine",
+                vllm.url,
+                "--model",
+                vllm.model,
+                "--tokenizer",
+                str(model_dir),
+                "--port",
+                str(port),
+                "--data-dir",
+                data_dir,
+            ],
+            env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin),
+        )
+        try:
+            gw = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{gw}/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit("gateway did not start")
+                time.sleep(0.2)
+            tokens = []
+            for _ in range(args.conversations):
+                created = httpx.post(
+                    f"{gw}/sessions",
+                    headers={"Authorization": f"Bearer {admin}"},
+                    json={
+                        "rollout_id": secrets.token_hex(4),
+                        "sampling": {
+                            "temperature": 1.0,
+                            "seed": 1,
+                            "engine_extra": {"structured_outputs": {"regex": REGEX}},
+                        },
+                    },
+                ).json()
+                tokens.append({"Authorization": f"Bearer {created['token']}"})
+            plain = [{} for _ in tokens]
+            # Warm both paths once, then measure them alternately in the same run.
+            run_path(f"{vllm.url}/v1", plain[:1], vllm.model, 2, True, None)
+            direct_lat, _ = run_path(f"{vllm.url}/v1", plain, vllm.model, args.turns, True, None)
+            gw_lat, cpu = run_path(f"{gw}/v1", tokens, vllm.model, args.turns, False, gateway.pid)
+        finally:
+            gateway.terminate()
+            gateway.wait(timeout=30)
+    a50, a99 = percentile(direct_lat, 0.5), percentile(direct_lat, 0.99)
+    b50, b99 = percentile(gw_lat, 0.5), percentile(gw_lat, 0.99)
+    first, last = statistics.mean(cpu[:5]), statistics.mean(cpu[-5:])
+    calls = len(direct_lat)
+    print(f"calls per path: {calls} ({args.conversations} conversations x {args.turns} turns)")
+    print(
+        f"latency p50: vLLM {a50 * 1000:.1f} ms, gateway {b50 * 1000:.1f} ms, ratio {b50 / a50:.2f}"
+    )
+    print(
+        f"latency p99: vLLM {a99 * 1000:.1f} ms, gateway {b99 * 1000:.1f} ms, ratio {b99 / a99:.2f}"
+    )
+    print(
+        f"gateway CPU per call: turns 1-5 {first:.2f} ms, "
+        f"turns {args.turns - 4}-{args.turns} {last:.2f} ms, ratio {last / first:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,649 @@
+"""Anthropic Messages adapter (what Claude Code speaks): wire request → `CanonicalRequest`,
+result → `message` object / Messages SSE, `count_tokens` parsing, and Anthropic-shaped errors.
+
+Content blocks are folded into chat messages: `tool_result` blocks become `tool` messages
+(keeping the tool structure rather than flattening it into user text), `thinking` becomes
+`Message.reasoning`, `tool_use.input` becomes JSON `arguments`. The thinking signature we
+emit is a deterministic opaque token of the call id and the reasoning, so a verbatim echo
+restores our reasoning even if the client hid its text. Images and documents are refused
+with a 400: the model is text-only.
+
+Markers for the scene engine in `CanonicalRequest.headers` (computed here; the same names
+sent by a client are discarded):
+- `x-rollout-request-kind`: `compaction` when Claude Code says so through its hint headers
+  (`x-claude-code-request-class: compaction` or `x-claude-code-compaction`); otherwise the
+  request class it sent (`main`, `subagent`, `auxiliary`, ...). Without hint headers a
+  compaction is only recognisable by its prompt text — a scene rule's job.
+- `x-rollout-subagent`: present for sub-agent calls (`x-claude-code-agent-id` header,
+  request class `subagent`, or `cc_is_subagent=true` in the billing line); the value is
+  `x-claude-code-agent-type` or `subagent`.
+- `x-anthropic-billing-header`: Claude Code's `system[0]` billing line moved out of the
+  prompt (it is metadata for Anthropic's servers, not text for the model).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.canonical import CanonicalRequest, CompletionResult, Message, Tool, ToolCall
+from gateway.errors import GatewayError
+from gateway.openai_chat import SSE_PIECE_CHARS
+from gateway.openai_responses import (
+    REQUEST_KIND_HEADER,
+    SUBAGENT_HEADER,
+    Wire,
+    bad_request,
+    clean_headers,
+    decode_token,
+    encode_token,
+    field_error,
+    header,
+    load_object,
+    pieces,
+    sse_frame,
+    validate_at,
+)
+from schemas.sampling import SamplingParams
+
+__all__ = [
+    "ANTHROPIC_ERRORS",
+    "BILLING_HEADER",
+    "COUNT_TOKENS_PATH",
+    "DEFAULT_PATH",
+    "PROTOCOL",
+    "REQUEST_KIND_HEADER",
+    "SUBAGENT_HEADER",
+    "anthropic_error_body",
+    "anthropic_error_response",
+    "anthropic_error_status",
+    "count_tokens_body",
+    "count_tokens_response",
+    "message_id",
+    "messages_body",
+    "messages_response",
+    "messages_sse",
+    "parse_count_tokens_request",
+    "parse_messages_request",
+    "sse_error_event",
+    "stop_reason",
+    "thinking_signature",
+]
+
+PROTOCOL = "anthropic_messages"
+DEFAULT_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+BILLING_HEADER = "x-anthropic-billing-header"
+MARKER_HEADERS = frozenset({REQUEST_KIND_HEADER, SUBAGENT_HEADER, BILLING_HEADER})
+
+_NON_TEXT_BLOCKS = {"image", "document"}
+_BLOCK_TYPES = "text, tool_use, tool_result, thinking, redacted_thinking"
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+ANTHROPIC_ERRORS: dict[str, tuple[str, int | None]] = {
+    "invalid_request": ("invalid_request_error", None),
+    "authentication": ("authentication_error", None),
+    "not_found": ("not_found_error", None),
+    "conflict": ("invalid_request_error", None),
+    "too_large": ("request_too_large", None),
+    "overloaded": ("overloaded_error", 529),
+    "engine_unavailable": ("overloaded_error", 529),
+    "engine_timeout": ("timeout_error", None),
+    "engine_bad_reply": ("api_error", None),
+    "internal": ("api_error", None),
+}
+"""Our kind → (Anthropic error `type`, status override). Overload is 529, which Claude Code
+and the SDK retry with back-off; an overload raised as 429 stays a `rate_limit_error`."""
+
+
+def _error_type_and_status(err: GatewayError) -> tuple[str, int]:
+    if err.kind == "overloaded" and err.status == 429:
+        return "rate_limit_error", 429
+    kind, status = ANTHROPIC_ERRORS[err.kind]
+    return kind, status if status is not None else err.status
+
+
+def anthropic_error_status(err: GatewayError) -> int:
+    return _error_type_and_status(err)[1]
+
+
+def anthropic_error_body(err: GatewayError) -> dict[str, Any]:
+    """`{"type": "error", "error": {"type", "message"}}`, Anthropic's error shape."""
+    return {
+        "type": "error",
+        "error": {"type": _error_type_and_status(err)[0], "message": err.message},
+    }
+
+
+def anthropic_error_response(err: GatewayError) -> JSONResponse:
+    return JSONResponse(
+        anthropic_error_body(err), status_code=anthropic_error_status(err), headers=err.headers()
+    )
+
+
+def sse_error_event(err: GatewayError) -> bytes:
+    """An in-stream `event: error` record (the SDK raises on it). Only for failures after a
+    stream has started; before that, send `anthropic_error_response`."""
+    return sse_frame("error", anthropic_error_body(err))
+
+
+# --- request models ---------------------------------------------------------------------------
+
+
+class _Message(Wire):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[dict[str, Any]]
+
+
+class _TextBlock(Wire):
+    type: Literal["text"]
+    text: str
+
+
+class _ToolUseBlock(Wire):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any]
+
+
+class _ToolResultBlock(Wire):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[dict[str, Any]] | None = None
+    is_error: bool | None = None
+
+
+class _ThinkingBlock(Wire):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str = ""
+
+
+class _RedactedThinkingBlock(Wire):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+class _ToolDef(Wire):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    defer_loading: bool | None = None
+
+
+class _ToolChoice(Wire):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class _ThinkingConfig(Wire):
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: int | None = None
+    display: str | None = None
+
+
+class CountTokensRequest(Wire):
+    """`count_tokens` body: a Messages request without the required `max_tokens`."""
+
+    model: str
+    messages: list[_Message] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: _ToolChoice | None = None
+    thinking: _ThinkingConfig | None = None
+    metadata: dict[str, Any] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stream: bool | None = None
+    max_tokens: int | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int  # type: ignore[assignment]  # required on /v1/messages
+
+
+# --- request conversion -----------------------------------------------------------------------
+
+
+def _text_blocks(content: str | list[dict[str, Any]], where: str) -> list[str]:
+    """Texts of a string or a list that may hold only text blocks (system content)."""
+    if isinstance(content, str):
+        return [content]
+    return [validate_at(_TextBlock, b, f"{where}[{i}]").text for i, b in enumerate(content)]
+
+
+def _block_type(block: Any, where: str) -> str:
+    if not isinstance(block, dict):
+        raise bad_request(where, "each content block must be an object")
+    kind = block.get("type")
+    if kind in _NON_TEXT_BLOCKS:
+        raise bad_request(
+            f"{where}.type",
+            f"{kind} blocks are not supported: this model is text-only — send text blocks",
+        )
+    if not isinstance(kind, str):
+        raise bad_request(f"{where}.type", "Field required (a string)")
+    return kind
+
+
+def _tool_result_text(block: _ToolResultBlock, where: str) -> str:
+    """String content as is; block lists joined by newlines. Text-like blocks we do not model
+    (e.g. tool references) are kept as their compact JSON rather than dropped."""
+    if block.content is None:
+        return ""
+    if isinstance(block.content, str):
+        return block.content
+    texts: list[str] = []
+    for i, part in enumerate(block.content):
+        at = f"{where}.content[{i}]"
+        if _block_type(part, at) == "text":
+            texts.append(validate_at(_TextBlock, part, at).text)
+        else:
+            texts.append(json.dumps(part, ensure_ascii=False, separators=(",", ":")))
+    return "\n".join(texts)
+
+
+def _user_messages(msg: _Message, where: str) -> list[Message]:
+    """Tool results become `tool` messages; text around them becomes user messages, in order."""
+    if isinstance(msg.content, str):
+        return [Message(role="user", content=msg.content)]
+    out: list[Message] = []
+    texts: list[str] = []
+    for i, block in enumerate(msg.content):
+        at = f"{where}.content[{i}]"
+        kind = _block_type(block, at)
+        if kind == "text":
+            texts.append(validate_at(_TextBlock, block, at).text)
+        elif kind == "tool_result":
+            if texts:
+                out.append(Message(role="user", content="\n".join(texts)))
+                texts = []
+            result = validate_at(_ToolResultBlock, block, at)
+            out.append(
+                Message(
+                    role="tool",
+                    content=_tool_result_text(result, at),
+                    tool_call_id=result.tool_use_id,
+                )
+            )
+        else:
+            raise bad_request(
+                f"{at}.type",
+                f"unsupported block type {kind!r} in a user message; supported: text, tool_result",
+            )
+    if texts or not out:
+        out.append(Message(role="user", content="\n".join(texts)))
+    return out
+
+
+def _thinking_text(block: _ThinkingBlock) -> str | None:
+    if block.thinking:
+        return block.thinking
+    decoded = decode_token(block.signature, "thinking")
+    return decoded[1] if decoded is not None else None
+
+
+def _assistant_message(msg: _Message, where: str) -> Message:
+    if isinstance(msg.content, str):
+        return Message(role="assistant", content=msg.content)
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCall] = []
+    for i, block in enumerate(msg.content):
+        at = f"{where}.content[{i}]"
+        kind = _block_type(block, at)
+        if kind == "text":
+            texts.append(validate_at(_TextBlock, block, at).text)
+        elif kind == "thinking":
+            text = _thinking_text(validate_at(_ThinkingBlock, block, at))
+            if text is not None:
+                reasoning.append(text)
+        elif kind == "redacted_thinking":
+            decoded = decode_token(validate_at(_RedactedThinkingBlock, block, at).data, "thinking")
+            if decoded is not None:  # someone else's encrypted thinking is unreadable: skip
+                reasoning.append(decoded[1])
+        elif kind == "tool_use":
+            use = validate_at(_ToolUseBlock, block, at)
+            args = json.dumps(use.input, ensure_ascii=False)
+            calls.append(ToolCall(id=use.id, name=use.name, arguments=args))
+        else:
+            raise bad_request(
+                f"{at}.type", f"unsupported block type {kind!r}; supported: {_BLOCK_TYPES}"
+            )
+    return Message(
+        role="assistant",
+        content="\n".join(texts) if texts else None,
+        reasoning="\n".join(reasoning) if reasoning else None,
+        tool_calls=calls,
+    )
+
+
+def _convert_messages(req: CountTokensRequest) -> tuple[list[Message], list[str]]:
+    """Chat messages, and the billing lines taken out of the top-level system prompt."""
+    messages: list[Message] = []
+    billing: list[str] = []
+    if req.system is not None:
+        system: list[str] = []
+        for text in _text_blocks(req.system, "system"):
+            if text.startswith(BILLING_HEADER + ":"):
+                billing.append(text[len(BILLING_HEADER) + 1 :].strip())
+            else:
+                system.append(text)
+        if system:
+            messages.append(Message(role="system", content="\n".join(system)))
+    for i, msg in enumerate(req.messages):
+        where = f"messages[{i}]"
+        if msg.role == "system":  # Claude Code puts one at the end of `messages`
+            texts = _text_blocks(msg.content, f"{where}.content")
+            messages.append(Message(role="system", content="\n".join(texts)))
+        elif msg.role == "user":
+            messages.extend(_user_messages(msg, where))
+        else:
+            messages.append(_assistant_message(msg, where))
+    return messages, billing
+
+
+def _convert_tools(raw_tools: list[dict[str, Any]] | None) -> list[Tool]:
+    """Client tools only. Server tools (typed, e.g. `web_search_20250305`) are dropped — our
+    model cannot run them — as are `defer_loading` tools, which are not in the prompt until
+    the client loads them."""
+    tools: list[Tool] = []
+    for i, raw in enumerate(raw_tools or []):
+        where = f"tools[{i}]"
+        if not isinstance(raw, dict):
+            raise bad_request(where, "each tool must be an object")
+        if raw.get("type") not in (None, "custom"):
+            continue
+        tool = validate_at(_ToolDef, raw, where)
+        if not tool.defer_loading:
+            tools.append(
+                Tool(
+                    name=tool.name,
+                    description=tool.description,
+                    parameters=tool.input_schema or {},
+                )
+            )
+    return tools
+
+
+def _tool_choice(choice: _ToolChoice | None) -> Any:
+    """To the Chat form the rest of the Gateway uses."""
+    if choice is None:
+        return None
+    if choice.type == "tool":
+        if not choice.name:
+            raise bad_request("tool_choice.name", "required when tool_choice.type is 'tool'")
+        return {"type": "function", "function": {"name": choice.name}}
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+
+
+def _sampling(req: CountTokensRequest) -> SamplingParams:
+    values = {
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "max_tokens": req.max_tokens,
+        "stop": req.stop_sequences,
+    }
+    try:
+        return SamplingParams.model_validate({k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        err = field_error(exc)
+        if err.param and err.param.startswith("stop"):
+            err.param = "stop_sequences" + err.param.removeprefix("stop")
+            err.message = err.message.replace("stop", "stop_sequences", 1)
+        raise err from exc
+
+
+def _markers(headers: Mapping[str, str] | None, billing: list[str]) -> dict[str, str]:
+    request_class = header(headers, "x-claude-code-request-class")
+    kind = request_class
+    if request_class == "compaction" or header(headers, "x-claude-code-compaction"):
+        kind = "compaction"
+    out: dict[str, str] = {}
+    if kind:
+        out[REQUEST_KIND_HEADER] = kind
+    if (
+        header(headers, "x-claude-code-agent-id")
+        or request_class == "subagent"
+        or any("cc_is_subagent=true" in line for line in billing)
+    ):
+        out[SUBAGENT_HEADER] = header(headers, "x-claude-code-agent-type") or "subagent"
+    if billing:
+        out[BILLING_HEADER] = "; ".join(billing)
+    return out
+
+
+def _parse(
+    model: type[CountTokensRequest],
+    body: bytes | str | Mapping[str, Any],
+    headers: Mapping[str, str] | None,
+    path: str,
+) -> CanonicalRequest:
+    data = load_object(body)
+    try:
+        req = model.model_validate(data)
+    except ValidationError as exc:
+        raise field_error(exc) from exc
+    messages, billing = _convert_messages(req)
+    template_kwargs: dict[str, Any] = {}
+    if req.thinking is not None and req.thinking.type == "disabled":
+        template_kwargs["enable_thinking"] = False
+    return CanonicalRequest(
+        protocol=PROTOCOL,
+        path=path.split("?", 1)[0],
+        model=req.model,
+        messages=messages,
+        tools=_convert_tools(req.tools),
+        tool_choice=_tool_choice(req.tool_choice),
+        sampling=_sampling(req),
+        stream=bool(req.stream),
+        template_kwargs=template_kwargs,
+        headers={**clean_headers(headers, MARKER_HEADERS), **_markers(headers, billing)},
+    )
+
+
+def parse_messages_request(
+    body: bytes | str | Mapping[str, Any],
+    headers: Mapping[str, str] | None = None,
+    path: str = DEFAULT_PATH,
+) -> CanonicalRequest:
+    """Validate a `/v1/messages` request (`?beta=true` in `path` is fine) and convert it;
+    raises GatewayError(400) naming the field path."""
+    return _parse(MessagesRequest, body, headers, path)
+
+
+def parse_count_tokens_request(
+    body: bytes | str | Mapping[str, Any],
+    headers: Mapping[str, str] | None = None,
+    path: str = COUNT_TOKENS_PATH,
+) -> CanonicalRequest:
+    """Validate a `count_tokens` request into the canonical form whose prompt the caller
+    tokenizes; `stream` is always False."""
+    req = _parse(CountTokensRequest, body, headers, path)
+    return req.model_copy(update={"stream": False})
+
+
+def count_tokens_body(input_tokens: int) -> dict[str, Any]:
+    return {"input_tokens": input_tokens}
+
+
+# --- replies ----------------------------------------------------------------------------------
+
+
+def message_id(result: CompletionResult) -> str:
+    return f"msg_{result.call_id}"
+
+
+def thinking_signature(result: CompletionResult) -> str:
+    """Deterministic in the call; carries the reasoning so a verbatim echo restores it."""
+    return encode_token("thinking", result.call_id, result.output.reasoning or "")
+
+
+def stop_reason(result: CompletionResult, stop_sequence: str | None = None) -> str:
+    if result.output.tool_calls:
+        return "tool_use"
+    if result.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if stop_sequence is not None else "end_turn"
+
+
+def _usage(result: CompletionResult) -> dict[str, int]:
+    """Cached prompt tokens are reported as cache reads, as Anthropic does (input excludes
+    them), so Claude Code's context sum input + cache_read + output stays right."""
+    return {
+        "input_tokens": result.prompt_tokens - result.cached_prompt_tokens,
+        "output_tokens": result.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": result.cached_prompt_tokens,
+    }
+
+
+def _tool_input(tc: ToolCall) -> tuple[dict[str, Any], str]:
+    """`input` object and its JSON text. The output parser only yields JSON objects; anything
+    else is wrapped under `arguments` rather than lost."""
+    try:
+        value = json.loads(tc.arguments)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value, tc.arguments
+    wrapped = {"arguments": tc.arguments}
+    return wrapped, json.dumps(wrapped, ensure_ascii=False)
+
+
+def content_blocks(result: CompletionResult, include_thinking: bool = True) -> list[dict[str, Any]]:
+    """thinking, text, tool_use — in that order; an otherwise empty reply gets one empty
+    text block."""
+    out = result.output
+    blocks: list[dict[str, Any]] = []
+    if include_thinking and out.reasoning:
+        blocks.append(
+            {"type": "thinking", "thinking": out.reasoning, "signature": thinking_signature(result)}
+        )
+    if out.content:
+        blocks.append({"type": "text", "text": out.content})
+    for tc in out.tool_calls:
+        blocks.append(
+            {"type": "tool_use", "id": tc.id, "name": tc.name, "input": _tool_input(tc)[0]}
+        )
+    if not blocks:
+        blocks.append({"type": "text", "text": ""})
+    return blocks
+
+
+def messages_body(
+    result: CompletionResult, *, include_thinking: bool = True, stop_sequence: str | None = None
+) -> dict[str, Any]:
+    """Non-stream `message` object. `stop_sequence`: the stop string that ended generation,
+    if known (makes `stop_reason` `stop_sequence`)."""
+    reason = stop_reason(result, stop_sequence)
+    return {
+        "id": message_id(result),
+        "type": "message",
+        "role": "assistant",
+        "model": result.model,
+        "content": content_blocks(result, include_thinking),
+        "stop_reason": reason,
+        "stop_sequence": stop_sequence if reason == "stop_sequence" else None,
+        "usage": _usage(result),
+    }
+
+
+def messages_sse(
+    result: CompletionResult,
+    *,
+    include_thinking: bool = True,
+    stop_sequence: str | None = None,
+    piece_chars: int = SSE_PIECE_CHARS,
+) -> Iterator[bytes]:
+    """Re-emit a complete result as the Messages event stream; every record has its
+    `event:` line (the SDK drops records without one)."""
+
+    def event(kind: str, **fields: Any) -> bytes:
+        return sse_frame(kind, {"type": kind, **fields})
+
+    body = messages_body(result, include_thinking=include_thinking, stop_sequence=stop_sequence)
+    usage = body["usage"]
+    tool_json = iter([_tool_input(tc)[1] for tc in result.output.tool_calls])
+    start = {**body, "content": [], "stop_reason": None, "stop_sequence": None}
+    yield event("message_start", message={**start, "usage": {**usage, "output_tokens": 0}})
+    yield event("ping")
+    for index, block in enumerate(body["content"]):
+        if block["type"] == "thinking":
+            yield event(
+                "content_block_start",
+                index=index,
+                content_block={"type": "thinking", "thinking": "", "signature": ""},
+            )
+            for piece in pieces(block["thinking"], piece_chars):
+                yield event(
+                    "content_block_delta",
+                    index=index,
+                    delta={"type": "thinking_delta", "thinking": piece},
+                )
+            yield event(
+                "content_block_delta",
+                index=index,
+                delta={"type": "signature_delta", "signature": block["signature"]},
+            )
+        elif block["type"] == "text":
+            yield event(
+                "content_block_start", index=index, content_block={"type": "text", "text": ""}
+            )
+            for piece in pieces(block["text"], piece_chars):
+                yield event(
+                    "content_block_delta", index=index, delta={"type": "text_delta", "text": piece}
+                )
+        else:
+            yield event(
+                "content_block_start",
+                index=index,
+                content_block={**block, "input": {}},
+            )
+            for piece in pieces(next(tool_json), piece_chars):
+                yield event(
+                    "content_block_delta",
+                    index=index,
+                    delta={"type": "input_json_delta", "partial_json": piece},
+                )
+        yield event("content_block_stop", index=index)
+    yield event(
+        "message_delta",
+        delta={"stop_reason": body["stop_reason"], "stop_sequence": body["stop_sequence"]},
+        usage=usage,
+    )
+    yield event("message_stop")
+
+
+def messages_response(
+    result: CompletionResult,
+    *,
+    stream: bool,
+    include_thinking: bool = True,
+    stop_sequence: str | None = None,
+) -> Response:
+    """Starlette response for a finished `/v1/messages` call, streamed or not."""
+    if stream:
+        return StreamingResponse(
+            messages_sse(result, include_thinking=include_thinking, stop_sequence=stop_sequence),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    return JSONResponse(
+        messages_body(result, include_thinking=include_thinking, stop_sequence=stop_sequence)
+    )
+
+
+def count_tokens_response(input_tokens: int) -> Response:
+    return JSONResponse(count_tokens_body(input_tokens))
