@@ -88,6 +88,36 @@ class LiveSession:
         )
 
 
+HISTORY_FIELDS = frozenset({"messages", "input", "system", "instructions", "tools"})
+"""Request fields that repeat the conversation; stored in full only when a segment opens."""
+
+
+def _call_record(
+    call: RecordedCall, raw: dict[str, Any], request: CanonicalRequest, held: int
+) -> CallRecord:
+    """The durable record of a call, with a size proportional to what is new in it.
+
+    Agents resend the whole history on every call; storing it each time would make the
+    capture quadratic. A call that extends a held segment keeps the request envelope
+    (sampling, flags, headers) and only the messages past the held prefix; the held part
+    is in earlier records, and the exact token IDs are in `call` either way.
+    """
+    if held == 0:
+        return CallRecord(call=call, request=raw, normalized=request.model_dump())
+    envelope = {k: v for k, v in raw.items() if k not in HISTORY_FIELDS}
+    normalized = request.model_dump(exclude={"messages", "tools"})
+    normalized["history_messages"] = held
+    normalized["new_messages"] = [m.model_dump() for m in request.messages[held:]]
+    return CallRecord(call=call, request=envelope, normalized=normalized)
+
+
+def _held_messages(plan: PromptPlan) -> int:
+    """How many request messages the plan re-used from a held segment (0 for a fork)."""
+    if plan.kind is MatchKind.fork or plan.segment is None:
+        return 0
+    return len(plan.segment.messages)
+
+
 def _hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -210,6 +240,7 @@ class Gateway:
             except TemplateRenderError as exc:
                 raise GatewayError("invalid_request", f"chat template: {exc}") from exc
             self.metrics.prepare_seconds.observe(time.process_time() - cpu0)
+            held_messages = _held_messages(plan)
         sampling = self._sampling_for(config.sampling, request.sampling, len(plan.prompt_ids))
         call_id = uuid.uuid4().hex[:24]
         try:
@@ -267,7 +298,7 @@ class Gateway:
             )
             self.store.append(
                 session.meta.session_id,
-                CallRecord(call=call, request=raw_request, normalized=request.model_dump()),
+                _call_record(call, raw_request, request, held_messages),
             )
         self._count(request, scene, call, plan)
         return CompletionResult(
@@ -361,7 +392,7 @@ class Gateway:
         async with session.lock:
             self.store.append(
                 session.meta.session_id,
-                CallRecord(call=call, request=raw_request, normalized=request.model_dump()),
+                _call_record(call, raw_request, request, _held_messages(plan)),
             )
         self.metrics.calls.labels(request.protocol, scene.value, call.status.value, plan.kind).inc()
 

@@ -153,3 +153,28 @@ def test_gateway_restart_serves_recorded_trajectories(
     replayed = second.trajectory(session["session_id"])
     assert replayed == recorded
     assert len(replayed["segments"]) == 1 and len(replayed["calls"]) == 3
+
+
+def test_capture_grows_with_new_messages_not_with_history(
+    scripted: BackgroundServer, tiny_model_dir: Path, gateway_factory: Any
+) -> None:
+    gw = gateway_factory(scripted.url, tiny_model_dir, "tiny-qwen3")
+    session = gw.create_session()
+    client = openai.OpenAI(base_url=session["openai_base_url"], api_key=session["token"])
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "start " + "x" * 2000}]
+    for turn in range(6):
+        reply = client.chat.completions.create(model="tiny-qwen3", messages=messages)
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": f"turn {turn}"},
+        ]
+    records_file = gw.gateway.store.root / session["session_id"] / "records.jsonl"
+    lines = [line for line in records_file.read_text().splitlines() if '"kind":"call"' in line]
+    assert len(lines) == 6
+    first, *rest = lines
+    assert "x" * 2000 in first, "the opening call keeps the full request"
+    for line in rest:
+        assert "x" * 2000 not in line, "later calls do not repeat the history"
+        assert '"new_messages"' in line and "turn" in line
+    sizes = [len(line) for line in rest]
+    assert max(sizes) - min(sizes) < 2000, sizes
