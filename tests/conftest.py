@@ -4,4 +4,5 @@ a missing service fails with install instructions rather than skipping."""
 pytest_plugins = [
     "tests.fixtures.vllm",
     "tests.fixtures.gateway",
+    "tests.fixtures.sandboxes",
 ]

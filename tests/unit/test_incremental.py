@@ -352,6 +352,36 @@ def test_ten_turn_tool_conversation_stays_one_token_exact_segment(
     )
 
 
+def test_windowed_and_full_renders_plan_the_same_ids(tokenizer: CountingTokenizer) -> None:
+    """The ten turns (drifting echoes, a cut reply, CJK split samples) through a planner
+    rendering windows and one rendering whole conversations: the same ids at every call."""
+    template = ChatTemplate(TEMPLATE, bos_token=None, eos_token=IM_END)
+    windowed = IncrementalTokenizer(template, tokenizer, eot_token=IM_END)
+    full = IncrementalTokenizer(template, tokenizer, eot_token=IM_END, windowing=False)
+    assert (windowed.windowing.mode, windowed.windowing.head) == ("window", "system")
+    assert full.windowing.mode == "full"
+    turns = ten_turns()
+    _tool_results_follow_ids(turns)
+    held: dict[str, list[HeldSegment]] = {"window": [], "full": []}
+    history: list[Message] = []
+    for index, turn in enumerate(turns):
+        history = [*history, *turn.new]
+        plans = {
+            mode: planner.prepare(held[mode], history, TOOLS)
+            for mode, planner in (("window", windowed), ("full", full))
+        }
+        assert plans["window"].prompt_ids == plans["full"].prompt_ids
+        assert plans["window"].new_text == plans["full"].new_text
+        assert plans["window"].rendered == ("window" if index else "full")
+        assert plans["full"].rendered == "full"
+        out = sampled(tokenizer, turn.reply, cut=turn.cut, split=turn.split or "")
+        for mode, planner in (("window", windowed), ("full", full)):
+            planner.commit(held[mode], plans[mode], out, [0.0] * len(out), turn.reply, not turn.cut)
+        history = [*history, turn.echo or turn.reply]
+    assert held["window"][0].ids == held["full"][0].ids
+    assert len(held["window"]) == len(held["full"]) == 1
+
+
 def test_non_canonical_sampled_tokens_are_kept(
     planner: IncrementalTokenizer, tokenizer: CountingTokenizer
 ) -> None:
@@ -511,6 +541,10 @@ def test_untrusted_boundary_forks_instead_of_producing_wrong_tokens(
     )
     assert plan.kind is MatchKind.fork and plan.parent_id == segments[0].segment_id
     assert "could not be verified" in (plan.fork_reason or "")
+    # The window was tried first (the probe accepts this template: the window forks
+    # exactly where the full render does) and did not verify either.
+    assert planner.windowing.enabled and plan.rendered == "full"
+    assert "could not be verified in the rendered request (window)" in (plan.window_fallback or "")
 
 
 def test_missing_end_of_turn_markers_fork(tokenizer: CountingTokenizer) -> None:
@@ -611,6 +645,7 @@ def test_rebuild_from_recorded_calls_matches_the_live_segment(
         "marker_count",
         "internal_markers",
         "reply_finished",
+        "reply_markers",
         "message_keys",
         "tools_hash",
         "kwargs_hash",

@@ -3,7 +3,9 @@
 Templates are test data read in place (never copied). A character-level tokenizer makes
 encoding exact on text, so any difference between the held text and what the template
 renders is a boundary mistake, not a tokenizer artefact. The stop-token sets below are
-the published end-of-turn tokens of each model family.
+the published end-of-turn tokens of each model family. The planner renders windows where
+the template's probe allows it (`test_windowed_render` pins those decisions), so the
+oracle checks here cover the windowed path for those templates.
 """
 
 from __future__ import annotations
@@ -294,11 +296,16 @@ class Run:
     tokenizer: CharTokenizer
 
 
-def run(name: str, drifting_echoes: bool = True) -> Run:
-    """Drive the conversation through prepare/commit as the Gateway core does."""
+def run(name: str, drifting_echoes: bool = True, windowing: bool | None = None) -> Run:
+    """Drive the conversation through prepare/commit as the Gateway core does.
+
+    `windowing` as `IncrementalTokenizer` takes it (None: the template's probe decides).
+    """
     template, family = load(name)
     tokenizer = CharTokenizer([*family.markers, family.bos, family.eos])
-    planner = IncrementalTokenizer(template, tokenizer, eot_token=family.markers)
+    planner = IncrementalTokenizer(
+        template, tokenizer, eot_token=family.markers, windowing=windowing
+    )
     result = Run([], [], [], [], {}, tokenizer)
     history: list[Message] = []
 

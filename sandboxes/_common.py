@@ -1,0 +1,200 @@
+"""Helpers shared by the backends: spec files/repo/setup, state dirs, process identity."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import os
+import posixpath
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sandboxes.base import (
+    ROLLOUT_LABEL,
+    Sandbox,
+    SandboxError,
+    SandboxFile,
+    SandboxHandle,
+    SandboxSpec,
+)
+
+MANAGED_LABEL = "agentic-rollout.managed"
+POOL_LABEL = "agentic-rollout.pool"
+OWNER_LABEL = "agentic-rollout.owner"
+
+__all__ = ["MANAGED_LABEL", "OWNER_LABEL", "POOL_LABEL", "ROLLOUT_LABEL"]
+
+
+def state_root(kind: str) -> Path:
+    """Host directory holding per-sandbox state (pid files, run dirs, workdirs)."""
+    env = os.environ.get("AGENTIC_ROLLOUT_STATE")
+    if env:
+        base = Path(env)
+    elif os.geteuid() == 0:
+        base = Path("/var/lib/agentic-rollout")
+    else:
+        base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local/state"))
+        base = base / "agentic-rollout"
+    p = base / kind
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Kernel start time of a pid (guards against pid reuse)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def pid_alive(pid: int | None, start: int | None = None) -> bool:
+    if not pid:
+        return False
+    st = proc_start_time(pid)
+    if st is None:
+        return False
+    if start is not None and st != start:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def owner_token() -> str:
+    """host:pid:starttime of this process — who owns an unassigned pool sandbox."""
+    pid = os.getpid()
+    return f"{os.uname().nodename}:{pid}:{proc_start_time(pid)}"
+
+
+def owner_alive(token: str) -> bool:
+    try:
+        host, pid, start = token.rsplit(":", 2)
+    except ValueError:
+        return False
+    if host != os.uname().nodename:
+        return True  # not ours to judge
+    return pid_alive(int(pid), int(start) if start not in ("", "None") else None)
+
+
+def resolve_path(path: str, workdir: str) -> str:
+    return path if path.startswith("/") else posixpath.join(workdir, path)
+
+
+def files_tar(files: list[SandboxFile], workdir: str) -> bytes:
+    """One tar (rooted at /) with every spec file, so they go in with one call."""
+    buf = io.BytesIO()
+    now = int(time.time())
+    dirs: set[str] = set()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for f in files:
+            full = posixpath.normpath(resolve_path(f.path, workdir)).lstrip("/")
+            parent = posixpath.dirname(full)
+            parts = parent.split("/") if parent else []
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    ti = tarfile.TarInfo(d)
+                    ti.type = tarfile.DIRTYPE
+                    ti.mode = 0o755
+                    ti.mtime = now
+                    tf.addfile(ti)
+            data = f.data()
+            ti = tarfile.TarInfo(full)
+            ti.size = len(data)
+            ti.mode = f.mode
+            ti.mtime = now
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _git(*args: str, cwd: str | None = None) -> str:
+    r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if r.returncode:
+        raise SandboxError(f"git {' '.join(args)} failed: {r.stderr.strip()[-2000:]}")
+    return r.stdout
+
+
+def repo_tar(url: str, commit: str, cache: Path | None = None) -> bytes:
+    """Host-side checkout of `url` at `commit`, as a tar whose root is the repo.
+
+    A bare mirror per URL is cached so repeated rollouts on one repo fetch once.
+    """
+    if shutil.which("git") is None:
+        raise SandboxError("git is required on the host to materialise spec.repo")
+    cache = cache or state_root("git-cache")
+    mirror = cache / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+    if not mirror.exists():
+        tmp = mirror.with_suffix(f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _git("clone", "--quiet", "--mirror", url, str(tmp))
+        with contextlib.suppress(OSError):
+            tmp.rename(mirror)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if subprocess.run(
+        ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=mirror, capture_output=True
+    ).returncode:
+        _git("fetch", "--quiet", "origin", "+refs/*:refs/*", cwd=str(mirror))
+        with contextlib.suppress(SandboxError):
+            _git("fetch", "--quiet", "origin", commit, cwd=str(mirror))
+    with tempfile.TemporaryDirectory(prefix="repo-") as tmp:
+        work = Path(tmp) / "repo"
+        _git("clone", "--quiet", "--no-checkout", "--no-hardlinks", str(mirror), str(work))
+        _git("checkout", "--quiet", "--detach", commit, cwd=str(work))
+        _git("remote", "set-url", "origin", url, cwd=str(work))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for child in sorted(work.iterdir()):
+                tf.add(str(child), arcname=child.name)
+        return buf.getvalue()
+
+
+async def populate(sb: Sandbox, spec: SandboxSpec) -> None:
+    """Files, repo and setup commands from the spec, in that order."""
+    workdir = sb.workdir  # the backend may map spec.workdir (e2b: under $HOME)
+    if spec.files:
+        await sb.put_archive("/", files_tar(spec.files, workdir))
+    if spec.repo is not None:
+        data = await asyncio.to_thread(repo_tar, spec.repo.url, spec.repo.commit)
+        await sb.put_archive(resolve_path(spec.repo.path, workdir), data)
+    for cmd in spec.setup:
+        res = await sb.exec(cmd, cwd=workdir, timeout=spec.setup_timeout_s)
+        if not res.ok:
+            raise SandboxError(
+                f"setup command failed (exit {res.exit_code}, timed_out={res.timed_out}): "
+                f"{cmd!r}\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+            )
+
+
+def base_env(spec: SandboxSpec, home: str, gateway_url: str | None) -> dict[str, str]:
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": home,
+        "USER": "agent",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "AGENTIC_ROLLOUT_ID": spec.rollout_id,
+    }
+    if gateway_url:
+        env["AGENTIC_ROLLOUT_GATEWAY_URL"] = gateway_url
+    env.update(spec.env)
+    return env
+
+
+def merged_env(handle: SandboxHandle, extra: Any) -> dict[str, str]:
+    env = dict(handle.env)
+    if extra:
+        env.update({str(k): str(v) for k, v in dict(extra).items()})
+    return env

@@ -1,0 +1,200 @@
+"""Host-side async client for the in-sandbox supervisor (see `supervisor.py`).
+
+Shared by the local and docker backends: exec/put/get/forward over the supervisor's
+Unix socket, so both backends stream output, enforce timeouts and kill whole process
+trees the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import stat
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sandboxes.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    ExecResult,
+    OutputCallback,
+    OutputChunk,
+    SandboxError,
+    SandboxNotFound,
+)
+
+HDR = struct.Struct(">cI")
+SUPERVISOR_PATH = Path(__file__).with_name("supervisor.py")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def normalize_cmd(cmd: Sequence[str] | str) -> list[str]:
+    """A string runs under /bin/sh -c; a sequence is an argv."""
+    if isinstance(cmd, str):
+        return ["/bin/sh", "-c", cmd]
+    argv = [str(a) for a in cmd]
+    if not argv:
+        raise ValueError("empty command")
+    return argv
+
+
+class ControlClient:
+    """Talks to one sandbox's supervisor socket."""
+
+    def __init__(self, socket_path: str | os.PathLike[str]) -> None:
+        self.socket_path = str(socket_path)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        # The run dir is writable from inside the sandbox: refuse anything but a real
+        # socket (no symlink to a host socket).
+        try:
+            st = os.lstat(self.socket_path)
+        except FileNotFoundError as e:
+            raise SandboxNotFound(f"sandbox control socket missing: {self.socket_path}") from e
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SandboxError(f"{self.socket_path} is not a socket")
+        try:
+            return await asyncio.open_unix_connection(self.socket_path, limit=2**20)
+        except (ConnectionRefusedError, FileNotFoundError) as e:
+            raise SandboxNotFound(f"sandbox supervisor not running ({e})") from e
+
+    async def request(self, req: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+        r, w = await self._connect()
+        try:
+            w.write(json.dumps(req).encode() + b"\n")
+            await w.drain()
+            line = await asyncio.wait_for(r.readline(), timeout)
+            if not line:
+                raise SandboxError(f"supervisor closed the connection on {req.get('op')}")
+            return json.loads(line)
+        finally:
+            w.close()
+
+    async def ping(self, timeout: float = 5.0) -> dict[str, Any]:
+        return await self.request({"op": "ping"}, timeout)
+
+    async def forward(self, port: int, unix_path: str) -> None:
+        res = await self.request({"op": "forward", "port": port, "unix": unix_path})
+        if not res.get("ok"):
+            raise SandboxError(f"gateway forwarder failed: {res.get('error')}")
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        r, w = await self._connect()
+        try:
+            w.write(json.dumps({"op": "put", "dest": dest_dir}).encode() + b"\n")
+            w.write(tar_bytes)
+            await w.drain()
+            w.write_eof()
+            line = await r.readline()
+        finally:
+            w.close()
+        res = json.loads(line) if line else {"ok": False, "error": "no reply"}
+        if not res.get("ok"):
+            raise SandboxError(f"put_archive({dest_dir}) failed: {res.get('error')}")
+
+    async def get_archive(self, path: str) -> bytes:
+        r, w = await self._connect()
+        try:
+            w.write(json.dumps({"op": "get", "path": path}).encode() + b"\n")
+            await w.drain()
+            line = await r.readline()
+            res = json.loads(line) if line else {"ok": False, "error": "no reply"}
+            if not res.get("ok"):
+                if res.get("error") == "ENOENT":
+                    raise SandboxNotFound(f"{path}: no such file in the sandbox")
+                raise SandboxError(f"get_archive({path}) failed: {res.get('error')}")
+            return await r.read()
+        finally:
+            w.close()
+
+    async def exec(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout: float | None,
+        stdin: bytes | None,
+        on_output: OutputCallback | None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        t0 = time.monotonic()
+        r, w = await self._connect()
+        req = {
+            "op": "exec",
+            "argv": argv,
+            "env": dict(env),
+            "cwd": cwd,
+            "timeout": timeout,
+            "stdin": stdin is not None,
+        }
+        out = {b"O": bytearray(), b"E": bytearray()}
+        truncated = False
+        try:
+            w.write(json.dumps(req).encode() + b"\n")
+            if stdin is not None:
+                for i in range(0, len(stdin), 65536):
+                    part = stdin[i : i + 65536]
+                    w.write(HDR.pack(b"I", len(part)) + part)
+                w.write(HDR.pack(b"C", 0))
+            await w.drain()
+            deadline = None if timeout is None else t0 + timeout + 10.0
+            while True:
+                remaining = None if deadline is None else max(0.1, deadline - time.monotonic())
+                try:
+                    hdr = await asyncio.wait_for(r.readexactly(HDR.size), remaining)
+                except TimeoutError:
+                    # Supervisor missed its own deadline (frozen sandbox?): kill from here.
+                    w.write(HDR.pack(b"K", 0))
+                    with contextlib.suppress(Exception):
+                        await w.drain()
+                    raise SandboxError("exec did not finish after its timeout") from None
+                kind, n = HDR.unpack(hdr)
+                payload = await r.readexactly(n) if n else b""
+                if kind == b"X":
+                    res = json.loads(payload)
+                    break
+                buf = out[kind]
+                room = max_output_bytes - len(buf)
+                if len(payload) > room:
+                    truncated = True
+                if room > 0:
+                    buf += payload[:room]
+                if on_output is not None:
+                    chunk = OutputChunk(stream="stdout" if kind == b"O" else "stderr", data=payload)
+                    maybe = on_output(chunk)
+                    if asyncio.iscoroutine(maybe):
+                        await maybe
+        except asyncio.IncompleteReadError as e:
+            raise SandboxError(
+                "sandbox supervisor went away during exec (sandbox destroyed or crashed)"
+            ) from e
+        finally:
+            # On cancellation this close makes the supervisor kill the process group.
+            w.close()
+        return ExecResult(
+            exit_code=int(res["exit_code"]),
+            stdout=out[b"O"].decode("utf-8", errors="replace"),
+            stderr=out[b"E"].decode("utf-8", errors="replace"),
+            timed_out=bool(res.get("timed_out")),
+            duration_s=round(time.monotonic() - t0, 4),
+            truncated=truncated,
+        )
+
+
+async def wait_ready(run_dir: Path, timeout: float, alive: Any = None) -> None:
+    """Wait for the supervisor's ready marker (poll: cheaper than inotify here)."""
+    deadline = time.monotonic() + timeout
+    marker = run_dir / "ready"
+    delay = 0.002
+    while not marker.exists():
+        if alive is not None and not alive():
+            raise SandboxError("sandbox process exited during startup")
+        if time.monotonic() > deadline:
+            raise SandboxError(f"sandbox supervisor not ready after {timeout}s")
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.05)

@@ -1,0 +1,455 @@
+"""The sandbox protocol and its boundary models.
+
+Why one small protocol: harnesses (agents) and activities only ever need to run
+commands, move files and read the environment; everything backend-specific (bubblewrap
+namespaces, docker containers, E2B templates) stays behind `SandboxBackend`.
+Adding a backend touches no harness. The models are pydantic because they cross
+process boundaries (Temporal activity payloads, the janitor's state files).
+
+Stability: this module is imported by harnesses and activities written concurrently;
+changes here are additive only.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import base64
+import io
+import os
+import re
+import tarfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "DEFAULT_GATEWAY_PORT",
+    "ROLLOUT_LABEL",
+    "BackendUnavailable",
+    "ExecResult",
+    "GatewayChannel",
+    "OutputCallback",
+    "OutputChunk",
+    "RepoSpec",
+    "ResourceLimits",
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxError",
+    "SandboxFile",
+    "SandboxHandle",
+    "SandboxNotFound",
+    "SandboxSpec",
+    "get_backend",
+    "register_backend",
+]
+
+#: Label/tag carrying the rollout id on every sandbox (docker label, E2B metadata,
+#: local state file). The janitor reaps by it.
+ROLLOUT_LABEL = "agentic-rollout.rollout-id"
+#: Loopback port inside the sandbox where the Gateway forwarder listens.
+DEFAULT_GATEWAY_PORT = 18080
+
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+
+
+class SandboxError(RuntimeError):
+    """A sandbox operation failed (backend error, not a non-zero exit code)."""
+
+
+class SandboxNotFound(SandboxError):
+    """The sandbox does not exist (anymore): destroyed, reaped or never created."""
+
+
+class BackendUnavailable(SandboxError):
+    """The backend's runtime (docker engine, bwrap, E2B credentials) is missing.
+
+    The message always says how to install/configure it.
+    """
+
+
+# --------------------------------------------------------------------------- spec
+
+
+class ResourceLimits(BaseModel):
+    """Per-sandbox resource caps. `None` means "backend default / unlimited"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: float | None = 1.0
+    memory_mb: int | None = 2048
+    pids: int | None = 1024
+    #: Cap on the writable area (workdir/tmp). Enforced where the backend can
+    #: (local: tmpfs size / RLIMIT_FSIZE; docker: tmpfs size or storage-opt).
+    disk_mb: int | None = 4096
+    #: Max open files per process.
+    nofile: int | None = 4096
+
+
+class SandboxFile(BaseModel):
+    """A file to place in the sandbox at create time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    content: str
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+    mode: int = 0o644
+
+    def data(self) -> bytes:
+        if self.encoding == "base64":
+            return base64.b64decode(self.content)
+        return self.content.encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, path: str, data: bytes, mode: int = 0o644) -> SandboxFile:
+        return cls(path=path, content=base64.b64encode(data).decode(), encoding="base64", mode=mode)
+
+
+class RepoSpec(BaseModel):
+    """A git repository checked out at an immutable commit.
+
+    Cloned host-side (the sandbox has no network) and copied in, so `url` may be a
+    local path or any URL the *host* can fetch.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    commit: str
+    path: str = "/workspace/repo"
+
+    @field_validator("commit")
+    @classmethod
+    def _immutable(cls, v: str) -> str:
+        v = v.strip().lower()
+        if not _COMMIT_RE.match(v):
+            raise ValueError("repo.commit must be a full commit hash (immutable), not a ref")
+        return v
+
+
+class GatewayChannel(BaseModel):
+    """How the sandbox reaches its Gateway session — and nothing else.
+
+    For local/docker: `target` is the host-side Gateway address, either
+    ``unix:/path/to.sock`` or ``http://127.0.0.1:PORT`` (a host-side Unix→TCP bridge is
+    started then). It is exposed inside the sandbox at ``http://127.0.0.1:inside_port``.
+    For remote backends (e2b) `public_url` is used as-is (the sandbox is elsewhere).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str | None = None
+    inside_port: int = DEFAULT_GATEWAY_PORT
+    public_url: str | None = None
+
+
+class SandboxSpec(BaseModel):
+    """Everything needed to create a sandbox for one rollout."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_id: str
+    #: Docker image ref / E2B template id. For the local backend: image whose exported
+    #: rootfs to use (if available), else the host's read-only system dirs.
+    image: str | None = None
+    #: Local backend only: explicit rootfs directory (overrides `image`).
+    rootfs: str | None = None
+    resources: ResourceLimits = Field(default_factory=ResourceLimits)
+    #: Lifetime of the sandbox (seconds). Enforced by the backend's TTL / the janitor.
+    timeout_s: float = 3600.0
+    env: dict[str, str] = Field(default_factory=dict)
+    files: list[SandboxFile] = Field(default_factory=list)
+    repo: RepoSpec | None = None
+    #: Shell commands run in order after files/repo are in place (cwd = workdir).
+    setup: list[str] = Field(default_factory=list)
+    setup_timeout_s: float = 600.0
+    workdir: str = "/workspace"
+    gateway: GatewayChannel | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    #: Backend-specific knobs (e.g. {"user": "agent"}); ignored by other backends.
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- results
+
+
+class SandboxHandle(BaseModel):
+    """Serializable reference to a live sandbox (passed between activities)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    backend: str
+    sandbox_id: str
+    rollout_id: str
+    #: Image digest (docker image Id / rootfs digest / E2B template id) — the exact
+    #: environment the agent ran in, recorded for lineage.
+    env_version: str
+    #: What the system dirs come from: "image-rootfs" | "host-readonly" | "image" | "template".
+    system: str = "image"
+    workdir: str = "/workspace"
+    #: Agent-facing Gateway base URL *inside* the sandbox (e.g. http://127.0.0.1:18080).
+    gateway_base_url: str | None = None
+    #: Environment every exec starts from (spec env + HOME/PATH + gateway vars).
+    env: dict[str, str] = Field(default_factory=dict)
+    #: Host that owns the sandbox (for Temporal task-queue affinity).
+    host: str = Field(default_factory=lambda: os.uname().nodename)
+    created_at: float = Field(default_factory=time.time)
+    #: Backend-specific details (container name, pid, state dir...). Informational.
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class OutputChunk(BaseModel):
+    """A piece of streamed output from `exec`."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+class ExecResult(BaseModel):
+    """Outcome of one command.
+
+    `exit_code` is the process's exit status, or 128+N when killed by signal N
+    (shell convention). `timed_out` / `oom_killed` tell *why* it was killed.
+    """
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    oom_killed: bool = False
+    duration_s: float = 0.0
+    #: True when captured stdout/stderr were cut at `max_output_bytes`
+    #: (streamed chunks are never cut).
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.oom_killed
+
+
+OutputCallback = Callable[[OutputChunk], Awaitable[None] | None]
+Command = Sequence[str] | str
+
+#: Default cap on captured output per stream in ExecResult (streaming is uncapped).
+DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+class Sandbox(abc.ABC):
+    """A live sandbox. All a harness may use: exec, files, env, handle.
+
+    `exec(cmd)`: a list is an argv (no shell); a string runs under ``/bin/sh -c``.
+    Cancelling the awaiting task kills the command inside the sandbox.
+    """
+
+    handle: SandboxHandle
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment every exec starts from (spec env + gateway vars)."""
+        return dict(self.handle.env)
+
+    @property
+    def workdir(self) -> str:
+        return self.handle.workdir
+
+    @property
+    def gateway_base_url(self) -> str | None:
+        return self.handle.gateway_base_url
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        """Run a command to completion; stream output to `on_output` as it comes."""
+
+    async def exec_stream(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> AsyncIterator[OutputChunk | ExecResult]:
+        """Async-iterator form of `exec`: yields OutputChunks, then the ExecResult last."""
+        queue: asyncio.Queue[OutputChunk | ExecResult | BaseException] = asyncio.Queue()
+
+        async def run() -> None:
+            try:
+                res = await self.exec(
+                    cmd, env=env, cwd=cwd, timeout=timeout, stdin=stdin, on_output=queue.put
+                )
+                await queue.put(res)
+            except BaseException as e:
+                await queue.put(e)
+                raise
+
+        task = asyncio.create_task(run())
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, ExecResult):
+                    return
+        finally:
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    # --- files (tar is the primitive; single files are built on it) -------------
+
+    @abc.abstractmethod
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        """Extract a tar archive into `dest_dir` (created if missing) in the sandbox."""
+
+    @abc.abstractmethod
+    async def get_archive(self, path: str) -> bytes:
+        """Tar archive of `path` (file or directory); members are rooted at its basename."""
+
+    async def put_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        p = Path(path)
+        await self.put_archive(str(p.parent), _tar_single(p.name, data, mode))
+
+    async def get_file(self, path: str) -> bytes:
+        raw = await self.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
+            for m in tf.getmembers():
+                if m.isfile():
+                    f = tf.extractfile(m)
+                    assert f is not None
+                    return f.read()
+        raise SandboxNotFound(f"{path} is not a regular file in the sandbox")
+
+    async def put_dir(self, local_dir: str | os.PathLike[str], dest_dir: str) -> None:
+        """Copy a host directory's *contents* into `dest_dir` in the sandbox."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for child in sorted(Path(local_dir).iterdir()):
+                tf.add(str(child), arcname=child.name)
+        await self.put_archive(dest_dir, buf.getvalue())
+
+    async def get_dir(self, path: str, local_dir: str | os.PathLike[str]) -> None:
+        """Copy sandbox `path` (dir) into host `local_dir` (its contents, not the dir)."""
+        raw = await self.get_archive(path)
+        out = Path(local_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
+            base = Path(path.rstrip("/")).name
+            for m in tf.getmembers():
+                rel = Path(m.name)
+                if rel.parts and rel.parts[0] == base:
+                    rel = Path(*rel.parts[1:]) if len(rel.parts) > 1 else Path(".")
+                if rel == Path("."):
+                    continue
+                m.name = str(rel)
+                tf.extract(m, out, filter="data")
+
+    async def destroy(self) -> None:
+        """Destroy this sandbox (idempotent)."""
+        await self.backend.destroy(self.handle)
+
+    @property
+    @abc.abstractmethod
+    def backend(self) -> SandboxBackend: ...
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.destroy()
+
+
+class SandboxBackend(abc.ABC):
+    """Creates, re-attaches, lists and destroys sandboxes of one kind.
+
+    `create` is idempotent per rollout id: a retried create first destroys any sandbox
+    already labelled with that rollout id, so retries never leak a second one.
+    `attach` rebuilds a `Sandbox` from a handle (next activity, same host).
+    `destroy` never raises for an already-gone sandbox.
+    """
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    @abc.abstractmethod
+    async def attach(self, handle: SandboxHandle) -> Sandbox: ...
+
+    @abc.abstractmethod
+    async def destroy(self, handle: SandboxHandle) -> None: ...
+
+    @abc.abstractmethod
+    async def list(self) -> list[SandboxHandle]:
+        """Sandboxes of this backend owned by this host (for the janitor)."""
+
+    async def reap(self, active_rollout_ids: set[str] | frozenset[str]) -> list[str]:
+        """Destroy sandboxes whose rollout is not active; returns reaped sandbox ids."""
+        reaped: list[str] = []
+        for h in await self.list():
+            if h.rollout_id not in active_rollout_ids:
+                await self.destroy(h)
+                reaped.append(h.sandbox_id)
+        return reaped
+
+    async def close(self) -> None:
+        """Release client resources (pools, HTTP clients). Does not destroy sandboxes."""
+        return None
+
+
+# --------------------------------------------------------------------------- registry
+
+BackendFactory = Callable[..., SandboxBackend]
+_FACTORIES: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    """Make a backend constructible by name (adding a backend touches no harness)."""
+    _FACTORIES[name] = factory
+
+
+def get_backend(name: str, **config: Any) -> SandboxBackend:
+    """Construct a backend by name: "local", "docker", "e2b" or a registered one."""
+    if name not in _FACTORIES:
+        # Built-ins register lazily so importing base never pulls docker/e2b SDKs.
+        import importlib
+
+        mod = {"local": "sandboxes.local", "docker": "sandboxes.docker", "e2b": "sandboxes.e2b"}
+        if name in mod:
+            importlib.import_module(mod[name])
+    if name not in _FACTORIES:
+        raise KeyError(f"unknown sandbox backend {name!r}; known: {sorted(_FACTORIES)}")
+    return _FACTORIES[name](**config)
+
+
+def _tar_single(name: str, data: bytes, mode: int) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        ti.mode = mode
+        ti.mtime = int(time.time())
+        tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()

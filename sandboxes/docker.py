@@ -1,0 +1,646 @@
+"""Docker backend: one container per rollout, via the docker SDK, with a warm pool.
+
+Containers run with ``network_mode="none"`` (only ``lo``), memory (= memory+swap, so
+no swap), CPU and pids limits, all capabilities dropped, ``no-new-privileges``, docker's init as
+PID 1 and the agent user (uid 1000). The in-sandbox supervisor (`supervisor.py`,
+bind-mounted read-only) is the container's main process: commands, files and the
+Gateway forwarder go through its Unix socket in a bind-mounted per-sandbox run dir,
+which is also where the Gateway channel's socket appears. So, after creation, no
+docker API call is on the exec path (the docker API degrades under ~1000 concurrent
+operations) and a cancelled command's whole process tree is killed — something
+`docker exec` cannot do. Images without python3 fall back to `docker exec` via the
+SDK (no stdin, output after exit only; see `_SdkExecSandbox`).
+
+Warm pool: blank containers (started, supervisor ready) per (image, workdir,
+resources). Labels are immutable, so a pooled container's rollout id is recorded in
+its state dir (handle.json) at acquire time and the container is renamed to carry it
+in the background; cold-created containers carry the rollout-id label directly. The
+janitor reads both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Callable, Hashable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sandboxes import _cgroups
+from sandboxes._common import (
+    MANAGED_LABEL,
+    OWNER_LABEL,
+    POOL_LABEL,
+    base_env,
+    merged_env,
+    owner_token,
+    populate,
+    state_root,
+)
+from sandboxes._control import SUPERVISOR_PATH, ControlClient, normalize_cmd, wait_ready
+from sandboxes.base import (
+    DEFAULT_GATEWAY_PORT,
+    DEFAULT_MAX_OUTPUT_BYTES,
+    ROLLOUT_LABEL,
+    BackendUnavailable,
+    Command,
+    ExecResult,
+    OutputCallback,
+    OutputChunk,
+    ResourceLimits,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxHandle,
+    SandboxNotFound,
+    SandboxSpec,
+    register_backend,
+)
+from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
+from sandboxes.local import should_reap
+
+DEFAULT_IMAGE = "agentic-rollout/sandbox-base:latest"
+SANDBOX_ID_LABEL = "agentic-rollout.sandbox-id"
+#: Which state root (hash) a container belongs to: backends with different state
+#: dirs (tests, several workers) never list or reap each other's containers.
+STATE_LABEL = "agentic-rollout.state-root"
+INSTALL_HINT = (
+    "a Docker engine is required for the docker sandbox backend: run "
+    "scripts/install_system_deps.sh (apt-get install docker.io; starts dockerd)"
+)
+RUN_DIR = "/run/rollout"
+HOME = "/home/agent"
+_ID_RE = re.compile(r"^dsb-[0-9a-f]{12}$")
+T = TypeVar("T")
+
+
+def _rid_key(rollout_id: str) -> str:
+    return hashlib.sha256(rollout_id.encode()).hexdigest()[:32]
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-", s)[:40].strip("-.") or "x"
+
+
+class DockerSandbox(Sandbox):
+    def __init__(self, backend: DockerBackend, handle: SandboxHandle) -> None:
+        self._backend = backend
+        self.handle = handle
+        self._client = ControlClient(Path(handle.details["state_dir"]) / "run" / "control.sock")
+
+    @property
+    def backend(self) -> DockerBackend:
+        return self._backend
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        cg = self.handle.details.get("memory_cgroup")
+        before = _cgroups.oom_kills_of_dirs([cg]) if cg else None
+        res = await self._client.exec(
+            normalize_cmd(cmd),
+            env=merged_env(self.handle, env),
+            cwd=cwd or self.handle.workdir,
+            timeout=timeout,
+            stdin=stdin,
+            on_output=on_output,
+            max_output_bytes=max_output_bytes,
+        )
+        if res.exit_code == 128 + signal.SIGKILL and not res.timed_out:
+            if before is not None:
+                after = _cgroups.oom_kills_of_dirs([cg]) if cg else None
+                res.oom_killed = after is not None and after > before
+            else:
+                res.oom_killed = await self._backend._oom_flag(self.handle)
+        return res
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        await self._client.put_archive(dest_dir, tar_bytes)
+
+    async def get_archive(self, path: str) -> bytes:
+        return await self._client.get_archive(path)
+
+
+class _SdkExecSandbox(DockerSandbox):
+    """Fallback for images without python3: plain `docker exec` / archive API.
+
+    Limits: output is delivered when the command ends, stdin is not supported, and a
+    timeout kills only the command (`timeout -s KILL`), not its detached children.
+    """
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        if stdin is not None:
+            raise SandboxError("stdin is not supported for images without python3")
+        argv = normalize_cmd(cmd)
+        if timeout:
+            argv = ["timeout", "-s", "KILL", str(timeout), *argv]
+        t0 = time.monotonic()
+        c = await self._backend._run(self._backend._container, self.handle)
+        r = await self._backend._run(
+            c.exec_run,
+            argv,
+            environment=merged_env(self.handle, env),
+            workdir=cwd or self.handle.workdir,
+            demux=True,
+        )
+        out, err = r.output if r.output else (b"", b"")
+        out, err = out or b"", err or b""
+        for kind, data in (("stdout", out), ("stderr", err)):
+            if data and on_output is not None:
+                m = on_output(OutputChunk(stream=kind, data=data))  # type: ignore[arg-type]
+                if asyncio.iscoroutine(m):
+                    await m
+        dur = time.monotonic() - t0
+        timed_out = bool(timeout) and r.exit_code == 137 and dur >= timeout
+        return ExecResult(
+            exit_code=r.exit_code,
+            stdout=out[:max_output_bytes].decode(errors="replace"),
+            stderr=err[:max_output_bytes].decode(errors="replace"),
+            timed_out=timed_out,
+            oom_killed=(r.exit_code == 137 and not timed_out)
+            and await self._backend._oom_flag(self.handle),
+            duration_s=round(dur, 4),
+            truncated=len(out) > max_output_bytes or len(err) > max_output_bytes,
+        )
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        c = await self._backend._run(self._backend._container, self.handle)
+        await self._backend._run(c.exec_run, ["mkdir", "-p", dest_dir])
+        ok = await self._backend._run(c.put_archive, dest_dir, tar_bytes)
+        if not ok:
+            raise SandboxError(f"put_archive({dest_dir}) failed")
+
+    async def get_archive(self, path: str) -> bytes:
+        import docker.errors
+
+        c = await self._backend._run(self._backend._container, self.handle)
+        try:
+            stream, _ = await self._backend._run(c.get_archive, path)
+        except docker.errors.NotFound as e:
+            raise SandboxNotFound(f"{path}: no such file in the sandbox") from e
+        return await self._backend._run(lambda: b"".join(stream))
+
+
+class DockerBackend(SandboxBackend):
+    """Docker containers on the local engine (the worker's host)."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        *,
+        image: str = DEFAULT_IMAGE,
+        pool_size: int = 0,
+        state_dir: str | os.PathLike[str] | None = None,
+        user: str = "1000:1000",
+        ready_timeout: float = 60.0,
+        max_workers: int = 32,
+        client: Any = None,
+    ) -> None:
+        self.image = image
+        self.user = user
+        self.ready_timeout = ready_timeout
+        self.state = Path(state_dir) if state_dir else state_root("docker")
+        (self.state / "by-rollout").mkdir(parents=True, exist_ok=True)
+        self.state_key = hashlib.sha256(str(self.state.resolve()).encode()).hexdigest()[:16]
+        self._pool_exec = ThreadPoolExecutor(max_workers, thread_name_prefix="docker-sdk")
+        self._client = client
+        self._image_ids: dict[str, tuple[str, bool]] = {}
+        self._workdir_ok: dict[tuple[str, str], bool] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        from sandboxes.pool import WarmPool
+
+        self.pool: WarmPool[DockerSandbox] = WarmPool(self._make_blank, self._discard, pool_size)
+
+    # ----------------------------------------------------------------- plumbing
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            try:
+                import docker
+
+                self._client = docker.from_env(max_pool_size=64)
+                self._client.ping()
+            except Exception as e:
+                self._client = None
+                raise BackendUnavailable(f"{INSTALL_HINT} ({e})") from e
+        return self._client
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool_exec, lambda: fn(*args, **kw))
+
+    def _container(self, handle: SandboxHandle) -> Any:
+        import docker.errors
+
+        try:
+            return self.client.containers.get(handle.details.get("container_id") or "")
+        except docker.errors.NotFound as e:
+            raise SandboxNotFound(f"container for {handle.sandbox_id} is gone") from e
+
+    def _sdir(self, sandbox_id: str) -> Path:
+        if not _ID_RE.match(sandbox_id):
+            raise SandboxError(f"bad docker sandbox id {sandbox_id!r}")
+        return self.state / sandbox_id
+
+    def _image_info(self, image: str) -> tuple[str, bool]:
+        """(image id, has python3) — cached per process."""
+        if image not in self._image_ids:
+            import docker.errors
+
+            try:
+                img = self.client.images.get(image)
+            except docker.errors.ImageNotFound as e:
+                raise SandboxError(
+                    f"docker image {image} not found (no registry access here): build it, "
+                    "e.g. scripts/build_base_image.sh"
+                ) from e
+            has_py = True
+            if img.labels.get("agentic-rollout.recipe-hash") is None:
+                r = self.client.containers.run(
+                    img.id,
+                    ["sh", "-c", "command -v python3 || true"],
+                    remove=True,
+                    network_mode="none",
+                    entrypoint=[],
+                )
+                has_py = bool(r.strip())
+            self._image_ids[image] = (img.id, has_py)
+        return self._image_ids[image]
+
+    def _workdir_writable(self, image_id: str, workdir: str) -> bool:
+        """Whether `workdir` exists and is writable by the agent user (cached)."""
+        k = (image_id, workdir)
+        if k not in self._workdir_ok:
+            out = self.client.containers.run(
+                image_id,
+                ["sh", "-c", f'test -d "{workdir}" && test -w "{workdir}" && echo yes || true'],
+                remove=True,
+                network_mode="none",
+                entrypoint=[],
+                user=self.user,
+            )
+            self._workdir_ok[k] = out.strip() == b"yes"
+        return self._workdir_ok[k]
+
+    def _key(self, spec: SandboxSpec) -> Hashable:
+        return (spec.image or self.image, spec.workdir, spec.resources.model_dump_json())
+
+    # ----------------------------------------------------------------- lifecycle
+    async def _make_blank(self, key: Hashable) -> DockerSandbox:
+        image, workdir, res_json = key  # type: ignore[misc]
+        return await self._start(image, workdir, ResourceLimits.model_validate_json(res_json), "")
+
+    def _create_container(
+        self, sid: str, sdir: Path, image: str, workdir: str, r: ResourceLimits, rid: str
+    ) -> tuple[Any, str, bool]:
+        import docker.types
+
+        iid, has_py = self._image_info(image)
+        labels = {
+            MANAGED_LABEL: "1",
+            SANDBOX_ID_LABEL: sid,
+            ROLLOUT_LABEL: rid,
+            POOL_LABEL: "0" if rid else "1",
+            OWNER_LABEL: owner_token(),
+            STATE_LABEL: self.state_key,
+        }
+        kw: dict[str, Any] = {
+            "name": f"ar-{sid}",
+            "labels": labels,
+            "network_mode": "none",
+            "user": self.user,
+            "working_dir": workdir,
+            "init": True,
+            "detach": True,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "environment": {"HOME": HOME, "LANG": "C.UTF-8"},
+            "hostname": "sandbox",
+            "mounts": [
+                docker.types.Mount(RUN_DIR, str(sdir / "run"), type="bind"),
+                docker.types.Mount(
+                    "/run/supervisor.py", str(SUPERVISOR_PATH), type="bind", read_only=True
+                ),
+            ],
+        }
+        if r.memory_mb:
+            kw["mem_limit"] = f"{r.memory_mb}m"
+            kw["memswap_limit"] = f"{r.memory_mb}m"
+        if r.cpus:
+            kw["nano_cpus"] = int(r.cpus * 1e9)
+        if r.pids:
+            kw["pids_limit"] = r.pids
+        ul = []
+        if r.nofile:
+            ul.append(docker.types.Ulimit(name="nofile", soft=r.nofile, hard=r.nofile))
+        if r.disk_mb:
+            b = r.disk_mb * 1024 * 1024
+            ul.append(docker.types.Ulimit(name="fsize", soft=b, hard=b))
+        kw["ulimits"] = ul
+        if has_py:
+            cmd = ["python3", "/run/supervisor.py", "--run-dir", RUN_DIR]
+            cmd += ["--forward", f"{DEFAULT_GATEWAY_PORT}:{RUN_DIR}/gateway.sock"]
+        else:
+            cmd = ["sh", "-c", "while :; do sleep 3600; done"]
+        if not self._workdir_writable(iid, workdir):
+            # The image lacks a workdir writable by the agent user: give it a host dir.
+            (sdir / "work").mkdir(exist_ok=True)
+            uid, gid = (int(x) for x in self.user.split(":"))
+            if os.geteuid() == 0:
+                os.chown(sdir / "work", uid, gid)
+            kw["mounts"].append(docker.types.Mount(workdir, str(sdir / "work"), type="bind"))
+        c = self.client.containers.run(iid, cmd, entrypoint=[], **kw)
+        return c, iid, has_py
+
+    async def _start(self, image: str, workdir: str, r: ResourceLimits, rid: str) -> DockerSandbox:
+        sid = "dsb-" + uuid.uuid4().hex[:12]
+        sdir = self._sdir(sid)
+        (sdir / "run").mkdir(parents=True)
+        (sdir / "owner").write_text(owner_token())
+        uid, gid = (int(x) for x in self.user.split(":"))
+        if os.geteuid() == 0:
+            os.chown(sdir / "run", uid, gid)
+        else:
+            os.chmod(sdir / "run", 0o777)
+        container = None
+        try:
+            container, iid, has_py = await self._run(
+                self._create_container, sid, sdir, image, workdir, r, rid
+            )
+            if has_py:
+                await wait_ready(sdir / "run", self.ready_timeout)
+            attrs = await self._run(lambda: self.client.api.inspect_container(container.id))
+            pid = attrs["State"]["Pid"]
+            handle = SandboxHandle(
+                backend=self.name,
+                sandbox_id=sid,
+                rollout_id=rid,
+                env_version=iid,
+                system="image",
+                workdir=workdir,
+                details={
+                    "state_dir": str(sdir),
+                    "container_id": container.id,
+                    "container_name": f"ar-{sid}",
+                    "image": image,
+                    "init_pid": pid,
+                    "memory_cgroup": _cgroups.memory_cgroup_of_pid(pid) if pid else None,
+                    "owner": owner_token(),
+                    "exec": "supervisor" if has_py else "docker-exec",
+                },
+            )
+            (sdir / "handle.json").write_text(handle.model_dump_json())
+        except BaseException as e:
+            await asyncio.shield(self._remove(sid, container.id if container else None))
+            if isinstance(e, SandboxError) and container is not None:
+                logs = await self._run(lambda: container.logs(tail=20))
+                raise SandboxError(f"{e}; container log: {logs[-1500:]!r}") from e
+            raise
+        cls = DockerSandbox if has_py else _SdkExecSandbox
+        return cls(self, handle)
+
+    async def _assign(self, sb: DockerSandbox, spec: SandboxSpec, pooled: bool) -> DockerSandbox:
+        sdir = Path(sb.handle.details["state_dir"])
+        gw_url = None
+        if spec.gateway is not None and spec.gateway.target:
+            if sb.handle.details.get("exec") != "supervisor":
+                raise SandboxError("the Gateway channel needs python3 in the image")
+            sock = str(sdir / "run" / "gateway.sock")
+            ensure_bridge(sock, spec.gateway.target)  # sub-ms; keeps acquire off thread pools
+            if spec.gateway.inside_port != DEFAULT_GATEWAY_PORT:
+                await sb._client.forward(spec.gateway.inside_port, f"{RUN_DIR}/gateway.sock")
+            gw_url = f"http://127.0.0.1:{spec.gateway.inside_port}"
+        now = time.time()
+        details = dict(sb.handle.details)
+        details.update(
+            labels=spec.labels,
+            expires_at=now + spec.timeout_s,
+            gateway_target=spec.gateway.target if spec.gateway else None,
+        )
+        sb.handle = sb.handle.model_copy(
+            update={
+                "rollout_id": spec.rollout_id,
+                "gateway_base_url": gw_url,
+                "env": base_env(spec, HOME, gw_url),
+                "created_at": now,
+                "details": details,
+            }
+        )
+        (sdir / "handle.json").write_text(sb.handle.model_dump_json())
+        link = self.state / "by-rollout" / _rid_key(spec.rollout_id)
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        link.symlink_to(sdir.name)
+        if pooled:
+            # Labels are immutable: make the rollout id visible in `docker ps` by name.
+            name = f"ar-{_slug(spec.rollout_id)}-{sb.handle.sandbox_id[4:]}"
+            cid = sb.handle.details["container_id"]
+            fut = asyncio.get_running_loop().run_in_executor(
+                self._pool_exec, self._rename_quiet, cid, name
+            )
+            fut.add_done_callback(lambda f: f.exception())
+        try:
+            await populate(sb, spec)
+        except BaseException:
+            await asyncio.shield(self.destroy(sb.handle))
+            raise
+        return sb
+
+    def _rename_quiet(self, cid: str, name: str) -> None:
+        with contextlib.suppress(Exception):
+            self.client.api.rename(cid, name)
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        if not spec.rollout_id:
+            raise ValueError("spec.rollout_id is required")
+        _ = self.client  # fail early with the install hint
+        lock = self._locks.setdefault(spec.rollout_id, asyncio.Lock())
+        async with lock:
+            try:
+                await self._destroy_rollout(spec.rollout_id)
+                sb = self.pool.take(self._key(spec))
+                pooled = sb is not None
+                if sb is None:
+                    sb = await self._start(
+                        spec.image or self.image, spec.workdir, spec.resources, spec.rollout_id
+                    )
+                return await self._assign(sb, spec, pooled)
+            finally:
+                self._locks.pop(spec.rollout_id, None)
+
+    async def warm(self, spec: SandboxSpec, wait: bool = True) -> None:
+        """Start (and optionally wait for) the warm pool for specs shaped like `spec`."""
+        _ = self.client
+        key = self._key(spec)
+        if wait:
+            await self.pool.wait_full(key)
+        else:
+            self.pool.refill(key)
+
+    async def _destroy_rollout(self, rollout_id: str) -> None:
+        link = self.state / "by-rollout" / _rid_key(rollout_id)
+        if link.is_symlink():
+            sid = os.readlink(link)
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
+            if _ID_RE.match(sid):
+                await self.destroy(self._stub(sid, rollout_id))
+
+    def _stub(self, sid: str, rollout_id: str = "", cid: str | None = None) -> SandboxHandle:
+        details: dict[str, Any] = {"state_dir": str(self.state / sid)}
+        try:
+            stored = SandboxHandle.model_validate_json(
+                (self.state / sid / "handle.json").read_text()
+            )
+            details.update(stored.details)
+        except (OSError, ValueError):
+            pass
+        if cid:
+            details["container_id"] = cid
+        return SandboxHandle(
+            backend=self.name,
+            sandbox_id=sid,
+            rollout_id=rollout_id,
+            env_version="",
+            details=details,
+        )
+
+    async def _discard(self, sb: DockerSandbox) -> None:
+        await self.destroy(sb.handle)
+
+    async def attach(self, handle: SandboxHandle) -> DockerSandbox:
+        sdir = self._sdir(handle.sandbox_id)
+        try:
+            stored = SandboxHandle.model_validate_json((sdir / "handle.json").read_text())
+        except OSError as e:
+            raise SandboxNotFound(f"docker sandbox {handle.sandbox_id} does not exist") from e
+        target = stored.details.get("gateway_target")
+        sock = str(sdir / "run" / "gateway.sock")
+        if target and not bridge_is_open(sock):
+            await asyncio.to_thread(ensure_bridge, sock, target)
+        cls = DockerSandbox if stored.details.get("exec") == "supervisor" else _SdkExecSandbox
+        return cls(self, stored)
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        sid = handle.sandbox_id
+        cid = handle.details.get("container_id") or f"ar-{sid}"
+        await self._remove(sid, cid, handle.rollout_id)
+
+    async def _remove(self, sid: str, cid: str | None, rollout_id: str = "") -> None:
+        sdir = self._sdir(sid)
+        await asyncio.to_thread(close_bridge, str(sdir / "run" / "gateway.sock"))
+        await self._run(self._remove_container, sid, cid)
+        if rollout_id:
+            link = self.state / "by-rollout" / _rid_key(rollout_id)
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and os.readlink(link) == sid:
+                    link.unlink()
+        await asyncio.to_thread(shutil.rmtree, sdir, True)
+
+    def _remove_container(self, sid: str, cid: str | None) -> None:
+        import docker.errors
+
+        ids = {cid} if cid else set()
+        if not cid:
+            for c in self.client.api.containers(
+                all=True, filters={"label": f"{SANDBOX_ID_LABEL}={sid}"}
+            ):
+                ids.add(c["Id"])
+        for i in ids:
+            with contextlib.suppress(docker.errors.NotFound):
+                try:
+                    self.client.api.remove_container(i, force=True, v=True)
+                except docker.errors.APIError as e:
+                    if "already in progress" not in str(e):
+                        raise
+
+    async def _oom_flag(self, handle: SandboxHandle) -> bool:
+        """Ask the engine (when the cgroup files are not readable from here)."""
+        try:
+            attrs = await self._run(
+                self.client.api.inspect_container, handle.details["container_id"]
+            )
+        except Exception:
+            return False
+        return bool(attrs.get("State", {}).get("OOMKilled"))
+
+    async def list(self) -> list[SandboxHandle]:
+        # One list call (the high-level list() inspects each container and races
+        # with concurrent removals).
+        containers = await self._run(
+            self.client.api.containers,
+            all=True,
+            filters={"label": [MANAGED_LABEL, f"{STATE_LABEL}={self.state_key}"]},
+        )
+        out: dict[str, SandboxHandle] = {}
+        for c in containers:
+            labels = c.get("Labels") or {}
+            sid = labels.get(SANDBOX_ID_LABEL, "")
+            if not _ID_RE.match(sid):
+                continue
+            h = self._stub(sid, labels.get(ROLLOUT_LABEL, ""), c["Id"])
+            stored_rid = ""
+            with contextlib.suppress(OSError, ValueError):
+                stored_rid = json.loads((self.state / sid / "handle.json").read_text())[
+                    "rollout_id"
+                ]
+            h.rollout_id = stored_rid or h.rollout_id
+            h.details.setdefault("owner", labels.get(OWNER_LABEL, ""))
+            out[sid] = h
+        for d in self.state.iterdir():
+            if _ID_RE.match(d.name) and d.name not in out:
+                # State dir without a container (crash between the two): orphan.
+                h = self._stub(d.name)
+                with contextlib.suppress(OSError, ValueError):
+                    h.rollout_id = json.loads((d / "handle.json").read_text())["rollout_id"]
+                owner = ""
+                with contextlib.suppress(OSError):
+                    owner = (d / "owner").read_text().strip()
+                h.details["owner"] = owner
+                h.details["orphan_state_dir"] = True
+                out[d.name] = h
+        return list(out.values())
+
+    async def reap(self, active_rollout_ids: set[str] | frozenset[str]) -> list[str]:
+        held = {sb.handle.sandbox_id for q in self.pool._idle.values() for sb in q}
+        reaped = []
+        for h in await self.list():
+            if h.sandbox_id not in held and should_reap(h, active_rollout_ids):
+                await self.destroy(h)
+                reaped.append(h.sandbox_id)
+        return reaped
+
+    async def close(self) -> None:
+        await self.pool.close()
+        self._pool_exec.shutdown(wait=False)
+
+
+register_backend("docker", DockerBackend)

@@ -1,0 +1,294 @@
+"""E2B backend: cloud sandboxes through the `e2b` SDK (templates, commands, files).
+
+Mapping: `SandboxSpec.image` → E2B template; `timeout_s` → the sandbox's own TTL
+(E2B kills it even if every worker dies, so cleanup does not depend on us); rollout
+id and labels → sandbox metadata (the janitor lists by it); exec → `commands.run`
+in the background + wait, killed on timeout/cancel; files → tar uploaded/downloaded
+with `files.write`/`files.read` and unpacked with `tar` in the sandbox.
+
+Network: the sandbox is remote, so the Unix-socket Gateway channel does not apply;
+the agent talks to `gateway.public_url` and, when one is given, outbound traffic is
+restricted to that host (``network.allow_out``); otherwise internet access is off.
+
+Not available here: OOM reporting (E2B does not expose it; `oom_killed` stays
+False) and per-sandbox memory/CPU caps (they are properties of the template).
+The E2B cloud cannot be reached from this workplace; see docs/sandboxes.md for what
+was verified against a loopback stand-in of the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+from sandboxes._common import MANAGED_LABEL, base_env, merged_env, populate
+from sandboxes.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    ROLLOUT_LABEL,
+    BackendUnavailable,
+    Command,
+    ExecResult,
+    OutputCallback,
+    OutputChunk,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxHandle,
+    SandboxNotFound,
+    SandboxSpec,
+    register_backend,
+)
+
+INSTALL_HINT = "the e2b backend needs the `e2b` package (pip install e2b) and E2B_API_KEY"
+HOME = "/home/user"
+
+
+def _sdk() -> Any:
+    try:
+        import e2b
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise BackendUnavailable(INSTALL_HINT) from e
+    return e2b
+
+
+class E2BSandbox(Sandbox):
+    def __init__(self, backend: E2BBackend, handle: SandboxHandle, sbx: Any) -> None:
+        self._backend = backend
+        self.handle = handle
+        self._sbx = sbx
+
+    @property
+    def backend(self) -> E2BBackend:
+        return self._backend
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        e2b = _sdk()
+        line = cmd if isinstance(cmd, str) else shlex.join([str(a) for a in cmd])
+        if stdin is not None:
+            # envd's stdin stream needs a second RPC per chunk; a here-file is simpler.
+            tmp = f"/tmp/.stdin-{uuid.uuid4().hex}"
+            await self._sbx.files.write(tmp, stdin, use_octet_stream=True)
+            line = f"( {line} ) < {shlex.quote(tmp)}; __rc=$?; rm -f {shlex.quote(tmp)}; exit $__rc"
+        out = {"stdout": bytearray(), "stderr": bytearray()}
+        pending: list[Any] = []
+        truncated = False
+
+        def sink(kind: str) -> Any:
+            def cb(text: str) -> None:
+                nonlocal truncated
+                data = text.encode()
+                buf = out[kind]
+                room = max_output_bytes - len(buf)
+                if len(data) > room:
+                    truncated = True
+                if room > 0:
+                    buf += data[:room]
+                if on_output is not None:
+                    r = on_output(OutputChunk(stream=kind, data=data))  # type: ignore[arg-type]
+                    if asyncio.iscoroutine(r):
+                        pending.append(asyncio.ensure_future(r))
+
+            return cb
+
+        t0 = time.monotonic()
+        h = await self._sbx.commands.run(
+            line,
+            background=True,
+            envs=merged_env(self.handle, env),
+            cwd=cwd or self.handle.workdir,
+            on_stdout=sink("stdout"),
+            on_stderr=sink("stderr"),
+            timeout=0,  # we enforce the deadline ourselves and kill the process
+        )
+        timed_out = False
+        try:
+            res = await asyncio.wait_for(h.wait(), timeout)
+            code = res.exit_code
+        except e2b.CommandExitException as e:
+            code = e.exit_code
+        except TimeoutError:
+            timed_out = True
+            await h.kill()
+            code = 137
+        except asyncio.CancelledError:
+            await asyncio.shield(h.kill())
+            raise
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        return ExecResult(
+            exit_code=code,
+            stdout=out["stdout"].decode(errors="replace"),
+            stderr=out["stderr"].decode(errors="replace"),
+            timed_out=timed_out,
+            duration_s=round(time.monotonic() - t0, 4),
+            truncated=truncated,
+        )
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        tmp = f"/tmp/.put-{uuid.uuid4().hex}.tar"
+        await self._sbx.files.write(tmp, tar_bytes, use_octet_stream=True)
+        q = shlex.quote
+        res = await self.exec(
+            f"mkdir -p {q(dest_dir)} && tar -xf {q(tmp)} -C {q(dest_dir)}; rc=$?; rm -f {q(tmp)};"
+            " exit $rc",
+            cwd="/",
+        )
+        if not res.ok:
+            raise SandboxError(f"put_archive({dest_dir}) failed: {res.stderr[-1000:]}")
+
+    async def get_archive(self, path: str) -> bytes:
+        tmp = f"/tmp/.get-{uuid.uuid4().hex}.tar"
+        p = path.rstrip("/") or "/"
+        parent, base = os.path.split(p)
+        q = shlex.quote
+        res = await self.exec(
+            f"test -e {q(p)} || exit 44; tar -cf {q(tmp)} -C {q(parent or '/')} {q(base or '.')}",
+            cwd="/",
+        )
+        if res.exit_code == 44:
+            raise SandboxNotFound(f"{path}: no such file in the sandbox")
+        if not res.ok:
+            raise SandboxError(f"get_archive({path}) failed: {res.stderr[-1000:]}")
+        try:
+            data = await self._sbx.files.read(tmp, format="bytes")
+        finally:
+            await self.exec(["rm", "-f", tmp], cwd="/")
+        return bytes(data)
+
+
+class E2BBackend(SandboxBackend):
+    """Sandboxes in the E2B cloud (or anything speaking its API at `api_url`)."""
+
+    name = "e2b"
+
+    def __init__(
+        self,
+        *,
+        template: str = "base",
+        api_key: str | None = None,
+        api_url: str | None = None,
+        sandbox_url: str | None = None,
+        domain: str | None = None,
+        http_version: str | None = None,
+        request_timeout: float | None = None,
+        workdir: str = f"{HOME}/workspace",
+    ) -> None:
+        self.template = template
+        self.workdir = workdir
+        opts: dict[str, Any] = {
+            "api_key": api_key or os.environ.get("E2B_API_KEY"),
+            "api_url": api_url,
+            "sandbox_url": sandbox_url,
+            "domain": domain,
+            "http_version": http_version,
+            "request_timeout": request_timeout,
+        }
+        self.opts = {k: v for k, v in opts.items() if v is not None}
+
+    def _require(self) -> Any:
+        e2b = _sdk()
+        if not self.opts.get("api_key"):
+            raise BackendUnavailable(INSTALL_HINT + " (E2B_API_KEY is not set)")
+        return e2b
+
+    async def create(self, spec: SandboxSpec) -> E2BSandbox:
+        e2b = self._require()
+        if not spec.rollout_id:
+            raise ValueError("spec.rollout_id is required")
+        # Idempotent per rollout: a retried create kills what an earlier attempt made.
+        for h in await self._list({ROLLOUT_LABEL: spec.rollout_id}):
+            await self.destroy(h)
+        metadata = {MANAGED_LABEL: "1", ROLLOUT_LABEL: spec.rollout_id, **spec.labels}
+        kw: dict[str, Any] = {}
+        gw_url = spec.gateway.public_url if spec.gateway else None
+        if gw_url:
+            host = urlparse(gw_url).hostname
+            kw["network"] = {"allow_out": [host]}
+        else:
+            kw["allow_internet_access"] = False
+        sbx = await e2b.AsyncSandbox.create(
+            template=spec.image or self.template,
+            timeout=max(1, int(spec.timeout_s)),
+            metadata=metadata,
+            envs=spec.env,
+            **kw,
+            **self.opts,
+        )
+        # E2B's default user cannot create /workspace: the default maps under $HOME.
+        workdir = spec.workdir if spec.workdir != "/workspace" else self.workdir
+        handle = SandboxHandle(
+            backend=self.name,
+            sandbox_id=sbx.sandbox_id,
+            rollout_id=spec.rollout_id,
+            env_version=f"e2b-template:{spec.image or self.template}",
+            system="template",
+            workdir=workdir,
+            gateway_base_url=gw_url,
+            env=base_env(spec, HOME, gw_url),
+            details={"labels": spec.labels, "expires_at": time.time() + spec.timeout_s},
+        )
+        sb = E2BSandbox(self, handle, sbx)
+        try:
+            res = await sb.exec(["mkdir", "-p", workdir], cwd="/")
+            if not res.ok:
+                raise SandboxError(f"cannot create workdir {workdir}: {res.stderr}")
+            await populate(sb, spec)
+        except BaseException:
+            await asyncio.shield(self.destroy(handle))
+            raise
+        return sb
+
+    async def attach(self, handle: SandboxHandle) -> E2BSandbox:
+        e2b = self._require()
+        try:
+            sbx = await e2b.AsyncSandbox.connect(handle.sandbox_id, **self.opts)
+        except e2b.NotFoundException as e:
+            raise SandboxNotFound(f"e2b sandbox {handle.sandbox_id} is gone") from e
+        return E2BSandbox(self, handle, sbx)
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        e2b = self._require()
+        with contextlib.suppress(e2b.NotFoundException):
+            await e2b.AsyncSandbox.kill(handle.sandbox_id, **self.opts)
+
+    async def _list(self, metadata: dict[str, str]) -> list[SandboxHandle]:
+        e2b = self._require()
+        pager = e2b.AsyncSandbox.list(query=e2b.SandboxQuery(metadata=metadata), **self.opts)
+        out: list[SandboxHandle] = []
+        while pager.has_next:
+            for info in await pager.next_items():
+                md = dict(info.metadata or {})
+                out.append(
+                    SandboxHandle(
+                        backend=self.name,
+                        sandbox_id=info.sandbox_id,
+                        rollout_id=md.get(ROLLOUT_LABEL, ""),
+                        env_version=f"e2b-template:{info.template_id}",
+                        system="template",
+                        details={"metadata": md},
+                    )
+                )
+        return out
+
+    async def list(self) -> list[SandboxHandle]:
+        return await self._list({MANAGED_LABEL: "1"})
+
+
+register_backend("e2b", E2BBackend)

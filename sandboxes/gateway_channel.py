@@ -1,0 +1,132 @@
+"""Host side of the Gateway channel: a Unix socket that forwards to the Gateway.
+
+Why: local and docker sandboxes have no network route at all. The only way out is a
+Unix socket bind-mounted into the sandbox; the in-sandbox supervisor forwards
+``127.0.0.1:PORT`` to it. When the Gateway itself listens on TCP, this module runs the
+small host-side bridge ``unix socket -> gateway host:port``. Bridges live on one
+background event loop per process (so they work from any caller loop or thread, and
+opening one costs well under a millisecond — it is on the warm-acquire path).
+If the owning process dies the socket stops answering; `ensure_bridge` (called by the
+backends' `attach`) re-opens it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from concurrent.futures import Future
+from typing import Any
+from urllib.parse import urlparse
+
+
+def parse_target(target: str) -> tuple[str, Any]:
+    """``unix:/p`` → ("unix", "/p"); ``http://h:p`` or ``tcp://h:p`` → ("tcp", (h, p))."""
+    if target.startswith("unix:"):
+        path = target[len("unix:") :]
+        if path.startswith("//"):
+            path = path[2:]
+        return "unix", path
+    u = urlparse(target if "://" in target else f"tcp://{target}")
+    if not u.hostname or not u.port:
+        raise ValueError(f"gateway target needs host and port: {target!r}")
+    return "tcp", (u.hostname, u.port)
+
+
+async def _pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    try:
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            w.write_eof()
+
+
+class _Hub:
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._servers: dict[str, tuple[asyncio.AbstractServer, str]] = {}
+        self._lock = threading.Lock()
+        t = threading.Thread(target=self._loop.run_forever, name="gateway-bridges", daemon=True)
+        t.start()
+
+    def _call(self, coro: Any) -> Any:
+        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result(timeout=30)
+
+    async def _open(self, listen_path: str, target: str, mode: int) -> None:
+        old = self._servers.get(listen_path)
+        if old is not None:
+            if old[1] == target and os.path.exists(listen_path):
+                return
+            old[0].close()
+        kind, addr = parse_target(target)
+
+        async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                if kind == "unix":
+                    ur, uw = await asyncio.open_unix_connection(addr)
+                else:
+                    ur, uw = await asyncio.open_connection(*addr)
+            except OSError:
+                w.close()
+                return
+            await asyncio.gather(_pipe(r, uw), _pipe(ur, w))
+            uw.close()
+            w.close()
+
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(listen_path)
+        srv = await asyncio.start_unix_server(on_conn, path=listen_path)
+        os.chmod(listen_path, mode)
+        self._servers[listen_path] = (srv, target)
+
+    async def _close(self, listen_path: str) -> None:
+        old = self._servers.pop(listen_path, None)
+        if old is not None:
+            old[0].close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(listen_path)
+
+    def open(self, listen_path: str, target: str, mode: int = 0o666) -> None:
+        self._call(self._open(listen_path, target, mode))
+
+    def close(self, listen_path: str) -> None:
+        self._call(self._close(listen_path))
+
+    def is_open(self, listen_path: str) -> bool:
+        return listen_path in self._servers and os.path.exists(listen_path)
+
+
+_HUB: _Hub | None = None
+_HUB_LOCK = threading.Lock()
+
+
+def _hub() -> _Hub:
+    global _HUB
+    with _HUB_LOCK:
+        if _HUB is None:
+            _HUB = _Hub()
+        return _HUB
+
+
+def ensure_bridge(listen_path: str, target: str, mode: int = 0o666) -> None:
+    """Serve `listen_path` (Unix socket) forwarding every connection to `target`."""
+    _hub().open(listen_path, target, mode)
+
+
+def close_bridge(listen_path: str) -> None:
+    """Stop serving `listen_path` (idempotent; safe when never opened here)."""
+    if _HUB is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(listen_path)
+        return
+    _hub().close(listen_path)
+
+
+def bridge_is_open(listen_path: str) -> bool:
+    return _HUB is not None and _HUB.is_open(listen_path)

@@ -1,0 +1,644 @@
+"""Local backend: one bubblewrap sandbox per rollout, the embedded default.
+
+Isolation: new user/pid/net/ipc/uts/cgroup namespaces (the net namespace has only
+``lo``: no route out), read-only system dirs, private writable workdir/home/tmp/run
+dirs from a per-sandbox host state dir, all capabilities dropped, no nested user
+namespaces. Limits: cgroups (memory → kernel OOM kill reported as ``oom_killed``,
+pids, cpu) when this process may manage them (root), else rlimits (RLIMIT_AS for
+memory: allocations fail instead of an OOM kill); open files and file size via
+rlimits always. As root the sandbox runs as an unprivileged host uid (`sandbox_uid`),
+so even the host-fallback system dirs expose nothing root-only.
+
+System dirs: the exported rootfs of the Docker base image when it has been exported
+(``scripts/build_base_image.sh`` does it), so the agent sees the same system as
+under Docker (``handle.system == "image-rootfs"``, ``env_version`` = image id);
+otherwise the host's /usr, /etc… read-only (``"host-readonly"``).
+
+Processes: a long-lived in-sandbox supervisor (`supervisor.py`) runs commands and
+moves files over a Unix socket in the state dir. State (handle.json, pids.json,
+owner) lives in ``<state>/local/<sandbox_id>/`` so the janitor can find and destroy
+sandboxes left by a crashed worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import time
+import uuid
+from collections.abc import Hashable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sandboxes import _cgroups
+from sandboxes._common import (
+    base_env,
+    merged_env,
+    owner_alive,
+    owner_token,
+    pid_alive,
+    populate,
+    proc_start_time,
+    state_root,
+)
+from sandboxes._control import SUPERVISOR_PATH, ControlClient, normalize_cmd, wait_ready
+from sandboxes.base import (
+    DEFAULT_GATEWAY_PORT,
+    DEFAULT_MAX_OUTPUT_BYTES,
+    BackendUnavailable,
+    Command,
+    ExecResult,
+    OutputCallback,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxHandle,
+    SandboxSpec,
+    register_backend,
+)
+from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
+
+DEFAULT_IMAGE = "agentic-rollout/sandbox-base:latest"
+INSTALL_HINT = (
+    "bubblewrap is required for the local sandbox backend: run "
+    "scripts/install_system_deps.sh (apt-get install bubblewrap)"
+)
+HOME = "/home/agent"
+RUN_DIR = "/run/rollout"
+INNER_UID = 1000
+_ID_RE = re.compile(r"^lsb-[0-9a-f]{12}$")
+_HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
+_SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "home", "mnt", "media", "lost+found"}
+
+
+def _rid_key(rollout_id: str) -> str:
+    return hashlib.sha256(rollout_id.encode()).hexdigest()[:32]
+
+
+def _rmtree(p: Path) -> None:
+    def onerror(func: Any, path: str, exc: Any) -> None:
+        # Sandbox may leave read-only dirs (chmod 000): fix perms and retry once.
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(path), 0o700)
+            os.chmod(path, 0o700)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+
+    if p.exists():
+        shutil.rmtree(p, onerror=onerror)
+
+
+def lookup_rootfs(image: str) -> tuple[Path, str] | None:
+    """Exported rootfs dir + image id for `image`, if it was exported on this host."""
+    from sandboxes import images
+
+    ref_file = images.rootfs_ref_file(image)
+    iid = ref_file.read_text().strip() if ref_file.exists() else None
+    if not iid and shutil.which("docker"):
+        r = subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{.Id}}", image],
+            capture_output=True,
+            text=True,
+        )
+        iid = r.stdout.strip() if r.returncode == 0 else None
+    if not iid:
+        return None
+    d = images.rootfs_dir_for(iid)
+    if (d / ".complete").exists():
+        return d, iid
+    return None
+
+
+def host_env_version() -> str:
+    """Identity of the host system used as read-only rootfs (for lineage)."""
+    h = hashlib.sha256()
+    for f in ("/etc/os-release", "/etc/debian_version"):
+        with contextlib.suppress(OSError):
+            h.update(Path(f).read_bytes())
+    h.update(os.uname().release.encode())
+    return "host:" + h.hexdigest()[:16]
+
+
+class LocalSandbox(Sandbox):
+    def __init__(self, backend: LocalBackend, handle: SandboxHandle) -> None:
+        self._backend = backend
+        self.handle = handle
+        self._client = ControlClient(Path(handle.details["state_dir"]) / "run" / "control.sock")
+
+    @property
+    def backend(self) -> LocalBackend:
+        return self._backend
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        cg = self.handle.details.get("cgroups") or []
+        before = _cgroups.oom_kills_of_dirs(cg) if cg else None
+        res = await self._client.exec(
+            normalize_cmd(cmd),
+            env=merged_env(self.handle, env),
+            cwd=cwd or self.handle.workdir,
+            timeout=timeout,
+            stdin=stdin,
+            on_output=on_output,
+            max_output_bytes=max_output_bytes,
+        )
+        if before is not None and res.exit_code == 128 + signal.SIGKILL and not res.timed_out:
+            after = _cgroups.oom_kills_of_dirs(cg)
+            if after is not None and after > before:
+                res.oom_killed = True
+        return res
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        await self._client.put_archive(dest_dir, tar_bytes)
+
+    async def get_archive(self, path: str) -> bytes:
+        return await self._client.get_archive(path)
+
+
+class LocalBackend(SandboxBackend):
+    """Bubblewrap sandboxes on this host.
+
+    `rootfs`: "auto" (exported image rootfs if present, else host dirs), a directory,
+    or None (always the host's read-only system dirs). `pool_size` > 0 keeps that many
+    blank sandboxes per (system, resources, workdir) ready for `create`.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        state_dir: str | os.PathLike[str] | None = None,
+        rootfs: str | None = "auto",
+        image: str = DEFAULT_IMAGE,
+        sandbox_uid: int = 61000,
+        pool_size: int = 0,
+        bwrap: str = "bwrap",
+        ready_timeout: float = 30.0,
+        use_cgroups: bool = True,
+    ) -> None:
+        self.state = Path(state_dir) if state_dir else state_root("local")
+        self.state.mkdir(parents=True, exist_ok=True)
+        (self.state / "by-rollout").mkdir(exist_ok=True)
+        self.rootfs = rootfs
+        self.image = image
+        self.is_root = os.geteuid() == 0
+        self.sandbox_uid = sandbox_uid if self.is_root else os.getuid()
+        self.bwrap = shutil.which(bwrap)
+        self.ready_timeout = ready_timeout
+        self.cgroup_mode = _cgroups.mode() if use_cgroups else None
+        if self.is_root:
+            _check_traversable(self.state)
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._system_cache: dict[str, tuple[str | None, str, str]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        from sandboxes.pool import WarmPool
+
+        self.pool: WarmPool[LocalSandbox] = WarmPool(self._make_blank, self._discard, pool_size)
+
+    # ----------------------------------------------------------------- helpers
+    def _require(self) -> str:
+        if not self.bwrap:
+            raise BackendUnavailable(INSTALL_HINT)
+        return self.bwrap
+
+    def _system(self, spec: SandboxSpec) -> tuple[str | None, str, str]:
+        """(rootfs dir or None for host dirs, env_version, system kind)."""
+        if spec.rootfs:
+            from sandboxes.images import rootfs_image_id
+
+            p = Path(spec.rootfs)
+            if not (p / "usr").is_dir():
+                raise SandboxError(f"rootfs {p} has no /usr")
+            iid = rootfs_image_id(p) or "rootfs:" + hashlib.sha256(str(p).encode()).hexdigest()
+            return str(p), iid, "image-rootfs"
+        image = spec.image or self.image
+        if self.rootfs is None:
+            return None, host_env_version(), "host-readonly"
+        if self.rootfs != "auto":
+            return self._system(spec.model_copy(update={"rootfs": self.rootfs}))
+        if image not in self._system_cache:
+            found = lookup_rootfs(image)
+            if found:
+                self._system_cache[image] = (str(found[0]), found[1], "image-rootfs")
+            else:
+                self._system_cache[image] = (None, host_env_version(), "host-readonly")
+        return self._system_cache[image]
+
+    def _key(self, spec: SandboxSpec) -> Hashable:
+        rootfs, _, _ = self._system(spec)
+        return (rootfs, spec.workdir, spec.resources.model_dump_json())
+
+    def _sdir(self, sandbox_id: str) -> Path:
+        if not _ID_RE.match(sandbox_id):
+            raise SandboxError(f"bad local sandbox id {sandbox_id!r}")
+        return self.state / sandbox_id
+
+    def _bwrap_args(self, rootfs: str | None, sdir: Path, workdir: str, info_fd: int) -> list[str]:
+        src = Path(rootfs) if rootfs else Path("/")
+        top = workdir.strip("/").split("/")[0]
+        args = [
+            self._require(),
+            "--unshare-user",
+            "--uid",
+            str(INNER_UID),
+            "--gid",
+            str(INNER_UID),
+            "--disable-userns",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--info-fd",
+            str(info_fd),
+        ]
+        names = sorted(os.listdir(src)) if rootfs else list(_HOST_SYSTEM_DIRS)
+        nested = workdir.strip("/") != top
+        for name in names:
+            if name in _SKIP_TOP or name.startswith(".") or (name == top and not nested):
+                continue
+            p = src / name
+            if p.is_symlink():
+                args += ["--symlink", os.readlink(p), f"/{name}"]
+            elif p.is_dir() or p.is_file():
+                args += ["--ro-bind", str(p), f"/{name}"]
+        if (
+            nested
+            and top not in _SKIP_TOP
+            and top in names
+            and not (src / workdir.lstrip("/")).is_dir()
+        ):
+            raise SandboxError(
+                f"workdir {workdir} is inside read-only /{top}; use a top-level dir, "
+                f"a dir under {HOME} or under /tmp"
+            )
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
+        args += ["--bind", str(sdir / "tmp"), "/tmp"]
+        args += ["--bind", str(sdir / "home"), HOME]
+        args += ["--bind", str(sdir / "run"), RUN_DIR]
+        args += ["--ro-bind", str(SUPERVISOR_PATH), "/run/supervisor.py"]
+        if workdir.rstrip("/") not in ("/tmp", HOME) and not workdir.startswith(("/tmp/", HOME)):
+            args += ["--bind", str(sdir / "work"), workdir]
+        else:
+            args += ["--dir", workdir]
+        args += ["--chdir", workdir, "--", "python3", "/run/supervisor.py", "--run-dir", RUN_DIR]
+        args += ["--forward", f"{DEFAULT_GATEWAY_PORT}:{RUN_DIR}/gateway.sock"]
+        return args
+
+    # ----------------------------------------------------------------- lifecycle
+    async def _make_blank(self, key: Hashable) -> LocalSandbox:
+        rootfs, workdir, res_json = key  # type: ignore[misc]
+        from sandboxes.base import ResourceLimits
+
+        res = ResourceLimits.model_validate_json(res_json)
+        return await self._start(
+            SandboxSpec(rollout_id="", workdir=workdir, resources=res, rootfs=rootfs)
+        )
+
+    async def _start(self, spec: SandboxSpec) -> LocalSandbox:
+        self._require()
+        rootfs, env_version, system = self._system(spec)
+        if rootfs is None and not Path("/usr/bin/python3").exists():
+            raise BackendUnavailable(
+                "local backend without an exported rootfs needs /usr/bin/python3 on the host "
+                "(or run scripts/build_base_image.sh to export the image rootfs)"
+            )
+        sid = "lsb-" + uuid.uuid4().hex[:12]
+        sdir = self._sdir(sid)
+        sdir.mkdir()
+        (sdir / "owner").write_text(owner_token())
+        for sub in ("tmp", "home", "run", "work"):
+            (sdir / sub).mkdir()
+            if self.is_root:
+                os.chown(sdir / sub, self.sandbox_uid, self.sandbox_uid)
+        os.chmod(sdir / "tmp", 0o1777 if not self.is_root else 0o700)
+        r = spec.resources
+        cg: list[str] = []
+        if self.cgroup_mode:
+            cg = await asyncio.to_thread(_cgroups.create, sid, r.memory_mb, r.pids, r.cpus)
+        info_r, info_w = os.pipe()
+        try:
+            args = self._bwrap_args(rootfs, sdir, spec.workdir, info_w)
+            limits = []
+            if r.nofile:
+                limits.append(f"--nofile={r.nofile}:{r.nofile}")
+            if r.disk_mb:
+                b = r.disk_mb * 1024 * 1024
+                limits.append(f"--fsize={b}:{b}")
+            if r.memory_mb and not cg:
+                # No memory cgroup: address-space cap (allocations fail, no OOM kill).
+                b = r.memory_mb * 1024 * 1024 * 2
+                limits.append(f"--as={b}:{b}")
+            if r.pids and not cg and not self.is_root:
+                limits.append(f"--nproc={r.pids * 4}:{r.pids * 4}")
+            cmd = ["prlimit", *limits, "--", *args] if limits else args
+            if self.is_root:
+                u = str(self.sandbox_uid)
+                cmd = ["setpriv", f"--reuid={u}", f"--regid={u}", "--clear-groups", "--", *cmd]
+                # Join the cgroups *before* exec so every descendant is inside.
+                shim = 'for d in $AR_CGROUPS; do echo $$ > "$d/cgroup.procs" || exit 97; done\n'
+                cmd = ["/bin/sh", "-c", shim + 'exec "$@"', "sh", *cmd]
+            env = {
+                "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "HOME": HOME,
+                "LANG": "C.UTF-8",
+                "AR_CGROUPS": " ".join(cg),
+            }
+            log = open(sdir / "bwrap.log", "wb")  # noqa: SIM115
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    pass_fds=(info_w,),
+                    start_new_session=True,
+                )
+            finally:
+                log.close()
+            os.close(info_w)
+            info_w = -1
+            self._procs[sid] = proc
+            info = await asyncio.to_thread(_read_all, info_r)
+            child = json.loads(info).get("child-pid") if info.strip() else None
+            pids = {
+                "bwrap_pid": proc.pid,
+                "bwrap_start": proc_start_time(proc.pid),
+                "child_pid": child,
+                "child_start": proc_start_time(child) if child else None,
+                "cgroups": cg,
+            }
+            (sdir / "pids.json").write_text(json.dumps(pids))
+            try:
+                await wait_ready(
+                    sdir / "run", self.ready_timeout, alive=lambda: proc.poll() is None
+                )
+            except SandboxError as e:
+                logtail = (sdir / "bwrap.log").read_text(errors="replace")[-2000:]
+                raise SandboxError(f"{e}; bwrap said: {logtail}") from e
+        except BaseException:
+            if info_w >= 0:
+                os.close(info_w)
+            handle = SandboxHandle(
+                backend=self.name,
+                sandbox_id=sid,
+                rollout_id="",
+                env_version="",
+                details={"state_dir": str(sdir)},
+            )
+            await asyncio.shield(self.destroy(handle))
+            raise
+        finally:
+            os.close(info_r)
+        handle = SandboxHandle(
+            backend=self.name,
+            sandbox_id=sid,
+            rollout_id="",
+            env_version=env_version,
+            system=system,
+            workdir=spec.workdir,
+            details={
+                "state_dir": str(sdir),
+                "rootfs": rootfs,
+                "limits": self.cgroup_mode or "rlimit",
+                "cgroups": cg,
+                "bwrap_pid": proc.pid,
+                "child_pid": child,
+                "owner": owner_token(),
+                "sandbox_uid": self.sandbox_uid,
+            },
+        )
+        (sdir / "handle.json").write_text(handle.model_dump_json())
+        return LocalSandbox(self, handle)
+
+    async def _assign(self, sb: LocalSandbox, spec: SandboxSpec) -> LocalSandbox:
+        """Bind a blank sandbox to a rollout: labels, env, gateway, files, repo, setup."""
+        sdir = Path(sb.handle.details["state_dir"])
+        gw_url = None
+        if spec.gateway is not None and spec.gateway.target:
+            sock = str(sdir / "run" / "gateway.sock")
+            ensure_bridge(sock, spec.gateway.target)  # sub-ms; keeps acquire off thread pools
+            if spec.gateway.inside_port != DEFAULT_GATEWAY_PORT:
+                await sb._client.forward(spec.gateway.inside_port, f"{RUN_DIR}/gateway.sock")
+            gw_url = f"http://127.0.0.1:{spec.gateway.inside_port}"
+        now = time.time()
+        details = dict(sb.handle.details)
+        details.update(
+            labels=spec.labels,
+            expires_at=now + spec.timeout_s,
+            gateway_target=spec.gateway.target if spec.gateway else None,
+            gateway_inside_port=spec.gateway.inside_port if spec.gateway else None,
+        )
+        sb.handle = sb.handle.model_copy(
+            update={
+                "rollout_id": spec.rollout_id,
+                "gateway_base_url": gw_url,
+                "env": base_env(spec, HOME, gw_url),
+                "created_at": now,
+                "details": details,
+            }
+        )
+        (sdir / "handle.json").write_text(sb.handle.model_dump_json())
+        link = self.state / "by-rollout" / _rid_key(spec.rollout_id)
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        link.symlink_to(sdir.name)
+        try:
+            await populate(sb, spec)
+        except BaseException:
+            await asyncio.shield(self.destroy(sb.handle))
+            raise
+        return sb
+
+    async def create(self, spec: SandboxSpec) -> LocalSandbox:
+        if not spec.rollout_id:
+            raise ValueError("spec.rollout_id is required")
+        lock = self._locks.setdefault(spec.rollout_id, asyncio.Lock())
+        async with lock:
+            try:
+                await self._destroy_rollout(spec.rollout_id)
+                sb = self.pool.take(self._key(spec))
+                if sb is not None and not pid_alive(sb.handle.details.get("bwrap_pid")):
+                    await self._discard(sb)
+                    sb = None
+                if sb is None:
+                    sb = await self._start(spec)
+                return await self._assign(sb, spec)
+            finally:
+                self._locks.pop(spec.rollout_id, None)
+
+    async def warm(self, spec: SandboxSpec, wait: bool = True) -> None:
+        """Start (and optionally wait for) the warm pool for specs shaped like `spec`."""
+        key = self._key(spec)
+        if wait:
+            await self.pool.wait_full(key)
+        else:
+            self.pool.refill(key)
+
+    async def _destroy_rollout(self, rollout_id: str) -> None:
+        link = self.state / "by-rollout" / _rid_key(rollout_id)
+        if link.is_symlink():
+            sid = os.readlink(link)
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
+            if _ID_RE.match(sid):
+                await self.destroy(
+                    SandboxHandle(
+                        backend=self.name,
+                        sandbox_id=sid,
+                        rollout_id=rollout_id,
+                        env_version="",
+                        details={"state_dir": str(self.state / sid)},
+                    )
+                )
+
+    async def _discard(self, sb: LocalSandbox) -> None:
+        await self.destroy(sb.handle)
+
+    async def attach(self, handle: SandboxHandle) -> LocalSandbox:
+        sdir = self._sdir(handle.sandbox_id)
+        if not (sdir / "handle.json").exists():
+            from sandboxes.base import SandboxNotFound
+
+            raise SandboxNotFound(f"local sandbox {handle.sandbox_id} does not exist")
+        stored = SandboxHandle.model_validate_json((sdir / "handle.json").read_text())
+        sb = LocalSandbox(self, stored)
+        target = stored.details.get("gateway_target")
+        sock = str(sdir / "run" / "gateway.sock")
+        if target and not bridge_is_open(sock):
+            # The process that opened the bridge may be gone: serve it from here.
+            await asyncio.to_thread(ensure_bridge, sock, target)
+        return sb
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        sid = handle.sandbox_id
+        sdir = self._sdir(sid)
+        await asyncio.to_thread(close_bridge, str(sdir / "run" / "gateway.sock"))
+        await asyncio.to_thread(self._kill_and_remove, sid, sdir, handle.rollout_id)
+
+    def _kill_and_remove(self, sid: str, sdir: Path, rollout_id: str) -> None:
+        pids: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            pids = json.loads((sdir / "pids.json").read_text())
+        cg = pids.get("cgroups") or []
+        if cg:
+            _cgroups.kill_all(cg)
+        # Killing the namespace's init kills every process in the pid namespace.
+        for p, s in ((pids.get("child_pid"), pids.get("child_start")),
+                     (pids.get("bwrap_pid"), pids.get("bwrap_start"))):  # fmt: skip
+            if p and pid_alive(p, s):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(p, signal.SIGKILL)
+        proc = self._procs.pop(sid, None)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        for p, s in ((pids.get("child_pid"), pids.get("child_start")),
+                     (pids.get("bwrap_pid"), pids.get("bwrap_start"))):  # fmt: skip
+            while p and pid_alive(p, s) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        if cg:
+            _cgroups.kill_all(cg, timeout=2)
+            _cgroups.remove(cg)
+        if rollout_id:
+            link = self.state / "by-rollout" / _rid_key(rollout_id)
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and os.readlink(link) == sid:
+                    link.unlink()
+        _rmtree(sdir)
+
+    async def list(self) -> list[SandboxHandle]:
+        out: list[SandboxHandle] = []
+        for d in sorted(self.state.iterdir()):
+            if not _ID_RE.match(d.name):
+                continue
+            try:
+                out.append(SandboxHandle.model_validate_json((d / "handle.json").read_text()))
+            except (OSError, ValueError):
+                owner = ""
+                with contextlib.suppress(OSError):
+                    owner = (d / "owner").read_text().strip()
+                out.append(
+                    SandboxHandle(
+                        backend=self.name,
+                        sandbox_id=d.name,
+                        rollout_id="",
+                        env_version="",
+                        details={"state_dir": str(d), "owner": owner, "incomplete": True},
+                    )
+                )
+        return out
+
+    async def reap(self, active_rollout_ids: set[str] | frozenset[str]) -> list[str]:
+        """Destroy sandboxes of inactive/expired rollouts and orphaned pool blanks."""
+        reaped = []
+        held = {sb.handle.sandbox_id for q in self.pool._idle.values() for sb in q}
+        for h in await self.list():
+            if should_reap(h, active_rollout_ids) and h.sandbox_id not in held:
+                await self.destroy(h)
+                reaped.append(h.sandbox_id)
+        return reaped
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+def should_reap(h: SandboxHandle, active: set[str] | frozenset[str]) -> bool:
+    """Janitor rule shared by local and docker."""
+    if h.rollout_id:
+        if h.rollout_id not in active:
+            return True
+        exp = h.details.get("expires_at")
+        return bool(exp and time.time() > float(exp))
+    owner = h.details.get("owner") or ""
+    return not owner_alive(owner)
+
+
+def _check_traversable(p: Path) -> None:
+    """bwrap runs as the unprivileged sandbox uid: it must reach the state dir."""
+    for d in [p.resolve(), *p.resolve().parents]:
+        if not os.stat(d).st_mode & stat.S_IXOTH:
+            raise SandboxError(
+                f"local sandbox state dir {p} is not reachable by the sandbox uid: "
+                f"{d} lacks o+x (use a state dir under a world-traversable path)"
+            )
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while True:
+        b = os.read(fd, 4096)
+        if not b:
+            break
+        chunks.append(b)
+    return b"".join(chunks).decode(errors="replace")
+
+
+register_backend("local", LocalBackend)

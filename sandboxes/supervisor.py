@@ -1,0 +1,419 @@
+"""In-sandbox supervisor: exec server + Gateway loopback forwarder. Stdlib only.
+
+Why it exists: it is copied into every local/docker sandbox and started as the
+sandbox's long-lived process, so the host can
+  * run commands (streamed, killable as a whole process group, with timeouts) over a
+    Unix socket in the bind-mounted run dir — no `docker exec`/`nsenter` per command,
+    and cancellation really kills the agent's whole tree;
+  * move files as tar streams, extracted/created *as the sandbox user*;
+  * expose the Gateway inside the sandbox at http://127.0.0.1:PORT by forwarding each
+    loopback connection to the bind-mounted Gateway Unix socket (the sandbox has no
+    route out, so this is the only way to the Gateway).
+It must run with only what the sandbox has: any Python 3.8+, nothing else.
+
+Wire protocol on ``<run-dir>/control.sock``: the client sends one JSON line; then
+  exec:  frames ``type(1) len(4, big-endian) payload`` both ways. Server→client:
+         O stdout, E stderr, X exit (JSON). Client→server: I stdin, C close stdin,
+         K kill. A client disconnect kills the process group.
+  put:   raw tar bytes until the client half-closes; server answers one JSON line.
+  get:   server answers one JSON line, then raw tar bytes until EOF.
+  forward / ping: one JSON line each way.
+"""
+
+import argparse
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+HDR = struct.Struct(">cI")
+CHUNK = 65536
+
+
+class Reaper:
+    """Sole caller of waitpid(): collects our children and any reparented orphans."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.status = {}  # pid -> raw wait status
+        self.waiters = {}  # pid -> Event
+        self.kick = threading.Event()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def register(self, pid):
+        with self.lock:
+            ev = self.waiters.setdefault(pid, threading.Event())
+            if pid in self.status:
+                ev.set()
+        self.kick.set()
+        return ev
+
+    def pop(self, pid):
+        with self.lock:
+            self.waiters.pop(pid, None)
+            return self.status.pop(pid)
+
+    def _loop(self):
+        while True:
+            try:
+                pid, st = os.waitpid(-1, 0)
+            except ChildProcessError:
+                self.kick.wait(1.0)
+                self.kick.clear()
+                continue
+            except InterruptedError:
+                continue
+            with self.lock:
+                if pid in self.waiters or len(self.status) < 10000:
+                    self.status[pid] = st
+                ev = self.waiters.get(pid)
+            if ev is not None:
+                ev.set()
+            else:
+                # Orphan or not-yet-registered child: keep its status briefly.
+                threading.Timer(30.0, self._drop, (pid,)).start()
+
+    def _drop(self, pid):
+        with self.lock:
+            if pid not in self.waiters:
+                self.status.pop(pid, None)
+
+
+REAPER = None
+
+
+def send_frame(sock, lock, kind, payload):
+    with lock:
+        sock.sendall(HDR.pack(kind, len(payload)) + payload)
+
+
+def recv_exact(sock, n):
+    buf = b""
+    while len(buf) < n:
+        got = sock.recv(n - len(buf))
+        if not got:
+            return None
+        buf += got
+    return buf
+
+
+def read_line(sock):
+    buf = b""
+    while not buf.endswith(b"\n"):
+        got = sock.recv(1)
+        if not got:
+            break
+        buf += got
+        if len(buf) > 16 * 1024 * 1024:
+            raise ValueError("header too long")
+    return buf
+
+
+def killpg(pid):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def handle_exec(sock, req):
+    argv = req["argv"]
+    env = req.get("env") or {}
+    cwd = req.get("cwd") or None
+    timeout = req.get("timeout")
+    wlock = threading.Lock()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if req.get("stdin") else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as e:
+        code = 127 if e.errno in (errno.ENOENT, errno.ENOTDIR) else 126
+        msg = (f"exec failed: {e}\n").encode()
+        send_frame(sock, wlock, b"E", msg)
+        send_frame(
+            sock, wlock, b"X", json.dumps({"exit_code": code, "spawn_error": str(e)}).encode()
+        )
+        return
+    done = REAPER.register(proc.pid)
+    state = {"killed": False, "timed_out": False}
+
+    def pump(stream, kind):
+        fd = stream.fileno()
+        try:
+            while True:
+                data = os.read(fd, CHUNK)
+                if not data:
+                    break
+                send_frame(sock, wlock, kind, data)
+        except OSError:
+            pass
+        finally:
+            stream.close()
+
+    pumps = [
+        threading.Thread(target=pump, args=(proc.stdout, b"O"), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, b"E"), daemon=True),
+    ]
+    for t in pumps:
+        t.start()
+
+    def reader():
+        # Client → server: stdin data, close, kill; EOF (client gone) kills.
+        try:
+            while True:
+                hdr = recv_exact(sock, HDR.size)
+                if hdr is None:
+                    break
+                kind, n = HDR.unpack(hdr)
+                payload = recv_exact(sock, n) if n else b""
+                if payload is None:
+                    break
+                if kind == b"I" and proc.stdin:
+                    try:
+                        proc.stdin.write(payload)
+                        proc.stdin.flush()
+                    except OSError:
+                        pass
+                elif kind == b"C" and proc.stdin:
+                    with contextlib.suppress(OSError):
+                        proc.stdin.close()
+                elif kind == b"K":
+                    state["killed"] = True
+                    killpg(proc.pid)
+                    return
+        except OSError:
+            pass
+        if not done.is_set():
+            state["killed"] = True
+            killpg(proc.pid)
+
+    threading.Thread(target=reader, daemon=True).start()
+    if not done.wait(timeout if timeout else None):
+        state["timed_out"] = True
+        killpg(proc.pid)
+        done.wait()
+    st = REAPER.pop(proc.pid)
+    proc.returncode = 0  # we reaped it; stop Popen from waiting again
+    # Background children may hold the pipes: give them a moment, then stop reading.
+    for t in pumps:
+        t.join(0.5 if not state["timed_out"] else 2.0)
+    if state["timed_out"] or state["killed"]:
+        killpg(proc.pid)
+    if os.WIFSIGNALED(st):
+        sig = os.WTERMSIG(st)
+        res = {"exit_code": 128 + sig, "signal": sig}
+    else:
+        res = {"exit_code": os.WEXITSTATUS(st)}
+    res["timed_out"] = state["timed_out"]
+    res["killed"] = state["killed"]
+    with contextlib.suppress(OSError):
+        send_frame(sock, wlock, b"X", json.dumps(res).encode())
+
+
+class SockReader:
+    """File-like view of a socket for tarfile streaming."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def read(self, n=-1):
+        if n is None or n < 0:
+            n = CHUNK
+        return self.sock.recv(n)
+
+
+class SockWriter:
+    def __init__(self, sock):
+        self.sock = sock
+
+    def write(self, data):
+        self.sock.sendall(data)
+        return len(data)
+
+    def flush(self):
+        pass
+
+
+def _safe_member(dest, m):
+    target = os.path.realpath(os.path.join(dest, m.name))
+    root = os.path.realpath(dest).rstrip(os.sep) + os.sep
+    if target + os.sep != root and not target.startswith(root):
+        return False
+    if m.islnk() and os.path.isabs(m.linkname):
+        return False
+    return not (m.ischr() or m.isblk() or m.isfifo())
+
+
+def handle_put(sock, req):
+    dest = req["dest"]
+    try:
+        os.makedirs(dest, exist_ok=True)
+        n = 0
+        with tarfile.open(fileobj=SockReader(sock), mode="r|") as tf:
+            for m in tf:
+                if not _safe_member(dest, m):
+                    continue
+                m.uid = os.getuid()
+                m.gid = os.getgid()
+                m.uname = m.gname = ""
+                if hasattr(tarfile, "fully_trusted_filter"):
+                    tf.extract(m, dest, set_attrs=True, filter="fully_trusted")
+                else:
+                    tf.extract(m, dest, set_attrs=True)
+                n += 1
+        reply = {"ok": True, "members": n}
+    except Exception as e:
+        reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    sock.sendall((json.dumps(reply) + "\n").encode())
+
+
+def handle_get(sock, req):
+    path = req["path"].rstrip("/") or "/"
+    if not os.path.lexists(path):
+        sock.sendall((json.dumps({"ok": False, "error": "ENOENT", "path": path}) + "\n").encode())
+        return
+    sock.sendall(b'{"ok": true}\n')
+    with tarfile.open(fileobj=SockWriter(sock), mode="w|") as tf:
+        tf.add(path, arcname=os.path.basename(path) or ".")
+
+
+FORWARDERS = {}
+
+
+def pipe(src, dst):
+    try:
+        while True:
+            data = src.recv(CHUNK)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
+
+
+def serve_forward(lsock, unix_path):
+    while True:
+        try:
+            c, _ = lsock.accept()
+        except OSError:
+            return
+        try:
+            u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            u.connect(unix_path)
+        except OSError:
+            c.close()
+            continue
+        a = threading.Thread(target=pipe, args=(c, u), daemon=True)
+        b = threading.Thread(target=pipe, args=(u, c), daemon=True)
+        a.start()
+        b.start()
+        threading.Thread(target=_closer, args=(a, b, c, u), daemon=True).start()
+
+
+def _closer(a, b, c, u):
+    a.join()
+    b.join()
+    c.close()
+    u.close()
+
+
+def start_forward(port, path):
+    old = FORWARDERS.get(port)
+    if old is not None and old[1] == path:
+        return {"ok": True, "port": port, "reused": True}
+    if old is not None:
+        old[0].close()
+    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen(128)
+    FORWARDERS[port] = (ls, path)
+    threading.Thread(target=serve_forward, args=(ls, path), daemon=True).start()
+    return {"ok": True, "port": port}
+
+
+def handle_forward(sock, req):
+    try:
+        reply = start_forward(int(req["port"]), req["unix"])
+    except OSError as e:
+        reply = {"ok": False, "error": str(e)}
+    sock.sendall((json.dumps(reply) + "\n").encode())
+
+
+def handle(sock):
+    try:
+        line = read_line(sock)
+        if not line:
+            return
+        req = json.loads(line)
+        op = req.get("op")
+        if op == "exec":
+            handle_exec(sock, req)
+        elif op == "put":
+            handle_put(sock, req)
+        elif op == "get":
+            handle_get(sock, req)
+        elif op == "forward":
+            handle_forward(sock, req)
+        elif op == "ping":
+            sock.sendall((json.dumps({"ok": True, "pid": os.getpid()}) + "\n").encode())
+        else:
+            sock.sendall((json.dumps({"ok": False, "error": "bad op"}) + "\n").encode())
+    except Exception as e:
+        with contextlib.suppress(OSError):
+            sock.sendall((json.dumps({"ok": False, "error": repr(e)}) + "\n").encode())
+    finally:
+        sock.close()
+
+
+def main():
+    global REAPER
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--forward", action="append", default=[], help="PORT:UNIX_PATH at start")
+    a = ap.parse_args()
+    # Collect orphans of agent process trees (we may not be PID 1).
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    REAPER = Reaper()
+    path = os.path.join(a.run_dir, "control.sock")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    for spec in a.forward:
+        # Pre-started so taking a warm sandbox needs no round trip for the default port.
+        port, unix_path = spec.split(":", 1)
+        start_forward(int(port), unix_path)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(256)
+    with open(os.path.join(a.run_dir, "ready.tmp"), "w") as f:
+        f.write(f"{os.getpid()} {time.time()}\n")
+    os.rename(os.path.join(a.run_dir, "ready.tmp"), os.path.join(a.run_dir, "ready"))
+    sys.stdout.flush()
+    while True:
+        try:
+            c, _ = srv.accept()
+        except InterruptedError:
+            continue
+        threading.Thread(target=handle, args=(c,), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()

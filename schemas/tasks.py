@@ -1,0 +1,138 @@
+"""Rollout tasks: what a trainer submits (one JSONL line = one `RolloutTask`).
+
+Why its own models rather than the sandbox/harness classes: `schemas` is pure data that
+trainers import without the runtime. The sandbox part stays open (`SandboxRequest`
+passes its fields through to the backend's `SandboxSpec`), so a typo there is caught by
+the provision activity and fails the rollout fast, visibly and without retries, instead
+of being silently dropped here.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.base import StrictModel
+from schemas.sampling import SamplingParams
+from schemas.scenes import SceneConfig
+
+#: Ids become Temporal workflow ids, file names and search-attribute values.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+
+
+class HarnessSpec(StrictModel):
+    """Which agent runs, how it is configured and how long it may run."""
+
+    name: str = Field(min_length=1, description="harness module: command, claude_code, codex, …")
+    version: str | None = Field(default=None, description="pin/override the reported version")
+    config: dict[str, Any] = Field(default_factory=dict, description="harness-specific settings")
+    budget_s: float = Field(default=600.0, gt=0, description="agent wall-clock budget")
+
+
+class HookSpec(StrictModel):
+    """One hook in the task's ordered list; it runs at before_run / after_run / on_error
+    as the hook defines. Mirrors `hooks.base.HookSpec` (params are validated there)."""
+
+    name: str = Field(min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+    required: bool = True
+
+
+class SandboxRequest(BaseModel):
+    """Backend name plus `SandboxSpec` fields (image, resources, files, repo, setup, env…).
+
+    Extra fields are kept and validated by the backend at provision time.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    backend: str = Field(default="local", min_length=1)
+
+    def spec_fields(self) -> dict[str, Any]:
+        """Everything except `backend`, as given (for `SandboxSpec.model_validate`)."""
+        return dict(self.model_extra or {})
+
+
+class RolloutBudget(StrictModel):
+    """Time limits. `total_s` is enforced *inside* the workflow (a workflow execution
+    timeout would skip cleanup); it covers provisioning and the agent, not cleanup."""
+
+    total_s: float = Field(default=3600.0, gt=0)
+    provision_s: float = Field(default=600.0, gt=0, description="one provision attempt")
+    collect_s: float = Field(default=300.0, gt=0, description="one collect attempt")
+    heartbeat_s: float = Field(default=60.0, gt=0, description="dead agent/host detection")
+    host_queue_wait_s: float = Field(
+        default=120.0, gt=0, description="schedule-to-start on a host queue: dead host → new host"
+    )
+    grace_s: float = Field(default=120.0, ge=0, description="hooks/eval time beyond budget_s")
+
+
+class RolloutTask(StrictModel):
+    """One task; `samples_per_task` copies of it form a GRPO group."""
+
+    task_id: str = Field(pattern=ID_PATTERN)
+    prompt: str
+    harness: HarnessSpec
+    sandbox: SandboxRequest = Field(default_factory=SandboxRequest)
+    hooks: list[HookSpec] = Field(default_factory=list)
+    evaluation: dict[str, Any] | None = Field(
+        default=None, description="the success check (hooks.evaluate.EvaluationSpec fields)"
+    )
+    policy_version: str = Field(default="unversioned", min_length=1, max_length=256)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    scenes: SceneConfig | None = Field(default=None, description="None: the harness profile")
+    reward_fn_version: str | None = Field(
+        default=None, description="None: derived from the evaluate hook's config"
+    )
+    budget: RolloutBudget = Field(default_factory=RolloutBudget)
+    max_attempts: int = Field(
+        default=3, ge=1, le=5, description="whole attempts: new session + sandbox each"
+    )
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutRequest(StrictModel):
+    """Input of `RolloutWorkflow`. Workflow id = `rollout_id`."""
+
+    rollout_id: str = Field(min_length=1, max_length=400)
+    batch_id: str = Field(pattern=ID_PATTERN)
+    group_id: str = Field(min_length=1, max_length=300)
+    sample_index: int = Field(default=0, ge=0)
+    seed: int | None = None
+    task: RolloutTask
+    output: str = Field(min_length=1, description="samples dir or s3://bucket/prefix")
+
+
+def rollout_id_for(batch_id: str, task_id: str, sample_index: int) -> str:
+    """Deterministic, so resubmitting a batch is idempotent (same workflow ids)."""
+    return f"{batch_id}-{task_id}-{sample_index}"
+
+
+def group_id_for(batch_id: str, task_id: str) -> str:
+    return f"{batch_id}-{task_id}"
+
+
+def seed_for(base_seed: int | None, task_index: int, sample_index: int) -> int | None:
+    """Distinct, reproducible per-sample seeds (None keeps the engine's randomness)."""
+    if base_seed is None:
+        return None
+    return (base_seed * 1_000_003 + task_index * 1009 + sample_index) % (2**31 - 1)
+
+
+def load_tasks(path: Path | str) -> list[RolloutTask]:
+    """Read a JSONL file of tasks; errors name the line so a bad file is easy to fix."""
+    tasks: list[RolloutTask] = []
+    seen: set[str] = set()
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            task = RolloutTask.model_validate(json.loads(line))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: invalid task: {exc}") from exc
+        if task.task_id in seen:
+            raise ValueError(f"{path}:{number}: duplicate task_id {task.task_id!r}")
+        seen.add(task.task_id)
+        tasks.append(task)
+    return tasks

@@ -1,0 +1,263 @@
+"""Integration: the Runtime Manager with the `command` harness in real sandboxes.
+
+The "agent" is a shell command, so these tests need no model: they prove the whole
+composition — provision, harness setup, hooks, the budget kill, evaluation, the diff,
+artifacts, on_error and cleanup on cancellation — on the real local (bubblewrap) and
+docker backends, and that an agent inside reaches its Gateway through the forwarder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from activities.runtime import (
+    RuntimeFailure,
+    RuntimeManager,
+    RuntimeStatus,
+    TaskRuntimeSpec,
+)
+from hooks.base import Hook, HookContext, register_hook
+from sandboxes.base import SandboxBackend
+from schemas.session import SessionCreated
+from tests.e2e.test_agents_stub import RecordingLLMServerForTests
+from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
+    docker_backend,
+    local_backend,
+    sandbox_backend,
+    sandbox_base_image,
+    sandbox_state_dir,
+)
+
+pytestmark = pytest.mark.integration
+
+ON_ERROR_CALLS: list[str] = []
+
+
+@register_hook
+class RecordOnErrorHook(Hook):
+    """Test hook: notes that on_error ran, and what the sandbox looked like then."""
+
+    name = "test_record_on_error"
+
+    async def on_error(self, ctx: HookContext, error: BaseException) -> None:
+        res = await ctx.sandbox.exec("cat hello.py", cwd=ctx.harness_ctx.workdir, timeout=30)
+        ON_ERROR_CALLS.append(f"{type(error).__name__}:{res.stdout.strip()}")
+
+
+@pytest.fixture
+def backend(sandbox_backend: SandboxBackend) -> SandboxBackend:  # noqa: F811
+    """Each host backend in turn (local bubblewrap, docker), isolated state dir."""
+    return sandbox_backend
+
+
+@pytest.fixture
+def gateway() -> Any:
+    with RecordingLLMServerForTests() as srv:
+        yield srv
+
+
+def session_for(srv: RecordingLLMServerForTests) -> SessionCreated:
+    return SessionCreated(
+        session_id="sess-1",
+        token="tok-integration",
+        openai_base_url=f"{srv.url}/v1",
+        anthropic_base_url=srv.url,
+    )
+
+
+HELLO_EVAL = {
+    "checks": [
+        {"kind": "command", "command": 'test "$(python3 hello.py)" = 42', "name": "prints 42"},
+        {"kind": "file", "path": "hello.py", "contains": ["print"]},
+    ]
+}
+
+
+def hello_task(backend: str, command: str, budget_s: float = 60, **kw: Any) -> TaskRuntimeSpec:
+    data: dict[str, Any] = {
+        "task_id": "hello",
+        "prompt": "create hello.py that prints 42",
+        "backend": backend,
+        "harness": {"name": "command", "config": {"command": command}, "budget_s": budget_s},
+        "evaluation": HELLO_EVAL,
+        **kw,
+    }
+    return TaskRuntimeSpec.model_validate(data)
+
+
+def _rid(tag: str) -> str:
+    return f"it-{tag}-{time.monotonic_ns()}"
+
+
+async def _live_rollouts(backend: SandboxBackend) -> set[str]:
+    return {h.rollout_id for h in await backend.list()}
+
+
+async def test_agent_solves_task_reward_1(
+    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
+) -> None:
+    """The agent writes hello.py, the success check passes: reward 1, diff, artifacts."""
+    task = hello_task(
+        backend.name,
+        "printf 'print(42)\\n' > hello.py && echo wrote it for {{model}}",
+        hooks=[
+            {"name": "collect_logs"},
+            {"name": "capture_diff"},
+            {"name": "evaluate"},
+            {"name": "metrics"},
+            {"name": "upload_artifacts", "params": {"dest": str(tmp_path / "store")}},
+        ],
+    )
+    rid = _rid("ok")
+    r = await RuntimeManager(tmp_path / "art", backends={backend.name: backend}).run(
+        task, session_for(gateway), rid
+    )
+    assert r.status == RuntimeStatus.ok, r.error
+    assert r.agent is not None and r.agent.exit_code == 0
+    assert "wrote it for policy" in r.agent.stdout_tail
+    assert r.reward == 1.0 and r.evaluation is not None and r.evaluation.verdict == "pass"
+    assert r.reward_fn_version and r.reward_fn_version.startswith("eval")
+    assert r.env_version and r.harness_version.startswith("command-")
+    assert r.diff is not None and r.diff.files_changed == 1 and r.diff.insertions == 1
+    patch = (tmp_path / "art" / rid / "diff.patch").read_text()
+    assert "+print(42)" in patch and "hello.py" in patch
+    assert r.metrics["eval.reward"] == 1.0 and r.metrics["diff.files_changed"] == 1
+    uploaded = {a.name for a in r.artifacts if a.uri}
+    assert {"diff.patch", "evaluation.json", "metrics.json", "agent/agent.stdout.log"} <= uploaded
+    assert (tmp_path / "store" / rid / "diff.patch").is_file()
+    assert rid not in await _live_rollouts(backend)
+    assert set(r.timings) >= {"provision", "setup", "agent", "after_run", "destroy", "total"}
+
+
+async def test_wrong_answer_reward_0(
+    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
+) -> None:
+    task = hello_task(backend.name, "printf 'print(41)\\n' > hello.py")
+    r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(
+        task, session_for(gateway), _rid("wrong")
+    )
+    assert r.status == RuntimeStatus.ok  # the agent ran fine; it was just wrong
+    assert r.reward == 0.0 and r.evaluation is not None
+    assert r.evaluation.status == "ok" and r.evaluation.verdict == "fail"
+    assert r.evaluation.step_rewards == [0.0, 1.0]
+
+
+async def test_broken_evaluator_is_eval_error(
+    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
+) -> None:
+    task = hello_task(
+        backend.name,
+        "printf 'print(42)\\n' > hello.py",
+        evaluation={"checks": [{"kind": "command", "command": "no-such-test-runner -q"}]},
+    )
+    r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(
+        task, session_for(gateway), _rid("evalerr")
+    )
+    assert r.status == RuntimeStatus.eval_error
+    assert r.reward is None and r.evaluation is not None and r.evaluation.verdict == "error"
+
+
+async def test_hanging_agent_is_killed_at_its_budget(
+    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
+) -> None:
+    task = hello_task(backend.name, "printf 'print(42)\\n' > hello.py; sleep 600", budget_s=3)
+    t0 = time.monotonic()
+    r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(
+        task, session_for(gateway), _rid("hang")
+    )
+    assert r.status == RuntimeStatus.agent_timeout
+    assert r.agent is not None and r.agent.timed_out and 2.5 <= r.agent.duration_s < 20
+    assert time.monotonic() - t0 < 60
+    # Partial work is still evaluated.
+    assert r.reward == 1.0
+
+
+async def test_cancellation_destroys_the_sandbox(
+    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
+) -> None:
+    task = hello_task(
+        backend.name,
+        "printf 'print(42)\\n' > hello.py; sleep 600",
+        hooks=[{"name": "test_record_on_error"}, {"name": "collect_logs"}],
+    )
+    rid = _rid("cancel")
+    ON_ERROR_CALLS.clear()
+    phases: list[str] = []
+    run = asyncio.create_task(
+        RuntimeManager(tmp_path, backends={backend.name: backend}).run(
+            task, session_for(gateway), rid, on_phase=phases.append
+        )
+    )
+    deadline = time.monotonic() + 60
+    while "agent" not in phases:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert rid in await _live_rollouts(backend)
+    await asyncio.sleep(1.0)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert rid not in await _live_rollouts(backend)
+    assert ON_ERROR_CALLS == ["CancelledError:print(42)"]
+
+
+async def test_on_error_runs_when_a_required_hook_fails(
+    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
+) -> None:
+    task = hello_task(
+        backend.name,
+        "printf 'print(42)\\n' > hello.py",
+        hooks=[
+            {"name": "evaluate"},
+            {"name": "test_record_on_error"},
+            {"name": "upload_artifacts", "params": {"dest": "ftp://nowhere/x", "on_error": False}},
+        ],
+    )
+    rid = _rid("onerror")
+    ON_ERROR_CALLS.clear()
+    with pytest.raises(RuntimeFailure) as exc:
+        await RuntimeManager(tmp_path, backends={backend.name: backend}).run(
+            task, session_for(gateway), rid
+        )
+    assert exc.value.phase == "after_run"
+    assert exc.value.result.status == RuntimeStatus.infra_error
+    assert exc.value.result.reward == 1.0  # evaluate ran before the failing hook
+    assert ON_ERROR_CALLS == ["HookError:print(42)"]
+    assert rid not in await _live_rollouts(backend)
+
+
+async def test_agent_reaches_its_gateway_session_from_inside(
+    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
+) -> None:
+    """The command agent calls Chat Completions at the URL and key the harness gave it;
+    the stand-in server on host loopback receives it through the sandbox forwarder."""
+    agent = (
+        "python3 - <<'EOF'\n"
+        "import json, os, urllib.request\n"
+        "req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions',\n"
+        "    data=json.dumps({'model': os.environ['ROLLOUT_MODEL'],\n"
+        "                     'messages': [{'role': 'user', 'content': 'hi'}]}).encode(),\n"
+        "    headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY'],\n"
+        "             'Content-Type': 'application/json'})\n"
+        "body = json.load(urllib.request.urlopen(req, timeout=30))\n"
+        "print(body['choices'][0]['message']['content'])\n"
+        "EOF"
+    )
+    task = hello_task(backend.name, agent, evaluation=None, hooks=[{"name": "metrics"}])
+    r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(
+        task, session_for(gateway), _rid("gw")
+    )
+    assert r.agent is not None and r.agent.exit_code == 0, r.agent and r.agent.stderr_tail
+    assert r.agent.stdout_tail.strip() == "done"
+    [call] = gateway.model_requests()
+    assert call.bearer_or_key() == "tok-integration"
+    assert call.path == "/v1/chat/completions" and (call.body or {})["model"] == "policy"
+    assert (
+        json.loads((tmp_path / r.rollout_id / "metrics.json").read_text())["agent.exit_code"] == 0
+    )

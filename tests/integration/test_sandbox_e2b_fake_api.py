@@ -1,0 +1,100 @@
+"""E2B backend through the real `e2b` SDK against `FakeE2BApiForTests` (loopback).
+
+The E2B cloud is unreachable here, so these tests verify our backend at the SDK's
+HTTP boundary only: the SDK calls we make, the metadata/labels we send, how we map
+exec/files/timeouts/destroy/list onto them. They do NOT verify the real service's
+behaviour (templates, quotas, network policy enforcement, HTTP/2) — see
+docs/sandboxes.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from sandboxes.base import GatewayChannel, SandboxFile, SandboxNotFound, SandboxSpec
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+def rid() -> str:
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+async def test_e2b_backend_against_fake_api_lifecycle_exec_files(
+    e2b_backend: Any, fake_e2b_api: Any
+) -> None:
+    spec = SandboxSpec(
+        rollout_id=rid(),
+        env={"SPEC_VAR": "v"},
+        files=[SandboxFile(path="task.md", content="do it\n")],
+        setup=["echo setup > setup.txt"],
+        labels={"task": "t1"},
+        timeout_s=120,
+        gateway=GatewayChannel(public_url="https://gw.example.invalid/s/abc"),
+    )
+    sb = await e2b_backend.create(spec)
+    try:
+        created = next(s for s in fake_e2b_api.sandboxes.values())
+        assert created["template"] == "agentic-rollout-base"
+        assert created["metadata"]["agentic-rollout.rollout-id"] == spec.rollout_id
+        assert created["metadata"]["task"] == "t1"
+        assert created["timeout"] == 120
+        assert created["network"] == {"allowOut": ["gw.example.invalid"]}
+        assert sb.gateway_base_url == "https://gw.example.invalid/s/abc"
+        assert sb.workdir == "/home/user/workspace"
+        chunks: list[Any] = []
+        r = await sb.exec("cat task.md setup.txt; echo $SPEC_VAR; echo e >&2; exit 4",
+                          on_output=chunks.append)  # fmt: skip
+        assert r.exit_code == 4 and r.stdout == "do it\nsetup\nv\n" and r.stderr == "e\n"
+        assert {c.stream for c in chunks} == {"stdout", "stderr"}
+        r = await sb.exec(["printf", "%s", "a b"], env={"X": "1"})
+        assert r.ok and r.stdout == "a b"
+        r = await sb.exec(["wc", "-c"], stdin=b"12345")
+        assert r.stdout.strip() == "5"
+        await sb.put_file("/home/user/workspace/dir/f.bin", bytes(range(256)))
+        assert await sb.get_file("/home/user/workspace/dir/f.bin") == bytes(range(256))
+        with pytest.raises(SandboxNotFound):
+            await sb.get_file("/nope")
+        again = await e2b_backend.attach(sb.handle)
+        assert (await again.exec(["echo", "hi"])).stdout == "hi\n"
+        listed = await e2b_backend.list()
+        assert [h.rollout_id for h in listed] == [spec.rollout_id]
+    finally:
+        await sb.destroy()
+        await sb.destroy()  # idempotent (404 swallowed)
+    assert fake_e2b_api.sandboxes == {}
+    assert "POST /process.Process/Start" in fake_e2b_api.calls
+    assert "DELETE /sandboxes/" + sb.handle.sandbox_id in fake_e2b_api.calls
+
+
+async def test_e2b_backend_against_fake_api_timeout_kills(e2b_backend: Any) -> None:
+    sb = await e2b_backend.create(SandboxSpec(rollout_id=rid()))
+    try:
+        t0 = time.monotonic()
+        r = await sb.exec("sleep 60", timeout=1.0)
+        assert r.timed_out and r.exit_code == 137 and time.monotonic() - t0 < 10
+        await asyncio.sleep(0.3)
+        ps = await sb.exec("ps -eo args | grep -c '^sleep 60' || true")
+        assert ps.stdout.strip() == "0"
+    finally:
+        await sb.destroy()
+
+
+async def test_e2b_backend_against_fake_api_idempotent_create_and_reap(
+    e2b_backend: Any, fake_e2b_api: Any
+) -> None:
+    r1, r2 = rid(), rid()
+    a = await e2b_backend.create(SandboxSpec(rollout_id=r1))
+    a2 = await e2b_backend.create(SandboxSpec(rollout_id=r1))  # retried activity
+    b = await e2b_backend.create(SandboxSpec(rollout_id=r2))
+    ids = {h.sandbox_id for h in await e2b_backend.list()}
+    assert ids == {a2.handle.sandbox_id, b.handle.sandbox_id}
+    assert await e2b_backend.reap({r1}) == [b.handle.sandbox_id]
+    assert {h.rollout_id for h in await e2b_backend.list()} == {r1}
+    await a2.destroy()
+    await a.destroy()

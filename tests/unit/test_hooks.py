@@ -1,0 +1,313 @@
+"""Unit tests for hooks: ordering, on_error, evaluate (reward 0 vs eval_error), metrics,
+log collection and artifact upload to a local directory — on an in-memory sandbox."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harnesses.base import AgentResult
+from harnesses.command import CommandHarness
+from hooks.base import (
+    Hook,
+    HookContext,
+    HookError,
+    HookSpec,
+    build_hooks,
+    register_hook,
+    run_on_error,
+    run_phase,
+)
+from hooks.evaluate import EvaluationSpec, evaluate
+from sandboxes.base import ExecResult
+from tests.unit.test_harness_configs import FakeSandbox, make_ctx
+
+EVENTS: list[str] = []
+
+
+@register_hook
+class RecorderHook(Hook):
+    """Test hook: records every phase call; `fail_in` makes that phase raise."""
+
+    name = "test_recorder"
+
+    def __init__(self, params: Any = None) -> None:
+        super().__init__(None)
+        self.tag = (params or {}).get("tag", "?")
+        self.fail_in = (params or {}).get("fail_in")
+
+    async def before_run(self, ctx: HookContext) -> None:
+        self._hit("before_run")
+
+    async def after_run(self, ctx: HookContext) -> None:
+        self._hit("after_run")
+
+    async def on_error(self, ctx: HookContext, error: BaseException) -> None:
+        self._hit("on_error")
+
+    def _hit(self, phase: str) -> None:
+        EVENTS.append(f"{self.tag}.{phase}")
+        if self.fail_in == phase:
+            raise RuntimeError(f"{self.tag} fails in {phase}")
+
+
+def hook_ctx(tmp_path: Path, sb: FakeSandbox | None = None, **kw: Any) -> HookContext:
+    sb = sb or FakeSandbox()
+    harness = CommandHarness({"command": "true"})
+    return HookContext(
+        rollout_id="r-1",
+        task_id="t-1",
+        sandbox=sb,
+        harness=harness,
+        harness_ctx=make_ctx(),
+        artifacts_dir=tmp_path / "artifacts",
+        **kw,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _clear_events() -> None:
+    EVENTS.clear()
+
+
+async def test_hooks_run_in_list_order_per_phase(tmp_path: Path) -> None:
+    hooks = build_hooks([HookSpec(name="test_recorder", params={"tag": t}) for t in "abc"])
+    ctx = hook_ctx(tmp_path)
+    await run_phase(hooks, "before_run", ctx)
+    await run_phase(hooks, "after_run", ctx)
+    assert [f"{t}.{p}" for p in ("before_run", "after_run") for t in "abc"] == EVENTS
+
+
+async def test_required_hook_failure_raises_and_on_error_runs_all(tmp_path: Path) -> None:
+    hooks = build_hooks(
+        [
+            HookSpec(name="test_recorder", params={"tag": "a"}),
+            HookSpec(name="test_recorder", params={"tag": "b", "fail_in": "after_run"}),
+            HookSpec(name="test_recorder", params={"tag": "c", "fail_in": "on_error"}),
+        ]
+    )
+    ctx = hook_ctx(tmp_path)
+    with pytest.raises(HookError, match="b fails") as exc:
+        await run_phase(hooks, "after_run", ctx)
+    assert EVENTS == ["a.after_run", "b.after_run"]  # c never ran
+    await run_on_error(hooks, ctx, exc.value)
+    # Every on_error runs, in order; c's own failure is recorded, not raised.
+    assert EVENTS[2:] == ["a.on_error", "b.on_error", "c.on_error"]
+    assert ctx.error is exc.value
+    assert any("c fails in on_error" in e for e in ctx.hook_errors)
+
+
+async def test_optional_hook_failure_is_recorded_and_the_next_hook_runs(tmp_path: Path) -> None:
+    hooks = build_hooks(
+        [
+            HookSpec(
+                name="test_recorder", params={"tag": "a", "fail_in": "after_run"}, required=False
+            ),
+            HookSpec(name="test_recorder", params={"tag": "b"}),
+        ]
+    )
+    ctx = hook_ctx(tmp_path)
+    await run_phase(hooks, "after_run", ctx)
+    assert EVENTS == ["a.after_run", "b.after_run"]
+    assert len(ctx.hook_errors) == 1
+
+
+def test_unknown_hook_and_bad_params_fail_when_building() -> None:
+    with pytest.raises(KeyError, match="unknown hook"):
+        build_hooks([HookSpec(name="nope")])
+    with pytest.raises(ValueError):
+        build_hooks([HookSpec(name="evaluate", params={"spec": {"checks": []}})])
+    with pytest.raises(ValueError):
+        build_hooks([HookSpec(name="upload_artifacts", params={})])  # dest is required
+
+
+# --------------------------------------------------------------------------- evaluate
+
+
+def results(**by_cmd: ExecResult):  # type: ignore[no-untyped-def]
+    def handler(cmd: str, kw: dict[str, Any]) -> ExecResult | None:
+        for key, res in by_cmd.items():
+            if key.replace("_", " ") in cmd:
+                return res
+        return None
+
+    return handler
+
+
+async def test_failing_check_gives_reward_zero_not_an_error() -> None:
+    sb = FakeSandbox(results(run_tests=ExecResult(exit_code=1, stdout="1 failed")))
+    spec = EvaluationSpec.model_validate({"checks": [{"kind": "command", "command": "run tests"}]})
+    r = await evaluate(sb, spec, "/workspace")
+    assert r.status == "ok" and r.reward == 0.0 and r.verdict == "fail"
+    assert r.checks[0].exit_code == 1 and "1 failed" in r.checks[0].detail
+
+
+async def test_passing_check_gives_reward_one() -> None:
+    sb = FakeSandbox(results(run_tests=ExecResult(exit_code=0)))
+    spec = EvaluationSpec.model_validate({"checks": [{"kind": "command", "command": "run tests"}]})
+    r = await evaluate(sb, spec, "/workspace")
+    assert r.status == "ok" and r.reward == 1.0 and r.verdict == "pass"
+
+
+@pytest.mark.parametrize(
+    ("res", "why"),
+    [
+        (ExecResult(exit_code=127, stderr="sh: pytest: not found"), "could not run"),
+        (ExecResult(exit_code=137, timed_out=True), "timed out"),
+        (ExecResult(exit_code=4), "could not run"),  # configured as an evaluator error
+    ],
+)
+async def test_broken_evaluator_gives_eval_error_and_no_reward(res: ExecResult, why: str) -> None:
+    sb = FakeSandbox(results(run_tests=res))
+    spec = EvaluationSpec.model_validate(
+        {"checks": [{"kind": "command", "command": "run tests", "error_exit_codes": [4, 126, 127]}]}
+    )
+    r = await evaluate(sb, spec, "/workspace")
+    assert r.status == "eval_error" and r.reward is None and r.verdict == "error"
+    assert why in (r.error or "")
+
+
+async def test_reward_script_json_and_its_crash() -> None:
+    spec = EvaluationSpec.model_validate(
+        {
+            "checks": [
+                {
+                    "kind": "script",
+                    "script": "echo hi",
+                    "interpreter": "python3",
+                    "reward_from": "stdout_json",
+                }
+            ],
+            "aggregate": "mean",
+            "pass_threshold": 0.5,
+        }
+    )
+    out = 'noise\n{"reward": 0.75, "step_rewards": [0, 1, 0.5]}\n'
+    ok = await evaluate(
+        FakeSandbox(results(python3=ExecResult(exit_code=0, stdout=out))), spec, "/w"
+    )
+    assert ok.status == "ok" and ok.reward == 0.75 and ok.step_rewards == [0, 1, 0.5]
+    assert ok.verdict == "pass"
+    crash = ExecResult(exit_code=1, stderr="Traceback ... ZeroDivisionError")
+    bad = await evaluate(FakeSandbox(results(python3=crash)), spec, "/w")
+    assert bad.status == "eval_error" and bad.reward is None
+    garbage = ExecResult(exit_code=0, stdout="no json here")
+    bad2 = await evaluate(FakeSandbox(results(python3=garbage)), spec, "/w")
+    assert bad2.status == "eval_error" and "no reward JSON" in (bad2.error or "")
+
+
+async def test_file_checks_and_mean_aggregation() -> None:
+    sb = FakeSandbox()
+    sb.files["/workspace/out.txt"] = b"answer: 42\n"
+    spec = EvaluationSpec.model_validate(
+        {
+            "checks": [
+                {"kind": "file", "path": "out.txt", "equals": "answer: 42"},
+                {"kind": "file", "path": "out.txt", "regex": r"answer: \d+$"},
+                {"kind": "file", "path": "missing.txt"},
+                {"kind": "file", "path": "secret.txt", "exists": False},
+            ],
+            "aggregate": "mean",
+        }
+    )
+    r = await evaluate(sb, spec, "/workspace")
+    assert [c.passed for c in r.checks] == [True, True, False, True]
+    assert r.reward == 0.75 and r.step_rewards == [1.0, 1.0, 0.0, 1.0] and r.verdict == "fail"
+
+
+def test_reward_fn_version_tracks_the_spec() -> None:
+    a = EvaluationSpec.model_validate({"checks": [{"kind": "command", "command": "pytest"}]})
+    b = EvaluationSpec.model_validate({"checks": [{"kind": "command", "command": "pytest -x"}]})
+    assert a.reward_fn_version() == a.model_copy().reward_fn_version()
+    assert a.reward_fn_version() != b.reward_fn_version()
+    assert EvaluationSpec(checks=a.checks, version="v7").reward_fn_version() == "v7"
+
+
+async def test_evaluate_hook_places_hidden_files_and_writes_its_result(tmp_path: Path) -> None:
+    sb = FakeSandbox(results(pytest=ExecResult(exit_code=0)))
+    spec = EvaluationSpec.model_validate(
+        {
+            "checks": [{"kind": "command", "command": "pytest tests/test_hidden.py"}],
+            "files": [{"path": "tests/test_hidden.py", "content": "def test(): pass\n"}],
+        }
+    )
+    ctx = hook_ctx(tmp_path, sb, evaluation_spec=spec)
+    [hook] = build_hooks([HookSpec(name="evaluate")])
+    await hook.after_run(ctx)
+    assert sb.files["/workspace/tests/test_hidden.py"] == b"def test(): pass\n"
+    assert ctx.evaluation is not None and ctx.evaluation.reward == 1.0
+    saved = json.loads((ctx.artifacts_dir / "evaluation.json").read_text())
+    assert saved["reward"] == 1.0 and ctx.artifacts[0].kind == "evaluation"
+
+
+# --------------------------------------------------------------------------- others
+
+
+async def test_collect_logs_metrics_and_local_upload(tmp_path: Path) -> None:
+    sb = FakeSandbox()
+    sb.files["/home/agent/.rollout-agent/sessions/2026/a.jsonl"] = b'{"x":1}\n'
+    sb.files["/home/agent/.rollout-agent/sessions/2026/skip.bin"] = b"\0"
+    ctx = hook_ctx(
+        tmp_path,
+        sb,
+        agent_result=AgentResult(harness="command", harness_version="v", exit_code=0),
+        timings={"agent": 1.5},
+    )
+    dest = tmp_path / "store"
+    hooks = build_hooks(
+        [
+            HookSpec(
+                name="collect_logs",
+                params={
+                    "extra": [
+                        {
+                            "path": "/home/agent/.rollout-agent/sessions",
+                            "patterns": ["*.jsonl"],
+                            "kind": "transcript",
+                        }
+                    ]
+                },
+            ),
+            HookSpec(name="metrics"),
+            HookSpec(name="upload_artifacts", params={"dest": str(dest)}),
+        ]
+    )
+    await run_phase(hooks, "after_run", ctx)
+    assert ctx.agent_result is not None
+    [log] = ctx.agent_result.logs
+    assert log.kind == "transcript" and log.sandbox_path.endswith("2026/a.jsonl")
+    assert Path(log.local_path or "").read_bytes() == b'{"x":1}\n'
+    assert ctx.metrics["agent.exit_code"] == 0 and ctx.metrics["time.agent_s"] == 1.5
+    names = {a.name for a in ctx.artifacts}
+    assert names == {"logs/transcript/sessions/2026/a.jsonl", "metrics.json"}
+    for a in ctx.artifacts:
+        assert a.uri and a.uri.startswith("file://")
+        assert (dest / "r-1" / a.name).is_file()
+
+
+async def test_capture_diff_parses_numstat(tmp_path: Path) -> None:
+    def handler(cmd: str, kw: dict[str, Any]) -> ExecResult | None:
+        if "git init" in cmd:
+            return ExecResult(exit_code=0, stdout="abc123\n")
+        if "git diff" in cmd:
+            assert "GIT_INDEX_FILE" in cmd and kw["env"]["GIT_DIR"].endswith("baseline.git")
+            return ExecResult(exit_code=0, stdout="3\t0\thello.py\n-\t-\timg.png\n1\t2\tb.py\n")
+        return None
+
+    sb = FakeSandbox(handler)
+    sb.files["/tmp/rollout-diff/diff.patch"] = b"diff --git a/hello.py b/hello.py\n"
+    ctx = hook_ctx(tmp_path, sb)
+    [hook] = build_hooks([HookSpec(name="capture_diff")])
+    await hook.before_run(ctx)
+    await hook.after_run(ctx)
+    assert ctx.diff is not None
+    assert (ctx.diff.base, ctx.diff.files_changed, ctx.diff.insertions, ctx.diff.deletions) == (
+        "abc123",
+        3,
+        4,
+        2,
+    )
+    assert (ctx.artifacts_dir / "diff.patch").read_bytes().startswith(b"diff --git")

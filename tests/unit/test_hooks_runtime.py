@@ -1,0 +1,204 @@
+"""Unit tests for the Runtime Manager composition (activities/runtime.py) with an
+in-memory backend and a scripted harness: order of phases, status mapping, on_error,
+and that the sandbox is destroyed after success, failure and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from activities.runtime import (
+    RuntimeFailure,
+    RuntimeManager,
+    RuntimeStatus,
+    TaskRuntimeSpec,
+)
+from harnesses.base import AgentHarness, AgentResult, HarnessConfig, HarnessContext
+from harnesses.registry import register_harness
+from sandboxes.base import ExecResult, Sandbox, SandboxBackend, SandboxHandle, SandboxSpec
+from schemas.scenes import SceneRule
+from schemas.session import SessionCreated
+from tests.unit.test_harness_configs import FakeSandbox
+from tests.unit.test_hooks import EVENTS
+
+SESSION = SessionCreated(
+    session_id="s1",
+    token="tok",
+    openai_base_url="http://127.0.0.1:8000/v1",
+    anthropic_base_url="http://127.0.0.1:8000",
+)
+
+
+class ScriptedConfig(HarnessConfig):
+    behaviour: str = "ok"  # ok | fail_exit | timeout | raise | hang | setup_raise
+
+
+@register_harness
+class ScriptedHarness(AgentHarness):
+    name = "test_scripted"
+    config_model = ScriptedConfig
+    config: ScriptedConfig
+
+    async def setup(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
+        EVENTS.append("harness.setup")
+        assert ctx.endpoints.openai_base_url == "http://127.0.0.1:18080/v1"
+        assert ctx.endpoints.token == "tok"
+        if self.config.behaviour == "setup_raise":
+            raise RuntimeError("cannot configure")
+        self.harness_version = "9.9.9"
+
+    async def run(self, sandbox: Sandbox, ctx: HarnessContext) -> AgentResult:
+        EVENTS.append("harness.run")
+        b = self.config.behaviour
+        if b == "raise":
+            raise RuntimeError("sandbox went away")
+        if b == "hang":
+            await asyncio.sleep(3600)
+        return AgentResult(
+            harness=self.name,
+            harness_version=self.harness_version,
+            exit_code={"ok": 0, "fail_exit": 3, "timeout": 137}[b],
+            timed_out=b == "timeout",
+        )
+
+    async def cleanup(self, sandbox: Sandbox) -> None:
+        EVENTS.append("harness.cleanup")
+
+    def scene_rules(self) -> list[SceneRule]:
+        return []
+
+
+class FakeBackend(SandboxBackend):
+    name = "fake"
+
+    def __init__(self, fail_create: bool = False) -> None:
+        self.fail_create = fail_create
+        self.live: dict[str, SandboxHandle] = {}
+        self.specs: list[SandboxSpec] = []
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        self.specs.append(spec)
+        sb = _Sb(self)
+        sb.handle = sb.handle.model_copy(update={"rollout_id": spec.rollout_id})
+        self.live[sb.handle.sandbox_id] = sb.handle
+        if self.fail_create:
+            raise RuntimeError("no capacity")
+        return sb
+
+    async def attach(self, handle: SandboxHandle) -> Sandbox:
+        raise NotImplementedError
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        EVENTS.append("sandbox.destroy")
+        self.live.pop(handle.sandbox_id, None)
+
+    async def list(self) -> list[SandboxHandle]:
+        return list(self.live.values())
+
+
+class _Sb(FakeSandbox):
+    def __init__(self, backend: FakeBackend) -> None:
+        super().__init__(lambda cmd, kw: ExecResult(exit_code=0))
+        self._backend = backend  # type: ignore[assignment]
+
+
+def task(behaviour: str = "ok", **kw: Any) -> TaskRuntimeSpec:
+    return TaskRuntimeSpec.model_validate(
+        {
+            "task_id": "t1",
+            "prompt": "do it",
+            "backend": "fake",
+            "harness": {"name": "test_scripted", "config": {"behaviour": behaviour}},
+            "hooks": [{"name": "test_recorder", "params": {"tag": "h"}}],
+            **kw,
+        }
+    )
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    EVENTS.clear()
+
+
+def manager(tmp_path: Path, backend: FakeBackend) -> RuntimeManager:
+    return RuntimeManager(tmp_path, backends={"fake": backend})
+
+
+async def test_phases_run_in_order_and_the_sandbox_is_destroyed(tmp_path: Path) -> None:
+    backend = FakeBackend()
+    phases: list[str] = []
+    r = await manager(tmp_path, backend).run(task(), SESSION, "r1", on_phase=phases.append)
+    assert EVENTS == [
+        "harness.setup",
+        "h.before_run",
+        "harness.run",
+        "h.after_run",
+        "harness.cleanup",
+        "sandbox.destroy",
+    ]
+    assert phases == ["provision", "setup", "before_run", "agent", "after_run"]
+    assert r.status == RuntimeStatus.ok and r.harness_version == "9.9.9"
+    assert r.env_version == "fake:1" and not backend.live
+    assert set(r.timings) >= {"provision", "setup", "agent", "after_run", "destroy", "total"}
+    # The sandbox is told where the Gateway is (host side), the harness sees it inside.
+    assert backend.specs[0].gateway is not None
+    assert backend.specs[0].gateway.target == "http://127.0.0.1:8000"
+    assert backend.specs[0].rollout_id == "r1"
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "status"),
+    [("fail_exit", RuntimeStatus.agent_error), ("timeout", RuntimeStatus.agent_timeout)],
+)
+async def test_agent_outcomes_are_data_not_exceptions(
+    tmp_path: Path, behaviour: str, status: RuntimeStatus
+) -> None:
+    backend = FakeBackend()
+    r = await manager(tmp_path, backend).run(task(behaviour), SESSION, "r1")
+    assert r.status == status and "h.after_run" in EVENTS and not backend.live
+
+
+@pytest.mark.parametrize("behaviour", ["raise", "setup_raise"])
+async def test_infra_failure_runs_on_error_then_destroys(tmp_path: Path, behaviour: str) -> None:
+    backend = FakeBackend()
+    with pytest.raises(RuntimeFailure) as exc:
+        await manager(tmp_path, backend).run(task(behaviour), SESSION, "r1")
+    f = exc.value
+    assert f.result.status == RuntimeStatus.infra_error
+    assert f.phase == ("agent" if behaviour == "raise" else "setup")
+    assert EVENTS[-3:] == ["h.on_error", "harness.cleanup", "sandbox.destroy"]
+    assert "h.after_run" not in EVENTS and not backend.live
+
+
+async def test_cancellation_runs_on_error_and_destroys(tmp_path: Path) -> None:
+    backend = FakeBackend()
+    run = asyncio.create_task(manager(tmp_path, backend).run(task("hang"), SESSION, "r1"))
+    while "harness.run" not in EVENTS:
+        await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert EVENTS[-3:] == ["h.on_error", "harness.cleanup", "sandbox.destroy"]
+    assert not backend.live
+
+
+async def test_failed_create_reaps_a_half_made_sandbox(tmp_path: Path) -> None:
+    backend = FakeBackend(fail_create=True)
+    with pytest.raises(RuntimeFailure) as exc:
+        await manager(tmp_path, backend).run(task(), SESSION, "r1")
+    assert exc.value.phase == "provision"
+    assert EVENTS == ["sandbox.destroy"] and not backend.live
+
+
+async def test_bad_task_config_fails_before_any_sandbox(tmp_path: Path) -> None:
+    backend = FakeBackend()
+    bad_params = task(hooks=[{"name": "evaluate", "params": {"bogus": 1}}])
+    with pytest.raises(ValueError):
+        await manager(tmp_path, backend).run(bad_params, SESSION, "r1")
+    unknown = task(hooks=[{"name": "no_such_hook"}])
+    with pytest.raises(KeyError):
+        await manager(tmp_path, backend).run(unknown, SESSION, "r1")
+    assert not backend.specs

@@ -1,0 +1,154 @@
+"""Sandbox models, registry, helpers and the warm pool — no services needed."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from sandboxes import images
+from sandboxes._common import files_tar
+from sandboxes.base import (
+    ExecResult,
+    RepoSpec,
+    Sandbox,
+    SandboxBackend,
+    SandboxFile,
+    SandboxHandle,
+    SandboxSpec,
+    get_backend,
+    register_backend,
+)
+from sandboxes.gateway_channel import parse_target
+from sandboxes.pool import WarmPool
+
+
+def test_repo_commit_must_be_immutable() -> None:
+    ok = RepoSpec(url="/srv/repo", commit="A" * 40)
+    assert ok.commit == "a" * 40
+    for bad in ("main", "v1.2", "abc123", "HEAD"):
+        with pytest.raises(ValidationError):
+            RepoSpec(url="/srv/repo", commit=bad)
+
+
+def test_spec_and_handle_roundtrip_json() -> None:
+    spec = SandboxSpec(
+        rollout_id="r1",
+        files=[SandboxFile.from_bytes("bin.dat", b"\x00\xff")],
+        env={"A": "1"},
+        setup=["true"],
+    )
+    again = SandboxSpec.model_validate_json(spec.model_dump_json())
+    assert again == spec and again.files[0].data() == b"\x00\xff"
+    with pytest.raises(ValidationError):
+        SandboxSpec(rollout_id="r", unknown_field=1)  # type: ignore[call-arg]
+    h = SandboxHandle(backend="x", sandbox_id="s", rollout_id="r", env_version="sha256:1")
+    assert SandboxHandle.model_validate_json(h.model_dump_json()) == h
+    assert ExecResult(exit_code=0).ok and not ExecResult(exit_code=0, oom_killed=True).ok
+
+
+def test_files_tar_places_relative_paths_under_workdir() -> None:
+    data = files_tar(
+        [
+            SandboxFile(path="a/b.txt", content="x", mode=0o600),
+            SandboxFile(path="/etc/agent.conf", content="y"),
+        ],
+        "/workspace",
+    )
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        names = tf.getnames()
+        assert "workspace/a/b.txt" in names and "etc/agent.conf" in names
+        assert tf.getmember("workspace/a/b.txt").mode == 0o600
+        assert tf.getmember("workspace/a").isdir()
+
+
+def test_parse_gateway_targets() -> None:
+    assert parse_target("unix:/run/gw.sock") == ("unix", "/run/gw.sock")
+    assert parse_target("unix:///run/gw.sock") == ("unix", "/run/gw.sock")
+    assert parse_target("http://127.0.0.1:8000") == ("tcp", ("127.0.0.1", 8000))
+    assert parse_target("gw-host:9000") == ("tcp", ("gw-host", 9000))
+    with pytest.raises(ValueError):
+        parse_target("http://127.0.0.1")
+
+
+def test_find_debian_mirror_from_deb822_and_list(tmp_path: Path) -> None:
+    d = tmp_path / "apt"
+    (d / "sources.list.d").mkdir(parents=True)
+    (d / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian/\nSuites: bookworm\nComponents: main\n"
+    )
+    (d / "sources.list.d" / "other.list.disabled").write_text("deb http://nope/debian x main\n")
+    assert images.find_debian_mirror(d) == "http://mirror.example/debian"
+    d2 = tmp_path / "apt2"
+    d2.mkdir()
+    (d2 / "sources.list").write_text(
+        "# comment\ndeb [arch=amd64] http://ftp.example.org/debian bookworm main\n"
+    )
+    assert images.find_debian_mirror(d2) == "http://ftp.example.org/debian"
+    with pytest.raises(RuntimeError, match="no Debian archive mirror"):
+        images.find_debian_mirror(tmp_path / "empty")
+
+
+def test_recipe_hash_tracks_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = images._hash(images.recipe_inputs("http://m/debian"))
+    assert a == images._hash(images.recipe_inputs("http://m/debian"))
+    assert a != images._hash(images.recipe_inputs("http://other/debian"))
+    monkeypatch.setitem(images.VERSIONS, "CODEX_VERSION", "0.0.1")
+    assert a != images._hash(images.recipe_inputs("http://m/debian"))
+
+
+def test_registry_lets_a_new_backend_plug_in_without_harness_changes() -> None:
+    class NullBackend(SandboxBackend):
+        name = "null"
+
+        async def create(self, spec: SandboxSpec) -> Sandbox:  # pragma: no cover
+            raise NotImplementedError
+
+        async def attach(self, handle: SandboxHandle) -> Sandbox:  # pragma: no cover
+            raise NotImplementedError
+
+        async def destroy(self, handle: SandboxHandle) -> None:
+            return None
+
+        async def list(self) -> list[SandboxHandle]:
+            return []
+
+    register_backend("null", NullBackend)
+    assert isinstance(get_backend("null"), NullBackend)
+    with pytest.raises(KeyError):
+        get_backend("no-such-backend")
+
+
+async def test_warm_pool_take_refill_and_close() -> None:
+    made: list[int] = []
+    discarded: list[int] = []
+
+    async def make(key: Any) -> int:
+        await asyncio.sleep(0.01)
+        made.append(len(made))
+        return made[-1]
+
+    async def discard(item: int) -> None:
+        discarded.append(item)
+
+    pool: WarmPool[int] = WarmPool(make, discard, size=3)
+    assert pool.take("k") is None  # empty: caller creates cold; refill starts
+    await pool.wait_full("k", timeout=5)
+    assert pool.idle("k") == 3
+    item = pool.take("k")
+    assert item is not None and pool.idle("k") == 2
+    await pool.wait_full("k", timeout=5)
+    assert pool.idle("k") == 3 and len(made) == 4
+    pool.paused = True
+    pool.take("k")
+    await asyncio.sleep(0.05)
+    assert pool.idle("k") == 2  # no refill while paused
+    await pool.close()
+    assert len(discarded) == 2 and item not in discarded and pool.idle("k") == 0
+    assert pool.take("k") is None
