@@ -11,6 +11,7 @@ import hmac
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from gateway.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
 from gateway.metrics import GatewayMetrics
 from gateway.output_parser import OutputParser
 from gateway.scenes import classify
-from gateway.store import CallRecord, SegmentOpened, SessionMeta, SessionStore
+from gateway.store import CallRecord, PromptRef, SegmentOpened, SessionMeta, SessionStore
 from gateway.trajectory import build_segments, recorded_calls
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
@@ -54,6 +55,7 @@ class LiveSession:
         self.meta = meta
         self.held: list[HeldSegment] = []
         self.segment_scenes: dict[str, Scene] = {}
+        self.last_call: dict[str, str] = {}
         self.lock = asyncio.Lock()
         self.closed = False
 
@@ -92,30 +94,50 @@ HISTORY_FIELDS = frozenset({"messages", "input", "system", "instructions", "tool
 """Request fields that repeat the conversation; stored in full only when a segment opens."""
 
 
+@dataclass(frozen=True)
+class Reuse:
+    """What a planned call takes from a held segment, captured when it is planned."""
+
+    messages: int = 0
+    tokens: int = 0
+    after_call: str | None = None
+
+
+def _reuse(session: "LiveSession", plan: PromptPlan) -> Reuse:
+    if plan.kind is MatchKind.fork or plan.segment is None:
+        return Reuse()
+    return Reuse(
+        len(plan.segment.messages), plan.base_length, session.last_call.get(plan.segment_id)
+    )
+
+
 def _call_record(
-    call: RecordedCall, raw: dict[str, Any], request: CanonicalRequest, held: int
+    call: RecordedCall, raw: dict[str, Any], request: CanonicalRequest, reuse: Reuse
 ) -> CallRecord:
     """The durable record of a call, with a size proportional to what is new in it.
 
-    Agents resend the whole history on every call; storing it each time would make the
-    capture quadratic. A call that extends a held segment keeps the request envelope
-    (sampling, flags, headers) and only the messages past the held prefix; the held part
-    is in earlier records, and the exact token IDs are in `call` either way.
+    Agents resend the whole history on every call, and every prompt repeats the held
+    tokens; storing either each time would make the capture quadratic. A call that
+    extends a held segment keeps the request envelope (sampling, flags, headers), only
+    the messages past the held prefix, and only the prompt tokens past the held ones,
+    with a reference to the call whose prompt+output they continue. The store expands
+    the reference on load, so readers always see complete `prompt_ids`.
     """
-    if held == 0:
+    if reuse.messages == 0:
         return CallRecord(call=call, request=raw, normalized=request.model_dump())
     envelope = {k: v for k, v in raw.items() if k not in HISTORY_FIELDS}
     normalized = request.model_dump(exclude={"messages", "tools"})
-    normalized["history_messages"] = held
-    normalized["new_messages"] = [m.model_dump() for m in request.messages[held:]]
-    return CallRecord(call=call, request=envelope, normalized=normalized)
-
-
-def _held_messages(plan: PromptPlan) -> int:
-    """How many request messages the plan re-used from a held segment (0 for a fork)."""
-    if plan.kind is MatchKind.fork or plan.segment is None:
-        return 0
-    return len(plan.segment.messages)
+    normalized["history_messages"] = reuse.messages
+    normalized["new_messages"] = [m.model_dump() for m in request.messages[reuse.messages :]]
+    if reuse.after_call is None:
+        return CallRecord(call=call, request=envelope, normalized=normalized)
+    tail = call.model_copy(update={"prompt_ids": call.prompt_ids[reuse.tokens :]})
+    return CallRecord(
+        call=tail,
+        request=envelope,
+        normalized=normalized,
+        prompt_ref=PromptRef(call_id=reuse.after_call, length=reuse.tokens),
+    )
 
 
 def _hash_token(token: str) -> str:
@@ -240,14 +262,23 @@ class Gateway:
             except TemplateRenderError as exc:
                 raise GatewayError("invalid_request", f"chat template: {exc}") from exc
             self.metrics.prepare_seconds.observe(time.process_time() - cpu0)
-            held_messages = _held_messages(plan)
+            reuse = _reuse(session, plan)
         sampling = self._sampling_for(config.sampling, request.sampling, len(plan.prompt_ids))
         call_id = uuid.uuid4().hex[:24]
         try:
             completion = await self._call_engine(session, plan.prompt_ids, sampling)
         except GatewayError as err:
             await self._record_failure(
-                session, request, raw_request, plan, scene, sampling, call_id, started_at, err
+                session,
+                request,
+                raw_request,
+                plan,
+                reuse,
+                scene,
+                sampling,
+                call_id,
+                started_at,
+                err,
             )
             raise
         text = self.incremental.tokenizer.decode(completion.output_ids)
@@ -298,8 +329,9 @@ class Gateway:
             )
             self.store.append(
                 session.meta.session_id,
-                _call_record(call, raw_request, request, held_messages),
+                _call_record(call, raw_request, request, reuse),
             )
+            session.last_call[segment.segment_id] = call_id
         self._count(request, scene, call, plan)
         return CompletionResult(
             call_id=call_id,
@@ -364,6 +396,7 @@ class Gateway:
         request: CanonicalRequest,
         raw_request: dict[str, Any],
         plan: PromptPlan,
+        reuse: Reuse,
         scene: Scene,
         sampling: SamplingParams,
         call_id: str,
@@ -392,7 +425,7 @@ class Gateway:
         async with session.lock:
             self.store.append(
                 session.meta.session_id,
-                _call_record(call, raw_request, request, _held_messages(plan)),
+                _call_record(call, raw_request, request, reuse),
             )
         self.metrics.calls.labels(request.protocol, scene.value, call.status.value, plan.kind).inc()
 

@@ -42,6 +42,16 @@ class SegmentOpened(BaseModel):
     scene: str
 
 
+class PromptRef(BaseModel):
+    """On disk, a call's prompt may start with the first `length` tokens of an earlier
+    call's prompt+output; only the rest is written (see `SessionStore.load_records`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str
+    length: int = Field(ge=0)
+
+
 class CallRecord(BaseModel):
     """A finished call plus what the agent sent, raw and normalized."""
 
@@ -51,6 +61,7 @@ class CallRecord(BaseModel):
     call: RecordedCall
     request: dict[str, Any] = Field(default_factory=dict)
     normalized: dict[str, Any] = Field(default_factory=dict)
+    prompt_ref: PromptRef | None = None
 
 
 Record = SegmentOpened | CallRecord
@@ -104,8 +115,12 @@ class SessionStore:
         return SessionMeta.model_validate_json((self._dir(session_id) / "meta.json").read_text())
 
     def load_records(self, session_id: str) -> list[Record]:
-        """Read back every complete record; a torn last line (crash mid-write) is ignored."""
+        """Read back every complete record; a torn last line (crash mid-write) is ignored.
+
+        Prompt references are expanded, so every returned call has its full `prompt_ids`.
+        """
         records: list[Record] = []
+        sequences: dict[str, list[int]] = {}
         text = (self._dir(session_id) / "records.jsonl").read_text()
         for line in text.splitlines():
             if not line.strip():
@@ -116,8 +131,17 @@ class SessionStore:
                 continue  # only the final line can be torn; everything before it is intact
             if data.get("kind") == "segment":
                 records.append(SegmentOpened.model_validate(data))
-            else:
-                records.append(CallRecord.model_validate(data))
+                continue
+            record = CallRecord.model_validate(data)
+            call = record.call
+            if record.prompt_ref is not None:
+                ref = record.prompt_ref
+                if ref.call_id not in sequences or len(sequences[ref.call_id]) < ref.length:
+                    raise ValueError(f"call {call.call_id} refers to unknown prompt {ref.call_id}")
+                call.prompt_ids = sequences[ref.call_id][: ref.length] + call.prompt_ids
+                record.prompt_ref = None
+            sequences[call.call_id] = call.prompt_ids + call.output_ids
+            records.append(record)
         return records
 
     def session_ids(self) -> list[str]:

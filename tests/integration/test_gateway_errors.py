@@ -2,6 +2,7 @@
 body from the real Gateway over HTTP, and the calls recorded before are intact after."""
 
 import asyncio
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -176,5 +177,11 @@ def test_capture_grows_with_new_messages_not_with_history(
     for line in rest:
         assert "x" * 2000 not in line, "later calls do not repeat the history"
         assert '"new_messages"' in line and "turn" in line
+        assert '"prompt_ref"' in line, "held prompt tokens are referenced, not repeated"
     sizes = [len(line) for line in rest]
-    assert max(sizes) - min(sizes) < 2000, sizes
+    assert max(sizes) - min(sizes) < 200, sizes
+    # Readers still get complete prompts: each extends the previous call's prompt+output.
+    calls = gw.trajectory(session["session_id"])["calls"]
+    for before, after in itertools.pairwise(calls):
+        held = before["prompt_ids"] + before["output_ids"]
+        assert after["prompt_ids"][: len(held)] == held

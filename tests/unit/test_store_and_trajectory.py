@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.store import CallRecord, SegmentOpened, SessionMeta, SessionStore
+from gateway.store import CallRecord, PromptRef, SegmentOpened, SessionMeta, SessionStore
 from gateway.trajectory import TrajectoryCorruptError, build_segments
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
@@ -98,3 +98,26 @@ def test_store_round_trip_survives_a_torn_last_line(tmp_path) -> None:
     assert reopened.is_closed("s1")
     with pytest.raises(ValueError):
         reopened.load_meta("../etc")
+
+
+def test_prompt_references_expand_on_load_and_unknown_ones_are_refused(tmp_path) -> None:
+    store = SessionStore(tmp_path)
+    meta = SessionMeta(
+        session_id="s2",
+        config=SessionConfig(rollout_id="r"),
+        token_sha256="0" * 64,
+        engine_url="http://127.0.0.1:1",
+        prompt_template_version="t",
+        created_at=datetime.now(UTC),
+    )
+    store.create(meta)
+    store.append("s2", SegmentOpened(segment_id="a", scene="main"))
+    store.append("s2", call("c1", "a", [1, 2, 3], [4, 5]))
+    tail = call("c2", "a", [6, 7], [8])
+    store.append("s2", tail.model_copy(update={"prompt_ref": PromptRef(call_id="c1", length=5)}))
+    records = store.load_records("s2")
+    assert records[2].call.prompt_ids == [1, 2, 3, 4, 5, 6, 7]
+    assert records[2].prompt_ref is None
+    store.append("s2", tail.model_copy(update={"prompt_ref": PromptRef(call_id="zz", length=1)}))
+    with pytest.raises(ValueError, match="unknown prompt"):
+        store.load_records("s2")
