@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Conversation:
-    def __init__(self, direct: bool) -> None:
+    """One agent conversation in one protocol: builds each request, absorbs each reply."""
+
+    path = "/chat/completions"
+
+    def __init__(self, direct: bool = False) -> None:
         self.direct = direct
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a coding agent."},
@@ -80,9 +85,7 @@ class Conversation:
         message = reply["choices"][0]["message"]
         if not message.get("tool_calls"):
             self.messages.append({"role": "assistant", "content": message.get("content") or ""})
-            self.messages.append(
-                {"role": "user", "content": f"<tool_response>\n{TOOL_OUTPUT}\n</tool_response>"}
-            )
+            self.messages.append({"role": "user", "content": TOOL_OUTPUT})
             return
         call = message["tool_calls"][0]
         self.messages.append(
@@ -91,6 +94,72 @@ class Conversation:
         self.messages.append(
             {"role": "tool", "tool_call_id": call["id"], "content": f"{TOOL_OUTPUT}turn {turn}"}
         )
+
+
+class ResponsesConversation(Conversation):
+    """Codex-style: `store: false`, the whole item history replayed every call."""
+
+    path = "/responses"
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = [
+            {"role": "user", "content": "List the files, then inspect each one."}
+        ]
+
+    def body(self, model: str) -> dict[str, Any]:
+        tool = {"type": "function", **TOOLS[0]["function"]}
+        return {
+            "model": model,
+            "instructions": "You are a coding agent.",
+            "input": self.items,
+            "tools": [tool],
+            "store": False,
+            "max_output_tokens": 64,
+        }
+
+    def absorb(self, reply: dict[str, Any], turn: int) -> None:
+        self.items += reply["output"]
+        calls = [item for item in reply["output"] if item["type"] == "function_call"]
+        if calls:
+            output = f"{TOOL_OUTPUT}turn {turn}"
+            self.items.append(
+                {"type": "function_call_output", "call_id": calls[0]["call_id"], "output": output}
+            )
+        else:
+            self.items.append({"role": "user", "content": TOOL_OUTPUT})
+
+
+class MessagesConversation(Conversation):
+    """Claude-Code-style Anthropic Messages with content blocks."""
+
+    path = "/messages"
+
+    def __init__(self) -> None:
+        self.messages = [{"role": "user", "content": "List the files, then inspect each one."}]
+
+    def body(self, model: str) -> dict[str, Any]:
+        fn = TOOLS[0]["function"]
+        tool = {
+            "name": fn["name"],
+            "description": fn["description"],
+            "input_schema": fn["parameters"],
+        }
+        return {
+            "model": model,
+            "system": "You are a coding agent.",
+            "messages": self.messages,
+            "tools": [tool],
+            "max_tokens": 64,
+        }
+
+    def absorb(self, reply: dict[str, Any], turn: int) -> None:
+        self.messages.append({"role": "assistant", "content": reply["content"]})
+        uses = [block for block in reply["content"] if block["type"] == "tool_use"]
+        if uses:
+            result = {"type": "tool_result", "tool_use_id": uses[0]["id"], "content": TOOL_OUTPUT}
+            self.messages.append({"role": "user", "content": [result]})
+        else:
+            self.messages.append({"role": "user", "content": TOOL_OUTPUT})
 
 
 def run_path(
@@ -164,44 +233,61 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise SystemExit("gateway did not start")
                 time.sleep(0.2)
-            tokens = []
-            for _ in range(args.conversations):
-                created = httpx.post(
-                    f"{gw}/sessions",
-                    headers={"Authorization": f"Bearer {admin}"},
-                    json={
-                        "rollout_id": secrets.token_hex(4),
-                        "sampling": {
-                            "temperature": 1.0,
-                            "seed": 1,
-                            "engine_extra": {"structured_outputs": {"regex": REGEX}},
-                        },
-                    },
-                ).json()
-                tokens.append({"Authorization": f"Bearer {created['token']}"})
-            plain = [{} for _ in tokens]
-            # Warm both paths once, then measure them alternately in the same run.
-            run_path(f"{vllm.url}/v1", plain[:1], vllm.model, 2, True, None)
-            direct_lat, _ = run_path(f"{vllm.url}/v1", plain, vllm.model, args.turns, True, None)
-            gw_lat, cpu = run_path(f"{gw}/v1", tokens, vllm.model, args.turns, False, gateway.pid)
+            rows = measure(gw, admin, vllm, args.conversations, args.turns, gateway.pid)
         finally:
             gateway.terminate()
             gateway.wait(timeout=30)
-    a50, a99 = percentile(direct_lat, 0.5), percentile(direct_lat, 0.99)
-    b50, b99 = percentile(gw_lat, 0.5), percentile(gw_lat, 0.99)
-    first, last = statistics.mean(cpu[:5]), statistics.mean(cpu[-5:])
-    calls = len(direct_lat)
-    print(f"calls per path: {calls} ({args.conversations} conversations x {args.turns} turns)")
-    print(
-        f"latency p50: vLLM {a50 * 1000:.1f} ms, gateway {b50 * 1000:.1f} ms, ratio {b50 / a50:.2f}"
-    )
-    print(
-        f"latency p99: vLLM {a99 * 1000:.1f} ms, gateway {b99 * 1000:.1f} ms, ratio {b99 / a99:.2f}"
-    )
-    print(
-        f"gateway CPU per call: turns 1-5 {first:.2f} ms, "
-        f"turns {args.turns - 4}-{args.turns} {last:.2f} ms, ratio {last / first:.2f}"
-    )
+    print(f"{args.conversations} conversations x {args.turns} turns per path; ratios vs vLLM chat")
+    header = f"{'path':<28}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>7}{'p99 x':>7}"
+    print(header + f"{'CPU/call t1-5':>15}{'t' + str(args.turns - 4) + '-' + str(args.turns):>10}")
+    base50, base99 = rows[0][1], rows[0][2]
+    for name, p50, p99, cpu in rows:
+        line = f"{name:<28}{p50 * 1000:>9.1f}{p99 * 1000:>9.1f}"
+        line += f"{p50 / base50:>7.2f}{p99 / base99:>7.2f}"
+        if cpu:
+            line += f"{statistics.mean(cpu[:5]):>12.2f} ms{statistics.mean(cpu[-5:]):>7.2f} ms"
+        print(line)
+
+
+def new_sessions(gw: str, admin: str, count: int) -> list[str]:
+    tokens = []
+    for _ in range(count):
+        created = httpx.post(
+            f"{gw}/sessions",
+            headers={"Authorization": f"Bearer {admin}"},
+            json={
+                "rollout_id": secrets.token_hex(4),
+                "sampling": {
+                    "temperature": 1.0,
+                    "seed": 1,
+                    "engine_extra": {"structured_outputs": {"regex": REGEX}},
+                },
+            },
+        ).json()
+        tokens.append(created["token"])
+    return tokens
+
+
+def measure(
+    gw: str, admin: str, vllm: VllmServer, conversations: int, turns: int, pid: int
+) -> list[tuple[str, float, float, list[float]]]:
+    """Every path in one run: vLLM's own chat endpoint first, then each gateway protocol."""
+    plain: list[dict[str, str]] = [{} for _ in range(conversations)]
+    direct = f"{vllm.url}/v1"
+    run_path(direct, plain[:1], vllm.model, 2, lambda: Conversation(direct=True), None)
+    lat, _ = run_path(direct, plain, vllm.model, turns, lambda: Conversation(direct=True), None)
+    rows = [("vLLM /v1/chat/completions", percentile(lat, 0.5), percentile(lat, 0.99), [])]
+    paths: list[tuple[str, Callable[[], Conversation], str]] = [
+        ("gateway /v1/chat/completions", Conversation, "Authorization"),
+        ("gateway /v1/responses", ResponsesConversation, "Authorization"),
+        ("gateway /v1/messages", MessagesConversation, "x-api-key"),
+    ]
+    for name, make, header in paths:
+        tokens = new_sessions(gw, admin, conversations)
+        headers = [{header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens]
+        lat, cpu = run_path(f"{gw}/v1", headers, vllm.model, turns, make, pid)
+        rows.append((name, percentile(lat, 0.5), percentile(lat, 0.99), cpu))
+    return rows
 
 
 if __name__ == "__main__":
