@@ -23,7 +23,7 @@ echo "== vLLM CPU virtual environment (cached under $ROLLOUT_CACHE_DIR)"
 
 if [ -f scripts/build_base_image.sh ]; then
   echo "== sandbox base image (cached by recipe hash)"
-  bash scripts/build_base_image.sh
+  PYTHON=.venv/bin/python bash scripts/build_base_image.sh
 fi
 
 echo "== lint"
