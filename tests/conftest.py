@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.vllm",
     "tests.fixtures.gateway",
     "tests.fixtures.sandboxes",
+    "tests.fixtures.temporal",
 ]

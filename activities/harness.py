@@ -1,0 +1,253 @@
+"""run_harness: harness setup → before_run hooks → the agent → after_run hooks
+(evaluate included), in an already provisioned sandbox, on the host that owns it.
+
+Why it heartbeats and how it stops the agent:
+- a background loop heartbeats with progress (phase, elapsed, LLM calls so far), so a
+  dead worker/host is detected within `heartbeat_s` and a cancel request reaches us;
+- cancellation (workflow cancel, or the workflow's budget timer) arrives as
+  `CancelledError` at the awaited exec, and cancelling the exec kills the agent's whole
+  process tree inside the sandbox; on_error hooks then run (logs of a killed agent are
+  what an operator wants), bounded in time;
+- if the workflow is gone (terminated), we destroy the sandbox ourselves: nobody else
+  will run `finally`.
+The agent's budget is enforced here (the harness kills it at `budget_s`); the result is
+then `timed_out`, which the workflow turns into `agent_timeout`.
+
+The composition itself (setup → hooks → agent → hooks, on_error, harness cleanup) is
+the Runtime Manager's `run_in_sandbox`; provisioning and destroy are separate
+activities here (host affinity, whole-attempt retry).
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.errors import agent_config_error, bad_task, tail
+from activities.runtime import (
+    RuntimeFailure,
+    RuntimeResult,
+    RuntimeStatus,
+    SandboxTemplate,
+    TaskRuntimeSpec,
+    default_hooks,
+    run_in_sandbox,
+)
+from activities.sandbox import SandboxBackends
+from harnesses.base import HarnessSetupError
+from harnesses.registry import get_harness
+from hooks.base import HookError, HookSpec, build_hooks
+from hooks.evaluate import EvaluationSpec
+from sandboxes.base import Sandbox, SandboxError, SandboxHandle, SandboxNotFound
+from schemas.rollout import RUN_HARNESS, HarnessOutcome, HarnessRequest
+from schemas.session import SessionCreated
+
+log = logging.getLogger("rollout.activities.harness")
+
+
+class Progress:
+    """What the heartbeat reports; also what a retried attempt would see."""
+
+    def __init__(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+        self.phase = "attach"
+        self.started = time.monotonic()
+        self.llm_calls: int | None = None
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "sandbox_id": self.sandbox_id,
+            "elapsed_s": round(time.monotonic() - self.started, 1),
+            "llm_calls": self.llm_calls,
+        }
+
+
+class CallCounter:
+    """Counts the session's recorded LLM calls through the Gateway control API.
+
+    Only when this host has the admin token; polled rarely because it reads the whole
+    trajectory (a lightweight session-stats endpoint would be better).
+    """
+
+    def __init__(self, admin_token: str | None, every_s: float) -> None:
+        self.admin_token = admin_token
+        self.every_s = every_s
+
+    async def count(self, gateway_url: str, session_id: str) -> int | None:
+        if not self.admin_token or self.every_s <= 0:
+            return None
+        headers = {"Authorization": f"Bearer {self.admin_token}"}
+        try:
+            async with httpx.AsyncClient(timeout=10) as http:
+                reply = await http.get(
+                    f"{gateway_url.rstrip('/')}/sessions/{session_id}/trajectory", headers=headers
+                )
+            if reply.is_success:
+                return len(reply.json().get("calls", []))
+        except (httpx.HTTPError, ValueError):
+            return None
+        return None
+
+
+class HarnessActivities:
+    def __init__(
+        self,
+        backends: SandboxBackends,
+        artifacts_root: Path,
+        gateway_admin_token: str | None = None,
+        count_calls_every_s: float = 30.0,
+    ) -> None:
+        self.backends = backends
+        self.artifacts_root = Path(artifacts_root)
+        self.counter = CallCounter(gateway_admin_token, count_calls_every_s)
+
+    # ------------------------------------------------------------------ build
+    @staticmethod
+    def _spec(req: HarnessRequest) -> TaskRuntimeSpec:
+        """The runtime's view of the task; a mistake here is the task's fault."""
+        try:
+            get_harness(req.harness.name, req.harness.config)
+        except KeyError as exc:
+            raise bad_task("unknown harness", exc) from exc
+        except (ValidationError, ValueError, TypeError) as exc:
+            raise agent_config_error(f"harness {req.harness.name} config", exc) from exc
+        specs = [HookSpec(name=h.name, params=h.params, required=h.required) for h in req.hooks]
+        try:
+            build_hooks(specs or default_hooks())
+        except KeyError as exc:
+            raise bad_task("unknown hook", exc) from exc
+        except (ValidationError, ValueError) as exc:
+            raise bad_task("hook params", exc) from exc
+        try:
+            return TaskRuntimeSpec(
+                task_id=req.task_id,
+                prompt=req.prompt,
+                backend=req.sandbox.backend,
+                sandbox=SandboxTemplate.model_validate({"repo": req.repo} if req.repo else {}),
+                harness=req.harness,
+                hooks=specs or default_hooks(),
+                evaluation=EvaluationSpec.model_validate(req.evaluation)
+                if req.evaluation
+                else None,
+            )
+        except ValidationError as exc:
+            raise bad_task("task runtime spec", exc) from exc
+
+    async def _attach(self, req: HarnessRequest) -> Sandbox:
+        try:
+            backend = self.backends.get(req.sandbox.backend)
+        except KeyError as exc:
+            raise bad_task("sandbox backend", exc) from exc
+        handle = SandboxHandle.model_validate(req.sandbox.handle)
+        try:
+            return await backend.attach(handle)
+        except SandboxNotFound as exc:
+            raise ApplicationError(f"sandbox lost: {exc}", type="SandboxLost") from exc
+        except SandboxError as exc:
+            raise ApplicationError(f"sandbox attach: {exc}", type="SandboxError") from exc
+
+    # ------------------------------------------------------------------ activity
+    @activity.defn(name=RUN_HARNESS)
+    async def run_harness(self, req: HarnessRequest) -> HarnessOutcome:
+        spec = self._spec(req)
+        progress = Progress(req.sandbox.sandbox_id)
+        beat = asyncio.ensure_future(self._heartbeat(req, progress))
+        sandbox: Sandbox | None = None
+
+        def on_phase(name: str) -> None:
+            progress.phase = name
+
+        try:
+            sandbox = await self._attach(req)
+            session = SessionCreated(
+                session_id=req.session.session_id,
+                token=req.session.token,
+                openai_base_url=req.session.openai_base_url,
+                anthropic_base_url=req.session.anthropic_base_url,
+            )
+            artifacts = self.artifacts_root / req.rollout_id / f"attempt-{req.attempt}"
+            result = await run_in_sandbox(
+                sandbox, spec, session, req.rollout_id, artifacts, on_phase=on_phase
+            )
+            progress.llm_calls = await self.counter.count(
+                req.session.gateway_url, req.session.session_id
+            )
+            return self._outcome(req, spec, result, progress)
+        except asyncio.CancelledError as exc:
+            # run_in_sandbox has killed the agent and run the on_error hooks.
+            details = activity.cancellation_details()
+            if details is not None and details.not_found and sandbox is not None:
+                # The workflow is gone (terminated/timed out): its finally will not run.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(sandbox.destroy())
+            if activity.is_worker_shutdown():
+                raise ApplicationError("worker shut down mid-run", type="WorkerShutdown") from exc
+            raise
+        except RuntimeFailure as exc:
+            raise self._failure(exc) from exc
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+
+    @staticmethod
+    def _failure(exc: RuntimeFailure) -> ApplicationError:
+        """A setup problem is the task's (never retried); anything else is infra."""
+        cause = exc.cause
+        if isinstance(cause, HarnessSetupError):
+            return agent_config_error("agent setup", cause)
+        if isinstance(cause, HookError):
+            return ApplicationError(str(cause), type="HookError")
+        return ApplicationError(f"{exc.phase}: {cause!r}", type="SandboxError")
+
+    async def _heartbeat(self, req: HarnessRequest, progress: Progress) -> None:
+        interval = max(0.5, min(req.heartbeat_s / 3, 20.0))
+        next_count = time.monotonic() + self.counter.every_s
+        while True:
+            activity.heartbeat(progress.details())
+            await asyncio.sleep(interval)
+            if self.counter.every_s > 0 and time.monotonic() >= next_count:
+                next_count = time.monotonic() + self.counter.every_s
+                n = await self.counter.count(req.session.gateway_url, req.session.session_id)
+                if n is not None:
+                    progress.llm_calls = n
+
+    @staticmethod
+    def _outcome(
+        req: HarnessRequest, spec: TaskRuntimeSpec, result: RuntimeResult, progress: Progress
+    ) -> HarnessOutcome:
+        agent, ev = result.agent, result.evaluation
+        reward_fn = (
+            req.reward_fn_version
+            or result.reward_fn_version
+            or (spec.evaluation.reward_fn_version() if spec.evaluation else "none")
+        )
+        rewards = {c.name: c.score for c in ev.checks} if ev else {}
+        return HarnessOutcome(
+            exit_code=agent.exit_code if agent else None,
+            timed_out=result.status == RuntimeStatus.agent_timeout,
+            duration_s=agent.duration_s if agent else 0.0,
+            reward=ev.reward if ev else None,
+            rewards=rewards,
+            step_rewards=ev.step_rewards if ev else None,
+            verdict=ev.verdict if ev else None,
+            eval_error=(ev.error or "evaluator failed")
+            if result.status == RuntimeStatus.eval_error and ev
+            else None,
+            harness=result.harness,
+            harness_version=result.harness_version,
+            reward_fn_version=reward_fn,
+            llm_calls=progress.llm_calls,
+            artifacts_uri=result.artifacts_dir,
+            stdout_tail=tail(agent.stdout_tail) if agent else "",
+            stderr_tail=tail(agent.stderr_tail) if agent else "",
+            error="; ".join(result.hook_errors) or None,
+        )

@@ -1,0 +1,107 @@
+"""Trajectory → training samples: one row per trainable segment, with full lineage.
+
+Pure functions (no I/O) so every rule is unit-testable:
+- only segments the Gateway marked trainable (and, if the task says so, only its
+  trainable scenes) become rows;
+- a segment touched by a failed engine call (or missing call records) is an
+  *infrastructure* failure: kept for visibility, status `infra_error`, loss mask zeroed,
+  so a trainer never learns from it;
+- an agent that hit its budget keeps its segments trainable with reward 0
+  (`agent_timeout`): running out of time is the policy's doing;
+- an evaluator that broke gives no reward at all: rows are masked like infra errors;
+- a segment whose last call stopped on the token limit is `truncated`.
+"""
+
+import json
+from collections import Counter
+
+from schemas.rollout import CollectRequest, RolloutStatus, SamplesSummary
+from schemas.samples import SampleRow, SampleStatus
+from schemas.sampling import SamplingParams
+from schemas.trajectory import CallStatus, RecordedCall, Segment, Trajectory
+
+
+def sampling_json(params: SamplingParams) -> str:
+    """Canonical JSON of the sampling params actually used (stable for grouping)."""
+    return json.dumps(params.model_dump(mode="json", exclude_none=True), sort_keys=True)
+
+
+def _segment_status(
+    seg_calls: list[RecordedCall], missing: bool, rollout_status: RolloutStatus
+) -> SampleStatus:
+    if missing or any(c.status != CallStatus.ok for c in seg_calls):
+        return SampleStatus.infra_error
+    if rollout_status is RolloutStatus.eval_error:
+        return SampleStatus.infra_error
+    if rollout_status is RolloutStatus.agent_timeout:
+        return SampleStatus.agent_timeout
+    if seg_calls and seg_calls[-1].finish_reason == "length":
+        return SampleStatus.truncated
+    return SampleStatus.ok
+
+
+def _wanted(seg: Segment, scenes: set[str] | None) -> bool:
+    return seg.trainable and (scenes is None or str(seg.scene) in scenes)
+
+
+def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
+    calls = {c.call_id: c for c in traj.calls}
+    scenes = set(req.trainable_scenes) if req.trainable_scenes is not None else None
+    outcome = req.outcome
+    rows: list[SampleRow] = []
+    for seg in traj.segments:
+        if not _wanted(seg, scenes):
+            continue
+        seg_calls = [calls[c] for c in seg.call_ids if c in calls]
+        missing = len(seg_calls) != len(seg.call_ids)
+        status = _segment_status(seg_calls, missing, req.status)
+        masked = status is SampleStatus.infra_error
+        if masked or status is SampleStatus.agent_timeout:
+            reward = 0.0
+        else:
+            reward = outcome.reward if outcome.reward is not None else 0.0
+        first = seg_calls[0] if seg_calls else None
+        used = first.sampling if first is not None else req.sampling
+        seed = used.seed if used.seed is not None else req.seed
+        rows.append(
+            SampleRow(
+                rollout_id=req.rollout_id,
+                task_id=req.task_id,
+                group_id=req.group_id,
+                sample_index=req.sample_index,
+                segment_id=seg.segment_id,
+                parent_segment_id=seg.parent_id,
+                link=seg.link,
+                scene=seg.scene,
+                prompt_ids=seg.prompt_ids,
+                response_ids=seg.response_ids,
+                loss_mask=[0] * len(seg.loss_mask) if masked else seg.loss_mask,
+                logprobs=seg.logprobs,
+                reward=reward,
+                step_rewards=None if masked else outcome.step_rewards,
+                status=status,
+                policy_version=first.policy_version if first else traj.policy_version,
+                env_version=req.env_version,
+                prompt_template_version=traj.prompt_template_version,
+                reward_fn_version=outcome.reward_fn_version,
+                harness=outcome.harness,
+                harness_version=outcome.harness_version,
+                sampling=sampling_json(used),
+                seed=seed,
+            )
+        )
+    return rows
+
+
+def summarize(
+    traj: Trajectory, rows: list[SampleRow], uri: str | None, closed: bool
+) -> SamplesSummary:
+    return SamplesSummary(
+        uri=uri,
+        num_samples=len(rows),
+        num_calls=len(traj.calls),
+        failed_calls=sum(1 for c in traj.calls if c.status != CallStatus.ok),
+        trainable_tokens=sum(sum(r.loss_mask) for r in rows),
+        statuses=dict(Counter(str(r.status) for r in rows)),
+        session_closed=closed,
+    )

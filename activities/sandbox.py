@@ -1,0 +1,292 @@
+"""provision_sandbox and destroy_sandbox (sandbox-host role), plus the host janitor.
+
+Affinity: provision runs on the shared sandbox queue, so whichever host takes it
+creates the sandbox; it returns this host's own queue, and every later activity for the
+sandbox is pinned there. Backends are idempotent per rollout id (a retried create first
+destroys the earlier one), and destroy treats "not found" as done.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import (
+    CustomSlotSupplier,
+    SlotMarkUsedContext,
+    SlotPermit,
+    SlotReleaseContext,
+    SlotReserveContext,
+)
+
+from activities.errors import bad_task
+from sandboxes.base import (
+    ROLLOUT_LABEL,
+    BackendUnavailable,
+    GatewayChannel,
+    SandboxBackend,
+    SandboxError,
+    SandboxHandle,
+    SandboxNotFound,
+    SandboxSpec,
+    get_backend,
+)
+from schemas.rollout import (
+    DESTROY_SANDBOX,
+    PROVISION_SANDBOX,
+    DestroyRequest,
+    ProvisionRequest,
+    SandboxRef,
+)
+
+log = logging.getLogger("rollout.activities.sandbox")
+T = TypeVar("T")
+#: Backends whose sandboxes run on this host and reach the Gateway through a bridge.
+HOST_LOCAL_BACKENDS = frozenset({"local", "docker"})
+
+
+def gateway_root(openai_base_url: str) -> str:
+    """`http://h:p/v1` → `http://h:p` (the forwarder passes paths through)."""
+    u = urlsplit(openai_base_url)
+    path = u.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return urlunsplit((u.scheme, u.netloc, path, "", ""))
+
+
+async def with_heartbeat(aw: Awaitable[T], interval_s: float, details: Any = None) -> T:
+    """Await `aw` while heartbeating, so a long create/destroy is seen as alive and
+    can receive cancellation."""
+    task = asyncio.ensure_future(aw)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=interval_s)
+            if done:
+                return task.result()
+            activity.heartbeat(details)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+class SandboxBackends:
+    """The backends this host offers, created lazily from per-backend settings."""
+
+    def __init__(self, config: dict[str, dict[str, Any]] | None = None) -> None:
+        self.config = config or {}
+        self._backends: dict[str, SandboxBackend] = {}
+
+    def get(self, name: str) -> SandboxBackend:
+        if name not in self._backends:
+            if self.config and name not in self.config:
+                raise KeyError(f"backend {name!r} is not offered here: {sorted(self.config)}")
+            self._backends[name] = get_backend(name, **self.config.get(name, {}))
+        return self._backends[name]
+
+    def active(self) -> list[SandboxBackend]:
+        return list(self._backends.values())
+
+    async def aclose(self) -> None:
+        for backend in self._backends.values():
+            with contextlib.suppress(Exception):
+                await backend.close()
+
+
+def build_spec(req: ProvisionRequest) -> SandboxSpec:
+    """Task sandbox fields + what this rollout adds (id, TTL, Gateway channel, labels)."""
+    fields = req.sandbox.spec_fields()
+    root = gateway_root(req.session.openai_base_url)
+    if req.sandbox.backend in HOST_LOCAL_BACKENDS:
+        channel = GatewayChannel(target=root)
+    else:
+        channel = GatewayChannel(public_url=root)
+    labels = {**fields.pop("labels", {}), "agentic-rollout.task-id": req.task_id}
+    labels[ROLLOUT_LABEL] = req.rollout_id
+    return SandboxSpec.model_validate(
+        {
+            **fields,
+            "rollout_id": req.rollout_id,
+            "timeout_s": fields.get("timeout_s", req.timeout_s),
+            "gateway": channel,
+            "labels": labels,
+        }
+    )
+
+
+class HostCapacity(CustomSlotSupplier):
+    """Provision slot supplier: this host takes a provision task only while
+    `live sandboxes + provisions in flight < max_live`.
+
+    Why a slot supplier and not a wait inside the activity: the task then stays in the
+    shared queue, where a host with room picks it up, and no timeout ticks meanwhile.
+    `live` counts sandboxes provisioned here and not yet destroyed (re-synced from the
+    backend by the janitor, which also catches sandboxes whose destroy never came).
+    """
+
+    def __init__(self, max_live: int, max_provisions: int) -> None:
+        self.max_live = max_live
+        self.max_provisions = max_provisions
+        self.live = 0
+        self.reserved = 0
+        self._changed: asyncio.Condition | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _room(self) -> bool:
+        return self.live + self.reserved < self.max_live and self.reserved < self.max_provisions
+
+    def _cond(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit:
+        self._loop = asyncio.get_running_loop()
+        cond = self._cond()
+        async with cond:
+            await cond.wait_for(self._room)
+            self.reserved += 1
+        return SlotPermit()
+
+    def try_reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit | None:
+        if not self._room():
+            return None
+        self.reserved += 1
+        return SlotPermit()
+
+    def mark_slot_used(self, ctx: SlotMarkUsedContext) -> None:
+        return None
+
+    def release_slot(self, ctx: SlotReleaseContext) -> None:
+        self.reserved = max(0, self.reserved - 1)
+        self._notify()
+
+    def set_live(self, live: int) -> None:
+        self.live = max(0, live)
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake waiting reservations; safe from any thread (the SDK may call from one)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # nobody has waited yet
+        cond = self._cond()
+
+        async def wake() -> None:
+            async with cond:
+                cond.notify_all()
+
+        loop.call_soon_threadsafe(lambda: loop.create_task(wake()))
+
+
+class SandboxActivities:
+    def __init__(
+        self,
+        backends: SandboxBackends,
+        host_id: str,
+        host_queue: str,
+        capacity: HostCapacity | None = None,
+    ) -> None:
+        self.backends = backends
+        self.host_id = host_id
+        self.host_queue = host_queue
+        self.capacity = capacity
+
+    def _backend(self, name: str) -> SandboxBackend:
+        try:
+            return self.backends.get(name)
+        except KeyError as exc:
+            raise bad_task("sandbox backend", exc) from exc
+        except SandboxError as exc:  # this host cannot run it (e.g. bwrap missing)
+            raise ApplicationError(str(exc), type="SandboxUnavailable") from exc
+
+    @activity.defn(name=PROVISION_SANDBOX)
+    async def provision_sandbox(self, req: ProvisionRequest) -> SandboxRef:
+        try:
+            spec = build_spec(req)
+        except (ValidationError, ValueError) as exc:
+            raise bad_task("sandbox spec", exc) from exc
+        backend = self._backend(req.sandbox.backend)
+        interval = _heartbeat_interval()
+        try:
+            sandbox = await with_heartbeat(backend.create(spec), interval, {"step": "create"})
+        except BackendUnavailable as exc:
+            raise ApplicationError(str(exc), type="SandboxUnavailable") from exc
+        except (ValidationError, ValueError) as exc:
+            raise bad_task("sandbox spec", exc) from exc
+        except SandboxError as exc:
+            raise ApplicationError(f"sandbox create failed: {exc}", type="SandboxError") from exc
+        handle = sandbox.handle
+        if self.capacity is not None:
+            self.capacity.set_live(self.capacity.live + 1)
+        activity.logger.info("sandbox %s for %s", handle.sandbox_id, req.rollout_id)
+        return SandboxRef(
+            backend=backend.name,
+            sandbox_id=handle.sandbox_id,
+            host=self.host_id,
+            host_queue=self.host_queue,
+            env_version=handle.env_version or "unknown",
+            handle=handle.model_dump(mode="json"),
+        )
+
+    @activity.defn(name=DESTROY_SANDBOX)
+    async def destroy_sandbox(self, req: DestroyRequest) -> None:
+        handle = SandboxHandle.model_validate(req.sandbox.handle)
+        backend = self._backend(req.sandbox.backend)
+        with contextlib.suppress(SandboxNotFound):
+            await with_heartbeat(backend.destroy(handle), _heartbeat_interval())
+        if self.capacity is not None:
+            self.capacity.set_live(self.capacity.live - 1)
+
+
+def _heartbeat_interval() -> float:
+    timeout = activity.info().heartbeat_timeout
+    return max(0.5, timeout.total_seconds() / 3) if timeout else 10.0
+
+
+async def reap_orphans(
+    client: Client, backends: SandboxBackends, capacity: HostCapacity | None = None
+) -> list[str]:
+    """Destroy this host's sandboxes whose rollout workflow is no longer running.
+
+    Backs up `finally` for what it cannot cover (terminate, execution timeouts, a host
+    that was down during cleanup), and re-syncs the host's live-sandbox count.
+    """
+    reaped: list[str] = []
+    live = 0
+    for backend in backends.active():
+        try:
+            handles = await backend.list()
+        except SandboxError as exc:
+            log.warning("janitor: cannot list %s sandboxes: %s", backend.name, exc)
+            continue
+        active: set[str] = set()
+        for rid in {h.rollout_id for h in handles if h.rollout_id}:
+            if await _running(client, rid):
+                active.add(rid)
+        try:
+            reaped += await backend.reap(active)
+            live += len([h for h in await backend.list() if h.rollout_id])
+        except SandboxError as exc:
+            log.warning("janitor: reap on %s failed: %s", backend.name, exc)
+    if capacity is not None:
+        capacity.set_live(live)
+    if reaped:
+        log.info("janitor reaped %d sandbox(es): %s", len(reaped), reaped)
+    return reaped
+
+
+async def _running(client: Client, rollout_id: str) -> bool:
+    try:
+        desc = await client.get_workflow_handle(rollout_id).describe()
+    except RPCError as exc:
+        return exc.status != RPCStatusCode.NOT_FOUND  # unsure: keep it
+    return desc.status == WorkflowExecutionStatus.RUNNING

@@ -1,0 +1,119 @@
+"""Gateway session activities: create_session and close_session (gateway-host role).
+
+Why they run on the gateway host: the worker sits next to the gateway processes it was
+given, opens sessions on them (round-robin: one process saturates on tokenization) and
+returns its own *owner queue*, so collect/close for that session come back here and read
+the trajectory locally.
+"""
+
+import itertools
+import logging
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.errors import agent_config_error, bad_task
+from gateway.control_client import GatewayControlClient, GatewayControlError
+from schemas.rollout import (
+    CLOSE_SESSION,
+    CREATE_SESSION,
+    CloseSessionRequest,
+    SessionRef,
+    SessionRequest,
+)
+from schemas.scenes import SceneConfig
+from schemas.session import SessionConfig
+
+log = logging.getLogger("rollout.activities.session")
+
+
+class GatewayAccess:
+    """Control-API clients for this host's gateway processes (admin token included)."""
+
+    def __init__(self, gateway_urls: list[str], admin_token: str | None, owner_queue: str):
+        if not gateway_urls:
+            raise ValueError("gateway-host role needs at least one --gateway URL")
+        self.urls = [u.rstrip("/") for u in gateway_urls]
+        self.admin_token = admin_token
+        self.owner_queue = owner_queue
+        self._clients: dict[str, GatewayControlClient] = {}
+        self._next = itertools.cycle(self.urls)
+
+    def client(self, url: str) -> GatewayControlClient:
+        url = url.rstrip("/")
+        if url not in self._clients:
+            self._clients[url] = GatewayControlClient(url, self.admin_token)
+        return self._clients[url]
+
+    def pick(self) -> str:
+        return next(self._next)
+
+    async def aclose(self) -> None:
+        for c in self._clients.values():
+            await c.aclose()
+
+
+def scene_config_for(req: SessionRequest) -> SceneConfig:
+    """The task's scene policy, else the harness's own profile (data shipped with it)."""
+    if req.scenes is not None:
+        return req.scenes
+    from harnesses.registry import get_harness
+
+    try:
+        harness = get_harness(req.harness.name, req.harness.config)
+    except KeyError as exc:
+        raise bad_task("unknown harness", exc) from exc
+    except ValueError as exc:
+        raise agent_config_error(f"harness {req.harness.name} config", exc) from exc
+    return harness.scene_config()
+
+
+def control_error(step: str, exc: GatewayControlError) -> ApplicationError:
+    """4xx (except 408/429) means the request is wrong: retrying cannot help."""
+    retryable = exc.status >= 500 or exc.status in (408, 429)
+    if retryable:
+        return ApplicationError(f"{step}: {exc}", type="GatewayUnavailable")
+    return bad_task(step, exc)
+
+
+class SessionActivities:
+    def __init__(self, access: GatewayAccess) -> None:
+        self.access = access
+
+    @activity.defn(name=CREATE_SESSION)
+    async def create_session(self, req: SessionRequest) -> SessionRef:
+        config = SessionConfig(
+            rollout_id=req.rollout_id,
+            policy_version=req.policy_version,
+            sampling=req.sampling,
+            scenes=scene_config_for(req),
+            metadata={**req.metadata, "harness": req.harness.name},
+        )
+        url = self.access.pick()
+        try:
+            created = await self.access.client(url).create_session(config)
+        except GatewayControlError as exc:
+            raise control_error("create session", exc) from exc
+        except httpx.HTTPError as exc:
+            msg = f"gateway {url} unreachable: {exc!r}"
+            raise ApplicationError(msg, type="GatewayUnavailable") from exc
+        activity.logger.info("session %s for %s on %s", created.session_id, req.rollout_id, url)
+        return SessionRef(
+            session_id=created.session_id,
+            token=created.token,
+            openai_base_url=created.openai_base_url,
+            anthropic_base_url=created.anthropic_base_url,
+            gateway_url=url,
+            owner_queue=self.access.owner_queue,
+        )
+
+    @activity.defn(name=CLOSE_SESSION)
+    async def close_session(self, req: CloseSessionRequest) -> None:
+        """Idempotent: an unknown session counts as closed."""
+        try:
+            await self.access.client(req.session.gateway_url).close_session(req.session.session_id)
+        except GatewayControlError as exc:
+            if exc.status == 404:
+                return
+            raise control_error("close session", exc) from exc

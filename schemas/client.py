@@ -1,0 +1,378 @@
+"""Trainer client: submit batches of rollouts, stream results, cancel, load samples.
+
+The trainer talks to the Controller with the ordinary Temporal client — this module is
+a thin, typed layer over it. It refers to the workflow by name, so a trainer needs only
+`schemas` (+ temporalio, pyarrow, boto3), never the runtime.
+
+Why the shapes:
+- Rollout id = workflow id = `<batch>-<task>-<sample>`: resubmitting a batch is
+  idempotent (a running rollout is reused, a finished one is not re-run).
+- Results are found through visibility (`RolloutBatchId = …` and closed) and then
+  fetched, so they arrive in completion order with a bounded number of RPCs, and the
+  client never parks thousands of long-polls on one connection (that stalls it).
+- The trainer should use its *own* `Client`, not a worker's (`RolloutClient.connect`).
+"""
+
+import asyncio
+import hashlib
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from schemas.rollout import SEARCH_ATTRIBUTES, RolloutResult
+from schemas.storage import read_many
+from schemas.tasks import (
+    ID_PATTERN,
+    RolloutRequest,
+    RolloutTask,
+    group_id_for,
+    rollout_id_for,
+    seed_for,
+)
+
+log = logging.getLogger("rollout.client")
+
+WORKFLOW_NAME = "RolloutWorkflow"
+DEFAULT_TASK_QUEUE = "rollouts"
+
+_INDEXED = {
+    "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "Double": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE,
+    "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+    "Bool": IndexedValueType.INDEXED_VALUE_TYPE_BOOL,
+    "Text": IndexedValueType.INDEXED_VALUE_TYPE_TEXT,
+}
+
+
+def dev_server_search_attribute_args() -> list[str]:
+    """`--search-attribute Name=Type` flags for `temporal server start-dev`."""
+    args: list[str] = []
+    for name, kind in SEARCH_ATTRIBUTES.items():
+        args += ["--search-attribute", f"{name}={kind}"]
+    return args
+
+
+async def ensure_search_attributes(client: Client) -> list[str]:
+    """Register any missing custom search attribute (idempotent); returns those added.
+
+    Without them every rollout's first workflow task would fail ("not defined").
+    """
+    ns = client.namespace
+    have = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=ns)
+    )
+    missing = {
+        name: _INDEXED[kind]
+        for name, kind in SEARCH_ATTRIBUTES.items()
+        if name not in have.custom_attributes
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=ns, search_attributes=missing)
+        )
+    return sorted(missing)
+
+
+async def connect(address: str, namespace: str = "default", **kwargs: Any) -> Client:
+    """A Temporal client with the pydantic converter every part of the system uses."""
+    return await Client.connect(
+        address, namespace=namespace, data_converter=pydantic_data_converter, **kwargs
+    )
+
+
+class Batch(BaseModel):
+    """What `submit` started: enough to follow, cancel or resume the batch later."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_id: str
+    output: str
+    rollout_ids: list[str]
+    groups: dict[str, list[str]] = Field(description="group_id → rollout ids")
+    task_queue: str = DEFAULT_TASK_QUEUE
+
+
+class RolloutOutcome(BaseModel):
+    """One finished rollout: its result, or why it has none (failed/cancelled/…)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_id: str
+    workflow_status: str
+    result: RolloutResult | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None
+
+
+def _kw(name: str) -> SearchAttributeKey[str]:
+    return SearchAttributeKey.for_keyword(name)
+
+
+def _start_attributes(req: RolloutRequest) -> TypedSearchAttributes:
+    task = req.task
+    pairs: list[SearchAttributePair[Any]] = [
+        SearchAttributePair(_kw("RolloutBatchId"), req.batch_id),
+        SearchAttributePair(_kw("RolloutGroupId"), req.group_id),
+        SearchAttributePair(_kw("RolloutTaskId"), task.task_id),
+        SearchAttributePair(_kw("RolloutPhase"), "queued"),
+        SearchAttributePair(_kw("RolloutStatus"), "running"),
+        SearchAttributePair(_kw("RolloutHarness"), task.harness.name),
+        SearchAttributePair(_kw("RolloutBackend"), task.sandbox.backend),
+        SearchAttributePair(_kw("RolloutPolicyVersion"), task.policy_version),
+    ]
+    return TypedSearchAttributes(pairs)
+
+
+def _failure_text(err: BaseException) -> str:
+    parts: list[str] = []
+    cur: BaseException | None = err
+    while cur is not None and len(parts) < 5:
+        msg = getattr(cur, "message", None) or str(cur)
+        if msg and msg not in parts:
+            parts.append(msg)
+        cur = getattr(cur, "cause", None) or cur.__cause__
+    return " ← ".join(parts) or type(err).__name__
+
+
+class RolloutClient:
+    """Submit / follow / cancel / load. One instance per trainer process."""
+
+    def __init__(self, client: Client, task_queue: str = DEFAULT_TASK_QUEUE) -> None:
+        self.client = client
+        self.task_queue = task_queue
+
+    @classmethod
+    async def connect(
+        cls, address: str, namespace: str = "default", task_queue: str = DEFAULT_TASK_QUEUE
+    ) -> "RolloutClient":
+        return cls(await connect(address, namespace), task_queue)
+
+    # ------------------------------------------------------------------ submit
+    def plan(
+        self,
+        tasks: Sequence[RolloutTask],
+        output: str,
+        samples_per_task: int = 1,
+        batch_id: str | None = None,
+        seed: int | None = None,
+    ) -> tuple[Batch, list[RolloutRequest]]:
+        """The requests a submit would start (pure; useful to inspect or persist)."""
+        if samples_per_task < 1:
+            raise ValueError("samples_per_task must be >= 1")
+        batch_id = batch_id or f"b{time.strftime('%Y%m%d%H%M%S')}{secrets.token_hex(3)}"
+        if not re.match(ID_PATTERN, batch_id):
+            raise ValueError(f"batch_id {batch_id!r} must match {ID_PATTERN}")
+        if seed is None:  # reproducible by default: every sample gets a recorded seed
+            seed = int.from_bytes(hashlib.sha256(batch_id.encode()).digest()[:4], "big") >> 1
+        requests: list[RolloutRequest] = []
+        groups: dict[str, list[str]] = {}
+        for t_index, task in enumerate(tasks):
+            group = group_id_for(batch_id, task.task_id)
+            for i in range(samples_per_task):
+                rid = rollout_id_for(batch_id, task.task_id, i)
+                requests.append(
+                    RolloutRequest(
+                        rollout_id=rid,
+                        batch_id=batch_id,
+                        group_id=group,
+                        sample_index=i,
+                        seed=seed_for(seed, t_index, i),
+                        task=task,
+                        output=output,
+                    )
+                )
+                groups.setdefault(group, []).append(rid)
+        batch = Batch(
+            batch_id=batch_id,
+            output=output,
+            rollout_ids=[r.rollout_id for r in requests],
+            groups=groups,
+            task_queue=self.task_queue,
+        )
+        return batch, requests
+
+    async def start(
+        self, req: RolloutRequest, rerun_failed: bool = False
+    ) -> WorkflowHandle[Any, RolloutResult]:
+        """Start one rollout; an existing one (running or finished) is left as it is,
+        except a failed/cancelled one when `rerun_failed` is set."""
+        task = req.task
+        reuse = (
+            WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY
+            if rerun_failed
+            else WorkflowIDReusePolicy.REJECT_DUPLICATE
+        )
+        try:
+            return await self.client.start_workflow(
+                WORKFLOW_NAME,
+                req,
+                id=req.rollout_id,
+                task_queue=self.task_queue,
+                result_type=RolloutResult,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=reuse,
+                search_attributes=_start_attributes(req),
+                static_summary=(
+                    f"{task.task_id} #{req.sample_index} · {task.harness.name} on "
+                    f"{task.sandbox.backend} · policy {task.policy_version}"
+                ),
+                task_timeout=timedelta(seconds=30),
+            )
+        except WorkflowAlreadyStartedError:
+            return self.client.get_workflow_handle(req.rollout_id, result_type=RolloutResult)
+
+    async def submit(
+        self,
+        tasks: Sequence[RolloutTask],
+        output: str,
+        samples_per_task: int = 1,
+        batch_id: str | None = None,
+        seed: int | None = None,
+        max_concurrent_starts: int = 64,
+        rerun_failed: bool = False,
+    ) -> Batch:
+        """Start `samples_per_task` rollouts per task (one GRPO group per task).
+
+        Idempotent per batch id; `rerun_failed` re-runs the rollouts that failed."""
+        batch, requests = self.plan(tasks, output, samples_per_task, batch_id, seed)
+        gate = asyncio.Semaphore(max_concurrent_starts)
+
+        async def one(req: RolloutRequest) -> None:
+            async with gate:
+                for delay in (0.5, 1, 2, 4, 8, None):
+                    try:
+                        await self.start(req, rerun_failed)
+                        return
+                    except RPCError as exc:
+                        if exc.status != RPCStatusCode.RESOURCE_EXHAUSTED or delay is None:
+                            raise
+                        await asyncio.sleep(delay)
+
+        await asyncio.gather(*(one(r) for r in requests))
+        return batch
+
+    # ------------------------------------------------------------------ follow
+    async def outcome(self, rollout_id: str) -> RolloutOutcome:
+        """Result of a *finished* rollout (waits if it is still running)."""
+        handle = self.client.get_workflow_handle(rollout_id, result_type=RolloutResult)
+        try:
+            result = await handle.result()
+            return RolloutOutcome(rollout_id=rollout_id, workflow_status="COMPLETED", result=result)
+        except WorkflowFailureError as exc:
+            desc = await handle.describe()
+            status = desc.status.name if desc.status else "FAILED"
+            return RolloutOutcome(
+                rollout_id=rollout_id, workflow_status=status, error=_failure_text(exc.cause)
+            )
+
+    async def results(
+        self, batch: Batch, poll_s: float = 1.0, max_fetch: int = 32
+    ) -> AsyncIterator[RolloutOutcome]:
+        """Yield each rollout of the batch once, in the order they finish.
+
+        Polls visibility for closed rollouts of the batch; after the first scan only
+        those closed recently (with a margin for visibility lag, plus a full rescan now
+        and then), so a poll costs O(new results), not O(batch).
+        """
+        pending = set(batch.rollout_ids)
+        gate = asyncio.Semaphore(max_fetch)
+        base = f"RolloutBatchId = '{batch.batch_id}' AND ExecutionStatus != 'Running'"
+        newest: datetime | None = None
+        last_full = time.monotonic()
+
+        async def fetch(rid: str) -> RolloutOutcome:
+            async with gate:
+                return await self.outcome(rid)
+
+        while pending:
+            query = base
+            if newest is not None and time.monotonic() - last_full < 30:
+                since = (newest - timedelta(seconds=10)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                query += f" AND CloseTime >= '{since}'"
+            else:
+                last_full = time.monotonic()
+            closed: list[str] = []
+            async for wf in self.client.list_workflows(query):
+                if wf.close_time is not None and (newest is None or wf.close_time > newest):
+                    newest = wf.close_time
+                if wf.id in pending:
+                    pending.discard(wf.id)
+                    closed.append(wf.id)
+            for next_done in asyncio.as_completed([fetch(rid) for rid in closed]):
+                yield await next_done
+            if pending:
+                await asyncio.sleep(poll_s)
+
+    async def counts(self, batch: Batch) -> dict[str, int]:
+        """Rollouts of the batch per workflow status (visibility; eventually consistent)."""
+        out: dict[str, int] = {}
+        for status in ("Running", "Completed", "Failed", "Canceled", "Terminated", "TimedOut"):
+            q = f"RolloutBatchId = '{batch.batch_id}' AND ExecutionStatus = '{status}'"
+            n = (await self.client.count_workflows(q)).count
+            if n:
+                out[status.lower()] = n
+        return out
+
+    # ------------------------------------------------------------------ cancel
+    async def cancel(self, batch: Batch | str, reason: str = "cancelled by trainer") -> int:
+        """Cancel every running rollout of the batch (cleanup still runs in each)."""
+        batch_id = batch.batch_id if isinstance(batch, Batch) else batch
+        query = f"RolloutBatchId = '{batch_id}' AND ExecutionStatus = 'Running'"
+        ids = [wf.id async for wf in self.client.list_workflows(query)]
+
+        async def one(rid: str) -> None:
+            try:
+                await self.client.get_workflow_handle(rid).cancel()
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:
+                    raise
+
+        await asyncio.gather(*(one(r) for r in ids))
+        log.info("cancelled %d rollout(s) of %s: %s", len(ids), batch_id, reason)
+        return len(ids)
+
+    # ------------------------------------------------------------------ samples
+    @staticmethod
+    def load_samples(outcomes: Sequence[RolloutOutcome | RolloutResult]) -> pa.Table:
+        """Samples of the finished rollouts as one Arrow table (schema-version checked)."""
+        uris: list[str] = []
+        for item in outcomes:
+            result = item.result if isinstance(item, RolloutOutcome) else item
+            if result is not None and result.samples_uri:
+                uris.append(result.samples_uri)
+        return read_many(uris)
+
+    async def status_of(self, rollout_id: str) -> WorkflowExecutionStatus | None:
+        desc = await self.client.get_workflow_handle(rollout_id).describe()
+        return desc.status

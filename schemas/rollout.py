@@ -1,0 +1,263 @@
+"""Contracts between `RolloutWorkflow` and its activities, and the rollout's result.
+
+Why here and not in `activities/`: the workflow must not import the runtime (sandboxes,
+gateway, harnesses); both sides import these pure models. Everything here is small —
+large data (trajectories, logs, samples) only ever travels as a reference (a URI).
+"""
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from schemas.base import StrictModel
+from schemas.sampling import SamplingParams
+from schemas.scenes import SceneConfig
+from schemas.tasks import HarnessSpec, HookSpec, SandboxRequest
+
+# ----------------------------------------------------------------------------- names
+
+#: Activity names (the workflow refers to activities by name, never by import).
+CREATE_SESSION = "create_session"
+PROVISION_SANDBOX = "provision_sandbox"
+RUN_HARNESS = "run_harness"
+COLLECT_TRAJECTORY = "collect_trajectory"
+CLOSE_SESSION = "close_session"
+DESTROY_SANDBOX = "destroy_sandbox"
+
+#: Non-retryable error types: a bad task never gets better by retrying.
+BAD_TASK_SPEC = "BadTaskSpec"
+AGENT_CONFIG_ERROR = "AgentConfigError"
+PAYLOADS_TOO_LARGE = "PayloadsTooLarge"
+FATAL_ERROR_TYPES = (BAD_TASK_SPEC, AGENT_CONFIG_ERROR, PAYLOADS_TOO_LARGE)
+#: The workflow's own failure types.
+ROLLOUT_INFRA_ERROR = "RolloutInfraError"
+
+#: Custom search attributes (name → Temporal type), registered at server/worker start.
+SEARCH_ATTRIBUTES: dict[str, str] = {
+    "RolloutBatchId": "Keyword",
+    "RolloutGroupId": "Keyword",
+    "RolloutTaskId": "Keyword",
+    "RolloutPhase": "Keyword",
+    "RolloutStatus": "Keyword",
+    "RolloutHarness": "Keyword",
+    "RolloutBackend": "Keyword",
+    "RolloutPolicyVersion": "Keyword",
+    "RolloutSandboxHost": "Keyword",
+    "RolloutReward": "Double",
+}
+
+
+class QueueNames(StrictModel):
+    """Task queues derived from one base name (`--task-queue`).
+
+    base: workflows. `sandbox`: provisioning (any sandbox host may take it).
+    `host(h)`: everything touching a sandbox on host h (affinity). `gateway`: session
+    creation (any gateway host). `gateway_owner(g)`: collect/close on the gateway host
+    that owns the session, so trajectories are read locally.
+    """
+
+    base: str
+
+    @property
+    def sandbox(self) -> str:
+        return f"{self.base}-sandbox"
+
+    @property
+    def gateway(self) -> str:
+        return f"{self.base}-gateway"
+
+    def host(self, host_id: str) -> str:
+        return f"{self.base}-host-{host_id}"
+
+    def gateway_owner(self, gateway_id: str) -> str:
+        return f"{self.base}-gateway-{gateway_id}"
+
+
+class Phase(StrEnum):
+    queued = "queued"
+    provisioning = "provisioning"
+    running = "running"
+    collecting = "collecting"
+    cleanup = "cleanup"
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class RolloutStatus(StrEnum):
+    """Outcome of a finished rollout (a failed workflow has no result)."""
+
+    ok = "ok"
+    truncated = "truncated"
+    agent_timeout = "agent_timeout"
+    eval_error = "eval_error"
+
+
+# ----------------------------------------------------------------------------- session
+
+
+class SessionRequest(StrictModel):
+    rollout_id: str
+    attempt: int = Field(ge=1)
+    policy_version: str
+    sampling: SamplingParams
+    scenes: SceneConfig | None = None
+    harness: HarnessSpec
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionRef(StrictModel):
+    """A live Gateway session. `token` is the agent's API key for this session only."""
+
+    session_id: str
+    token: str
+    openai_base_url: str
+    anthropic_base_url: str
+    gateway_url: str = Field(description="control API base URL of the owning process")
+    owner_queue: str = Field(description="task queue of the gateway host owning the session")
+
+
+class CloseSessionRequest(StrictModel):
+    session: SessionRef
+    reason: str = "rollout finished"
+
+
+# ----------------------------------------------------------------------------- sandbox
+
+
+class ProvisionRequest(StrictModel):
+    rollout_id: str
+    attempt: int = Field(ge=1)
+    task_id: str
+    sandbox: SandboxRequest
+    session: SessionRef
+    harness: HarnessSpec
+    prompt: str
+    timeout_s: float = Field(gt=0, description="sandbox lifetime (TTL backstop)")
+
+
+class SandboxRef(StrictModel):
+    """A provisioned sandbox and the queue of the host that owns it."""
+
+    backend: str
+    sandbox_id: str
+    host: str
+    host_queue: str
+    env_version: str
+    handle: dict[str, Any] = Field(description="the backend's SandboxHandle, as JSON")
+
+
+class DestroyRequest(StrictModel):
+    sandbox: SandboxRef
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+class HarnessRequest(StrictModel):
+    rollout_id: str
+    attempt: int = Field(ge=1)
+    task_id: str
+    prompt: str
+    harness: HarnessSpec
+    hooks: list[HookSpec] = Field(default_factory=list)
+    evaluation: dict[str, Any] | None = None
+    repo: dict[str, Any] | None = Field(default=None, description="the task's repo spec")
+    sandbox: SandboxRef
+    session: SessionRef
+    reward_fn_version: str | None = None
+    heartbeat_s: float = Field(default=60.0, gt=0)
+
+
+class HarnessOutcome(StrictModel):
+    """What the agent run and its hooks produced (small; logs stay in the sandbox/S3)."""
+
+    exit_code: int | None = None
+    timed_out: bool = False
+    cancelled: bool = False
+    duration_s: float = 0.0
+    reward: float | None = None
+    rewards: dict[str, float] = Field(default_factory=dict)
+    step_rewards: list[float] | None = None
+    verdict: str | None = None
+    eval_error: str | None = None
+    harness: str
+    harness_version: str
+    reward_fn_version: str
+    llm_calls: int | None = None
+    artifacts_uri: str | None = None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    error: str | None = None
+
+
+# ----------------------------------------------------------------------------- samples
+
+
+class CollectRequest(StrictModel):
+    rollout_id: str
+    batch_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    seed: int | None
+    session: SessionRef
+    env_version: str
+    outcome: HarnessOutcome
+    status: RolloutStatus
+    sampling: SamplingParams
+    output: str
+    trainable_scenes: list[str] | None = None
+
+
+class SamplesSummary(StrictModel):
+    """Reference to the written samples plus a summary small enough for history."""
+
+    uri: str | None
+    num_samples: int = 0
+    num_calls: int = 0
+    failed_calls: int = 0
+    trainable_tokens: int = 0
+    statuses: dict[str, int] = Field(default_factory=dict)
+    session_closed: bool = False
+
+
+# ----------------------------------------------------------------------------- result
+
+
+class RolloutResult(StrictModel):
+    rollout_id: str
+    batch_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    status: RolloutStatus
+    reward: float | None
+    rewards: dict[str, float] = Field(default_factory=dict)
+    verdict: str | None = None
+    samples_uri: str | None = None
+    num_samples: int = 0
+    num_calls: int = 0
+    trainable_tokens: int = 0
+    session_id: str | None = Field(default=None, description="the Gateway session sampled")
+    sandbox_id: str | None = None
+    attempts: int = 1
+    duration_s: float = 0.0
+    agent_exit_code: int | None = None
+    harness: str
+    harness_version: str
+    policy_version: str
+    env_version: str | None = None
+    error: str | None = None
+
+
+class RolloutProgress(StrictModel):
+    """Answer of the `progress` query: where a (possibly stuck) rollout is."""
+
+    phase: Phase
+    attempt: int
+    session_id: str | None = None
+    sandbox_id: str | None = None
+    sandbox_host: str | None = None
+    last_error: str | None = None

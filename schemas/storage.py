@@ -1,0 +1,112 @@
+"""Where sample files live: a local directory or S3 (`s3://bucket/prefix`).
+
+Why one small module used by both sides: the collect activity writes a rollout's samples
+and the trainer client reads them back; both must agree on the layout
+(`<output>/<rollout_id>.parquet`) and on the schema-version check. S3 goes through
+boto3, which honours the standard AWS environment (credentials, `AWS_ENDPOINT_URL` for
+MinIO/moto). Writes are atomic: a reader never sees half a file, and a retried write
+replaces the previous one (exactly one set of samples per rollout).
+"""
+
+import io
+import os
+import uuid
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.samples import SAMPLE_ARROW_SCHEMA, check_schema_version, read_samples
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def samples_uri(output: str, rollout_id: str) -> str:
+    """The one file holding a rollout's samples."""
+    name = f"{rollout_id}.parquet"
+    if is_s3(output):
+        return f"{output.rstrip('/')}/{name}"
+    return str(Path(output) / name)
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    parsed = urlparse(uri)
+    if not parsed.netloc:
+        raise ValueError(f"S3 URI needs a bucket: {uri!r}")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+@lru_cache(maxsize=4)
+def _s3_client(endpoint: str | None) -> Any:
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint) if endpoint else boto3.client("s3")
+
+
+def s3_client() -> Any:
+    return _s3_client(os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def write_table(table: pa.Table, uri: str) -> int:
+    """Write one Parquet file atomically; returns its size in bytes. Blocking."""
+    data = table_bytes(table)
+    if is_s3(uri):
+        bucket, key = _split_s3(uri)
+        s3_client().put_object(Bucket=bucket, Key=key, Body=data)
+        return len(data)
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return len(data)
+
+
+def _read_s3_object(bucket: str, key: str) -> pa.Table:
+    body = s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    table = pq.read_table(io.BytesIO(body))
+    check_schema_version(table.schema, f"s3://{bucket}/{key}")
+    return table
+
+
+def read_table(uri: str) -> pa.Table:
+    """One file, a directory of files, or an S3 object/prefix → one Arrow table.
+
+    Every file's schema version is checked; an unknown one raises (never a guess).
+    """
+    if not is_s3(uri):
+        return read_samples(uri)
+    bucket, key = _split_s3(uri)
+    if key.endswith(".parquet"):
+        return _read_s3_object(bucket, key)
+    prefix = key.rstrip("/") + "/" if key else ""
+    tables: list[pa.Table] = []
+    paginator = s3_client().get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            if obj["Key"].endswith(".parquet"):
+                tables.append(_read_s3_object(bucket, obj["Key"]))
+    return concat(tables)
+
+
+def concat(tables: list[pa.Table]) -> pa.Table:
+    """Concatenate sample tables (an empty list gives an empty table with the schema)."""
+    if not tables:
+        return SAMPLE_ARROW_SCHEMA.empty_table()
+    return pa.concat_tables(tables)
+
+
+def read_many(uris: list[str]) -> pa.Table:
+    """The samples of several rollouts as one table."""
+    return concat([read_table(u) for u in uris])

