@@ -73,8 +73,7 @@ class Progress:
 class CallCounter:
     """Counts the session's recorded LLM calls through the Gateway control API.
 
-    Only when this host has the admin token; polled rarely because it reads the whole
-    trajectory (a lightweight session-stats endpoint would be better).
+    Only when this host has the admin token; reads the session summary (counts only).
     """
 
     def __init__(self, admin_token: str | None, every_s: float) -> None:
@@ -88,11 +87,11 @@ class CallCounter:
         try:
             async with httpx.AsyncClient(timeout=10) as http:
                 reply = await http.get(
-                    f"{gateway_url.rstrip('/')}/sessions/{session_id}/trajectory", headers=headers
+                    f"{gateway_url.rstrip('/')}/sessions/{session_id}", headers=headers
                 )
             if reply.is_success:
-                return len(reply.json().get("calls", []))
-        except (httpx.HTTPError, ValueError):
+                return int(reply.json()["calls"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
         return None
 
@@ -103,7 +102,7 @@ class HarnessActivities:
         backends: SandboxBackends,
         artifacts_root: Path,
         gateway_admin_token: str | None = None,
-        count_calls_every_s: float = 30.0,
+        count_calls_every_s: float = 5.0,
     ) -> None:
         self.backends = backends
         self.artifacts_root = Path(artifacts_root)

@@ -89,6 +89,9 @@ class SessionActivities:
             sampling=req.sampling,
             scenes=scene_config_for(req),
             metadata={**req.metadata, "harness": req.harness.name},
+            # A retried create (worker died after the gateway answered) gets the same
+            # session back instead of leaving an orphan open.
+            idempotency_key=f"{req.rollout_id}/attempt-{req.attempt}",
         )
         url = self.access.pick()
         try:

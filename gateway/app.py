@@ -102,8 +102,13 @@ class GatewayApp:
     async def create_session(self, request: Request) -> Response:
         self._require_admin(request)
         config = SessionConfig.model_validate(await self._read_json(request))
-        created = self.gateway.create_session(config)
-        return JSONResponse(created.model_dump(), status_code=201)
+        reply, created = self.gateway.create_session(config)
+        return JSONResponse(reply.model_dump(), status_code=201 if created else 200)
+
+    async def get_session(self, request: Request) -> Response:
+        self._require_admin(request)
+        summary = self.gateway.summary(request.path_params["session_id"])
+        return Response(summary.model_dump_json(), media_type="application/json")
 
     async def get_trajectory(self, request: Request) -> Response:
         self._require_admin(request)
@@ -189,6 +194,7 @@ class GatewayApp:
             ("/sessions", self.create_session, control, "POST"),
             ("/sessions/{session_id}/trajectory", self.get_trajectory, control, "GET"),
             ("/sessions/{session_id}", self.delete_session, control, "DELETE"),
+            ("/sessions/{session_id}", self.get_session, control, "GET"),
             ("/v1/chat/completions", self.chat_completions, openai, "POST"),
             ("/v1/responses", self.responses, openai, "POST"),
             ("/v1/responses/compact", self.responses, openai, "POST"),

@@ -4,7 +4,7 @@ from types import TracebackType
 
 import httpx
 
-from schemas.session import SessionConfig, SessionCreated
+from schemas.session import SessionConfig, SessionCreated, SessionSummary
 from schemas.trajectory import Trajectory
 
 
@@ -36,6 +36,10 @@ class GatewayControlClient:
     async def create_session(self, config: SessionConfig) -> SessionCreated:
         reply = await self._http.post("/sessions", content=config.model_dump_json())
         return SessionCreated.model_validate_json(self._check(reply).content)
+
+    async def summary(self, session_id: str) -> SessionSummary:
+        reply = await self._http.get(f"/sessions/{session_id}")
+        return SessionSummary.model_validate_json(self._check(reply).content)
 
     async def trajectory(self, session_id: str) -> Trajectory:
         reply = await self._http.get(f"/sessions/{session_id}/trajectory")

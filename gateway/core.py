@@ -30,7 +30,7 @@ from gateway.store import CallRecord, PromptRef, SegmentOpened, SessionMeta, Ses
 from gateway.trajectory import build_segments, recorded_calls
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
-from schemas.session import SessionConfig, SessionCreated
+from schemas.session import SessionConfig, SessionCreated, SessionSummary
 from schemas.trajectory import CallStatus, MatchKind, RecordedCall, Trajectory
 
 
@@ -56,6 +56,8 @@ class LiveSession:
         self.held: list[HeldSegment] = []
         self.segment_scenes: dict[str, Scene] = {}
         self.last_call: dict[str, str] = {}
+        self.calls = 0
+        self.failed_calls = 0
         self.lock = asyncio.Lock()
         self.closed = False
 
@@ -166,9 +168,18 @@ class Gateway:
         self._waiting = 0
 
     # ------------------------------------------------------------------ control API
-    def create_session(self, config: SessionConfig) -> SessionCreated:
-        session_id = "s" + uuid.uuid4().hex
-        token = f"{session_id}.{secrets.token_urlsafe(24)}"
+    def create_session(self, config: SessionConfig) -> tuple[SessionCreated, bool]:
+        """Open a session; returns (reply, created). With an `idempotency_key` the session
+        id and token derive from the key (HMAC with this data dir's secret), so a retried
+        create — also after a gateway restart — gets the same session back, not a second."""
+        if config.idempotency_key is None:
+            session_id = "s" + uuid.uuid4().hex
+            token = f"{session_id}.{secrets.token_urlsafe(24)}"
+        else:
+            session_id, token = self._derived_identity(config.idempotency_key)
+            existing = self._existing_session(session_id, config)
+            if existing is not None:
+                return self._created_reply(session_id, token), False
         meta = SessionMeta(
             session_id=session_id,
             config=config,
@@ -176,16 +187,76 @@ class Gateway:
             engine_url=self.engine.assign(session_id),
             prompt_template_version=self.template.version,
             created_at=datetime.now(UTC),
+            owner_url=self.options.public_url,
         )
         self.store.create(meta)
         self.sessions[session_id] = LiveSession(meta)
         self.metrics.sessions_open.inc()
+        return self._created_reply(session_id, token), True
+
+    def _derived_identity(self, key: str) -> tuple[str, str]:
+        secret = self.store.secret()
+        session_id = "s" + hmac.new(secret, b"id:" + key.encode(), "sha256").hexdigest()[:32]
+        proof = hmac.new(secret, b"token:" + key.encode(), "sha256").hexdigest()
+        return session_id, f"{session_id}.{proof}"
+
+    def _existing_session(self, session_id: str, config: SessionConfig) -> LiveSession | None:
+        """The live session a repeated idempotency key names, revived after a restart of
+        its owning process; refuses a key reused for another rollout or a closed one."""
+        if not self.store.exists(session_id):
+            return None
+        meta = self.store.load_meta(session_id)
+        if meta.config != config:
+            raise GatewayError(
+                "conflict", "idempotency key was already used with a different session config"
+            )
+        if self.store.is_closed(session_id):
+            raise GatewayError("conflict", f"session {session_id} is already closed")
+        live = self.sessions.get(session_id)
+        if live is None:
+            if meta.owner_url != self.options.public_url:
+                raise GatewayError(
+                    "conflict", f"session {session_id} is owned by the gateway at {meta.owner_url}"
+                )
+            # Our own session from before a restart: serve it again. Held tokens are gone,
+            # so its next call opens a new segment; recorded calls are all kept.
+            live = self.sessions[session_id] = LiveSession(meta)
+            self.engine.assign(session_id)
+            self.metrics.sessions_open.inc()
+        return live
+
+    def _created_reply(self, session_id: str, token: str) -> SessionCreated:
         base = self.options.public_url.rstrip("/")
         return SessionCreated(
             session_id=session_id,
             token=token,
             openai_base_url=f"{base}/v1",
             anthropic_base_url=base,
+        )
+
+    def summary(self, session_id: str) -> SessionSummary:
+        """Call and segment counts; from memory when this process owns the session."""
+        live = self.sessions.get(session_id)
+        if live is not None:
+            return SessionSummary(
+                session_id=session_id,
+                rollout_id=live.meta.config.rollout_id,
+                policy_version=live.meta.config.policy_version,
+                closed=live.closed or self.store.is_closed(session_id),
+                calls=live.calls,
+                failed_calls=live.failed_calls,
+                segments=len(live.segment_scenes),
+            )
+        trajectory = self.trajectory(session_id)
+        failed = sum(1 for c in trajectory.calls if c.status != CallStatus.ok)
+        return SessionSummary(
+            session_id=session_id,
+            rollout_id=trajectory.rollout_id,
+            policy_version=trajectory.policy_version,
+            closed=trajectory.closed,
+            calls=len(trajectory.calls),
+            failed_calls=failed,
+            segments=len(trajectory.segments),
         )
 
     def close_session(self, session_id: str) -> None:
@@ -332,6 +403,7 @@ class Gateway:
                 _call_record(call, raw_request, request, reuse),
             )
             session.last_call[segment.segment_id] = call_id
+            session.calls += 1
         self._count(request, scene, call, plan)
         return CompletionResult(
             call_id=call_id,
@@ -427,6 +499,8 @@ class Gateway:
                 session.meta.session_id,
                 _call_record(call, raw_request, request, reuse),
             )
+            session.calls += 1
+            session.failed_calls += 1
         self.metrics.calls.labels(request.protocol, scene.value, call.status.value, plan.kind).inc()
 
     def _count(

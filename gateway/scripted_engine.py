@@ -6,7 +6,9 @@ with the real tokenizer, token IDs and per-token logprobs come back in exactly t
 vLLM's `/v1/completions` uses (`choices[0].token_ids`, `choices[0].logprobs.token_logprobs`,
 the end-of-turn token included when the reply stops), and `max_tokens` truncates.
 Rules are consumed in order: the first unused rule whose `when_contains` occurs in the
-decoded prompt answers; when none is left the `default_reply` is used.
+decoded prompt answers; when none is left the `default_reply` is used. Every answer is
+kept in `replies` (prompt IDs, the returned IDs and logprobs, which rule answered), so
+tests can compare what a Gateway recorded with what the engine really sampled.
 """
 
 import itertools
@@ -39,6 +41,19 @@ class Script(BaseModel):
     default_reply: str = "Done."
 
 
+class ScriptedReply(BaseModel):
+    """One answer of the engine, as returned on the wire."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: str
+    #: Index of the script rule that answered; None for the default reply.
+    rule: int | None
+
+
 class CompletionsBody(BaseModel):
     """The subset of vLLM's completions request the Gateway sends; the rest is accepted."""
 
@@ -69,10 +84,20 @@ class ScriptedEngine:
         self.model = model
         self.max_model_len = max_model_len
         self.prompts: list[list[int]] = []
+        self.replies: list[ScriptedReply] = []
         self._used: set[int] = set()
         self._lock = threading.Lock()
 
-    def _choose(self, prompt_text: str) -> str:
+    def reset(self, script: Script | None = None) -> None:
+        """Start over (optionally with a new script): every rule unused, nothing recorded."""
+        with self._lock:
+            if script is not None:
+                self.script = script
+            self._used.clear()
+            self.prompts.clear()
+            self.replies.clear()
+
+    def _choose(self, prompt_text: str) -> tuple[str, int | None]:
         with self._lock:
             for index, rule in enumerate(self.script.rules):
                 if index in self._used:
@@ -80,19 +105,29 @@ class ScriptedEngine:
                 if rule.when_contains is None or rule.when_contains in prompt_text:
                     if not rule.repeat:
                         self._used.add(index)
-                    return rule.reply
-            return self.script.default_reply
+                    return rule.reply, index
+            return self.script.default_reply, None
 
     def complete(self, body: CompletionsBody) -> dict[str, Any]:
         with self._lock:
             self.prompts.append(list(body.prompt))
         prompt_text = self.tokenizer.decode(body.prompt, skip_special_tokens=False)
-        reply = self._choose(prompt_text)
+        reply, rule = self._choose(prompt_text)
         ids = [*self.tokenizer.encode(reply, add_special_tokens=False).ids, self.eos_id]
         finish = "stop"
         if len(ids) > body.max_tokens:
             ids, finish = ids[: body.max_tokens], "length"
         logprobs = [-round(0.05 * ((i % 9) + 1), 4) for i in range(len(ids))]
+        with self._lock:
+            self.replies.append(
+                ScriptedReply(
+                    prompt_ids=list(body.prompt),
+                    output_ids=ids,
+                    output_logprobs=logprobs,
+                    finish_reason=finish,
+                    rule=rule,
+                )
+            )
         tokens = [self.tokenizer.id_to_token(i) or "" for i in ids]
         offsets = list(itertools.accumulate((len(t) for t in tokens), initial=0))[:-1]
         return {

@@ -8,6 +8,7 @@ any trajectory from these files alone.
 
 import json
 import os
+import secrets
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +29,7 @@ class SessionMeta(BaseModel):
     engine_url: str
     prompt_template_version: str
     created_at: datetime
+    owner_url: str | None = None
 
 
 class SegmentOpened(BaseModel):
@@ -80,6 +82,23 @@ class SessionStore:
         if not session_id or "/" in session_id or session_id.startswith("."):
             raise ValueError(f"invalid session id {session_id!r}")
         return self.root / session_id
+
+    def secret(self) -> bytes:
+        """This data dir's key for deriving idempotent session identities; created once,
+        shared by every gateway process on the dir, readable only by its owner."""
+        path = self.root.parent / "gateway.secret"
+        if not path.exists():
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(secrets.token_bytes(32))
+            try:
+                os.link(tmp, path)  # atomic: the first process to link wins
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        return path.read_bytes()
 
     def create(self, meta: SessionMeta) -> None:
         path = self._dir(meta.session_id)

@@ -17,6 +17,24 @@ class SessionConfig(StrictModel):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     scenes: SceneConfig = Field(default_factory=SceneConfig)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="a retried create with the same key returns the same session and token",
+    )
+
+
+class SessionSummary(StrictModel):
+    """Reply of `GET /sessions/{id}`: cheap progress numbers, no token IDs."""
+
+    session_id: str
+    rollout_id: str
+    policy_version: str
+    closed: bool
+    calls: int
+    failed_calls: int
+    segments: int
 
 
 class SessionCreated(StrictModel):

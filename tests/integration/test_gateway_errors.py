@@ -185,3 +185,53 @@ def test_capture_grows_with_new_messages_not_with_history(
     for before, after in itertools.pairwise(calls):
         held = before["prompt_ids"] + before["output_ids"]
         assert after["prompt_ids"][: len(held)] == held
+
+
+def test_idempotent_session_creation_and_summary(
+    scripted: BackgroundServer, tiny_model_dir: Path, gateway_factory: Any
+) -> None:
+    gw = gateway_factory(scripted.url, tiny_model_dir, "tiny-qwen3")
+    body = {"rollout_id": "r-idem", "idempotency_key": "r-idem/attempt-1"}
+    first = httpx.post(f"{gw.url}/sessions", json=body, headers=gw.admin_headers)
+    again = httpx.post(f"{gw.url}/sessions", json=body, headers=gw.admin_headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json() == again.json(), "a retried create returns the same session and token"
+    other = httpx.post(
+        f"{gw.url}/sessions",
+        json={**body, "idempotency_key": "r-idem/attempt-2"},
+        headers=gw.admin_headers,
+    )
+    assert other.status_code == 201 and other.json()["session_id"] != first.json()["session_id"]
+    changed = httpx.post(
+        f"{gw.url}/sessions", json={**body, "policy_version": "v9"}, headers=gw.admin_headers
+    )
+    assert changed.status_code == 409 and "different session config" in changed.text
+
+    session = first.json()
+    assert chat(gw.url, session["token"], GOOD).status_code == 200
+    summary = httpx.get(f"{gw.url}/sessions/{session['session_id']}", headers=gw.admin_headers)
+    assert summary.status_code == 200
+    assert summary.json() == {
+        "session_id": session["session_id"],
+        "rollout_id": "r-idem",
+        "policy_version": "unversioned",
+        "closed": False,
+        "calls": 1,
+        "failed_calls": 0,
+        "segments": 1,
+    }
+    # After a restart on the same address the key revives the session; calls are kept.
+    gw.server.stop()
+    restarted = gateway_factory(
+        scripted.url, tiny_model_dir, "tiny-qwen3", data_dir=gw.gateway.options.data_dir,
+        public_url=gw.url,
+    )  # fmt: skip
+    revived = httpx.post(f"{restarted.url}/sessions", json=body, headers=restarted.admin_headers)
+    assert revived.status_code == 200 and revived.json()["token"] == session["token"]
+    assert chat(restarted.url, session["token"], GOOD).status_code == 200
+    assert len(restarted.trajectory(session["session_id"])["calls"]) == 2
+    httpx.delete(
+        f"{restarted.url}/sessions/{session['session_id']}", headers=restarted.admin_headers
+    )
+    closed = httpx.post(f"{restarted.url}/sessions", json=body, headers=restarted.admin_headers)
+    assert closed.status_code == 409 and "closed" in closed.text
