@@ -327,8 +327,13 @@ class Gateway:
         async with session.lock:
             cpu0 = time.process_time()
             try:
+                # A call extends only segments of its own scene: a compaction that happens
+                # to append to the main conversation still opens its own linked segment.
+                candidates = [
+                    h for h in session.held if session.segment_scenes.get(h.segment_id) is scene
+                ]
                 plan = self.incremental.prepare(
-                    session.held, request.messages, request.tools, request.template_kwargs
+                    candidates, request.messages, request.tools, request.template_kwargs
                 )
             except TemplateRenderError as exc:
                 raise GatewayError("invalid_request", f"chat template: {exc}") from exc

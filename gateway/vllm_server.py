@@ -274,6 +274,11 @@ class VllmServer:
             str(self.port),
             "--max-model-len",
             str(cfg.max_model_len),
+            # vLLM CPU 0.32 crashes ("CPU Generator does not use offset") on a seeded
+            # request whose prompt is prefilled in chunks; a batch as large as the
+            # context keeps one sequence's prefill in one chunk.
+            "--max-num-batched-tokens",
+            str(cfg.max_model_len),
             *cfg.extra_args,
         ]
 

@@ -35,7 +35,8 @@ DOCKERD_LOG="${DOCKERD_LOG:-/var/log/dockerd.log}"
 if ! docker info >/dev/null 2>&1; then
   log "starting dockerd (log: $DOCKERD_LOG)"
   # containerd is embedded/spawned by dockerd from docker.io when not running.
-  $SUDO sh -c "nohup dockerd >'$DOCKERD_LOG' 2>&1 &"
+  # setsid: its own session, so it outlives the shell (and process group) that started it.
+  $SUDO setsid -f sh -c "exec dockerd >'$DOCKERD_LOG' 2>&1 </dev/null"
   for _ in $(seq 1 60); do
     if docker info >/dev/null 2>&1; then break; fi
     sleep 0.5
