@@ -228,12 +228,33 @@ def _rewritten_ids(held: Message, echoed: Message) -> Pair:
     return held, echoed
 
 
+INJECTED_BLOCK = re.compile(r"\s*<system-reminder>.*?</system-reminder>\s*", re.DOTALL)
+"""Claude Code's transient `<system-reminder>` blocks, the common case of injected text."""
+
+
+def injected_blocks(pattern: re.Pattern[str] = INJECTED_BLOCK) -> Normaliser:
+    """Agents inject transient blocks (reminders, environment notes) into turns and drop
+    or rewrite them when they resend history; compare the turns without them. The held
+    tokens keep what the model actually saw."""
+
+    def strip(message: Message) -> Message:
+        if message.content is None or not pattern.search(message.content):
+            return message
+        return message.model_copy(update={"content": pattern.sub(" ", message.content).strip()})
+
+    def apply(held: Message, echoed: Message) -> Pair:
+        return strip(held), strip(echoed)
+
+    return Normaliser("injected blocks", apply)
+
+
 DEFAULT_NORMALISERS: tuple[Normaliser, ...] = (
     Normaliser("reasoning dropped by client", _drop_missing_reasoning),
     Normaliser("content None vs empty", _content_none_as_empty),
     Normaliser("surrounding whitespace", _strip_whitespace),
     Normaliser("tool-call arguments re-serialised", _reserialised_arguments),
     Normaliser("tool-call ids rewritten", _rewritten_ids),
+    injected_blocks(),
 )
 
 

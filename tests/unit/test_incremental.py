@@ -413,6 +413,37 @@ def _two_calls(
     return segments, [*history, reply, tool(0, "a.py")]
 
 
+def test_injected_reminders_dropped_on_resend_are_forgiven(
+    planner: IncrementalTokenizer, tokenizer: CountingTokenizer
+) -> None:
+    """Claude Code puts <system-reminder> blocks into a user turn and resends that turn
+    without them later: still the same conversation, and the held tokens (what the model
+    saw, reminder included) win."""
+    segments: list[HeldSegment] = []
+    asked = user("list files\n<system-reminder>\nTodo list is empty.\n</system-reminder>")
+    history = [Message(role="system", content="sys"), asked]
+    reply = Message(role="assistant", content="", tool_calls=[call(0, "bash", cmd="ls")])
+    plan = planner.prepare(segments, history, TOOLS)
+    out = sampled(tokenizer, reply)
+    planner.commit(segments, plan, out, [0.0] * len(out), reply, True)
+    held = list(segments[0].ids)
+    resent = [history[0], user("list files"), reply, tool(0, "a.py")]
+    plan = planner.prepare(segments, resent, TOOLS)
+    assert plan.kind is MatchKind.realign
+    assert any("injected blocks" in d for d in plan.drift)
+    assert plan.prompt_ids[: len(held)] == held
+    assert "Todo list is empty." in tokenizer.decode(plan.prompt_ids)
+    strict = IncrementalTokenizer(
+        planner.template,
+        tokenizer,
+        normalisers=[n for n in DEFAULT_NORMALISERS if n.name != "injected blocks"],
+    )
+    segments2: list[HeldSegment] = []
+    plan = strict.prepare(segments2, history, TOOLS)
+    strict.commit(segments2, plan, out, [0.0] * len(out), reply, True)
+    assert strict.prepare(segments2, resent, TOOLS).kind is MatchKind.fork
+
+
 def test_fork_when_history_is_edited(
     planner: IncrementalTokenizer, tokenizer: CountingTokenizer
 ) -> None:
