@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandboxes._control import ControlClient
 from sandboxes.base import (
+    DEFAULT_GATEWAY_PORT,
     ROLLOUT_LABEL,
     Sandbox,
     SandboxError,
@@ -24,10 +26,13 @@ from sandboxes.base import (
     SandboxHandle,
     SandboxSpec,
 )
+from sandboxes.gateway_channel import ensure_bridge
 
 MANAGED_LABEL = "agentic-rollout.managed"
 POOL_LABEL = "agentic-rollout.pool"
 OWNER_LABEL = "agentic-rollout.owner"
+#: Where a supervisor-backed sandbox sees its host run dir (control and gateway sockets).
+RUN_DIR = "/run/rollout"
 
 __all__ = ["MANAGED_LABEL", "OWNER_LABEL", "POOL_LABEL", "ROLLOUT_LABEL"]
 
@@ -198,3 +203,56 @@ def merged_env(handle: SandboxHandle, extra: Any) -> dict[str, str]:
     if extra:
         env.update({str(k): str(v) for k, v in dict(extra).items()})
     return env
+
+
+def rollout_key(rollout_id: str) -> str:
+    """File-name-safe name of a rollout's by-rollout link (rollout ids are free text)."""
+    return hashlib.sha256(rollout_id.encode()).hexdigest()[:32]
+
+
+async def bind_rollout(
+    sb: Sandbox,
+    client: ControlClient,
+    spec: SandboxSpec,
+    state: Path,
+    home: str,
+    **extra_details: Any,
+) -> None:
+    """Bind a blank (cold or pooled) supervisor-backed sandbox to `spec`'s rollout.
+
+    Shared by the docker and local backends, whose sandboxes are laid out alike: opens
+    the Gateway bridge on the run dir's socket, records the rollout in the handle and
+    its handle.json (attach and the janitor read it) and points ``by-rollout/<key>`` at
+    the state dir so a retried create finds and replaces this sandbox. Files, repo and
+    setup are left to the caller (`populate`).
+    """
+    sdir = Path(sb.handle.details["state_dir"])
+    gw_url = None
+    if spec.gateway is not None and spec.gateway.target:
+        sock = str(sdir / "run" / "gateway.sock")
+        ensure_bridge(sock, spec.gateway.target)  # sub-ms; keeps acquire off thread pools
+        if spec.gateway.inside_port != DEFAULT_GATEWAY_PORT:
+            await client.forward(spec.gateway.inside_port, f"{RUN_DIR}/gateway.sock")
+        gw_url = f"http://127.0.0.1:{spec.gateway.inside_port}"
+    now = time.time()
+    details = dict(sb.handle.details)
+    details.update(
+        labels=spec.labels,
+        expires_at=now + spec.timeout_s,
+        gateway_target=spec.gateway.target if spec.gateway else None,
+        **extra_details,
+    )
+    sb.handle = sb.handle.model_copy(
+        update={
+            "rollout_id": spec.rollout_id,
+            "gateway_base_url": gw_url,
+            "env": base_env(spec, home, gw_url),
+            "created_at": now,
+            "details": details,
+        }
+    )
+    (sdir / "handle.json").write_text(sb.handle.model_dump_json())
+    link = state / "by-rollout" / rollout_key(spec.rollout_id)
+    with contextlib.suppress(FileNotFoundError):
+        link.unlink()
+    link.symlink_to(sdir.name)

@@ -40,10 +40,12 @@ from sandboxes._common import (
     MANAGED_LABEL,
     OWNER_LABEL,
     POOL_LABEL,
-    base_env,
+    RUN_DIR,
+    bind_rollout,
     merged_env,
     owner_token,
     populate,
+    rollout_key,
     state_root,
 )
 from sandboxes._control import SUPERVISOR_PATH, ControlClient, normalize_cmd, wait_ready
@@ -77,14 +79,9 @@ INSTALL_HINT = (
     "a Docker engine is required for the docker sandbox backend: run "
     "scripts/install_system_deps.sh (apt-get install docker.io; starts dockerd)"
 )
-RUN_DIR = "/run/rollout"
 HOME = "/home/agent"
 _ID_RE = re.compile(r"^dsb-[0-9a-f]{12}$")
 T = TypeVar("T")
-
-
-def _rid_key(rollout_id: str) -> str:
-    return hashlib.sha256(rollout_id.encode()).hexdigest()[:32]
 
 
 def _slug(s: str) -> str:
@@ -428,37 +425,10 @@ class DockerBackend(SandboxBackend):
         return cls(self, handle)
 
     async def _assign(self, sb: DockerSandbox, spec: SandboxSpec, pooled: bool) -> DockerSandbox:
-        sdir = Path(sb.handle.details["state_dir"])
-        gw_url = None
-        if spec.gateway is not None and spec.gateway.target:
-            if sb.handle.details.get("exec") != "supervisor":
-                raise SandboxError("the Gateway channel needs python3 in the image")
-            sock = str(sdir / "run" / "gateway.sock")
-            ensure_bridge(sock, spec.gateway.target)  # sub-ms; keeps acquire off thread pools
-            if spec.gateway.inside_port != DEFAULT_GATEWAY_PORT:
-                await sb._client.forward(spec.gateway.inside_port, f"{RUN_DIR}/gateway.sock")
-            gw_url = f"http://127.0.0.1:{spec.gateway.inside_port}"
-        now = time.time()
-        details = dict(sb.handle.details)
-        details.update(
-            labels=spec.labels,
-            expires_at=now + spec.timeout_s,
-            gateway_target=spec.gateway.target if spec.gateway else None,
-        )
-        sb.handle = sb.handle.model_copy(
-            update={
-                "rollout_id": spec.rollout_id,
-                "gateway_base_url": gw_url,
-                "env": base_env(spec, HOME, gw_url),
-                "created_at": now,
-                "details": details,
-            }
-        )
-        (sdir / "handle.json").write_text(sb.handle.model_dump_json())
-        link = self.state / "by-rollout" / _rid_key(spec.rollout_id)
-        with contextlib.suppress(FileNotFoundError):
-            link.unlink()
-        link.symlink_to(sdir.name)
+        wants_gateway = spec.gateway is not None and spec.gateway.target
+        if wants_gateway and sb.handle.details.get("exec") != "supervisor":
+            raise SandboxError("the Gateway channel needs python3 in the image")
+        await bind_rollout(sb, sb._client, spec, self.state, HOME)
         if pooled:
             # Labels are immutable: make the rollout id visible in `docker ps` by name.
             name = f"ar-{_slug(spec.rollout_id)}-{sb.handle.sandbox_id[4:]}"
@@ -506,7 +476,7 @@ class DockerBackend(SandboxBackend):
             self.pool.refill(key)
 
     async def _destroy_rollout(self, rollout_id: str) -> None:
-        link = self.state / "by-rollout" / _rid_key(rollout_id)
+        link = self.state / "by-rollout" / rollout_key(rollout_id)
         if link.is_symlink():
             sid = os.readlink(link)
             with contextlib.suppress(FileNotFoundError):
@@ -559,7 +529,7 @@ class DockerBackend(SandboxBackend):
         await asyncio.to_thread(close_bridge, str(sdir / "run" / "gateway.sock"))
         await self._run(self._remove_container, sid, cid)
         if rollout_id:
-            link = self.state / "by-rollout" / _rid_key(rollout_id)
+            link = self.state / "by-rollout" / rollout_key(rollout_id)
             with contextlib.suppress(OSError):
                 if link.is_symlink() and os.readlink(link) == sid:
                     link.unlink()

@@ -40,13 +40,15 @@ from typing import Any
 
 from sandboxes import _cgroups
 from sandboxes._common import (
-    base_env,
+    RUN_DIR,
+    bind_rollout,
     merged_env,
     owner_alive,
     owner_token,
     pid_alive,
     populate,
     proc_start_time,
+    rollout_key,
     state_root,
 )
 from sandboxes._control import SUPERVISOR_PATH, ControlClient, normalize_cmd, wait_ready
@@ -72,15 +74,10 @@ INSTALL_HINT = (
     "scripts/install_system_deps.sh (apt-get install bubblewrap)"
 )
 HOME = "/home/agent"
-RUN_DIR = "/run/rollout"
 INNER_UID = 1000
 _ID_RE = re.compile(r"^lsb-[0-9a-f]{12}$")
 _HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 _SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "home", "mnt", "media", "lost+found"}
-
-
-def _rid_key(rollout_id: str) -> str:
-    return hashlib.sha256(rollout_id.encode()).hexdigest()[:32]
 
 
 def _rmtree(p: Path) -> None:
@@ -439,36 +436,14 @@ class LocalBackend(SandboxBackend):
 
     async def _assign(self, sb: LocalSandbox, spec: SandboxSpec) -> LocalSandbox:
         """Bind a blank sandbox to a rollout: labels, env, gateway, files, repo, setup."""
-        sdir = Path(sb.handle.details["state_dir"])
-        gw_url = None
-        if spec.gateway is not None and spec.gateway.target:
-            sock = str(sdir / "run" / "gateway.sock")
-            ensure_bridge(sock, spec.gateway.target)  # sub-ms; keeps acquire off thread pools
-            if spec.gateway.inside_port != DEFAULT_GATEWAY_PORT:
-                await sb._client.forward(spec.gateway.inside_port, f"{RUN_DIR}/gateway.sock")
-            gw_url = f"http://127.0.0.1:{spec.gateway.inside_port}"
-        now = time.time()
-        details = dict(sb.handle.details)
-        details.update(
-            labels=spec.labels,
-            expires_at=now + spec.timeout_s,
-            gateway_target=spec.gateway.target if spec.gateway else None,
+        await bind_rollout(
+            sb,
+            sb._client,
+            spec,
+            self.state,
+            HOME,
             gateway_inside_port=spec.gateway.inside_port if spec.gateway else None,
         )
-        sb.handle = sb.handle.model_copy(
-            update={
-                "rollout_id": spec.rollout_id,
-                "gateway_base_url": gw_url,
-                "env": base_env(spec, HOME, gw_url),
-                "created_at": now,
-                "details": details,
-            }
-        )
-        (sdir / "handle.json").write_text(sb.handle.model_dump_json())
-        link = self.state / "by-rollout" / _rid_key(spec.rollout_id)
-        with contextlib.suppress(FileNotFoundError):
-            link.unlink()
-        link.symlink_to(sdir.name)
         try:
             await populate(sb, spec)
         except BaseException:
@@ -502,7 +477,7 @@ class LocalBackend(SandboxBackend):
             self.pool.refill(key)
 
     async def _destroy_rollout(self, rollout_id: str) -> None:
-        link = self.state / "by-rollout" / _rid_key(rollout_id)
+        link = self.state / "by-rollout" / rollout_key(rollout_id)
         if link.is_symlink():
             sid = os.readlink(link)
             with contextlib.suppress(FileNotFoundError):
@@ -568,7 +543,7 @@ class LocalBackend(SandboxBackend):
             _cgroups.kill_all(cg, timeout=2)
             _cgroups.remove(cg)
         if rollout_id:
-            link = self.state / "by-rollout" / _rid_key(rollout_id)
+            link = self.state / "by-rollout" / rollout_key(rollout_id)
             with contextlib.suppress(OSError):
                 if link.is_symlink() and os.readlink(link) == sid:
                     link.unlink()

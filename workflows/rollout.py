@@ -468,33 +468,39 @@ class RolloutWorkflow:
         if session is None or session not in self._open_sessions:
             return None
         self._open_sessions.remove(session)
-        task = asyncio.ensure_future(
-            workflow.execute_activity(
-                CLOSE_SESSION,
-                CloseSessionRequest(session=session),
-                task_queue=session.owner_queue,
-                start_to_close_timeout=timedelta(seconds=30),
-                schedule_to_start_timeout=self._cleanup_wait,
-                retry_policy=CLEANUP_RETRY,
-                summary="close session",
-            )
+        return self._start_release(
+            CLOSE_SESSION,
+            CloseSessionRequest(session=session),
+            task_queue=session.owner_queue,
+            timeout=timedelta(seconds=30),
+            summary="close session",
         )
-        self._releases.append(task)
-        return task
 
     def _release_sandbox(self, sandbox: SandboxRef | None) -> asyncio.Task[Any] | None:
         if sandbox is None or sandbox not in self._open_sandboxes:
             return None
         self._open_sandboxes.remove(sandbox)
+        return self._start_release(
+            DESTROY_SANDBOX,
+            DestroyRequest(sandbox=sandbox),
+            task_queue=sandbox.host_queue,
+            timeout=timedelta(seconds=120),
+            summary="destroy sandbox",
+        )
+
+    def _start_release(
+        self, activity: str, arg: Any, *, task_queue: str, timeout: timedelta, summary: str
+    ) -> asyncio.Task[Any]:
+        """Start a cleanup activity in the background; `_cleanup` waits for all of them."""
         task = asyncio.ensure_future(
             workflow.execute_activity(
-                DESTROY_SANDBOX,
-                DestroyRequest(sandbox=sandbox),
-                task_queue=sandbox.host_queue,
-                start_to_close_timeout=timedelta(seconds=120),
+                activity,
+                arg,
+                task_queue=task_queue,
+                start_to_close_timeout=timeout,
                 schedule_to_start_timeout=self._cleanup_wait,
                 retry_policy=CLEANUP_RETRY,
-                summary="destroy sandbox",
+                summary=summary,
             )
         )
         self._releases.append(task)

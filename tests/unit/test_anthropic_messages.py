@@ -33,6 +33,7 @@ from gateway.anthropic_messages import (
 )
 from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
 from gateway.errors import KINDS, GatewayError
+from tests.unit.sdk_transport import anthropic_client
 
 REASONING = "I should list the files first, then read 说明文件 carefully."
 CONTENT = "Let me look at the repository."
@@ -648,12 +649,7 @@ def sdk_client(
             )
         return httpx2.Response(200, json=messages_body(result, **render))
 
-    return anthropic.Anthropic(
-        api_key="session-token",
-        base_url="http://gateway",
-        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
-        max_retries=0,
-    )
+    return anthropic_client(handler, api_key="session-token")
 
 
 SDK_MESSAGES: list[Any] = [{"role": "user", "content": "list the files"}]
@@ -813,12 +809,7 @@ def test_sdk_error_statuses(
         resp = anthropic_error_response(err)
         return httpx2.Response(resp.status_code, content=resp.body, headers=dict(resp.headers))
 
-    client = anthropic.Anthropic(
-        api_key="k",
-        base_url="http://gateway",
-        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
-        max_retries=0,
-    )
+    client = anthropic_client(handler)
     with pytest.raises(exc_type) as info:
         client.messages.create(model="m", max_tokens=5, messages=SDK_MESSAGES, stream=True)
     exc = info.value
@@ -844,12 +835,7 @@ def test_sdk_raises_on_in_stream_error_event() -> None:
         body = b"".join(frames) + sse_error_event(GatewayError("overloaded", "engine overloaded"))
         return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
-    client = anthropic.Anthropic(
-        api_key="k",
-        base_url="http://gateway",
-        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
-        max_retries=0,
-    )
+    client = anthropic_client(handler)
     with (
         pytest.raises(anthropic.APIStatusError, match="engine overloaded"),
         client.messages.stream(model="m", max_tokens=5, messages=SDK_MESSAGES) as stream,

@@ -24,6 +24,7 @@ from gateway.openai_chat import (
     parse_chat_request,
     sse_error_event,
 )
+from tests.unit.sdk_transport import openai_client
 
 ARGS_0 = json.dumps({"command": "grep -rn 'def main' src/ | head -n 20", "timeout": 30})
 ARGS_1 = json.dumps({"path": "README.md", "note": "中文说明 {nested: {x}}"}, ensure_ascii=False)
@@ -350,10 +351,7 @@ def sdk_client(result: CompletionResult, seen: list[CanonicalRequest]) -> openai
             )
         return httpx.Response(200, json=chat_completion_body(result, include_reasoning=True))
 
-    http = httpx.Client(transport=httpx.MockTransport(handler))
-    return openai.OpenAI(
-        api_key="session-token", base_url="http://gateway/v1", http_client=http, max_retries=0
-    )
+    return openai_client(handler, api_key="session-token")
 
 
 MESSAGES: list[Any] = [
@@ -482,12 +480,7 @@ def test_sdk_error_statuses(err: GatewayError, exc_type: type[Exception]) -> Non
         resp = openai_error_response(err)
         return httpx.Response(err.status, content=resp.body, headers=dict(resp.headers))
 
-    client = openai.OpenAI(
-        api_key="k",
-        base_url="http://gateway/v1",
-        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
-        max_retries=0,
-    )
+    client = openai_client(handler)
     with pytest.raises(exc_type) as info:
         client.chat.completions.create(model="m", messages=MESSAGES)
     assert err.message in str(info.value)
@@ -502,12 +495,7 @@ def test_sdk_raises_on_in_stream_error_event() -> None:
         body = frames[0] + sse_error_event(err)
         return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
-    client = openai.OpenAI(
-        api_key="k",
-        base_url="http://gateway/v1",
-        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
-        max_retries=0,
-    )
+    client = openai_client(handler)
     with pytest.raises(openai.APIError, match="recorder failed"):
         list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
 

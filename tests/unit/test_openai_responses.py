@@ -30,6 +30,7 @@ from gateway.openai_responses import (
     responses_sse,
     sse_failed_event,
 )
+from tests.unit.sdk_transport import openai_client
 
 REASONING = "The user wants the file list. Run ls first — 然后再看 README。"
 CONTENT = "I'll list the files in the repository first."
@@ -621,12 +622,7 @@ def sdk_client(
             )
         return httpx.Response(200, json=responses_body(result))
 
-    return openai.OpenAI(
-        api_key="session-token",
-        base_url="http://gateway/v1",
-        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
-        max_retries=0,
-    )
+    return openai_client(handler, api_key="session-token")
 
 
 SDK_INPUT: list[Any] = [
@@ -764,12 +760,7 @@ def test_sdk_error_statuses(err: GatewayError, exc_type: type[Exception]) -> Non
         resp = openai_error_response(err)
         return httpx.Response(err.status, content=resp.body, headers=dict(resp.headers))
 
-    client = openai.OpenAI(
-        api_key="k",
-        base_url="http://gateway/v1",
-        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
-        max_retries=0,
-    )
+    client = openai_client(handler)
     with pytest.raises(exc_type) as info:
         client.responses.create(model="m", input="hi", stream=True)
     assert err.message in str(info.value)
@@ -782,12 +773,7 @@ def test_sdk_sees_in_stream_failure() -> None:
         body = b"".join(frames) + sse_failed_event(err, "abc123", "tiny-model", 1_700_000_000, 2)
         return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
-    client = openai.OpenAI(
-        api_key="k",
-        base_url="http://gateway/v1",
-        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
-        max_retries=0,
-    )
+    client = openai_client(handler)
     events = list(client.responses.create(model="m", input="hi", stream=True))
     assert [e.sequence_number for e in events] == [0, 1, 2]
     failed = events[-1]
