@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
+from tokenizers import Tokenizer
 
 
 class ModelFiles(BaseModel):
@@ -16,6 +17,7 @@ class ModelFiles(BaseModel):
     chat_template: str
     bos_token: str | None
     eos_token: str
+    end_of_turn: list[str]
     context_window: int | None
 
 
@@ -50,6 +52,7 @@ def load_model_files(directory: Path, chat_template_file: Path | None = None) ->
     if not eos:
         raise ModelFilesError(f"{config_path}: eos_token is required")
     window = None
+    end_of_turn = _end_of_turn_tokens(directory, tokenizer_path, eos)
     model_config = directory / "config.json"
     if model_config.is_file():
         window = json.loads(model_config.read_text()).get("max_position_embeddings")
@@ -58,5 +61,28 @@ def load_model_files(directory: Path, chat_template_file: Path | None = None) ->
         chat_template=template,
         bos_token=_token_text(tok_config.get("bos_token")),
         eos_token=eos,
+        end_of_turn=end_of_turn,
         context_window=window,
     )
+
+
+def _end_of_turn_tokens(directory: Path, tokenizer_path: Path, eos: str) -> list[str]:
+    """Every token the model may end a turn with: the tokenizer's EOS plus the stop ids of
+    generation_config.json (llama's `<|eom_id|>`, gpt-oss's `<|call|>`/`<|return|>`...),
+    so the Gateway can find the end of a reply whichever of them was sampled."""
+    markers = [eos]
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return markers
+    ids = json.loads(path.read_text()).get("eos_token_id")
+    ids = [ids] if isinstance(ids, int) else ids or []
+    if not all(isinstance(i, int) for i in ids):
+        raise ModelFilesError(f"{path}: eos_token_id must be an int or a list of ints")
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    for token_id in ids:
+        token = tokenizer.id_to_token(token_id)
+        if token is None:
+            raise ModelFilesError(f"{path}: eos_token_id {token_id} is not in the tokenizer")
+        if token not in markers:
+            markers.append(token)
+    return markers

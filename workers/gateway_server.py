@@ -83,7 +83,7 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         files.chat_template, bos_token=files.bos_token, eos_token=files.eos_token
     )
     tokenizer = load_tokenizer(files.tokenizer_path)
-    incremental = IncrementalTokenizer(template, tokenizer, eot_token=files.eos_token)
+    incremental = IncrementalTokenizer(template, tokenizer, eot_token=files.end_of_turn)
     window = (
         settings.context_window
         or engine_context_window(settings.engine_urls[0], settings.model)
