@@ -333,7 +333,12 @@ def _sample_rows_table(uris: list[str], limit: int = 5) -> "Table":
 
 
 async def run_demo(
-    data_dir: Path, engine: str, samples_per_task: int, keep: bool | None, console: "Console"
+    data_dir: Path,
+    engine: str,
+    samples_per_task: int,
+    keep: bool | None,
+    console: "Console",
+    tasks_file: Path | None = None,
 ) -> int:
     from schemas.client import RolloutClient
     from schemas.tasks import load_tasks
@@ -344,7 +349,7 @@ async def run_demo(
     main = asyncio.current_task()
     if main is not None:  # SIGTERM (CI timeouts, `kill`) must still stop everything
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
-    tasks = load_tasks(repo_root() / "examples" / "tasks.jsonl")
+    tasks = load_tasks(tasks_file or repo_root() / "examples" / "tasks.jsonl")
     stack = DemoStack(data_dir, console)
     try:
         temporal = await stack.start_temporal()
@@ -391,6 +396,9 @@ def demo_cmd(
     keep: Annotated[
         bool | None, typer.Option("--keep/--no-keep", help="default: keep running if a TTY")
     ] = None,
+    tasks: Annotated[
+        Path | None, typer.Option(help="tasks JSONL (default: examples/tasks.jsonl)")
+    ] = None,
 ) -> None:
     """Run the example tasks end to end on an embedded local stack."""
     from rich.console import Console
@@ -400,7 +408,7 @@ def demo_cmd(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     try:
-        code = asyncio.run(run_demo(data_dir, engine, samples_per_task, keep, console))
+        code = asyncio.run(run_demo(data_dir, engine, samples_per_task, keep, console, tasks))
     except (KeyboardInterrupt, asyncio.CancelledError):
         code = 0
     raise typer.Exit(code=code)

@@ -51,6 +51,15 @@ def test_example_tasks_file_is_current_and_valid() -> None:
     assert all(t.harness.name == "command" and t.evaluation for t in tasks)
 
 
+def test_real_agent_example_tasks_are_valid() -> None:
+    from harnesses.registry import get_harness
+
+    tasks = load_tasks(REPO / "examples" / "tasks_real_agents.jsonl")
+    assert tasks and all(t.evaluation for t in tasks)
+    for task in tasks:
+        assert get_harness(task.harness.name, task.harness.config) is not None
+
+
 def test_load_tasks_names_the_bad_line(tmp_path: Path) -> None:
     good = json.dumps(make_task("a", "p", "x"))
     path = tmp_path / "t.jsonl"
