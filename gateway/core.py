@@ -381,7 +381,13 @@ class Gateway:
             )
             if segment.segment_id not in session.segment_scenes:
                 self.store.append(session.meta.session_id, session.open_segment(segment, scene))
-            match = plan.kind if segment.segment_id == plan.segment_id else MatchKind.fork
+            conflict = segment.segment_id != plan.segment_id
+            match = MatchKind.fork if conflict else plan.kind
+            fork_reason = (
+                "a concurrent call extended the same segment first"
+                if conflict
+                else plan.fork_reason
+            )
             call = RecordedCall(
                 call_id=call_id,
                 segment_id=segment.segment_id,
@@ -402,6 +408,7 @@ class Gateway:
                 duration_s=time.perf_counter() - wall0,
                 parse_error=parsed.parse_error,
                 drift=plan.drift,
+                fork_reason=fork_reason,
             )
             self.store.append(
                 session.meta.session_id,
@@ -498,6 +505,7 @@ class Gateway:
             started_at=started_at,
             duration_s=(datetime.now(UTC) - started_at).total_seconds(),
             error=f"{err.status} {err.kind}: {err.message}",
+            fork_reason=plan.fork_reason,
         )
         async with session.lock:
             self.store.append(

@@ -48,6 +48,9 @@ class RecordedCall(StrictModel):
     error: str | None = None
     parse_error: str | None = None
     drift: list[str] = Field(default_factory=list, description="what realign forgave")
+    fork_reason: str | None = Field(
+        default=None, description="why this call did not extend a held segment"
+    )
 
     @model_validator(mode="after")
     def _logprobs_align(self) -> "RecordedCall":

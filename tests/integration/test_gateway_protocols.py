@@ -171,6 +171,8 @@ def test_side_calls_get_scenes_and_the_segment_tree_links(scripted_gateway: Any)
     trajectory = gw.trajectory(session["session_id"])
     scenes = [c["scene"] for c in trajectory["calls"]]
     assert scenes == ["main", "probe", "subagent", "compaction", "main"]
+    # Every call opened its own segment here, and says why it could not extend one.
+    assert all(c["match"] == "fork" and c["fork_reason"] for c in trajectory["calls"])
     by_scene = {s["scene"]: s for s in trajectory["segments"] if s["scene"] != "main"}
     mains = [s for s in trajectory["segments"] if s["scene"] == "main"]
     assert len(mains) == 2
