@@ -81,11 +81,24 @@ _SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "home", "mnt", "media", "lost+f
 
 
 def _rmtree(p: Path) -> None:
+    """Remove a sandbox's directory, even parts the sandbox made unreadable (chmod 000).
+
+    Permissions are only ever changed *inside* the tree being removed: chmod-ing the
+    directory above it (the backend's state dir) to 0700 would lock every later sandbox,
+    which runs as the sandbox uid, out of its own directory.
+    """
+    root = os.path.realpath(p)
+
+    def inside(path: str) -> bool:
+        return os.path.commonpath([root, os.path.realpath(path)]) == root
+
     def onerror(func: Any, path: str, exc: Any) -> None:
-        # Sandbox may leave read-only dirs (chmod 000): fix perms and retry once.
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(path), 0o700)
-            os.chmod(path, 0o700)
+            parent = os.path.dirname(path)
+            if inside(parent):
+                os.chmod(parent, 0o700)
+            if inside(path) and not os.path.islink(path):
+                os.chmod(path, 0o700)
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:
