@@ -9,24 +9,87 @@ import io
 import os
 import posixpath
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sandboxes._control import ControlClient
+from sandboxes import _cgroups
+from sandboxes._control import ControlClient, normalize_cmd
 from sandboxes.base import (
     DEFAULT_GATEWAY_PORT,
+    DEFAULT_MAX_OUTPUT_BYTES,
     ROLLOUT_LABEL,
+    Command,
+    ExecResult,
+    OutputCallback,
     Sandbox,
+    SandboxBackend,
     SandboxError,
     SandboxFile,
     SandboxHandle,
     SandboxSpec,
 )
 from sandboxes.gateway_channel import ensure_bridge
+
+
+class SupervisedSandbox(Sandbox):
+    """A sandbox driven through its in-sandbox supervisor's control socket (local, docker).
+
+    Subclasses say where their memory cgroups are and how to tell an OOM kill without one.
+    """
+
+    def __init__(self, backend: SandboxBackend, handle: SandboxHandle) -> None:
+        self._backend = backend
+        self.handle = handle
+        self._client = ControlClient(Path(handle.details["state_dir"]) / "run" / "control.sock")
+
+    def _memory_cgroups(self) -> list[str]:
+        return []
+
+    async def _oom_without_cgroup(self) -> bool:
+        return False
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        cg = self._memory_cgroups()
+        before = _cgroups.oom_kills_of_dirs(cg) if cg else None
+        res = await self._client.exec(
+            normalize_cmd(cmd),
+            env=merged_env(self.handle, env),
+            cwd=cwd or self.handle.workdir,
+            timeout=timeout,
+            stdin=stdin,
+            on_output=on_output,
+            max_output_bytes=max_output_bytes,
+        )
+        if res.exit_code == 128 + signal.SIGKILL and not res.timed_out:
+            if before is not None:
+                after = _cgroups.oom_kills_of_dirs(cg)
+                res.oom_killed = after is not None and after > before
+            else:
+                res.oom_killed = await self._oom_without_cgroup()
+        return res
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        await self._client.put_archive(dest_dir, tar_bytes)
+
+    async def get_archive(self, path: str) -> bytes:
+        return await self._client.get_archive(path)
+
 
 MANAGED_LABEL = "agentic-rollout.managed"
 POOL_LABEL = "agentic-rollout.pool"

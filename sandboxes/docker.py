@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import time
 import uuid
 from collections.abc import Callable, Hashable, Mapping
@@ -41,6 +40,7 @@ from sandboxes._common import (
     OWNER_LABEL,
     POOL_LABEL,
     RUN_DIR,
+    SupervisedSandbox,
     bind_rollout,
     merged_env,
     owner_token,
@@ -48,7 +48,7 @@ from sandboxes._common import (
     rollout_key,
     state_root,
 )
-from sandboxes._control import SUPERVISOR_PATH, ControlClient, normalize_cmd, wait_ready
+from sandboxes._control import SUPERVISOR_PATH, normalize_cmd, wait_ready
 from sandboxes.base import (
     DEFAULT_GATEWAY_PORT,
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -59,7 +59,6 @@ from sandboxes.base import (
     OutputCallback,
     OutputChunk,
     ResourceLimits,
-    Sandbox,
     SandboxBackend,
     SandboxError,
     SandboxHandle,
@@ -88,51 +87,19 @@ def _slug(s: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]", "-", s)[:40].strip("-.") or "x"
 
 
-class DockerSandbox(Sandbox):
-    def __init__(self, backend: DockerBackend, handle: SandboxHandle) -> None:
-        self._backend = backend
-        self.handle = handle
-        self._client = ControlClient(Path(handle.details["state_dir"]) / "run" / "control.sock")
+class DockerSandbox(SupervisedSandbox):
+    _backend: DockerBackend
 
     @property
     def backend(self) -> DockerBackend:
         return self._backend
 
-    async def exec(
-        self,
-        cmd: Command,
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        stdin: bytes | None = None,
-        on_output: OutputCallback | None = None,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-    ) -> ExecResult:
+    def _memory_cgroups(self) -> list[str]:
         cg = self.handle.details.get("memory_cgroup")
-        before = _cgroups.oom_kills_of_dirs([cg]) if cg else None
-        res = await self._client.exec(
-            normalize_cmd(cmd),
-            env=merged_env(self.handle, env),
-            cwd=cwd or self.handle.workdir,
-            timeout=timeout,
-            stdin=stdin,
-            on_output=on_output,
-            max_output_bytes=max_output_bytes,
-        )
-        if res.exit_code == 128 + signal.SIGKILL and not res.timed_out:
-            if before is not None:
-                after = _cgroups.oom_kills_of_dirs([cg]) if cg else None
-                res.oom_killed = after is not None and after > before
-            else:
-                res.oom_killed = await self._backend._oom_flag(self.handle)
-        return res
+        return [cg] if cg else []
 
-    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
-        await self._client.put_archive(dest_dir, tar_bytes)
-
-    async def get_archive(self, path: str) -> bytes:
-        return await self._client.get_archive(path)
+    async def _oom_without_cgroup(self) -> bool:
+        return await self.backend._oom_flag(self.handle)
 
 
 class _SdkExecSandbox(DockerSandbox):

@@ -34,15 +34,15 @@ import stat
 import subprocess
 import time
 import uuid
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 from sandboxes import _cgroups
 from sandboxes._common import (
     RUN_DIR,
+    SupervisedSandbox,
     bind_rollout,
-    merged_env,
     owner_alive,
     owner_token,
     pid_alive,
@@ -51,15 +51,10 @@ from sandboxes._common import (
     rollout_key,
     state_root,
 )
-from sandboxes._control import SUPERVISOR_PATH, ControlClient, normalize_cmd, wait_ready
+from sandboxes._control import SUPERVISOR_PATH, wait_ready
 from sandboxes.base import (
     DEFAULT_GATEWAY_PORT,
-    DEFAULT_MAX_OUTPUT_BYTES,
     BackendUnavailable,
-    Command,
-    ExecResult,
-    OutputCallback,
-    Sandbox,
     SandboxBackend,
     SandboxError,
     SandboxHandle,
@@ -139,49 +134,15 @@ def host_env_version() -> str:
     return "host:" + h.hexdigest()[:16]
 
 
-class LocalSandbox(Sandbox):
-    def __init__(self, backend: LocalBackend, handle: SandboxHandle) -> None:
-        self._backend = backend
-        self.handle = handle
-        self._client = ControlClient(Path(handle.details["state_dir"]) / "run" / "control.sock")
+class LocalSandbox(SupervisedSandbox):
+    _backend: LocalBackend
 
     @property
     def backend(self) -> LocalBackend:
         return self._backend
 
-    async def exec(
-        self,
-        cmd: Command,
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        stdin: bytes | None = None,
-        on_output: OutputCallback | None = None,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-    ) -> ExecResult:
-        cg = self.handle.details.get("cgroups") or []
-        before = _cgroups.oom_kills_of_dirs(cg) if cg else None
-        res = await self._client.exec(
-            normalize_cmd(cmd),
-            env=merged_env(self.handle, env),
-            cwd=cwd or self.handle.workdir,
-            timeout=timeout,
-            stdin=stdin,
-            on_output=on_output,
-            max_output_bytes=max_output_bytes,
-        )
-        if before is not None and res.exit_code == 128 + signal.SIGKILL and not res.timed_out:
-            after = _cgroups.oom_kills_of_dirs(cg)
-            if after is not None and after > before:
-                res.oom_killed = True
-        return res
-
-    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
-        await self._client.put_archive(dest_dir, tar_bytes)
-
-    async def get_archive(self, path: str) -> bytes:
-        return await self._client.get_archive(path)
+    def _memory_cgroups(self) -> list[str]:
+        return list(self.handle.details.get("cgroups") or [])
 
 
 class LocalBackend(SandboxBackend):
