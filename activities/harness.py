@@ -14,8 +14,8 @@ The agent's budget is enforced here (the harness kills it at `budget_s`); the re
 then `timed_out`, which the workflow turns into `agent_timeout`.
 
 The composition itself (setup → hooks → agent → hooks, on_error, harness cleanup) is
-the Runtime Manager's `run_in_sandbox`; provisioning and destroy are separate
-activities here (host affinity, whole-attempt retry).
+`activities.runtime.run_in_sandbox`; provisioning and destroy are separate activities
+(host affinity, whole-attempt retry).
 """
 
 import asyncio
@@ -31,23 +31,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import agent_config_error, bad_task, tail
-from activities.runtime import (
-    RuntimeFailure,
-    RuntimeResult,
-    RuntimeStatus,
-    SandboxTemplate,
-    TaskRuntimeSpec,
-    default_hooks,
-    run_in_sandbox,
-)
+from activities.runtime import RuntimeFailure, build_harness, build_task_hooks, run_in_sandbox
 from activities.sandbox import SandboxBackends
-from harnesses.base import HarnessSetupError
-from harnesses.registry import get_harness
-from hooks.base import HookError, HookSpec, build_hooks
-from hooks.evaluate import EvaluationSpec
+from harnesses.base import AgentHarness, HarnessSetupError
+from hooks.base import Hook, HookError
 from sandboxes.base import Sandbox, SandboxError, SandboxHandle, SandboxNotFound
-from schemas.rollout import RUN_HARNESS, HarnessOutcome, HarnessRequest
-from schemas.session import SessionCreated
+from schemas.outcome import RunOutcome
+from schemas.rollout import RUN_HARNESS, HarnessRequest
 
 log = logging.getLogger("rollout.activities.harness")
 
@@ -110,35 +100,20 @@ class HarnessActivities:
 
     # ------------------------------------------------------------------ build
     @staticmethod
-    def _spec(req: HarnessRequest) -> TaskRuntimeSpec:
-        """The runtime's view of the task; a mistake here is the task's fault."""
+    def _build(req: HarnessRequest) -> tuple[AgentHarness, list[Hook]]:
+        """The task's harness and hooks; a mistake here is the task's fault."""
         try:
-            get_harness(req.harness.name, req.harness.config)
+            harness = build_harness(req.task)
         except KeyError as exc:
             raise bad_task("unknown harness", exc) from exc
         except (ValidationError, ValueError, TypeError) as exc:
-            raise agent_config_error(f"harness {req.harness.name} config", exc) from exc
-        specs = [HookSpec(name=h.name, params=h.params, required=h.required) for h in req.hooks]
+            raise agent_config_error(f"harness {req.task.harness.name} config", exc) from exc
         try:
-            build_hooks(specs or default_hooks())
+            return harness, build_task_hooks(req.task)
         except KeyError as exc:
             raise bad_task("unknown hook", exc) from exc
         except (ValidationError, ValueError) as exc:
             raise bad_task("hook params", exc) from exc
-        try:
-            return TaskRuntimeSpec(
-                task_id=req.task_id,
-                prompt=req.prompt,
-                backend=req.sandbox.backend,
-                sandbox=SandboxTemplate.model_validate({"repo": req.repo} if req.repo else {}),
-                harness=req.harness,
-                hooks=specs or default_hooks(),
-                evaluation=EvaluationSpec.model_validate(req.evaluation)
-                if req.evaluation
-                else None,
-            )
-        except ValidationError as exc:
-            raise bad_task("task runtime spec", exc) from exc
 
     async def _attach(self, req: HarnessRequest) -> Sandbox:
         try:
@@ -155,8 +130,8 @@ class HarnessActivities:
 
     # ------------------------------------------------------------------ activity
     @activity.defn(name=RUN_HARNESS)
-    async def run_harness(self, req: HarnessRequest) -> HarnessOutcome:
-        spec = self._spec(req)
+    async def run_harness(self, req: HarnessRequest) -> RunOutcome:
+        harness, hooks = self._build(req)
         progress = Progress(req.sandbox.sandbox_id)
         beat = asyncio.ensure_future(self._heartbeat(req, progress))
         sandbox: Sandbox | None = None
@@ -166,20 +141,21 @@ class HarnessActivities:
 
         try:
             sandbox = await self._attach(req)
-            session = SessionCreated(
-                session_id=req.session.session_id,
-                token=req.session.token,
-                openai_base_url=req.session.openai_base_url,
-                anthropic_base_url=req.session.anthropic_base_url,
-            )
             artifacts = self.artifacts_root / req.rollout_id / f"attempt-{req.attempt}"
-            result = await run_in_sandbox(
-                sandbox, spec, session, req.rollout_id, artifacts, on_phase=on_phase
+            outcome = await run_in_sandbox(
+                sandbox,
+                req.task,
+                req.session,
+                req.rollout_id,
+                artifacts,
+                harness=harness,
+                hooks=hooks,
+                on_phase=on_phase,
             )
-            progress.llm_calls = await self.counter.count(
+            outcome.llm_calls = await self.counter.count(
                 req.session.gateway_url, req.session.session_id
             )
-            return self._outcome(req, spec, result, progress)
+            return _for_history(outcome)
         except asyncio.CancelledError as exc:
             # run_in_sandbox has killed the agent and run the on_error hooks.
             details = activity.cancellation_details()
@@ -208,7 +184,7 @@ class HarnessActivities:
         return ApplicationError(f"{exc.phase}: {cause!r}", type="SandboxError")
 
     async def _heartbeat(self, req: HarnessRequest, progress: Progress) -> None:
-        interval = max(0.5, min(req.heartbeat_s / 3, 20.0))
+        interval = max(0.5, min(req.task.budget.heartbeat_s / 3, 20.0))
         next_count = time.monotonic() + self.counter.every_s
         while True:
             activity.heartbeat(progress.details())
@@ -219,34 +195,11 @@ class HarnessActivities:
                 if n is not None:
                     progress.llm_calls = n
 
-    @staticmethod
-    def _outcome(
-        req: HarnessRequest, spec: TaskRuntimeSpec, result: RuntimeResult, progress: Progress
-    ) -> HarnessOutcome:
-        agent, ev = result.agent, result.evaluation
-        reward_fn = (
-            req.reward_fn_version
-            or result.reward_fn_version
-            or (spec.evaluation.reward_fn_version() if spec.evaluation else "none")
-        )
-        rewards = {c.name: c.score for c in ev.checks} if ev else {}
-        return HarnessOutcome(
-            exit_code=agent.exit_code if agent else None,
-            timed_out=result.status == RuntimeStatus.agent_timeout,
-            duration_s=agent.duration_s if agent else 0.0,
-            reward=ev.reward if ev else None,
-            rewards=rewards,
-            step_rewards=ev.step_rewards if ev else None,
-            verdict=ev.verdict if ev else None,
-            eval_error=(ev.error or "evaluator failed")
-            if result.status == RuntimeStatus.eval_error and ev
-            else None,
-            harness=result.harness,
-            harness_version=result.harness_version,
-            reward_fn_version=reward_fn,
-            llm_calls=progress.llm_calls,
-            artifacts_uri=result.artifacts_dir,
-            stdout_tail=tail(agent.stdout_tail) if agent else "",
-            stderr_tail=tail(agent.stderr_tail) if agent else "",
-            error="; ".join(result.hook_errors) or None,
-        )
+
+def _for_history(outcome: RunOutcome) -> RunOutcome:
+    """Workflow history is not a log store: keep only the tails of the agent's output
+    (the full logs are artifacts)."""
+    if outcome.agent is not None:
+        outcome.agent.stdout_tail = tail(outcome.agent.stdout_tail)
+        outcome.agent.stderr_tail = tail(outcome.agent.stderr_tail)
+    return outcome

@@ -15,29 +15,16 @@ Pure functions (no I/O) so every rule is unit-testable:
 import json
 from collections import Counter
 
-from schemas.rollout import CollectRequest, RolloutStatus, SamplesSummary
-from schemas.samples import SampleRow, SampleStatus
+from schemas.outcome import RolloutStatus, sample_status
+from schemas.rollout import CollectRequest, SamplesSummary
+from schemas.samples import SampleRow
 from schemas.sampling import SamplingParams
-from schemas.trajectory import CallStatus, RecordedCall, Segment, Trajectory
+from schemas.trajectory import CallStatus, Segment, Trajectory
 
 
 def sampling_json(params: SamplingParams) -> str:
     """Canonical JSON of the sampling params actually used (stable for grouping)."""
     return json.dumps(params.model_dump(mode="json", exclude_none=True), sort_keys=True)
-
-
-def _segment_status(
-    seg_calls: list[RecordedCall], missing: bool, rollout_status: RolloutStatus
-) -> SampleStatus:
-    if missing or any(c.status != CallStatus.ok for c in seg_calls):
-        return SampleStatus.infra_error
-    if rollout_status is RolloutStatus.eval_error:
-        return SampleStatus.infra_error
-    if rollout_status is RolloutStatus.agent_timeout:
-        return SampleStatus.agent_timeout
-    if seg_calls and seg_calls[-1].finish_reason == "length":
-        return SampleStatus.truncated
-    return SampleStatus.ok
 
 
 def _wanted(seg: Segment, scenes: set[str] | None) -> bool:
@@ -53,13 +40,14 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
         if not _wanted(seg, scenes):
             continue
         seg_calls = [calls[c] for c in seg.call_ids if c in calls]
-        missing = len(seg_calls) != len(seg.call_ids)
-        status = _segment_status(seg_calls, missing, req.status)
-        masked = status is SampleStatus.infra_error
-        if masked or status is SampleStatus.agent_timeout:
-            reward = 0.0
-        else:
-            reward = outcome.reward if outcome.reward is not None else 0.0
+        status = sample_status(
+            outcome.status,
+            calls_complete=len(seg_calls) == len(seg.call_ids),
+            calls_ok=all(c.status == CallStatus.ok for c in seg_calls),
+            hit_token_limit=bool(seg_calls) and seg_calls[-1].finish_reason == "length",
+        )
+        masked = status is RolloutStatus.infra_error
+        reward = 0.0 if masked else (outcome.reward or 0.0)
         first = seg_calls[0] if seg_calls else None
         used = first.sampling if first is not None else req.sampling
         seed = used.seed if used.seed is not None else req.seed

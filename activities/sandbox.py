@@ -45,6 +45,7 @@ from schemas.rollout import (
     ProvisionRequest,
     SandboxRef,
 )
+from schemas.tasks import RolloutTask
 
 log = logging.getLogger("rollout.activities.sandbox")
 T = TypeVar("T")
@@ -52,13 +53,24 @@ T = TypeVar("T")
 HOST_LOCAL_BACKENDS = frozenset({"local", "docker"})
 
 
-def gateway_root(openai_base_url: str) -> str:
-    """`http://h:p/v1` → `http://h:p` (the forwarder passes paths through)."""
-    u = urlsplit(openai_base_url)
-    path = u.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
-    return urlunsplit((u.scheme, u.netloc, path, "", ""))
+def gateway_origin(session_url: str) -> str:
+    """`http://h:p/prefix/v1` → `http://h:p`: what a sandbox's Gateway channel points at.
+
+    Only the origin: the session URLs keep their whole path (prefix included) when they
+    are rebased onto the sandbox's side of the channel (`harnesses.base.rebase_url`), so a
+    prefix here would appear twice.
+    """
+    u = urlsplit(session_url)
+    return urlunsplit((u.scheme, u.netloc, "", "", ""))
+
+
+def gateway_channel(backend: str, session_url: str) -> GatewayChannel:
+    """Host-local backends reach the Gateway through a bridge to its address; remote
+    ones (e2b) use its public address directly."""
+    origin = gateway_origin(session_url)
+    if backend in HOST_LOCAL_BACKENDS:
+        return GatewayChannel(target=origin)
+    return GatewayChannel(public_url=origin)
 
 
 async def with_heartbeat(aw: Awaitable[T], interval_s: float, details: Any = None) -> T:
@@ -102,21 +114,23 @@ class SandboxBackends:
 
 
 def build_spec(req: ProvisionRequest) -> SandboxSpec:
+    """The sandbox for one attempt of a rollout (see `sandbox_spec`)."""
+    return sandbox_spec(req.task, req.rollout_id, req.session.openai_base_url, req.timeout_s)
+
+
+def sandbox_spec(
+    task: RolloutTask, rollout_id: str, session_url: str, timeout_s: float
+) -> SandboxSpec:
     """Task sandbox fields + what this rollout adds (id, TTL, Gateway channel, labels)."""
-    fields = req.sandbox.spec_fields()
-    root = gateway_root(req.session.openai_base_url)
-    if req.sandbox.backend in HOST_LOCAL_BACKENDS:
-        channel = GatewayChannel(target=root)
-    else:
-        channel = GatewayChannel(public_url=root)
-    labels = {**fields.pop("labels", {}), "agentic-rollout.task-id": req.task_id}
-    labels[ROLLOUT_LABEL] = req.rollout_id
+    fields = task.sandbox.spec_fields()
+    labels = {**fields.pop("labels", {}), "agentic-rollout.task-id": task.task_id}
+    labels[ROLLOUT_LABEL] = rollout_id
     return SandboxSpec.model_validate(
         {
             **fields,
-            "rollout_id": req.rollout_id,
-            "timeout_s": fields.get("timeout_s", req.timeout_s),
-            "gateway": channel,
+            "rollout_id": rollout_id,
+            "timeout_s": fields.get("timeout_s", timeout_s),
+            "gateway": gateway_channel(task.sandbox.backend, session_url),
             "labels": labels,
         }
     )
@@ -214,7 +228,7 @@ class SandboxActivities:
             spec = build_spec(req)
         except (ValidationError, ValueError) as exc:
             raise bad_task("sandbox spec", exc) from exc
-        backend = self._backend(req.sandbox.backend)
+        backend = self._backend(req.task.sandbox.backend)
         interval = _heartbeat_interval()
         try:
             sandbox = await with_heartbeat(backend.create(spec), interval, {"step": "create"})

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import fnmatch
-import io
 import re
 import shlex
-import tarfile
 import time
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -29,18 +26,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes.base import OutputChunk, Sandbox, SandboxError, SandboxNotFound
 from schemas.base import StrictModel
+from schemas.outcome import AgentResult, LogFile, LogSpec
 from schemas.scenes import SceneConfig, SceneRule
+from schemas.tasks import RolloutTask
 
 __all__ = [
     "AgentHarness",
-    "AgentResult",
     "CliHarness",
     "GatewayEndpoints",
     "HarnessConfig",
     "HarnessContext",
     "HarnessSetupError",
-    "LogFile",
-    "LogSpec",
     "rebase_url",
     "write_sandbox_file",
 ]
@@ -97,64 +93,27 @@ def rebase_url(url: str, base: str | None) -> str:
 
 
 class HarnessContext(BaseModel):
-    """Per-run inputs a harness needs besides its own config."""
+    """Per-run inputs a harness needs besides its own config: the task itself plus
+    where this run happens."""
 
     model_config = ConfigDict(extra="forbid")
 
     rollout_id: str
-    prompt: str
+    task: RolloutTask
     endpoints: GatewayEndpoints
-    #: Wall-clock budget for the agent process; it is killed at this point.
-    budget_s: float = Field(gt=0)
     #: Directory the agent works in (inside the sandbox).
     workdir: str
     #: Host directory for the full stdout/stderr of the agent (None: keep tails only).
     output_dir: str | None = None
 
-
-class LogSpec(StrictModel):
-    """Where an agent keeps a kind of log: a sandbox path plus file-name patterns."""
-
-    path: str
-    patterns: list[str] = Field(default_factory=lambda: ["*"])
-    kind: str = "log"
-
-
-class LogFile(StrictModel):
-    """One agent log file: where it was in the sandbox and where it is now."""
-
-    kind: str
-    sandbox_path: str | None = None
-    local_path: str | None = None
-    uri: str | None = None
-    size: int = 0
-
-
-class AgentResult(StrictModel):
-    """What running an agent produced (the process view; rewards come from hooks)."""
-
-    harness: str
-    harness_version: str
-    #: Process exit status (128+N when killed by signal N); None if it never finished.
-    exit_code: int | None = None
-    duration_s: float = 0.0
-    timed_out: bool = False
-    oom_killed: bool = False
-    stdout_tail: str = ""
-    stderr_tail: str = ""
-    stdout_bytes: int = 0
-    stderr_bytes: int = 0
-    #: The agent's own transcripts/logs (filled by the `collect_logs` hook) and the full
-    #: stdout/stderr files when the run had an output dir.
-    logs: list[LogFile] = Field(default_factory=list)
-    #: The agent's final answer when the CLI reports one.
-    final_message: str | None = None
-    #: Harness-specific parsed summary (turn counts, usage, exit status...).
-    details: dict[str, Any] = Field(default_factory=dict)
+    @property
+    def prompt(self) -> str:
+        return self.task.prompt
 
     @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+    def budget_s(self) -> float:
+        """Wall-clock budget for the agent process; it is killed at this point."""
+        return self.task.harness.budget_s
 
 
 class HarnessConfig(StrictModel):
@@ -226,53 +185,6 @@ class AgentHarness(abc.ABC):
     def log_specs(self) -> list[LogSpec]:
         """Where this agent keeps its own transcripts/logs inside the sandbox."""
         return []
-
-    async def collect_logs(
-        self, sandbox: Sandbox, dest_dir: str | Path, specs: list[LogSpec] | None = None
-    ) -> list[LogFile]:
-        """Copy the agent's logs (or `specs`) out of the sandbox into `dest_dir` (host).
-
-        One tar per log location, filtered host-side, so it needs no tools in the
-        sandbox. Missing locations are skipped (an agent that crashed early has none).
-        """
-        dest = Path(dest_dir)
-        out: list[LogFile] = []
-        for spec in self.log_specs() if specs is None else specs:
-            try:
-                raw = await sandbox.get_archive(spec.path)
-            except (SandboxNotFound, SandboxError, FileNotFoundError):
-                continue
-            base = PurePosixPath(spec.path)
-            with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
-                for m in tf.getmembers():
-                    if not m.isfile():
-                        continue
-                    name = PurePosixPath(m.name).name
-                    if not any(fnmatch.fnmatch(name, p) for p in spec.patterns):
-                        continue
-                    member = PurePosixPath(m.name)
-                    if member.is_absolute() or ".." in member.parts:
-                        continue  # the archive comes from the sandbox: never escape dest
-                    rel = PurePosixPath(*member.parts[1:])
-                    inside = str(base / rel) if rel.parts else str(base)
-                    target = (
-                        dest / spec.kind / base.name / rel if rel.parts else dest / spec.kind / name
-                    )
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    f = tf.extractfile(m)
-                    if f is None:
-                        continue
-                    data = f.read()
-                    target.write_bytes(data)
-                    out.append(
-                        LogFile(
-                            kind=spec.kind,
-                            sandbox_path=inside,
-                            local_path=str(target),
-                            size=len(data),
-                        )
-                    )
-        return out
 
 
 # --------------------------------------------------------------------------- helpers

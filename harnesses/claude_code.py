@@ -15,14 +15,13 @@ from typing import ClassVar, Literal
 from harnesses import versions
 from harnesses.base import (
     PROBE_RULE,
-    AgentResult,
     CliHarness,
     HarnessConfig,
     HarnessContext,
-    LogSpec,
     write_sandbox_file,
 )
 from sandboxes.base import Sandbox
+from schemas.outcome import AgentResult, LogSpec
 from schemas.scenes import Scene, SceneRule
 
 #: Text Claude Code appends to the last user message when it asks for a compaction.

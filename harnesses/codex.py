@@ -19,16 +19,15 @@ from pydantic import Field
 from harnesses import versions
 from harnesses.base import (
     PROBE_RULE,
-    AgentResult,
     CliHarness,
     HarnessConfig,
     HarnessContext,
-    LogSpec,
     read_sandbox_text,
     write_sandbox_file,
 )
 from harnesses.config_files import toml_dumps
 from sandboxes.base import Sandbox
+from schemas.outcome import AgentResult, LogSpec
 from schemas.scenes import Scene, SceneRule
 
 PROVIDER_ID = "rollout_gateway"

@@ -23,8 +23,8 @@ from harnesses.base import (
     CliHarness,
     HarnessConfig,
     HarnessContext,
-    LogSpec,
 )
+from schemas.outcome import LogSpec
 from schemas.scenes import SceneRule
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")

@@ -17,15 +17,14 @@ from pydantic import Field
 from harnesses import versions
 from harnesses.base import (
     PROBE_RULE,
-    AgentResult,
     CliHarness,
     HarnessConfig,
     HarnessContext,
-    LogSpec,
     write_sandbox_file,
 )
 from harnesses.config_files import yaml_dumps
 from sandboxes.base import Sandbox
+from schemas.outcome import AgentResult, LogSpec
 from schemas.scenes import Scene, SceneRule
 
 #: Hermes' hard floor on the context window (agent/model_metadata.py).

@@ -13,30 +13,22 @@ import abc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from harnesses.base import AgentHarness, AgentResult, HarnessContext
-from sandboxes.base import RepoSpec, Sandbox
+from sandboxes.base import Sandbox
 from schemas.base import StrictModel
-
-# One definition of the task-side spec (name, params, required): a non-required hook's
-# failure is recorded in the result instead of failing the run.
-from schemas.tasks import HookSpec
-
-if TYPE_CHECKING:
-    from hooks.capture_diff import DiffSummary
-    from hooks.evaluate import EvaluationResult, EvaluationSpec
+from schemas.outcome import ArtifactRef, LogSpec, RunOutcome
+from schemas.tasks import HookSpec, RolloutTask
+from schemas.workspace import RepoSpec
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ArtifactRef",
     "Hook",
     "HookContext",
     "HookError",
-    "HookSpec",
     "build_hooks",
     "get_hook_class",
     "register_hook",
@@ -47,41 +39,29 @@ class HookError(RuntimeError):
     """A required hook failed."""
 
 
-class ArtifactRef(StrictModel):
-    """A file produced by the run: where it is on the host and (after upload) its URI."""
-
-    name: str
-    kind: str = "artifact"
-    local_path: str | None = None
-    uri: str | None = None
-    size: int = 0
-
-
 @dataclass
 class HookContext:
-    """Everything hooks share for one rollout; hooks read it and add their results."""
+    """Everything hooks share for one rollout: they read the task and the sandbox, and
+    add their results to `outcome` (the same object the run returns)."""
 
     rollout_id: str
-    task_id: str
+    task: RolloutTask
     sandbox: Sandbox
-    harness: AgentHarness
-    harness_ctx: HarnessContext
+    #: Directory the agent works in (inside the sandbox).
+    workdir: str
     #: Host directory for this rollout's artifacts (logs, diff, metrics...).
     artifacts_dir: Path
-    #: The task's environment contract (success check), if any.
-    evaluation_spec: EvaluationSpec | None = None
-    repo: RepoSpec | None = None
-    agent_result: AgentResult | None = None
-    evaluation: EvaluationResult | None = None
-    diff: DiffSummary | None = None
-    artifacts: list[ArtifactRef] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    hook_errors: list[str] = field(default_factory=list)
+    outcome: RunOutcome
+    #: Where the agent keeps its own transcripts (from the harness profile).
+    log_specs: list[LogSpec] = field(default_factory=list)
     #: The failure being handled (set for on_error).
     error: BaseException | None = None
     #: Free-form state hooks keep between phases (keyed by hook name).
     state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def repo(self) -> RepoSpec | None:
+        return self.task.sandbox.repo()
 
     def add_artifact(self, path: Path, kind: str) -> ArtifactRef:
         ref = ArtifactRef(
@@ -92,8 +72,8 @@ class HookContext:
             local_path=str(path),
             size=path.stat().st_size if path.exists() else 0,
         )
-        self.artifacts = [a for a in self.artifacts if a.local_path != ref.local_path]
-        self.artifacts.append(ref)
+        artifacts = [a for a in self.outcome.artifacts if a.local_path != ref.local_path]
+        self.outcome.artifacts = [*artifacts, ref]
         return ref
 
 
@@ -173,7 +153,7 @@ async def run_phase(hooks: list[Hook], phase: str, ctx: HookContext) -> None:
             if hook.required:
                 raise HookError(f"hook {hook.name}.{phase} failed: {e!r}") from e
             log.warning("optional hook %s.%s failed: %r", hook.name, phase, e)
-            ctx.hook_errors.append(f"{hook.name}.{phase}: {e!r}")
+            ctx.outcome.hook_errors.append(f"{hook.name}.{phase}: {e!r}")
 
 
 async def run_on_error(hooks: list[Hook], ctx: HookContext, error: BaseException) -> None:
@@ -185,4 +165,4 @@ async def run_on_error(hooks: list[Hook], ctx: HookContext, error: BaseException
             await hook.on_error(ctx, error)
         except Exception as e:
             log.warning("hook %s.on_error failed: %r", hook.name, e)
-            ctx.hook_errors.append(f"{hook.name}.on_error: {e!r}")
+            ctx.outcome.hook_errors.append(f"{hook.name}.on_error: {e!r}")

@@ -15,6 +15,7 @@ from pydantic import Field
 from hooks.base import Hook, HookContext, register_hook
 from sandboxes.base import SandboxError
 from schemas.base import StrictModel
+from schemas.outcome import DiffSummary
 
 
 class CaptureDiffParams(StrictModel):
@@ -28,16 +29,6 @@ class CaptureDiffParams(StrictModel):
     state_dir: str = "/tmp/rollout-diff"
     max_bytes: int = 20 * 1024 * 1024
     timeout_s: float = 300.0
-
-
-class DiffSummary(StrictModel):
-    base: str
-    files_changed: int = 0
-    insertions: int = 0
-    deletions: int = 0
-    bytes: int = 0
-    truncated: bool = False
-    local_path: str | None = None
 
 
 @register_hook
@@ -54,7 +45,7 @@ class CaptureDiffHook(Hook):
     def _dir(self, ctx: HookContext) -> str:
         if self.params.path:
             return self.params.path
-        return ctx.repo.path if ctx.repo else ctx.harness_ctx.workdir
+        return ctx.repo.path if ctx.repo else ctx.workdir
 
     def _git_env(self, ctx: HookContext) -> dict[str, str]:
         """Env selecting the baseline git dir when we snapshot ourselves."""
@@ -130,7 +121,7 @@ class CaptureDiffHook(Hook):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         summary.local_path = str(path)
-        ctx.diff = summary
+        ctx.outcome.diff = summary
         ctx.add_artifact(path, "diff")
 
     async def on_error(self, ctx: HookContext, error: BaseException) -> None:

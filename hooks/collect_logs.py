@@ -1,26 +1,76 @@
 """`collect_logs`: copy the agent's own transcripts/logs out of the sandbox.
 
-The harness knows where its agent writes (Claude Code's `projects/**.jsonl`, Codex's
-`sessions/**`, mini's trajectory, Hermes' logs and state db); this hook moves them to
-the rollout's artifacts dir after the run *and* on error, because the transcript of a
-failed or cancelled run is exactly what an operator needs to look at.
+The harness profile says where its agent writes (Claude Code's `projects/**.jsonl`,
+Codex's `sessions/**`, mini's trajectory, Hermes' logs and state db); the runtime hands
+those `LogSpec`s to the hooks. This hook moves them to the rollout's artifacts dir after
+the run *and* on error, because the transcript of a failed or cancelled run is exactly
+what an operator needs to look at.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import fnmatch
+import io
+import tarfile
+from pathlib import Path, PurePosixPath
 
 from pydantic import Field
 
-from harnesses.base import LogSpec
 from hooks.base import Hook, HookContext, register_hook
+from sandboxes.base import Sandbox, SandboxError, SandboxNotFound
 from schemas.base import StrictModel
+from schemas.outcome import LogFile, LogSpec
 
 
 class CollectLogsParams(StrictModel):
     #: More sandbox locations to collect (besides the harness's own).
     extra: list[LogSpec] = Field(default_factory=list)
     subdir: str = "logs"
+
+
+async def collect_log_files(
+    sandbox: Sandbox, dest_dir: Path, specs: list[LogSpec]
+) -> list[LogFile]:
+    """Copy the files matching `specs` out of the sandbox into `dest_dir` (host).
+
+    One tar per log location, filtered host-side, so it needs no tools in the sandbox.
+    Missing locations are skipped (an agent that crashed early has none). Member paths
+    come from the sandbox, so absolute paths and `..` are never followed.
+    """
+    out: list[LogFile] = []
+    for spec in specs:
+        try:
+            raw = await sandbox.get_archive(spec.path)
+        except (SandboxNotFound, SandboxError, FileNotFoundError):
+            continue
+        base = PurePosixPath(spec.path)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
+            for m in tf.getmembers():
+                name = PurePosixPath(m.name).name
+                member = PurePosixPath(m.name)
+                if not m.isfile() or not any(fnmatch.fnmatch(name, p) for p in spec.patterns):
+                    continue
+                if member.is_absolute() or ".." in member.parts:
+                    continue
+                rel = PurePosixPath(*member.parts[1:])
+                inside = str(base / rel) if rel.parts else str(base)
+                target = (
+                    dest_dir / spec.kind / base.name / rel
+                    if rel.parts
+                    else dest_dir / spec.kind / name
+                )
+                f = tf.extractfile(m)
+                if f is None:
+                    continue
+                data = f.read()
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+                out.append(
+                    LogFile(
+                        kind=spec.kind, sandbox_path=inside, local_path=str(target), size=len(data)
+                    )
+                )
+    return out
 
 
 @register_hook
@@ -30,13 +80,12 @@ class CollectLogsHook(Hook):
     params: CollectLogsParams
 
     async def after_run(self, ctx: HookContext) -> None:
-        specs = [*ctx.harness.log_specs(), *self.params.extra]
-        logs = await ctx.harness.collect_logs(
-            ctx.sandbox, ctx.artifacts_dir / self.params.subdir, specs
-        )
-        if ctx.agent_result is not None:
-            known = {lf.local_path for lf in ctx.agent_result.logs}
-            ctx.agent_result.logs += [lf for lf in logs if lf.local_path not in known]
+        specs = [*ctx.log_specs, *self.params.extra]
+        logs = await collect_log_files(ctx.sandbox, ctx.artifacts_dir / self.params.subdir, specs)
+        agent = ctx.outcome.agent
+        if agent is not None:
+            known = {lf.local_path for lf in agent.logs}
+            agent.logs += [lf for lf in logs if lf.local_path not in known]
         for lf in logs:
             if lf.local_path:
                 ctx.add_artifact(Path(lf.local_path), lf.kind)

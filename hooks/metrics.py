@@ -19,8 +19,8 @@ class MetricsParams(StrictModel):
 
 
 def collect_metrics(ctx: HookContext) -> dict[str, Any]:
-    m: dict[str, Any] = {f"time.{k}_s": round(v, 3) for k, v in ctx.timings.items()}
-    a = ctx.agent_result
+    m: dict[str, Any] = {f"time.{k}_s": round(v, 3) for k, v in ctx.outcome.timings.items()}
+    a = ctx.outcome.agent
     if a is not None:
         m.update(
             {
@@ -36,7 +36,7 @@ def collect_metrics(ctx: HookContext) -> dict[str, Any]:
         for k, v in a.details.items():
             if isinstance(v, int | float | str | bool) or v is None:
                 m[f"agent.{k}"] = v
-    e = ctx.evaluation
+    e = ctx.outcome.evaluation
     if e is not None:
         m.update(
             {
@@ -48,7 +48,7 @@ def collect_metrics(ctx: HookContext) -> dict[str, Any]:
                 "eval.duration_s": e.duration_s,
             }
         )
-    d = ctx.diff
+    d = ctx.outcome.diff
     if d is not None:
         m.update(
             {
@@ -58,9 +58,9 @@ def collect_metrics(ctx: HookContext) -> dict[str, Any]:
                 "diff.bytes": d.bytes,
             }
         )
-    m["artifacts.count"] = len(ctx.artifacts)
-    m["artifacts.bytes"] = sum(x.size for x in ctx.artifacts)
-    m["hooks.errors"] = len(ctx.hook_errors)
+    m["artifacts.count"] = len(ctx.outcome.artifacts)
+    m["artifacts.bytes"] = sum(x.size for x in ctx.outcome.artifacts)
+    m["hooks.errors"] = len(ctx.outcome.hook_errors)
     if ctx.error is not None:
         m["error.type"] = type(ctx.error).__name__
     return m
@@ -73,11 +73,11 @@ class MetricsHook(Hook):
     params: MetricsParams
 
     async def after_run(self, ctx: HookContext) -> None:
-        ctx.metrics.update(collect_metrics(ctx))
+        ctx.outcome.metrics.update(collect_metrics(ctx))
         if self.params.write_file:
             path = ctx.artifacts_dir / "metrics.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(ctx.metrics, indent=2, sort_keys=True, default=str))
+            path.write_text(json.dumps(ctx.outcome.metrics, indent=2, sort_keys=True, default=str))
             ctx.add_artifact(path, "metrics")
 
     async def on_error(self, ctx: HookContext, error: BaseException) -> None:

@@ -14,8 +14,9 @@ import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from hooks.base import ArtifactRef, Hook, HookContext, register_hook
+from hooks.base import Hook, HookContext, register_hook
 from schemas.base import StrictModel
+from schemas.outcome import ArtifactRef
 
 
 class UploadArtifactsParams(StrictModel):
@@ -61,7 +62,7 @@ class UploadArtifactsHook(Hook):
 
     async def after_run(self, ctx: HookContext) -> None:
         # boto3 is blocking: keep the event loop (and activity heartbeats) free.
-        await asyncio.to_thread(_upload_sync, self.params, ctx.rollout_id, ctx.artifacts)
+        await asyncio.to_thread(_upload_sync, self.params, ctx.rollout_id, ctx.outcome.artifacts)
 
     async def on_error(self, ctx: HookContext, error: BaseException) -> None:
         if self.params.on_error:

@@ -11,9 +11,11 @@ from typing import Any
 from pydantic import Field
 
 from schemas.base import StrictModel
+from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.sampling import SamplingParams
 from schemas.scenes import SceneConfig
-from schemas.tasks import HarnessSpec, HookSpec, SandboxRequest
+from schemas.session import SessionCreated
+from schemas.tasks import HarnessSpec, RolloutTask
 
 # ----------------------------------------------------------------------------- names
 
@@ -85,15 +87,6 @@ class Phase(StrEnum):
     cancelled = "cancelled"
 
 
-class RolloutStatus(StrEnum):
-    """Outcome of a finished rollout (a failed workflow has no result)."""
-
-    ok = "ok"
-    truncated = "truncated"
-    agent_timeout = "agent_timeout"
-    eval_error = "eval_error"
-
-
 # ----------------------------------------------------------------------------- session
 
 
@@ -107,13 +100,10 @@ class SessionRequest(StrictModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-class SessionRef(StrictModel):
-    """A live Gateway session. `token` is the agent's API key for this session only."""
+class SessionRef(SessionCreated):
+    """A live Gateway session and where it lives. `token` is the agent's API key for
+    this session only."""
 
-    session_id: str
-    token: str
-    openai_base_url: str
-    anthropic_base_url: str
     gateway_url: str = Field(description="control API base URL of the owning process")
     owner_queue: str = Field(description="task queue of the gateway host owning the session")
 
@@ -129,11 +119,8 @@ class CloseSessionRequest(StrictModel):
 class ProvisionRequest(StrictModel):
     rollout_id: str
     attempt: int = Field(ge=1)
-    task_id: str
-    sandbox: SandboxRequest
+    task: RolloutTask
     session: SessionRef
-    harness: HarnessSpec
-    prompt: str
     timeout_s: float = Field(gt=0, description="sandbox lifetime (TTL backstop)")
 
 
@@ -156,40 +143,14 @@ class DestroyRequest(StrictModel):
 
 
 class HarnessRequest(StrictModel):
+    """Run the task's agent and hooks in a provisioned sandbox. The task's
+    `harness.budget_s` is already cut to what is left of the rollout budget."""
+
     rollout_id: str
     attempt: int = Field(ge=1)
-    task_id: str
-    prompt: str
-    harness: HarnessSpec
-    hooks: list[HookSpec] = Field(default_factory=list)
-    evaluation: dict[str, Any] | None = None
-    repo: dict[str, Any] | None = Field(default=None, description="the task's repo spec")
+    task: RolloutTask
     sandbox: SandboxRef
     session: SessionRef
-    reward_fn_version: str | None = None
-    heartbeat_s: float = Field(default=60.0, gt=0)
-
-
-class HarnessOutcome(StrictModel):
-    """What the agent run and its hooks produced (small; logs stay in the sandbox/S3)."""
-
-    exit_code: int | None = None
-    timed_out: bool = False
-    cancelled: bool = False
-    duration_s: float = 0.0
-    reward: float | None = None
-    rewards: dict[str, float] = Field(default_factory=dict)
-    step_rewards: list[float] | None = None
-    verdict: str | None = None
-    eval_error: str | None = None
-    harness: str
-    harness_version: str
-    reward_fn_version: str
-    llm_calls: int | None = None
-    artifacts_uri: str | None = None
-    stdout_tail: str = ""
-    stderr_tail: str = ""
-    error: str | None = None
 
 
 # ----------------------------------------------------------------------------- samples
@@ -204,8 +165,7 @@ class CollectRequest(StrictModel):
     seed: int | None
     session: SessionRef
     env_version: str
-    outcome: HarnessOutcome
-    status: RolloutStatus
+    outcome: RunOutcome
     sampling: SamplingParams
     output: str
     trainable_scenes: list[str] | None = None

@@ -5,7 +5,6 @@ traced to the policy, environment, template, reward function and harness that ma
 Readers refuse a `schema_version` they do not know rather than guess at its meaning.
 """
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -14,17 +13,11 @@ import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from schemas.base import StrictModel
+from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.scenes import Scene
 
 SCHEMA_VERSION = 1
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
-
-
-class SampleStatus(StrEnum):
-    ok = "ok"
-    truncated = "truncated"
-    agent_timeout = "agent_timeout"
-    infra_error = "infra_error"
 
 
 class SampleRow(StrictModel):
@@ -44,7 +37,7 @@ class SampleRow(StrictModel):
     logprobs: list[float]
     reward: float
     step_rewards: list[float] | None = None
-    status: SampleStatus
+    status: RolloutStatus = Field(description="one of SAMPLE_STATUSES")
     policy_version: str
     env_version: str
     prompt_template_version: str
@@ -62,6 +55,8 @@ class SampleRow(StrictModel):
             raise ValueError("loss_mask and logprobs must align with response_ids")
         if any(bit not in (0, 1) for bit in self.loss_mask):
             raise ValueError("loss_mask holds only 0 and 1")
+        if self.status not in SAMPLE_STATUSES:
+            raise ValueError(f"status {self.status} is not a sample status")
         if self.schema_version not in KNOWN_SCHEMA_VERSIONS:
             raise ValueError(f"unknown schema_version {self.schema_version}")
         return self

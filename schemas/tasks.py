@@ -1,10 +1,10 @@
 """Rollout tasks: what a trainer submits (one JSONL line = one `RolloutTask`).
 
-Why its own models rather than the sandbox/harness classes: `schemas` is pure data that
-trainers import without the runtime. The sandbox part stays open (`SandboxRequest`
-passes its fields through to the backend's `SandboxSpec`), so a typo there is caught by
-the provision activity and fails the rollout fast, visibly and without retries, instead
-of being silently dropped here.
+`RolloutTask` is the one task model: the workflow passes it to every activity, and the
+runtime, harness and hooks read it directly. `schemas` is pure data that trainers import
+without the runtime. The sandbox part stays open (`SandboxRequest` passes its fields
+through to the backend's `SandboxSpec`), so a typo there is caught by the provision
+activity and fails the rollout fast, visibly and without retries.
 """
 
 import json
@@ -14,8 +14,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.base import StrictModel
+from schemas.evaluation import EvaluationSpec
 from schemas.sampling import SamplingParams
 from schemas.scenes import SceneConfig
+from schemas.workspace import RepoSpec
 
 #: Ids become Temporal workflow ids, file names and search-attribute values.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -32,11 +34,23 @@ class HarnessSpec(StrictModel):
 
 class HookSpec(StrictModel):
     """One hook in the task's ordered list; it runs at before_run / after_run / on_error
-    as the hook defines. Mirrors `hooks.base.HookSpec` (params are validated there)."""
+    as the hook defines. Params are validated by the hook when the hooks are built; a
+    non-required hook's failure is recorded in the outcome instead of failing the run."""
 
     name: str = Field(min_length=1)
     params: dict[str, Any] = Field(default_factory=dict)
     required: bool = True
+
+
+def default_hooks() -> list[HookSpec]:
+    """Logs, then the diff (before evaluation can touch the workspace), then the
+    evaluation, then metrics summarising all of them."""
+    return [
+        HookSpec(name="collect_logs"),
+        HookSpec(name="capture_diff", required=False),
+        HookSpec(name="evaluate"),
+        HookSpec(name="metrics"),
+    ]
 
 
 class SandboxRequest(BaseModel):
@@ -53,6 +67,11 @@ class SandboxRequest(BaseModel):
         """Everything except `backend`, as given (for `SandboxSpec.model_validate`)."""
         return dict(self.model_extra or {})
 
+    def repo(self) -> RepoSpec | None:
+        """The task's repository, if it has one."""
+        raw = (self.model_extra or {}).get("repo")
+        return RepoSpec.model_validate(raw) if raw is not None else None
+
 
 class RolloutBudget(StrictModel):
     """Time limits. `total_s` is enforced *inside* the workflow (a workflow execution
@@ -66,6 +85,9 @@ class RolloutBudget(StrictModel):
         default=120.0, gt=0, description="schedule-to-start on a host queue: dead host → new host"
     )
     grace_s: float = Field(default=120.0, ge=0, description="hooks/eval time beyond budget_s")
+    setup_s: float = Field(default=300.0, gt=0, description="harness setup in the sandbox")
+    hooks_s: float = Field(default=900.0, gt=0, description="one hook phase")
+    cleanup_s: float = Field(default=120.0, gt=0, description="harness cleanup, on_error hooks")
 
 
 class RolloutTask(StrictModel):
@@ -75,10 +97,10 @@ class RolloutTask(StrictModel):
     prompt: str
     harness: HarnessSpec
     sandbox: SandboxRequest = Field(default_factory=SandboxRequest)
-    hooks: list[HookSpec] = Field(default_factory=list)
-    evaluation: dict[str, Any] | None = Field(
-        default=None, description="the success check (hooks.evaluate.EvaluationSpec fields)"
+    hooks: list[HookSpec] = Field(
+        default_factory=list, description="empty: the default hooks (see `hook_specs`)"
     )
+    evaluation: EvaluationSpec | None = Field(default=None, description="the success check")
     policy_version: str = Field(default="unversioned", min_length=1, max_length=256)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     scenes: SceneConfig | None = Field(default=None, description="None: the harness profile")
@@ -90,6 +112,16 @@ class RolloutTask(StrictModel):
         default=3, ge=1, le=5, description="whole attempts: new session + sandbox each"
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def hook_specs(self) -> list[HookSpec]:
+        """The hooks this task runs: its own list, or the defaults when it gives none."""
+        return list(self.hooks) or default_hooks()
+
+    def reward_fn_id(self) -> str:
+        """Lineage of the reward: explicit version, else the evaluation spec's hash."""
+        if self.reward_fn_version:
+            return self.reward_fn_version
+        return self.evaluation.reward_fn_version() if self.evaluation else "none"
 
 
 class RolloutRequest(StrictModel):

@@ -26,6 +26,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
+    from schemas.outcome import RolloutStatus, RunOutcome, final_status
     from schemas.rollout import (
         CLOSE_SESSION,
         COLLECT_TRAJECTORY,
@@ -38,14 +39,12 @@ with workflow.unsafe.imports_passed_through():
         CloseSessionRequest,
         CollectRequest,
         DestroyRequest,
-        HarnessOutcome,
         HarnessRequest,
         Phase,
         ProvisionRequest,
         QueueNames,
         RolloutProgress,
         RolloutResult,
-        RolloutStatus,
         SamplesSummary,
         SandboxRef,
         SessionRef,
@@ -59,6 +58,11 @@ SANDBOX_HOST = SearchAttributeKey.for_keyword("RolloutSandboxHost")
 REWARD = SearchAttributeKey.for_float("RolloutReward")
 
 CLEANUP_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
+
+
+def _retry(attempts: int) -> RetryPolicy:
+    """Retry infra errors in place; a bad task is never retried."""
+    return RetryPolicy(maximum_attempts=attempts, non_retryable_error_types=list(FATAL_ERROR_TYPES))
 
 
 class AttemptFailed(Exception):
@@ -150,27 +154,24 @@ class RolloutWorkflow:
         result: RolloutResult | None = None
         try:
             outcome, session, sandbox = await self._attempts(req, queues, deadline)
-            status = self._status_of(outcome)
             summary = SamplesSummary(uri=None)
             if session is not None and sandbox is not None:
                 self._set_phase(Phase.collecting)
                 destroy = self._release_sandbox(sandbox)
-                summary = await self._collect(req, session, sandbox, outcome, status)
+                summary = await self._collect(req, session, sandbox, outcome)
                 if summary.session_closed and session in self._open_sessions:
                     self._open_sessions.remove(session)
                 if destroy is not None:
                     # shield: a cancel arriving now must not cancel the destroy itself
                     await asyncio.shield(destroy)
-            if status is RolloutStatus.ok and summary.statuses.get("truncated"):
-                status = RolloutStatus.truncated
             result = RolloutResult(
                 rollout_id=req.rollout_id,
                 batch_id=req.batch_id,
                 task_id=task.task_id,
                 group_id=req.group_id,
                 sample_index=req.sample_index,
-                status=status,
-                reward=self._reward(outcome, status),
+                status=final_status(outcome.status, summary.statuses),
+                reward=outcome.reward,
                 rewards=outcome.rewards,
                 verdict=outcome.verdict,
                 samples_uri=summary.uri,
@@ -181,12 +182,12 @@ class RolloutWorkflow:
                 sandbox_id=sandbox.sandbox_id if sandbox else None,
                 attempts=self._attempt,
                 duration_s=(workflow.now() - started).total_seconds(),
-                agent_exit_code=outcome.exit_code,
+                agent_exit_code=outcome.agent.exit_code if outcome.agent else None,
                 harness=outcome.harness,
                 harness_version=outcome.harness_version,
                 policy_version=task.policy_version,
                 env_version=sandbox.env_version if sandbox else None,
-                error=outcome.error or outcome.eval_error,
+                error=outcome.problem,
             )
             final = Phase.done
             return result
@@ -200,7 +201,7 @@ class RolloutWorkflow:
 
     async def _attempts(
         self, req: RolloutRequest, queues: QueueNames, deadline: Any
-    ) -> tuple[HarnessOutcome, SessionRef | None, SandboxRef | None]:
+    ) -> tuple[RunOutcome, SessionRef | None, SandboxRef | None]:
         """Up to `max_attempts` of session + sandbox + agent; returns the one that ran."""
         task = req.task
         for attempt in range(1, task.max_attempts + 1):
@@ -258,20 +259,15 @@ class RolloutWorkflow:
                 "attempt": attempt,
             },
         )
-        try:
-            session = await workflow.execute_activity(
-                CREATE_SESSION,
-                session_req,
-                result_type=SessionRef,
-                task_queue=queues.gateway,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(
-                    maximum_attempts=5, non_retryable_error_types=list(FATAL_ERROR_TYPES)
-                ),
-                summary=f"create session (attempt {attempt})",
-            )
-        except ActivityError as err:
-            raise self._fatal_or(err, "create_session") from err
+        session = await self._execute(
+            CREATE_SESSION,
+            session_req,
+            result_type=SessionRef,
+            task_queue=queues.gateway,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=_retry(5),
+            summary=f"create session (attempt {attempt})",
+        )
         self._session = session
         self._open_sessions.append(session)
         self._details()
@@ -290,29 +286,21 @@ class RolloutWorkflow:
         provision = ProvisionRequest(
             rollout_id=req.rollout_id,
             attempt=attempt,
-            task_id=task.task_id,
-            sandbox=task.sandbox,
+            task=task,
             session=session,
-            harness=task.harness,
-            prompt=task.prompt,
             timeout_s=budget.total_s + budget.grace_s + 600,
         )
-        try:
-            sandbox = await workflow.execute_activity(
-                PROVISION_SANDBOX,
-                provision,
-                result_type=SandboxRef,
-                task_queue=queues.sandbox,
-                start_to_close_timeout=timedelta(seconds=budget.provision_s),
-                schedule_to_close_timeout=timedelta(seconds=max(remaining_s, 1.0)),
-                heartbeat_timeout=timedelta(seconds=budget.heartbeat_s),
-                retry_policy=RetryPolicy(
-                    maximum_attempts=3, non_retryable_error_types=list(FATAL_ERROR_TYPES)
-                ),
-                summary=f"provision {task.sandbox.backend} sandbox (attempt {attempt})",
-            )
-        except ActivityError as err:
-            raise self._fatal_or(err, "provision_sandbox") from err
+        sandbox = await self._execute(
+            PROVISION_SANDBOX,
+            provision,
+            result_type=SandboxRef,
+            task_queue=queues.sandbox,
+            start_to_close_timeout=timedelta(seconds=budget.provision_s),
+            schedule_to_close_timeout=timedelta(seconds=max(remaining_s, 1.0)),
+            heartbeat_timeout=timedelta(seconds=budget.heartbeat_s),
+            retry_policy=_retry(3),
+            summary=f"provision {task.sandbox.backend} sandbox (attempt {attempt})",
+        )
         self._sandbox = sandbox
         self._open_sandboxes.append(sandbox)
         self._details()
@@ -325,7 +313,7 @@ class RolloutWorkflow:
         sandbox: SandboxRef,
         attempt: int,
         remaining_s: float,
-    ) -> HarnessOutcome:
+    ) -> RunOutcome:
         task = req.task
         budget = task.budget
         agent_budget = min(task.harness.budget_s, remaining_s)
@@ -333,21 +321,14 @@ class RolloutWorkflow:
         run = HarnessRequest(
             rollout_id=req.rollout_id,
             attempt=attempt,
-            task_id=task.task_id,
-            prompt=task.prompt,
-            harness=harness,
-            hooks=task.hooks,
-            evaluation=task.evaluation,
-            repo=task.sandbox.spec_fields().get("repo"),
+            task=task.model_copy(update={"harness": harness}),
             sandbox=sandbox,
             session=session,
-            reward_fn_version=task.reward_fn_version,
-            heartbeat_s=budget.heartbeat_s,
         )
         activity = workflow.execute_activity(
             RUN_HARNESS,
             run,
-            result_type=HarnessOutcome,
+            result_type=RunOutcome,
             task_queue=sandbox.host_queue,
             schedule_to_start_timeout=timedelta(seconds=budget.host_queue_wait_s),
             # longer than the backstop timer below, so the timer (→ agent_timeout) wins
@@ -383,8 +364,7 @@ class RolloutWorkflow:
         req: RolloutRequest,
         session: SessionRef,
         sandbox: SandboxRef | None,
-        outcome: HarnessOutcome,
-        status: RolloutStatus,
+        outcome: RunOutcome,
     ) -> SamplesSummary:
         task = req.task
         collect = CollectRequest(
@@ -397,7 +377,6 @@ class RolloutWorkflow:
             session=session,
             env_version=sandbox.env_version if sandbox else "none",
             outcome=outcome,
-            status=status,
             sampling=task.sampling,
             output=req.output,
             trainable_scenes=[str(s) for s in task.scenes.trainable] if task.scenes else None,
@@ -410,9 +389,7 @@ class RolloutWorkflow:
                 task_queue=session.owner_queue,
                 schedule_to_start_timeout=timedelta(seconds=task.budget.host_queue_wait_s),
                 start_to_close_timeout=timedelta(seconds=task.budget.collect_s),
-                retry_policy=RetryPolicy(
-                    maximum_attempts=5, non_retryable_error_types=list(FATAL_ERROR_TYPES)
-                ),
+                retry_policy=_retry(5),
                 summary="collect trajectory → samples",
             )
         except ActivityError as err:
@@ -438,31 +415,22 @@ class RolloutWorkflow:
             return AttemptFailed(f"{step}: host queue not served (host gone?)")
         return AttemptFailed(f"{step}: {_describe(err)}")
 
-    def _budget_outcome(self, req: RolloutRequest, why: str) -> HarnessOutcome:
-        spec = req.task.harness
-        return HarnessOutcome(
-            timed_out=True,
-            harness=spec.name,
-            harness_version=spec.version or "unknown",
-            reward_fn_version=req.task.reward_fn_version or "unknown",
+    async def _execute(self, activity: str, arg: Any, **options: Any) -> Any:
+        """Run one step of an attempt; its failure becomes a fatal error or a new attempt."""
+        try:
+            return await workflow.execute_activity(activity, arg, **options)
+        except ActivityError as err:
+            raise self._fatal_or(err, activity) from err
+
+    def _budget_outcome(self, req: RolloutRequest, why: str) -> RunOutcome:
+        task = req.task
+        return RunOutcome(
+            status=RolloutStatus.agent_timeout,
+            harness=task.harness.name,
+            harness_version=task.harness.version or "unknown",
+            reward_fn_version=task.reward_fn_id(),
             error=why,
         )
-
-    @staticmethod
-    def _status_of(outcome: HarnessOutcome) -> RolloutStatus:
-        if outcome.timed_out:
-            return RolloutStatus.agent_timeout
-        if outcome.eval_error:
-            return RolloutStatus.eval_error
-        return RolloutStatus.ok
-
-    @staticmethod
-    def _reward(outcome: HarnessOutcome, status: RolloutStatus) -> float | None:
-        if status is RolloutStatus.agent_timeout:
-            return 0.0
-        if status is RolloutStatus.eval_error:
-            return None
-        return outcome.reward if outcome.reward is not None else 0.0
 
     def _release_session(self, session: SessionRef | None) -> asyncio.Task[Any] | None:
         if session is None or session not in self._open_sessions:

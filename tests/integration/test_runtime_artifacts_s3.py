@@ -11,11 +11,14 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from activities.runtime import RuntimeFailure, RuntimeManager, RuntimeStatus, TaskRuntimeSpec
-from hooks.base import Hook, HookContext, HookSpec, register_hook
+from activities.runtime import RuntimeFailure
+from hooks.base import Hook, HookContext, register_hook
 from sandboxes.base import SandboxBackend
+from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
+from schemas.tasks import HookSpec, RolloutTask
 from tests.e2e.test_agents_stub import RecordingLLMServerForTests
+from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     local_backend,
     sandbox_base_image,
@@ -62,12 +65,12 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         server.stop()
 
 
-def task(command: str, s3_url: str, **kw: object) -> TaskRuntimeSpec:
-    return TaskRuntimeSpec.model_validate(
+def task(command: str, s3_url: str, **kw: object) -> RolloutTask:
+    return RolloutTask.model_validate(
         {
             "task_id": "hello-s3",
             "prompt": "create hello.py that prints 42",
-            "backend": "local",
+            "sandbox": {"backend": "local"},
             "harness": {"name": "command", "config": {"command": command}, "budget_s": 60},
             "evaluation": {
                 "checks": [{"kind": "command", "command": 'test "$(python3 hello.py)" = 42'}]
@@ -107,7 +110,7 @@ async def test_artifacts_are_uploaded_to_s3(
         r = await RuntimeManager(tmp_path, backends={"local": local_backend}).run(
             task("printf 'print(42)\\n' > hello.py", s3), session(srv), "s3-ok"
         )
-    assert r.status == RuntimeStatus.ok and r.reward == 1.0
+    assert r.status == RolloutStatus.ok and r.reward == 1.0
     got = keys(s3, "runs/s3-ok/")
     want = {f"runs/s3-ok/{n}" for n in ("diff.patch", "evaluation.json", "metrics.json")}
     assert want <= got and "runs/s3-ok/agent/agent.stdout.log" in got
@@ -131,7 +134,7 @@ async def test_artifacts_are_uploaded_when_the_rollout_fails(
         await RuntimeManager(tmp_path, backends={"local": local_backend}).run(
             t, session(srv), "s3-fail"
         )
-    assert exc.value.result.status == RuntimeStatus.infra_error
+    assert exc.value.outcome.status == RolloutStatus.infra_error
     got = keys(s3, "runs/s3-fail/")
     assert "runs/s3-fail/evaluation.json" in got and "runs/s3-fail/metrics.json" in got
-    assert all(a.uri and a.uri.startswith("s3://") for a in exc.value.result.artifacts)
+    assert all(a.uri and a.uri.startswith("s3://") for a in exc.value.outcome.artifacts)

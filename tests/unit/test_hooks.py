@@ -9,62 +9,40 @@ from typing import Any
 
 import pytest
 
-from harnesses.base import AgentResult
-from harnesses.command import CommandHarness
 from hooks.base import (
-    Hook,
     HookContext,
     HookError,
-    HookSpec,
     build_hooks,
-    register_hook,
     run_on_error,
     run_phase,
 )
-from hooks.evaluate import EvaluationSpec, evaluate
+from hooks.collect_logs import collect_log_files
+from hooks.evaluate import evaluate
 from sandboxes.base import ExecResult
-from tests.unit.test_harness_configs import FakeSandbox, make_ctx
-
-EVENTS: list[str] = []
-
-
-@register_hook
-class RecorderHook(Hook):
-    """Test hook: records every phase call; `fail_in` makes that phase raise."""
-
-    name = "test_recorder"
-
-    def __init__(self, params: Any = None) -> None:
-        super().__init__(None)
-        self.tag = (params or {}).get("tag", "?")
-        self.fail_in = (params or {}).get("fail_in")
-
-    async def before_run(self, ctx: HookContext) -> None:
-        self._hit("before_run")
-
-    async def after_run(self, ctx: HookContext) -> None:
-        self._hit("after_run")
-
-    async def on_error(self, ctx: HookContext, error: BaseException) -> None:
-        self._hit("on_error")
-
-    def _hit(self, phase: str) -> None:
-        EVENTS.append(f"{self.tag}.{phase}")
-        if self.fail_in == phase:
-            raise RuntimeError(f"{self.tag} fails in {phase}")
+from schemas.evaluation import EvaluationSpec
+from schemas.outcome import AgentResult, LogSpec, RunOutcome
+from schemas.tasks import HookSpec, RolloutTask
+from tests.fixtures.hooks import EVENTS
+from tests.unit.test_harness_configs import FakeSandbox
 
 
-def hook_ctx(tmp_path: Path, sb: FakeSandbox | None = None, **kw: Any) -> HookContext:
-    sb = sb or FakeSandbox()
-    harness = CommandHarness({"command": "true"})
+def hook_ctx(
+    tmp_path: Path,
+    sb: FakeSandbox | None = None,
+    *,
+    evaluation: EvaluationSpec | None = None,
+    **outcome: Any,
+) -> HookContext:
+    task = RolloutTask(
+        task_id="t-1", prompt="p", harness={"name": "command"}, evaluation=evaluation
+    )
     return HookContext(
         rollout_id="r-1",
-        task_id="t-1",
-        sandbox=sb,
-        harness=harness,
-        harness_ctx=make_ctx(),
+        task=task,
+        sandbox=sb or FakeSandbox(),
+        workdir="/workspace",
         artifacts_dir=tmp_path / "artifacts",
-        **kw,
+        outcome=RunOutcome(harness="command", **outcome),
     )
 
 
@@ -97,7 +75,7 @@ async def test_required_hook_failure_raises_and_on_error_runs_all(tmp_path: Path
     # Every on_error runs, in order; c's own failure is recorded, not raised.
     assert EVENTS[2:] == ["a.on_error", "b.on_error", "c.on_error"]
     assert ctx.error is exc.value
-    assert any("c fails in on_error" in e for e in ctx.hook_errors)
+    assert any("c fails in on_error" in e for e in ctx.outcome.hook_errors)
 
 
 async def test_optional_hook_failure_is_recorded_and_the_next_hook_runs(tmp_path: Path) -> None:
@@ -112,7 +90,7 @@ async def test_optional_hook_failure_is_recorded_and_the_next_hook_runs(tmp_path
     ctx = hook_ctx(tmp_path)
     await run_phase(hooks, "after_run", ctx)
     assert EVENTS == ["a.after_run", "b.after_run"]
-    assert len(ctx.hook_errors) == 1
+    assert len(ctx.outcome.hook_errors) == 1
 
 
 def test_unknown_hook_and_bad_params_fail_when_building() -> None:
@@ -234,13 +212,13 @@ async def test_evaluate_hook_places_hidden_files_and_writes_its_result(tmp_path:
             "files": [{"path": "tests/test_hidden.py", "content": "def test(): pass\n"}],
         }
     )
-    ctx = hook_ctx(tmp_path, sb, evaluation_spec=spec)
+    ctx = hook_ctx(tmp_path, sb, evaluation=spec)
     [hook] = build_hooks([HookSpec(name="evaluate")])
     await hook.after_run(ctx)
     assert sb.files["/workspace/tests/test_hidden.py"] == b"def test(): pass\n"
-    assert ctx.evaluation is not None and ctx.evaluation.reward == 1.0
+    assert ctx.outcome.evaluation is not None and ctx.outcome.evaluation.reward == 1.0
     saved = json.loads((ctx.artifacts_dir / "evaluation.json").read_text())
-    assert saved["reward"] == 1.0 and ctx.artifacts[0].kind == "evaluation"
+    assert saved["reward"] == 1.0 and ctx.outcome.artifacts[0].kind == "evaluation"
 
 
 # --------------------------------------------------------------------------- others
@@ -253,7 +231,7 @@ async def test_collect_logs_metrics_and_local_upload(tmp_path: Path) -> None:
     ctx = hook_ctx(
         tmp_path,
         sb,
-        agent_result=AgentResult(harness="command", harness_version="v", exit_code=0),
+        agent=AgentResult(harness="command", harness_version="v", exit_code=0),
         timings={"agent": 1.5},
     )
     dest = tmp_path / "store"
@@ -276,14 +254,15 @@ async def test_collect_logs_metrics_and_local_upload(tmp_path: Path) -> None:
         ]
     )
     await run_phase(hooks, "after_run", ctx)
-    assert ctx.agent_result is not None
-    [log] = ctx.agent_result.logs
+    assert ctx.outcome.agent is not None
+    [log] = ctx.outcome.agent.logs
     assert log.kind == "transcript" and log.sandbox_path.endswith("2026/a.jsonl")
     assert Path(log.local_path or "").read_bytes() == b'{"x":1}\n'
-    assert ctx.metrics["agent.exit_code"] == 0 and ctx.metrics["time.agent_s"] == 1.5
-    names = {a.name for a in ctx.artifacts}
+    metrics = ctx.outcome.metrics
+    assert metrics["agent.exit_code"] == 0 and metrics["time.agent_s"] == 1.5
+    names = {a.name for a in ctx.outcome.artifacts}
     assert names == {"logs/transcript/sessions/2026/a.jsonl", "metrics.json"}
-    for a in ctx.artifacts:
+    for a in ctx.outcome.artifacts:
         assert a.uri and a.uri.startswith("file://")
         assert (dest / "r-1" / a.name).is_file()
 
@@ -303,11 +282,21 @@ async def test_capture_diff_parses_numstat(tmp_path: Path) -> None:
     [hook] = build_hooks([HookSpec(name="capture_diff")])
     await hook.before_run(ctx)
     await hook.after_run(ctx)
-    assert ctx.diff is not None
-    assert (ctx.diff.base, ctx.diff.files_changed, ctx.diff.insertions, ctx.diff.deletions) == (
+    diff = ctx.outcome.diff
+    assert diff is not None
+    assert (diff.base, diff.files_changed, diff.insertions, diff.deletions) == (
         "abc123",
         3,
         4,
         2,
     )
     assert (ctx.artifacts_dir / "diff.patch").read_bytes().startswith(b"diff --git")
+
+
+async def test_collect_logs_never_writes_outside_its_destination(tmp_path: Any) -> None:
+    sb = FakeSandbox()
+    sb.files["/s/logs/ok.log"] = b"fine"
+    sb.files["/s/logs/../../evil.log"] = b"escape"
+    got = await collect_log_files(sb, tmp_path / "out", [LogSpec(path="/s/logs", kind="log")])
+    assert [lf.sandbox_path for lf in got] == ["/s/logs/ok.log"]
+    assert not list(tmp_path.glob("**/evil.log"))

@@ -1,6 +1,7 @@
-"""Unit tests for the Runtime Manager composition (activities/runtime.py) with an
-in-memory backend and a scripted harness: order of phases, status mapping, on_error,
-and that the sandbox is destroyed after success, failure and cancellation."""
+"""Unit tests for the run composition (`activities.runtime.run_in_sandbox`, driven by the
+tests' `RuntimeManager`) with an in-memory backend and a scripted harness: order of
+phases, status mapping, on_error, and that the sandbox is destroyed after success,
+failure and cancellation."""
 
 from __future__ import annotations
 
@@ -10,19 +11,17 @@ from typing import Any
 
 import pytest
 
-from activities.runtime import (
-    RuntimeFailure,
-    RuntimeManager,
-    RuntimeStatus,
-    TaskRuntimeSpec,
-)
-from harnesses.base import AgentHarness, AgentResult, HarnessConfig, HarnessContext
+from activities.runtime import RuntimeFailure
+from harnesses.base import AgentHarness, HarnessConfig, HarnessContext
 from harnesses.registry import register_harness
 from sandboxes.base import ExecResult, Sandbox, SandboxBackend, SandboxHandle, SandboxSpec
+from schemas.outcome import AgentResult, RolloutStatus
 from schemas.scenes import SceneRule
 from schemas.session import SessionCreated
+from schemas.tasks import RolloutTask
+from tests.fixtures.hooks import EVENTS
+from tests.fixtures.runtime import RuntimeManager
 from tests.unit.test_harness_configs import FakeSandbox
-from tests.unit.test_hooks import EVENTS
 
 SESSION = SessionCreated(
     session_id="s1",
@@ -105,12 +104,12 @@ class _Sb(FakeSandbox):
         self._backend = backend  # type: ignore[assignment]
 
 
-def task(behaviour: str = "ok", **kw: Any) -> TaskRuntimeSpec:
-    return TaskRuntimeSpec.model_validate(
+def task(behaviour: str = "ok", **kw: Any) -> RolloutTask:
+    return RolloutTask.model_validate(
         {
             "task_id": "t1",
             "prompt": "do it",
-            "backend": "fake",
+            "sandbox": {"backend": "fake"},
             "harness": {"name": "test_scripted", "config": {"behaviour": behaviour}},
             "hooks": [{"name": "test_recorder", "params": {"tag": "h"}}],
             **kw,
@@ -139,26 +138,29 @@ async def test_phases_run_in_order_and_the_sandbox_is_destroyed(tmp_path: Path) 
         "harness.cleanup",
         "sandbox.destroy",
     ]
-    assert phases == ["provision", "setup", "before_run", "agent", "after_run"]
-    assert r.status == RuntimeStatus.ok and r.harness_version == "9.9.9"
+    assert phases == ["setup", "before_run", "agent", "after_run"]
+    assert r.status == RolloutStatus.ok and r.harness_version == "9.9.9"
     assert r.env_version == "fake:1" and not backend.live
-    assert set(r.timings) >= {"provision", "setup", "agent", "after_run", "destroy", "total"}
-    # The sandbox is told where the Gateway is (host side), the harness sees it inside.
+    assert set(r.timings) == {"setup", "before_run", "agent", "after_run"}
+    # The sandbox is told where the Gateway is (a non-local backend: its public origin);
+    # the harness sees it inside (asserted in ScriptedHarness.setup).
     assert backend.specs[0].gateway is not None
-    assert backend.specs[0].gateway.target == "http://127.0.0.1:8000"
+    assert backend.specs[0].gateway.public_url == "http://127.0.0.1:8000"
     assert backend.specs[0].rollout_id == "r1"
 
 
 @pytest.mark.parametrize(
-    ("behaviour", "status"),
-    [("fail_exit", RuntimeStatus.agent_error), ("timeout", RuntimeStatus.agent_timeout)],
+    ("behaviour", "status", "exit_code"),
+    [("fail_exit", RolloutStatus.ok, 3), ("timeout", RolloutStatus.agent_timeout, 137)],
 )
 async def test_agent_outcomes_are_data_not_exceptions(
-    tmp_path: Path, behaviour: str, status: RuntimeStatus
+    tmp_path: Path, behaviour: str, status: RolloutStatus, exit_code: int
 ) -> None:
+    """A non-zero exit is the policy's outcome (its reward stands): status ok."""
     backend = FakeBackend()
     r = await manager(tmp_path, backend).run(task(behaviour), SESSION, "r1")
     assert r.status == status and "h.after_run" in EVENTS and not backend.live
+    assert r.agent is not None and r.agent.exit_code == exit_code
 
 
 @pytest.mark.parametrize("behaviour", ["raise", "setup_raise"])
@@ -167,7 +169,7 @@ async def test_infra_failure_runs_on_error_then_destroys(tmp_path: Path, behavio
     with pytest.raises(RuntimeFailure) as exc:
         await manager(tmp_path, backend).run(task(behaviour), SESSION, "r1")
     f = exc.value
-    assert f.result.status == RuntimeStatus.infra_error
+    assert f.outcome.status == RolloutStatus.infra_error
     assert f.phase == ("agent" if behaviour == "raise" else "setup")
     assert EVENTS[-3:] == ["h.on_error", "harness.cleanup", "sandbox.destroy"]
     assert "h.after_run" not in EVENTS and not backend.live

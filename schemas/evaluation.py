@@ -1,0 +1,118 @@
+"""The task's success check (`EvaluationSpec`) and what checking it produced.
+
+The environment contract is data: shell commands (e.g. a test suite), scripts (which
+may print their own reward as JSON), and expected files with content. Each check gives a
+score; the spec's aggregation gives the reward. It lives with the task contract so a
+malformed check is rejected when the task file is read, not inside a sandbox later.
+`reward_fn_version` hashes the spec plus `SCORING_VERSION`, so every sample names the
+exact check that produced its reward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from schemas.base import StrictModel
+from schemas.workspace import SandboxFile
+
+#: Bump when the scoring rules of the `evaluate` hook change meaning.
+SCORING_VERSION = "1"
+
+
+class _CheckBase(StrictModel):
+    name: str | None = None
+    weight: float = Field(default=1.0, ge=0)
+    timeout_s: float = Field(default=300.0, gt=0)
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class CommandCheck(_CheckBase):
+    """Passes when the shell command exits with one of `pass_exit_codes`."""
+
+    kind: Literal["command"] = "command"
+    command: str
+    pass_exit_codes: list[int] = Field(default_factory=lambda: [0])
+    #: Exit codes meaning "the evaluator itself is broken" (126/127: not executable /
+    #: not found; add e.g. 2-5 for pytest's usage/internal errors).
+    error_exit_codes: list[int] = Field(default_factory=lambda: [126, 127])
+
+
+class ScriptCheck(_CheckBase):
+    """A script written into the sandbox and run with `interpreter`.
+
+    `reward_from="exit_code"`: like a command check. `"stdout_json"`: the last stdout
+    line is ``{"reward": float, "step_rewards": [...]?}``; a non-zero exit or a bad line
+    is an evaluator error.
+    """
+
+    kind: Literal["script"] = "script"
+    script: str
+    interpreter: str = "/bin/sh"
+    reward_from: Literal["exit_code", "stdout_json"] = "exit_code"
+    pass_exit_codes: list[int] = Field(default_factory=lambda: [0])
+    error_exit_codes: list[int] = Field(default_factory=lambda: [126, 127])
+
+
+class FileCheck(_CheckBase):
+    """Expectations on one file (path relative to the workdir unless absolute)."""
+
+    kind: Literal["file"] = "file"
+    path: str
+    exists: bool = True
+    #: Whole-content match (compared after stripping trailing whitespace when `strip`).
+    equals: str | None = None
+    contains: list[str] = Field(default_factory=list)
+    regex: str | None = None
+    strip: bool = True
+
+
+Check = Annotated[CommandCheck | ScriptCheck | FileCheck, Field(discriminator="kind")]
+
+
+class EvaluationSpec(StrictModel):
+    """The task's environment contract: how success is checked and scored."""
+
+    checks: list[Check] = Field(min_length=1)
+    #: Files placed just before evaluation (hidden tests the agent never saw).
+    files: list[SandboxFile] = Field(default_factory=list)
+    #: "all": 1.0 iff every check passed; "mean": weighted mean of scores; "sum".
+    aggregate: Literal["all", "mean", "sum"] = "all"
+    #: Reward at or above which the verdict is "pass".
+    pass_threshold: float = 1.0
+    #: Explicit reward-function version; default: a hash of this spec.
+    version: str | None = None
+
+    def reward_fn_version(self) -> str:
+        if self.version:
+            return self.version
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return f"eval{SCORING_VERSION}-{hashlib.sha256(blob).hexdigest()[:12]}"
+
+
+class CheckResult(StrictModel):
+    name: str
+    kind: str
+    passed: bool
+    score: float
+    exit_code: int | None = None
+    timed_out: bool = False
+    duration_s: float = 0.0
+    detail: str = ""
+
+
+class EvaluationResult(StrictModel):
+    """Outcome of the success check. `reward` is None exactly when status is eval_error."""
+
+    status: Literal["ok", "eval_error"]
+    reward: float | None
+    step_rewards: list[float] | None = None
+    verdict: Literal["pass", "fail", "error"]
+    checks: list[CheckResult] = Field(default_factory=list)
+    reward_fn_version: str
+    duration_s: float = 0.0
+    error: str | None = None

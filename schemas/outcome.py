@@ -1,0 +1,211 @@
+"""What running a task produced, and the one set of rules that turns it into a status.
+
+One result model travels from the sandbox host to the trainer: the harness fills
+`AgentResult`, hooks add evaluation, diff, artifacts and metrics to the same `RunOutcome`,
+the `run_harness` activity returns it, the collect step reads its reward, and the
+workflow derives the `RolloutResult` from it. The status rules (rollout, then each
+sample row) live only here, so the workflow, the Parquet rows and the result can never
+disagree about what "agent_timeout" or "eval_error" means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from schemas.base import StrictModel
+from schemas.evaluation import EvaluationResult
+
+
+class RolloutStatus(StrEnum):
+    """How a rollout, or one of its sample rows, ended.
+
+    `eval_error` is a rollout status only: the rows of such a rollout are `infra_error`
+    (masked), because their reward is unknown.
+    """
+
+    ok = "ok"
+    truncated = "truncated"
+    agent_timeout = "agent_timeout"
+    eval_error = "eval_error"
+    infra_error = "infra_error"
+
+
+#: Statuses a training-sample row may carry (the Parquet contract).
+SAMPLE_STATUSES = frozenset(
+    {
+        RolloutStatus.ok,
+        RolloutStatus.truncated,
+        RolloutStatus.agent_timeout,
+        RolloutStatus.infra_error,
+    }
+)
+
+
+class LogSpec(StrictModel):
+    """Where an agent keeps a kind of log: a sandbox path plus file-name patterns."""
+
+    path: str
+    patterns: list[str] = Field(default_factory=lambda: ["*"])
+    kind: str = "log"
+
+
+class LogFile(StrictModel):
+    """One agent log file: where it was in the sandbox and where it is now."""
+
+    kind: str
+    sandbox_path: str | None = None
+    local_path: str | None = None
+    uri: str | None = None
+    size: int = 0
+
+
+class AgentResult(StrictModel):
+    """What running the agent process produced (rewards come from hooks)."""
+
+    harness: str
+    harness_version: str
+    #: Process exit status (128+N when killed by signal N); None if it never finished.
+    exit_code: int | None = None
+    duration_s: float = 0.0
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    #: The agent's own transcripts/logs (filled by the `collect_logs` hook) and the full
+    #: stdout/stderr files when the run had an output dir.
+    logs: list[LogFile] = Field(default_factory=list)
+    #: The agent's final answer when the CLI reports one.
+    final_message: str | None = None
+    #: Harness-specific parsed summary (turn counts, usage, exit status...).
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class ArtifactRef(StrictModel):
+    """A file produced by the run: where it is on the host and (after upload) its URI."""
+
+    name: str
+    kind: str = "artifact"
+    local_path: str | None = None
+    uri: str | None = None
+    size: int = 0
+
+
+class DiffSummary(StrictModel):
+    """The agent's change to the workspace (the patch itself is an artifact)."""
+
+    base: str
+    files_changed: int = 0
+    insertions: int = 0
+    deletions: int = 0
+    bytes: int = 0
+    truncated: bool = False
+    local_path: str | None = None
+
+
+class RunOutcome(StrictModel):
+    """The result of running one task in one sandbox: agent, hooks and evaluation.
+
+    Small by construction (tails, summaries and references only), because it is an
+    activity result stored in workflow history. `status` is `infra_error` until the
+    run finished; a failed run's partial outcome keeps it.
+    """
+
+    status: RolloutStatus = RolloutStatus.infra_error
+    harness: str
+    harness_version: str = "unknown"
+    reward_fn_version: str = "none"
+    #: Image digest / rootfs id / template of the sandbox (lineage).
+    env_version: str | None = None
+    sandbox_id: str | None = None
+    host: str | None = None
+    agent: AgentResult | None = None
+    evaluation: EvaluationResult | None = None
+    diff: DiffSummary | None = None
+    artifacts: list[ArtifactRef] = Field(default_factory=list)
+    artifacts_dir: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
+    llm_calls: int | None = None
+    error: str | None = None
+    hook_errors: list[str] = Field(default_factory=list)
+
+    @property
+    def reward(self) -> float | None:
+        """The rollout's reward: 0 for a timed-out agent, None when the evaluator broke."""
+        if self.status is RolloutStatus.agent_timeout:
+            return 0.0
+        if self.status in (RolloutStatus.eval_error, RolloutStatus.infra_error):
+            return None
+        if self.evaluation is None or self.evaluation.reward is None:
+            return 0.0
+        return self.evaluation.reward
+
+    @property
+    def rewards(self) -> dict[str, float]:
+        """Score per named check."""
+        return {c.name: c.score for c in self.evaluation.checks} if self.evaluation else {}
+
+    @property
+    def step_rewards(self) -> list[float] | None:
+        return self.evaluation.step_rewards if self.evaluation else None
+
+    @property
+    def verdict(self) -> str | None:
+        return self.evaluation.verdict if self.evaluation else None
+
+    @property
+    def problem(self) -> str | None:
+        """What went wrong, for the operator: run error, evaluator error, hook errors."""
+        if self.error:
+            return self.error
+        if self.status is RolloutStatus.eval_error and self.evaluation is not None:
+            return self.evaluation.error or "evaluator failed"
+        return "; ".join(self.hook_errors) or None
+
+
+def run_status(agent: AgentResult | None, evaluation: EvaluationResult | None) -> RolloutStatus:
+    """Status of a finished run: the budget wins, then a broken evaluator, else ok (a
+    non-zero exit is a policy outcome: its reward stands)."""
+    if agent is not None and agent.timed_out:
+        return RolloutStatus.agent_timeout
+    if evaluation is not None and evaluation.status == "eval_error":
+        return RolloutStatus.eval_error
+    return RolloutStatus.ok
+
+
+def final_status(run: RolloutStatus, sample_statuses: Iterable[str]) -> RolloutStatus:
+    """The rollout's status once its samples are known: an ok run with a sample cut at
+    the token limit is `truncated`."""
+    if run is RolloutStatus.ok and RolloutStatus.truncated in set(sample_statuses):
+        return RolloutStatus.truncated
+    return run
+
+
+def sample_status(
+    run: RolloutStatus, *, calls_complete: bool, calls_ok: bool, hit_token_limit: bool
+) -> RolloutStatus:
+    """Status of one sample row (one segment) of a rollout whose run ended with `run`.
+
+    A segment with a failed or missing call, or from a rollout whose reward is unknown,
+    is `infra_error` (kept for visibility, masked for training); a timed-out agent's
+    segments stay trainable with reward 0.
+    """
+    if not (calls_complete and calls_ok):
+        return RolloutStatus.infra_error
+    if run in (RolloutStatus.eval_error, RolloutStatus.infra_error):
+        return RolloutStatus.infra_error
+    if run is RolloutStatus.agent_timeout:
+        return RolloutStatus.agent_timeout
+    if hit_token_limit:
+        return RolloutStatus.truncated
+    return RolloutStatus.ok
