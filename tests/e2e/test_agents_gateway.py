@@ -17,14 +17,16 @@ from typing import Any
 
 import pytest
 
-from activities.runtime import RuntimeManager, RuntimeStatus, TaskRuntimeSpec
 from gateway.scripted_engine import Script, ScriptedEngine, ScriptRule
 from gateway.serving import BackgroundServer
 from gateway.tiny_model import ensure_tiny_model
 from harnesses.registry import get_harness
 from sandboxes.base import SandboxBackend
+from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
+from schemas.tasks import RolloutTask
 from tests.fixtures.gateway import RunningGateway, start_gateway
+from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,
     sandbox_base_image,
@@ -106,11 +108,11 @@ async def test_real_agent_through_gateway(
         policy_version="e2e", scenes=scenes.model_dump(mode="json")
     )
     session = SessionCreated.model_validate(created)
-    task = TaskRuntimeSpec.model_validate(
+    task = RolloutTask.model_validate(
         {
             "task_id": f"hello-{agent}",
             "prompt": PROMPT,
-            "backend": "docker",
+            "sandbox": {"backend": "docker"},
             "harness": {"name": agent, "config": harness_cfg, "budget_s": 300},
             "evaluation": {
                 "checks": [{"kind": "command", "command": 'test "$(python3 hello.py)" = 42'}]
@@ -124,7 +126,7 @@ async def test_real_agent_through_gateway(
     traj = stack.gateway.trajectory(session.session_id)
     calls = traj["calls"]
     assert calls, f"{agent} made no call through the Gateway\n{diag}"
-    assert r.status == RuntimeStatus.ok, f"{r.status} {r.error}\n{diag}"
+    assert r.status == RolloutStatus.ok, f"{r.status} {r.error}\n{diag}"
     assert r.reward == 1.0, diag
     ok = [c for c in calls if c["status"] == "ok"]
     assert len(ok) >= 2, calls  # the tool call turn and the final turn

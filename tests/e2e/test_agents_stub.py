@@ -26,10 +26,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from activities.runtime import RuntimeManager, RuntimeStatus, TaskRuntimeSpec
 from harnesses import versions
 from sandboxes.base import SandboxBackend
+from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
+from schemas.tasks import RolloutTask
+from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,
     local_backend,
@@ -416,12 +418,12 @@ def llm() -> Iterator[RecordingLLMServerForTests]:
         yield srv
 
 
-def hello_task(agent: str, backend: str) -> TaskRuntimeSpec:
-    return TaskRuntimeSpec.model_validate(
+def hello_task(agent: str, backend: str) -> RolloutTask:
+    return RolloutTask.model_validate(
         {
             "task_id": f"hello-{agent}",
             "prompt": "Create hello.py in the current directory that prints 42.",
-            "backend": backend,
+            "sandbox": {"backend": backend},
             "harness": {
                 "name": agent,
                 "config": {"model": MODEL, "context_window": 32768, "max_output_tokens": 1024},
@@ -477,7 +479,7 @@ async def test_real_agent_solves_hello_against_stand_in(
     want_protocol = {"claude_code": "messages", "codex": "responses"}.get(agent, "chat")
     assert {c.protocol for c in calls} == {want_protocol}
     assert first.path.startswith("/v1/")
-    assert r.status == RuntimeStatus.ok, f"{r.status} {r.error}\n{diag}"
+    assert r.status == RolloutStatus.ok, f"{r.status} {r.error}\n{diag}"
     assert r.reward == 1.0, diag
     assert r.harness_version == PINNED[agent]
     kinds = {lf.kind for lf in r.agent.logs}

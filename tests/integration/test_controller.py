@@ -38,7 +38,8 @@ from gateway.scripted_engine import Script, ScriptedEngine, ScriptRule
 from gateway.serving import BackgroundServer
 from gateway.tiny_model import ensure_tiny_model
 from schemas.client import RolloutClient
-from schemas.rollout import BAD_TASK_SPEC, RolloutStatus
+from schemas.outcome import RolloutStatus
+from schemas.rollout import BAD_TASK_SPEC
 from schemas.samples import table_to_rows
 from schemas.storage import read_table
 from schemas.tasks import RolloutTask

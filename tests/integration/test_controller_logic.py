@@ -20,6 +20,8 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import Worker
 
 from schemas.client import RolloutClient
+from schemas.evaluation import EvaluationResult
+from schemas.outcome import AgentResult, RolloutStatus, RunOutcome
 from schemas.rollout import (
     CLOSE_SESSION,
     COLLECT_TRAJECTORY,
@@ -31,11 +33,9 @@ from schemas.rollout import (
     CloseSessionRequest,
     CollectRequest,
     DestroyRequest,
-    HarnessOutcome,
     HarnessRequest,
     ProvisionRequest,
     QueueNames,
-    RolloutStatus,
     SamplesSummary,
     SandboxRef,
     SessionRef,
@@ -94,7 +94,7 @@ class Fakes:
         )
 
     @activity.defn(name=RUN_HARNESS)
-    async def run_harness(self, req: HarnessRequest) -> HarnessOutcome:
+    async def run_harness(self, req: HarnessRequest) -> RunOutcome:
         self.log.append(("run", req.sandbox.sandbox_id))
         if self.on_run is not None:
             value = self.on_run(req)
@@ -102,10 +102,13 @@ class Fakes:
                 value = await value
             if value is not None:
                 return value
-        return HarnessOutcome(
-            exit_code=0,
-            reward=1.0,
-            harness=req.harness.name,
+        return RunOutcome(
+            status=RolloutStatus.ok,
+            agent=AgentResult(harness=req.task.harness.name, harness_version="1.0", exit_code=0),
+            evaluation=EvaluationResult(
+                status="ok", reward=1.0, verdict="pass", reward_fn_version="r1"
+            ),
+            harness=req.task.harness.name,
             harness_version="1.0",
             reward_fn_version="r1",
         )
@@ -246,16 +249,23 @@ async def test_evaluator_error_gives_no_reward(env: tuple[RolloutClient, Fakes])
     """A broken evaluator is not a wrong answer: status eval_error, reward None, and
     collect is told so (its rows get masked)."""
     client, fakes = env
-    fakes.on_run = lambda req: HarnessOutcome(
-        exit_code=0,
-        eval_error="pytest: command not found",
+    fakes.on_run = lambda req: RunOutcome(
+        status=RolloutStatus.eval_error,
+        evaluation=EvaluationResult(
+            status="eval_error",
+            reward=None,
+            verdict="error",
+            reward_fn_version="r1",
+            error="pytest: command not found",
+        ),
         harness="command",
         harness_version="1",
         reward_fn_version="r1",
     )
     result = await asyncio.wait_for((await start(client, task())).result(), 30)
     assert result.status == RolloutStatus.eval_error and result.reward is None
-    assert fakes.collected[0].status == RolloutStatus.eval_error
+    assert result.error == "pytest: command not found"
+    assert fakes.collected[0].outcome.status == RolloutStatus.eval_error
 
 
 async def test_budget_timer_cancels_a_stuck_agent(env: tuple[RolloutClient, Fakes]) -> None:
@@ -278,7 +288,7 @@ async def test_budget_timer_cancels_a_stuck_agent(env: tuple[RolloutClient, Fake
     result = await asyncio.wait_for(handle.result(), 40)
     assert result.status == RolloutStatus.agent_timeout and result.reward == 0.0
     assert fakes.names("agent-killed") == ["sb-1-live"]
-    assert fakes.collected and fakes.collected[0].status == RolloutStatus.agent_timeout
+    assert fakes.collected and fakes.collected[0].outcome.status == RolloutStatus.agent_timeout
     assert fakes.names("destroy") == ["sb-1-live"]
 
 

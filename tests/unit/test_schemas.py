@@ -6,10 +6,10 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
+from schemas.outcome import RolloutStatus
 from schemas.samples import (
     SAMPLE_ARROW_SCHEMA,
     SampleRow,
-    SampleStatus,
     UnknownSchemaVersionError,
     read_samples,
     rows_to_table,
@@ -33,7 +33,7 @@ def make_row(**overrides: object) -> SampleRow:
         "loss_mask": [1, 0, 1],
         "logprobs": [-0.5, 0.0, -1.25],
         "reward": 1.0,
-        "status": SampleStatus.ok,
+        "status": RolloutStatus.ok,
         "policy_version": "p1",
         "env_version": "sha256:abc",
         "prompt_template_version": "tmpl",

@@ -8,15 +8,16 @@ import pyarrow as pa
 import pytest
 from moto import mock_aws
 
-from activities.sandbox import build_spec, gateway_root
+from activities.sandbox import build_spec, gateway_channel
 from examples.make_tasks import example_tasks
 from examples.make_tasks import task as make_task
 from examples.trainer_loop import grpo_advantages
+from harnesses.base import rebase_url
 from schemas.client import RolloutClient
 from schemas.rollout import ProvisionRequest, QueueNames, SessionRef
 from schemas.samples import SampleRow, UnknownSchemaVersionError, rows_to_table
 from schemas.storage import read_many, read_table, samples_uri, write_table
-from schemas.tasks import HarnessSpec, RolloutTask, load_tasks
+from schemas.tasks import RolloutTask, load_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -103,8 +104,7 @@ def _provision(sandbox: dict) -> ProvisionRequest:
     return ProvisionRequest(
         rollout_id="r1",
         attempt=1,
-        task_id="a",
-        sandbox=task.sandbox,
+        task=task,
         session=SessionRef(
             session_id="s",
             token="k",
@@ -113,8 +113,6 @@ def _provision(sandbox: dict) -> ProvisionRequest:
             gateway_url="http://10.0.0.5:8700",
             owner_queue="q",
         ),
-        harness=HarnessSpec(name="command"),
-        prompt="p",
         timeout_s=100,
     )
 
@@ -126,7 +124,18 @@ def test_build_spec_adds_rollout_channel_and_labels() -> None:
     assert spec.labels["agentic-rollout.rollout-id"] == "r1"
     remote = build_spec(_provision({"backend": "e2b"}))
     assert remote.gateway is not None and remote.gateway.public_url == "http://10.0.0.5:8700"
-    assert gateway_root("http://h:1/prefix/v1/") == "http://h:1/prefix"
+
+
+@pytest.mark.parametrize("backend", ["local", "docker", "e2b"])
+def test_gateway_behind_a_path_prefix_is_reached_once_through_the_channel(backend: str) -> None:
+    """The channel points at the Gateway's origin; the session URL keeps its path when
+    rebased onto the sandbox side, so the prefix appears exactly once inside."""
+    session_url = "http://10.0.0.5:8700/gw/v1"
+    channel = gateway_channel(backend, session_url)
+    host_side = channel.target or channel.public_url
+    assert host_side == "http://10.0.0.5:8700"
+    inside = "http://127.0.0.1:18080" if channel.target else channel.public_url
+    assert rebase_url(session_url, inside) == f"{inside}/gw/v1"
 
 
 def test_build_spec_rejects_bad_specs() -> None:

@@ -3,7 +3,9 @@
 from datetime import UTC, datetime
 
 from activities.samples import build_rows, sampling_json, summarize
-from schemas.rollout import CollectRequest, HarnessOutcome, RolloutStatus, SessionRef
+from schemas.evaluation import EvaluationResult
+from schemas.outcome import RolloutStatus, RunOutcome
+from schemas.rollout import CollectRequest, SessionRef
 from schemas.samples import SampleRow
 from schemas.sampling import SamplingParams
 from schemas.trajectory import RecordedCall, Segment, Trajectory
@@ -60,9 +62,16 @@ def trajectory(calls: list[RecordedCall], segments: list[Segment]) -> Trajectory
 def request(
     status: RolloutStatus = RolloutStatus.ok, reward: float | None = 1.0, **kw
 ) -> CollectRequest:
-    outcome = HarnessOutcome(
+    evaluation = EvaluationResult(
+        status="ok" if reward is not None else "eval_error",
         reward=reward,
         step_rewards=[0.5, 1.0] if reward is not None else None,
+        verdict="pass" if reward else ("error" if reward is None else "fail"),
+        reward_fn_version="eval-9",
+    )
+    outcome = RunOutcome(
+        status=status,
+        evaluation=evaluation,
         harness="command",
         harness_version="cmd-1",
         reward_fn_version="eval-9",
@@ -84,7 +93,6 @@ def request(
         ),
         env_version="sha256:img",
         outcome=outcome,
-        status=status,
         sampling=SamplingParams(temperature=0.7),
         output="/tmp/x",
         **kw,
