@@ -1,6 +1,6 @@
 """Codex CLI (`codex exec`) against the Gateway's OpenAI Responses endpoint.
 
-Facts (shared/research/protocols-and-agents.md §2.8, checked with 0.171.0): only
+Facts (checked with Codex 0.171.0): only
 `wire_api = "responses"` exists; the provider must be a *custom* one (the built-in
 "OpenAI" provider tries WebSockets and remote compaction); the key comes from the env
 var named by `env_key`; unknown models need `model_context_window`; `codex exec` has no

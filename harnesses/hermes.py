@@ -1,6 +1,6 @@
 """Hermes Agent (`hermes -z`) against the Gateway's Chat Completions endpoint.
 
-Facts (shared/research/protocols-and-agents.md §4, checked with 0.19.0): config lives
+Facts (checked with Hermes 0.19.0): config lives
 in `$HERMES_HOME/config.yaml`; `model.provider: custom` + `model.base_url` (Hermes
 appends `/chat/completions`) + `model.api_key` (sent as the bearer); Hermes refuses a
 context window under 64,000 tokens, so `model.context_length` is always set and never

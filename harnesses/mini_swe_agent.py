@@ -1,6 +1,6 @@
 """mini-swe-agent (`mini`) against the Gateway's Chat Completions endpoint via litellm.
 
-Facts (shared/research/protocols-and-agents.md §5, checked with 2.4.6): `-c` replaces
+Facts (checked with mini-swe-agent 2.4.6): `-c` replaces
 the default config, so the packaged `mini.yaml` is passed first and our overrides
 second (configs merge recursively); `openai/<model>` + `model_kwargs.api_base` routes
 litellm to the Gateway; `MSWEA_CONFIGURED=true` skips first-run setup and

@@ -8,7 +8,7 @@ from schemas.base import StrictModel
 
 
 class Scene(StrEnum):
-    """Why an agent made an LLM call (ARCHITECTURE §6)."""
+    """Why an agent made an LLM call; decides whether the call can become training data."""
 
     main = "main"
     subagent = "subagent"

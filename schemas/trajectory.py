@@ -18,7 +18,8 @@ class CallStatus(StrEnum):
 
 
 class MatchKind(StrEnum):
-    """How a request's messages related to the tokens already held (ARCHITECTURE §5)."""
+    """How a request's messages related to the tokens already held: a pure extension
+    (clean), an extension whose echoed history drifted (realign), or a new segment (fork)."""
 
     clean = "clean"
     realign = "realign"

@@ -50,7 +50,8 @@ class GatewaySettings(BaseModel):
 
 
 def check_admin_policy(settings: GatewaySettings) -> None:
-    """No admin token is allowed only on loopback with --insecure-dev (ARCHITECTURE §4.2)."""
+    """Running without an admin token is allowed only on loopback with --insecure-dev, where
+    every control call is allowed."""
     if settings.admin_token:
         return
     try:
