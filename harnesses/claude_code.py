@@ -1,6 +1,7 @@
 """Claude Code (`claude -p`) against the Gateway's Anthropic Messages endpoint.
 
-Facts this relies on (checked with Claude Code 2.1.332): `ANTHROPIC_BASE_URL` is the host root without `/v1`; as root,
+Facts this relies on (checked with Claude Code 2.1.332): `ANTHROPIC_BASE_URL` is the
+host root without `/v1`; as root,
 `--dangerously-skip-permissions` needs `IS_SANDBOX=1`; an unknown model gets a 1M window
 unless `CLAUDE_CODE_MAX_CONTEXT_TOKENS` is set; `CLAUDE_CODE_GATEWAY_HINT_HEADERS=1`
 makes it label each call (`x-claude-code-request-class`), which the scene profile uses.
