@@ -1,6 +1,9 @@
 """Schema contracts: strict models, sampling policy precedence, Parquet round trip and
 refusal of unknown schema versions."""
 
+import json
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,6 +22,7 @@ from schemas.samples import (
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
 from schemas.session import SessionConfig
+from schemas.tasks import load_tasks
 
 
 def make_row(**overrides: object) -> SampleRow:
@@ -104,3 +108,24 @@ def test_reader_checks_each_file_of_a_directory(tmp_path) -> None:
         read_samples(tmp_path)
     (tmp_path / "b.parquet").unlink()
     assert read_samples(tmp_path).num_rows == 1
+
+
+def test_sample_rows_refuse_a_rollout_only_status() -> None:
+    """eval_error describes a rollout; its rows are written as infra_error (masked)."""
+    with pytest.raises(ValidationError, match="not a sample status"):
+        make_row(status=RolloutStatus.eval_error)
+
+
+def test_a_task_file_with_a_malformed_check_is_refused_at_load(tmp_path: Path) -> None:
+    """The success check is part of the task contract: a typo fails when the file is read,
+    naming the line, instead of failing a rollout inside a sandbox."""
+    bad = {
+        "task_id": "t1",
+        "prompt": "p",
+        "harness": {"name": "command"},
+        "evaluation": {"checks": [{"kind": "command", "comand": "pytest"}]},
+    }
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match=r"tasks.jsonl:1: invalid task"):
+        load_tasks(path)
