@@ -17,14 +17,10 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.chat_template import ChatTemplate
-from gateway.incremental import (
-    DEFAULT_NORMALISERS,
-    HeldSegment,
-    IncrementalTokenizer,
-    PromptPlan,
-    TokenizersAdapter,
-    load_tokenizer,
-)
+from gateway.incremental.held_segments import HeldSegment
+from gateway.incremental.normalisers import DEFAULT_NORMALISERS
+from gateway.incremental.planner import IncrementalTokenizer, PromptPlan
+from gateway.incremental.tokenizer_adapter import TokenizersAdapter, load_tokenizer
 from schemas.trajectory import MatchKind
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
