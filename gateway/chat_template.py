@@ -1,12 +1,12 @@
 """Render a model's chat template the way transformers does, normalised to that template.
 
-The Gateway renders prompts itself (ARCHITECTURE §5), so it must reproduce what
-`tokenizer.apply_chat_template` would produce: the same Jinja environment, the same
+The Gateway renders prompts itself and sends token ids to the engine, so it must reproduce
+what `tokenizer.apply_chat_template` would produce: the same Jinja environment, the same
 `tojson`, `raise_exception` and `strftime_now` helpers, and the same message dicts.
-Real templates disagree on input details (ARCHITECTURE §8, `chat_templates/SOURCES.md`):
-some crash on an assistant `content` of None, some silently drop tool calls unless it is
-None, some need tool-call `arguments` as a mapping and others as a JSON string. At
-construction we probe the template once and remember the variant it renders correctly.
+Real templates disagree on input details: some crash on an assistant `content` of None,
+some silently drop tool calls unless it is None, some need tool-call `arguments` as a
+mapping and others as a JSON string. At construction we probe the template once and
+remember the variant it renders correctly.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ __all__ = [
     "ChatTemplate",
     "TemplateRenderError",
     "ToolCallStyle",
+    "probe_call_id",
 ]
 
 
@@ -64,8 +65,15 @@ TOOL_CALL_STYLES: tuple[ToolCallStyle, ...] = (
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 """Message fields templates read reasoning from (Qwen/GLM/Kimi/MiniMax, gpt-oss, others)."""
 
+
+def probe_call_id(n: int) -> str:
+    """A tool-call id for probe conversations that every template accepts: 9 alphanumerics
+    (Mistral templates reject any other length)."""
+    return f"prb{n:06d}"
+
+
 # The probe conversation: distinctive strings so their presence in the output is meaningful.
-_PROBE_ID = "prb000001"  # 9 alphanumerics: Mistral templates reject any other length
+_PROBE_ID = probe_call_id(1)
 _PROBE_TOOL = "probe_lookup_tool"
 _PROBE_KEY = "probe_key_q7"
 _PROBE_VALUE = "probe-value-z9"

@@ -17,14 +17,10 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.chat_template import ChatTemplate
-from gateway.incremental import (
-    DEFAULT_NORMALISERS,
-    HeldSegment,
-    IncrementalTokenizer,
-    PromptPlan,
-    TokenizersAdapter,
-    load_tokenizer,
-)
+from gateway.incremental.held_segments import HeldSegment
+from gateway.incremental.normalisers import DEFAULT_NORMALISERS
+from gateway.incremental.planner import IncrementalTokenizer, PromptPlan
+from gateway.incremental.tokenizer_adapter import TokenizersAdapter, load_tokenizer
 from schemas.trajectory import MatchKind
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -430,7 +426,7 @@ def test_injected_reminders_dropped_on_resend_are_forgiven(
     resent = [history[0], user("list files"), reply, tool(0, "a.py")]
     plan = planner.prepare(segments, resent, TOOLS)
     assert plan.kind is MatchKind.realign
-    assert any("injected blocks" in d for d in plan.drift)
+    assert plan.drift == ["message 1 (user): injected blocks"]
     assert plan.prompt_ids[: len(held)] == held
     assert "Todo list is empty." in tokenizer.decode(plan.prompt_ids)
     strict = IncrementalTokenizer(
@@ -484,7 +480,7 @@ def test_fork_when_the_request_does_not_go_beyond_held_messages(
     retry = history[:2]  # the same call again
     plan = planner.prepare(segments, retry, TOOLS)
     assert plan.kind is MatchKind.fork and plan.parent_id == segments[0].segment_id
-    assert "does not go beyond" in (plan.fork_reason or "")
+    assert plan.fork_reason == "request does not go beyond the held messages (retry or rewind)"
     assert plan.prompt_ids == segments[0].ids[: segments[0].prompt_length]
 
 
@@ -522,7 +518,9 @@ def test_reply_cut_by_length_is_closed_by_the_template(
     assert not seg.reply_finished
     plan = planner.prepare(segments, [user("q"), reply, user("shorter please")], [])
     assert plan.kind is MatchKind.clean
-    assert plan.new_text.startswith(IM_END + "\n" + IM_START + "user\nshorter please")
+    assert (
+        plan.new_text == f"{IM_END}\n{IM_START}user\nshorter please{IM_END}\n{IM_START}assistant\n"
+    )
     closing = plan.prompt_ids[plan.base_length]
     assert tokenizer.decode([closing]) == IM_END
 
@@ -538,7 +536,11 @@ def test_eot_flag_without_an_end_of_turn_token_leaves_the_turn_open(
     )
     assert not segments[0].reply_finished
     plan = planner.prepare(segments, [user("q"), reply, user("go on")], [])
-    assert plan.kind is MatchKind.clean and plan.new_text.startswith(IM_END)
+    assert plan.kind is MatchKind.clean
+    assert plan.new_text == f"{IM_END}\n{IM_START}user\ngo on{IM_END}\n{IM_START}assistant\n"
+
+
+NOT_VERIFIED = "end of our previous reply could not be verified in the rendered request"
 
 
 def patched(old: str, new: str) -> str:
@@ -571,11 +573,11 @@ def test_untrusted_boundary_forks_instead_of_producing_wrong_tokens(
         segments, [user("q"), reply, Message(role="system", content="be brief")], []
     )
     assert plan.kind is MatchKind.fork and plan.parent_id == segments[0].segment_id
-    assert "could not be verified" in (plan.fork_reason or "")
+    assert plan.fork_reason == NOT_VERIFIED
     # The window was tried first (the probe accepts this template: the window forks
     # exactly where the full render does) and did not verify either.
     assert planner.windowing.enabled and plan.rendered == "full"
-    assert "could not be verified in the rendered request (window)" in (plan.window_fallback or "")
+    assert plan.window_fallback == f"{NOT_VERIFIED} (window)"
 
 
 def test_missing_end_of_turn_markers_fork(tokenizer: CountingTokenizer) -> None:
@@ -595,8 +597,11 @@ def test_missing_end_of_turn_markers_fork(tokenizer: CountingTokenizer) -> None:
         segments, planner.prepare(segments, [user("q")], []), out, [0.0] * len(out), reply, True
     )
     plan = planner.prepare(segments, [user("q"), reply, user("more")], [])
-    assert plan.kind is MatchKind.fork
-    assert "not found" in (plan.fork_reason or "") or "verified" in (plan.fork_reason or "")
+    assert plan.kind is MatchKind.fork and plan.parent_id == segments[0].segment_id
+    # User turns still close with a marker, so the re-render holds as many markers as
+    # the held ids: the count lands on the one closing the new user turn, and the
+    # verification (new message after the boundary) rejects it, in window and full.
+    assert (plan.fork_reason, plan.window_fallback) == (NOT_VERIFIED, f"{NOT_VERIFIED} (window)")
 
 
 # -- concurrency, selection, restart --------------------------------------------------

@@ -334,6 +334,12 @@ def run(name: str, drifting_echoes: bool = True, windowing: bool | None = None) 
 TEMPLATES = template_names()
 
 
+def test_every_model_family_has_its_template() -> None:
+    """The real templates are exactly those with a known family (none missing, none
+    silently run with the Qwen default)."""
+    assert sorted(set(TEMPLATES) - {TINY}) == sorted(FAMILIES)
+
+
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_probe_finds_a_way_to_express_tool_calls(name: str) -> None:
     assert load(name)[0].supports_tools

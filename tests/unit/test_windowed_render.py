@@ -18,7 +18,8 @@ import pytest
 
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.chat_template import ChatTemplate, TemplateRenderError
-from gateway.incremental import WINDOW_HEADS, HeldSegment, IncrementalTokenizer
+from gateway.incremental import HeldSegment, IncrementalTokenizer
+from gateway.incremental.window import WINDOW_HEADS
 from schemas.trajectory import MatchKind
 from tests.unit.test_real_templates import (
     FAMILIES,
@@ -274,7 +275,7 @@ def test_the_head_is_rendered_again_when_it_changes() -> None:
     for step in plans:
         assert step[True].prompt_ids == step[False].prompt_ids
     assert [s[True].rendered for s in plans[2:]] == ["window", "window"]
-    (head_text, _), *others = windowed._heads.values()
+    (head_text, _), *others = windowed._window.heads.values()
     assert "Today Date: 03 Jan 2025" in head_text and not others  # replaced, not added
 
 
