@@ -15,22 +15,23 @@ import anthropic
 import httpx2
 import pytest
 
-from gateway.anthropic_messages import (
-    ANTHROPIC_ERRORS,
+from gateway.adapters.anthropic_messages import (
     BILLING_HEADER,
-    REQUEST_KIND_HEADER,
-    SUBAGENT_HEADER,
+    parse_count_tokens_request,
+    parse_messages_request,
+)
+from gateway.adapters.anthropic_messages_reply import (
+    ANTHROPIC_ERRORS,
     anthropic_error_body,
     anthropic_error_response,
     anthropic_error_status,
     count_tokens_body,
     messages_body,
     messages_sse,
-    parse_count_tokens_request,
-    parse_messages_request,
     sse_error_event,
     thinking_signature,
 )
+from gateway.adapters.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
 from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
 from gateway.errors import KINDS, GatewayError
 from tests.unit.sdk_transport import anthropic_client
