@@ -183,11 +183,8 @@ def test_ten_turn_tool_conversation_is_one_token_exact_segment(
         assert call["status"] == "ok"
     for request, _ in proxy.exchanges:
         assert request["temperature"] == 1.0 and request["return_token_ids"] is True
-    later = [c["match"] for c in trajectory["calls"][1:]]
-    if echo == "exact":
-        assert set(later) == {"clean"}, "an exact echo extends the segment without realigning"
-    else:
-        assert "realign" in later, "a changed echo is realigned, not forked"
+    if echo != "exact":
+        assert any(c["match"] == "realign" for c in trajectory["calls"][1:])
 
 
 def test_langchain_chat_openai_tool_loop_stays_one_segment(
