@@ -206,8 +206,9 @@ def sse_failed_event(
     err: GatewayError, result_call_id: str, model: str, created: int, sequence_number: int
 ) -> bytes:
     """A terminal `response.failed` event, for failures after a stream has started (before
-    that, send a plain JSON error with `openai_chat_reply.openai_error_response`). Codex treats any code but
-    `context_length_exceeded` / quota codes as retryable; `code` is our error kind."""
+    that, send a plain JSON error with `openai_chat_reply.openai_error_response`). Codex
+    treats any code but `context_length_exceeded` / quota codes as retryable; `code` is our
+    error kind."""
     response = {
         "id": f"resp_{result_call_id}",
         "object": "response",

@@ -165,9 +165,6 @@ def tool_choice_mode(choice: str) -> str:
     return choice
 
 
-_PATH_ROOT = re.compile(r"[^.\[]*")
-
-
 def sampling_params(
     values: Mapping[str, Any], wire_names: Mapping[str, str] | None = None
 ) -> SamplingParams:
@@ -180,6 +177,6 @@ def sampling_params(
         return SamplingParams.model_validate({k: v for k, v in values.items() if v is not None})
     except ValidationError as exc:
         path, problem = _first_problem(exc, "")
-        root = _PATH_ROOT.match(path).group()  # type: ignore[union-attr]  # always matches
+        root = re.split(r"[.\[]", path, maxsplit=1)[0]
         path = (wire_names or {}).get(root, root) + path[len(root) :]
         raise _invalid(path, problem) from exc

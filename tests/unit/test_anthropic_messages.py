@@ -1,9 +1,8 @@
 """Anthropic Messages adapter: Claude Code-shaped requests → canonical form, and replies as
 the official `anthropic` SDK reads them (its stream accumulator builds the final message).
 
-The SDK (2.x) runs on `httpx2`, so the mock transport comes from there. Sample bodies are
-written here after the shapes in the research notes (Claude Code 2.1.332 talking to a mock
-server); no captured bytes are copied.
+The SDK (2.x) runs on `httpx2`, so the mock transport comes from there. Sample bodies have
+the shapes Claude Code 2.1.332 sends to a custom base URL.
 """
 
 from __future__ import annotations

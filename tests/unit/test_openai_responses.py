@@ -1,8 +1,7 @@
 """Responses adapter: Codex-shaped requests → canonical form, and replies as the official
 `openai` SDK reads them (its stream accumulator checks item identities and ordering).
 
-Sample bodies are written here after the shapes recorded in the research notes (Codex
-0.171 talking to a mock server); no captured bytes are copied.
+Sample bodies have the shapes Codex 0.171 sends to a custom provider.
 """
 
 from __future__ import annotations
