@@ -5,7 +5,6 @@ agent can send yields a bare 500, and a failed request never touches recorded ca
 """
 
 import hmac
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,7 +16,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import anthropic_messages, openai_chat, openai_responses
+from gateway.adapters import (
+    anthropic_messages,
+    anthropic_messages_reply,
+    openai_chat,
+    openai_chat_reply,
+    openai_responses,
+    openai_responses_reply,
+)
+from gateway.adapters.wire import field_error, load_object
 from gateway.canonical import CanonicalRequest
 from gateway.core import Gateway
 from gateway.errors import GatewayError
@@ -27,12 +34,6 @@ log = logging.getLogger("rollout.gateway")
 
 ErrorResponder = Callable[[GatewayError], Response]
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return (f"{where}: {first.get('msg')}" if where else str(first.get("msg"))), where or None
 
 
 def _bearer(request: Request) -> str | None:
@@ -66,13 +67,7 @@ class GatewayApp:
             if size > self.max_body_bytes:
                 raise GatewayError("too_large", f"body exceeds {self.max_body_bytes} bytes")
             chunks.append(chunk)
-        try:
-            body = json.loads(b"".join(chunks) or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise GatewayError("invalid_request", f"body is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise GatewayError("invalid_request", "body must be a JSON object")
-        return body
+        return load_object(b"".join(chunks))
 
     def _guard(self, handler: Handler, respond: ErrorResponder) -> Handler:
         async def guarded(request: Request) -> Response:
@@ -81,8 +76,7 @@ class GatewayApp:
             except GatewayError as err:
                 err_out = err
             except ValidationError as exc:
-                message, param = _validation_message(exc)
-                err_out = GatewayError("invalid_request", message, param=param)
+                err_out = field_error(exc)
             except Exception:  # the last line of defence: never a bare 500 page
                 log.exception("unhandled error on %s %s", request.method, request.url.path)
                 err_out = GatewayError("internal", "internal gateway error (see gateway log)")
@@ -146,19 +140,19 @@ class GatewayApp:
 
     async def chat_completions(self, request: Request) -> Response:
         canonical, result = await self._agent_call(request)
-        return openai_chat.chat_completion_response(
+        return openai_chat_reply.chat_completion_response(
             result, stream=canonical.stream, include_usage=canonical.include_usage
         )
 
     async def responses(self, request: Request) -> Response:
         canonical, result = await self._agent_call(request)
         if request.url.path.endswith("/compact"):
-            return openai_responses.compact_response(result, canonical)
-        return openai_responses.responses_response(result, stream=canonical.stream)
+            return openai_responses_reply.compact_response(result, canonical)
+        return openai_responses_reply.responses_response(result, stream=canonical.stream)
 
     async def messages(self, request: Request) -> Response:
         canonical, result = await self._agent_call(request)
-        return anthropic_messages.messages_response(result, stream=canonical.stream)
+        return anthropic_messages_reply.messages_response(result, stream=canonical.stream)
 
     async def count_tokens(self, request: Request) -> Response:
         self.gateway.authenticate(_bearer(request))
@@ -166,7 +160,7 @@ class GatewayApp:
         canonical = anthropic_messages.parse_count_tokens_request(
             body, dict(request.headers), request.url.path
         )
-        return anthropic_messages.count_tokens_response(self.gateway.count_tokens(canonical))
+        return anthropic_messages_reply.count_tokens_response(self.gateway.count_tokens(canonical))
 
     async def models(self, request: Request) -> Response:
         self.gateway.authenticate(_bearer(request))
@@ -187,9 +181,9 @@ class GatewayApp:
         )
 
     def build(self) -> Starlette:
-        control = openai_chat.openai_error_response
-        openai = openai_chat.openai_error_response
-        anthropic = anthropic_messages.anthropic_error_response
+        control = openai_chat_reply.openai_error_response
+        openai = openai_chat_reply.openai_error_response
+        anthropic = anthropic_messages_reply.anthropic_error_response
         endpoints: list[tuple[str, Handler, ErrorResponder, str]] = [
             ("/sessions", self.create_session, control, "POST"),
             ("/sessions/{session_id}/trajectory", self.get_trajectory, control, "GET"),

@@ -11,7 +11,6 @@ import hmac
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,9 @@ from gateway.errors import GatewayError
 from gateway.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
 from gateway.metrics import GatewayMetrics
 from gateway.output_parser import OutputParser
+from gateway.recording import PlannedCall, reuse_of
 from gateway.scenes import classify
-from gateway.store import CallRecord, PromptRef, SegmentOpened, SessionMeta, SessionStore
+from gateway.store import SegmentOpened, SessionMeta, SessionStore
 from gateway.trajectory import build_segments, recorded_calls
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
@@ -68,7 +68,7 @@ class LiveSession:
         return None
 
     def open_segment(self, segment: HeldSegment, scene: Scene) -> SegmentOpened:
-        """Place a new segment in the session's tree (ARCHITECTURE §5).
+        """Place a new segment in the session's tree.
 
         A sub-agent's conversation is `spawned_by` the latest main segment; a compaction
         `continues` the main conversation it summarises, and the main conversation that
@@ -90,56 +90,6 @@ class LiveSession:
         return SegmentOpened(
             segment_id=segment.segment_id, parent_id=parent, link=link, scene=scene.value
         )
-
-
-HISTORY_FIELDS = frozenset({"messages", "input", "system", "instructions", "tools"})
-"""Request fields that repeat the conversation; stored in full only when a segment opens."""
-
-
-@dataclass(frozen=True)
-class Reuse:
-    """What a planned call takes from a held segment, captured when it is planned."""
-
-    messages: int = 0
-    tokens: int = 0
-    after_call: str | None = None
-
-
-def _reuse(session: "LiveSession", plan: PromptPlan) -> Reuse:
-    if plan.kind is MatchKind.fork or plan.segment is None:
-        return Reuse()
-    return Reuse(
-        len(plan.segment.messages), plan.base_length, session.last_call.get(plan.segment_id)
-    )
-
-
-def _call_record(
-    call: RecordedCall, raw: dict[str, Any], request: CanonicalRequest, reuse: Reuse
-) -> CallRecord:
-    """The durable record of a call, with a size proportional to what is new in it.
-
-    Agents resend the whole history on every call, and every prompt repeats the held
-    tokens; storing either each time would make the capture quadratic. A call that
-    extends a held segment keeps the request envelope (sampling, flags, headers), only
-    the messages past the held prefix, and only the prompt tokens past the held ones,
-    with a reference to the call whose prompt+output they continue. The store expands
-    the reference on load, so readers always see complete `prompt_ids`.
-    """
-    if reuse.messages == 0:
-        return CallRecord(call=call, request=raw, normalized=request.model_dump())
-    envelope = {k: v for k, v in raw.items() if k not in HISTORY_FIELDS}
-    normalized = request.model_dump(exclude={"messages", "tools"})
-    normalized["history_messages"] = reuse.messages
-    normalized["new_messages"] = [m.model_dump() for m in request.messages[reuse.messages :]]
-    if reuse.after_call is None:
-        return CallRecord(call=call, request=envelope, normalized=normalized)
-    tail = call.model_copy(update={"prompt_ids": call.prompt_ids[reuse.tokens :]})
-    return CallRecord(
-        call=tail,
-        request=envelope,
-        normalized=normalized,
-        prompt_ref=PromptRef(call_id=reuse.after_call, length=reuse.tokens),
-    )
 
 
 def _hash_token(token: str) -> str:
@@ -338,24 +288,25 @@ class Gateway:
             except TemplateRenderError as exc:
                 raise GatewayError("invalid_request", f"chat template: {exc}") from exc
             self.metrics.prepare_seconds.observe(time.process_time() - cpu0)
-            reuse = _reuse(session, plan)
+            reuse = reuse_of(plan, session.last_call)
         sampling = self._sampling_for(config.sampling, request.sampling, len(plan.prompt_ids))
         call_id = uuid.uuid4().hex[:24]
+        planned = PlannedCall(
+            meta=session.meta,
+            request=request,
+            raw_request=raw_request,
+            plan=plan,
+            reuse=reuse,
+            scene=scene,
+            sampling=sampling,
+            call_id=call_id,
+            started_at=started_at,
+            wall_start=wall0,
+        )
         try:
             completion = await self._call_engine(session, plan.prompt_ids, sampling)
         except GatewayError as err:
-            await self._record_failure(
-                session,
-                request,
-                raw_request,
-                plan,
-                reuse,
-                scene,
-                sampling,
-                call_id,
-                started_at,
-                err,
-            )
+            await self._record_failure(session, planned, err)
             raise
         text = self.incremental.tokenizer.decode(completion.output_ids)
         parsed = self.parser.parse(
@@ -388,32 +339,18 @@ class Gateway:
                 if conflict
                 else plan.fork_reason
             )
-            call = RecordedCall(
-                call_id=call_id,
+            call = planned.recorded_call(
                 segment_id=segment.segment_id,
-                scene=scene,
-                protocol=request.protocol,
-                path=request.path,
                 status=CallStatus.ok,
                 match=match,
-                prompt_ids=plan.prompt_ids,
                 output_ids=completion.output_ids,
                 output_logprobs=completion.output_logprobs,
-                new_prompt_tokens=plan.new_token_count,
                 finish_reason=completion.finish_reason,
-                sampling=sampling,
-                policy_version=config.policy_version,
-                engine_url=session.meta.engine_url,
-                started_at=started_at,
-                duration_s=time.perf_counter() - wall0,
                 parse_error=parsed.parse_error,
                 drift=plan.drift,
                 fork_reason=fork_reason,
             )
-            self.store.append(
-                session.meta.session_id,
-                _call_record(call, raw_request, request, reuse),
-            )
+            self.store.append(session.meta.session_id, planned.durable_record(call))
             session.last_call[segment.segment_id] = call_id
             session.calls += 1
         self._count(request, scene, call, plan)
@@ -475,46 +412,25 @@ class Gateway:
             self._engine_slots.release()
 
     async def _record_failure(
-        self,
-        session: LiveSession,
-        request: CanonicalRequest,
-        raw_request: dict[str, Any],
-        plan: PromptPlan,
-        reuse: Reuse,
-        scene: Scene,
-        sampling: SamplingParams,
-        call_id: str,
-        started_at: datetime,
-        err: GatewayError,
+        self, session: LiveSession, planned: PlannedCall, err: GatewayError
     ) -> None:
-        call = RecordedCall(
-            call_id=call_id,
+        plan = planned.plan
+        call = planned.recorded_call(
             segment_id=plan.segment_id,
-            scene=scene,
-            protocol=request.protocol,
-            path=request.path,
             status=CallStatus.engine_error,
             match=plan.kind,
-            prompt_ids=plan.prompt_ids,
             output_ids=[],
             output_logprobs=[],
-            new_prompt_tokens=plan.new_token_count,
-            sampling=sampling,
-            policy_version=session.meta.config.policy_version,
-            engine_url=session.meta.engine_url,
-            started_at=started_at,
-            duration_s=(datetime.now(UTC) - started_at).total_seconds(),
             error=f"{err.status} {err.kind}: {err.message}",
             fork_reason=plan.fork_reason,
         )
         async with session.lock:
-            self.store.append(
-                session.meta.session_id,
-                _call_record(call, raw_request, request, reuse),
-            )
+            self.store.append(session.meta.session_id, planned.durable_record(call))
             session.calls += 1
             session.failed_calls += 1
-        self.metrics.calls.labels(request.protocol, scene.value, call.status.value, plan.kind).inc()
+        self.metrics.calls.labels(
+            planned.request.protocol, planned.scene.value, call.status.value, plan.kind
+        ).inc()
 
     def _count(
         self, request: CanonicalRequest, scene: Scene, call: RecordedCall, plan: PromptPlan

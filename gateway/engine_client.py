@@ -1,8 +1,8 @@
 """Token-ID client for vLLM's OpenAI-compatible `/v1/completions` endpoint.
 
-The Gateway renders prompts itself and sends token IDs (ARCHITECTURE.md §5), so this client
-never sees text prompts. It returns the sampled output IDs and their logprobs exactly as the
-engine produced them, after validating the reply: an engine reply is external input, and a
+The Gateway renders prompts itself and sends token IDs, so this client never sees text
+prompts. It returns the sampled output IDs and their logprobs exactly as the engine
+produced them, after validating the reply: an engine reply is external input, and a
 silently misaligned logprob would poison training data rather than fail loudly.
 """
 
@@ -15,6 +15,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.adapters.wire import ReplyWire, validation_summary
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
@@ -69,19 +70,14 @@ class EngineModelInfo(BaseModel):
 
 
 # --- vLLM wire models (validation of external input) ------------------------------------
-# strict: no "5" -> 5 coercions; extra="ignore": vLLM adds fields across versions.
 
 
-class _Wire(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
-
-
-class _VllmLogprobs(_Wire):
+class _VllmLogprobs(ReplyWire):
     token_logprobs: list[float | None]
     tokens: list[str] | None = None
 
 
-class _VllmChoice(_Wire):
+class _VllmChoice(ReplyWire):
     index: int = 0
     text: str = ""
     token_ids: list[int] | None = None
@@ -91,27 +87,27 @@ class _VllmChoice(_Wire):
     stop_reason: int | str | None = None
 
 
-class _VllmPromptTokensDetails(_Wire):
+class _VllmPromptTokensDetails(ReplyWire):
     cached_tokens: int | None = None
 
 
-class _VllmUsage(_Wire):
+class _VllmUsage(ReplyWire):
     prompt_tokens: int
     completion_tokens: int
     prompt_tokens_details: _VllmPromptTokensDetails | None = None
 
 
-class _VllmCompletionReply(_Wire):
+class _VllmCompletionReply(ReplyWire):
     choices: list[_VllmChoice] = Field(min_length=1)
     usage: _VllmUsage | None = None
 
 
-class _VllmModelCard(_Wire):
+class _VllmModelCard(ReplyWire):
     id: str
     max_model_len: int | None = None
 
 
-class _VllmModelList(_Wire):
+class _VllmModelList(ReplyWire):
     data: list[_VllmModelCard]
 
 
@@ -372,7 +368,7 @@ class EngineClient:
         try:
             reply = _VllmCompletionReply.model_validate(body)
         except ValidationError as exc:
-            raise _bad_reply(url, _first_error(exc)) from exc
+            raise _bad_reply(url, validation_summary(exc)) from exc
         return extract_completion(url, prompt_ids, reply)
 
     async def model_info(self, url: str) -> EngineModelInfo:
@@ -383,7 +379,7 @@ class EngineClient:
         try:
             listing = _VllmModelList.model_validate(body)
         except ValidationError as exc:
-            raise _bad_reply(url, _first_error(exc)) from exc
+            raise _bad_reply(url, validation_summary(exc)) from exc
         for card in listing.data:
             if card.id == self.model:
                 if card.max_model_len is None or card.max_model_len <= 0:
@@ -401,9 +397,3 @@ class EngineClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "body"
-    return f"{loc}: {err['msg']}"

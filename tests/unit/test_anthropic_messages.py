@@ -1,9 +1,8 @@
 """Anthropic Messages adapter: Claude Code-shaped requests → canonical form, and replies as
 the official `anthropic` SDK reads them (its stream accumulator builds the final message).
 
-The SDK (2.x) runs on `httpx2`, so the mock transport comes from there. Sample bodies are
-written here after the shapes in the research notes (Claude Code 2.1.332 talking to a mock
-server); no captured bytes are copied.
+The SDK (2.x) runs on `httpx2`, so the mock transport comes from there. Sample bodies have
+the shapes Claude Code 2.1.332 sends to a custom base URL.
 """
 
 from __future__ import annotations
@@ -15,22 +14,23 @@ import anthropic
 import httpx2
 import pytest
 
-from gateway.anthropic_messages import (
-    ANTHROPIC_ERRORS,
+from gateway.adapters.anthropic_messages import (
     BILLING_HEADER,
-    REQUEST_KIND_HEADER,
-    SUBAGENT_HEADER,
+    parse_count_tokens_request,
+    parse_messages_request,
+)
+from gateway.adapters.anthropic_messages_reply import (
+    ANTHROPIC_ERRORS,
     anthropic_error_body,
     anthropic_error_response,
     anthropic_error_status,
     count_tokens_body,
     messages_body,
     messages_sse,
-    parse_count_tokens_request,
-    parse_messages_request,
     sse_error_event,
     thinking_signature,
 )
+from gateway.adapters.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
 from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
 from gateway.errors import KINDS, GatewayError
 from tests.unit.sdk_transport import anthropic_client

@@ -1,8 +1,7 @@
 """Responses adapter: Codex-shaped requests → canonical form, and replies as the official
 `openai` SDK reads them (its stream accumulator checks item identities and ordering).
 
-Sample bodies are written here after the shapes recorded in the research notes (Codex
-0.171 talking to a mock server); no captured bytes are copied.
+Sample bodies have the shapes Codex 0.171 sends to a custom provider.
 """
 
 from __future__ import annotations
@@ -14,22 +13,23 @@ import httpx
 import openai
 import pytest
 
-from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
-from gateway.errors import GatewayError
-from gateway.openai_responses import (
+from gateway.adapters.openai_chat_reply import openai_error_response
+from gateway.adapters.openai_responses import (
     COMPACT_INSTRUCTION,
     COMPACTION_SUMMARY_PREFIX,
-    REQUEST_KIND_HEADER,
-    SUBAGENT_HEADER,
-    compact_body,
     is_compaction,
-    openai_error_response,
-    output_items,
     parse_responses_request,
+)
+from gateway.adapters.openai_responses_reply import (
+    compact_body,
+    output_items,
     responses_body,
     responses_sse,
     sse_failed_event,
 )
+from gateway.adapters.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
+from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
+from gateway.errors import GatewayError
 from tests.unit.sdk_transport import openai_client
 
 REASONING = "The user wants the file list. Run ls first — 然后再看 README。"

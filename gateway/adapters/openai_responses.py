@@ -1,5 +1,6 @@
-"""OpenAI Responses adapter (what Codex CLI speaks): wire request → `CanonicalRequest`,
-result → `response` object, Responses SSE, and the `/responses/compact` reply.
+"""OpenAI Responses requests (what Codex CLI speaks): wire models and their conversion to
+`CanonicalRequest`, for `/v1/responses` and `/v1/responses/compact`. Replies are in
+`openai_responses_reply`.
 
 Codex is stateless towards custom providers (`store:false`, full history every turn, no
 `previous_response_id`), so a request's `input` items are folded back into chat messages:
@@ -20,50 +21,32 @@ here; the same names sent by a client are discarded):
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-from collections.abc import Iterator, Mapping
-from typing import Any, Literal, TypeVar
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from pydantic import Field, ValidationError
 
-from gateway.canonical import CanonicalRequest, CompletionResult, Message, Tool, ToolCall
-from gateway.errors import GatewayError
-from gateway.openai_chat import (
-    _DROPPED_HEADERS,
-    SSE_PIECE_CHARS,
-    _is_union_tag,
-    _load_body,
-    openai_error_response,
+from gateway.adapters.opaque_token import decode_token
+from gateway.adapters.wire import (
+    REQUEST_KIND_HEADER,
+    SUBAGENT_HEADER,
+    Wire,
+    bad_request,
+    clean_headers,
+    field_error,
+    header_value,
+    load_object,
+    sampling_params,
+    tool_choice_mode,
+    validate_at,
 )
+from gateway.canonical import CanonicalRequest, Message, Tool, ToolCall
 from schemas.sampling import SamplingParams
-
-__all__ = [
-    "COMPACT_INSTRUCTION",
-    "COMPACT_PATH_SUFFIX",
-    "DEFAULT_PATH",
-    "PROTOCOL",
-    "REQUEST_KIND_HEADER",
-    "SUBAGENT_HEADER",
-    "compact_body",
-    "compact_response",
-    "is_compaction",
-    "openai_error_response",
-    "parse_responses_request",
-    "response_id",
-    "responses_body",
-    "responses_response",
-    "responses_sse",
-    "sse_failed_event",
-]
 
 PROTOCOL = "openai_responses"
 DEFAULT_PATH = "/v1/responses"
 COMPACT_PATH_SUFFIX = "/responses/compact"
-REQUEST_KIND_HEADER = "x-rollout-request-kind"
-SUBAGENT_HEADER = "x-rollout-subagent"
 MARKER_HEADERS = frozenset({REQUEST_KIND_HEADER, SUBAGENT_HEADER})
 
 NAMESPACE_SEP = "."
@@ -83,127 +66,11 @@ request, whose input is only history: without it the model would simply continue
 COMPACTION_SUMMARY_PREFIX = "Summary of the earlier part of this conversation:\n\n"
 """How a `compaction` item we issued reads to the model when it comes back as input."""
 
-_TOKEN_PREFIX = "rollout1."
 _NON_TEXT_PARTS = {"input_image", "input_file", "input_audio", "image_url", "file"}
 _UNSTORED_ITEMS = {"item_reference"}
 _ITEM_TYPES = (
     "message, function_call, function_call_output, reasoning, compaction, compaction_trigger"
 )
-
-M = TypeVar("M", bound=BaseModel)
-
-
-# --- shared wire helpers (also used by the Anthropic adapter) ---------------------------------
-
-
-class Wire(BaseModel):
-    """Unknown fields allowed (clients send plenty); known fields strictly typed."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-def join_path(where: str, loc: tuple[int | str, ...]) -> str:
-    """`messages[2]` + `("content", 0)` → `messages[2].content[0]`."""
-    out = where
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not _is_union_tag(part):
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def field_error(exc: ValidationError, where: str = "") -> GatewayError:
-    """First failing field as a 400 naming its full path; union branches at one path merge."""
-    by_path: dict[str, list[str]] = {}
-    for e in exc.errors():
-        msgs = by_path.setdefault(join_path(where, tuple(e["loc"])), [])
-        msg = e["msg"].removeprefix("Value error, ")
-        if msg not in msgs:
-            msgs.append(msg)
-    path = next(iter(by_path))
-    for other in by_path:  # a union branch that got deeper says more
-        if other.startswith((path + "[", path + ".")):
-            path = other
-    others = [p for p in by_path if p != path and not path.startswith((p + "[", p + "."))]
-    more = f" (and errors at {len(others)} more field(s))" if others else ""
-    where_txt = f"{path}: " if path else ""
-    return GatewayError(
-        "invalid_request",
-        f"Invalid request: {where_txt}{' or '.join(by_path[path])}{more}",
-        param=path or None,
-    )
-
-
-def validate_at(model: type[M], data: Any, where: str) -> M:
-    """Validate one nested object, reporting errors under its path in the whole body."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise field_error(exc, where) from exc
-
-
-def bad_request(param: str, message: str) -> GatewayError:
-    return GatewayError("invalid_request", f"Invalid request: {param}: {message}", param=param)
-
-
-def load_object(body: bytes | str | Mapping[str, Any]) -> dict[str, Any]:
-    data = _load_body(body)
-    if not isinstance(data, dict):
-        raise GatewayError("invalid_request", "Request body must be a JSON object")
-    return data
-
-
-def clean_headers(headers: Mapping[str, str] | None, owned: frozenset[str]) -> dict[str, str]:
-    """Drop credentials (the canonical request may be recorded) and our own marker names."""
-    return {
-        k: v
-        for k, v in (headers or {}).items()
-        if k.lower() not in _DROPPED_HEADERS and k.lower() not in owned
-    }
-
-
-def header(headers: Mapping[str, str] | None, name: str) -> str | None:
-    for k, v in (headers or {}).items():
-        if k.lower() == name:
-            return v
-    return None
-
-
-def encode_token(kind: str, call_id: str, text: str) -> str:
-    """Opaque, deterministic token carrying our text, so a verbatim echo can be read back
-    even if the client drops the readable copy (e.g. thinking shown as `omitted`)."""
-    raw = json.dumps({"k": kind, "c": call_id, "t": text}, ensure_ascii=False)
-    return _TOKEN_PREFIX + base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def decode_token(token: str | None, kind: str) -> tuple[str, str] | None:
-    """`(call_id, text)` of a token we issued with this kind; None for anything else."""
-    if not token or not token.startswith(_TOKEN_PREFIX):
-        return None
-    body = token[len(_TOKEN_PREFIX) :]
-    try:
-        data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        return None
-    if not isinstance(data, dict) or data.get("k") != kind:
-        return None
-    call_id, text = data.get("c"), data.get("t")
-    if not isinstance(call_id, str) or not isinstance(text, str):
-        return None
-    return call_id, text
-
-
-def sse_frame(event: str, data: Mapping[str, Any]) -> bytes:
-    """One SSE record with an `event:` line (Anthropic's SDK requires it; Codex ignores it)."""
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event}\ndata: {payload}\n\n".encode()
-
-
-def pieces(text: str, size: int) -> Iterator[str]:
-    for i in range(0, len(text), size):
-        yield text[i : i + size]
-
 
 # --- request models -----------------------------------------------------------------------
 
@@ -488,11 +355,7 @@ def _tool(fn: _FunctionTool, namespace: str | None) -> Tool:
 def _tool_choice(choice: str | dict[str, Any] | None) -> Any:
     """To the Chat form the rest of the Gateway uses."""
     if choice is None or isinstance(choice, str):
-        if choice not in (None, "none", "auto", "required"):
-            raise bad_request(
-                "tool_choice", f"must be 'none', 'auto', 'required' or an object, not {choice!r}"
-            )
-        return choice
+        return choice if choice is None else tool_choice_mode(choice)
     if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
         raise bad_request(
             "tool_choice", "only {'type': 'function', 'name': ...} objects are supported"
@@ -509,19 +372,12 @@ def _sampling(req: ResponsesRequest) -> SamplingParams:
         "top_p": req.top_p,
         "max_tokens": req.max_output_tokens,
     }
-    try:
-        return SamplingParams.model_validate({k: v for k, v in values.items() if v is not None})
-    except ValidationError as exc:
-        err = field_error(exc)
-        if err.param == "max_tokens":
-            err.param = "max_output_tokens"
-            err.message = err.message.replace("max_tokens", "max_output_tokens", 1)
-        raise err from exc
+    return sampling_params(values, {"max_tokens": "max_output_tokens"})
 
 
 def _turn_metadata(req: ResponsesRequest, headers: Mapping[str, str] | None) -> dict[str, Any]:
     """Codex's `x-codex-turn-metadata` (a JSON string), from the header or `client_metadata`."""
-    raw: Any = header(headers, "x-codex-turn-metadata")
+    raw: Any = header_value(headers, "x-codex-turn-metadata")
     if raw is None and req.client_metadata:
         raw = req.client_metadata.get("x-codex-turn-metadata")
     if isinstance(raw, str):
@@ -536,7 +392,7 @@ def _markers(
     req: ResponsesRequest, headers: Mapping[str, str] | None, compaction: bool
 ) -> dict[str, str]:
     meta = _turn_metadata(req, headers)
-    subagent = header(headers, "x-openai-subagent")
+    subagent = header_value(headers, "x-openai-subagent")
     kind = meta.get("request_kind")
     if compaction or subagent == "compact" or kind == "compaction":
         kind = "compaction"
@@ -599,264 +455,3 @@ def parse_responses_request(
 def is_compaction(req: CanonicalRequest) -> bool:
     """True when the adapter marked this request as a compaction (see module docstring)."""
     return req.headers.get(REQUEST_KIND_HEADER) == "compaction"
-
-
-# --- replies ----------------------------------------------------------------------------------
-
-
-def response_id(result: CompletionResult) -> str:
-    return f"resp_{result.call_id}"
-
-
-def _incomplete(result: CompletionResult) -> bool:
-    return result.finish_reason == "length" and not result.output.tool_calls
-
-
-def _usage(result: CompletionResult) -> dict[str, Any]:
-    return {
-        "input_tokens": result.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": result.cached_prompt_tokens},
-        "output_tokens": result.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": result.prompt_tokens + result.completion_tokens,
-    }
-
-
-def _reasoning_item(result: CompletionResult, text: str) -> dict[str, Any]:
-    return {
-        "type": "reasoning",
-        "id": f"rs_{result.call_id}",
-        "summary": [{"type": "summary_text", "text": text}],
-        "content": [{"type": "reasoning_text", "text": text}],
-        "encrypted_content": encode_token("reasoning", result.call_id, text),
-        "status": "completed",
-    }
-
-
-def _message_item(result: CompletionResult, text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "id": f"msg_{result.call_id}",
-        "role": "assistant",
-        "status": "incomplete" if _incomplete(result) else "completed",
-        "content": [_text_part(text)],
-    }
-
-
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def _function_call_item(result: CompletionResult, index: int, tc: ToolCall) -> dict[str, Any]:
-    namespace, sep, name = tc.name.partition(NAMESPACE_SEP)
-    item: dict[str, Any] = {
-        "type": "function_call",
-        "id": f"fc_{result.call_id}_{index}",
-        "call_id": tc.id,
-        "name": name if sep else tc.name,
-        "arguments": tc.arguments,
-        "status": "completed",
-    }
-    if sep:
-        item["namespace"] = namespace
-    return item
-
-
-def output_items(result: CompletionResult) -> list[dict[str, Any]]:
-    """Completed output items in protocol order: reasoning, message, function calls."""
-    out = result.output
-    items: list[dict[str, Any]] = []
-    if out.reasoning:
-        items.append(_reasoning_item(result, out.reasoning))
-    if out.content or not out.tool_calls:
-        items.append(_message_item(result, out.content or ""))
-    items.extend(_function_call_item(result, i, tc) for i, tc in enumerate(out.tool_calls))
-    return items
-
-
-def _response(
-    result: CompletionResult, status: str, output: list[dict[str, Any]], usage: bool
-) -> dict[str, Any]:
-    return {
-        "id": response_id(result),
-        "object": "response",
-        "created_at": result.created,
-        "status": status,
-        "model": result.model,
-        "output": output,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "instructions": None,
-        "metadata": {},
-        "temperature": None,
-        "top_p": None,
-        "store": False,
-        "text": {"format": {"type": "text"}},
-        "error": None,
-        "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete" else None),
-        "usage": _usage(result) if usage else None,
-    }
-
-
-def responses_body(result: CompletionResult) -> dict[str, Any]:
-    """Non-stream `response` object; a length stop is `incomplete` (max_output_tokens)."""
-    status = "incomplete" if _incomplete(result) else "completed"
-    return _response(result, status, output_items(result), usage=True)
-
-
-def responses_sse(
-    result: CompletionResult, *, piece_chars: int = SSE_PIECE_CHARS
-) -> Iterator[bytes]:
-    """Re-emit a complete result as the Responses event stream.
-
-    Codex takes items from `response.output_item.done` and retries any stream that ends
-    without the terminal `response.completed` (`response.incomplete` for a length stop);
-    `sequence_number` counts up from 0 without gaps.
-    """
-    seq = 0
-
-    def event(kind: str, **fields: Any) -> bytes:
-        nonlocal seq
-        frame = sse_frame(kind, {"type": kind, "sequence_number": seq, **fields})
-        seq += 1
-        return frame
-
-    yield event("response.created", response=_response(result, "in_progress", [], usage=False))
-    yield event("response.in_progress", response=_response(result, "in_progress", [], usage=False))
-    items = output_items(result)
-    for index, item in enumerate(items):
-        place = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "reasoning":
-            text = item["content"][0]["text"]
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "summary": [], "content": [], "status": "in_progress"},
-            )
-            summary = {"type": "summary_text", "text": ""}
-            yield event(
-                "response.reasoning_summary_part.added", **place, summary_index=0, part=summary
-            )
-            for piece in pieces(text, piece_chars):
-                yield event(
-                    "response.reasoning_summary_text.delta", **place, summary_index=0, delta=piece
-                )
-            yield event("response.reasoning_summary_text.done", **place, summary_index=0, text=text)
-            yield event(
-                "response.reasoning_summary_part.done",
-                **place,
-                summary_index=0,
-                part={**summary, "text": text},
-            )
-            for piece in pieces(text, piece_chars):
-                yield event("response.reasoning_text.delta", **place, content_index=0, delta=piece)
-            yield event("response.reasoning_text.done", **place, content_index=0, text=text)
-        elif item["type"] == "message":
-            text = item["content"][0]["text"]
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "content": [], "status": "in_progress"},
-            )
-            at = {**place, "content_index": 0}
-            yield event("response.content_part.added", **at, part=_text_part(""))
-            for piece in pieces(text, piece_chars):
-                yield event("response.output_text.delta", **at, delta=piece, logprobs=[])
-            yield event("response.output_text.done", **at, text=text, logprobs=[])
-            yield event("response.content_part.done", **at, part=_text_part(text))
-        else:
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "arguments": "", "status": "in_progress"},
-            )
-            for piece in pieces(item["arguments"], piece_chars):
-                yield event("response.function_call_arguments.delta", **place, delta=piece)
-            yield event(
-                "response.function_call_arguments.done", **place, arguments=item["arguments"]
-            )
-        yield event("response.output_item.done", output_index=index, item=item)
-    final = responses_body(result)
-    terminal = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-    yield event(terminal, response=final)
-
-
-def sse_failed_event(
-    err: GatewayError, result_call_id: str, model: str, created: int, sequence_number: int
-) -> bytes:
-    """A terminal `response.failed` event, for failures after a stream has started (before
-    that, send a plain JSON error with `openai_error_response`). Codex treats any code but
-    `context_length_exceeded` / quota codes as retryable; `code` is our error kind."""
-    response = {
-        "id": f"resp_{result_call_id}",
-        "object": "response",
-        "created_at": created,
-        "status": "failed",
-        "model": model,
-        "output": [],
-        "error": {"code": err.kind, "message": err.message},
-        "incomplete_details": None,
-        "usage": None,
-    }
-    return sse_frame(
-        "response.failed",
-        {"type": "response.failed", "sequence_number": sequence_number, "response": response},
-    )
-
-
-def compact_body(result: CompletionResult, request: CanonicalRequest) -> dict[str, Any]:
-    """`/responses/compact` reply: the request's user messages, then one `compaction` item
-    whose opaque content is our summary (read back when it returns as input).
-
-    Earlier summaries and our own compaction instruction are not repeated: the new summary
-    supersedes them.
-    """
-    kept = [
-        m.content
-        for m in request.messages
-        if m.role == "user"
-        and m.content is not None
-        and m.content != COMPACT_INSTRUCTION
-        and not m.content.startswith(COMPACTION_SUMMARY_PREFIX)
-    ]
-    output: list[dict[str, Any]] = [
-        {
-            "type": "message",
-            "id": f"msg_{result.call_id}_u{i}",
-            "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_text", "text": text}],
-        }
-        for i, text in enumerate(kept)
-    ]
-    summary = result.output.content or ""
-    output.append(
-        {
-            "type": "compaction",
-            "id": f"cmp_{result.call_id}",
-            "encrypted_content": encode_token("compaction", result.call_id, summary),
-        }
-    )
-    return {
-        "id": response_id(result),
-        "object": "response.compaction",
-        "created_at": result.created,
-        "output": output,
-        "usage": _usage(result),
-    }
-
-
-def responses_response(result: CompletionResult, *, stream: bool) -> Response:
-    """Starlette response for a finished `/v1/responses` call, streamed or not."""
-    if stream:
-        return StreamingResponse(
-            responses_sse(result),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
-    return JSONResponse(responses_body(result))
-
-
-def compact_response(result: CompletionResult, request: CanonicalRequest) -> Response:
-    return JSONResponse(compact_body(result, request))

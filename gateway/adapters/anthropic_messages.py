@@ -1,12 +1,12 @@
-"""Anthropic Messages adapter (what Claude Code speaks): wire request → `CanonicalRequest`,
-result → `message` object / Messages SSE, `count_tokens` parsing, and Anthropic-shaped errors.
+"""Anthropic Messages requests (what Claude Code speaks): wire models and their conversion
+to `CanonicalRequest`, for `/v1/messages` and `/v1/messages/count_tokens`. Replies and
+errors are in `anthropic_messages_reply`.
 
 Content blocks are folded into chat messages: `tool_result` blocks become `tool` messages
 (keeping the tool structure rather than flattening it into user text), `thinking` becomes
-`Message.reasoning`, `tool_use.input` becomes JSON `arguments`. The thinking signature we
-emit is a deterministic opaque token of the call id and the reasoning, so a verbatim echo
-restores our reasoning even if the client hid its text. Images and documents are refused
-with a 400: the model is text-only.
+`Message.reasoning` (read back from our signature token when the client hid its text),
+`tool_use.input` becomes JSON `arguments`. Images and documents are refused with a 400:
+the model is text-only.
 
 Markers for the scene engine in `CanonicalRequest.headers` (computed here; the same names
 sent by a client are discarded):
@@ -24,55 +24,26 @@ sent by a client are discarded):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
-from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.canonical import CanonicalRequest, CompletionResult, Message, Tool, ToolCall
-from gateway.errors import GatewayError
-from gateway.openai_chat import SSE_PIECE_CHARS
-from gateway.openai_responses import (
+from gateway.adapters.opaque_token import decode_token
+from gateway.adapters.wire import (
     REQUEST_KIND_HEADER,
     SUBAGENT_HEADER,
     Wire,
     bad_request,
     clean_headers,
-    decode_token,
-    encode_token,
     field_error,
-    header,
+    header_value,
     load_object,
-    pieces,
-    sse_frame,
+    sampling_params,
     validate_at,
 )
+from gateway.canonical import CanonicalRequest, Message, Tool, ToolCall
 from schemas.sampling import SamplingParams
-
-__all__ = [
-    "ANTHROPIC_ERRORS",
-    "BILLING_HEADER",
-    "COUNT_TOKENS_PATH",
-    "DEFAULT_PATH",
-    "PROTOCOL",
-    "REQUEST_KIND_HEADER",
-    "SUBAGENT_HEADER",
-    "anthropic_error_body",
-    "anthropic_error_response",
-    "anthropic_error_status",
-    "count_tokens_body",
-    "count_tokens_response",
-    "message_id",
-    "messages_body",
-    "messages_response",
-    "messages_sse",
-    "parse_count_tokens_request",
-    "parse_messages_request",
-    "sse_error_event",
-    "stop_reason",
-    "thinking_signature",
-]
 
 PROTOCOL = "anthropic_messages"
 DEFAULT_PATH = "/v1/messages"
@@ -82,55 +53,6 @@ MARKER_HEADERS = frozenset({REQUEST_KIND_HEADER, SUBAGENT_HEADER, BILLING_HEADER
 
 _NON_TEXT_BLOCKS = {"image", "document"}
 _BLOCK_TYPES = "text, tool_use, tool_result, thinking, redacted_thinking"
-
-
-# --- errors -----------------------------------------------------------------------------------
-
-ANTHROPIC_ERRORS: dict[str, tuple[str, int | None]] = {
-    "invalid_request": ("invalid_request_error", None),
-    "authentication": ("authentication_error", None),
-    "not_found": ("not_found_error", None),
-    "conflict": ("invalid_request_error", None),
-    "too_large": ("request_too_large", None),
-    "overloaded": ("overloaded_error", 529),
-    "engine_unavailable": ("overloaded_error", 529),
-    "engine_timeout": ("timeout_error", None),
-    "engine_bad_reply": ("api_error", None),
-    "internal": ("api_error", None),
-}
-"""Our kind → (Anthropic error `type`, status override). Overload is 529, which Claude Code
-and the SDK retry with back-off; an overload raised as 429 stays a `rate_limit_error`."""
-
-
-def _error_type_and_status(err: GatewayError) -> tuple[str, int]:
-    if err.kind == "overloaded" and err.status == 429:
-        return "rate_limit_error", 429
-    kind, status = ANTHROPIC_ERRORS[err.kind]
-    return kind, status if status is not None else err.status
-
-
-def anthropic_error_status(err: GatewayError) -> int:
-    return _error_type_and_status(err)[1]
-
-
-def anthropic_error_body(err: GatewayError) -> dict[str, Any]:
-    """`{"type": "error", "error": {"type", "message"}}`, Anthropic's error shape."""
-    return {
-        "type": "error",
-        "error": {"type": _error_type_and_status(err)[0], "message": err.message},
-    }
-
-
-def anthropic_error_response(err: GatewayError) -> JSONResponse:
-    return JSONResponse(
-        anthropic_error_body(err), status_code=anthropic_error_status(err), headers=err.headers()
-    )
-
-
-def sse_error_event(err: GatewayError) -> bytes:
-    """An in-stream `event: error` record (the SDK raises on it). Only for failures after a
-    stream has started; before that, send `anthropic_error_response`."""
-    return sse_frame("error", anthropic_error_body(err))
 
 
 # --- request models ---------------------------------------------------------------------------
@@ -395,30 +317,23 @@ def _sampling(req: CountTokensRequest) -> SamplingParams:
         "max_tokens": req.max_tokens,
         "stop": req.stop_sequences,
     }
-    try:
-        return SamplingParams.model_validate({k: v for k, v in values.items() if v is not None})
-    except ValidationError as exc:
-        err = field_error(exc)
-        if err.param and err.param.startswith("stop"):
-            err.param = "stop_sequences" + err.param.removeprefix("stop")
-            err.message = err.message.replace("stop", "stop_sequences", 1)
-        raise err from exc
+    return sampling_params(values, {"stop": "stop_sequences"})
 
 
 def _markers(headers: Mapping[str, str] | None, billing: list[str]) -> dict[str, str]:
-    request_class = header(headers, "x-claude-code-request-class")
+    request_class = header_value(headers, "x-claude-code-request-class")
     kind = request_class
-    if request_class == "compaction" or header(headers, "x-claude-code-compaction"):
+    if request_class == "compaction" or header_value(headers, "x-claude-code-compaction"):
         kind = "compaction"
     out: dict[str, str] = {}
     if kind:
         out[REQUEST_KIND_HEADER] = kind
     if (
-        header(headers, "x-claude-code-agent-id")
+        header_value(headers, "x-claude-code-agent-id")
         or request_class == "subagent"
         or any("cc_is_subagent=true" in line for line in billing)
     ):
-        out[SUBAGENT_HEADER] = header(headers, "x-claude-code-agent-type") or "subagent"
+        out[SUBAGENT_HEADER] = header_value(headers, "x-claude-code-agent-type") or "subagent"
     if billing:
         out[BILLING_HEADER] = "; ".join(billing)
     return out
@@ -472,178 +387,3 @@ def parse_count_tokens_request(
     tokenizes; `stream` is always False."""
     req = _parse(CountTokensRequest, body, headers, path)
     return req.model_copy(update={"stream": False})
-
-
-def count_tokens_body(input_tokens: int) -> dict[str, Any]:
-    return {"input_tokens": input_tokens}
-
-
-# --- replies ----------------------------------------------------------------------------------
-
-
-def message_id(result: CompletionResult) -> str:
-    return f"msg_{result.call_id}"
-
-
-def thinking_signature(result: CompletionResult) -> str:
-    """Deterministic in the call; carries the reasoning so a verbatim echo restores it."""
-    return encode_token("thinking", result.call_id, result.output.reasoning or "")
-
-
-def stop_reason(result: CompletionResult, stop_sequence: str | None = None) -> str:
-    if result.output.tool_calls:
-        return "tool_use"
-    if result.finish_reason == "length":
-        return "max_tokens"
-    return "stop_sequence" if stop_sequence is not None else "end_turn"
-
-
-def _usage(result: CompletionResult) -> dict[str, int]:
-    """Cached prompt tokens are reported as cache reads, as Anthropic does (input excludes
-    them), so Claude Code's context sum input + cache_read + output stays right."""
-    return {
-        "input_tokens": result.prompt_tokens - result.cached_prompt_tokens,
-        "output_tokens": result.completion_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": result.cached_prompt_tokens,
-    }
-
-
-def _tool_input(tc: ToolCall) -> tuple[dict[str, Any], str]:
-    """`input` object and its JSON text. The output parser only yields JSON objects; anything
-    else is wrapped under `arguments` rather than lost."""
-    try:
-        value = json.loads(tc.arguments)
-    except ValueError:
-        value = None
-    if isinstance(value, dict):
-        return value, tc.arguments
-    wrapped = {"arguments": tc.arguments}
-    return wrapped, json.dumps(wrapped, ensure_ascii=False)
-
-
-def content_blocks(result: CompletionResult, include_thinking: bool = True) -> list[dict[str, Any]]:
-    """thinking, text, tool_use — in that order; an otherwise empty reply gets one empty
-    text block."""
-    out = result.output
-    blocks: list[dict[str, Any]] = []
-    if include_thinking and out.reasoning:
-        blocks.append(
-            {"type": "thinking", "thinking": out.reasoning, "signature": thinking_signature(result)}
-        )
-    if out.content:
-        blocks.append({"type": "text", "text": out.content})
-    for tc in out.tool_calls:
-        blocks.append(
-            {"type": "tool_use", "id": tc.id, "name": tc.name, "input": _tool_input(tc)[0]}
-        )
-    if not blocks:
-        blocks.append({"type": "text", "text": ""})
-    return blocks
-
-
-def messages_body(
-    result: CompletionResult, *, include_thinking: bool = True, stop_sequence: str | None = None
-) -> dict[str, Any]:
-    """Non-stream `message` object. `stop_sequence`: the stop string that ended generation,
-    if known (makes `stop_reason` `stop_sequence`)."""
-    reason = stop_reason(result, stop_sequence)
-    return {
-        "id": message_id(result),
-        "type": "message",
-        "role": "assistant",
-        "model": result.model,
-        "content": content_blocks(result, include_thinking),
-        "stop_reason": reason,
-        "stop_sequence": stop_sequence if reason == "stop_sequence" else None,
-        "usage": _usage(result),
-    }
-
-
-def messages_sse(
-    result: CompletionResult,
-    *,
-    include_thinking: bool = True,
-    stop_sequence: str | None = None,
-    piece_chars: int = SSE_PIECE_CHARS,
-) -> Iterator[bytes]:
-    """Re-emit a complete result as the Messages event stream; every record has its
-    `event:` line (the SDK drops records without one)."""
-
-    def event(kind: str, **fields: Any) -> bytes:
-        return sse_frame(kind, {"type": kind, **fields})
-
-    body = messages_body(result, include_thinking=include_thinking, stop_sequence=stop_sequence)
-    usage = body["usage"]
-    tool_json = iter([_tool_input(tc)[1] for tc in result.output.tool_calls])
-    start = {**body, "content": [], "stop_reason": None, "stop_sequence": None}
-    yield event("message_start", message={**start, "usage": {**usage, "output_tokens": 0}})
-    yield event("ping")
-    for index, block in enumerate(body["content"]):
-        if block["type"] == "thinking":
-            yield event(
-                "content_block_start",
-                index=index,
-                content_block={"type": "thinking", "thinking": "", "signature": ""},
-            )
-            for piece in pieces(block["thinking"], piece_chars):
-                yield event(
-                    "content_block_delta",
-                    index=index,
-                    delta={"type": "thinking_delta", "thinking": piece},
-                )
-            yield event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "signature_delta", "signature": block["signature"]},
-            )
-        elif block["type"] == "text":
-            yield event(
-                "content_block_start", index=index, content_block={"type": "text", "text": ""}
-            )
-            for piece in pieces(block["text"], piece_chars):
-                yield event(
-                    "content_block_delta", index=index, delta={"type": "text_delta", "text": piece}
-                )
-        else:
-            yield event(
-                "content_block_start",
-                index=index,
-                content_block={**block, "input": {}},
-            )
-            for piece in pieces(next(tool_json), piece_chars):
-                yield event(
-                    "content_block_delta",
-                    index=index,
-                    delta={"type": "input_json_delta", "partial_json": piece},
-                )
-        yield event("content_block_stop", index=index)
-    yield event(
-        "message_delta",
-        delta={"stop_reason": body["stop_reason"], "stop_sequence": body["stop_sequence"]},
-        usage=usage,
-    )
-    yield event("message_stop")
-
-
-def messages_response(
-    result: CompletionResult,
-    *,
-    stream: bool,
-    include_thinking: bool = True,
-    stop_sequence: str | None = None,
-) -> Response:
-    """Starlette response for a finished `/v1/messages` call, streamed or not."""
-    if stream:
-        return StreamingResponse(
-            messages_sse(result, include_thinking=include_thinking, stop_sequence=stop_sequence),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
-    return JSONResponse(
-        messages_body(result, include_thinking=include_thinking, stop_sequence=stop_sequence)
-    )
-
-
-def count_tokens_response(input_tokens: int) -> Response:
-    return JSONResponse(count_tokens_body(input_tokens))

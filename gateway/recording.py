@@ -1,0 +1,124 @@
+"""What one agent call leaves on disk: its `RecordedCall` (the trajectory's view) inside a
+durable `CallRecord` whose size follows what is new in the call, not the whole history."""
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gateway.canonical import CanonicalRequest
+from gateway.incremental import PromptPlan
+from gateway.store import CallRecord, PromptRef, SessionMeta
+from schemas.sampling import SamplingParams
+from schemas.scenes import Scene
+from schemas.trajectory import CallStatus, MatchKind, RecordedCall
+
+HISTORY_FIELDS = frozenset({"messages", "input", "system", "instructions", "tools"})
+"""Request fields that repeat the conversation; stored in full only when a segment opens."""
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a planned call takes from a held segment, captured when it is planned."""
+
+    messages: int = 0
+    tokens: int = 0
+    after_call: str | None = None
+
+
+def reuse_of(plan: PromptPlan, last_call: Mapping[str, str]) -> Reuse:
+    """What `plan` reuses; `last_call` maps each held segment to its latest call."""
+    if plan.kind is MatchKind.fork or plan.segment is None:
+        return Reuse()
+    return Reuse(len(plan.segment.messages), plan.base_length, last_call.get(plan.segment_id))
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One agent call once its prompt is planned: what its record holds whatever the outcome."""
+
+    meta: SessionMeta
+    request: CanonicalRequest
+    raw_request: dict[str, Any]
+    plan: PromptPlan
+    reuse: Reuse
+    scene: Scene
+    sampling: SamplingParams
+    call_id: str
+    started_at: datetime
+    wall_start: float
+    """`time.perf_counter()` when the call arrived."""
+
+    def recorded_call(
+        self,
+        *,
+        segment_id: str,
+        status: CallStatus,
+        match: MatchKind,
+        output_ids: list[int],
+        output_logprobs: list[float],
+        fork_reason: str | None,
+        finish_reason: str | None = None,
+        parse_error: str | None = None,
+        drift: list[str] | None = None,
+        error: str | None = None,
+    ) -> RecordedCall:
+        """The call as recorded in the trajectory, with the outcome-specific fields given."""
+        meta = self.meta
+        return RecordedCall(
+            call_id=self.call_id,
+            segment_id=segment_id,
+            scene=self.scene,
+            protocol=self.request.protocol,
+            path=self.request.path,
+            status=status,
+            match=match,
+            prompt_ids=self.plan.prompt_ids,
+            output_ids=output_ids,
+            output_logprobs=output_logprobs,
+            new_prompt_tokens=self.plan.new_token_count,
+            finish_reason=finish_reason,
+            sampling=self.sampling,
+            policy_version=meta.config.policy_version,
+            engine_url=meta.engine_url,
+            started_at=self.started_at,
+            duration_s=time.perf_counter() - self.wall_start,
+            error=error,
+            parse_error=parse_error,
+            drift=drift or [],
+            fork_reason=fork_reason,
+        )
+
+    def durable_record(self, call: RecordedCall) -> CallRecord:
+        """What the store appends for `call` (see `_call_record`)."""
+        return _call_record(call, self.raw_request, self.request, self.reuse)
+
+
+def _call_record(
+    call: RecordedCall, raw: dict[str, Any], request: CanonicalRequest, reuse: Reuse
+) -> CallRecord:
+    """The durable record of a call, with a size proportional to what is new in it.
+
+    Agents resend the whole history on every call, and every prompt repeats the held
+    tokens; storing either each time would make the capture quadratic. A call that
+    extends a held segment keeps the request envelope (sampling, flags, headers), only
+    the messages past the held prefix, and only the prompt tokens past the held ones,
+    with a reference to the call whose prompt+output they continue. The store expands
+    the reference on load, so readers always see complete `prompt_ids`.
+    """
+    if reuse.messages == 0:
+        return CallRecord(call=call, request=raw, normalized=request.model_dump())
+    envelope = {k: v for k, v in raw.items() if k not in HISTORY_FIELDS}
+    normalized = request.model_dump(exclude={"messages", "tools"})
+    normalized["history_messages"] = reuse.messages
+    normalized["new_messages"] = [m.model_dump() for m in request.messages[reuse.messages :]]
+    if reuse.after_call is None:
+        return CallRecord(call=call, request=envelope, normalized=normalized)
+    tail = call.model_copy(update={"prompt_ids": call.prompt_ids[reuse.tokens :]})
+    return CallRecord(
+        call=tail,
+        request=envelope,
+        normalized=normalized,
+        prompt_ref=PromptRef(call_id=reuse.after_call, length=reuse.tokens),
+    )
