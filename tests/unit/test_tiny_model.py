@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from gateway.tiny_model import (
+from devstack.tiny_model import (
     IM_END,
     MARKUP_TOKENS,
     SPECIAL_TOKENS,
