@@ -25,8 +25,9 @@ from typing import Any
 
 import httpx
 
-from gateway.tiny_model import ensure_tiny_model
-from gateway.vllm_server import VllmServer, VllmServerConfig, free_port
+from devstack.ports import free_port
+from devstack.tiny_model import ensure_tiny_model
+from devstack.vllm_server import VllmServer, VllmServerConfig
 
 REGEX = (
     r'<think>\n[a-z]{2,6}\n</think>\n\n<tool_call>\n\{"name": "run", '

@@ -17,10 +17,10 @@ import statistics
 import time
 from typing import Any
 
+from devstack.tiny_model import IM_END, chat_template_text, ensure_tiny_model
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.chat_template import ChatTemplate
 from gateway.incremental import HeldSegment, IncrementalTokenizer, load_tokenizer
-from gateway.tiny_model import IM_END, chat_template_text, ensure_tiny_model
 
 TOOLS = [
     Tool(

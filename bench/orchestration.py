@@ -35,13 +35,14 @@ from temporalio.api.enums.v1 import EventType
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from devstack.background_server import BackgroundServer  # noqa: E402
+from devstack.scripted_engine import Script, ScriptedEngine  # noqa: E402
+from devstack.temporal_dev_server import TemporalDevServer  # noqa: E402
+from devstack.tiny_model import ensure_tiny_model  # noqa: E402
 from examples.make_tasks import task as make_task  # noqa: E402
-from gateway.scripted_engine import Script, ScriptedEngine  # noqa: E402
-from gateway.serving import BackgroundServer  # noqa: E402
-from gateway.tiny_model import ensure_tiny_model  # noqa: E402
 from schemas.client import RolloutClient  # noqa: E402
+from schemas.rollout import SEARCH_ATTRIBUTES  # noqa: E402
 from schemas.tasks import RolloutTask  # noqa: E402
-from workers.demo import TemporalDevServer  # noqa: E402
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -186,7 +187,8 @@ async def serial(client: RolloutClient, k: int, task: RolloutTask, out: str) -> 
 async def main(args: argparse.Namespace) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="rollout-bench-", dir="/tmp"))
     work.chmod(0o755)
-    server = await TemporalDevServer(work / "temporal", ui=False).start()
+    server = TemporalDevServer(work / "temporal", ui=False, search_attributes=SEARCH_ATTRIBUTES)
+    await server.start()
     model = ensure_tiny_model()
     engine = ScriptedEngine(model / "tokenizer.json", Script(default_reply="42"))
     engine_srv = BackgroundServer(engine.app()).start()

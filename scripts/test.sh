@@ -19,7 +19,7 @@ fi
 .venv/bin/pip install -q -e ".[dev]"
 
 echo "== vLLM CPU virtual environment (cached under $ROLLOUT_CACHE_DIR)"
-.venv/bin/python -c "from gateway.vllm_server import ensure_vllm_venv; print(ensure_vllm_venv())"
+.venv/bin/python -c "from devstack.vllm_server import ensure_vllm_venv; print(ensure_vllm_venv())"
 
 if [ -f scripts/build_base_image.sh ]; then
   echo "== sandbox base image (cached by recipe hash)"

@@ -12,7 +12,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agentic Roll
 @app.command("make-tiny-model")
 def make_tiny_model(out_dir: Annotated[Path, typer.Argument(help="output directory")]) -> None:
     """Build the deterministic tiny test/demo model (tokenizer, chat template, weights)."""
-    from gateway.tiny_model import build_tiny_model
+    from devstack.tiny_model import build_tiny_model
 
     info = build_tiny_model(out_dir)
     typer.echo(info.model_dump_json(indent=2))

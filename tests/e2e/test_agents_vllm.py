@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.serving import BackgroundServer
+from devstack.background_server import BackgroundServer
 from sandboxes.base import SandboxBackend
 from tests.fixtures.agents import AgentStack, run_agent, start_agent_stack
 from tests.fixtures.gateway import RecordingProxy

@@ -35,9 +35,9 @@ from typing import Any
 
 import pytest
 
-from gateway.scripted_engine import Script, ScriptedEngine, ScriptedReply, ScriptRule
-from gateway.serving import BackgroundServer
-from gateway.tiny_model import ensure_tiny_model
+from devstack.background_server import BackgroundServer
+from devstack.scripted_engine import Script, ScriptedEngine, ScriptedReply, ScriptRule
+from devstack.tiny_model import ensure_tiny_model
 from harnesses.claude_code import COMPACTION_MARKER as CC_COMPACTION_MARKER
 from sandboxes.base import SandboxBackend
 from tests.fixtures.agents import (

@@ -33,10 +33,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import Replayer
 
+from devstack.background_server import BackgroundServer
+from devstack.ports import free_port
+from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
+from devstack.temporal_dev_server import TemporalDevServer
+from devstack.tiny_model import ensure_tiny_model
 from examples.make_tasks import task as make_task
-from gateway.scripted_engine import Script, ScriptedEngine, ScriptRule
-from gateway.serving import BackgroundServer
-from gateway.tiny_model import ensure_tiny_model
 from schemas.client import RolloutClient
 from schemas.outcome import RolloutStatus
 from schemas.rollout import BAD_TASK_SPEC
@@ -44,7 +46,6 @@ from schemas.samples import table_to_rows
 from schemas.storage import read_table
 from schemas.tasks import RolloutTask
 from tests.fixtures.gateway import RunningGateway, start_gateway
-from workers.demo import TemporalDevServer, free_port
 from workflows.rollout import RolloutWorkflow
 
 # One dev server for the whole test session, shared by every module that asks.

@@ -19,6 +19,7 @@ from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import Worker
 
+from devstack.temporal_dev_server import TemporalDevServer
 from schemas.client import RolloutClient
 from schemas.evaluation import EvaluationResult
 from schemas.outcome import AgentResult, RolloutStatus, RunOutcome
@@ -42,7 +43,6 @@ from schemas.rollout import (
     SessionRequest,
 )
 from schemas.tasks import RolloutTask
-from workers.demo import TemporalDevServer
 from workflows.rollout import RolloutWorkflow
 
 # One dev server for the whole test session, shared by every module that asks.

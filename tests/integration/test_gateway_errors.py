@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.scripted_engine import Script, ScriptedEngine, ScriptRule
-from gateway.serving import BackgroundServer
+from devstack.background_server import BackgroundServer
+from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 
 pytestmark = pytest.mark.integration
 

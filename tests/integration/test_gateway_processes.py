@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from gateway.scripted_engine import Script, ScriptedEngine
-from gateway.serving import BackgroundServer
-from gateway.vllm_server import free_port
+from devstack.background_server import BackgroundServer
+from devstack.ports import free_port
+from devstack.scripted_engine import Script, ScriptedEngine
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.scripted_engine import Script, ScriptedEngine, ScriptRule
-from gateway.serving import BackgroundServer
+from devstack.background_server import BackgroundServer
+from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 
 pytestmark = pytest.mark.integration
 

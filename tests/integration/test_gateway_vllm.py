@@ -14,7 +14,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.serving import BackgroundServer
+from devstack.background_server import BackgroundServer
 from tests.fixtures.gateway import RecordingProxy, RunningGateway
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,6 @@ result carries their s3:// URIs — also when the rollout failed (on_error uploa
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from activities.runtime import RuntimeFailure
+from devstack.ports import free_port
 from hooks.base import Hook, HookContext, register_hook
 from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus
@@ -39,12 +39,6 @@ class FailAfterRunHook(Hook):
         raise RuntimeError("reporting backend down")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """moto's S3 server on a free loopback port; yields its endpoint URL."""
@@ -54,7 +48,7 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         "AWS_DEFAULT_REGION": "us-east-1",
     }.items():
         monkeypatch.setenv(k, v)
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     url = f"http://127.0.0.1:{port}"

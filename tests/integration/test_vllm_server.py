@@ -1,6 +1,6 @@
 """The real vLLM CPU server: the token-level behaviours the Gateway relies on.
 
-These pin down what gateway/vllm_server.py documents, so an engine upgrade that changes
+These pin down what devstack/vllm_server.py documents, so an engine upgrade that changes
 the response shape or the EOS/stop semantics fails here first.
 """
 
@@ -16,8 +16,8 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.tiny_model import IM_END, render_chat
-from gateway.vllm_server import VllmServer, VllmServerConfig, VllmServerError
+from devstack.tiny_model import IM_END, render_chat
+from devstack.vllm_server import VllmServer, VllmServerConfig, VllmServerError
 
 pytestmark = pytest.mark.integration
 

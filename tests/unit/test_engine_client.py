@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from devstack.ports import free_port
 from gateway.engine_client import EngineClient
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
@@ -101,13 +101,6 @@ async def client(fake: FakeVllmForTests) -> AsyncIterator[EngineClient]:
     )
     yield ec
     await http.aclose()
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (bound then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def expect_error(coro: Any, status: int, kind: str) -> GatewayError:

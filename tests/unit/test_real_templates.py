@@ -209,9 +209,9 @@ TINY = "tiny-model"
 
 
 def tiny_template_text() -> str | None:
-    """The project's own template (gateway.tiny_model), once that package provides it."""
+    """The project's own template (devstack.tiny_model), once that package provides it."""
     try:
-        from gateway.tiny_model import chat_template_text
+        from devstack.tiny_model import chat_template_text
     except ImportError:
         return None
     return chat_template_text()

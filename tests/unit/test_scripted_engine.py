@@ -5,7 +5,7 @@ from pathlib import Path
 
 from starlette.testclient import TestClient
 
-from gateway.scripted_engine import Script, ScriptedEngine, ScriptRule
+from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 
 
 def engine(tiny_model_dir: Path, script: Script) -> ScriptedEngine:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +13,13 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from gateway.tiny_model import (
+from devstack.tiny_model import (
     IM_END,
     MARKUP_TOKENS,
     SPECIAL_TOKENS,
     TinyModelInfo,
     build_tiny_model,
+    builder,
     chat_template_text,
     ensure_tiny_model,
     find_reencode_divergence,
@@ -71,6 +74,17 @@ def test_ensure_tiny_model_caches_by_fingerprint(tmp_path: Path) -> None:
     assert ensure_tiny_model(tmp_path) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tiny-model-")] == []
+
+
+def test_fingerprint_covers_the_word_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    copy = tmp_path / "tiny_model"
+    source = Path(str(resources.files(builder.__package__)))
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(builder.resources, "files", lambda _package: copy)
+    unchanged = source_fingerprint()
+    nouns = copy / "words" / "nouns.txt"
+    nouns.write_text(nouns.read_text("utf-8") + "lantern\n", encoding="utf-8")
+    assert source_fingerprint() != unchanged
 
 
 def test_special_and_markup_tokens_are_single_ids(

@@ -2,8 +2,8 @@
 
 Byte-level BPE (as Qwen uses) so that any text, including CJK, round-trips through bytes,
 and so that multi-character merges exist: decoding two single-character tokens and
-re-encoding the text yields one merged token. The Gateway's token-exact design (see
-ARCHITECTURE.md §5) exists because of exactly that case, so tests need a real example.
+re-encoding the text yields one merged token. The Gateway records token IDs rather than
+text because of exactly that case, so tests need a real example.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""The project's own tiny model for tests and the demo (ARCHITECTURE.md §8).
+"""The project's own tiny model for tests, benchmarks and the demo.
 
 No GPU, no weight downloads and no third-party corpora or templates: this package
-generates a corpus, trains a byte-level BPE tokenizer on it (with CJK merges), ships its
-own Qwen3-style chat template and writes random Qwen3-architecture weights that vLLM's
-CPU build can serve. Needs numpy, tokenizers, safetensors, jinja2 and pydantic -- never
-torch. Imports nothing from the rest of the project.
+generates a corpus from its own word lists (``words/*.txt``), trains a byte-level BPE
+tokenizer on it (with CJK merges), ships its own Qwen3-style chat template and writes
+random Qwen3-architecture weights that vLLM's CPU build can serve. Needs numpy,
+tokenizers, safetensors, jinja2 and pydantic -- never torch. Imports nothing from the
+rest of the project.
 """
 
 from .builder import (

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from importlib import resources
 from importlib.metadata import version
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -63,17 +64,31 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "agentic-rollout"
 
 
+SOURCE_SUFFIXES = (".py", ".jinja", ".txt")
+"""Files whose bytes shape a build: code, the chat template, the word lists."""
+
+
+def _source_files(folder: Traversable, prefix: str = "") -> list[tuple[str, bytes]]:
+    """(relative name, bytes) of every source file below ``folder``, sorted by name."""
+    found: list[tuple[str, bytes]] = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        name = f"{prefix}{entry.name}"
+        if entry.is_dir() and entry.name != "__pycache__":
+            found += _source_files(entry, f"{name}/")
+        elif entry.is_file() and entry.name.endswith(SOURCE_SUFFIXES):
+            found.append((name, entry.read_bytes()))
+    return found
+
+
 def source_fingerprint() -> str:
-    """Hash of the builder sources and the library versions that shape its output.
+    """Hash of the builder sources, its word lists and the library versions that shape it.
 
     Used as the cache key: a changed word list, template or tokenizers release rebuilds.
     """
     digest = hashlib.sha256()
-    package = resources.files(__package__)
-    for name in sorted(p.name for p in package.iterdir()):
-        if name.endswith((".py", ".jinja")):
-            digest.update(name.encode())
-            digest.update(package.joinpath(name).read_bytes())
+    for name, data in _source_files(resources.files(__package__)):
+        digest.update(name.encode())
+        digest.update(data)
     for dist in ("tokenizers", "numpy", "safetensors"):
         digest.update(f"{dist}=={version(dist)}".encode())
     return digest.hexdigest()[:16]

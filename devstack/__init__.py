@@ -1,0 +1,18 @@
+"""Development, test and demo stand-ins: everything the product runs against locally.
+
+What it owns:
+
+- ``tiny_model``: the deterministic tiny Qwen3-style model (tokenizer, chat template,
+  random weights) built from the word lists in ``tiny_model/words``;
+- ``vllm_server``: the vLLM CPU virtual environment and a launcher for its API server;
+- ``scripted_engine``: a fake engine speaking vLLM's token API from a script;
+- ``background_server``: any ASGI app on a loopback port in a background thread;
+- ``temporal_dev_server``: ``temporal server start-dev`` on free ports, WAL on;
+- ``ports``: the one ``free_port`` helper.
+
+Only ``workers`` (the demo, ``rollout make-tiny-model``), ``tests``, ``bench`` and
+``examples`` import this package; the product packages (``gateway``, ``sandboxes``,
+``harnesses``, ``hooks``, ``activities``, ``workflows``, ``schemas``) never do. It
+imports no product package either: callers pass in what is theirs, e.g. the demo hands
+the Temporal dev server the search attributes from ``schemas.rollout``.
+"""
