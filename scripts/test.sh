@@ -29,6 +29,8 @@ fi
 echo "== lint"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+echo "== import contract (what may import what: [tool.importlinter] in pyproject.toml)"
+.venv/bin/lint-imports
 
 echo "== tests"
 exec .venv/bin/python -m pytest -q -ra "$@"
