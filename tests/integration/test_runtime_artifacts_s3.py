@@ -17,7 +17,7 @@ from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
 from schemas.tasks import HookSpec, RolloutTask
-from tests.e2e.test_agents_stub import RecordingLLMServerForTests
+from tests.fixtures.llm_stand_in import RecordingLLMServerForTests
 from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     local_backend,

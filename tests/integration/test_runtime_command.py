@@ -22,7 +22,7 @@ from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
-from tests.e2e.test_agents_stub import RecordingLLMServerForTests
+from tests.fixtures.llm_stand_in import RecordingLLMServerForTests
 from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,

@@ -33,7 +33,7 @@ from gateway.adapters.anthropic_messages_reply import (
 from gateway.adapters.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
 from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
 from gateway.errors import KINDS, GatewayError
-from tests.unit.sdk_transport import anthropic_client
+from tests.fixtures.sdk_transport import anthropic_client
 
 REASONING = "I should list the files first, then read 说明文件 carefully."
 CONTENT = "Let me look at the repository."

@@ -25,7 +25,7 @@ from gateway.adapters.openai_chat_reply import (
 )
 from gateway.canonical import CanonicalRequest, CompletionResult, ParsedOutput, ToolCall
 from gateway.errors import GatewayError, openai_error_body
-from tests.unit.sdk_transport import openai_client
+from tests.fixtures.sdk_transport import openai_client
 
 ARGS_0 = json.dumps({"command": "grep -rn 'def main' src/ | head -n 20", "timeout": 30})
 ARGS_1 = json.dumps({"path": "README.md", "note": "中文说明 {nested: {x}}"}, ensure_ascii=False)

@@ -30,7 +30,7 @@ from gateway.adapters.openai_responses_reply import (
 from gateway.adapters.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
 from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
 from gateway.errors import GatewayError
-from tests.unit.sdk_transport import openai_client
+from tests.fixtures.sdk_transport import openai_client
 
 REASONING = "The user wants the file list. Run ls first — 然后再看 README。"
 CONTENT = "I'll list the files in the repository first."

@@ -16,22 +16,24 @@ from typing import Any
 
 import pytest
 
+from devstack.tiny_model import chat_template_text
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.chat_template import ChatTemplate, TemplateRenderError
 from gateway.incremental import HeldSegment, IncrementalTokenizer
 from gateway.incremental.window import WINDOW_HEADS
 from schemas.trajectory import MatchKind
-from tests.unit.test_real_templates import (
+from tests.fixtures.real_templates import (
     FAMILIES,
     QWEN,
-    TEMPLATES,
     TINY,
     TOOLS,
     CharTokenizer,
     load,
     run,
-    tiny_template_text,
+    template_names,
 )
+
+TEMPLATES = template_names()
 
 SYSTEM, FIRST_USER = WINDOW_HEADS
 
@@ -280,7 +282,7 @@ def test_the_head_is_rendered_again_when_it_changes() -> None:
 
 
 def test_windowing_is_probed_per_template_kwargs_and_can_be_disabled() -> None:
-    text = tiny_template_text()
+    text = chat_template_text()
     assert text is not None
     planner = qwen_planner(text)
     decision = planner.windowing_for({"enable_thinking": False})
@@ -309,7 +311,7 @@ class RecordingTemplate(ChatTemplate):
 
 def long_conversation(windowing: bool, turns: int = 80) -> list[tuple[int, int]]:
     """Per call: (messages, characters) handed to/rendered by the template."""
-    text = tiny_template_text()
+    text = chat_template_text()
     assert text is not None
     template = RecordingTemplate(text, bos_token=None, eos_token=QWEN.eos)
     tokenizer = CharTokenizer([*QWEN.markers, "<|im_start|>"])
