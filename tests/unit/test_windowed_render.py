@@ -283,7 +283,6 @@ def test_the_head_is_rendered_again_when_it_changes() -> None:
 
 def test_windowing_is_probed_per_template_kwargs_and_can_be_disabled() -> None:
     text = chat_template_text()
-    assert text is not None
     planner = qwen_planner(text)
     decision = planner.windowing_for({"enable_thinking": False})
     assert decision.enabled and planner.windowing_for({"enable_thinking": False}) is decision
@@ -312,7 +311,6 @@ class RecordingTemplate(ChatTemplate):
 def long_conversation(windowing: bool, turns: int = 80) -> list[tuple[int, int]]:
     """Per call: (messages, characters) handed to/rendered by the template."""
     text = chat_template_text()
-    assert text is not None
     template = RecordingTemplate(text, bos_token=None, eos_token=QWEN.eos)
     tokenizer = CharTokenizer([*QWEN.markers, "<|im_start|>"])
     planner = IncrementalTokenizer(template, tokenizer, eot_token=QWEN.markers, windowing=windowing)
