@@ -35,7 +35,8 @@ from harnesses.registry import get_harness
 from hooks.base import ArtifactRef, HookContext, build_hooks, run_on_error, run_phase
 from hooks.capture_diff import DiffSummary
 from hooks.evaluate import EvaluationResult, EvaluationSpec
-from sandboxes.base import GatewayChannel, Sandbox, SandboxBackend, SandboxSpec, get_backend
+from sandboxes.base import GatewayChannel, Sandbox, SandboxBackend, SandboxSpec
+from sandboxes.registry import get_backend
 from schemas.base import StrictModel
 from schemas.scenes import SceneConfig
 from schemas.session import SessionCreated

@@ -23,7 +23,8 @@ from hooks.base import (
 )
 from hooks.evaluate import EvaluationSpec, evaluate
 from sandboxes.base import ExecResult
-from tests.unit.test_harness_configs import FakeSandbox, make_ctx
+from tests.fixtures.fake_sandbox import FakeSandbox
+from tests.unit.test_harness_configs import make_ctx
 
 EVENTS: list[str] = []
 

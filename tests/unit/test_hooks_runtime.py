@@ -21,7 +21,7 @@ from harnesses.registry import register_harness
 from sandboxes.base import ExecResult, Sandbox, SandboxBackend, SandboxHandle, SandboxSpec
 from schemas.scenes import SceneRule
 from schemas.session import SessionCreated
-from tests.unit.test_harness_configs import FakeSandbox
+from tests.fixtures.fake_sandbox import FakeSandbox
 from tests.unit.test_hooks import EVENTS
 
 SESSION = SessionCreated(
