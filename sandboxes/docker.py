@@ -15,7 +15,9 @@ Warm pool: blank containers (started, supervisor ready) per (image, workdir,
 resources). Labels are immutable, so a pooled container's rollout id is recorded in
 its state dir (handle.json) at acquire time and the container is renamed to carry it
 in the background; cold-created containers carry the rollout-id label directly. The
-janitor reads both.
+janitor reads both. Create, the warm pool, attach, destroy and reap are shared with
+the local backend (`supervised`); this module says how a container starts, stops and
+is listed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import re
 import time
@@ -118,8 +119,8 @@ class _SdkExecSandbox(DockerSandbox):
         if timeout:
             argv = ["timeout", "-s", "KILL", str(timeout), *argv]
         t0 = time.monotonic()
-        c = await self._backend.sdk_call(self._backend.container, self.handle)
-        r = await self._backend.sdk_call(
+        c = await self.backend.sdk_call(self.backend.container, self.handle)
+        r = await self.backend.sdk_call(
             c.exec_run,
             argv,
             environment=merged_env(self.handle, env),
@@ -141,27 +142,27 @@ class _SdkExecSandbox(DockerSandbox):
             stderr=err[:max_output_bytes].decode(errors="replace"),
             timed_out=timed_out,
             oom_killed=(r.exit_code == 137 and not timed_out)
-            and await self._backend.oom_killed(self.handle),
+            and await self.backend.oom_killed(self.handle),
             duration_s=round(dur, 4),
             truncated=len(out) > max_output_bytes or len(err) > max_output_bytes,
         )
 
     async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
-        c = await self._backend.sdk_call(self._backend.container, self.handle)
-        await self._backend.sdk_call(c.exec_run, ["mkdir", "-p", dest_dir])
-        ok = await self._backend.sdk_call(c.put_archive, dest_dir, tar_bytes)
+        c = await self.backend.sdk_call(self.backend.container, self.handle)
+        await self.backend.sdk_call(c.exec_run, ["mkdir", "-p", dest_dir])
+        ok = await self.backend.sdk_call(c.put_archive, dest_dir, tar_bytes)
         if not ok:
             raise SandboxError(f"put_archive({dest_dir}) failed")
 
     async def get_archive(self, path: str) -> bytes:
         import docker.errors
 
-        c = await self._backend.sdk_call(self._backend.container, self.handle)
+        c = await self.backend.sdk_call(self.backend.container, self.handle)
         try:
-            stream, _ = await self._backend.sdk_call(c.get_archive, path)
+            stream, _ = await self.backend.sdk_call(c.get_archive, path)
         except docker.errors.NotFound as e:
             raise SandboxNotFound(f"{path}: no such file in the sandbox") from e
-        return await self._backend.sdk_call(lambda: b"".join(stream))
+        return await self.backend.sdk_call(lambda: b"".join(stream))
 
 
 class DockerBackend(SupervisedBackend[DockerSandbox]):
@@ -440,14 +441,10 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             sid = labels.get(SANDBOX_ID_LABEL, "")
             if not self._id_re.match(sid):
                 continue
+            # A pooled container's rollout id is only in its handle.json (labels are
+            # immutable); a cold one's is in its label too.
             h = self._handle_from_state(sid, labels.get(ROLLOUT_LABEL, ""))
             h.details["container_id"] = c["Id"]
-            stored_rid = ""
-            with contextlib.suppress(OSError, ValueError):
-                stored_rid = json.loads((self.state / sid / "handle.json").read_text())[
-                    "rollout_id"
-                ]
-            h.rollout_id = stored_rid or h.rollout_id
             h.details.setdefault("owner", labels.get(OWNER_LABEL, ""))
             out[sid] = h
         for h in self._recorded_sandboxes():

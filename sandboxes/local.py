@@ -17,7 +17,9 @@ otherwise the host's /usr, /etc… read-only (``"host-readonly"``).
 Processes: a long-lived in-sandbox supervisor (`supervisor.py`) runs commands and
 moves files over a Unix socket in the state dir. State (handle.json, pids.json,
 owner) lives in ``<state>/local/<sandbox_id>/`` so the janitor can find and destroy
-sandboxes left by a crashed worker.
+sandboxes left by a crashed worker. Create, the warm pool, attach, destroy and reap
+are shared with the docker backend (`supervised`); this module says how a bubblewrap
+sandbox starts, stops and is listed.
 """
 
 from __future__ import annotations

@@ -185,13 +185,14 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
         return self.state / "by-rollout" / rollout_key(rollout_id)
 
     def _handle_from_state(self, sandbox_id: str, rollout_id: str = "") -> SandboxHandle:
-        """A handle for destroy/reap, with the details recorded in handle.json if any."""
+        """A handle for destroy/reap: what handle.json records, else `rollout_id`."""
         details: dict[str, Any] = {"state_dir": str(self.state / sandbox_id)}
         with contextlib.suppress(OSError, ValueError):
             stored = SandboxHandle.model_validate_json(
                 (self.state / sandbox_id / "handle.json").read_text()
             )
             details.update(stored.details)
+            rollout_id = stored.rollout_id or rollout_id
         return SandboxHandle(
             backend=self.name,
             sandbox_id=sandbox_id,
