@@ -36,8 +36,8 @@ from sandboxes.base import (
     SandboxHandle,
     SandboxNotFound,
     SandboxSpec,
-    get_backend,
 )
+from sandboxes.registry import get_backend
 from schemas.rollout import (
     DESTROY_SANDBOX,
     PROVISION_SANDBOX,

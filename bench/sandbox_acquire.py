@@ -53,7 +53,7 @@ def spec(gateway: str | None = None) -> SandboxSpec:
 
 
 async def bench_backend(name: str, n_cold: int, n_warm: int, state: Path) -> dict[str, Any]:
-    from sandboxes.base import get_backend
+    from sandboxes.registry import get_backend
 
     b: Any = get_backend(name, state_dir=state / name)
     out: dict[str, Any] = {}

@@ -1,35 +1,38 @@
-"""The sandbox protocol and its boundary models.
+"""The sandbox protocol: `Sandbox`, `SandboxBackend` and the models they exchange.
 
-Why one small protocol: harnesses (agents) and activities only ever need to run
+This is the only sandbox module harnesses and hooks import. They only ever need to run
 commands, move files and read the environment; everything backend-specific (bubblewrap
-namespaces, docker containers, E2B templates) stays behind `SandboxBackend`.
-Adding a backend touches no harness. The models are pydantic because they cross
-process boundaries (Temporal activity payloads, the janitor's state files).
-
-Stability: this module is imported by harnesses and activities written concurrently;
-changes here are additive only.
+namespaces, docker containers, E2B templates, warm pools, the in-sandbox supervisor)
+lives in the backend modules, so adding a backend touches no harness and importing
+this module pulls in no backend machinery. The models are pydantic because they cross
+process boundaries (Temporal activity payloads, the backends' state files).
+Backends are constructed by name through `sandboxes.registry`.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import base64
 import io
 import os
-import re
 import tarfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+# Workspace models are part of the task contract; the protocol re-exports them.
+from schemas.workspace import RepoSpec, SandboxFile
 
 __all__ = [
     "DEFAULT_GATEWAY_PORT",
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "MANAGED_LABEL",
     "ROLLOUT_LABEL",
     "BackendUnavailable",
+    "Command",
     "ExecResult",
     "GatewayChannel",
     "OutputCallback",
@@ -43,17 +46,16 @@ __all__ = [
     "SandboxHandle",
     "SandboxNotFound",
     "SandboxSpec",
-    "get_backend",
-    "register_backend",
 ]
 
 #: Label/tag carrying the rollout id on every sandbox (docker label, E2B metadata,
 #: local state file). The janitor reaps by it.
 ROLLOUT_LABEL = "agentic-rollout.rollout-id"
+#: Label/tag marking a sandbox as made by these backends: listing and reaping never
+#: touch anything else on the same engine or account.
+MANAGED_LABEL = "agentic-rollout.managed"
 #: Loopback port inside the sandbox where the Gateway forwarder listens.
 DEFAULT_GATEWAY_PORT = 18080
-
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
 
 class SandboxError(RuntimeError):
@@ -87,48 +89,6 @@ class ResourceLimits(BaseModel):
     disk_mb: int | None = 4096
     #: Max open files per process.
     nofile: int | None = 4096
-
-
-class SandboxFile(BaseModel):
-    """A file to place in the sandbox at create time."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str
-    content: str
-    encoding: Literal["utf-8", "base64"] = "utf-8"
-    mode: int = 0o644
-
-    def data(self) -> bytes:
-        if self.encoding == "base64":
-            return base64.b64decode(self.content)
-        return self.content.encode("utf-8")
-
-    @classmethod
-    def from_bytes(cls, path: str, data: bytes, mode: int = 0o644) -> SandboxFile:
-        return cls(path=path, content=base64.b64encode(data).decode(), encoding="base64", mode=mode)
-
-
-class RepoSpec(BaseModel):
-    """A git repository checked out at an immutable commit.
-
-    Cloned host-side (the sandbox has no network) and copied in, so `url` may be a
-    local path or any URL the *host* can fetch.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    url: str
-    commit: str
-    path: str = "/workspace/repo"
-
-    @field_validator("commit")
-    @classmethod
-    def _immutable(cls, v: str) -> str:
-        v = v.strip().lower()
-        if not _COMMIT_RE.match(v):
-            raise ValueError("repo.commit must be a full commit hash (immutable), not a ref")
-        return v
 
 
 class GatewayChannel(BaseModel):
@@ -417,31 +377,6 @@ class SandboxBackend(abc.ABC):
     async def close(self) -> None:
         """Release client resources (pools, HTTP clients). Does not destroy sandboxes."""
         return None
-
-
-# --------------------------------------------------------------------------- registry
-
-BackendFactory = Callable[..., SandboxBackend]
-_FACTORIES: dict[str, BackendFactory] = {}
-
-
-def register_backend(name: str, factory: BackendFactory) -> None:
-    """Make a backend constructible by name (adding a backend touches no harness)."""
-    _FACTORIES[name] = factory
-
-
-def get_backend(name: str, **config: Any) -> SandboxBackend:
-    """Construct a backend by name: "local", "docker", "e2b" or a registered one."""
-    if name not in _FACTORIES:
-        # Built-ins register lazily so importing base never pulls docker/e2b SDKs.
-        import importlib
-
-        mod = {"local": "sandboxes.local", "docker": "sandboxes.docker", "e2b": "sandboxes.e2b"}
-        if name in mod:
-            importlib.import_module(mod[name])
-    if name not in _FACTORIES:
-        raise KeyError(f"unknown sandbox backend {name!r}; known: {sorted(_FACTORIES)}")
-    return _FACTORIES[name](**config)
 
 
 def _tar_single(name: str, data: bytes, mode: int) -> bytes:

@@ -15,7 +15,9 @@ Warm pool: blank containers (started, supervisor ready) per (image, workdir,
 resources). Labels are immutable, so a pooled container's rollout id is recorded in
 its state dir (handle.json) at acquire time and the container is renamed to carry it
 in the background; cold-created containers carry the rollout-id label directly. The
-janitor reads both.
+janitor reads both. Create, the warm pool, attach, destroy and reap are shared with
+the local backend (`supervised`); this module says how a container starts, stops and
+is listed.
 """
 
 from __future__ import annotations
@@ -23,35 +25,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import re
-import shutil
 import time
-import uuid
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sandboxes import _cgroups
-from sandboxes._common import (
-    MANAGED_LABEL,
-    OWNER_LABEL,
-    POOL_LABEL,
-    RUN_DIR,
-    SupervisedSandbox,
-    bind_rollout,
-    merged_env,
-    owner_token,
-    populate,
-    rollout_key,
-    state_root,
-)
-from sandboxes._control import SUPERVISOR_PATH, normalize_cmd, wait_ready
 from sandboxes.base import (
     DEFAULT_GATEWAY_PORT,
     DEFAULT_MAX_OUTPUT_BYTES,
+    MANAGED_LABEL,
     ROLLOUT_LABEL,
     BackendUnavailable,
     Command,
@@ -59,18 +44,28 @@ from sandboxes.base import (
     OutputCallback,
     OutputChunk,
     ResourceLimits,
-    SandboxBackend,
     SandboxError,
     SandboxHandle,
     SandboxNotFound,
     SandboxSpec,
-    register_backend,
 )
-from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
-from sandboxes.local import should_reap
+from sandboxes.cgroups import memory_cgroup_of_pid
+from sandboxes.host_state import owner_token, state_root
+from sandboxes.provisioning import merged_env
+from sandboxes.supervised import (
+    AGENT_HOME,
+    DEFAULT_IMAGE,
+    RUN_DIR,
+    SupervisedBackend,
+    SupervisedSandbox,
+)
+from sandboxes.supervisor_client import SUPERVISOR_PATH, normalize_cmd, wait_ready
 
-DEFAULT_IMAGE = "agentic-rollout/sandbox-base:latest"
 SANDBOX_ID_LABEL = "agentic-rollout.sandbox-id"
+#: Whether a container was started as a pool blank ("1") or for its rollout ("0").
+POOL_LABEL = "agentic-rollout.pool"
+#: The `owner_token` of the process that started the container.
+OWNER_LABEL = "agentic-rollout.owner"
 #: Which state root (hash) a container belongs to: backends with different state
 #: dirs (tests, several workers) never list or reap each other's containers.
 STATE_LABEL = "agentic-rollout.state-root"
@@ -78,8 +73,6 @@ INSTALL_HINT = (
     "a Docker engine is required for the docker sandbox backend: run "
     "scripts/install_system_deps.sh (apt-get install docker.io; starts dockerd)"
 )
-HOME = "/home/agent"
-_ID_RE = re.compile(r"^dsb-[0-9a-f]{12}$")
 T = TypeVar("T")
 
 
@@ -99,7 +92,7 @@ class DockerSandbox(SupervisedSandbox):
         return [cg] if cg else []
 
     async def _oom_without_cgroup(self) -> bool:
-        return await self.backend._oom_flag(self.handle)
+        return await self.backend.oom_killed(self.handle)
 
 
 class _SdkExecSandbox(DockerSandbox):
@@ -126,8 +119,8 @@ class _SdkExecSandbox(DockerSandbox):
         if timeout:
             argv = ["timeout", "-s", "KILL", str(timeout), *argv]
         t0 = time.monotonic()
-        c = await self._backend._run(self._backend._container, self.handle)
-        r = await self._backend._run(
+        c = await self.backend.sdk_call(self.backend.container, self.handle)
+        r = await self.backend.sdk_call(
             c.exec_run,
             argv,
             environment=merged_env(self.handle, env),
@@ -149,33 +142,34 @@ class _SdkExecSandbox(DockerSandbox):
             stderr=err[:max_output_bytes].decode(errors="replace"),
             timed_out=timed_out,
             oom_killed=(r.exit_code == 137 and not timed_out)
-            and await self._backend._oom_flag(self.handle),
+            and await self.backend.oom_killed(self.handle),
             duration_s=round(dur, 4),
             truncated=len(out) > max_output_bytes or len(err) > max_output_bytes,
         )
 
     async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
-        c = await self._backend._run(self._backend._container, self.handle)
-        await self._backend._run(c.exec_run, ["mkdir", "-p", dest_dir])
-        ok = await self._backend._run(c.put_archive, dest_dir, tar_bytes)
+        c = await self.backend.sdk_call(self.backend.container, self.handle)
+        await self.backend.sdk_call(c.exec_run, ["mkdir", "-p", dest_dir])
+        ok = await self.backend.sdk_call(c.put_archive, dest_dir, tar_bytes)
         if not ok:
             raise SandboxError(f"put_archive({dest_dir}) failed")
 
     async def get_archive(self, path: str) -> bytes:
         import docker.errors
 
-        c = await self._backend._run(self._backend._container, self.handle)
+        c = await self.backend.sdk_call(self.backend.container, self.handle)
         try:
-            stream, _ = await self._backend._run(c.get_archive, path)
+            stream, _ = await self.backend.sdk_call(c.get_archive, path)
         except docker.errors.NotFound as e:
             raise SandboxNotFound(f"{path}: no such file in the sandbox") from e
-        return await self._backend._run(lambda: b"".join(stream))
+        return await self.backend.sdk_call(lambda: b"".join(stream))
 
 
-class DockerBackend(SandboxBackend):
+class DockerBackend(SupervisedBackend[DockerSandbox]):
     """Docker containers on the local engine (the worker's host)."""
 
     name = "docker"
+    id_prefix = "dsb-"
 
     def __init__(
         self,
@@ -188,20 +182,15 @@ class DockerBackend(SandboxBackend):
         max_workers: int = 32,
         client: Any = None,
     ) -> None:
+        super().__init__(Path(state_dir) if state_dir else state_root("docker"), pool_size)
         self.image = image
         self.user = user
         self.ready_timeout = ready_timeout
-        self.state = Path(state_dir) if state_dir else state_root("docker")
-        (self.state / "by-rollout").mkdir(parents=True, exist_ok=True)
         self.state_key = hashlib.sha256(str(self.state.resolve()).encode()).hexdigest()[:16]
-        self._pool_exec = ThreadPoolExecutor(max_workers, thread_name_prefix="docker-sdk")
+        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="docker-sdk")
         self._client = client
         self._image_ids: dict[str, tuple[str, bool]] = {}
         self._workdir_ok: dict[tuple[str, str], bool] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        from sandboxes.pool import WarmPool
-
-        self.pool: WarmPool[DockerSandbox] = WarmPool(self._make_blank, self._discard, pool_size)
 
     # ----------------------------------------------------------------- plumbing
     @property
@@ -217,22 +206,22 @@ class DockerBackend(SandboxBackend):
                 raise BackendUnavailable(f"{INSTALL_HINT} ({e})") from e
         return self._client
 
-    async def _run(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool_exec, lambda: fn(*args, **kw))
+    def _require_runtime(self) -> None:
+        _ = self.client  # fails with the install hint
 
-    def _container(self, handle: SandboxHandle) -> Any:
+    async def sdk_call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """Run a blocking docker SDK call on this backend's thread pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kw))
+
+    def container(self, handle: SandboxHandle) -> Any:
+        """The SDK container object of a sandbox (blocking)."""
         import docker.errors
 
         try:
             return self.client.containers.get(handle.details.get("container_id") or "")
         except docker.errors.NotFound as e:
             raise SandboxNotFound(f"container for {handle.sandbox_id} is gone") from e
-
-    def _sdir(self, sandbox_id: str) -> Path:
-        if not _ID_RE.match(sandbox_id):
-            raise SandboxError(f"bad docker sandbox id {sandbox_id!r}")
-        return self.state / sandbox_id
 
     def _image_info(self, image: str) -> tuple[str, bool]:
         """(image id, has python3) — cached per process."""
@@ -277,11 +266,16 @@ class DockerBackend(SandboxBackend):
     def _key(self, spec: SandboxSpec) -> Hashable:
         return (spec.image or self.image, spec.workdir, spec.resources.model_dump_json())
 
-    # ----------------------------------------------------------------- lifecycle
-    async def _make_blank(self, key: Hashable) -> DockerSandbox:
+    def _blank_spec(self, key: Hashable) -> SandboxSpec:
         image, workdir, res_json = key  # type: ignore[misc]
-        return await self._start(image, workdir, ResourceLimits.model_validate_json(res_json), "")
+        res = ResourceLimits.model_validate_json(res_json)
+        return SandboxSpec(rollout_id="", image=image, workdir=workdir, resources=res)
 
+    def _sandbox(self, handle: SandboxHandle) -> DockerSandbox:
+        supervised = handle.details.get("exec") == "supervisor"
+        return (DockerSandbox if supervised else _SdkExecSandbox)(self, handle)
+
+    # ----------------------------------------------------------------- lifecycle
     def _create_container(
         self, sid: str, sdir: Path, image: str, workdir: str, r: ResourceLimits, rid: str
     ) -> tuple[Any, str, bool]:
@@ -306,7 +300,7 @@ class DockerBackend(SandboxBackend):
             "detach": True,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
-            "environment": {"HOME": HOME, "LANG": "C.UTF-8"},
+            "environment": {"HOME": AGENT_HOME, "LANG": "C.UTF-8"},
             "hostname": "sandbox",
             "mounts": [
                 docker.types.Mount(RUN_DIR, str(sdir / "run"), type="bind"),
@@ -344,163 +338,67 @@ class DockerBackend(SandboxBackend):
         c = self.client.containers.run(iid, cmd, entrypoint=[], **kw)
         return c, iid, has_py
 
-    async def _start(self, image: str, workdir: str, r: ResourceLimits, rid: str) -> DockerSandbox:
-        sid = "dsb-" + uuid.uuid4().hex[:12]
-        sdir = self._sdir(sid)
-        (sdir / "run").mkdir(parents=True)
-        (sdir / "owner").write_text(owner_token())
+    async def _start(self, sid: str, sdir: Path, spec: SandboxSpec) -> SandboxHandle:
+        """Run the container; a cold one carries its rollout id label directly."""
+        image, rid = spec.image or self.image, spec.rollout_id
+        (sdir / "run").mkdir()
         uid, gid = (int(x) for x in self.user.split(":"))
         if os.geteuid() == 0:
             os.chown(sdir / "run", uid, gid)
         else:
             os.chmod(sdir / "run", 0o777)
-        container = None
+        container, iid, has_py = await self.sdk_call(
+            self._create_container, sid, sdir, image, spec.workdir, spec.resources, rid
+        )
         try:
-            container, iid, has_py = await self._run(
-                self._create_container, sid, sdir, image, workdir, r, rid
-            )
             if has_py:
                 await wait_ready(sdir / "run", self.ready_timeout)
-            attrs = await self._run(lambda: self.client.api.inspect_container(container.id))
-            pid = attrs["State"]["Pid"]
-            handle = SandboxHandle(
-                backend=self.name,
-                sandbox_id=sid,
-                rollout_id=rid,
-                env_version=iid,
-                system="image",
-                workdir=workdir,
-                details={
-                    "state_dir": str(sdir),
-                    "container_id": container.id,
-                    "container_name": f"ar-{sid}",
-                    "image": image,
-                    "init_pid": pid,
-                    "memory_cgroup": _cgroups.memory_cgroup_of_pid(pid) if pid else None,
-                    "owner": owner_token(),
-                    "exec": "supervisor" if has_py else "docker-exec",
-                },
-            )
-            (sdir / "handle.json").write_text(handle.model_dump_json())
-        except BaseException as e:
-            await asyncio.shield(self._remove(sid, container.id if container else None))
-            if isinstance(e, SandboxError) and container is not None:
-                logs = await self._run(lambda: container.logs(tail=20))
-                raise SandboxError(f"{e}; container log: {logs[-1500:]!r}") from e
-            raise
-        cls = DockerSandbox if has_py else _SdkExecSandbox
-        return cls(self, handle)
+        except SandboxError as e:
+            logs = b""
+            with contextlib.suppress(Exception):
+                logs = await self.sdk_call(lambda: container.logs(tail=20))
+            raise SandboxError(f"{e}; container log: {logs[-1500:]!r}") from e
+        attrs = await self.sdk_call(lambda: self.client.api.inspect_container(container.id))
+        pid = attrs["State"]["Pid"]
+        return SandboxHandle(
+            backend=self.name,
+            sandbox_id=sid,
+            rollout_id=rid,
+            env_version=iid,
+            system="image",
+            workdir=spec.workdir,
+            details={
+                "state_dir": str(sdir),
+                "container_id": container.id,
+                "container_name": f"ar-{sid}",
+                "image": image,
+                "init_pid": pid,
+                "memory_cgroup": memory_cgroup_of_pid(pid) if pid else None,
+                "owner": owner_token(),
+                "exec": "supervisor" if has_py else "docker-exec",
+            },
+        )
 
-    async def _assign(self, sb: DockerSandbox, spec: SandboxSpec, pooled: bool) -> DockerSandbox:
+    async def _before_bind(self, sb: DockerSandbox, spec: SandboxSpec, pooled: bool) -> None:
         wants_gateway = spec.gateway is not None and spec.gateway.target
         if wants_gateway and sb.handle.details.get("exec") != "supervisor":
             raise SandboxError("the Gateway channel needs python3 in the image")
-        await bind_rollout(sb, sb._client, spec, self.state, HOME)
         if pooled:
             # Labels are immutable: make the rollout id visible in `docker ps` by name.
             name = f"ar-{_slug(spec.rollout_id)}-{sb.handle.sandbox_id[4:]}"
             cid = sb.handle.details["container_id"]
             fut = asyncio.get_running_loop().run_in_executor(
-                self._pool_exec, self._rename_quiet, cid, name
+                self._executor, self._rename_quiet, cid, name
             )
             fut.add_done_callback(lambda f: f.exception())
-        try:
-            await populate(sb, spec)
-        except BaseException:
-            await asyncio.shield(self.destroy(sb.handle))
-            raise
-        return sb
 
     def _rename_quiet(self, cid: str, name: str) -> None:
         with contextlib.suppress(Exception):
             self.client.api.rename(cid, name)
 
-    async def create(self, spec: SandboxSpec) -> DockerSandbox:
-        if not spec.rollout_id:
-            raise ValueError("spec.rollout_id is required")
-        _ = self.client  # fail early with the install hint
-        lock = self._locks.setdefault(spec.rollout_id, asyncio.Lock())
-        async with lock:
-            try:
-                await self._destroy_rollout(spec.rollout_id)
-                sb = self.pool.take(self._key(spec))
-                pooled = sb is not None
-                if sb is None:
-                    sb = await self._start(
-                        spec.image or self.image, spec.workdir, spec.resources, spec.rollout_id
-                    )
-                return await self._assign(sb, spec, pooled)
-            finally:
-                self._locks.pop(spec.rollout_id, None)
-
-    async def warm(self, spec: SandboxSpec, wait: bool = True) -> None:
-        """Start (and optionally wait for) the warm pool for specs shaped like `spec`."""
-        _ = self.client
-        key = self._key(spec)
-        if wait:
-            await self.pool.wait_full(key)
-        else:
-            self.pool.refill(key)
-
-    async def _destroy_rollout(self, rollout_id: str) -> None:
-        link = self.state / "by-rollout" / rollout_key(rollout_id)
-        if link.is_symlink():
-            sid = os.readlink(link)
-            with contextlib.suppress(FileNotFoundError):
-                link.unlink()
-            if _ID_RE.match(sid):
-                await self.destroy(self._stub(sid, rollout_id))
-
-    def _stub(self, sid: str, rollout_id: str = "", cid: str | None = None) -> SandboxHandle:
-        details: dict[str, Any] = {"state_dir": str(self.state / sid)}
-        try:
-            stored = SandboxHandle.model_validate_json(
-                (self.state / sid / "handle.json").read_text()
-            )
-            details.update(stored.details)
-        except (OSError, ValueError):
-            pass
-        if cid:
-            details["container_id"] = cid
-        return SandboxHandle(
-            backend=self.name,
-            sandbox_id=sid,
-            rollout_id=rollout_id,
-            env_version="",
-            details=details,
-        )
-
-    async def _discard(self, sb: DockerSandbox) -> None:
-        await self.destroy(sb.handle)
-
-    async def attach(self, handle: SandboxHandle) -> DockerSandbox:
-        sdir = self._sdir(handle.sandbox_id)
-        try:
-            stored = SandboxHandle.model_validate_json((sdir / "handle.json").read_text())
-        except OSError as e:
-            raise SandboxNotFound(f"docker sandbox {handle.sandbox_id} does not exist") from e
-        target = stored.details.get("gateway_target")
-        sock = str(sdir / "run" / "gateway.sock")
-        if target and not bridge_is_open(sock):
-            await asyncio.to_thread(ensure_bridge, sock, target)
-        cls = DockerSandbox if stored.details.get("exec") == "supervisor" else _SdkExecSandbox
-        return cls(self, stored)
-
-    async def destroy(self, handle: SandboxHandle) -> None:
-        sid = handle.sandbox_id
-        cid = handle.details.get("container_id") or f"ar-{sid}"
-        await self._remove(sid, cid, handle.rollout_id)
-
-    async def _remove(self, sid: str, cid: str | None, rollout_id: str = "") -> None:
-        sdir = self._sdir(sid)
-        await asyncio.to_thread(close_bridge, str(sdir / "run" / "gateway.sock"))
-        await self._run(self._remove_container, sid, cid)
-        if rollout_id:
-            link = self.state / "by-rollout" / rollout_key(rollout_id)
-            with contextlib.suppress(OSError):
-                if link.is_symlink() and os.readlink(link) == sid:
-                    link.unlink()
-        await asyncio.to_thread(shutil.rmtree, sdir, True)
+    async def _stop(self, handle: SandboxHandle) -> None:
+        cid = handle.details.get("container_id")
+        await self.sdk_call(self._remove_container, handle.sandbox_id, cid)
 
     def _remove_container(self, sid: str, cid: str | None) -> None:
         import docker.errors
@@ -519,10 +417,10 @@ class DockerBackend(SandboxBackend):
                     if "already in progress" not in str(e):
                         raise
 
-    async def _oom_flag(self, handle: SandboxHandle) -> bool:
-        """Ask the engine (when the cgroup files are not readable from here)."""
+    async def oom_killed(self, handle: SandboxHandle) -> bool:
+        """Ask the engine whether the container was OOM-killed (no readable cgroup)."""
         try:
-            attrs = await self._run(
+            attrs = await self.sdk_call(
                 self.client.api.inspect_container, handle.details["container_id"]
             )
         except Exception:
@@ -532,7 +430,7 @@ class DockerBackend(SandboxBackend):
     async def list(self) -> list[SandboxHandle]:
         # One list call (the high-level list() inspects each container and races
         # with concurrent removals).
-        containers = await self._run(
+        containers = await self.sdk_call(
             self.client.api.containers,
             all=True,
             filters={"label": [MANAGED_LABEL, f"{STATE_LABEL}={self.state_key}"]},
@@ -541,43 +439,21 @@ class DockerBackend(SandboxBackend):
         for c in containers:
             labels = c.get("Labels") or {}
             sid = labels.get(SANDBOX_ID_LABEL, "")
-            if not _ID_RE.match(sid):
+            if not self._id_re.match(sid):
                 continue
-            h = self._stub(sid, labels.get(ROLLOUT_LABEL, ""), c["Id"])
-            stored_rid = ""
-            with contextlib.suppress(OSError, ValueError):
-                stored_rid = json.loads((self.state / sid / "handle.json").read_text())[
-                    "rollout_id"
-                ]
-            h.rollout_id = stored_rid or h.rollout_id
+            # A pooled container's rollout id is only in its handle.json (labels are
+            # immutable); a cold one's is in its label too.
+            h = self._handle_from_state(sid, labels.get(ROLLOUT_LABEL, ""))
+            h.details["container_id"] = c["Id"]
             h.details.setdefault("owner", labels.get(OWNER_LABEL, ""))
             out[sid] = h
-        for d in self.state.iterdir():
-            if _ID_RE.match(d.name) and d.name not in out:
+        for h in self._recorded_sandboxes():
+            if h.sandbox_id not in out:
                 # State dir without a container (crash between the two): orphan.
-                h = self._stub(d.name)
-                with contextlib.suppress(OSError, ValueError):
-                    h.rollout_id = json.loads((d / "handle.json").read_text())["rollout_id"]
-                owner = ""
-                with contextlib.suppress(OSError):
-                    owner = (d / "owner").read_text().strip()
-                h.details["owner"] = owner
                 h.details["orphan_state_dir"] = True
-                out[d.name] = h
+                out[h.sandbox_id] = h
         return list(out.values())
 
-    async def reap(self, active_rollout_ids: set[str] | frozenset[str]) -> list[str]:
-        held = {sb.handle.sandbox_id for q in self.pool._idle.values() for sb in q}
-        reaped = []
-        for h in await self.list():
-            if h.sandbox_id not in held and should_reap(h, active_rollout_ids):
-                await self.destroy(h)
-                reaped.append(h.sandbox_id)
-        return reaped
-
     async def close(self) -> None:
-        await self.pool.close()
-        self._pool_exec.shutdown(wait=False)
-
-
-register_backend("docker", DockerBackend)
+        await super().close()
+        self._executor.shutdown(wait=False)

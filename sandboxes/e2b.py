@@ -28,9 +28,9 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
-from sandboxes._common import MANAGED_LABEL, base_env, merged_env, populate
 from sandboxes.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    MANAGED_LABEL,
     ROLLOUT_LABEL,
     BackendUnavailable,
     Command,
@@ -43,8 +43,8 @@ from sandboxes.base import (
     SandboxHandle,
     SandboxNotFound,
     SandboxSpec,
-    register_backend,
 )
+from sandboxes.provisioning import base_env, merged_env, populate
 
 INSTALL_HINT = "the e2b backend needs the `e2b` package (pip install e2b) and E2B_API_KEY"
 HOME = "/home/user"
@@ -289,6 +289,3 @@ class E2BBackend(SandboxBackend):
 
     async def list(self) -> list[SandboxHandle]:
         return await self._list({MANAGED_LABEL: "1"})
-
-
-register_backend("e2b", E2BBackend)

@@ -1,10 +1,11 @@
 """Janitor: destroy sandboxes whose rollout is gone, across backends.
 
-Why: Temporal terminations and crashed workers skip `finally` (ARCHITECTURE §9), so
-sandboxes can outlive their rollout. Every sandbox carries its rollout id (docker
-label / state file, local state file, E2B metadata); the janitor destroys those
-whose rollout is not in `active_rollout_ids`, whose TTL (`SandboxSpec.timeout_s`)
-passed, and unassigned warm-pool blanks whose owning process is dead.
+Why: a terminated workflow or a crashed worker never runs the code that would
+destroy its sandbox, so sandboxes can outlive their rollout. Every sandbox carries
+its rollout id (docker label / state file, local state file, E2B metadata); the
+janitor destroys those whose rollout is not in `active_rollout_ids`, whose TTL
+(`SandboxSpec.timeout_s`) passed, and unassigned warm-pool blanks whose owning
+process is dead.
 The CLI (`rollout janitor`) passes the ids of running workflows.
 """
 
@@ -14,7 +15,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from sandboxes.base import BackendUnavailable, SandboxBackend, get_backend
+from sandboxes.base import BackendUnavailable, SandboxBackend
+from sandboxes.registry import get_backend
 
 log = logging.getLogger(__name__)
 DEFAULT_BACKENDS = ("local", "docker")

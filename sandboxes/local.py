@@ -17,7 +17,9 @@ otherwise the host's /usr, /etc… read-only (``"host-readonly"``).
 Processes: a long-lived in-sandbox supervisor (`supervisor.py`) runs commands and
 moves files over a Unix socket in the state dir. State (handle.json, pids.json,
 owner) lives in ``<state>/local/<sandbox_id>/`` so the janitor can find and destroy
-sandboxes left by a crashed worker.
+sandboxes left by a crashed worker. Create, the warm pool, attach, destroy and reap
+are shared with the docker backend (`supervised`); this module says how a bubblewrap
+sandbox starts, stops and is listed.
 """
 
 from __future__ import annotations
@@ -27,87 +29,53 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import stat
 import subprocess
 import time
-import uuid
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
-from sandboxes import _cgroups
-from sandboxes._common import (
-    RUN_DIR,
-    SupervisedSandbox,
-    bind_rollout,
-    owner_alive,
-    owner_token,
-    pid_alive,
-    populate,
-    proc_start_time,
-    rollout_key,
-    state_root,
-)
-from sandboxes._control import SUPERVISOR_PATH, wait_ready
 from sandboxes.base import (
     DEFAULT_GATEWAY_PORT,
     BackendUnavailable,
-    SandboxBackend,
+    ResourceLimits,
     SandboxError,
     SandboxHandle,
     SandboxSpec,
-    register_backend,
 )
-from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
+from sandboxes.cgroups import (
+    cgroup_mode,
+    create_cgroups,
+    kill_cgroup_procs,
+    remove_cgroups,
+)
+from sandboxes.host_state import owner_token, pid_alive, proc_start_time, state_root
+from sandboxes.images import rootfs_dir_for, rootfs_image_id, rootfs_ref_file
+from sandboxes.provisioning import SANDBOX_PATH
+from sandboxes.supervised import (
+    AGENT_HOME,
+    DEFAULT_IMAGE,
+    RUN_DIR,
+    SupervisedBackend,
+    SupervisedSandbox,
+)
+from sandboxes.supervisor_client import SUPERVISOR_PATH, wait_ready
 
-DEFAULT_IMAGE = "agentic-rollout/sandbox-base:latest"
 INSTALL_HINT = (
     "bubblewrap is required for the local sandbox backend: run "
     "scripts/install_system_deps.sh (apt-get install bubblewrap)"
 )
-HOME = "/home/agent"
 INNER_UID = 1000
-_ID_RE = re.compile(r"^lsb-[0-9a-f]{12}$")
 _HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 _SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "home", "mnt", "media", "lost+found"}
 
 
-def _rmtree(p: Path) -> None:
-    """Remove a sandbox's directory, even parts the sandbox made unreadable (chmod 000).
-
-    Permissions are only ever changed *inside* the tree being removed: chmod-ing the
-    directory above it (the backend's state dir) to 0700 would lock every later sandbox,
-    which runs as the sandbox uid, out of its own directory.
-    """
-    root = os.path.realpath(p)
-
-    def inside(path: str) -> bool:
-        return os.path.commonpath([root, os.path.realpath(path)]) == root
-
-    def onerror(func: Any, path: str, exc: Any) -> None:
-        with contextlib.suppress(OSError):
-            parent = os.path.dirname(path)
-            if inside(parent):
-                os.chmod(parent, 0o700)
-            if inside(path) and not os.path.islink(path):
-                os.chmod(path, 0o700)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                os.unlink(path)
-
-    if p.exists():
-        shutil.rmtree(p, onerror=onerror)
-
-
 def lookup_rootfs(image: str) -> tuple[Path, str] | None:
     """Exported rootfs dir + image id for `image`, if it was exported on this host."""
-    from sandboxes import images
-
-    ref_file = images.rootfs_ref_file(image)
+    ref_file = rootfs_ref_file(image)
     iid = ref_file.read_text().strip() if ref_file.exists() else None
     if not iid and shutil.which("docker"):
         r = subprocess.run(
@@ -118,7 +86,7 @@ def lookup_rootfs(image: str) -> tuple[Path, str] | None:
         iid = r.stdout.strip() if r.returncode == 0 else None
     if not iid:
         return None
-    d = images.rootfs_dir_for(iid)
+    d = rootfs_dir_for(iid)
     if (d / ".complete").exists():
         return d, iid
     return None
@@ -145,7 +113,7 @@ class LocalSandbox(SupervisedSandbox):
         return list(self.handle.details.get("cgroups") or [])
 
 
-class LocalBackend(SandboxBackend):
+class LocalBackend(SupervisedBackend[LocalSandbox]):
     """Bubblewrap sandboxes on this host.
 
     `rootfs`: "auto" (exported image rootfs if present, else host dirs), a directory,
@@ -154,6 +122,7 @@ class LocalBackend(SandboxBackend):
     """
 
     name = "local"
+    id_prefix = "lsb-"
 
     def __init__(
         self,
@@ -167,36 +136,27 @@ class LocalBackend(SandboxBackend):
         ready_timeout: float = 30.0,
         use_cgroups: bool = True,
     ) -> None:
-        self.state = Path(state_dir) if state_dir else state_root("local")
-        self.state.mkdir(parents=True, exist_ok=True)
-        (self.state / "by-rollout").mkdir(exist_ok=True)
+        super().__init__(Path(state_dir) if state_dir else state_root("local"), pool_size)
         self.rootfs = rootfs
         self.image = image
         self.is_root = os.geteuid() == 0
         self.sandbox_uid = sandbox_uid if self.is_root else os.getuid()
         self.bwrap = shutil.which(bwrap)
         self.ready_timeout = ready_timeout
-        self.cgroup_mode = _cgroups.mode() if use_cgroups else None
+        self.cgroup_mode = cgroup_mode() if use_cgroups else None
         if self.is_root:
             _check_traversable(self.state)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._system_cache: dict[str, tuple[str | None, str, str]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        from sandboxes.pool import WarmPool
-
-        self.pool: WarmPool[LocalSandbox] = WarmPool(self._make_blank, self._discard, pool_size)
 
     # ----------------------------------------------------------------- helpers
-    def _require(self) -> str:
+    def _require_runtime(self) -> None:
         if not self.bwrap:
             raise BackendUnavailable(INSTALL_HINT)
-        return self.bwrap
 
     def _system(self, spec: SandboxSpec) -> tuple[str | None, str, str]:
         """(rootfs dir or None for host dirs, env_version, system kind)."""
         if spec.rootfs:
-            from sandboxes.images import rootfs_image_id
-
             p = Path(spec.rootfs)
             if not (p / "usr").is_dir():
                 raise SandboxError(f"rootfs {p} has no /usr")
@@ -219,16 +179,22 @@ class LocalBackend(SandboxBackend):
         rootfs, _, _ = self._system(spec)
         return (rootfs, spec.workdir, spec.resources.model_dump_json())
 
-    def _sdir(self, sandbox_id: str) -> Path:
-        if not _ID_RE.match(sandbox_id):
-            raise SandboxError(f"bad local sandbox id {sandbox_id!r}")
-        return self.state / sandbox_id
+    def _blank_spec(self, key: Hashable) -> SandboxSpec:
+        rootfs, workdir, res_json = key  # type: ignore[misc]
+        res = ResourceLimits.model_validate_json(res_json)
+        return SandboxSpec(rollout_id="", workdir=workdir, resources=res, rootfs=rootfs)
+
+    def _sandbox(self, handle: SandboxHandle) -> LocalSandbox:
+        return LocalSandbox(self, handle)
+
+    def _blank_usable(self, sb: LocalSandbox) -> bool:
+        return pid_alive(sb.handle.details.get("bwrap_pid"))
 
     def _bwrap_args(self, rootfs: str | None, sdir: Path, workdir: str, info_fd: int) -> list[str]:
         src = Path(rootfs) if rootfs else Path("/")
         top = workdir.strip("/").split("/")[0]
         args = [
-            self._require(),
+            str(self.bwrap),
             "--unshare-user",
             "--uid",
             str(INNER_UID),
@@ -266,14 +232,16 @@ class LocalBackend(SandboxBackend):
         ):
             raise SandboxError(
                 f"workdir {workdir} is inside read-only /{top}; use a top-level dir, "
-                f"a dir under {HOME} or under /tmp"
+                f"a dir under {AGENT_HOME} or under /tmp"
             )
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
         args += ["--bind", str(sdir / "tmp"), "/tmp"]
-        args += ["--bind", str(sdir / "home"), HOME]
+        args += ["--bind", str(sdir / "home"), AGENT_HOME]
         args += ["--bind", str(sdir / "run"), RUN_DIR]
         args += ["--ro-bind", str(SUPERVISOR_PATH), "/run/supervisor.py"]
-        if workdir.rstrip("/") not in ("/tmp", HOME) and not workdir.startswith(("/tmp/", HOME)):
+        if workdir.rstrip("/") not in ("/tmp", AGENT_HOME) and not workdir.startswith(
+            ("/tmp/", AGENT_HOME)
+        ):
             args += ["--bind", str(sdir / "work"), workdir]
         else:
             args += ["--dir", workdir]
@@ -282,27 +250,13 @@ class LocalBackend(SandboxBackend):
         return args
 
     # ----------------------------------------------------------------- lifecycle
-    async def _make_blank(self, key: Hashable) -> LocalSandbox:
-        rootfs, workdir, res_json = key  # type: ignore[misc]
-        from sandboxes.base import ResourceLimits
-
-        res = ResourceLimits.model_validate_json(res_json)
-        return await self._start(
-            SandboxSpec(rollout_id="", workdir=workdir, resources=res, rootfs=rootfs)
-        )
-
-    async def _start(self, spec: SandboxSpec) -> LocalSandbox:
-        self._require()
+    async def _start(self, sid: str, sdir: Path, spec: SandboxSpec) -> SandboxHandle:
         rootfs, env_version, system = self._system(spec)
         if rootfs is None and not Path("/usr/bin/python3").exists():
             raise BackendUnavailable(
                 "local backend without an exported rootfs needs /usr/bin/python3 on the host "
                 "(or run scripts/build_base_image.sh to export the image rootfs)"
             )
-        sid = "lsb-" + uuid.uuid4().hex[:12]
-        sdir = self._sdir(sid)
-        sdir.mkdir()
-        (sdir / "owner").write_text(owner_token())
         for sub in ("tmp", "home", "run", "work"):
             (sdir / sub).mkdir()
             if self.is_root:
@@ -311,7 +265,7 @@ class LocalBackend(SandboxBackend):
         r = spec.resources
         cg: list[str] = []
         if self.cgroup_mode:
-            cg = await asyncio.to_thread(_cgroups.create, sid, r.memory_mb, r.pids, r.cpus)
+            cg = await asyncio.to_thread(create_cgroups, sid, r.memory_mb, r.pids, r.cpus)
         info_r, info_w = os.pipe()
         try:
             args = self._bwrap_args(rootfs, sdir, spec.workdir, info_w)
@@ -335,8 +289,8 @@ class LocalBackend(SandboxBackend):
                 shim = 'for d in $AR_CGROUPS; do echo $$ > "$d/cgroup.procs" || exit 97; done\n'
                 cmd = ["/bin/sh", "-c", shim + 'exec "$@"', "sh", *cmd]
             env = {
-                "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "HOME": HOME,
+                "PATH": SANDBOX_PATH,
+                "HOME": AGENT_HOME,
                 "LANG": "C.UTF-8",
                 "AR_CGROUPS": " ".join(cg),
             }
@@ -373,21 +327,11 @@ class LocalBackend(SandboxBackend):
             except SandboxError as e:
                 logtail = (sdir / "bwrap.log").read_text(errors="replace")[-2000:]
                 raise SandboxError(f"{e}; bwrap said: {logtail}") from e
-        except BaseException:
+        finally:
             if info_w >= 0:
                 os.close(info_w)
-            handle = SandboxHandle(
-                backend=self.name,
-                sandbox_id=sid,
-                rollout_id="",
-                env_version="",
-                details={"state_dir": str(sdir)},
-            )
-            await asyncio.shield(self.destroy(handle))
-            raise
-        finally:
             os.close(info_r)
-        handle = SandboxHandle(
+        return SandboxHandle(
             backend=self.name,
             sandbox_id=sid,
             rollout_id="",
@@ -405,99 +349,19 @@ class LocalBackend(SandboxBackend):
                 "sandbox_uid": self.sandbox_uid,
             },
         )
-        (sdir / "handle.json").write_text(handle.model_dump_json())
-        return LocalSandbox(self, handle)
 
-    async def _assign(self, sb: LocalSandbox, spec: SandboxSpec) -> LocalSandbox:
-        """Bind a blank sandbox to a rollout: labels, env, gateway, files, repo, setup."""
-        await bind_rollout(
-            sb,
-            sb._client,
-            spec,
-            self.state,
-            HOME,
-            gateway_inside_port=spec.gateway.inside_port if spec.gateway else None,
-        )
-        try:
-            await populate(sb, spec)
-        except BaseException:
-            await asyncio.shield(self.destroy(sb.handle))
-            raise
-        return sb
-
-    async def create(self, spec: SandboxSpec) -> LocalSandbox:
-        if not spec.rollout_id:
-            raise ValueError("spec.rollout_id is required")
-        lock = self._locks.setdefault(spec.rollout_id, asyncio.Lock())
-        async with lock:
-            try:
-                await self._destroy_rollout(spec.rollout_id)
-                sb = self.pool.take(self._key(spec))
-                if sb is not None and not pid_alive(sb.handle.details.get("bwrap_pid")):
-                    await self._discard(sb)
-                    sb = None
-                if sb is None:
-                    sb = await self._start(spec)
-                return await self._assign(sb, spec)
-            finally:
-                self._locks.pop(spec.rollout_id, None)
-
-    async def warm(self, spec: SandboxSpec, wait: bool = True) -> None:
-        """Start (and optionally wait for) the warm pool for specs shaped like `spec`."""
-        key = self._key(spec)
-        if wait:
-            await self.pool.wait_full(key)
-        else:
-            self.pool.refill(key)
-
-    async def _destroy_rollout(self, rollout_id: str) -> None:
-        link = self.state / "by-rollout" / rollout_key(rollout_id)
-        if link.is_symlink():
-            sid = os.readlink(link)
-            with contextlib.suppress(FileNotFoundError):
-                link.unlink()
-            if _ID_RE.match(sid):
-                await self.destroy(
-                    SandboxHandle(
-                        backend=self.name,
-                        sandbox_id=sid,
-                        rollout_id=rollout_id,
-                        env_version="",
-                        details={"state_dir": str(self.state / sid)},
-                    )
-                )
-
-    async def _discard(self, sb: LocalSandbox) -> None:
-        await self.destroy(sb.handle)
-
-    async def attach(self, handle: SandboxHandle) -> LocalSandbox:
-        sdir = self._sdir(handle.sandbox_id)
-        if not (sdir / "handle.json").exists():
-            from sandboxes.base import SandboxNotFound
-
-            raise SandboxNotFound(f"local sandbox {handle.sandbox_id} does not exist")
-        stored = SandboxHandle.model_validate_json((sdir / "handle.json").read_text())
-        sb = LocalSandbox(self, stored)
-        target = stored.details.get("gateway_target")
-        sock = str(sdir / "run" / "gateway.sock")
-        if target and not bridge_is_open(sock):
-            # The process that opened the bridge may be gone: serve it from here.
-            await asyncio.to_thread(ensure_bridge, sock, target)
-        return sb
-
-    async def destroy(self, handle: SandboxHandle) -> None:
+    async def _stop(self, handle: SandboxHandle) -> None:
         sid = handle.sandbox_id
-        sdir = self._sdir(sid)
-        await asyncio.to_thread(close_bridge, str(sdir / "run" / "gateway.sock"))
-        await asyncio.to_thread(self._kill_and_remove, sid, sdir, handle.rollout_id)
+        await asyncio.to_thread(self._kill, sid, self._sdir(sid))
 
-    def _kill_and_remove(self, sid: str, sdir: Path, rollout_id: str) -> None:
+    def _kill(self, sid: str, sdir: Path) -> None:
+        """Kill every process of a sandbox (cgroups, else its pid namespace's init)."""
         pids: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
             pids = json.loads((sdir / "pids.json").read_text())
         cg = pids.get("cgroups") or []
         if cg:
-            _cgroups.kill_all(cg)
+            kill_cgroup_procs(cg)
         # Killing the namespace's init kills every process in the pid namespace.
         for p, s in ((pids.get("child_pid"), pids.get("child_start")),
                      (pids.get("bwrap_pid"), pids.get("bwrap_start"))):  # fmt: skip
@@ -514,60 +378,11 @@ class LocalBackend(SandboxBackend):
             while p and pid_alive(p, s) and time.monotonic() < deadline:
                 time.sleep(0.01)
         if cg:
-            _cgroups.kill_all(cg, timeout=2)
-            _cgroups.remove(cg)
-        if rollout_id:
-            link = self.state / "by-rollout" / rollout_key(rollout_id)
-            with contextlib.suppress(OSError):
-                if link.is_symlink() and os.readlink(link) == sid:
-                    link.unlink()
-        _rmtree(sdir)
+            kill_cgroup_procs(cg, timeout=2)
+            remove_cgroups(cg)
 
     async def list(self) -> list[SandboxHandle]:
-        out: list[SandboxHandle] = []
-        for d in sorted(self.state.iterdir()):
-            if not _ID_RE.match(d.name):
-                continue
-            try:
-                out.append(SandboxHandle.model_validate_json((d / "handle.json").read_text()))
-            except (OSError, ValueError):
-                owner = ""
-                with contextlib.suppress(OSError):
-                    owner = (d / "owner").read_text().strip()
-                out.append(
-                    SandboxHandle(
-                        backend=self.name,
-                        sandbox_id=d.name,
-                        rollout_id="",
-                        env_version="",
-                        details={"state_dir": str(d), "owner": owner, "incomplete": True},
-                    )
-                )
-        return out
-
-    async def reap(self, active_rollout_ids: set[str] | frozenset[str]) -> list[str]:
-        """Destroy sandboxes of inactive/expired rollouts and orphaned pool blanks."""
-        reaped = []
-        held = {sb.handle.sandbox_id for q in self.pool._idle.values() for sb in q}
-        for h in await self.list():
-            if should_reap(h, active_rollout_ids) and h.sandbox_id not in held:
-                await self.destroy(h)
-                reaped.append(h.sandbox_id)
-        return reaped
-
-    async def close(self) -> None:
-        await self.pool.close()
-
-
-def should_reap(h: SandboxHandle, active: set[str] | frozenset[str]) -> bool:
-    """Janitor rule shared by local and docker."""
-    if h.rollout_id:
-        if h.rollout_id not in active:
-            return True
-        exp = h.details.get("expires_at")
-        return bool(exp and time.time() > float(exp))
-    owner = h.details.get("owner") or ""
-    return not owner_alive(owner)
+        return self._recorded_sandboxes()
 
 
 def _check_traversable(p: Path) -> None:
@@ -588,6 +403,3 @@ def _read_all(fd: int) -> str:
             break
         chunks.append(b)
     return b"".join(chunks).decode(errors="replace")
-
-
-register_backend("local", LocalBackend)

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 
 class WarmPool(Generic[T]):
+    """Blanks per key, made by `make(key)` ahead of use and handed out by `take`."""
+
     def __init__(
         self,
         make: Callable[[Hashable], Awaitable[T]],
@@ -51,9 +53,15 @@ class WarmPool(Generic[T]):
         return item
 
     def idle(self, key: Hashable) -> int:
+        """How many ready blanks `key` has."""
         return len(self._idle.get(key, ()))
 
+    def idle_items(self) -> list[T]:
+        """Every ready blank, across keys (the janitor must not reap these)."""
+        return [item for q in self._idle.values() for item in q]
+
     def refill(self, key: Hashable) -> None:
+        """Start creating the blanks `key` lacks (no-op when paused, closed or size 0)."""
         if self._closed or self.paused or self.size <= 0:
             return
         missing = self.size - len(self._idle[key]) - self._pending[key]
@@ -99,7 +107,7 @@ class WarmPool(Generic[T]):
         # In-flight creations finish and discard themselves (cancelling mid-create
         # could leak a half-made sandbox).
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        items = [i for q in self._idle.values() for i in q]
+        items = self.idle_items()
         self._idle.clear()
         for i in items:
             with contextlib.suppress(Exception):

@@ -8,7 +8,6 @@ the crash test can SIGKILL it exactly like a host failure.
 """
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -200,14 +199,16 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
                 os.environ[key] = value
         gateway.server.stop()
         engine_server.stop()
-        with contextlib.suppress(Exception):
-            leftover = list(state.glob("lsb-*"))
-            if leftover:  # never leave a sandbox behind, even when a test failed
+        try:
+            leftover = sorted(p.name for p in state.glob("lsb-*"))
+            if leftover:  # destroy them so nothing outlives the run, then fail: a leak
                 from sandboxes.local import LocalBackend
 
                 backend = LocalBackend(state_dir=state)
                 asyncio.run(backend.reap(frozenset()))
-        shutil.rmtree(work, ignore_errors=True)
+                pytest.fail(f"sandboxes leaked by the controller tests: {leftover}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

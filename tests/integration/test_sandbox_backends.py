@@ -196,7 +196,8 @@ async def test_rm_rf_root_leaves_host_and_other_sandboxes_intact(
         await b.put_file(f"{b.workdir}/keep.txt", b"b's data")
         await a.put_file(f"{a.workdir}/mine.txt", b"a's data")
         r = await a.exec("rm -rf --no-preserve-root / 2>/dev/null; echo done", timeout=120)
-        assert "done" in r.stdout or r.exit_code != 0
+        # The shell outlives the deletion (it is in memory): the command completes.
+        assert r.exit_code == 0 and r.stdout == "done\n", r
         assert canary.read_text() == "alive"
         assert Path("/usr/bin/env").exists() and Path("/etc/passwd").exists()
         assert await b.get_file(f"{b.workdir}/keep.txt") == b"b's data"

@@ -6,13 +6,10 @@ dict, and the tests parse what was written (TOML / YAML / JSON) like the agent w
 
 from __future__ import annotations
 
-import io
 import json
-import re
 import shlex
-import tarfile
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -33,101 +30,11 @@ from harnesses.config_files import toml_dumps
 from harnesses.hermes import HERMES_MIN_CONTEXT, HermesHarness
 from harnesses.mini_swe_agent import MiniSweAgentHarness
 from harnesses.registry import get_harness, harness_names
-from sandboxes.base import ExecResult, Sandbox, SandboxBackend, SandboxHandle, SandboxNotFound
+from sandboxes.base import ExecResult
 from schemas.tasks import HarnessSpec, RolloutTask
+from tests.fixtures.fake_sandbox import FakeSandbox
 
 TOKEN = "sess-token-123"
-Handler = Callable[[str, dict[str, Any]], ExecResult | None]
-
-
-class _FakeBackend(SandboxBackend):
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.destroyed: list[str] = []
-
-    async def create(self, spec):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
-
-    async def attach(self, handle):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
-
-    async def destroy(self, handle: SandboxHandle) -> None:
-        self.destroyed.append(handle.sandbox_id)
-
-    async def list(self) -> list[SandboxHandle]:
-        return []
-
-
-class FakeSandbox(Sandbox):
-    """In-memory stand-in: files live in a dict; `exec` understands the harness's
-    file-writing idiom and otherwise asks `handler` (default: exit 0)."""
-
-    def __init__(
-        self,
-        handler: Handler | None = None,
-        *,
-        workdir: str = "/workspace",
-        home: str = "/home/agent",
-        missing: set[str] | None = None,
-    ) -> None:
-        self.handle = SandboxHandle(
-            backend="fake",
-            sandbox_id="fake-1",
-            rollout_id="r-1",
-            env_version="fake:1",
-            workdir=workdir,
-            gateway_base_url="http://127.0.0.1:18080",
-            env={"HOME": home, "PATH": "/usr/local/bin:/usr/bin:/bin"},
-        )
-        self.files: dict[str, bytes] = {}
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.handler = handler
-        self.missing = missing or set()
-        self._backend = _FakeBackend()
-
-    @property
-    def backend(self) -> SandboxBackend:
-        return self._backend
-
-    async def exec(self, cmd, **kw):  # type: ignore[no-untyped-def,override]
-        cmd = cmd if isinstance(cmd, str) else shlex.join(cmd)
-        self.calls.append((cmd, kw))
-        m = re.match(r"mkdir -p \S+ && cat > (\S+) && chmod", cmd)
-        if m:
-            self.files[shlex.split(m.group(1))[0]] = kw.get("stdin") or b""
-            return ExecResult(exit_code=0)
-        if "command -v" in cmd and any(b in cmd for b in self.missing):
-            return ExecResult(exit_code=1)
-        if self.handler is not None:
-            r = self.handler(cmd, kw)
-            if r is not None:
-                return r
-        return ExecResult(exit_code=0)
-
-    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
-        with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tf:
-            for m in tf.getmembers():
-                f = tf.extractfile(m)
-                if f is not None:
-                    self.files[f"{dest_dir.rstrip('/')}/{m.name}"] = f.read()
-
-    async def get_archive(self, path: str) -> bytes:
-        path = path.rstrip("/")
-        base = path.rsplit("/", 1)[0]
-        hits = {p: d for p, d in self.files.items() if p == path or p.startswith(path + "/")}
-        if not hits:
-            raise SandboxNotFound(path)
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            for p, data in hits.items():
-                ti = tarfile.TarInfo(p[len(base) + 1 :])
-                ti.size = len(data)
-                tf.addfile(ti, io.BytesIO(data))
-        return buf.getvalue()
-
-    def text(self, path: str) -> str:
-        return self.files[path].decode()
 
 
 def make_ctx(workdir: str = "/workspace", prompt: str = "fix the bug") -> HarnessContext:

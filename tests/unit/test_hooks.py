@@ -22,8 +22,8 @@ from sandboxes.base import ExecResult
 from schemas.evaluation import EvaluationSpec
 from schemas.outcome import AgentResult, LogSpec, RunOutcome
 from schemas.tasks import HookSpec, RolloutTask
+from tests.fixtures.fake_sandbox import FakeSandbox
 from tests.fixtures.hooks import EVENTS
-from tests.unit.test_harness_configs import FakeSandbox
 
 
 def hook_ctx(

@@ -19,9 +19,9 @@ from schemas.outcome import AgentResult, RolloutStatus
 from schemas.scenes import SceneRule
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
+from tests.fixtures.fake_sandbox import FakeSandbox
 from tests.fixtures.hooks import EVENTS
 from tests.fixtures.runtime import RuntimeManager
-from tests.unit.test_harness_configs import FakeSandbox
 
 SESSION = SessionCreated(
     session_id="s1",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.local import _rmtree
+from sandboxes.host_state import remove_tree
 
 
 def mode(path: Path) -> int:
@@ -23,7 +23,7 @@ def test_unreadable_dirs_inside_the_sandbox_are_removed(tmp_path: Path) -> None:
     (locked / "f").write_text("x")
     state.chmod(0o755)
     locked.chmod(0o000)
-    _rmtree(sandbox)
+    remove_tree(sandbox)
     assert not sandbox.exists()
     assert mode(state) == 0o755
 
@@ -44,7 +44,7 @@ def test_a_failing_removal_of_the_sandbox_dir_leaves_the_state_dir_alone(
         real_rmdir(path, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "rmdir", busy_rmdir)
-    _rmtree(sandbox)
+    remove_tree(sandbox)
     assert mode(state) == 0o755, "the state dir above the sandbox must keep its mode"
     monkeypatch.setattr(os, "rmdir", real_rmdir)
     shutil.rmtree(sandbox, ignore_errors=True)

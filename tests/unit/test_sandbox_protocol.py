@@ -12,7 +12,6 @@ import pytest
 from pydantic import ValidationError
 
 from sandboxes import images
-from sandboxes._common import files_tar
 from sandboxes.base import (
     ExecResult,
     RepoSpec,
@@ -21,11 +20,11 @@ from sandboxes.base import (
     SandboxFile,
     SandboxHandle,
     SandboxSpec,
-    get_backend,
-    register_backend,
 )
 from sandboxes.gateway_channel import parse_target
 from sandboxes.pool import WarmPool
+from sandboxes.provisioning import files_tar
+from sandboxes.registry import get_backend, register_backend
 
 
 def test_repo_commit_must_be_immutable() -> None:

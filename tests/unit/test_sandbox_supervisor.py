@@ -22,16 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes._control import SUPERVISOR_PATH, ControlClient, wait_ready
 from sandboxes.base import SandboxError, SandboxNotFound
 from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
+from sandboxes.supervisor_client import SUPERVISOR_PATH, SupervisorClient, wait_ready
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
 @pytest.fixture
-async def supervisor(tmp_path: Path) -> AsyncIterator[tuple[ControlClient, Path]]:
+async def supervisor(tmp_path: Path) -> AsyncIterator[tuple[SupervisorClient, Path]]:
     run = tmp_path / "run"
     run.mkdir()
     with socket.socket() as s:  # a free loopback port for the pre-started forwarder
@@ -43,7 +43,7 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[tuple[ControlClient, Path]
         start_new_session=True,
     )  # fmt: skip
     await wait_ready(run, 10, alive=lambda: proc.poll() is None)
-    client = ControlClient(run / "control.sock")
+    client = SupervisorClient(run / "control.sock")
     client.test_port = port  # type: ignore[attr-defined]
     yield client, run
     proc.kill()
@@ -54,7 +54,7 @@ def _alive(pattern: str) -> bool:
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
 
 
-async def test_exec_streams_and_reports_exit(supervisor: tuple[ControlClient, Path]) -> None:
+async def test_exec_streams_and_reports_exit(supervisor: tuple[SupervisorClient, Path]) -> None:
     client, _ = supervisor
     chunks = []
     r = await client.exec(
@@ -75,7 +75,7 @@ async def test_exec_streams_and_reports_exit(supervisor: tuple[ControlClient, Pa
 
 
 async def test_timeout_and_cancel_kill_process_group(
-    supervisor: tuple[ControlClient, Path],
+    supervisor: tuple[SupervisorClient, Path],
 ) -> None:
     client, _ = supervisor
     tag = f"sleep 31{os.getpid() % 1000}"
@@ -104,7 +104,7 @@ async def test_timeout_and_cancel_kill_process_group(
     assert not _alive(f"{tag}7")
 
 
-async def test_put_get_archive(supervisor: tuple[ControlClient, Path], tmp_path: Path) -> None:
+async def test_put_get_archive(supervisor: tuple[SupervisorClient, Path], tmp_path: Path) -> None:
     client, _ = supervisor
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
@@ -127,9 +127,9 @@ async def test_control_socket_must_be_a_real_socket(tmp_path: Path) -> None:
     fake = tmp_path / "control.sock"
     fake.symlink_to("/var/run/docker.sock")
     with pytest.raises(SandboxError):
-        await ControlClient(fake).ping()
+        await SupervisorClient(fake).ping()
     with pytest.raises(SandboxNotFound):
-        await ControlClient(tmp_path / "none.sock").ping()
+        await SupervisorClient(tmp_path / "none.sock").ping()
 
 
 class _Hello(BaseHTTPRequestHandler):
@@ -145,7 +145,7 @@ class _Hello(BaseHTTPRequestHandler):
 
 
 async def test_forwarder_and_bridge_chain_to_loopback_http(
-    supervisor: tuple[ControlClient, Path],
+    supervisor: tuple[SupervisorClient, Path],
 ) -> None:
     client, run = supervisor
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)

@@ -19,8 +19,8 @@ ROOT = Path("/sys/fs/cgroup")
 PARENT = "agentic-rollout"
 
 
-def mode() -> str | None:
-    """ "v2", "v1" or None when this process cannot manage cgroups."""
+def cgroup_mode() -> str | None:
+    """``"v2"``, ``"v1"`` or None when this process cannot manage cgroups."""
     if os.geteuid() != 0:
         return None
     if (ROOT / "cgroup.controllers").exists():
@@ -38,9 +38,11 @@ def _write(p: Path, value: str) -> bool:
         return False
 
 
-def create(name: str, memory_mb: int | None, pids: int | None, cpus: float | None) -> list[str]:
+def create_cgroups(
+    name: str, memory_mb: int | None, pids: int | None, cpus: float | None
+) -> list[str]:
     """Create the sandbox's cgroup(s); returns the directories (empty if unavailable)."""
-    m = mode()
+    m = cgroup_mode()
     dirs: list[Path] = []
     if m == "v1":
         for ctrl in ("memory", "pids", "cpu"):
@@ -78,7 +80,7 @@ def create(name: str, memory_mb: int | None, pids: int | None, cpus: float | Non
     return [str(d) for d in dirs]
 
 
-def procs(dirs: list[str]) -> set[int]:
+def cgroup_procs(dirs: list[str]) -> set[int]:
     out: set[int] = set()
     for d in dirs:
         with contextlib.suppress(OSError):
@@ -86,14 +88,14 @@ def procs(dirs: list[str]) -> set[int]:
     return out
 
 
-def kill_all(dirs: list[str], timeout: float = 5.0) -> bool:
+def kill_cgroup_procs(dirs: list[str], timeout: float = 5.0) -> bool:
     """SIGKILL every process in the cgroups until they are empty."""
     deadline = time.monotonic() + timeout
     for d in dirs:
         if Path(d, "cgroup.kill").exists():
             _write(Path(d, "cgroup.kill"), "1")
     while True:
-        left = procs(dirs)
+        left = cgroup_procs(dirs)
         if not left:
             return True
         for pid in left:
@@ -104,7 +106,7 @@ def kill_all(dirs: list[str], timeout: float = 5.0) -> bool:
         time.sleep(0.01)
 
 
-def remove(dirs: list[str]) -> None:
+def remove_cgroups(dirs: list[str]) -> None:
     for d in dirs:
         for _ in range(50):
             try:
@@ -116,7 +118,7 @@ def remove(dirs: list[str]) -> None:
                 time.sleep(0.02)
 
 
-def oom_kills_of_dirs(dirs: list[str]) -> int | None:
+def oom_kill_count(dirs: list[str]) -> int | None:
     """Cumulative OOM kills in the sandbox's memory cgroup (None if unknown)."""
     for d in dirs:
         p = Path(d)

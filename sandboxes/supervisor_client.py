@@ -1,7 +1,9 @@
-"""Host-side async client for the in-sandbox supervisor (see `supervisor.py`).
+"""Host-side async client for the in-sandbox supervisor (`supervisor.py`).
 
-Shared by the local and docker backends: exec/put/get/forward over the supervisor's
-Unix socket, so both backends stream output, enforce timeouts and kill whole process
+The local and docker sandboxes both run the supervisor as their long-lived process;
+this client speaks its wire protocol over the Unix socket in the sandbox's run dir
+(exec with streamed output, stdin and a kill on disconnect; tar put/get; the Gateway
+forwarder), so both backends stream output, enforce timeouts and kill whole process
 trees the same way.
 """
 
@@ -14,7 +16,7 @@ import os
 import stat
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,6 @@ from sandboxes.base import (
 
 HDR = struct.Struct(">cI")
 SUPERVISOR_PATH = Path(__file__).with_name("supervisor.py")
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def normalize_cmd(cmd: Sequence[str] | str) -> list[str]:
@@ -42,8 +43,8 @@ def normalize_cmd(cmd: Sequence[str] | str) -> list[str]:
     return argv
 
 
-class ControlClient:
-    """Talks to one sandbox's supervisor socket."""
+class SupervisorClient:
+    """Talks to one sandbox's supervisor over its control socket."""
 
     def __init__(self, socket_path: str | os.PathLike[str]) -> None:
         self.socket_path = str(socket_path)
@@ -186,7 +187,9 @@ class ControlClient:
         )
 
 
-async def wait_ready(run_dir: Path, timeout: float, alive: Any = None) -> None:
+async def wait_ready(
+    run_dir: Path, timeout: float, alive: Callable[[], bool] | None = None
+) -> None:
     """Wait for the supervisor's ready marker (poll: cheaper than inotify here)."""
     deadline = time.monotonic() + timeout
     marker = run_dir / "ready"

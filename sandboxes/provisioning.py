@@ -1,0 +1,145 @@
+"""Giving a new sandbox what its spec asks for: files, repo checkout, setup, environment.
+
+Shared by every backend so a spec means the same thing everywhere: files go in as one
+tar, the repo is checked out host-side (sandboxes have no network) from a cached bare
+mirror, setup commands run in order in the workdir, and every exec starts from the
+same base environment plus the spec's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import os
+import posixpath
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from sandboxes.base import Sandbox, SandboxError, SandboxFile, SandboxHandle, SandboxSpec
+from sandboxes.host_state import state_root
+
+#: PATH every sandbox command starts with.
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def resolve_path(path: str, workdir: str) -> str:
+    """A spec path: absolute as is, relative to the workdir otherwise."""
+    return path if path.startswith("/") else posixpath.join(workdir, path)
+
+
+def files_tar(files: list[SandboxFile], workdir: str) -> bytes:
+    """One tar (rooted at /) with every spec file, so they go in with one call."""
+    buf = io.BytesIO()
+    now = int(time.time())
+    dirs: set[str] = set()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for f in files:
+            full = posixpath.normpath(resolve_path(f.path, workdir)).lstrip("/")
+            parent = posixpath.dirname(full)
+            parts = parent.split("/") if parent else []
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    ti = tarfile.TarInfo(d)
+                    ti.type = tarfile.DIRTYPE
+                    ti.mode = 0o755
+                    ti.mtime = now
+                    tf.addfile(ti)
+            data = f.data()
+            ti = tarfile.TarInfo(full)
+            ti.size = len(data)
+            ti.mode = f.mode
+            ti.mtime = now
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _git(*args: str, cwd: str | None = None) -> str:
+    r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if r.returncode:
+        raise SandboxError(f"git {' '.join(args)} failed: {r.stderr.strip()[-2000:]}")
+    return r.stdout
+
+
+def repo_tar(url: str, commit: str, cache: Path | None = None) -> bytes:
+    """Host-side checkout of `url` at `commit`, as a tar whose root is the repo.
+
+    A bare mirror per URL is cached so repeated rollouts on one repo fetch once.
+    """
+    if shutil.which("git") is None:
+        raise SandboxError("git is required on the host to materialise spec.repo")
+    cache = cache or state_root("git-cache")
+    mirror = cache / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+    if not mirror.exists():
+        tmp = mirror.with_suffix(f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _git("clone", "--quiet", "--mirror", url, str(tmp))
+        with contextlib.suppress(OSError):
+            tmp.rename(mirror)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if subprocess.run(
+        ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=mirror, capture_output=True
+    ).returncode:
+        _git("fetch", "--quiet", "origin", "+refs/*:refs/*", cwd=str(mirror))
+        with contextlib.suppress(SandboxError):
+            _git("fetch", "--quiet", "origin", commit, cwd=str(mirror))
+    with tempfile.TemporaryDirectory(prefix="repo-") as tmp:
+        work = Path(tmp) / "repo"
+        _git("clone", "--quiet", "--no-checkout", "--no-hardlinks", str(mirror), str(work))
+        _git("checkout", "--quiet", "--detach", commit, cwd=str(work))
+        _git("remote", "set-url", "origin", url, cwd=str(work))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for child in sorted(work.iterdir()):
+                tf.add(str(child), arcname=child.name)
+        return buf.getvalue()
+
+
+async def populate(sb: Sandbox, spec: SandboxSpec) -> None:
+    """Files, repo and setup commands from the spec, in that order."""
+    workdir = sb.workdir  # the backend may map spec.workdir (e2b: under $HOME)
+    if spec.files:
+        await sb.put_archive("/", files_tar(spec.files, workdir))
+    if spec.repo is not None:
+        data = await asyncio.to_thread(repo_tar, spec.repo.url, spec.repo.commit)
+        await sb.put_archive(resolve_path(spec.repo.path, workdir), data)
+    for cmd in spec.setup:
+        res = await sb.exec(cmd, cwd=workdir, timeout=spec.setup_timeout_s)
+        if not res.ok:
+            raise SandboxError(
+                f"setup command failed (exit {res.exit_code}, timed_out={res.timed_out}): "
+                f"{cmd!r}\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+            )
+
+
+def base_env(spec: SandboxSpec, home: str, gateway_url: str | None) -> dict[str, str]:
+    """Environment every exec in a sandbox for `spec` starts from."""
+    env = {
+        "PATH": SANDBOX_PATH,
+        "HOME": home,
+        "USER": "agent",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "AGENTIC_ROLLOUT_ID": spec.rollout_id,
+    }
+    if gateway_url:
+        env["AGENTIC_ROLLOUT_GATEWAY_URL"] = gateway_url
+    env.update(spec.env)
+    return env
+
+
+def merged_env(handle: SandboxHandle, extra: Mapping[str, str] | None) -> dict[str, str]:
+    """The handle's environment with one exec's extra variables on top."""
+    env = dict(handle.env)
+    if extra:
+        env.update({str(k): str(v) for k, v in dict(extra).items()})
+    return env

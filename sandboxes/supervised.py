@@ -1,0 +1,383 @@
+"""Sandboxes run by the in-sandbox supervisor, and the backend base they share.
+
+The local (bubblewrap) and docker backends lay their sandboxes out alike: a
+per-sandbox state dir on the host (`host_state`) whose ``run`` dir is bind-mounted at
+`RUN_DIR` and holds the supervisor's control socket and the Gateway channel's socket.
+They also manage them alike, so that logic lives here once: a warm pool of blank
+sandboxes keyed by what cannot change after start, `create` idempotent per rollout
+(the ``by-rollout`` link), binding a blank to its rollout on acquire, `attach` from
+``handle.json``, `destroy` and `reap`. A backend supplies only how to start, stop and
+list its own sandboxes (`SupervisedBackend`'s abstract methods).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import Hashable, Mapping
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from sandboxes.base import (
+    DEFAULT_GATEWAY_PORT,
+    DEFAULT_MAX_OUTPUT_BYTES,
+    Command,
+    ExecResult,
+    OutputCallback,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxHandle,
+    SandboxNotFound,
+    SandboxSpec,
+)
+from sandboxes.cgroups import oom_kill_count
+from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
+from sandboxes.host_state import owner_token, remove_tree, rollout_key, should_reap
+from sandboxes.images import IMAGE_REPO
+from sandboxes.pool import WarmPool
+from sandboxes.provisioning import base_env, merged_env, populate
+from sandboxes.supervisor_client import SupervisorClient, normalize_cmd
+
+#: Where a supervised sandbox sees its host run dir (control and gateway sockets).
+RUN_DIR = "/run/rollout"
+#: The agent user's home inside a supervised sandbox.
+AGENT_HOME = "/home/agent"
+#: The recipe-built base image (`sandboxes.images`), the default system of both backends.
+DEFAULT_IMAGE = f"{IMAGE_REPO}:latest"
+
+
+class SupervisedSandbox(Sandbox):
+    """A sandbox driven through its supervisor's control socket.
+
+    Subclasses say where their memory cgroups are and how to tell an OOM kill without
+    one.
+    """
+
+    def __init__(self, backend: SupervisedBackend[Any], handle: SandboxHandle) -> None:
+        self._backend = backend
+        self.handle = handle
+        self.supervisor = SupervisorClient(self.state_dir / "run" / "control.sock")
+
+    @property
+    def backend(self) -> SupervisedBackend[Any]:
+        return self._backend
+
+    @property
+    def state_dir(self) -> Path:
+        """This sandbox's directory on the host."""
+        return Path(self.handle.details["state_dir"])
+
+    def _memory_cgroups(self) -> list[str]:
+        return []
+
+    async def _oom_without_cgroup(self) -> bool:
+        return False
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        cg = self._memory_cgroups()
+        before = oom_kill_count(cg) if cg else None
+        res = await self.supervisor.exec(
+            normalize_cmd(cmd),
+            env=merged_env(self.handle, env),
+            cwd=cwd or self.handle.workdir,
+            timeout=timeout,
+            stdin=stdin,
+            on_output=on_output,
+            max_output_bytes=max_output_bytes,
+        )
+        if res.exit_code == 128 + signal.SIGKILL and not res.timed_out:
+            if before is not None:
+                after = oom_kill_count(cg)
+                res.oom_killed = after is not None and after > before
+            else:
+                res.oom_killed = await self._oom_without_cgroup()
+        return res
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        await self.supervisor.put_archive(dest_dir, tar_bytes)
+
+    async def get_archive(self, path: str) -> bytes:
+        return await self.supervisor.get_archive(path)
+
+
+SB = TypeVar("SB", bound=SupervisedSandbox)
+
+
+class SupervisedBackend(SandboxBackend, Generic[SB]):
+    """Create/warm-pool/attach/destroy/reap for sandboxes kept in a host state dir.
+
+    A backend implements `_require_runtime`, `_key`/`_blank_spec` (its pool key and
+    the blank a key stands for), `_start` (start one sandbox into its state dir),
+    `_stop` (end its processes or container), `_sandbox` (the `Sandbox` for a stored
+    handle) and `list`; optionally `_blank_usable` and `_before_bind`.
+    """
+
+    #: Sandbox ids are this prefix + 12 hex digits; checked before any path is built.
+    id_prefix: str
+
+    def __init__(self, state: Path, pool_size: int) -> None:
+        self.state = state
+        (self.state / "by-rollout").mkdir(parents=True, exist_ok=True)
+        self._id_re = re.compile(rf"^{re.escape(self.id_prefix)}[0-9a-f]{{12}}$")
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.pool: WarmPool[SB] = WarmPool(self._make_blank, self._discard, pool_size)
+
+    # ------------------------------------------------------- what a backend supplies
+    @abc.abstractmethod
+    def _require_runtime(self) -> None:
+        """Raise BackendUnavailable (saying how to install it) if the runtime is missing."""
+
+    @abc.abstractmethod
+    def _key(self, spec: SandboxSpec) -> Hashable:
+        """Warm-pool key: everything about `spec` fixed when the sandbox starts."""
+
+    @abc.abstractmethod
+    def _blank_spec(self, key: Hashable) -> SandboxSpec:
+        """The rollout-less spec a pool key stands for."""
+
+    @abc.abstractmethod
+    async def _start(self, sandbox_id: str, state_dir: Path, spec: SandboxSpec) -> SandboxHandle:
+        """Start a sandbox (supervisor ready) in the existing `state_dir`; its handle.
+
+        `spec.rollout_id` is empty for a pool blank. On failure the caller destroys
+        whatever was started (`_stop` must cope with a half-started sandbox).
+        """
+
+    @abc.abstractmethod
+    async def _stop(self, handle: SandboxHandle) -> None:
+        """End every process (or the container) of a sandbox; it may already be gone."""
+
+    @abc.abstractmethod
+    def _sandbox(self, handle: SandboxHandle) -> SB:
+        """The `Sandbox` object for a started sandbox's handle."""
+
+    def _blank_usable(self, sb: SB) -> bool:
+        """Whether a blank taken from the pool is still running."""
+        return True
+
+    async def _before_bind(self, sb: SB, spec: SandboxSpec, pooled: bool) -> None:
+        """Backend checks/updates before a sandbox is bound to `spec`'s rollout."""
+
+    # ----------------------------------------------------------------- state dir
+    def _sdir(self, sandbox_id: str) -> Path:
+        if not self._id_re.match(sandbox_id):
+            raise SandboxError(f"bad {self.name} sandbox id {sandbox_id!r}")
+        return self.state / sandbox_id
+
+    def _rollout_link(self, rollout_id: str) -> Path:
+        return self.state / "by-rollout" / rollout_key(rollout_id)
+
+    def _handle_from_state(self, sandbox_id: str, rollout_id: str = "") -> SandboxHandle:
+        """A handle for destroy/reap: what handle.json records, else `rollout_id`."""
+        details: dict[str, Any] = {"state_dir": str(self.state / sandbox_id)}
+        with contextlib.suppress(OSError, ValueError):
+            stored = SandboxHandle.model_validate_json(
+                (self.state / sandbox_id / "handle.json").read_text()
+            )
+            details.update(stored.details)
+            rollout_id = stored.rollout_id or rollout_id
+        return SandboxHandle(
+            backend=self.name,
+            sandbox_id=sandbox_id,
+            rollout_id=rollout_id,
+            env_version="",
+            details=details,
+        )
+
+    def _recorded_sandboxes(self) -> list[SandboxHandle]:
+        """Every sandbox with a state dir here: its handle.json, else a stub with its owner."""
+        out: list[SandboxHandle] = []
+        for d in sorted(self.state.iterdir()):
+            if not self._id_re.match(d.name):
+                continue
+            try:
+                out.append(SandboxHandle.model_validate_json((d / "handle.json").read_text()))
+            except (OSError, ValueError):
+                owner = ""
+                with contextlib.suppress(OSError):
+                    owner = (d / "owner").read_text().strip()
+                out.append(
+                    SandboxHandle(
+                        backend=self.name,
+                        sandbox_id=d.name,
+                        rollout_id="",
+                        env_version="",
+                        details={"state_dir": str(d), "owner": owner, "incomplete": True},
+                    )
+                )
+        return out
+
+    # ----------------------------------------------------------------- lifecycle
+    async def _launch(self, spec: SandboxSpec) -> SB:
+        """Start a sandbox for `spec` (a blank if it has no rollout id) and record it."""
+        self._require_runtime()
+        sid = self.id_prefix + uuid.uuid4().hex[:12]
+        sdir = self._sdir(sid)
+        sdir.mkdir()
+        (sdir / "owner").write_text(owner_token())
+        try:
+            handle = await self._start(sid, sdir, spec)
+        except BaseException:
+            stub = SandboxHandle(
+                backend=self.name,
+                sandbox_id=sid,
+                rollout_id="",
+                env_version="",
+                details={"state_dir": str(sdir)},
+            )
+            await asyncio.shield(self.destroy(stub))
+            raise
+        (sdir / "handle.json").write_text(handle.model_dump_json())
+        return self._sandbox(handle)
+
+    async def _make_blank(self, key: Hashable) -> SB:
+        return await self._launch(self._blank_spec(key))
+
+    async def _discard(self, sb: SB) -> None:
+        await self.destroy(sb.handle)
+
+    async def create(self, spec: SandboxSpec) -> SB:
+        if not spec.rollout_id:
+            raise ValueError("spec.rollout_id is required")
+        self._require_runtime()
+        lock = self._locks.setdefault(spec.rollout_id, asyncio.Lock())
+        async with lock:
+            try:
+                await self._destroy_rollout(spec.rollout_id)
+                sb = self.pool.take(self._key(spec))
+                if sb is not None and not self._blank_usable(sb):
+                    await self._discard(sb)
+                    sb = None
+                pooled = sb is not None
+                if sb is None:
+                    sb = await self._launch(spec)
+                return await self._assign(sb, spec, pooled)
+            finally:
+                self._locks.pop(spec.rollout_id, None)
+
+    async def warm(self, spec: SandboxSpec, wait: bool = True) -> None:
+        """Start (and optionally wait for) the warm pool for specs shaped like `spec`."""
+        self._require_runtime()
+        key = self._key(spec)
+        if wait:
+            await self.pool.wait_full(key)
+        else:
+            self.pool.refill(key)
+
+    async def _assign(self, sb: SB, spec: SandboxSpec, pooled: bool) -> SB:
+        """Bind a started sandbox to a rollout: labels, env, gateway, files, repo, setup."""
+        try:
+            await self._before_bind(sb, spec, pooled)
+            await self._bind_rollout(sb, spec)
+            await populate(sb, spec)
+        except BaseException:
+            await asyncio.shield(self.destroy(sb.handle))
+            raise
+        return sb
+
+    async def _bind_rollout(self, sb: SB, spec: SandboxSpec) -> None:
+        """Open the Gateway channel, record the rollout in the handle and link it.
+
+        The handle and its handle.json (read by attach and the janitor) get the
+        rollout id, env and expiry; ``by-rollout/<key>`` points at the state dir so a
+        retried create finds and replaces this sandbox.
+        """
+        sdir = sb.state_dir
+        gw_url = None
+        if spec.gateway is not None and spec.gateway.target:
+            sock = str(sdir / "run" / "gateway.sock")
+            ensure_bridge(sock, spec.gateway.target)  # sub-ms; keeps acquire off thread pools
+            if spec.gateway.inside_port != DEFAULT_GATEWAY_PORT:
+                await sb.supervisor.forward(spec.gateway.inside_port, f"{RUN_DIR}/gateway.sock")
+            gw_url = f"http://127.0.0.1:{spec.gateway.inside_port}"
+        now = time.time()
+        details = dict(sb.handle.details)
+        details.update(
+            labels=spec.labels,
+            expires_at=now + spec.timeout_s,
+            gateway_target=spec.gateway.target if spec.gateway else None,
+            gateway_inside_port=spec.gateway.inside_port if spec.gateway else None,
+        )
+        sb.handle = sb.handle.model_copy(
+            update={
+                "rollout_id": spec.rollout_id,
+                "gateway_base_url": gw_url,
+                "env": base_env(spec, AGENT_HOME, gw_url),
+                "created_at": now,
+                "details": details,
+            }
+        )
+        (sdir / "handle.json").write_text(sb.handle.model_dump_json())
+        link = self._rollout_link(spec.rollout_id)
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        link.symlink_to(sdir.name)
+
+    async def _destroy_rollout(self, rollout_id: str) -> None:
+        """Destroy the sandbox an earlier create made for `rollout_id`, if any."""
+        link = self._rollout_link(rollout_id)
+        if link.is_symlink():
+            sid = os.readlink(link)
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
+            if self._id_re.match(sid):
+                await self.destroy(self._handle_from_state(sid, rollout_id))
+
+    async def attach(self, handle: SandboxHandle) -> SB:
+        sdir = self._sdir(handle.sandbox_id)
+        try:
+            stored = SandboxHandle.model_validate_json((sdir / "handle.json").read_text())
+        except OSError as e:
+            raise SandboxNotFound(f"{self.name} sandbox {handle.sandbox_id} does not exist") from e
+        target = stored.details.get("gateway_target")
+        sock = str(sdir / "run" / "gateway.sock")
+        if target and not bridge_is_open(sock):
+            # The process that opened the bridge may be gone: serve it from here.
+            await asyncio.to_thread(ensure_bridge, sock, target)
+        return self._sandbox(stored)
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        sid = handle.sandbox_id
+        sdir = self._sdir(sid)
+        await asyncio.to_thread(close_bridge, str(sdir / "run" / "gateway.sock"))
+        await self._stop(handle)
+        await asyncio.to_thread(self._forget, sid, sdir, handle.rollout_id)
+
+    def _forget(self, sandbox_id: str, sdir: Path, rollout_id: str) -> None:
+        """Remove a stopped sandbox's rollout link and state dir."""
+        if rollout_id:
+            link = self._rollout_link(rollout_id)
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and os.readlink(link) == sandbox_id:
+                    link.unlink()
+        remove_tree(sdir)
+
+    async def reap(self, active_rollout_ids: set[str] | frozenset[str]) -> list[str]:
+        """Destroy sandboxes of inactive/expired rollouts and orphaned pool blanks."""
+        held = {sb.handle.sandbox_id for sb in self.pool.idle_items()}
+        reaped = []
+        for h in await self.list():
+            if h.sandbox_id not in held and should_reap(h, active_rollout_ids):
+                await self.destroy(h)
+                reaped.append(h.sandbox_id)
+        return reaped
+
+    async def close(self) -> None:
+        await self.pool.close()
