@@ -172,8 +172,9 @@ async def test_hanging_agent_is_killed_at_its_budget(
     assert r.status == RolloutStatus.agent_timeout
     assert r.agent is not None and r.agent.timed_out and 2.5 <= r.agent.duration_s < 20
     assert time.monotonic() - t0 < 60
-    # Partial work is still evaluated.
-    assert r.reward == 1.0
+    # Partial work is still evaluated, but a timed-out rollout earns nothing.
+    assert r.evaluation is not None and r.evaluation.reward == 1.0
+    assert r.reward == 0.0
 
 
 async def test_cancellation_destroys_the_sandbox(
