@@ -162,6 +162,7 @@ async def run_in_sandbox(
     budget = task.budget
     try:
         await phases.run("setup", harness.setup(sandbox, hctx), budget.setup_s)
+        ctx.log_specs = harness.log_specs()  # setup decides where the agent keeps its state
         outcome.harness_version = task.harness.version or harness.harness_version
         await phases.run("before_run", run_phase(hooks, "before_run", ctx), budget.hooks_s)
         agent = await phases.run("agent", harness.run(sandbox, hctx))

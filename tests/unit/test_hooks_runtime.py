@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from activities.runtime import RuntimeFailure
 from harnesses.base import AgentHarness, HarnessConfig, HarnessContext
 from harnesses.registry import register_harness
+from hooks.base import Hook, HookContext, register_hook
 from sandboxes.base import ExecResult, Sandbox, SandboxBackend, SandboxHandle, SandboxSpec
-from schemas.outcome import AgentResult, RolloutStatus
+from schemas.outcome import AgentResult, LogSpec, RolloutStatus
 from schemas.scenes import SceneRule
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
@@ -68,6 +69,11 @@ class ScriptedHarness(AgentHarness):
 
     def scene_rules(self) -> list[SceneRule]:
         return []
+
+    def log_specs(self) -> list[LogSpec]:
+        """Like a CLI harness: where the logs are is known only after setup."""
+        where = "/state-after-setup" if self.harness_version == "9.9.9" else "/guess"
+        return [LogSpec(path=where)]
 
 
 class FakeBackend(SandboxBackend):
@@ -204,3 +210,22 @@ async def test_bad_task_config_fails_before_any_sandbox(tmp_path: Path) -> None:
     with pytest.raises(KeyError):
         await manager(tmp_path, backend).run(unknown, SESSION, "r1")
     assert not backend.specs
+
+
+@register_hook
+class LogSpecsProbe(Hook):
+    """Test hook: notes where hooks are told the agent's logs are."""
+
+    name = "test_log_specs_probe"
+    seen: ClassVar[list[str]] = []
+
+    async def after_run(self, ctx: HookContext) -> None:
+        self.seen.extend(spec.path for spec in ctx.log_specs)
+
+
+async def test_hooks_see_the_log_locations_decided_by_setup(tmp_path: Path) -> None:
+    LogSpecsProbe.seen.clear()
+    await manager(tmp_path, FakeBackend()).run(
+        task(hooks=[{"name": "test_log_specs_probe"}]), SESSION, "r1"
+    )
+    assert LogSpecsProbe.seen == ["/state-after-setup"]
