@@ -422,8 +422,9 @@ def cmdline(p):
         return open("/proc/%s/cmdline" % p, "rb").read()
     except OSError:
         return b""
-sup = [p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())
-       and b"supervisor" + b".py" in cmdline(p)]
+# The supervisor itself (init's argv names it too): python3 /run/supervisor.py ...
+sup = [p for p in os.listdir("/proc") if p.isdigit()
+       and cmdline(p).split(b"\\0")[1:2] == [b"/run/supervisor" + b".py"]]
 try:
     os.listdir("/proc/%s/fd" % sup[0])
     print("open")
