@@ -3,9 +3,14 @@
 Why a plain composition (no Temporal here): the activities that wrap it decide retries,
 heartbeats and task queues; this module only guarantees the *order* and the *cleanup*:
 
-    harness.setup → before_run hooks → harness.run → after_run hooks
+    harness.setup → before_run hooks → harness.run → kill every process left in the
+    sandbox → after_run hooks
     (on any failure or cancellation: on_error hooks)
     finally, always — also on asyncio.CancelledError: harness.cleanup
+
+The kill comes before the after_run hooks because the evaluation runs in the agent's
+sandbox: a process the agent left behind could otherwise rewrite its answer, or the
+checks, while they run. If the kill fails the run fails (no reward can be trusted).
 
 Outcomes of the agent (bad exit, time-out, wrong answer, broken evaluator) are *data*
 in the returned `RunOutcome`. Infrastructure failures (harness setup, a required hook,
@@ -172,6 +177,7 @@ async def run_in_sandbox(
         for lf in agent.logs:
             if lf.local_path:
                 ctx.add_artifact(Path(lf.local_path), lf.kind)
+        await phases.run("stop_agent", sandbox.kill_all_processes(), budget.cleanup_s)
         await phases.run("after_run", run_phase(hooks, "after_run", ctx), budget.hooks_s)
         outcome.status = run_status(outcome.agent, outcome.evaluation)
         if task.reward_fn_version is None and outcome.evaluation is not None:

@@ -13,9 +13,12 @@ import shlex
 from pydantic import Field
 
 from hooks.base import Hook, HookContext, register_hook
-from sandboxes.base import SandboxError
+from sandboxes.base import ArchiveTooLarge, SandboxError
 from schemas.base import StrictModel
 from schemas.outcome import DiffSummary
+
+#: Tar headers and padding around one file in an archive read out of the sandbox.
+_TAR_SLACK = 64 * 1024
 
 
 class CaptureDiffParams(StrictModel):
@@ -27,7 +30,8 @@ class CaptureDiffParams(StrictModel):
     exclude: list[str] = Field(default_factory=lambda: ["**/__pycache__/**", "**/*.pyc"])
     #: Where the baseline git dir and temporary index live inside the sandbox.
     state_dir: str = "/tmp/rollout-diff"
-    max_bytes: int = 20 * 1024 * 1024
+    #: The patch kept is cut here (`DiffSummary.truncated`); it is also the read cap.
+    max_bytes: int = Field(default=20 * 1024 * 1024, gt=0)
     timeout_s: float = 300.0
 
 
@@ -110,19 +114,40 @@ class CaptureDiffHook(Hook):
             summary.files_changed += 1
             summary.insertions += int(parts[0]) if parts[0].isdigit() else 0
             summary.deletions += int(parts[1]) if parts[1].isdigit() else 0
-        try:
-            data = await ctx.sandbox.get_file(out)
-        except SandboxError:
-            data = b""
-        summary.bytes = len(data)
+        data, summary.bytes = await self._read_patch(ctx, out)
         if len(data) > self.params.max_bytes:
             data, summary.truncated = data[: self.params.max_bytes], True
+        elif summary.bytes > len(data):
+            summary.truncated = True
         path = ctx.artifacts_dir / "diff.patch"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         summary.local_path = str(path)
         ctx.outcome.diff = summary
         ctx.add_artifact(path, "diff")
+
+    async def _read_patch(self, ctx: HookContext, out: str) -> tuple[bytes, int]:
+        """The patch (at most about `max_bytes` of it is ever read) and its full size.
+
+        A patch over the cap is cut to its first `max_bytes` inside the sandbox and only
+        that head is read; a missing patch is empty.
+        """
+        cap = self.params.max_bytes + _TAR_SLACK
+        try:
+            data = await ctx.sandbox.get_file(out, max_bytes=cap)
+            return data, len(data)
+        except ArchiveTooLarge:
+            pass
+        except SandboxError:
+            return b"", 0
+        q, head = shlex.quote, f"{out}.head"
+        res = await ctx.sandbox.exec(
+            f"head -c {self.params.max_bytes} {q(out)} > {q(head)} && wc -c < {q(out)}",
+            timeout=self.params.timeout_s,
+        )
+        if res.exit_code != 0:
+            raise RuntimeError(f"cutting the diff failed: {(res.stderr or res.stdout)[-500:]}")
+        return await ctx.sandbox.get_file(head, max_bytes=cap), int(res.stdout.split()[-1])
 
     async def on_error(self, ctx: HookContext, error: BaseException) -> None:
         # The agent's partial work is worth keeping when the run failed late.

@@ -17,7 +17,13 @@ from pathlib import Path, PurePosixPath
 from pydantic import Field
 
 from hooks.base import Hook, HookContext, register_hook
-from sandboxes.base import Sandbox, SandboxError, SandboxNotFound
+from sandboxes.base import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
+    ArchiveTooLarge,
+    Sandbox,
+    SandboxError,
+    SandboxNotFound,
+)
 from schemas.base import StrictModel
 from schemas.outcome import LogFile, LogSpec
 
@@ -26,21 +32,33 @@ class CollectLogsParams(StrictModel):
     #: More sandbox locations to collect (besides the harness's own).
     extra: list[LogSpec] = Field(default_factory=list)
     subdir: str = "logs"
+    #: Cap on the archive read per log location (the agent decides how much it logs).
+    max_bytes: int = Field(default=DEFAULT_MAX_ARCHIVE_BYTES, gt=0)
 
 
 async def collect_log_files(
-    sandbox: Sandbox, dest_dir: Path, specs: list[LogSpec]
+    sandbox: Sandbox,
+    dest_dir: Path,
+    specs: list[LogSpec],
+    *,
+    max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
+    errors: list[str] | None = None,
 ) -> list[LogFile]:
     """Copy the files matching `specs` out of the sandbox into `dest_dir` (host).
 
     One tar per log location, filtered host-side, so it needs no tools in the sandbox.
-    Missing locations are skipped (an agent that crashed early has none). Member paths
+    Missing locations are skipped (an agent that crashed early has none); a location
+    whose archive passes `max_bytes` is skipped too, noted in `errors`. Member paths
     come from the sandbox, so absolute paths and `..` are never followed.
     """
     out: list[LogFile] = []
     for spec in specs:
         try:
-            raw = await sandbox.get_archive(spec.path)
+            raw = await sandbox.get_archive(spec.path, max_bytes=max_bytes)
+        except ArchiveTooLarge as e:
+            if errors is not None:
+                errors.append(str(e))
+            continue
         except (SandboxNotFound, SandboxError, FileNotFoundError):
             continue
         base = PurePosixPath(spec.path)
@@ -81,7 +99,15 @@ class CollectLogsHook(Hook):
 
     async def after_run(self, ctx: HookContext) -> None:
         specs = [*ctx.log_specs, *self.params.extra]
-        logs = await collect_log_files(ctx.sandbox, ctx.artifacts_dir / self.params.subdir, specs)
+        errors: list[str] = []
+        logs = await collect_log_files(
+            ctx.sandbox,
+            ctx.artifacts_dir / self.params.subdir,
+            specs,
+            max_bytes=self.params.max_bytes,
+            errors=errors,
+        )
+        ctx.outcome.hook_errors += [f"{self.name}: {e}" for e in errors]
         agent = ctx.outcome.agent
         if agent is not None:
             known = {lf.local_path for lf in agent.logs}

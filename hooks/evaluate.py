@@ -4,18 +4,23 @@ A *broken evaluator* is not a wrong answer: if a check cannot be carried out (co
 not found, time-out, unparsable reward output, sandbox failure) the result is
 `status="eval_error"` with `reward=None`, so a trainer never learns from a reward of 0
 that the agent did not earn. The spec and result models are in `schemas.evaluation`.
+
+The checks run in the agent's own sandbox (after the runtime killed every process the
+agent left), so nothing they use may sit where the agent could have prepared it: a
+script check's script arrives on stdin and is written into a directory `mktemp -d`
+creates at run time (random name, created exclusively, mode 0700), never to a path the
+agent could guess, pre-create or symlink (`_SCRIPT_RUNNER`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 import time
 from typing import Any
 
 from hooks.base import Hook, HookContext, register_hook
-from sandboxes.base import Sandbox, SandboxError
+from sandboxes.base import ArchiveTooLarge, Sandbox, SandboxError
 from schemas.base import StrictModel
 from schemas.evaluation import (
     CheckResult,
@@ -27,6 +32,13 @@ from schemas.evaluation import (
 )
 
 _DETAIL_CHARS = 4000
+#: Runs a script check: the script comes on stdin into a fresh private directory; the
+#: interpreter gets a real path (some resolve it) and /dev/null as stdin, as before.
+#: No directory → exit 126, an evaluator error.
+_SCRIPT_RUNNER = (
+    "d=$(mktemp -d) || exit 126; trap 'rm -rf \"$d\"' EXIT; "
+    'cat > "$d/script" && {interpreter} "$d/script" </dev/null'
+)
 
 
 class EvaluatorError(RuntimeError):
@@ -42,6 +54,30 @@ def _tail(text: str) -> str:
     return text[-_DETAIL_CHARS:]
 
 
+async def _file_problems(sandbox: Sandbox, check: FileCheck, path: str) -> list[str]:
+    """What is wrong with the file at `path` for `check` (empty: it passes)."""
+    try:
+        data: str | None = (await sandbox.get_file(path)).decode("utf-8", errors="replace")
+    except ArchiveTooLarge as e:
+        return [f"{check.path} is larger than {e.max_bytes} bytes"]
+    except (SandboxError, FileNotFoundError):
+        data = None
+    if data is None:
+        return [f"{check.path} does not exist"] if check.exists else []
+    if not check.exists:
+        return [f"{check.path} exists"]
+    problems: list[str] = []
+    text = data.rstrip() if check.strip else data
+    if check.equals is not None:
+        want = check.equals.rstrip() if check.strip else check.equals
+        if text != want:
+            problems.append(f"content differs (got {text[:200]!r})")
+    problems += [f"missing {s!r}" for s in check.contains if s not in data]
+    if check.regex is not None and re.search(check.regex, data, re.MULTILINE) is None:
+        problems.append(f"no match for /{check.regex}/")
+    return problems
+
+
 async def _run_check(
     sandbox: Sandbox, check: CommandCheck | ScriptCheck | FileCheck, workdir: str, idx: int
 ) -> tuple[CheckResult, list[float] | None]:
@@ -50,25 +86,7 @@ async def _run_check(
     t0 = time.monotonic()
     if isinstance(check, FileCheck):
         path = check.path if check.path.startswith("/") else f"{cwd.rstrip('/')}/{check.path}"
-        try:
-            data: str | None = (await sandbox.get_file(path)).decode("utf-8", errors="replace")
-        except (SandboxError, FileNotFoundError):
-            data = None
-        problems: list[str] = []
-        if data is None:
-            if check.exists:
-                problems.append(f"{check.path} does not exist")
-        elif not check.exists:
-            problems.append(f"{check.path} exists")
-        else:
-            text = data.rstrip() if check.strip else data
-            if check.equals is not None:
-                want = check.equals.rstrip() if check.strip else check.equals
-                if text != want:
-                    problems.append(f"content differs (got {text[:200]!r})")
-            problems += [f"missing {s!r}" for s in check.contains if s not in data]
-            if check.regex is not None and re.search(check.regex, data, re.MULTILINE) is None:
-                problems.append(f"no match for /{check.regex}/")
+        problems = await _file_problems(sandbox, check, path)
         ok = not problems
         return CheckResult(
             name=name,
@@ -79,14 +97,16 @@ async def _run_check(
             detail="; ".join(problems) or "ok",
         ), None
 
+    stdin: bytes | None = None
     if isinstance(check, ScriptCheck):
-        script_path = f"/tmp/rollout-eval-{idx}-{int(time.time() * 1000)}"
-        await sandbox.put_file(script_path, check.script, mode=0o755)
-        cmd = f"{check.interpreter} {shlex.quote(script_path)}"
+        cmd = _SCRIPT_RUNNER.format(interpreter=check.interpreter)
+        stdin = check.script.encode()
     else:
         cmd = check.command
     try:
-        res = await sandbox.exec(cmd, cwd=cwd, env=check.env or None, timeout=check.timeout_s)
+        res = await sandbox.exec(
+            cmd, cwd=cwd, env=check.env or None, timeout=check.timeout_s, stdin=stdin
+        )
     except SandboxError as e:
         raise EvaluatorError(f"check {name}: sandbox error {e!r}") from e
     output = _tail(res.stdout + ("\n" + res.stderr if res.stderr else ""))

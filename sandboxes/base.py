@@ -28,9 +28,11 @@ from schemas.workspace import RepoSpec, SandboxFile
 
 __all__ = [
     "DEFAULT_GATEWAY_PORT",
+    "DEFAULT_MAX_ARCHIVE_BYTES",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "MANAGED_LABEL",
     "ROLLOUT_LABEL",
+    "ArchiveTooLarge",
     "BackendUnavailable",
     "Command",
     "ExecResult",
@@ -64,6 +66,22 @@ class SandboxError(RuntimeError):
 
 class SandboxNotFound(SandboxError):
     """The sandbox does not exist (anymore): destroyed, reaped or never created."""
+
+
+class ArchiveTooLarge(SandboxError):
+    """An archive read out of a sandbox passed its byte cap; the read was stopped there.
+
+    The sandbox decides how much it writes, so the host never reads more than it allowed.
+    """
+
+    def __init__(self, path: str, max_bytes: int, read_bytes: int) -> None:
+        super().__init__(
+            f"archive of {path} in the sandbox exceeds {max_bytes} bytes "
+            f"(read stopped after {read_bytes})"
+        )
+        self.path = path
+        self.max_bytes = max_bytes
+        self.read_bytes = read_bytes
 
 
 class BackendUnavailable(SandboxError):
@@ -199,6 +217,9 @@ Command = Sequence[str] | str
 
 #: Default cap on captured output per stream in ExecResult (streaming is uncapped).
 DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
+#: Default cap on one archive read out of a sandbox (`get_archive`, `get_file`, `get_dir`):
+#: a sandbox that writes gigabytes must not take its host's memory with it.
+DEFAULT_MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
 
 
 # --------------------------------------------------------------------------- protocol
@@ -283,8 +304,22 @@ class Sandbox(abc.ABC):
         """Extract a tar archive into `dest_dir` (created if missing) in the sandbox."""
 
     @abc.abstractmethod
-    async def get_archive(self, path: str) -> bytes:
-        """Tar archive of `path` (file or directory); members are rooted at its basename."""
+    async def get_archive(self, path: str, *, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> bytes:
+        """Tar archive of `path` (file or directory); members are rooted at its basename.
+
+        Read in chunks; more than `max_bytes` raises `ArchiveTooLarge` with the read
+        stopped at about the cap.
+        """
+
+    @abc.abstractmethod
+    async def kill_all_processes(self) -> None:
+        """Kill every process started by `exec` so far, with all their descendants.
+
+        Why: evaluation runs in the agent's sandbox after the agent, so a process the
+        agent left behind could rewrite its answer (or the checks) while they run. The
+        sandbox stays usable for further `exec` calls. Raises SandboxError if processes
+        survive.
+        """
 
     async def put_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         if isinstance(data, str):
@@ -292,8 +327,9 @@ class Sandbox(abc.ABC):
         p = Path(path)
         await self.put_archive(str(p.parent), _tar_single(p.name, data, mode))
 
-    async def get_file(self, path: str) -> bytes:
-        raw = await self.get_archive(path)
+    async def get_file(self, path: str, *, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> bytes:
+        """A regular file's content; `max_bytes` caps the archive read (content + headers)."""
+        raw = await self.get_archive(path, max_bytes=max_bytes)
         with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
             for m in tf.getmembers():
                 if m.isfile():
@@ -310,9 +346,15 @@ class Sandbox(abc.ABC):
                 tf.add(str(child), arcname=child.name)
         await self.put_archive(dest_dir, buf.getvalue())
 
-    async def get_dir(self, path: str, local_dir: str | os.PathLike[str]) -> None:
+    async def get_dir(
+        self,
+        path: str,
+        local_dir: str | os.PathLike[str],
+        *,
+        max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
+    ) -> None:
         """Copy sandbox `path` (dir) into host `local_dir` (its contents, not the dir)."""
-        raw = await self.get_archive(path)
+        raw = await self.get_archive(path, max_bytes=max_bytes)
         out = Path(local_dir)
         out.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(raw)) as tf:

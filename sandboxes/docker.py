@@ -35,9 +35,11 @@ from typing import Any, TypeVar
 
 from sandboxes.base import (
     DEFAULT_GATEWAY_PORT,
+    DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_OUTPUT_BYTES,
     MANAGED_LABEL,
     ROLLOUT_LABEL,
+    ArchiveTooLarge,
     BackendUnavailable,
     Command,
     ExecResult,
@@ -59,7 +61,12 @@ from sandboxes.supervised import (
     SupervisedBackend,
     SupervisedSandbox,
 )
-from sandboxes.supervisor_client import SUPERVISOR_PATH, normalize_cmd, wait_ready
+from sandboxes.supervisor_client import (
+    SUPERVISOR_PATH,
+    normalize_cmd,
+    secure_control_socket,
+    wait_ready,
+)
 
 SANDBOX_ID_LABEL = "agentic-rollout.sandbox-id"
 #: Whether a container was started as a pool blank ("1") or for its rollout ("0").
@@ -99,7 +106,9 @@ class _SdkExecSandbox(DockerSandbox):
     """Fallback for images without python3: plain `docker exec` / archive API.
 
     Limits: output is delivered when the command ends, stdin is not supported, and a
-    timeout kills only the command (`timeout -s KILL`), not its detached children.
+    timeout kills only the command (`timeout -s KILL`), not its detached children;
+    `kill_all_processes` restarts the container (every process gets SIGKILL, its
+    filesystem stays).
     """
 
     async def exec(
@@ -154,15 +163,33 @@ class _SdkExecSandbox(DockerSandbox):
         if not ok:
             raise SandboxError(f"put_archive({dest_dir}) failed")
 
-    async def get_archive(self, path: str) -> bytes:
+    async def get_archive(self, path: str, *, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> bytes:
         import docker.errors
 
         c = await self.backend.sdk_call(self.backend.container, self.handle)
         try:
-            stream, _ = await self.backend.sdk_call(c.get_archive, path)
+            stream, _ = await self.backend.sdk_call(c.get_archive, path, chunk_size=256 * 1024)
         except docker.errors.NotFound as e:
             raise SandboxNotFound(f"{path}: no such file in the sandbox") from e
-        return await self.backend.sdk_call(lambda: b"".join(stream))
+
+        def read_capped() -> bytes:
+            buf = bytearray()
+            try:
+                for chunk in stream:
+                    buf += chunk
+                    if len(buf) > max_bytes:
+                        raise ArchiveTooLarge(path, max_bytes, len(buf))
+            finally:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+            return bytes(buf)
+
+        return await self.backend.sdk_call(read_capped)
+
+    async def kill_all_processes(self) -> None:
+        c = await self.backend.sdk_call(self.backend.container, self.handle)
+        await self.backend.sdk_call(c.restart, timeout=0)
 
 
 class DockerBackend(SupervisedBackend[DockerSandbox]):
@@ -324,7 +351,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             ul.append(docker.types.Ulimit(name="fsize", soft=b, hard=b))
         kw["ulimits"] = ul
         if has_py:
-            cmd = ["python3", "/run/supervisor.py", "--run-dir", RUN_DIR]
+            cmd = ["python3", "/run/supervisor.py", "--run-dir", RUN_DIR, "--own-pid-namespace"]
             cmd += ["--forward", f"{DEFAULT_GATEWAY_PORT}:{RUN_DIR}/gateway.sock"]
         else:
             cmd = ["sh", "-c", "while :; do sleep 3600; done"]
@@ -353,6 +380,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         try:
             if has_py:
                 await wait_ready(sdir / "run", self.ready_timeout)
+                secure_control_socket(sdir)
         except SandboxError as e:
             logs = b""
             with contextlib.suppress(Exception):

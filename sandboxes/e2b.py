@@ -12,6 +12,10 @@ restricted to that host (``network.allow_out``); otherwise internet access is of
 
 Not available here: OOM reporting (E2B does not expose it; `oom_killed` stays
 False) and per-sandbox memory/CPU caps (they are properties of the template).
+`kill_all_processes` is a best effort: a shell run as the sandbox user kills every
+process it may signal except itself, its ancestors (envd) and init, until none is left;
+it cannot reach processes of other users, and unlike the supervised backends there is
+no pid namespace of our own that would make one `kill(-1)` reach them all at once.
 The E2B cloud cannot be reached from this workplace; see docs/sandboxes.md for what
 was verified against a loopback stand-in of the API.
 """
@@ -29,9 +33,11 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sandboxes.base import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_OUTPUT_BYTES,
     MANAGED_LABEL,
     ROLLOUT_LABEL,
+    ArchiveTooLarge,
     BackendUnavailable,
     Command,
     ExecResult,
@@ -48,6 +54,32 @@ from sandboxes.provisioning import base_env, merged_env, populate
 
 INSTALL_HINT = "the e2b backend needs the `e2b` package (pip install e2b) and E2B_API_KEY"
 HOME = "/home/user"
+
+#: Kills every process this user may signal but itself, its ancestors and init, in
+#: rounds until a round finds none alive (zombies are left to their reaper). Shell
+#: builtins only inside the loops, so it never forks a child it would then kill.
+_KILL_ALL_SH = r"""
+keep=" 1 $$ "; p=$$
+while [ "$p" -gt 1 ]; do
+  read -r s 2>/dev/null </proc/$p/stat || break
+  s=${s##*) }; set -- $s; p=$2; keep="$keep$p "
+done
+for round in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+  n=0
+  for d in /proc/[0-9]*; do
+    q=${d#/proc/}
+    case "$keep" in *" $q "*) continue ;; esac
+    read -r s 2>/dev/null <$d/stat || continue
+    s=${s##*) }
+    case "$s" in Z*|X*) continue ;; esac
+    kill -9 "$q" 2>/dev/null && n=$((n + 1))
+  done
+  [ "$n" -eq 0 ] && exit 0
+  sleep 0.05
+done
+echo "processes survived SIGKILL" >&2
+exit 1
+"""
 
 
 def _sdk() -> Any:
@@ -153,13 +185,14 @@ class E2BSandbox(Sandbox):
         if not res.ok:
             raise SandboxError(f"put_archive({dest_dir}) failed: {res.stderr[-1000:]}")
 
-    async def get_archive(self, path: str) -> bytes:
+    async def get_archive(self, path: str, *, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> bytes:
         tmp = f"/tmp/.get-{uuid.uuid4().hex}.tar"
         p = path.rstrip("/") or "/"
         parent, base = os.path.split(p)
         q = shlex.quote
         res = await self.exec(
-            f"test -e {q(p)} || exit 44; tar -cf {q(tmp)} -C {q(parent or '/')} {q(base or '.')}",
+            f"test -e {q(p)} || exit 44; tar -cf {q(tmp)} -C {q(parent or '/')} {q(base or '.')}"
+            f" && wc -c < {q(tmp)}",
             cwd="/",
         )
         if res.exit_code == 44:
@@ -167,10 +200,23 @@ class E2BSandbox(Sandbox):
         if not res.ok:
             raise SandboxError(f"get_archive({path}) failed: {res.stderr[-1000:]}")
         try:
-            data = await self._sbx.files.read(tmp, format="bytes")
+            if int(res.stdout.split()[-1]) > max_bytes:
+                raise ArchiveTooLarge(path, max_bytes, 0)
+            # The size above is the sandbox's word: the download is capped as well.
+            buf = bytearray()
+            async with await self._sbx.files.read(tmp, format="stream") as stream:
+                async for chunk in stream:
+                    buf += chunk
+                    if len(buf) > max_bytes:
+                        raise ArchiveTooLarge(path, max_bytes, len(buf))
         finally:
             await self.exec(["rm", "-f", tmp], cwd="/")
-        return bytes(data)
+        return bytes(buf)
+
+    async def kill_all_processes(self) -> None:
+        res = await self.exec(["/bin/sh", "-c", _KILL_ALL_SH], cwd="/", timeout=60)
+        if not res.ok:
+            raise SandboxError(f"kill_all_processes failed: {(res.stderr or res.stdout)[-500:]}")
 
 
 class E2BBackend(SandboxBackend):

@@ -62,7 +62,7 @@ from sandboxes.supervised import (
     SupervisedBackend,
     SupervisedSandbox,
 )
-from sandboxes.supervisor_client import SUPERVISOR_PATH, wait_ready
+from sandboxes.supervisor_client import SUPERVISOR_PATH, secure_control_socket, wait_ready
 
 INSTALL_HINT = (
     "bubblewrap is required for the local sandbox backend: run "
@@ -247,7 +247,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
             args += ["--dir", workdir]
         args += ["--chdir", workdir, "--", "python3", "/run/supervisor.py", "--run-dir", RUN_DIR]
         args += ["--forward", f"{DEFAULT_GATEWAY_PORT}:{RUN_DIR}/gateway.sock"]
-        return args
+        return [*args, "--own-pid-namespace"]
 
     # ----------------------------------------------------------------- lifecycle
     async def _start(self, sid: str, sdir: Path, spec: SandboxSpec) -> SandboxHandle:
@@ -324,6 +324,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 await wait_ready(
                     sdir / "run", self.ready_timeout, alive=lambda: proc.poll() is None
                 )
+                secure_control_socket(sdir)
             except SandboxError as e:
                 logtail = (sdir / "bwrap.log").read_text(errors="replace")[-2000:]
                 raise SandboxError(f"{e}; bwrap said: {logtail}") from e

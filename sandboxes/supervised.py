@@ -2,7 +2,8 @@
 
 The local (bubblewrap) and docker backends lay their sandboxes out alike: a
 per-sandbox state dir on the host (`host_state`) whose ``run`` dir is bind-mounted at
-`RUN_DIR` and holds the supervisor's control socket and the Gateway channel's socket.
+`RUN_DIR` and holds the Gateway channel's socket; the supervisor binds its control
+socket there and the host moves it to the never-mounted ``ctl`` dir once it is ready.
 They also manage them alike, so that logic lives here once: a warm pool of blank
 sandboxes keyed by what cannot change after start, `create` idempotent per rollout
 (the ``by-rollout`` link), binding a blank to its rollout on acquire, `attach` from
@@ -26,6 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from sandboxes.base import (
     DEFAULT_GATEWAY_PORT,
+    DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_OUTPUT_BYTES,
     Command,
     ExecResult,
@@ -43,7 +45,7 @@ from sandboxes.host_state import owner_token, remove_tree, rollout_key, should_r
 from sandboxes.images import IMAGE_REPO
 from sandboxes.pool import WarmPool
 from sandboxes.provisioning import base_env, merged_env, populate
-from sandboxes.supervisor_client import SupervisorClient, normalize_cmd
+from sandboxes.supervisor_client import SupervisorClient, control_socket_path, normalize_cmd
 
 #: Where a supervised sandbox sees its host run dir (control and gateway sockets).
 RUN_DIR = "/run/rollout"
@@ -63,7 +65,7 @@ class SupervisedSandbox(Sandbox):
     def __init__(self, backend: SupervisedBackend[Any], handle: SandboxHandle) -> None:
         self._backend = backend
         self.handle = handle
-        self.supervisor = SupervisorClient(self.state_dir / "run" / "control.sock")
+        self.supervisor = SupervisorClient(control_socket_path(self.state_dir))
 
     @property
     def backend(self) -> SupervisedBackend[Any]:
@@ -113,8 +115,11 @@ class SupervisedSandbox(Sandbox):
     async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
         await self.supervisor.put_archive(dest_dir, tar_bytes)
 
-    async def get_archive(self, path: str) -> bytes:
-        return await self.supervisor.get_archive(path)
+    async def get_archive(self, path: str, *, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> bytes:
+        return await self.supervisor.get_archive(path, max_bytes)
+
+    async def kill_all_processes(self) -> None:
+        await self.supervisor.kill_all()
 
 
 SB = TypeVar("SB", bound=SupervisedSandbox)

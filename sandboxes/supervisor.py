@@ -8,8 +8,13 @@ sandbox's long-lived process, so the host can
   * move files as tar streams, extracted/created *as the sandbox user*;
   * expose the Gateway inside the sandbox at http://127.0.0.1:PORT by forwarding each
     loopback connection to the bind-mounted Gateway Unix socket (the sandbox has no
-    route out, so this is the only way to the Gateway).
+    route out, so this is the only way to the Gateway);
+  * kill every process the agent left behind before the evaluation runs.
 It must run with only what the sandbox has: any Python 3.8+, nothing else.
+
+The agent runs as the same uid, so the supervisor makes itself non-dumpable (no
+ptrace, no /proc/<pid>/fd or mem access by the agent), and the host moves the control
+socket out of the sandbox's run dir as soon as it is bound (`secure_control_socket`).
 
 Wire protocol on ``<run-dir>/control.sock``: the client sends one JSON line; then
   exec:  frames ``type(1) len(4, big-endian) payload`` both ways. Server→client:
@@ -17,7 +22,7 @@ Wire protocol on ``<run-dir>/control.sock``: the client sends one JSON line; the
          K kill. A client disconnect kills the process group.
   put:   raw tar bytes until the client half-closes; server answers one JSON line.
   get:   server answers one JSON line, then raw tar bytes until EOF.
-  forward / ping: one JSON line each way.
+  kill_all / forward / ping: one JSON line each way.
 """
 
 import argparse
@@ -248,14 +253,28 @@ class SockWriter:
         pass
 
 
-def _safe_member(dest, m):
-    target = os.path.realpath(os.path.join(dest, m.name))
-    root = os.path.realpath(dest).rstrip(os.sep) + os.sep
-    if target + os.sep != root and not target.startswith(root):
+def _safe_member(m):
+    """Members named outside the destination (absolute, ``..``) or devices are skipped.
+
+    Only the name is checked: symlinks inside the sandbox are followed like any write
+    there (the supervisor has no more rights than the sandbox user), except at the
+    member's own path (`_unplant`).
+    """
+    name = os.path.normpath(m.name)
+    if os.path.isabs(name) or name == ".." or name.startswith(".." + os.sep):
         return False
     if m.islnk() and os.path.isabs(m.linkname):
         return False
     return not (m.ischr() or m.isblk() or m.isfifo())
+
+
+def _unplant(dest, m):
+    """Never write through what the sandbox left at a member's own path: a symlink (to
+    /dev/null, say) or a FIFO there would make an evaluation file vanish or hang, a
+    hard link would write into another file. Remove it; directories stay."""
+    target = os.path.join(dest, m.name)
+    if os.path.islink(target) or (os.path.lexists(target) and not os.path.isdir(target)):
+        os.unlink(target)
 
 
 def handle_put(sock, req):
@@ -265,8 +284,9 @@ def handle_put(sock, req):
         n = 0
         with tarfile.open(fileobj=SockReader(sock), mode="r|") as tf:
             for m in tf:
-                if not _safe_member(dest, m):
+                if not _safe_member(m):
                     continue
+                _unplant(dest, m)
                 m.uid = os.getuid()
                 m.gid = os.getgid()
                 m.uname = m.gname = ""
@@ -291,7 +311,73 @@ def handle_get(sock, req):
         tf.add(path, arcname=os.path.basename(path) or ".")
 
 
+def _proc_table():
+    """pid -> (ppid, state) of every process visible in /proc."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        table[int(name)] = (int(fields[1]), fields[0].decode())
+    return table
+
+
+def _descendants(root, table):
+    children = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def kill_all(own_pid_namespace, timeout=10.0):
+    """SIGKILL every process started by exec (and everything they started) until none
+    is left; the supervisor and its ancestors survive.
+
+    In its own pid namespace (every sandbox backend) that is every process but init
+    and us: ``kill(-1)`` reaches them all in one step, so nothing can fork away, also
+    not a process that left its group or session. Without one (the supervisor run on a
+    host, in tests) it is our descendants: orphans are reparented to us (we are a child
+    subreaper), so a detached process stays one.
+    """
+    me = os.getpid()
+    deadline = time.monotonic() + timeout
+    killed = set()
+    while True:
+        table = _proc_table()
+        if own_pid_namespace:
+            keep = {me}
+            pid = me
+            while pid in table and pid > 1:
+                pid = table[pid][0]
+                keep.add(pid)
+            keep.add(1)
+            victims = [p for p, (_, st) in table.items() if p not in keep and st not in "ZX"]
+            with contextlib.suppress(OSError):
+                os.kill(-1, signal.SIGKILL)
+        else:
+            victims = [p for p in _descendants(me, table) if table[p][1] not in "ZX"]
+        if not victims:
+            return {"ok": True, "killed": len(killed)}
+        for p in victims:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        killed.update(victims)
+        if time.monotonic() > deadline:
+            return {"ok": False, "error": f"processes survived SIGKILL: {sorted(victims)[:20]}"}
+        time.sleep(0.01)
+
+
 FORWARDERS = {}
+OWN_PID_NAMESPACE = False
 
 
 def pipe(src, dst):
@@ -369,6 +455,8 @@ def handle(sock):
             handle_put(sock, req)
         elif op == "get":
             handle_get(sock, req)
+        elif op == "kill_all":
+            sock.sendall((json.dumps(kill_all(OWN_PID_NAMESPACE)) + "\n").encode())
         elif op == "forward":
             handle_forward(sock, req)
         elif op == "ping":
@@ -383,14 +471,25 @@ def handle(sock):
 
 
 def main():
-    global REAPER
+    global REAPER, OWN_PID_NAMESPACE
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--forward", action="append", default=[], help="PORT:UNIX_PATH at start")
+    ap.add_argument(
+        "--own-pid-namespace",
+        action="store_true",
+        help="the sandbox has its own pid namespace: kill_all kills all but init and us",
+    )
     a = ap.parse_args()
+    OWN_PID_NAMESPACE = a.own_pid_namespace
+    libc = ctypes.CDLL(None)
     # Collect orphans of agent process trees (we may not be PID 1).
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    # Same uid as the agent: without this it could ptrace us or take our socket's fd.
+    # Exec'd children are dumpable again (execve resets it).
+    with contextlib.suppress(Exception):
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     REAPER = Reaper()
     path = os.path.join(a.run_dir, "control.sock")

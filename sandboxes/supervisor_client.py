@@ -3,8 +3,14 @@
 The local and docker sandboxes both run the supervisor as their long-lived process;
 this client speaks its wire protocol over the Unix socket in the sandbox's run dir
 (exec with streamed output, stdin and a kill on disconnect; tar put/get; the Gateway
-forwarder), so both backends stream output, enforce timeouts and kill whole process
-trees the same way.
+forwarder; killing every process the agent left), so both backends stream output,
+enforce timeouts and kill whole process trees the same way.
+
+The control socket: the supervisor binds it in the run dir, which the sandbox can
+write; once it is ready (before any agent command ran) the host renames it into the
+state dir's ``ctl`` dir, which is never mounted into the sandbox. The bound socket
+keeps working under its new name, and nothing the agent does in the run dir (delete
+it, bind its own socket there) reaches the host's control channel.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes.base import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_OUTPUT_BYTES,
+    ArchiveTooLarge,
     ExecResult,
     OutputCallback,
     OutputChunk,
@@ -31,6 +39,26 @@ from sandboxes.base import (
 
 HDR = struct.Struct(">cI")
 SUPERVISOR_PATH = Path(__file__).with_name("supervisor.py")
+#: Read size when streaming an archive out of a sandbox.
+ARCHIVE_CHUNK = 256 * 1024
+
+
+def control_socket_path(state_dir: Path) -> Path:
+    """Where the host reaches a sandbox's supervisor: outside what the sandbox sees."""
+    return state_dir / "ctl" / "control.sock"
+
+
+def secure_control_socket(state_dir: Path) -> Path:
+    """Move the freshly bound control socket from the run dir (sandbox-writable) to
+    `control_socket_path` (host-only, 0700). Call it right after `wait_ready`."""
+    ctl = state_dir / "ctl"
+    ctl.mkdir(mode=0o700, exist_ok=True)
+    src = state_dir / "run" / "control.sock"
+    if not stat.S_ISSOCK(os.lstat(src).st_mode):
+        raise SandboxError(f"{src} is not a socket")
+    dst = control_socket_path(state_dir)
+    os.rename(src, dst)
+    return dst
 
 
 def normalize_cmd(cmd: Sequence[str] | str) -> list[str]:
@@ -50,8 +78,7 @@ class SupervisorClient:
         self.socket_path = str(socket_path)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        # The run dir is writable from inside the sandbox: refuse anything but a real
-        # socket (no symlink to a host socket).
+        # Refuse anything but a real socket (no symlink to a host socket).
         try:
             st = os.lstat(self.socket_path)
         except FileNotFoundError as e:
@@ -97,7 +124,9 @@ class SupervisorClient:
         if not res.get("ok"):
             raise SandboxError(f"put_archive({dest_dir}) failed: {res.get('error')}")
 
-    async def get_archive(self, path: str) -> bytes:
+    async def get_archive(self, path: str, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> bytes:
+        """The tar stream of `path`, read in chunks and cut off past `max_bytes`
+        (closing the connection stops the supervisor's tar)."""
         r, w = await self._connect()
         try:
             w.write(json.dumps({"op": "get", "path": path}).encode() + b"\n")
@@ -108,9 +137,21 @@ class SupervisorClient:
                 if res.get("error") == "ENOENT":
                     raise SandboxNotFound(f"{path}: no such file in the sandbox")
                 raise SandboxError(f"get_archive({path}) failed: {res.get('error')}")
-            return await r.read()
+            buf = bytearray()
+            while chunk := await r.read(ARCHIVE_CHUNK):
+                buf += chunk
+                if len(buf) > max_bytes:
+                    raise ArchiveTooLarge(path, max_bytes, len(buf))
+            return bytes(buf)
         finally:
             w.close()
+
+    async def kill_all(self, timeout: float = 30.0) -> int:
+        """Kill every process started by exec (see `supervisor.kill_all`); how many."""
+        res = await self.request({"op": "kill_all"}, timeout)
+        if not res.get("ok"):
+            raise SandboxError(f"kill_all failed: {res.get('error')}")
+        return int(res.get("killed", 0))
 
     async def exec(
         self,

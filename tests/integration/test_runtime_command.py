@@ -260,3 +260,90 @@ async def test_agent_reaches_its_gateway_session_from_inside(
     assert call.bearer_or_key() == "tok-integration"
     assert call.path == "/v1/chat/completions" and (call.body or {})["model"] == "policy"
     assert json.loads((tmp_path / rid / "metrics.json").read_text())["agent.exit_code"] == 0
+
+
+# ------------------------------------------------------------- hostile agents (reward)
+
+FORGER = """
+import os, time
+marker = ("eval" + "-marker").encode()
+open("/tmp/forger.armed", "w").close()
+while True:
+    for pid in os.listdir("/proc"):
+        try:
+            seen = pid.isdigit() and marker in open("/proc/%s/cmdline" % pid, "rb").read()
+        except OSError:
+            seen = False
+        if seen:
+            with open("answer.txt", "w") as f:
+                f.write("42\\n")
+            raise SystemExit
+    time.sleep(0.01)
+"""
+
+
+async def test_a_process_the_agent_leaves_cannot_forge_its_answer(
+    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
+) -> None:
+    """The agent answers 41 and leaves a detached process that waits for the evaluation
+    to start and then writes the right answer. The evaluation must see 41."""
+    agent = (
+        f"cat > /tmp/forger.py <<'EOF'\n{FORGER}EOF\n"
+        "setsid python3 /tmp/forger.py </dev/null >/dev/null 2>&1 &\n"
+        "while [ ! -e /tmp/forger.armed ]; do sleep 0.05; done\n"
+        "echo 41 > answer.txt\n"
+    )
+    evaluation = {
+        "checks": [
+            {"kind": "command", "name": "answer",
+             "command": ': eval-marker; sleep 1; test "$(cat answer.txt)" = 42'},
+            {"kind": "file", "name": "forger was running", "path": "/tmp/forger.armed"},
+        ]
+    }  # fmt: skip
+    task = hello_task(backend.name, agent, evaluation=evaluation, hooks=[{"name": "evaluate"}])
+    r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(
+        task, session_for(gateway), _rid("forge")
+    )
+    assert r.status == RolloutStatus.ok, r.error
+    assert r.evaluation is not None
+    assert [(c.name, c.passed) for c in r.evaluation.checks] == [
+        ("answer", False),
+        ("forger was running", True),
+    ]
+    assert r.reward == 0.0
+
+
+SPRAY = """
+import os, time
+now = int(time.time() * 1000)
+for ms in range(now - 1000, now + 60000):
+    os.symlink("/dev/null", "/tmp/rollout-eval-0-%d" % ms)
+"""
+
+
+@pytest.mark.parametrize("where", ["script_check", "hidden_file"])
+async def test_planted_symlinks_cannot_replace_the_evaluation(
+    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path, where: str
+) -> None:
+    """The agent answers 41 and, with no process left running, symlinks to /dev/null
+    every path the evaluation's script could be written to (the predictable
+    /tmp/rollout-eval-<check>-<ms> for the next minute, or the hidden check file's known
+    name). An empty script passes; the evaluation must run the real one and fail."""
+    check = 'test "$(cat answer.txt)" = 42\n'
+    if where == "script_check":
+        agent = f"python3 - <<'EOF'\n{SPRAY}EOF\necho 41 > answer.txt\n"
+        evaluation: dict[str, Any] = {"checks": [{"kind": "script", "script": check}]}
+    else:
+        agent = "ln -s /dev/null check.sh && echo 41 > answer.txt\n"
+        evaluation = {
+            "checks": [{"kind": "command", "command": "sh check.sh"}],
+            "files": [{"path": "check.sh", "content": check}],
+        }
+    task = hello_task(backend.name, agent, evaluation=evaluation, hooks=[{"name": "evaluate"}])
+    r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(
+        task, session_for(gateway), _rid("plant")
+    )
+    assert r.status == RolloutStatus.ok, r.error
+    assert r.evaluation is not None and r.evaluation.status == "ok"
+    assert r.evaluation.checks[0].exit_code == 1
+    assert r.reward == 0.0

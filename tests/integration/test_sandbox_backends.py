@@ -13,6 +13,7 @@ import json
 import os
 import tarfile
 import time
+import tracemalloc
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from sandboxes.base import (
+    ArchiveTooLarge,
     ExecResult,
     GatewayChannel,
     OutputChunk,
@@ -357,5 +359,128 @@ async def test_repo_checked_out_at_immutable_commit(sandbox_backend: Any, tmp_pa
     try:
         r = await sb.exec("cat src/f.txt; git -C src rev-parse HEAD; git -C src status --porcelain")
         assert r.ok and r.stdout.split() == ["v1", first], r
+    finally:
+        await sb.destroy()
+
+
+async def test_kill_all_processes_leaves_nothing_the_agent_started(sandbox_backend: Any) -> None:
+    """Leftovers that left their process group and session (setsid, double fork,
+    nohup) are all killed; the sandbox, its files and the Gateway forwarder stay."""
+    sb = await sandbox_backend.create(SandboxSpec(rollout_id=rid()))
+    try:
+        r = await sb.exec(
+            "setsid sh -c 'sleep 701 & sleep 702' >/dev/null 2>&1 & "
+            "nohup sleep 703 >/dev/null 2>&1 & "
+            "(sleep 704 &) ; echo kept > kept.txt"
+        )
+        assert r.ok, r
+        ps = "ps -eo args | grep -c '^sleep 70[1-4]' || true"
+        deadline = time.monotonic() + 10
+        while (await sb.exec(ps)).stdout.strip() != "4":
+            assert time.monotonic() < deadline, "the leftovers never started"
+            await asyncio.sleep(0.1)
+        await sb.kill_all_processes()
+        assert (await sb.exec(ps)).stdout.strip() == "0"
+        assert (await sb.exec(["cat", "kept.txt"])).stdout == "kept\n"
+        await sb.kill_all_processes()  # nothing left: a no-op, not an error
+        assert (await sb.exec(["true"])).ok
+    finally:
+        await sb.destroy()
+
+
+IMPOSTOR = """
+import json, os, socket, struct
+path = "/run/rollout/control.sock"
+try:
+    os.unlink(path)
+except FileNotFoundError:
+    pass
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(path)
+srv.listen(8)
+open("/tmp/impostor.ready", "w").close()
+while True:
+    c, _ = srv.accept()
+    line = b""
+    while not line.endswith(b"\\n"):
+        b = c.recv(1)
+        if not b:
+            break
+        line += b
+    if json.loads(line or b"{}").get("op") == "exec":
+        x = json.dumps({"exit_code": 0}).encode()
+        c.sendall(struct.pack(">cI", b"X", len(x)) + x)
+    else:
+        c.sendall(b'{"ok": true, "pid": 0, "killed": 0}\\n')
+    c.close()
+"""
+
+SNOOP = """
+import os
+def cmdline(p):
+    try:
+        return open("/proc/%s/cmdline" % p, "rb").read()
+    except OSError:
+        return b""
+# The supervisor itself (init's argv names it too): python3 /run/supervisor.py ...
+sup = [p for p in os.listdir("/proc") if p.isdigit()
+       and cmdline(p).split(b"\\0")[1:2] == [b"/run/supervisor" + b".py"]]
+try:
+    os.listdir("/proc/%s/fd" % sup[0])
+    print("open")
+except PermissionError:
+    print("denied")
+"""
+
+
+async def test_agent_cannot_reach_or_replace_the_control_socket(sandbox_backend: Any) -> None:
+    """The directory of the host's control socket is not reachable from inside, an
+    impostor socket bound where the supervisor first listened is never used, and the
+    supervisor's file descriptors (its listening socket) are out of the agent's reach."""
+    sb = await sandbox_backend.create(SandboxSpec(rollout_id=rid()))
+    try:
+        ctl = Path(sb.supervisor.socket_path).parent
+        marker = f"marker-{uuid.uuid4().hex}"
+        (ctl / marker).write_text("host only")
+        found = await sb.exec(
+            f"find / -path /proc -prune -o -path /sys -prune -o -name {marker} -print"
+            " 2>/dev/null; true",
+            timeout=300,
+        )
+        assert found.stdout == "", "the control socket's directory is visible in the sandbox"
+        await sb.put_file("/tmp/impostor.py", IMPOSTOR)
+        r = await sb.exec("setsid python3 /tmp/impostor.py </dev/null >/tmp/imp.log 2>&1 &")
+        assert r.ok
+        deadline = time.monotonic() + 10
+        while not (await sb.exec(["test", "-e", "/tmp/impostor.ready"])).ok:
+            assert time.monotonic() < deadline, (await sb.exec(["cat", "/tmp/imp.log"])).stdout
+            await asyncio.sleep(0.1)
+        assert (await sb.exec(["false"])).exit_code == 1  # the real supervisor answered
+        assert (await sb.supervisor.ping())["pid"] != 0
+        snoop = await sb.exec(["python3", "-c", SNOOP])
+        assert snoop.stdout.strip() == "denied", snoop
+    finally:
+        await sb.destroy()
+
+
+async def test_get_archive_over_its_cap_fails_clearly_and_stops_reading(
+    sandbox_backend: Any,
+) -> None:
+    """A sandbox file much larger than the cap: ArchiveTooLarge naming the cap, the
+    read stopped at about the cap, and the worker never held the file."""
+    sb = await sandbox_backend.create(SandboxSpec(rollout_id=rid()))
+    try:
+        assert (await sb.exec(f"head -c {48 << 20} /dev/zero > big.bin", timeout=120)).ok
+        cap = 2 << 20
+        tracemalloc.start()
+        try:
+            with pytest.raises(ArchiveTooLarge, match=f"exceeds {cap} bytes") as exc:
+                await sb.get_file(f"{sb.workdir}/big.bin", max_bytes=cap)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert cap < exc.value.read_bytes <= cap + (1 << 20)
+        assert peak < 16 << 20, f"peak {peak} bytes while reading with a 2 MiB cap"
+        assert await sb.get_file(f"{sb.workdir}/big.bin", max_bytes=64 << 20) == bytes(48 << 20)
     finally:
         await sb.destroy()

@@ -16,7 +16,13 @@ from typing import Any
 
 import pytest
 
-from sandboxes.base import GatewayChannel, SandboxFile, SandboxNotFound, SandboxSpec
+from sandboxes.base import (
+    ArchiveTooLarge,
+    GatewayChannel,
+    SandboxFile,
+    SandboxNotFound,
+    SandboxSpec,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -98,3 +104,38 @@ async def test_e2b_backend_against_fake_api_idempotent_create_and_reap(
     assert {h.rollout_id for h in await e2b_backend.list()} == {r1}
     await a2.destroy()
     await a.destroy()
+
+
+async def test_e2b_backend_against_fake_api_kill_all_processes(e2b_backend: Any) -> None:
+    """Best effort on E2B: detached leftovers of the agent's commands are killed, the
+    sandbox (its envd; here the fake's supervisor) keeps serving commands and files."""
+    sb = await e2b_backend.create(SandboxSpec(rollout_id=rid()))
+    try:
+        r = await sb.exec(
+            "setsid sh -c 'sleep 801 & sleep 802' >/dev/null 2>&1 & "
+            "nohup sleep 803 >/dev/null 2>&1 & echo kept > kept.txt"
+        )
+        assert r.ok, r
+        ps = "ps -eo args | grep -c '^sleep 80[1-3]' || true"
+        deadline = time.monotonic() + 10
+        while (await sb.exec(ps)).stdout.strip() != "3":
+            assert time.monotonic() < deadline, "the leftovers never started"
+            await asyncio.sleep(0.1)
+        await sb.kill_all_processes()
+        assert (await sb.exec(ps)).stdout.strip() == "0"
+        assert await sb.get_file(f"{sb.workdir}/kept.txt") == b"kept\n"
+    finally:
+        await sb.destroy()
+
+
+async def test_e2b_backend_against_fake_api_archive_cap(e2b_backend: Any) -> None:
+    """An archive over the cap is refused before any download (its size is checked in
+    the sandbox), with the same error as the other backends."""
+    sb = await e2b_backend.create(SandboxSpec(rollout_id=rid()))
+    try:
+        assert (await sb.exec("head -c 3000000 /dev/zero > big.bin")).ok
+        with pytest.raises(ArchiveTooLarge, match="exceeds 1000000 bytes"):
+            await sb.get_file(f"{sb.workdir}/big.bin", max_bytes=1_000_000)
+        assert len(await sb.get_file(f"{sb.workdir}/big.bin", max_bytes=4_000_000)) == 3_000_000
+    finally:
+        await sb.destroy()

@@ -18,7 +18,7 @@ from hooks.base import (
 )
 from hooks.collect_logs import collect_log_files
 from hooks.evaluate import evaluate
-from sandboxes.base import ExecResult
+from sandboxes.base import DEFAULT_MAX_ARCHIVE_BYTES, ArchiveTooLarge, ExecResult
 from schemas.evaluation import EvaluationSpec
 from schemas.outcome import AgentResult, LogSpec, RunOutcome
 from schemas.tasks import HookSpec, RolloutTask
@@ -291,6 +291,77 @@ async def test_capture_diff_parses_numstat(tmp_path: Path) -> None:
         2,
     )
     assert (ctx.artifacts_dir / "diff.patch").read_bytes().startswith(b"diff --git")
+
+
+async def test_capture_diff_reads_a_huge_patch_only_up_to_its_cap(tmp_path: Path) -> None:
+    """A patch far over `max_bytes` is cut inside the sandbox; the host reads only the
+    head (about the cap), records the full size and marks the diff truncated."""
+    full = b"+" * 500_000
+
+    def handler(cmd: str, kw: dict[str, Any]) -> ExecResult | None:
+        if "git init" in cmd:
+            return ExecResult(exit_code=0, stdout="abc123\n")
+        if "git diff" in cmd:
+            return ExecResult(exit_code=0, stdout="1\t0\tbig.txt\n")
+        if cmd.startswith("head -c 1000 /tmp/rollout-diff/diff.patch > "):
+            sb.files["/tmp/rollout-diff/diff.patch.head"] = full[:1000]
+            return ExecResult(exit_code=0, stdout=f"{len(full)}\n")
+        return None
+
+    sb = FakeSandbox(handler)
+    sb.files["/tmp/rollout-diff/diff.patch"] = full
+    ctx = hook_ctx(tmp_path, sb)
+    [hook] = build_hooks([HookSpec(name="capture_diff", params={"max_bytes": 1000})])
+    await hook.before_run(ctx)
+    await hook.after_run(ctx)
+    diff = ctx.outcome.diff
+    assert diff is not None and diff.truncated and diff.bytes == len(full)
+    assert (ctx.artifacts_dir / "diff.patch").read_bytes() == full[:1000]
+    assert max(sb.delivered) < 100_000, sb.delivered
+
+
+async def test_collect_logs_skips_a_location_over_its_cap_and_says_so(tmp_path: Path) -> None:
+    sb = FakeSandbox()
+    sb.files["/s/big/huge.log"] = b"x" * 300_000
+    sb.files["/s/small/ok.log"] = b"fine"
+    ctx = hook_ctx(tmp_path, sb)
+    ctx.log_specs = [LogSpec(path="/s/big", kind="log"), LogSpec(path="/s/small", kind="log")]
+    [hook] = build_hooks([HookSpec(name="collect_logs", params={"max_bytes": 100_000})])
+    await hook.after_run(ctx)
+    assert [a.name for a in ctx.outcome.artifacts] == ["logs/log/small/ok.log"]
+    assert ctx.outcome.hook_errors == [
+        "collect_logs: archive of /s/big in the sandbox exceeds 100000 bytes "
+        "(read stopped after 100000)"
+    ]
+    assert max(sb.delivered) <= 100_000
+
+
+class _HugeFiles(FakeSandbox):
+    """Every archive read is over its cap (as for a file of many gigabytes)."""
+
+    async def get_archive(self, path: str, *, max_bytes: int = 0) -> bytes:
+        self.delivered.append(max_bytes)
+        raise ArchiveTooLarge(path, max_bytes, max_bytes)
+
+
+async def test_file_check_on_a_file_over_the_cap_fails_with_the_reason() -> None:
+    sb = _HugeFiles()
+    spec = EvaluationSpec.model_validate({"checks": [{"kind": "file", "path": "answer.txt"}]})
+    r = await evaluate(sb, spec, "/workspace")
+    assert r.status == "ok" and r.reward == 0.0
+    assert r.checks[0].detail == f"answer.txt is larger than {DEFAULT_MAX_ARCHIVE_BYTES} bytes"
+
+
+async def test_script_check_script_arrives_on_stdin_not_at_a_guessable_path() -> None:
+    sb = FakeSandbox(results(python3=ExecResult(exit_code=0)))
+    spec = EvaluationSpec.model_validate(
+        {"checks": [{"kind": "script", "script": "print(1)\n", "interpreter": "python3"}]}
+    )
+    r = await evaluate(sb, spec, "/workspace")
+    assert r.reward == 1.0 and sb.files == {}
+    [(cmd, kw)] = sb.calls
+    assert kw["stdin"] == b"print(1)\n"
+    assert cmd.startswith("d=$(mktemp -d) || exit 126;") and "/tmp/rollout-eval" not in cmd
 
 
 async def test_collect_logs_never_writes_outside_its_destination(tmp_path: Any) -> None:

@@ -15,7 +15,14 @@ from activities.runtime import RuntimeFailure
 from harnesses.base import AgentHarness, HarnessConfig, HarnessContext
 from harnesses.registry import register_harness
 from hooks.base import Hook, HookContext, register_hook
-from sandboxes.base import ExecResult, Sandbox, SandboxBackend, SandboxHandle, SandboxSpec
+from sandboxes.base import (
+    ExecResult,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxHandle,
+    SandboxSpec,
+)
 from schemas.outcome import AgentResult, LogSpec, RolloutStatus
 from schemas.scenes import SceneRule
 from schemas.session import SessionCreated
@@ -79,8 +86,9 @@ class ScriptedHarness(AgentHarness):
 class FakeBackend(SandboxBackend):
     name = "fake"
 
-    def __init__(self, fail_create: bool = False) -> None:
+    def __init__(self, fail_create: bool = False, fail_kill: bool = False) -> None:
         self.fail_create = fail_create
+        self.fail_kill = fail_kill
         self.live: dict[str, SandboxHandle] = {}
         self.specs: list[SandboxSpec] = []
 
@@ -109,6 +117,11 @@ class _Sb(FakeSandbox):
         super().__init__(lambda cmd, kw: ExecResult(exit_code=0))
         self._backend = backend  # type: ignore[assignment]
 
+    async def kill_all_processes(self) -> None:
+        EVENTS.append("sandbox.kill_all")
+        if self._backend.fail_kill:  # type: ignore[attr-defined]
+            raise SandboxError("processes survived SIGKILL: [42]")
+
 
 def task(behaviour: str = "ok", **kw: Any) -> RolloutTask:
     return RolloutTask.model_validate(
@@ -136,18 +149,20 @@ async def test_phases_run_in_order_and_the_sandbox_is_destroyed(tmp_path: Path) 
     backend = FakeBackend()
     phases: list[str] = []
     r = await manager(tmp_path, backend).run(task(), SESSION, "r1", on_phase=phases.append)
+    # Every process the agent left is killed before the after_run hooks (evaluation).
     assert EVENTS == [
         "harness.setup",
         "h.before_run",
         "harness.run",
+        "sandbox.kill_all",
         "h.after_run",
         "harness.cleanup",
         "sandbox.destroy",
     ]
-    assert phases == ["setup", "before_run", "agent", "after_run"]
+    assert phases == ["setup", "before_run", "agent", "stop_agent", "after_run"]
     assert r.status == RolloutStatus.ok and r.harness_version == "9.9.9"
     assert r.env_version == "fake:1" and not backend.live
-    assert set(r.timings) == {"setup", "before_run", "agent", "after_run"}
+    assert set(r.timings) == {"setup", "before_run", "agent", "stop_agent", "after_run"}
     # The sandbox is told where the Gateway is (a non-local backend: its public origin);
     # the harness sees it inside (asserted in ScriptedHarness.setup).
     assert backend.specs[0].gateway is not None
@@ -167,6 +182,18 @@ async def test_agent_outcomes_are_data_not_exceptions(
     r = await manager(tmp_path, backend).run(task(behaviour), SESSION, "r1")
     assert r.status == status and "h.after_run" in EVENTS and not backend.live
     assert r.agent is not None and r.agent.exit_code == exit_code
+
+
+async def test_a_failed_kill_fails_the_run_before_any_evaluation(tmp_path: Path) -> None:
+    """If the agent's processes cannot be stopped, no after_run hook (no evaluation)
+    runs on a sandbox they could still change: the run is an infra error."""
+    backend = FakeBackend(fail_kill=True)
+    with pytest.raises(RuntimeFailure) as exc:
+        await manager(tmp_path, backend).run(task(), SESSION, "r1")
+    assert exc.value.phase == "stop_agent"
+    assert exc.value.outcome.status == RolloutStatus.infra_error
+    assert "h.after_run" not in EVENTS
+    assert EVENTS[-4:] == ["sandbox.kill_all", "h.on_error", "harness.cleanup", "sandbox.destroy"]
 
 
 @pytest.mark.parametrize("behaviour", ["raise", "setup_raise"])

@@ -1,8 +1,10 @@
 """The in-sandbox supervisor and the host bridge, run directly on the host (no sandbox).
 
 Proves the wire protocol both backends rely on: streamed exec, exit codes and signals,
-timeouts and cancellation killing the whole process group, stdin, tar put/get, and
-the loopback→Unix-socket forwarder chained with the host Unix→TCP bridge.
+timeouts and cancellation killing the whole process group, stdin, tar put/get (capped
+reads, no writes through planted symlinks), killing everything exec started, the
+control socket moved out of the run dir, and the loopback→Unix-socket forwarder
+chained with the host Unix→TCP bridge.
 """
 
 from __future__ import annotations
@@ -16,15 +18,23 @@ import sys
 import tarfile
 import threading
 import time
+import tracemalloc
 from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from sandboxes.base import SandboxError, SandboxNotFound
+from sandboxes.base import ArchiveTooLarge, SandboxError, SandboxNotFound
 from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
-from sandboxes.supervisor_client import SUPERVISOR_PATH, SupervisorClient, wait_ready
+from sandboxes.supervisor_client import (
+    ARCHIVE_CHUNK,
+    SUPERVISOR_PATH,
+    SupervisorClient,
+    control_socket_path,
+    secure_control_socket,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -121,6 +131,108 @@ async def test_put_get_archive(supervisor: tuple[SupervisorClient, Path], tmp_pa
         assert tf.getnames() == ["d", "d/x.txt"]
     with pytest.raises(SandboxNotFound):
         await client.get_archive(str(tmp_path / "missing"))
+
+
+async def test_put_replaces_a_planted_symlink_instead_of_writing_through_it(
+    supervisor: tuple[SupervisorClient, Path], tmp_path: Path
+) -> None:
+    """An agent that symlinks the path of a file the host will put there (an evaluation
+    script, a hidden test) to /dev/null or to its own file must not make that file
+    vanish or redirect it: the put replaces the link."""
+    client, _ = supervisor
+    dest = tmp_path / "work"
+    dest.mkdir()
+    decoy = tmp_path / "decoy.txt"
+    decoy.write_text("agent's own")
+    (dest / "check.sh").symlink_to("/dev/null")
+    (dest / "hidden.py").symlink_to(decoy)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in (("check.sh", b"exit 1\n"), ("hidden.py", b"assert False\n")):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    await client.put_archive(str(dest), buf.getvalue())
+    assert not (dest / "check.sh").is_symlink() and (dest / "check.sh").read_bytes() == b"exit 1\n"
+    assert not (dest / "hidden.py").is_symlink()
+    assert (dest / "hidden.py").read_bytes() == b"assert False\n"
+    assert decoy.read_text() == "agent's own"
+
+
+async def test_get_archive_stops_at_its_byte_cap(
+    supervisor: tuple[SupervisorClient, Path], tmp_path: Path
+) -> None:
+    """A file far larger than the cap: a clear error, and the host read (and held)
+    only about the cap, not the whole archive."""
+    client, _ = supervisor
+    big = tmp_path / "big.bin"
+    r = await client.exec(["sh", "-c", f"head -c {64 << 20} /dev/zero > {big}"], env=ENV,
+                          cwd="/", timeout=60, stdin=None, on_output=None)  # fmt: skip
+    assert r.ok, r
+    cap = 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(ArchiveTooLarge, match="exceeds 1048576 bytes") as exc:
+            await client.get_archive(str(big), max_bytes=cap)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert cap < exc.value.read_bytes <= cap + ARCHIVE_CHUNK
+    assert peak < 8 << 20, f"peak {peak} bytes while reading with a 1 MiB cap"
+    # Below the cap the same read works, and the supervisor is still serving.
+    (tmp_path / "small.txt").write_bytes(b"s" * 1000)
+    raw = await client.get_archive(str(tmp_path / "small.txt"), max_bytes=cap)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
+        assert tf.getnames() == ["small.txt"]
+
+
+async def test_kill_all_stops_every_process_exec_started(
+    supervisor: tuple[SupervisorClient, Path],
+) -> None:
+    """Detached (setsid, double-forked) leftovers of finished commands are killed; the
+    supervisor keeps serving and processes it did not start are left alone."""
+    client, _ = supervisor
+    tag = f"sleep 32{os.getpid() % 1000}"
+    outsider = subprocess.Popen(["sh", "-c", f"exec {tag}9"])
+    try:
+        r = await client.exec(
+            ["sh", "-c", f"setsid sh -c '{tag}1 & {tag}2' >/dev/null 2>&1 & "
+                         f"nohup {tag}3 >/dev/null 2>&1 &"],
+            env=ENV, cwd="/", timeout=10, stdin=None, on_output=None,
+        )  # fmt: skip
+        assert r.ok
+        deadline = time.monotonic() + 5
+        while not all(_alive(f"{tag}{i}") for i in (1, 2, 3)):
+            assert time.monotonic() < deadline, "the leftovers never started"
+            await asyncio.sleep(0.05)
+        assert await client.kill_all() >= 3
+        assert not any(_alive(f"{tag}{i}") for i in (1, 2, 3))
+        assert outsider.poll() is None
+        r = await client.exec(["echo", "alive"], env=ENV, cwd="/", timeout=10, stdin=None,
+                              on_output=None)  # fmt: skip
+        assert r.stdout == "alive\n"
+    finally:
+        outsider.kill()
+        outsider.wait()
+
+
+async def test_control_socket_is_taken_out_of_the_run_dir(
+    supervisor: tuple[SupervisorClient, Path], tmp_path: Path
+) -> None:
+    """After `secure_control_socket` the host talks to the supervisor at a path outside
+    the run dir; a socket bound at the old place (as an agent could) is never used."""
+    client, run = supervisor
+    real_pid = (await client.ping())["pid"]
+    path = secure_control_socket(run.parent)
+    assert path == control_socket_path(run.parent) and path.parent != run
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    impostor.bind(str(run / "control.sock"))
+    impostor.listen(1)
+    try:
+        assert (await SupervisorClient(path).ping())["pid"] == real_pid
+    finally:
+        impostor.close()
 
 
 async def test_control_socket_must_be_a_real_socket(tmp_path: Path) -> None:
