@@ -168,12 +168,12 @@ def run_path(
     headers_for: list[dict[str, str]],
     model: str,
     turns: int,
-    direct: bool,
+    make: Callable[[], Conversation],
     pid: int | None,
 ) -> tuple[list[float], list[float]]:
     """Lockstep: turn t of every conversation, then turn t+1. Returns latencies and, per
     turn, the gateway CPU ms per call (empty for the direct path)."""
-    conversations = [Conversation(direct) for _ in headers_for]
+    conversations = [make() for _ in headers_for]
     latencies: list[float] = []
     cpu_per_turn: list[float] = []
     with httpx.Client(timeout=300) as client:
@@ -181,9 +181,7 @@ def run_path(
             before = clock_ticks(pid) if pid else 0
             for conv, headers in zip(conversations, headers_for, strict=True):
                 t0 = time.perf_counter()
-                reply = client.post(
-                    f"{url}/chat/completions", json=conv.body(model), headers=headers
-                )
+                reply = client.post(f"{url}{conv.path}", json=conv.body(model), headers=headers)
                 latencies.append(time.perf_counter() - t0)
                 reply.raise_for_status()
                 conv.absorb(reply.json(), turn)
