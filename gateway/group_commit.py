@@ -39,6 +39,7 @@ class GroupCommit:
     def submit(self, fd: int) -> Future[None]:
         """Sync `fd` in the next batch, then close it; the future fails if the fsync did."""
         done: Future[None] = Future()
+        done.set_running_or_notify_cancel()  # a caller that stops waiting cannot cancel it
         with self._cond:
             self._pending.append((fd, done))
             if self._thread is None:

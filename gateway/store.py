@@ -131,8 +131,7 @@ class SessionStore:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(secrets.token_bytes(32))
-                fh.flush()
-                os.fsync(fh.fileno())
+            self._sync_now(tmp)
             try:
                 os.link(tmp, path)  # atomic: the first process to link wins
             except FileExistsError:
