@@ -38,7 +38,7 @@ from gateway.store import (
     SessionMeta,
     SessionStore,
 )
-from gateway.trajectory import build_segments, recorded_calls
+from gateway.trajectory import TrajectoryCorruptError, build_segments, recorded_calls
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
 from schemas.session import SessionConfig, SessionCreated, SessionSummary
@@ -262,9 +262,9 @@ class Gateway:
         meta = self.store.load_meta(session_id)
         try:
             records = self.store.load_records(session_id)
-        except CorruptRecordError as exc:
-            raise GatewayError("corrupt_record", str(exc)) from exc
-        trainable = set(meta.config.scenes.trainable)
+            segments = build_segments(records, set(meta.config.scenes.trainable))
+        except (CorruptRecordError, TrajectoryCorruptError) as exc:
+            raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
         return Trajectory(
             session_id=session_id,
             rollout_id=meta.config.rollout_id,
@@ -272,7 +272,7 @@ class Gateway:
             closed=self.store.is_closed(session_id),
             prompt_template_version=meta.prompt_template_version,
             calls=recorded_calls(records),
-            segments=build_segments(records, trainable),
+            segments=segments,
             metadata=meta.config.metadata,
         )
 

@@ -261,7 +261,7 @@ def test_a_corrupt_record_is_reported_not_skipped(
     assert reply.status_code == 500
     error = reply.json()["error"]
     assert error["code"] == "corrupt_record"
-    assert error["message"].startswith(f"{records_file} line 3: corrupt record")
+    assert error["message"].startswith(f"session {sid}: {records_file} line 3: corrupt record")
 
 
 class FsyncLog:
