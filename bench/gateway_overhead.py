@@ -6,7 +6,7 @@ process in front of the same vLLM). Prints the p50/p99 latency ratio b/a, and th
 Gateway process's CPU time per call at the first turns vs the last turns of long
 conversations: it must stay flat, because only new tokens are tokenized.
 
-Run: `python bench/gateway_overhead.py [--conversations 8] [--turns 40]`.
+Run: `python bench/gateway_overhead.py [--conversations 8] [--turns 40] [--fsync off]`.
 The tiny model never calls tools, so both paths force the reply format with vLLM
 structured outputs; each path feeds its own sampled replies back.
 """
@@ -195,6 +195,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument(
+        "--fsync", choices=["group", "off"], default="group", help="the gateway's durability"
+    )
     args = parser.parse_args()
     model_dir = ensure_tiny_model()
     admin = secrets.token_urlsafe(16)
@@ -217,6 +220,8 @@ def main() -> None:
                 str(port),
                 "--data-dir",
                 data_dir,
+                "--fsync",
+                args.fsync,
             ],
             env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin),
         )
@@ -236,7 +241,10 @@ def main() -> None:
         finally:
             gateway.terminate()
             gateway.wait(timeout=30)
-    print(f"{args.conversations} conversations x {args.turns} turns per path; ratios vs vLLM chat")
+    print(
+        f"{args.conversations} conversations x {args.turns} turns per path, fsync {args.fsync}; "
+        "ratios vs vLLM chat"
+    )
     header = f"{'path':<28}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>7}{'p99 x':>7}"
     print(header + f"{'CPU/call t1-5':>15}{'t' + str(args.turns - 4) + '-' + str(args.turns):>10}")
     base50, base99 = rows[0][1], rows[0][2]

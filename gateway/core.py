@@ -1,21 +1,25 @@
 """The Gateway core: sessions, and one protocol-independent path for every agent call.
 
 prepare prompt (held tokens + new part) → engine (token IDs in, sampled IDs out) → parse →
-commit to the held segment → append the record to disk → hand the result to the adapter.
+commit to the held segment → append the record to disk (undoing the commit if that fails)
+→ wait for its group commit → hand the result to the adapter.
 Adapters only translate protocols; everything that makes trajectories exact lives here.
 """
 
 import asyncio
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.canonical import CanonicalRequest, CompletionResult, Message
 from gateway.chat_template import ChatTemplate, TemplateRenderError
@@ -26,12 +30,21 @@ from gateway.metrics import GatewayMetrics
 from gateway.output_parser import OutputParser
 from gateway.recording import PlannedCall, reuse_of
 from gateway.scenes import classify
-from gateway.store import SegmentOpened, SessionMeta, SessionStore
-from gateway.trajectory import build_segments, recorded_calls
+from gateway.store import (
+    CorruptRecordError,
+    Durability,
+    Record,
+    SegmentOpened,
+    SessionMeta,
+    SessionStore,
+)
+from gateway.trajectory import TrajectoryCorruptError, build_segments, recorded_calls
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
 from schemas.session import SessionConfig, SessionCreated, SessionSummary
 from schemas.trajectory import CallStatus, MatchKind, RecordedCall, Trajectory
+
+log = logging.getLogger("rollout.gateway")
 
 
 class GatewayOptions(BaseModel):
@@ -46,6 +59,11 @@ class GatewayOptions(BaseModel):
     default_max_tokens: int = 4096
     max_inflight_engine_calls: int = 256
     max_queued_engine_calls: int = 4096
+    fsync: Durability = "group"
+    """`group`: a call is answered only once its record is fsynced (batched); `off`: once
+    it is written (survives a gateway crash, not a machine crash)."""
+    fsync_interval_ms: float = Field(default=5.0, gt=0)
+    """Group commit starts a batch at most this often."""
 
 
 class LiveSession:
@@ -60,6 +78,21 @@ class LiveSession:
         self.failed_calls = 0
         self.lock = asyncio.Lock()
         self.closed = False
+
+    def checkpoint(self, plan: PromptPlan) -> Callable[[], None]:
+        """An undo for committing `plan`: drops the segments it adds and restores the one it
+        extends, so a call whose record cannot be written leaves no trace in memory."""
+        held, scenes = list(self.held), dict(self.segment_scenes)
+        restore = plan.segment.checkpoint() if plan.segment is not None else None
+
+        def undo() -> None:
+            self.held[:] = held
+            self.segment_scenes.clear()
+            self.segment_scenes.update(scenes)
+            if restore is not None:
+                restore()
+
+        return undo
 
     def _latest(self, *scenes: Scene) -> str | None:
         for segment_id, scene in reversed(self.segment_scenes.items()):
@@ -112,7 +145,9 @@ class Gateway:
         self.parser = parser
         self.engine = engine
         self.metrics = metrics or GatewayMetrics()
-        self.store = SessionStore(options.data_dir)
+        self.store = SessionStore(
+            options.data_dir, options.fsync, sync_interval_s=options.fsync_interval_ms / 1000
+        )
         self.sessions: dict[str, LiveSession] = {}
         self._engine_slots = asyncio.Semaphore(options.max_inflight_engine_calls)
         self._waiting = 0
@@ -225,8 +260,11 @@ class Gateway:
         if not self.store.exists(session_id):
             raise GatewayError("not_found", f"session {session_id} does not exist")
         meta = self.store.load_meta(session_id)
-        records = self.store.load_records(session_id)
-        trainable = set(meta.config.scenes.trainable)
+        try:
+            records = self.store.load_records(session_id)
+            segments = build_segments(records, set(meta.config.scenes.trainable))
+        except (CorruptRecordError, TrajectoryCorruptError) as exc:
+            raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
         return Trajectory(
             session_id=session_id,
             rollout_id=meta.config.rollout_id,
@@ -234,7 +272,7 @@ class Gateway:
             closed=self.store.is_closed(session_id),
             prompt_template_version=meta.prompt_template_version,
             calls=recorded_calls(records),
-            segments=build_segments(records, trainable),
+            segments=segments,
             metadata=meta.config.metadata,
         )
 
@@ -303,6 +341,7 @@ class Gateway:
             started_at=started_at,
             wall_start=wall0,
         )
+        planned.check_storable()
         try:
             completion = await self._call_engine(session, plan.prompt_ids, sampling)
         except GatewayError as err:
@@ -322,6 +361,7 @@ class Gateway:
         )
         finish = "length" if completion.finish_reason == "length" else "stop"
         async with session.lock:
+            undo = session.checkpoint(plan)
             segment = self.incremental.commit(
                 session.held,
                 plan,
@@ -330,8 +370,9 @@ class Gateway:
                 reply,
                 finished_with_eot=finish == "stop",
             )
+            records: list[Record] = []
             if segment.segment_id not in session.segment_scenes:
-                self.store.append(session.meta.session_id, session.open_segment(segment, scene))
+                records.append(session.open_segment(segment, scene))
             conflict = segment.segment_id != plan.segment_id
             match = MatchKind.fork if conflict else plan.kind
             fork_reason = (
@@ -350,9 +391,15 @@ class Gateway:
                 drift=plan.drift,
                 fork_reason=fork_reason,
             )
-            self.store.append(session.meta.session_id, planned.durable_record(call))
+            records.append(planned.durable_record(call))
+            try:
+                synced = self._append(session, records)
+            except Exception:
+                undo()  # memory agrees with the file again: the call never happened
+                raise
             session.last_call[segment.segment_id] = call_id
             session.calls += 1
+        await self._synced(synced)
         self._count(request, scene, call, plan)
         return CompletionResult(
             call_id=call_id,
@@ -411,6 +458,34 @@ class Gateway:
             self.metrics.engine_inflight.dec()
             self._engine_slots.release()
 
+    def _append(self, session: LiveSession, records: list[Record]) -> Future[None]:
+        """Append a call's records; nothing is written when this raises."""
+        try:
+            return self.store.append(session.meta.session_id, *records)
+        except OSError as exc:
+            log.error("session %s: could not append: %s", session.meta.session_id, exc)
+            raise GatewayError(
+                "storage_unavailable",
+                f"the gateway could not record this call ({exc.strerror or exc}); "
+                "nothing was recorded, retry later",
+                retry_after=1.0,
+            ) from exc
+
+    async def _synced(self, synced: Future[None]) -> None:
+        """Wait until the batch holding a call's records is on disk (group commit)."""
+        try:
+            if not synced.done():
+                await asyncio.wrap_future(synced)
+            synced.result()
+        except OSError as exc:
+            # The record stays written (memory and file agree); only its durability is unknown.
+            raise GatewayError(
+                "storage_unavailable",
+                f"the gateway could not sync this call to disk ({exc.strerror or exc}); "
+                "retry later",
+                retry_after=1.0,
+            ) from exc
+
     async def _record_failure(
         self, session: LiveSession, planned: PlannedCall, err: GatewayError
     ) -> None:
@@ -425,9 +500,10 @@ class Gateway:
             fork_reason=plan.fork_reason,
         )
         async with session.lock:
-            self.store.append(session.meta.session_id, planned.durable_record(call))
+            synced = self._append(session, [planned.durable_record(call)])
             session.calls += 1
             session.failed_calls += 1
+        await self._synced(synced)
         self.metrics.calls.labels(
             planned.request.protocol, planned.scene.value, call.status.value, plan.kind
         ).inc()

@@ -21,6 +21,8 @@ ErrorKind = Literal[
     "engine_unavailable",
     "engine_timeout",
     "engine_bad_reply",
+    "storage_unavailable",
+    "corrupt_record",
     "internal",
 ]
 
@@ -43,6 +45,8 @@ KINDS: dict[str, KindSpec] = {
     "engine_unavailable": KindSpec(503, "server_error"),
     "engine_timeout": KindSpec(504, "server_error"),
     "engine_bad_reply": KindSpec(502, "server_error"),
+    "storage_unavailable": KindSpec(503, "server_error"),
+    "corrupt_record": KindSpec(500, "server_error"),
     "internal": KindSpec(500, "server_error"),
 }
 """Kind → defaults. `overloaded` may be raised as 429 or 503 (explicit `status`)."""

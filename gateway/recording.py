@@ -5,9 +5,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
+import pydantic_core
+from pydantic_core import PydanticSerializationError
+
 from gateway.canonical import CanonicalRequest
+from gateway.errors import GatewayError
 from gateway.incremental import PromptPlan
 from gateway.store import CallRecord, PromptRef, SessionMeta
 from schemas.sampling import SamplingParams
@@ -90,35 +95,78 @@ class PlannedCall:
             fork_reason=fork_reason,
         )
 
+    @cached_property
+    def stored_request(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The (raw, normalized) request parts the call's record keeps (`_stored_request`)."""
+        return _stored_request(self.raw_request, self.request, self.reuse)
+
+    def check_storable(self) -> None:
+        """Refuse, as a 400 naming the field, a request whose record could not be written
+        (a lone surrogate has no UTF-8 encoding) before the engine or the session sees it."""
+        try:
+            pydantic_core.to_json(self.stored_request)
+        except PydanticSerializationError as exc:
+            raw, normalized = self.stored_request
+            where = unencodable_path(raw) or unencodable_path(normalized) or "request"
+            raise GatewayError(
+                "invalid_request",
+                f"{where}: text that cannot be encoded as UTF-8 (a lone surrogate?)",
+                param=where,
+            ) from exc
+
     def durable_record(self, call: RecordedCall) -> CallRecord:
-        """What the store appends for `call` (see `_call_record`)."""
-        return _call_record(call, self.raw_request, self.request, self.reuse)
+        """What the store appends for `call`: the request parts that are new, and only the
+        prompt tokens past the held ones when it extends an earlier call."""
+        raw, normalized = self.stored_request
+        if self.reuse.messages == 0 or self.reuse.after_call is None:
+            return CallRecord(call=call, request=raw, normalized=normalized)
+        tail = call.model_copy(update={"prompt_ids": call.prompt_ids[self.reuse.tokens :]})
+        return CallRecord(
+            call=tail,
+            request=raw,
+            normalized=normalized,
+            prompt_ref=PromptRef(call_id=self.reuse.after_call, length=self.reuse.tokens),
+        )
 
 
-def _call_record(
-    call: RecordedCall, raw: dict[str, Any], request: CanonicalRequest, reuse: Reuse
-) -> CallRecord:
-    """The durable record of a call, with a size proportional to what is new in it.
+def _stored_request(
+    raw: dict[str, Any], request: CanonicalRequest, reuse: Reuse
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request parts a call's record keeps, with a size proportional to what is new.
 
     Agents resend the whole history on every call, and every prompt repeats the held
     tokens; storing either each time would make the capture quadratic. A call that
-    extends a held segment keeps the request envelope (sampling, flags, headers), only
-    the messages past the held prefix, and only the prompt tokens past the held ones,
-    with a reference to the call whose prompt+output they continue. The store expands
-    the reference on load, so readers always see complete `prompt_ids`.
+    extends a held segment keeps the request envelope (sampling, flags, headers) and only
+    the messages past the held prefix; its record also keeps only the prompt tokens past
+    the held ones, with a reference to the call whose prompt+output they continue. The
+    store expands the reference on load, so readers always see complete `prompt_ids`.
     """
     if reuse.messages == 0:
-        return CallRecord(call=call, request=raw, normalized=request.model_dump())
+        return raw, request.model_dump()
     envelope = {k: v for k, v in raw.items() if k not in HISTORY_FIELDS}
     normalized = request.model_dump(exclude={"messages", "tools"})
     normalized["history_messages"] = reuse.messages
     normalized["new_messages"] = [m.model_dump() for m in request.messages[reuse.messages :]]
-    if reuse.after_call is None:
-        return CallRecord(call=call, request=envelope, normalized=normalized)
-    tail = call.model_copy(update={"prompt_ids": call.prompt_ids[reuse.tokens :]})
-    return CallRecord(
-        call=tail,
-        request=envelope,
-        normalized=normalized,
-        prompt_ref=PromptRef(call_id=reuse.after_call, length=reuse.tokens),
-    )
+    return envelope, normalized
+
+
+def unencodable_path(value: Any, path: str = "") -> str | None:
+    """Path (`messages[2].content`) of the first string in `value` with no UTF-8 encoding."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return path or "(root)"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            found = unencodable_path(key, here) or unencodable_path(item, here)
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = unencodable_path(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None

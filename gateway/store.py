@@ -7,17 +7,22 @@ any trajectory from these files alone.
 """
 
 import json
+import logging
 import os
 import secrets
 import threading
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.group_commit import GroupCommit, fsync_dir
 from schemas.session import SessionConfig
 from schemas.trajectory import RecordedCall
+
+log = logging.getLogger("rollout.gateway")
 
 
 class SessionMeta(BaseModel):
@@ -69,19 +74,53 @@ class CallRecord(BaseModel):
 Record = SegmentOpened | CallRecord
 
 
-class SessionStore:
-    """Append-only files per session. Thread-safe; writes are flushed per record."""
+Durability = Literal["group", "off"]
+"""`group`: a call is acknowledged once its record is fsynced (batched, see `GroupCommit`);
+`off`: once it is written to the page cache (survives a crash of the process, not of the
+machine)."""
 
-    def __init__(self, data_dir: Path, fsync: bool = False) -> None:
+
+class CorruptRecordError(ValueError):
+    """A complete record that cannot be read back; reported, never skipped."""
+
+
+_SYNCED: Future[None] = Future()
+_SYNCED.set_result(None)
+
+
+class SessionStore:
+    """Append-only files per session. Thread-safe.
+
+    An append writes whole records or nothing: a failed write is cut back off the file, and
+    a line torn by a crash is cut off before this process first appends to the file. With
+    `durability="group"` every append returns a future that resolves once it is on disk.
+    """
+
+    def __init__(
+        self, data_dir: Path, durability: Durability = "group", sync_interval_s: float = 0.005
+    ) -> None:
         self.root = Path(data_dir) / "sessions"
         self.root.mkdir(parents=True, exist_ok=True)
-        self._fsync = fsync
+        self.durability = durability
+        self._group = GroupCommit(sync_interval_s) if durability == "group" else None
         self._lock = threading.Lock()
+        self._tail_checked: set[str] = set()
 
     def _dir(self, session_id: str) -> Path:
         if not session_id or "/" in session_id or session_id.startswith("."):
             raise ValueError(f"invalid session id {session_id!r}")
         return self.root / session_id
+
+    def _sync_now(self, *paths: Path) -> None:
+        """Synchronous fsync of rarely written files and directories (create, close)."""
+        if self._group is None:
+            return
+        for path in paths:
+            if path.is_dir():
+                fsync_dir(path)
+            else:
+                with open(path, "rb") as fh:
+                    os.fsync(fh.fileno())
 
     def secret(self) -> bytes:
         """This data dir's key for deriving idempotent session identities; created once,
@@ -92,12 +131,14 @@ class SessionStore:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(secrets.token_bytes(32))
+            self._sync_now(tmp)
             try:
                 os.link(tmp, path)  # atomic: the first process to link wins
             except FileExistsError:
                 pass
             finally:
                 tmp.unlink()
+            self._sync_now(path.parent)
         return path.read_bytes()
 
     def create(self, meta: SessionMeta) -> None:
@@ -105,21 +146,43 @@ class SessionStore:
         path.mkdir(parents=True, exist_ok=False)
         tmp = path / "meta.json.tmp"
         tmp.write_text(meta.model_dump_json())
+        self._sync_now(tmp)
         tmp.replace(path / "meta.json")
         (path / "records.jsonl").touch()
+        self._sync_now(path, self.root)
+        with self._lock:
+            self._tail_checked.add(meta.session_id)
 
-    def append(self, session_id: str, record: Record) -> None:
-        line = record.model_dump_json() + "\n"
-        with self._lock, open(self._dir(session_id) / "records.jsonl", "a") as fh:
-            fh.write(line)
-            fh.flush()
-            if self._fsync:
-                os.fsync(fh.fileno())
+    def append(self, session_id: str, *records: Record) -> Future[None]:
+        """Append records as one write; returns a future done once they are durable.
+
+        Records are serialised before the file is touched (an unencodable one raises
+        `ValueError` and writes nothing); a failed write raises `OSError` and leaves the
+        file as it was.
+        """
+        data = b"".join(r.model_dump_json().encode() + b"\n" for r in records)
+        path = self._dir(session_id) / "records.jsonl"
+        with self._lock:
+            if session_id not in self._tail_checked:
+                cut_torn_tail(path)
+                self._tail_checked.add(session_id)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            try:
+                _append_all(fd, data)
+            except BaseException:
+                os.close(fd)
+                self._tail_checked.discard(session_id)  # in case the cut-back failed
+                raise
+        if self._group is None:
+            os.close(fd)
+            return _SYNCED
+        return self._group.submit(fd)
 
     def mark_closed(self, session_id: str) -> None:
         marker = self._dir(session_id) / "closed"
         if not marker.exists():
             marker.write_text(datetime.now(UTC).isoformat())
+            self._sync_now(marker, marker.parent)
 
     def exists(self, session_id: str) -> bool:
         try:
@@ -134,34 +197,80 @@ class SessionStore:
         return SessionMeta.model_validate_json((self._dir(session_id) / "meta.json").read_text())
 
     def load_records(self, session_id: str) -> list[Record]:
-        """Read back every complete record; a torn last line (crash mid-write) is ignored.
+        """Read back every complete record; raises `CorruptRecordError` (file and line) on
+        a complete line that does not read back.
 
-        Prompt references are expanded, so every returned call has its full `prompt_ids`.
+        Bytes after the last newline are a record still being written or torn by a crash:
+        never acknowledged, so ignored here and cut off before the next append. Prompt
+        references are expanded, so every returned call has its full `prompt_ids`.
         """
         records: list[Record] = []
         sequences: dict[str, list[int]] = {}
-        text = (self._dir(session_id) / "records.jsonl").read_text()
-        for line in text.splitlines():
-            if not line.strip():
-                continue
+        path = self._dir(session_id) / "records.jsonl"
+        complete, newline, _torn = path.read_bytes().rpartition(b"\n")
+        lines = complete.split(b"\n") if newline else []
+        for number, line in enumerate(lines, start=1):
             try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # only the final line can be torn; everything before it is intact
-            if data.get("kind") == "segment":
-                records.append(SegmentOpened.model_validate(data))
-                continue
-            record = CallRecord.model_validate(data)
-            call = record.call
-            if record.prompt_ref is not None:
-                ref = record.prompt_ref
-                if ref.call_id not in sequences or len(sequences[ref.call_id]) < ref.length:
-                    raise ValueError(f"call {call.call_id} refers to unknown prompt {ref.call_id}")
-                call.prompt_ids = sequences[ref.call_id][: ref.length] + call.prompt_ids
-                record.prompt_ref = None
-            sequences[call.call_id] = call.prompt_ids + call.output_ids
+                record = _parse(line, sequences)
+            except (ValueError, ValidationError) as exc:
+                raise CorruptRecordError(f"{path} line {number}: corrupt record: {exc}") from exc
             records.append(record)
         return records
 
     def session_ids(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if (p / "meta.json").is_file())
+
+
+def _parse(line: bytes, sequences: dict[str, list[int]]) -> Record:
+    """One line → its record; `sequences` (call id → prompt+output) expands prompt refs."""
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if data.get("kind") == "segment":
+        return SegmentOpened.model_validate(data)
+    record = CallRecord.model_validate(data)
+    call = record.call
+    if record.prompt_ref is not None:
+        ref = record.prompt_ref
+        if ref.call_id not in sequences or len(sequences[ref.call_id]) < ref.length:
+            raise ValueError(f"call {call.call_id} refers to unknown prompt {ref.call_id}")
+        call.prompt_ids = sequences[ref.call_id][: ref.length] + call.prompt_ids
+        record.prompt_ref = None
+    sequences[call.call_id] = call.prompt_ids + call.output_ids
+    return record
+
+
+def _append_all(fd: int, data: bytes) -> None:
+    """Write all of `data` at the end of the file, or cut what was written and raise."""
+    start = os.fstat(fd).st_size
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            log.exception("could not cut a failed append off fd %d; cut on next open", fd)
+        raise
+
+
+def cut_torn_tail(path: Path) -> int:
+    """Cut the file back to its last complete line (after a crash mid-write); returns the
+    number of bytes removed. Without this the next record would be glued onto the torn one."""
+    with open(path, "r+b") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        end = 0
+        pos = size
+        while pos > 0:
+            step = min(1 << 16, pos)
+            pos -= step
+            fh.seek(pos)
+            newline = fh.read(step).rfind(b"\n")
+            if newline >= 0:
+                end = pos + newline + 1
+                break
+        if end < size:
+            log.warning("%s: cut a torn last record (%d bytes)", path, size - end)
+            fh.truncate(end)
+        return size - end

@@ -5,7 +5,8 @@ and the trainer client reads them back; both must agree on the layout
 (`<output>/<rollout_id>.parquet`) and on the schema-version check. S3 goes through
 boto3, which honours the standard AWS environment (credentials, `AWS_ENDPOINT_URL` for
 MinIO/moto). Writes are atomic: a reader never sees half a file, and a retried write
-replaces the previous one (exactly one set of samples per rollout).
+replaces the previous one (exactly one set of samples per rollout). Local writes are
+fsynced (file, then directory) so a machine crash cannot leave a named but empty file.
 """
 
 import io
@@ -68,9 +69,21 @@ def write_table(table: pa.Table, uri: str) -> int:
     path = Path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_bytes(data)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())  # the bytes are on disk before the name points at them
     os.replace(tmp, path)
+    _fsync_dir(path.parent)  # and the rename itself survives a machine crash
     return len(data)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_s3_object(bucket: str, key: str) -> pa.Table:

@@ -1,10 +1,17 @@
 """The `rollout` command line."""
 
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+
+class Fsync(StrEnum):
+    group = "group"
+    off = "off"
+
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agentic Rollout")
 
@@ -35,6 +42,12 @@ def gateway(
     parser: Annotated[str, typer.Option(help="output parser family")] = "qwen3",
     public_url: Annotated[str | None, typer.Option(help="URL agents reach us at")] = None,
     context_window: Annotated[int | None, typer.Option(help="override max context")] = None,
+    fsync: Annotated[
+        Fsync, typer.Option(help="group: answer a call once its record is fsynced; off: no fsync")
+    ] = Fsync.group,
+    fsync_interval_ms: Annotated[
+        float, typer.Option(min=0.001, max=1000, help="group commit: ms between fsync batches")
+    ] = 5.0,
 ) -> None:
     """Serve the Gateway (control API + agent-facing protocols)."""
     from workers.gateway_server import GatewaySettings, serve
@@ -52,6 +65,8 @@ def gateway(
         admin_token=admin_token or os.environ.get("ROLLOUT_ADMIN_TOKEN"),
         insecure_dev=insecure_dev,
         context_window=context_window,
+        fsync=fsync.value,
+        fsync_interval_ms=fsync_interval_ms,
     )
     serve(settings, processes=processes)
 

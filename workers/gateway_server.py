@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import uvicorn
@@ -47,6 +48,8 @@ class GatewaySettings(BaseModel):
     context_window: int | None = None
     request_timeout_s: float = 600.0
     max_body_bytes: int = 32 * 2**20
+    fsync: Literal["group", "off"] = "group"
+    fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
 
 
 def check_admin_policy(settings: GatewaySettings) -> None:
@@ -97,6 +100,8 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         public_url=public,
         data_dir=settings.data_dir,
         context_window=window,
+        fsync=settings.fsync,
+        fsync_interval_ms=settings.fsync_interval_ms,
     )
     engine = EngineClient(
         settings.engine_urls,

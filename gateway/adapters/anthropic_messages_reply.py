@@ -30,6 +30,8 @@ ANTHROPIC_ERRORS: dict[str, tuple[str, int | None]] = {
     "engine_unavailable": ("overloaded_error", 529),
     "engine_timeout": ("timeout_error", None),
     "engine_bad_reply": ("api_error", None),
+    "storage_unavailable": ("api_error", None),
+    "corrupt_record": ("api_error", None),
     "internal": ("api_error", None),
 }
 """Our kind → (Anthropic error `type`, status override). Overload is 529, which Claude Code

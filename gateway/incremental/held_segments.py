@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import MutableMapping, MutableSequence
-from dataclasses import dataclass
+from collections.abc import Callable, MutableMapping, MutableSequence
+from dataclasses import dataclass, fields
 
 from gateway.canonical import Message
 from gateway.incremental.message_keys import MessageKey
@@ -51,6 +51,20 @@ class HeldSegment:
     version: int = 0
     calls: int = 1
     touched: int = 0
+
+    def checkpoint(self) -> Callable[[], None]:
+        """An undo for `IncrementalTokenizer.commit` extending this segment in place: the
+        returned function restores the state as of now (used when recording the call fails)."""
+        saved = {f.name: getattr(self, f.name) for f in fields(self)}
+        lengths = len(self.ids), len(self.mask), len(self.logprobs)
+
+        def restore() -> None:
+            for name, value in saved.items():
+                setattr(self, name, value)
+            ids, mask, logprobs = lengths
+            del self.ids[ids:], self.mask[mask:], self.logprobs[logprobs:]
+
+        return restore
 
     def export(self) -> SegmentView:
         p = self.prompt_length

@@ -7,9 +7,10 @@ written for this test drops earlier reasoning on re-render, as Qwen3-style ones 
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pytest
@@ -627,6 +628,29 @@ def test_concurrent_commits_fork_the_second_call(
     assert b.ids == second.prompt_ids + out_b
     assert b.mask == [0] * len(second.prompt_ids) + [1] * len(out_b)
     assert b.export().prompt_ids == second.prompt_ids
+
+
+def test_a_checkpoint_undoes_an_extension_exactly(
+    planner: IncrementalTokenizer, tokenizer: CountingTokenizer
+) -> None:
+    """What the Gateway relies on when a call's record cannot be written: after the undo
+    the segment is as before, and the same request plans and commits as if nothing happened."""
+    segments, history = _two_calls(planner, tokenizer)
+    held = segments[0]
+    before = copy.deepcopy(held)
+    plan = planner.prepare(segments, history, TOOLS)
+    answer = Message(role="assistant", content="done")
+    out = sampled(tokenizer, answer)
+    restore = held.checkpoint()
+    assert planner.commit(segments, plan, out, [-0.5] * len(out), answer, True) is held
+    assert held.version == before.version + 1
+    restore()
+    assert {f.name: getattr(held, f.name) for f in fields(held)} == {
+        f.name: getattr(before, f.name) for f in fields(before)
+    }
+    again = planner.prepare(segments, history, TOOLS)
+    assert (again.kind, again.prompt_ids) == (plan.kind, plan.prompt_ids)
+    assert planner.commit(segments, again, out, [-0.5] * len(out), answer, True) is held
 
 
 def test_each_conversation_continues_its_own_segment(

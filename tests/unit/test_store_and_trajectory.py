@@ -1,9 +1,16 @@
 """Durable capture and the segment export rebuilt from records alone."""
 
+import errno
+import os
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+import gateway.store
 from gateway.store import CallRecord, PromptRef, SegmentOpened, SessionMeta, SessionStore
 from gateway.trajectory import TrajectoryCorruptError, build_segments
 from schemas.sampling import SamplingParams
@@ -121,3 +128,120 @@ def test_prompt_references_expand_on_load_and_unknown_ones_are_refused(tmp_path)
     store.append("s2", tail.model_copy(update={"prompt_ref": PromptRef(call_id="zz", length=1)}))
     with pytest.raises(ValueError, match="unknown prompt"):
         store.load_records("s2")
+
+
+def new_store(tmp_path: Path, session_id: str = "s1", **kw: Any) -> SessionStore:
+    store = SessionStore(tmp_path, **kw)
+    store.create(
+        SessionMeta(
+            session_id=session_id,
+            config=SessionConfig(rollout_id="r"),
+            token_sha256="0" * 64,
+            engine_url="http://127.0.0.1:1",
+            prompt_template_version="t",
+            created_at=datetime.now(UTC),
+        )
+    )
+    return store
+
+
+def test_a_torn_last_line_is_cut_before_the_next_append(tmp_path: Path) -> None:
+    store = new_store(tmp_path)
+    store.append("s1", SegmentOpened(segment_id="a", scene="main"))
+    store.append("s1", call("c1", "a", [1], [2]))
+    records_file = tmp_path / "sessions" / "s1" / "records.jsonl"
+    intact = records_file.read_bytes()
+    with open(records_file, "ab") as fh:  # a crash in the middle of writing c2
+        fh.write(b'{"kind":"call","call":{"call_id":"c2","segm')
+    restarted = SessionStore(tmp_path)
+    restarted.append("s1", SegmentOpened(segment_id="b", scene="main"))
+    restarted.append("s1", call("c3", "b", [5], [6]))
+    records = restarted.load_records("s1")
+    assert [getattr(r, "segment_id", None) or r.call.call_id for r in records] == [
+        "a",
+        "c1",
+        "b",
+        "c3",
+    ]
+    assert records_file.read_bytes().startswith(intact + b'{"kind":"segment"')
+
+
+def test_a_corrupt_record_in_the_middle_is_reported_with_file_and_line(tmp_path: Path) -> None:
+    store = new_store(tmp_path)
+    store.append("s1", SegmentOpened(segment_id="a", scene="main"))
+    records_file = tmp_path / "sessions" / "s1" / "records.jsonl"
+    with open(records_file, "ab") as fh:
+        fh.write(b'{"kind":"call","call":{"call_id":"glued"{"kind":"call"}\n')
+    store.append("s1", call("c1", "a", [1], [2]))
+    with pytest.raises(gateway.store.CorruptRecordError) as caught:
+        store.load_records("s1")
+    assert str(caught.value).startswith(f"{records_file} line 2: corrupt record")
+    # A complete line that parses but is not a record is corruption too.
+    records_file.write_bytes(records_file.read_bytes().replace(b'"kind":"segment"', b'"kind":1'))
+    with pytest.raises(gateway.store.CorruptRecordError, match=r"records\.jsonl line 1: "):
+        store.load_records("s1")
+
+
+def enospc_after(limit: int, real_write: Callable[[int, Any], int]) -> Callable[[int, Any], int]:
+    """os.write that fills the disk after `limit` more bytes to a records file."""
+    budget = [limit]
+
+    def write(fd: int, data: Any) -> int:
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith("records.jsonl"):
+            return real_write(fd, data)
+        if budget[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written = real_write(fd, bytes(data[: budget[0]]))
+        budget[0] -= written
+        return written
+
+    return write
+
+
+def test_a_failed_append_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = new_store(tmp_path)
+    store.append("s1", SegmentOpened(segment_id="a", scene="main"))
+    records_file = tmp_path / "sessions" / "s1" / "records.jsonl"
+    before = records_file.read_bytes()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "write", enospc_after(20, os.write))
+        with pytest.raises(OSError) as caught:
+            store.append("s1", call("c1", "a", [1], [2]), call("c2", "a", [1, 2, 3], [4]))
+    assert caught.value.errno == errno.ENOSPC
+    assert records_file.read_bytes() == before, "the half-written record is cut back off"
+    with pytest.raises(ValueError, match="surrogates not allowed"):
+        store.append("s1", call("c1", "a", [1], [2], error="\ud800"))
+    assert records_file.read_bytes() == before
+    store.append("s1", call("c1", "a", [1], [2])).result(timeout=5)
+    assert [type(r).__name__ for r in store.load_records("s1")] == ["SegmentOpened", "CallRecord"]
+
+
+def test_group_commit_syncs_before_acknowledging_and_off_never_syncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[bytes] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append(Path(path).read_bytes() if os.path.isfile(path) else b"<dir>")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    off = new_store(tmp_path / "off", durability="off")
+    assert off.append("s1", SegmentOpened(segment_id="a", scene="main")).done()
+    off.mark_closed("s1")
+    assert synced == []
+
+    store = new_store(tmp_path / "group", sync_interval_s=0.2)
+    synced.clear()
+    first = store.append("s1", SegmentOpened(segment_id="a", scene="main"))
+    first.result(timeout=5)
+    assert len(synced) == 1 and b'"segment_id":"a"' in synced[0]
+    started = time.monotonic()
+    futures = [store.append("s1", call(f"c{i}", "a", [1], [2])) for i in range(5)]
+    for future in futures:
+        future.result(timeout=5)
+    assert time.monotonic() - started >= 0.15, "a batch starts at most every interval"
+    assert len(synced) == 2, "the five appends to one file share one fsync"
+    assert all(f'"call_id":"c{i}"'.encode() in synced[1] for i in range(5))

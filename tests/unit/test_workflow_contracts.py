@@ -2,6 +2,7 @@
 spec building, sample storage (local and S3 via moto's in-process mock), GRPO."""
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -161,6 +162,31 @@ def test_local_storage_roundtrip_and_version_check(tmp_path: Path) -> None:
     pq.write_table(foreign, tmp_path / "out" / "r2.parquet")
     with pytest.raises(UnknownSchemaVersionError):
         read_table(str(tmp_path / "out"))
+
+
+def test_local_samples_are_synced_before_and_after_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine crash must not leave `<rollout>.parquet` named but empty, or unnamed."""
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        events.append(f"fsync {path.name} ({path.stat().st_size if path.is_file() else 'dir'})")
+        real_fsync(fd)
+
+    def replace(src: str | Path, dst: str | Path) -> None:
+        events.append(f"rename to {Path(dst).name}")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    uri = samples_uri(str(tmp_path / "out"), "r1")
+    size = write_table(rows_to_table([row("r1", "g", 1.0)]), uri)
+    tmp_name = events[0].split()[1]
+    assert tmp_name.startswith(".r1.parquet.") and tmp_name.endswith(".tmp")
+    assert events == [f"fsync {tmp_name} ({size})", "rename to r1.parquet", "fsync out (dir)"]
 
 
 def test_s3_storage_roundtrip(monkeypatch: pytest.MonkeyPatch) -> None:
