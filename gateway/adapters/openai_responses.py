@@ -34,6 +34,7 @@ from gateway.adapters.wire import (
     Wire,
     bad_request,
     clean_headers,
+    client_template_kwargs,
     field_error,
     header_value,
     load_object,
@@ -435,7 +436,7 @@ def parse_responses_request(
         messages.append(Message(role="user", content=COMPACT_INSTRUCTION))
     if not messages:
         raise bad_request("input", "at least one input item (or instructions) is required")
-    template_kwargs = dict(req.chat_template_kwargs or {})
+    template_kwargs = client_template_kwargs(req.chat_template_kwargs)
     if req.reasoning is not None and req.reasoning.effort == "none":
         template_kwargs.setdefault("enable_thinking", False)
     return CanonicalRequest(

@@ -9,12 +9,14 @@ the offending field path, e.g. `messages[2].content[0].text`, so a client author
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gateway.chat_template import RESERVED_TEMPLATE_VARIABLES
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
@@ -123,17 +125,99 @@ def bad_request(param: str, message: str) -> GatewayError:
 # --- bodies, headers, shared fields ------------------------------------------------------------
 
 
+MAX_JSON_DEPTH = 100
+"""Deepest nesting of arrays and objects a body may have. Real requests (tool schemas
+included) stay far below; deeper input would exhaust recursion in the JSON parser, in
+pydantic's serializer when the call is recorded, or in a template's `tojson`."""
+
+_MAYBE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+"""Where a lone surrogate can come from: a `\\uD800`-style escape (raw UTF-8 bytes are
+decoded strictly and cannot carry one) or a `str` body that already holds one."""
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
 def load_object(body: bytes | str | Mapping[str, Any]) -> dict[str, Any]:
-    """The request body as a JSON object; anything else is a 400."""
+    """The request body as a JSON object; anything else is a 400.
+
+    Bodies off the wire (bytes or str) must be UTF-8 JSON text whose strings are valid
+    Unicode (no lone surrogates, which the tokenizer and the record writer cannot encode),
+    whose numbers are finite (no `NaN`/`Infinity` literals, no `1e999`) and whose nesting
+    is at most `MAX_JSON_DEPTH`. A Mapping is taken as already checked.
+    """
     if isinstance(body, Mapping):
         return dict(body)
+    if isinstance(body, bytes):
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GatewayError(
+                "invalid_request", f"Request body is not valid UTF-8: {exc}"
+            ) from exc
+    else:
+        text = body
     try:
-        data = json.loads(body)
-    except ValueError as exc:  # also covers JSONDecodeError and UnicodeDecodeError
+        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError as exc:
+        raise _too_deep("") from exc
+    except ValueError as exc:  # also covers JSONDecodeError
         raise GatewayError("invalid_request", f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise GatewayError("invalid_request", "Request body must be a JSON object")
+    _check_tree(data, surrogates=_MAYBE_SURROGATE.search(text) is not None)
     return data
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise ValueError(f"number {literal} is out of range")
+    return value
+
+
+def _too_deep(path: str) -> GatewayError:
+    where = f" at {path}" if path else ""
+    return GatewayError(
+        "invalid_request",
+        f"Request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels{where}",
+        param=path or None,
+    )
+
+
+def _check_tree(data: dict[str, Any], *, surrogates: bool) -> None:
+    """Depth limit, and (when the text may hold one) no lone surrogate in any key or string;
+    iterative, so no input can exhaust the stack here. Errors name the field path."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep(path)
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in items:
+            if surrogates and isinstance(key, str) and _SURROGATE.search(key):
+                raise _lone_surrogate(path or "(top level)", f"key {key!r}")
+            if isinstance(child, dict | list):
+                stack.append((child, _child_path(path, key), depth + 1))
+            elif surrogates and isinstance(child, str) and _SURROGATE.search(child):
+                raise _lone_surrogate(_child_path(path, key), "text")
+
+
+def _child_path(path: str, key: int | str) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _lone_surrogate(path: str, what: str) -> GatewayError:
+    return _invalid(
+        path,
+        f"{what} contains a lone UTF-16 surrogate (e.g. an unpaired \\ud800 escape), "
+        "which is not valid Unicode; send well-formed UTF-8 text",
+    )
 
 
 def clean_headers(
@@ -163,6 +247,23 @@ def tool_choice_mode(choice: str) -> str:
             "tool_choice", f"must be 'none', 'auto', 'required' or an object, not {choice!r}"
         )
     return choice
+
+
+def client_template_kwargs(
+    values: Mapping[str, Any] | None, param: str = "chat_template_kwargs"
+) -> dict[str, Any]:
+    """A client's chat-template variables, refusing the names the renderer sets itself
+    (`messages`, `add_generation_prompt`, ...): a 400 naming the key, not a crash."""
+    out = dict(values or {})
+    reserved = RESERVED_TEMPLATE_VARIABLES.intersection(out)
+    if reserved:
+        key = min(reserved)
+        raise bad_request(
+            f"{param}.{key}",
+            f"{key!r} is set by the gateway's chat template renderer and cannot be passed; "
+            f"reserved names: {', '.join(sorted(RESERVED_TEMPLATE_VARIABLES))}",
+        )
+    return out
 
 
 def sampling_params(
