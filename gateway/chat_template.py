@@ -23,6 +23,7 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from gateway import json_text
 from gateway.canonical import Message, Tool, ToolCall
 
 __all__ = [
@@ -128,8 +129,8 @@ def _arguments(text: str, as_dict: bool) -> Any:
     if not text.strip():
         return {}
     try:
-        parsed = json.loads(text)
-    except ValueError:
+        parsed = json_text.loads(text, allow_nan=True)
+    except ValueError:  # not JSON, or JSON we cannot hold (lone surrogates, deep nesting)
         return text
     return parsed if isinstance(parsed, dict) else text
 

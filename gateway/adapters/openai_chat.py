@@ -70,7 +70,7 @@ class _ChatMessage(Wire):
                 {"text": "text", "refusal": "refusal"}.get(kind) if isinstance(kind, str) else None
             )
             if key is None:
-                if kind in _NON_TEXT_PARTS:
+                if isinstance(kind, str) and kind in _NON_TEXT_PARTS:
                     raise ValueError(
                         f"part {i} has type {kind!r}; this model is text-only, so images, "
                         "audio and files are not supported — send text parts only"

@@ -21,7 +21,6 @@ here; the same names sent by a client are discarded):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -38,11 +37,13 @@ from gateway.adapters.wire import (
     field_error,
     header_value,
     load_object,
+    parse_json,
     sampling_params,
     tool_choice_mode,
     validate_at,
 )
 from gateway.canonical import CanonicalRequest, Message, Tool, ToolCall
+from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
 PROTOCOL = "openai_responses"
@@ -174,7 +175,7 @@ def _part_texts(parts: list[dict[str, Any]], where: str, allowed: dict[str, str]
         kind = part.get("type") if isinstance(part, dict) else None
         key = allowed.get(kind) if isinstance(kind, str) else None
         if key is None:
-            if kind in _NON_TEXT_PARTS:
+            if isinstance(kind, str) and kind in _NON_TEXT_PARTS:
                 raise bad_request(
                     at,
                     f"part type {kind!r} is not supported: this model is text-only, so images, "
@@ -383,8 +384,8 @@ def _turn_metadata(req: ResponsesRequest, headers: Mapping[str, str] | None) -> 
         raw = req.client_metadata.get("x-codex-turn-metadata")
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
-        except ValueError:
+            raw = parse_json(raw, "x-codex-turn-metadata")
+        except GatewayError:  # hints only: unreadable ones are ignored
             return {}
     return raw if isinstance(raw, dict) else {}
 

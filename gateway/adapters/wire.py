@@ -8,14 +8,13 @@ the offending field path, e.g. `messages[2].content[0].text`, so a client author
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gateway import json_text
 from gateway.chat_template import RESERVED_TEMPLATE_VARIABLES
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
@@ -125,99 +124,39 @@ def bad_request(param: str, message: str) -> GatewayError:
 # --- bodies, headers, shared fields ------------------------------------------------------------
 
 
-MAX_JSON_DEPTH = 100
-"""Deepest nesting of arrays and objects a body may have. Real requests (tool schemas
-included) stay far below; deeper input would exhaust recursion in the JSON parser, in
-pydantic's serializer when the call is recorded, or in a template's `tojson`."""
-
-_MAYBE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
-"""Where a lone surrogate can come from: a `\\uD800`-style escape (raw UTF-8 bytes are
-decoded strictly and cannot carry one) or a `str` body that already holds one."""
-
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-
-
 def load_object(body: bytes | str | Mapping[str, Any]) -> dict[str, Any]:
     """The request body as a JSON object; anything else is a 400.
 
-    Bodies off the wire (bytes or str) must be UTF-8 JSON text whose strings are valid
-    Unicode (no lone surrogates, which the tokenizer and the record writer cannot encode),
-    whose numbers are finite (no `NaN`/`Infinity` literals, no `1e999`) and whose nesting
-    is at most `MAX_JSON_DEPTH`. A Mapping is taken as already checked.
+    Bodies off the wire (bytes or str) are checked by `parse_json`; bytes must be UTF-8.
+    A Mapping is taken as already checked.
     """
     if isinstance(body, Mapping):
         return dict(body)
     if isinstance(body, bytes):
-        try:
-            text = body.decode("utf-8")
+        try:  # surrogates encoded as UTF-8 bytes pass here so that the 400 names their field
+            body = body.decode("utf-8", "surrogatepass")
         except UnicodeDecodeError as exc:
             raise GatewayError(
                 "invalid_request", f"Request body is not valid UTF-8: {exc}"
             ) from exc
-    else:
-        text = body
-    try:
-        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    except RecursionError as exc:
-        raise _too_deep("") from exc
-    except ValueError as exc:  # also covers JSONDecodeError
-        raise GatewayError("invalid_request", f"Request body is not valid JSON: {exc}") from exc
+    data = parse_json(body)
     if not isinstance(data, dict):
         raise GatewayError("invalid_request", "Request body must be a JSON object")
-    _check_tree(data, surrogates=_MAYBE_SURROGATE.search(text) is not None)
     return data
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(literal: str) -> float:
-    value = float(literal)
-    if math.isinf(value):
-        raise ValueError(f"number {literal} is out of range")
-    return value
-
-
-def _too_deep(path: str) -> GatewayError:
-    where = f" at {path}" if path else ""
-    return GatewayError(
-        "invalid_request",
-        f"Request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels{where}",
-        param=path or None,
-    )
-
-
-def _check_tree(data: dict[str, Any], *, surrogates: bool) -> None:
-    """Depth limit, and (when the text may hold one) no lone surrogate in any key or string;
-    iterative, so no input can exhaust the stack here. Errors name the field path."""
-    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
-    while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise _too_deep(path)
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        for key, child in items:
-            if surrogates and isinstance(key, str) and _SURROGATE.search(key):
-                raise _lone_surrogate(path or "(top level)", f"key {key!r}")
-            if isinstance(child, dict | list):
-                stack.append((child, _child_path(path, key), depth + 1))
-            elif surrogates and isinstance(child, str) and _SURROGATE.search(child):
-                raise _lone_surrogate(_child_path(path, key), "text")
-
-
-def _child_path(path: str, key: int | str) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else key
-
-
-def _lone_surrogate(path: str, what: str) -> GatewayError:
-    return _invalid(
-        path,
-        f"{what} contains a lone UTF-16 surrogate (e.g. an unpaired \\ud800 escape), "
-        "which is not valid Unicode; send well-formed UTF-8 text",
-    )
+def parse_json(text: str, where: str = "Request body") -> Any:
+    """JSON text from a client, or a 400 naming the offending field: see `json_text.loads`
+    (no deep nesting, no lone surrogates, finite numbers). `where` names the text in
+    messages (the body, or a JSON string inside it)."""
+    try:
+        return json_text.loads(text)
+    except json_text.UnsafeJsonError as exc:
+        if exc.path:
+            raise _invalid(exc.path, exc.problem) from exc
+        raise GatewayError("invalid_request", f"{where}: {exc.problem}") from exc
+    except ValueError as exc:  # JSONDecodeError, NaN and out-of-range numbers
+        raise GatewayError("invalid_request", f"{where} is not valid JSON: {exc}") from exc
 
 
 def clean_headers(
