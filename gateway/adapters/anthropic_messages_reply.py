@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
+from gateway import json_text
 from gateway.adapters.opaque_token import encode_token
 from gateway.adapters.sse import SSE_PIECE_CHARS, event_frame, event_stream_response, pieces
 from gateway.canonical import CompletionResult, ToolCall
@@ -107,8 +108,8 @@ def _usage(result: CompletionResult) -> dict[str, int]:
 def _tool_input(tc: ToolCall) -> tuple[dict[str, Any], str]:
     """`input` object and its JSON text. The output parser only yields JSON objects; anything
     else is wrapped under `arguments` rather than lost."""
-    try:
-        value = json.loads(tc.arguments)
+    try:  # a `\ud800` escape would decode to text the reply cannot encode: keep it wrapped
+        value = json_text.loads(tc.arguments, allow_nan=True)
     except ValueError:
         value = None
     if isinstance(value, dict):

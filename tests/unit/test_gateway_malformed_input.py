@@ -9,6 +9,7 @@ generated malformed requests per protocol (`bench/fuzz_agent_api.py` sends 10,00
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,7 +209,7 @@ def test_lone_surrogate_in_text_is_400(
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        pytest.param({"user": "u\udc00"}, "user", id="ignored-field"),
+        pytest.param({"metadata": {"note": "u\udc00"}}, "metadata.note", id="value"),
         pytest.param({"metadata": {"k\ud83d": 1}}, "metadata", id="key"),
     ],
 )
@@ -220,16 +221,148 @@ def test_lone_surrogate_anywhere_in_the_body_is_400(
     param: str,
     unchanged: None,
 ) -> None:
-    """In a field nobody reads it failed when the call was recorded (a 500 after the engine
-    answered, and a trajectory that no longer loaded)."""
+    """In a field that is only recorded, it failed when the call was written (a 500 after
+    the engine answered, and a trajectory that no longer loaded)."""
     text = json.dumps({**protocol.body, **extra})
     assert_error(post(target, protocol, path, text), protocol, 400, "invalid_request", param)
+
+
+@pytest.mark.parametrize(("protocol", "path"), AGENT_ENDPOINTS)
+def test_lone_surrogate_in_an_ignored_field_is_400(
+    target: FuzzTarget, protocol: Protocol, path: str, unchanged: None
+) -> None:
+    """The issue's case: `user` is ignored by the adapters but recorded with the call."""
+    text = json.dumps({**protocol.body, "user": "u\udc00"})
+    assert_error(post(target, protocol, path, text), protocol, 400, "invalid_request", "user")
 
 
 def test_surrogate_pairs_are_text(target: FuzzTarget) -> None:
     make, _ = TEXT_AT["chat_completions"]
     text = json.dumps(make("ship it \U0001f680"), ensure_ascii=True)  # "\ud83d\ude80"
     assert post(target, CHAT, "/v1/chat/completions", text).status_code == 200
+
+
+# --- part types that are not strings --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("protocol", "param"),
+    [
+        pytest.param(CHAT, "messages[0].content", id="chat"),
+        pytest.param(RESPONSES, "input[0].content[0]", id="responses"),
+        pytest.param(MESSAGES, "messages[0].content[0].type", id="messages"),
+    ],
+)
+def test_unhashable_part_type_is_400(
+    target: FuzzTarget, protocol: Protocol, param: str, unchanged: None
+) -> None:
+    """A list as a part's `type` was looked up in a set: TypeError, 500 (found by the fuzz)."""
+    make, _ = TEXT_AT[protocol.name]
+    body = make([{"type": ["text"], "text": "hi"}])
+    if protocol is RESPONSES:
+        body = {**body, "input": [{"role": "user", "content": body["input"]}]}
+    reply = post(target, protocol, protocol.paths[0], json.dumps(body))
+    assert_error(reply, protocol, 400, "invalid_request", param)
+
+
+# --- JSON inside strings: tool-call arguments, opaque tokens --------------------------------
+
+ESCAPED_SURROGATE_ARGS = '{"command": "\\ud800"}'
+"""Arguments text (plain ASCII) whose JSON decodes to a lone surrogate."""
+
+
+def echoed_tool_call(protocol: Protocol, arguments: str) -> dict[str, Any]:
+    """A request whose history holds an assistant tool call with these arguments."""
+    if protocol is CHAT:
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "bash", "arguments": arguments},
+        }
+        history = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "done"},
+        ]
+        return {**CHAT.body, "messages": history}
+    items = [
+        {"role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": arguments},
+        {"type": "function_call_output", "call_id": "c1", "output": "done"},
+    ]
+    return {**RESPONSES.body, "input": items}
+
+
+@pytest.mark.parametrize("protocol", [CHAT, RESPONSES], ids=["chat", "responses"])
+@pytest.mark.parametrize(
+    "arguments",
+    [ESCAPED_SURROGATE_ARGS, nested(3000)],
+    ids=["surrogate-escape", "deep"],
+)
+def test_echoed_tool_call_arguments_that_do_not_decode_render_as_text(
+    target: FuzzTarget, protocol: Protocol, arguments: str
+) -> None:
+    """Arguments are text the model wrote; JSON that cannot be held (a lone surrogate, too
+    deep) is rendered as that text. It reached the tokenizer decoded (TypeError) or blew the
+    recursion limit: 500s."""
+    body = echoed_tool_call(protocol, arguments)
+    reply = post(target, protocol, protocol.paths[0], json.dumps(body))
+    assert reply.status_code == 200, reply.text
+
+
+def forged_token(kind: str, text: str) -> str:
+    """A token in our format that we did not issue, carrying an escaped lone surrogate."""
+    raw = '{"k": "%s", "c": "x", "t": "%s"}' % (kind, text)  # noqa: UP031
+    return "rollout1." + base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def test_forged_compaction_token_is_400(target: FuzzTarget, unchanged: None) -> None:
+    """Its text decoded to a lone surrogate and reached the tokenizer (500)."""
+    item = {"type": "compaction", "encrypted_content": forged_token("compaction", "\\ud800")}
+    body = {**RESPONSES.body, "input": [item, {"role": "user", "content": "go on"}]}
+    reply = post(target, RESPONSES, "/v1/responses", json.dumps(body))
+    assert_error(reply, RESPONSES, 400, "invalid_request", "input[0].encrypted_content")
+
+
+def test_forged_thinking_signature_is_ignored(target: FuzzTarget) -> None:
+    """A signature we cannot read restores nothing (was a 500, as above)."""
+    thinking = {
+        "type": "thinking",
+        "thinking": "",
+        "signature": forged_token("thinking", "\\ud800"),
+    }
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [thinking, {"type": "text", "text": "Hello."}]},
+        {"role": "user", "content": "go on"},
+    ]
+    reply = post(
+        target, MESSAGES, "/v1/messages", json.dumps({**MESSAGES.body, "messages": history})
+    )
+    assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize(
+    ("protocol", "path", "marker"),
+    [
+        pytest.param(CHAT, "/v1/chat/completions", "emit-dict-arguments", id="chat-dict"),
+        pytest.param(RESPONSES, "/v1/responses", "emit-dict-arguments", id="responses-dict"),
+        pytest.param(MESSAGES, "/v1/messages", "emit-dict-arguments", id="messages-dict"),
+        # Only Anthropic decodes string arguments into the reply (`tool_use.input`).
+        pytest.param(MESSAGES, "/v1/messages", "emit-string-arguments", id="messages-string"),
+    ],
+)
+def test_sampled_tool_call_with_a_surrogate_escape_is_answered(
+    target: FuzzTarget, protocol: Protocol, path: str, marker: str
+) -> None:
+    """The model wrote a `\\ud800` escape in a tool call. Decoded into the reply it could not
+    be encoded (a 500 after the engine answered): now a call whose arguments object holds
+    one is returned as text, and one whose arguments are a JSON string keeps that string."""
+    make, _ = TEXT_AT[protocol.name]
+    limit = "max_output_tokens" if protocol is RESPONSES else "max_tokens"
+    reply = post(target, protocol, path, json.dumps({**make(marker), limit: 200}))
+    assert reply.status_code == 200, reply.text
+    assert "\\ud800" in reply.text
 
 
 # --- content types -----------------------------------------------------------------------
