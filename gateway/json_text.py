@@ -2,29 +2,35 @@
 
 Python's `json` accepts what the rest of the Gateway cannot handle: nesting deep enough to
 exhaust recursion (in the parser itself, in pydantic's serializer when a call is recorded,
-in a template's `tojson`), `\\ud800` escapes that become lone surrogates (the tokenizer and
-the record writer cannot encode them), and `NaN`/`Infinity`/`1e999`. `loads` refuses all of
-them with a `ValueError` naming the field path, so callers that already treat bad JSON as a
-client error (a 400, or "not JSON, keep the text") need nothing else. Request bodies,
-tool-call arguments and opaque tokens echoed by clients all go through it.
+in a template's `tojson`), and `\\ud800` escapes that become lone surrogates (the tokenizer
+and the record writer cannot encode them); it also takes `NaN` and `Infinity`, which are not
+JSON. `loads` refuses all of them with a `ValueError` naming the field path, so callers that
+already treat bad JSON as a client error (a 400, or "not JSON, keep the text") need nothing
+else. Request bodies, tool-call arguments and opaque tokens echoed by clients go through it.
+
+The fast path is pydantic-core's parser, which itself refuses lone surrogates and nesting
+past its recursion limit; only text it refuses is parsed again, slowly, to say exactly
+what is wrong and where.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any
 
+import pydantic_core
+
 __all__ = ["MAX_JSON_DEPTH", "UnsafeJsonError", "loads"]
 
-MAX_JSON_DEPTH = 100
-"""Deepest nesting of arrays and objects accepted. Real requests (tool schemas included)
-stay far below; pydantic's serializer gives up near 255 levels."""
+MAX_JSON_DEPTH = 200
+"""Deepest nesting of arrays and objects accepted: pydantic-core's parser limit (it takes
+one more level of arrays). Real requests, tool schemas included, stay far below; pydantic's
+serializer, which writes the recorded calls, gives up near 255."""
 
 _MAYBE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
 """Where a lone surrogate can come from: a `\\uD800`-style escape, or a surrogate already in
-the text (a `str` built with `surrogatepass`)."""
+the text (bytes decoded with `surrogatepass`)."""
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
@@ -40,19 +46,27 @@ class UnsafeJsonError(ValueError):
 
 
 def loads(text: str | bytes, *, allow_nan: bool = False) -> Any:
-    """`json.loads`, refusing deep nesting, lone surrogates and (unless `allow_nan`, as for
-    tool-call arguments, where Python's `json` always took them) non-finite numbers.
+    """Parse JSON, refusing deep nesting, lone surrogates and (unless `allow_nan`, as for
+    tool-call arguments, where Python's `json` always took them) `NaN`/`Infinity`.
 
-    Raises `UnsafeJsonError` for those and `ValueError` (`JSONDecodeError`) for text that is
-    not JSON at all. Bytes must be UTF-8 (surrogates encoded in them are reported as such).
+    Raises `UnsafeJsonError` for those and `ValueError` (`JSONDecodeError`,
+    `UnicodeDecodeError`) for text that is not JSON at all. Bytes must be UTF-8.
     """
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "surrogatepass")
     try:
-        if allow_nan:
-            data = json.loads(text)
-        else:
-            data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return pydantic_core.from_json(text, allow_inf_nan=allow_nan)
+    except ValueError:
+        pass
+    return _explain(text, allow_nan)
+
+
+def _explain(text: str | bytes, allow_nan: bool) -> Any:
+    """The slow path for text the fast parser refused: raise the precise error, or return
+    the value if Python's parser and our checks accept it after all."""
+    if isinstance(text, bytes):  # surrogates encoded in the bytes pass, to be named below
+        text = text.decode("utf-8", "surrogatepass")
+    constant = None if allow_nan else _reject_constant
+    try:
+        data = json.loads(text, parse_constant=constant)
     except RecursionError as exc:
         raise UnsafeJsonError(_too_deep(), "") from exc
     _check_tree(data, surrogates=_MAYBE_SURROGATE.search(text) is not None)
@@ -61,13 +75,6 @@ def loads(text: str | bytes, *, allow_nan: bool = False) -> Any:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(literal: str) -> float:
-    value = float(literal)
-    if math.isinf(value):
-        raise ValueError(f"number {literal} is out of range")
-    return value
 
 
 def _too_deep() -> str:

@@ -127,35 +127,30 @@ def bad_request(param: str, message: str) -> GatewayError:
 def load_object(body: bytes | str | Mapping[str, Any]) -> dict[str, Any]:
     """The request body as a JSON object; anything else is a 400.
 
-    Bodies off the wire (bytes or str) are checked by `parse_json`; bytes must be UTF-8.
+    Bodies off the wire (bytes, which must be UTF-8, or str) are checked by `parse_json`.
     A Mapping is taken as already checked.
     """
     if isinstance(body, Mapping):
         return dict(body)
-    if isinstance(body, bytes):
-        try:  # surrogates encoded as UTF-8 bytes pass here so that the 400 names their field
-            body = body.decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError as exc:
-            raise GatewayError(
-                "invalid_request", f"Request body is not valid UTF-8: {exc}"
-            ) from exc
     data = parse_json(body)
     if not isinstance(data, dict):
         raise GatewayError("invalid_request", "Request body must be a JSON object")
     return data
 
 
-def parse_json(text: str, where: str = "Request body") -> Any:
+def parse_json(text: str | bytes, where: str = "Request body") -> Any:
     """JSON text from a client, or a 400 naming the offending field: see `json_text.loads`
-    (no deep nesting, no lone surrogates, finite numbers). `where` names the text in
-    messages (the body, or a JSON string inside it)."""
+    (no deep nesting, no lone surrogates, no NaN). `where` names the text in messages (the
+    body, or a JSON string inside it)."""
     try:
         return json_text.loads(text)
     except json_text.UnsafeJsonError as exc:
         if exc.path:
             raise _invalid(exc.path, exc.problem) from exc
         raise GatewayError("invalid_request", f"{where}: {exc.problem}") from exc
-    except ValueError as exc:  # JSONDecodeError, NaN and out-of-range numbers
+    except UnicodeDecodeError as exc:
+        raise GatewayError("invalid_request", f"{where} is not valid UTF-8: {exc}") from exc
+    except ValueError as exc:  # JSONDecodeError, NaN and Infinity
         raise GatewayError("invalid_request", f"{where} is not valid JSON: {exc}") from exc
 
 
