@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -43,6 +44,29 @@ def _bearer(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+def _require_json_content_type(request: Request) -> None:
+    """Bodies are JSON: `application/json` (or a `+json` type), else 415. A form post or
+    text/plain is refused rather than guessed at."""
+    given = request.headers.get("content-type", "")
+    media_type = given.split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        shown = repr(given) if given else "none"
+        raise GatewayError(
+            "unsupported_media_type",
+            f"Content-Type must be application/json (got {shown})",
+        )
+
+
+def error_responder_for(path: str) -> ErrorResponder:
+    """The protocol a path speaks: Anthropic under /v1/messages, else OpenAI's shape (which
+    the control API uses too)."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return anthropic_messages_reply.anthropic_error_response
+    return openai_chat_reply.openai_error_response
+
+
 class GatewayApp:
     """Builds the Starlette app around one `Gateway` core."""
 
@@ -55,6 +79,7 @@ class GatewayApp:
 
     # ------------------------------------------------------------------ plumbing
     async def _read_json(self, request: Request) -> dict[str, Any]:
+        _require_json_content_type(request)
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise GatewayError(
@@ -180,7 +205,29 @@ class GatewayApp:
             }
         )
 
+    async def _unrouted(self, request: Request, exc: Exception) -> Response:
+        """Unknown paths and methods (Starlette's routing errors) as JSON errors in the
+        protocol the path speaks, with `Allow` on a 405."""
+        assert isinstance(exc, HTTPException)
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            err = GatewayError("not_found", f"No such endpoint: {where}")
+        elif exc.status_code == 405:
+            allow = (exc.headers or {}).get("Allow")
+            err = GatewayError(
+                "method_not_allowed",
+                f"Method {request.method} is not allowed on {request.url.path}"
+                + (f"; allowed: {allow}" if allow else ""),
+                allow=allow,
+            )
+        else:
+            err = GatewayError("invalid_request", f"{where}: {exc.detail}", status=exc.status_code)
+        self.gateway.metrics.errors.labels(str(err.status), err.kind).inc()
+        return error_responder_for(request.url.path)(err)
+
     def build(self) -> Starlette:
+        """One route per path; each method's handler is guarded with the error shape of its
+        protocol (the control API uses OpenAI's)."""
         control = openai_chat_reply.openai_error_response
         openai = openai_chat_reply.openai_error_response
         anthropic = anthropic_messages_reply.anthropic_error_response
@@ -196,12 +243,23 @@ class GatewayApp:
             ("/v1/messages/count_tokens", self.count_tokens, anthropic, "POST"),
             ("/v1/models", self.models, openai, "GET"),
         ]
+        by_path: dict[str, dict[str, Handler]] = {}
+        for path, handler, respond, method in endpoints:
+            by_path.setdefault(path, {})[method] = self._guard(handler, respond)
+        by_path["/health"] = {"GET": self.health}
+        by_path["/metrics"] = {"GET": self.metrics}
         routes = [
-            Route(path, self._guard(handler, respond), methods=[method])
-            for path, handler, respond, method in endpoints
+            Route(path, _by_method(handlers), methods=list(handlers))
+            for path, handlers in by_path.items()
         ]
-        routes += [
-            Route("/health", self.health, methods=["GET"]),
-            Route("/metrics", self.metrics, methods=["GET"]),
-        ]
-        return Starlette(routes=routes)
+        return Starlette(routes=routes, exception_handlers={HTTPException: self._unrouted})
+
+
+def _by_method(handlers: dict[str, Handler]) -> Handler:
+    """One endpoint for several methods of a path, so a 405 lists them all in `Allow`."""
+
+    async def endpoint(request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        return await handlers[method](request)
+
+    return endpoint

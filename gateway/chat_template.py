@@ -23,15 +23,32 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from gateway import json_text
 from gateway.canonical import Message, Tool, ToolCall
 
 __all__ = [
+    "RESERVED_TEMPLATE_VARIABLES",
     "TOOL_CALL_STYLES",
     "ChatTemplate",
     "TemplateRenderError",
     "ToolCallStyle",
     "probe_call_id",
 ]
+
+
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+        "raise_exception",
+        "strftime_now",
+    }
+)
+"""Template variables the renderer sets itself; a client's template kwargs may not name
+them (they would collide with `render`'s own arguments or replace what we render)."""
 
 
 class TemplateRenderError(ValueError):
@@ -112,8 +129,8 @@ def _arguments(text: str, as_dict: bool) -> Any:
     if not text.strip():
         return {}
     try:
-        parsed = json.loads(text)
-    except ValueError:
+        parsed = json_text.loads(text, allow_nan=True)
+    except ValueError:  # not JSON, or JSON we cannot hold (lone surrogates, deep nesting)
         return text
     return parsed if isinstance(parsed, dict) else text
 
@@ -225,6 +242,11 @@ class ChatTemplate:
     ) -> str:
         """Render already-converted dicts. No tools is passed as None, as transformers does:
         templates test `tools is not none`, and an empty list would announce a tool mode."""
+        reserved = RESERVED_TEMPLATE_VARIABLES.intersection(template_kwargs)
+        if reserved:
+            raise TemplateRenderError(
+                f"template kwargs may not set {sorted(reserved)}: the renderer sets them"
+            )
         context = {**self._extra, **template_kwargs}
         context.update(
             messages=messages,
@@ -237,7 +259,15 @@ class ChatTemplate:
             return self._template.render(**context)
         except jinja2.TemplateError as exc:
             raise TemplateRenderError(str(exc) or type(exc).__name__) from exc
-        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        except (
+            TypeError,
+            ValueError,
+            AttributeError,
+            KeyError,
+            IndexError,
+            ArithmeticError,
+            RecursionError,
+        ) as exc:
             raise TemplateRenderError(f"{type(exc).__name__}: {exc}") from exc
 
     # -- probe ------------------------------------------------------------------------

@@ -34,7 +34,11 @@ class GatewayControlClient:
         raise GatewayControlError(reply.status_code, message)
 
     async def create_session(self, config: SessionConfig) -> SessionCreated:
-        reply = await self._http.post("/sessions", content=config.model_dump_json())
+        reply = await self._http.post(
+            "/sessions",
+            content=config.model_dump_json(),
+            headers={"Content-Type": "application/json"},
+        )
         return SessionCreated.model_validate_json(self._check(reply).content)
 
     async def summary(self, session_id: str) -> SessionSummary:

@@ -15,8 +15,10 @@ ErrorKind = Literal[
     "invalid_request",
     "authentication",
     "not_found",
+    "method_not_allowed",
     "conflict",
     "too_large",
+    "unsupported_media_type",
     "overloaded",
     "engine_unavailable",
     "engine_timeout",
@@ -39,8 +41,10 @@ KINDS: dict[str, KindSpec] = {
     "invalid_request": KindSpec(400, "invalid_request_error"),
     "authentication": KindSpec(401, "authentication_error"),
     "not_found": KindSpec(404, "not_found_error"),
+    "method_not_allowed": KindSpec(405, "invalid_request_error"),
     "conflict": KindSpec(409, "conflict_error"),
     "too_large": KindSpec(413, "invalid_request_error"),
+    "unsupported_media_type": KindSpec(415, "invalid_request_error"),
     "overloaded": KindSpec(503, "server_error"),
     "engine_unavailable": KindSpec(503, "server_error"),
     "engine_timeout": KindSpec(504, "server_error"),
@@ -56,7 +60,8 @@ class GatewayError(Exception):
     """A failure with a meaningful status, safe to show to the agent.
 
     `retry_after` (seconds) becomes a `Retry-After` header so well-behaved clients back off
-    instead of hammering an overloaded engine.
+    instead of hammering an overloaded engine. `allow` (methods) becomes an `Allow` header,
+    which a 405 must carry.
     """
 
     def __init__(
@@ -67,6 +72,7 @@ class GatewayError(Exception):
         status: int | None = None,
         param: str | None = None,
         retry_after: float | None = None,
+        allow: str | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown error kind {kind!r}")
@@ -76,12 +82,16 @@ class GatewayError(Exception):
         self.status = status if status is not None else KINDS[kind].status
         self.param = param
         self.retry_after = retry_after
+        self.allow = allow
 
     def headers(self) -> dict[str, str]:
         """HTTP headers to send with the error response (Retry-After in whole seconds)."""
-        if self.retry_after is None:
-            return {}
-        return {"Retry-After": str(max(0, math.ceil(self.retry_after)))}
+        out: dict[str, str] = {}
+        if self.retry_after is not None:
+            out["Retry-After"] = str(max(0, math.ceil(self.retry_after)))
+        if self.allow is not None:
+            out["Allow"] = self.allow
+        return out
 
     def __repr__(self) -> str:
         return f"GatewayError({self.status} {self.kind}: {self.message!r}, param={self.param!r})"

@@ -144,6 +144,10 @@ class HermesParser:
         """Parse one block starting after `<tool_call>`: (end index, (name, args), error)."""
         try:
             obj, json_end = decoder.raw_decode(text, json_start)
+        except RecursionError:
+            close = text.find(self.call_close, json_start)
+            end = len(text) if close < 0 else close + len(self.call_close)
+            return end, None, "JSON nested too deeply"
         except json.JSONDecodeError as exc:
             close = text.find(self.call_close, json_start)
             if close < 0:
@@ -157,7 +161,13 @@ class HermesParser:
             return close + len(self.call_close), None, "unexpected text after the JSON"
         end = close_at + len(self.call_close)
         parsed, error = _name_and_arguments(obj)
+        if parsed is not None and any(_SURROGATE.search(part) for part in parsed):
+            # A `\ud800` escape decodes to text no client reply or record can encode.
+            return end, None, "a lone surrogate escape in the name or arguments"
         return end, parsed, error
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def _name_and_arguments(obj: Any) -> tuple[tuple[str, str] | None, str | None]:

@@ -148,7 +148,7 @@ def _block_type(block: Any, where: str) -> str:
     if not isinstance(block, dict):
         raise bad_request(where, "each content block must be an object")
     kind = block.get("type")
-    if kind in _NON_TEXT_BLOCKS:
+    if isinstance(kind, str) and kind in _NON_TEXT_BLOCKS:
         raise bad_request(
             f"{where}.type",
             f"{kind} blocks are not supported: this model is text-only — send text blocks",

@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
+from gateway import json_text
 from gateway.adapters.opaque_token import encode_token
 from gateway.adapters.sse import SSE_PIECE_CHARS, event_frame, event_stream_response, pieces
 from gateway.canonical import CompletionResult, ToolCall
@@ -24,8 +25,10 @@ ANTHROPIC_ERRORS: dict[str, tuple[str, int | None]] = {
     "invalid_request": ("invalid_request_error", None),
     "authentication": ("authentication_error", None),
     "not_found": ("not_found_error", None),
+    "method_not_allowed": ("invalid_request_error", None),
     "conflict": ("invalid_request_error", None),
     "too_large": ("request_too_large", None),
+    "unsupported_media_type": ("invalid_request_error", None),
     "overloaded": ("overloaded_error", 529),
     "engine_unavailable": ("overloaded_error", 529),
     "engine_timeout": ("timeout_error", None),
@@ -107,8 +110,8 @@ def _usage(result: CompletionResult) -> dict[str, int]:
 def _tool_input(tc: ToolCall) -> tuple[dict[str, Any], str]:
     """`input` object and its JSON text. The output parser only yields JSON objects; anything
     else is wrapped under `arguments` rather than lost."""
-    try:
-        value = json.loads(tc.arguments)
+    try:  # a `\ud800` escape would decode to text the reply cannot encode: keep it wrapped
+        value = json_text.loads(tc.arguments, allow_nan=True)
     except ValueError:
         value = None
     if isinstance(value, dict):

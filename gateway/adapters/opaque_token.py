@@ -12,6 +12,8 @@ import base64
 import binascii
 import json
 
+from gateway import json_text
+
 _TOKEN_PREFIX = "rollout1."
 
 
@@ -27,8 +29,8 @@ def decode_token(token: str | None, kind: str) -> tuple[str, str] | None:
         return None
     body = token[len(_TOKEN_PREFIX) :]
     try:
-        data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        data = json_text.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except (ValueError, binascii.Error):  # also forged deep or surrogate-bearing JSON
         return None
     if not isinstance(data, dict) or data.get("k") != kind:
         return None

@@ -17,6 +17,7 @@ from gateway.adapters.wire import (
     Wire,
     bad_request,
     clean_headers,
+    client_template_kwargs,
     field_error,
     load_object,
     sampling_params,
@@ -69,7 +70,7 @@ class _ChatMessage(Wire):
                 {"text": "text", "refusal": "refusal"}.get(kind) if isinstance(kind, str) else None
             )
             if key is None:
-                if kind in _NON_TEXT_PARTS:
+                if isinstance(kind, str) and kind in _NON_TEXT_PARTS:
                     raise ValueError(
                         f"part {i} has type {kind!r}; this model is text-only, so images, "
                         "audio and files are not supported — send text parts only"
@@ -161,7 +162,7 @@ def parse_chat_request(
         sampling=_sampling(req),
         stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        template_kwargs=dict(req.chat_template_kwargs or {}),
+        template_kwargs=client_template_kwargs(req.chat_template_kwargs),
         headers=clean_headers(headers),
     )
 

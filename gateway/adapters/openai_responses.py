@@ -21,7 +21,6 @@ here; the same names sent by a client are discarded):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -34,14 +33,17 @@ from gateway.adapters.wire import (
     Wire,
     bad_request,
     clean_headers,
+    client_template_kwargs,
     field_error,
     header_value,
     load_object,
+    parse_json,
     sampling_params,
     tool_choice_mode,
     validate_at,
 )
 from gateway.canonical import CanonicalRequest, Message, Tool, ToolCall
+from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
 PROTOCOL = "openai_responses"
@@ -173,7 +175,7 @@ def _part_texts(parts: list[dict[str, Any]], where: str, allowed: dict[str, str]
         kind = part.get("type") if isinstance(part, dict) else None
         key = allowed.get(kind) if isinstance(kind, str) else None
         if key is None:
-            if kind in _NON_TEXT_PARTS:
+            if isinstance(kind, str) and kind in _NON_TEXT_PARTS:
                 raise bad_request(
                     at,
                     f"part type {kind!r} is not supported: this model is text-only, so images, "
@@ -382,8 +384,8 @@ def _turn_metadata(req: ResponsesRequest, headers: Mapping[str, str] | None) -> 
         raw = req.client_metadata.get("x-codex-turn-metadata")
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
-        except ValueError:
+            raw = parse_json(raw, "x-codex-turn-metadata")
+        except GatewayError:  # hints only: unreadable ones are ignored
             return {}
     return raw if isinstance(raw, dict) else {}
 
@@ -435,7 +437,7 @@ def parse_responses_request(
         messages.append(Message(role="user", content=COMPACT_INSTRUCTION))
     if not messages:
         raise bad_request("input", "at least one input item (or instructions) is required")
-    template_kwargs = dict(req.chat_template_kwargs or {})
+    template_kwargs = client_template_kwargs(req.chat_template_kwargs)
     if req.reasoning is not None and req.reasoning.effort == "none":
         template_kwargs.setdefault("enable_thinking", False)
     return CanonicalRequest(

@@ -8,13 +8,14 @@ the offending field path, e.g. `messages[2].content[0].text`, so a client author
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gateway import json_text
+from gateway.chat_template import RESERVED_TEMPLATE_VARIABLES
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
@@ -124,16 +125,33 @@ def bad_request(param: str, message: str) -> GatewayError:
 
 
 def load_object(body: bytes | str | Mapping[str, Any]) -> dict[str, Any]:
-    """The request body as a JSON object; anything else is a 400."""
+    """The request body as a JSON object; anything else is a 400.
+
+    Bodies off the wire (bytes, which must be UTF-8, or str) are checked by `parse_json`.
+    A Mapping is taken as already checked.
+    """
     if isinstance(body, Mapping):
         return dict(body)
-    try:
-        data = json.loads(body)
-    except ValueError as exc:  # also covers JSONDecodeError and UnicodeDecodeError
-        raise GatewayError("invalid_request", f"Request body is not valid JSON: {exc}") from exc
+    data = parse_json(body)
     if not isinstance(data, dict):
         raise GatewayError("invalid_request", "Request body must be a JSON object")
     return data
+
+
+def parse_json(text: str | bytes, where: str = "Request body") -> Any:
+    """JSON text from a client, or a 400 naming the offending field: see `json_text.loads`
+    (no deep nesting, no lone surrogates, no NaN). `where` names the text in messages (the
+    body, or a JSON string inside it)."""
+    try:
+        return json_text.loads(text)
+    except json_text.UnsafeJsonError as exc:
+        if exc.path:
+            raise _invalid(exc.path, exc.problem) from exc
+        raise GatewayError("invalid_request", f"{where}: {exc.problem}") from exc
+    except UnicodeDecodeError as exc:
+        raise GatewayError("invalid_request", f"{where} is not valid UTF-8: {exc}") from exc
+    except ValueError as exc:  # JSONDecodeError, NaN and Infinity
+        raise GatewayError("invalid_request", f"{where} is not valid JSON: {exc}") from exc
 
 
 def clean_headers(
@@ -163,6 +181,23 @@ def tool_choice_mode(choice: str) -> str:
             "tool_choice", f"must be 'none', 'auto', 'required' or an object, not {choice!r}"
         )
     return choice
+
+
+def client_template_kwargs(
+    values: Mapping[str, Any] | None, param: str = "chat_template_kwargs"
+) -> dict[str, Any]:
+    """A client's chat-template variables, refusing the names the renderer sets itself
+    (`messages`, `add_generation_prompt`, ...): a 400 naming the key, not a crash."""
+    out = dict(values or {})
+    reserved = RESERVED_TEMPLATE_VARIABLES.intersection(out)
+    if reserved:
+        key = min(reserved)
+        raise bad_request(
+            f"{param}.{key}",
+            f"{key!r} is set by the gateway's chat template renderer and cannot be passed; "
+            f"reserved names: {', '.join(sorted(RESERVED_TEMPLATE_VARIABLES))}",
+        )
+    return out
 
 
 def sampling_params(

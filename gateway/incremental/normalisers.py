@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gateway import json_text
 from gateway.canonical import Message
 
 __all__ = [
@@ -69,11 +70,10 @@ def _strip_whitespace(held: Message, echoed: Message) -> Pair:
 
 def _canonical_arguments(text: str) -> str:
     try:
-        return json.dumps(
-            json.loads(text), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        )
+        value = json_text.loads(text, allow_nan=True)
     except ValueError:
         return text
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _with_arguments(message: Message) -> Message:

@@ -52,6 +52,7 @@ def scripted(tiny_model_dir: Path):
 def chat(url: str, token: str | None, body: Any, **kw: Any) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if isinstance(body, bytes | str):
+        headers["Content-Type"] = "application/json"
         return httpx.post(f"{url}/v1/chat/completions", content=body, headers=headers, **kw)
     return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, **kw)
 
