@@ -30,14 +30,26 @@ def gateway(
     engine: Annotated[str, typer.Option(help="engine base URL(s), comma-separated")],
     model: Annotated[str, typer.Option(help="model name served by the engine")],
     tokenizer: Annotated[Path, typer.Option(help="model dir with tokenizer.json")],
-    host: str = "127.0.0.1",
-    port: int = 8700,
-    processes: Annotated[int, typer.Option(min=1, help="gateway processes, one port each")] = 1,
+    host: Annotated[str, typer.Option(help="agent API listener address")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(help="agent API port: what sandboxes reach (process i: port+i)")
+    ] = 8700,
+    control_host: Annotated[
+        str, typer.Option(help="control API + /metrics listener address")
+    ] = "127.0.0.1",
+    control_port: Annotated[
+        int, typer.Option(help="control API port: workers, trainers (process i: port+i)")
+    ] = 8800,
+    processes: Annotated[
+        int, typer.Option(min=1, help="gateway processes, one agent + one control port each")
+    ] = 1,
     data_dir: Path = Path("./data/gateway"),
     admin_token: Annotated[
         str | None, typer.Option(envvar="ROLLOUT_ADMIN_TOKEN", help="bearer for the control API")
     ] = None,
-    insecure_dev: Annotated[bool, typer.Option(help="allow no admin token on loopback")] = False,
+    insecure_dev: Annotated[
+        bool, typer.Option(help="no admin token; the control listener must be on loopback")
+    ] = False,
     chat_template: Annotated[Path | None, typer.Option(help="override the chat template")] = None,
     parser: Annotated[str, typer.Option(help="output parser family")] = "qwen3",
     public_url: Annotated[str | None, typer.Option(help="URL agents reach us at")] = None,
@@ -49,7 +61,8 @@ def gateway(
         float, typer.Option(min=0.001, max=1000, help="group commit: ms between fsync batches")
     ] = 5.0,
 ) -> None:
-    """Serve the Gateway (control API + agent-facing protocols)."""
+    """Serve the Gateway: the agent-facing protocols on --port, the control API, /metrics
+    and /health on --control-port."""
     from workers.gateway_server import GatewaySettings, serve
 
     settings = GatewaySettings(
@@ -60,6 +73,8 @@ def gateway(
         parser=parser,
         host=host,
         port=port,
+        control_host=control_host,
+        control_port=control_port,
         public_url=public_url,
         data_dir=data_dir,
         admin_token=admin_token or os.environ.get("ROLLOUT_ADMIN_TOKEN"),
