@@ -29,7 +29,8 @@ log = logging.getLogger("rollout.activities.session")
 
 
 class GatewayAccess:
-    """Control-API clients for this host's gateway processes (admin token included)."""
+    """Control-API clients for this host's gateway processes (admin token included).
+    `gateway_urls` are the control listeners; the agent URLs come back in SessionCreated."""
 
     def __init__(self, gateway_urls: list[str], admin_token: str | None, owner_queue: str):
         if not gateway_urls:

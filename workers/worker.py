@@ -276,7 +276,8 @@ def worker_cmd(
         str | None, typer.Option(help="stable host name for the host queue (default: hostname)")
     ] = None,
     gateway: Annotated[
-        str | None, typer.Option(help="gateway URL(s), comma-separated (gateway-host role)")
+        str | None,
+        typer.Option(help="gateway control API URL(s) (its --control-port), comma-separated"),
     ] = None,
     admin_token: Annotated[
         str | None, typer.Option(envvar="ROLLOUT_ADMIN_TOKEN", help="gateway admin token")
@@ -328,7 +329,9 @@ def worker_cmd(
         metrics_port=metrics_port,
     )
     if settings.has("gateway-host") and not settings.gateway_urls:
-        raise typer.BadParameter("--gateway URL is required for the gateway-host / all roles")
+        raise typer.BadParameter(
+            "--gateway (the gateway's control API URL) is required for the gateway-host / all roles"
+        )
     asyncio.run(serve(settings))
 
 

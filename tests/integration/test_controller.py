@@ -177,7 +177,7 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
             f"--temporal={temporal_server.address}",
             "--task-queue=ctl-tests",
             "--host-id=ctl-host",
-            f"--gateway={gateway.url}",
+            f"--gateway={gateway.control_url}",
             f"--admin-token={gateway.admin_token}",
             f"--sandbox-state-dir={state}",
             f"--data-dir={work / 'worker'}",
