@@ -26,7 +26,8 @@ class BackgroundServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=30)
+        # lifespan: apps start their background tasks (the gateway's session janitor) with it
+        config = uvicorn.Config(app, log_level="warning", lifespan="auto", timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name=f"server:{self.port}", daemon=True)
 

@@ -48,6 +48,9 @@ def gateway(
     fsync_interval_ms: Annotated[
         float, typer.Option(min=0.001, max=1000, help="group commit: ms between fsync batches")
     ] = 5.0,
+    session_janitor_interval_s: Annotated[
+        float, typer.Option(min=0, help="s between closing sessions past their TTL (0: off)")
+    ] = 30.0,
 ) -> None:
     """Serve the Gateway (control API + agent-facing protocols)."""
     from workers.gateway_server import GatewaySettings, serve
@@ -67,6 +70,7 @@ def gateway(
         context_window=context_window,
         fsync=fsync.value,
         fsync_interval_ms=fsync_interval_ms,
+        session_janitor_interval_s=session_janitor_interval_s,
     )
     serve(settings, processes=processes)
 
