@@ -195,8 +195,12 @@ class SessionStore:
         return reason.strip() or None
 
     def last_write(self, session_id: str) -> float:
-        """Wall-clock time of the last record appended (the file's mtime)."""
-        return (self._dir(session_id) / "records.jsonl").stat().st_mtime
+        """Wall-clock time of the last record appended (the file's mtime); 0 when a crash
+        during `create` left no records file (nothing was ever appended)."""
+        try:
+            return (self._dir(session_id) / "records.jsonl").stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
 
     def exists(self, session_id: str) -> bool:
         try:
