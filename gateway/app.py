@@ -7,9 +7,11 @@ Every error leaves in the caller's protocol shape with a meaningful status; noth
 agent can send yields a bare 500, and a failed request never touches recorded calls.
 """
 
+import asyncio
+import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,7 +34,8 @@ from gateway.adapters.wire import field_error, load_object
 from gateway.canonical import CanonicalRequest
 from gateway.core import Gateway
 from gateway.errors import GatewayError
-from schemas.session import SessionConfig
+from gateway.session_janitor import SessionJanitor
+from schemas.session import SessionConfig, SessionList
 
 log = logging.getLogger("rollout.gateway")
 
@@ -128,6 +131,13 @@ class GatewayApp:
         config = SessionConfig.model_validate(await self._read_json(request))
         reply, created = self.gateway.create_session(config)
         return JSONResponse(reply.model_dump(), status_code=201 if created else 200)
+
+    async def list_sessions(self, request: Request) -> Response:
+        self._require_admin(request)
+        listing = await asyncio.to_thread(self.gateway.list_sessions)  # reads many files
+        return Response(
+            SessionList(sessions=listing).model_dump_json(), media_type="application/json"
+        )
 
     async def get_session(self, request: Request) -> Response:
         self._require_admin(request)
@@ -247,6 +257,7 @@ class GatewayApp:
         anthropic = anthropic_messages_reply.anthropic_error_response
         endpoints: list[tuple[Listener, str, Handler, ErrorResponder, str]] = [
             ("control", "/sessions", self.create_session, control, "POST"),
+            ("control", "/sessions", self.list_sessions, control, "GET"),
             ("control", "/sessions/{session_id}/trajectory", self.get_trajectory, control, "GET"),
             ("control", "/sessions/{session_id}", self.delete_session, control, "DELETE"),
             ("control", "/sessions/{session_id}", self.get_session, control, "GET"),
@@ -269,8 +280,22 @@ class GatewayApp:
             for path, handlers in by_path.items()
         ]
         return Starlette(
-            routes=routes, exception_handlers={HTTPException: self._unrouted_on(listener)}
+            routes=routes,
+            exception_handlers={HTTPException: self._unrouted_on(listener)},
+            # the session janitor runs once per process: with the control app
+            lifespan=self._lifespan if listener == "control" else None,
         )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """What runs as long as the app serves: the session janitor."""
+        janitor = asyncio.create_task(SessionJanitor(self.gateway).run())
+        try:
+            yield
+        finally:
+            janitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await janitor
 
 
 def _by_method(handlers: dict[str, Handler]) -> Handler:

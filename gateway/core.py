@@ -30,6 +30,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.output_parser import OutputParser
 from gateway.recording import PlannedCall, reuse_of
 from gateway.scenes import classify
+from gateway.session_lifetime import Expiry, expiry
 from gateway.store import (
     CorruptRecordError,
     Durability,
@@ -41,7 +42,7 @@ from gateway.store import (
 from gateway.trajectory import TrajectoryCorruptError, build_segments, recorded_calls
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
-from schemas.session import SessionConfig, SessionCreated, SessionSummary
+from schemas.session import SessionConfig, SessionCreated, SessionListing, SessionSummary
 from schemas.trajectory import CallStatus, MatchKind, RecordedCall, Trajectory
 
 log = logging.getLogger("rollout.gateway")
@@ -64,6 +65,9 @@ class GatewayOptions(BaseModel):
     it is written (survives a gateway crash, not a machine crash)."""
     fsync_interval_ms: float = Field(default=5.0, gt=0)
     """Group commit starts a batch at most this often."""
+    session_janitor_interval_s: float = Field(default=30.0, ge=0)
+    """How often the session janitor closes sessions past their TTL (0: never; calls to
+    an expired session are refused all the same)."""
 
 
 class LiveSession:
@@ -78,6 +82,7 @@ class LiveSession:
         self.failed_calls = 0
         self.lock = asyncio.Lock()
         self.closed = False
+        self.last_active = time.time()  # wall clock, like created_at and file mtimes
 
     def checkpoint(self, plan: PromptPlan) -> Callable[[], None]:
         """An undo for committing `plan`: drops the segments it adds and restores the one it
@@ -164,7 +169,7 @@ class Gateway:
             session_id, token = self._derived_identity(config.idempotency_key)
             existing = self._existing_session(session_id, config)
             if existing is not None:
-                return self._created_reply(session_id, token), False
+                return self._created_reply(session_id, token, existing.owner_url), False
         meta = SessionMeta(
             session_id=session_id,
             config=config,
@@ -185,33 +190,36 @@ class Gateway:
         proof = hmac.new(secret, b"token:" + key.encode(), "sha256").hexdigest()
         return session_id, f"{session_id}.{proof}"
 
-    def _existing_session(self, session_id: str, config: SessionConfig) -> LiveSession | None:
-        """The live session a repeated idempotency key names, revived after a restart of
-        its owning process; refuses a key reused for another rollout or a closed one."""
+    def _existing_session(self, session_id: str, config: SessionConfig) -> SessionMeta | None:
+        """The open session a repeated idempotency key names: ours (revived after a restart
+        of this process) or another process's on the same data dir, whose URLs the reply
+        then carries. Refuses a key reused with another config (never passes) and a closed
+        or expired session (a state: the caller moves on to a new key)."""
         if not self.store.exists(session_id):
             return None
         meta = self.store.load_meta(session_id)
         if meta.config != config:
             raise GatewayError(
-                "conflict", "idempotency key was already used with a different session config"
+                "idempotency_mismatch",
+                "idempotency key was already used with a different session config",
+                param="idempotency_key",
             )
         if self.store.is_closed(session_id):
-            raise GatewayError("conflict", f"session {session_id} is already closed")
+            raise self._closed_error(session_id)
         live = self.sessions.get(session_id)
-        if live is None:
-            if meta.owner_url != self.options.public_url:
-                raise GatewayError(
-                    "conflict", f"session {session_id} is owned by the gateway at {meta.owner_url}"
-                )
+        self.check_lifetime(meta, live)
+        if live is None and meta.owner_url in (None, self.options.public_url):
             # Our own session from before a restart: serve it again. Held tokens are gone,
             # so its next call opens a new segment; recorded calls are all kept.
-            live = self.sessions[session_id] = LiveSession(meta)
+            self.sessions[session_id] = LiveSession(meta)
             self.engine.assign(session_id)
             self.metrics.sessions_open.inc()
-        return live
+        return meta
 
-    def _created_reply(self, session_id: str, token: str) -> SessionCreated:
-        base = self.options.public_url.rstrip("/")
+    def _created_reply(
+        self, session_id: str, token: str, owner_url: str | None = None
+    ) -> SessionCreated:
+        base = (owner_url or self.options.public_url).rstrip("/")
         return SessionCreated(
             session_id=session_id,
             token=token,
@@ -244,17 +252,73 @@ class Gateway:
             segments=len(trajectory.segments),
         )
 
-    def close_session(self, session_id: str) -> None:
-        """Idempotent; a session owned by another process is closed through its marker."""
+    def close_session(self, session_id: str, reason: str | None = None) -> None:
+        """Idempotent; a session owned by another process is closed through its marker
+        (that process lets go of it on its next call or janitor pass)."""
         if not self.store.exists(session_id):
             raise GatewayError("not_found", f"session {session_id} does not exist")
-        self.store.mark_closed(session_id)
-        live = self.sessions.get(session_id)
+        self.store.mark_closed(session_id, reason)
+        self.release(session_id)
+
+    def release(self, session_id: str) -> None:
+        """Forget a closed session's in-memory state; the records on disk keep everything."""
+        live = self.sessions.pop(session_id, None)
         if live is not None and not live.closed:
             live.closed = True
-            live.held.clear()  # the records on disk keep everything; free the memory
+            live.held.clear()
             self.engine.release(session_id)
             self.metrics.sessions_open.dec()
+
+    def expire(self, session_id: str, why: Expiry) -> None:
+        """Close a session that outlived a TTL, saying so in its `closed` marker."""
+        self.close_session(session_id, why.reason)
+        self.metrics.sessions_expired.labels(why.kind).inc()
+        log.info("session %s %s", session_id, why.reason)
+
+    def check_lifetime(self, meta: SessionMeta, live: LiveSession | None = None) -> None:
+        """409 (and the session closed) once a TTL ran out; else note the session in use."""
+        now = time.time()
+        last = self.store.last_write(meta.session_id)
+        if live is not None:
+            last = max(last, live.last_active)
+        why = expiry(meta, last, now)
+        if why is not None:
+            self.expire(meta.session_id, why)
+            raise GatewayError(
+                "conflict",
+                f"session {meta.session_id} {why.reason}; it is closed, its recorded calls "
+                "are kept",
+            )
+        if live is not None:
+            live.last_active = now
+
+    def _closed_error(self, session_id: str) -> GatewayError:
+        reason = self.store.closed_reason(session_id)
+        detail = f" ({reason})" if reason else ""
+        return GatewayError("conflict", f"session {session_id} is closed{detail}")
+
+    def list_sessions(self) -> list[SessionListing]:
+        """Open sessions on the data dir (every process's): for janitors. Reads files only,
+        so it may run in a thread."""
+        listing: list[SessionListing] = []
+        for session_id in self.store.session_ids():
+            if self.store.is_closed(session_id):
+                continue
+            try:
+                meta = self.store.load_meta(session_id)
+            except (OSError, ValueError) as exc:
+                log.warning("session %s: unreadable meta: %s", session_id, exc)
+                continue
+            listing.append(
+                SessionListing(
+                    session_id=session_id,
+                    rollout_id=meta.config.rollout_id,
+                    created_at=meta.created_at,
+                    owner_url=meta.owner_url,
+                    metadata=meta.config.metadata,
+                )
+            )
+        return listing
 
     def trajectory(self, session_id: str) -> Trajectory:
         if not self.store.exists(session_id):
@@ -296,13 +360,15 @@ class Gateway:
             if not hmac.compare_digest(meta.token_sha256, _hash_token(token)):
                 raise GatewayError("authentication", "invalid session token")
             if self.store.is_closed(session_id):
-                raise GatewayError("conflict", f"session {session_id} is closed")
+                raise self._closed_error(session_id)
+            self.check_lifetime(meta)  # an expired session stays closed, never revived
             raise GatewayError("conflict", f"session {session_id} is not served by this process")
         if not hmac.compare_digest(live.meta.token_sha256, _hash_token(token)):
             raise GatewayError("authentication", "invalid session token")
         if live.closed or self.store.is_closed(session_id):
-            live.closed = True
-            raise GatewayError("conflict", f"session {session_id} is closed")
+            self.release(session_id)  # closed through another process's marker
+            raise self._closed_error(session_id)
+        self.check_lifetime(live.meta, live)
         return live
 
     async def complete(

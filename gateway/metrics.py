@@ -37,6 +37,12 @@ class GatewayMetrics:
             "Sessions open in this process.",
             registry=self.registry,
         )
+        self.sessions_expired = Counter(
+            "rollout_gateway_sessions_expired",
+            "Sessions closed because they outlived their idle or absolute TTL.",
+            ["ttl"],
+            registry=self.registry,
+        )
         self.engine_inflight = Gauge(
             "rollout_gateway_engine_inflight", "Engine calls in flight.", registry=self.registry
         )

@@ -178,11 +178,29 @@ class SessionStore:
             return _SYNCED
         return self._group.submit(fd)
 
-    def mark_closed(self, session_id: str) -> None:
+    def mark_closed(self, session_id: str, reason: str | None = None) -> None:
+        """The `closed` marker: its first line is when, an optional second line why."""
         marker = self._dir(session_id) / "closed"
         if not marker.exists():
-            marker.write_text(datetime.now(UTC).isoformat())
+            text = datetime.now(UTC).isoformat() + (f"\n{reason}" if reason else "")
+            marker.write_text(text)
             self._sync_now(marker, marker.parent)
+
+    def closed_reason(self, session_id: str) -> str | None:
+        """Why a session was closed, when that was recorded (e.g. an expired TTL)."""
+        try:
+            _, _, reason = (self._dir(session_id) / "closed").read_text().partition("\n")
+        except FileNotFoundError:
+            return None
+        return reason.strip() or None
+
+    def last_write(self, session_id: str) -> float:
+        """Wall-clock time of the last record appended (the file's mtime); 0 when a crash
+        during `create` left no records file (nothing was ever appended)."""
+        try:
+            return (self._dir(session_id) / "records.jsonl").stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
 
     def exists(self, session_id: str) -> bool:
         try:

@@ -15,7 +15,7 @@ from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.sampling import SamplingParams
 from schemas.scenes import SceneConfig
 from schemas.session import SessionCreated
-from schemas.tasks import HarnessSpec, RolloutTask
+from schemas.tasks import HarnessSpec, RolloutBudget, RolloutTask
 
 # ----------------------------------------------------------------------------- names
 
@@ -98,6 +98,9 @@ class SessionRequest(StrictModel):
     scenes: SceneConfig | None = None
     harness: HarnessSpec
     metadata: dict[str, Any] = Field(default_factory=dict)
+    budget: RolloutBudget = Field(
+        default_factory=RolloutBudget, description="the task's budget: the session's TTLs"
+    )
 
 
 class SessionRef(SessionCreated):

@@ -60,6 +60,9 @@ def gateway(
     fsync_interval_ms: Annotated[
         float, typer.Option(min=0.001, max=1000, help="group commit: ms between fsync batches")
     ] = 5.0,
+    session_janitor_interval_s: Annotated[
+        float, typer.Option(min=0, help="s between closing sessions past their TTL (0: off)")
+    ] = 30.0,
 ) -> None:
     """Serve the Gateway: the agent-facing protocols on --port, the control API, /metrics
     and /health on --control-port."""
@@ -82,6 +85,7 @@ def gateway(
         context_window=context_window,
         fsync=fsync.value,
         fsync_interval_ms=fsync_interval_ms,
+        session_janitor_interval_s=session_janitor_interval_s,
     )
     serve(settings, processes=processes)
 

@@ -61,6 +61,7 @@ class GatewaySettings(BaseModel):
     max_body_bytes: int = 32 * 2**20
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
+    session_janitor_interval_s: float = Field(default=30.0, ge=0)
 
 
 def is_loopback(host: str) -> bool:
@@ -138,6 +139,7 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         context_window=window,
         fsync=settings.fsync,
         fsync_interval_ms=settings.fsync_interval_ms,
+        session_janitor_interval_s=settings.session_janitor_interval_s,
     )
     engine = EngineClient(
         settings.engine_urls,

@@ -7,6 +7,7 @@ Roles (see `schemas.rollout.QueueNames` for the queues):
   sandboxes whose rollout is gone;
 - gateway-host: next to the gateway processes, creates sessions and collects/closes
   them on its own queue, so trajectories are read locally and samples written from here;
+  a janitor closes sessions whose workflow run has ended;
 - all: everything in one process (the embedded default, tests, the demo).
 
 Why explicit slot limits: the SDK default (100 per kind) is both too small for
@@ -94,6 +95,7 @@ class RolloutWorker:
         self._closers: list[Any] = []
         self._backends: Any = None
         self._capacity: Any = None
+        self._gateway_access: Any = None
         self.ready = asyncio.Event()
 
     async def connect(self) -> Client:
@@ -181,6 +183,7 @@ class RolloutWorker:
                 s.gateway_urls, s.gateway_admin_token, q.gateway_owner(gateway_id)
             )
             self._closers.append(access.aclose)
+            self._gateway_access = access
             sessions = SessionActivities(access)
             collect = CollectActivities(access)
             workers.append(
@@ -205,17 +208,25 @@ class RolloutWorker:
 
     async def _janitor(self, client: Client) -> None:
         from activities.sandbox import reap_orphans
+        from activities.session_janitor import close_orphan_sessions
 
-        if self._backends is None:
+        if self._backends is None and self._gateway_access is None:
             return
-        for name in self.settings.sandbox_backends:
+        for name in self.settings.sandbox_backends if self._backends is not None else ():
             with contextlib.suppress(Exception):
                 self._backends.get(name)  # instantiate so the janitor sees it
         while True:
-            try:
-                await reap_orphans(client, self._backends, self._capacity)
-            except Exception as exc:  # the janitor must never take the worker down
-                log.warning("janitor pass failed: %r", exc)
+            # the janitor must never take the worker down
+            if self._backends is not None:
+                try:
+                    await reap_orphans(client, self._backends, self._capacity)
+                except Exception as exc:
+                    log.warning("janitor pass failed: %r", exc)
+            if self._gateway_access is not None:
+                try:
+                    await close_orphan_sessions(client, self._gateway_access)
+                except Exception as exc:
+                    log.warning("session janitor pass failed: %r", exc)
             if self.settings.janitor_interval_s <= 0:
                 return
             await asyncio.sleep(self.settings.janitor_interval_s)

@@ -251,6 +251,7 @@ class RolloutWorkflow:
             sampling=sampling,
             scenes=task.scenes,
             harness=task.harness,
+            budget=task.budget,
             metadata={
                 "batch_id": req.batch_id,
                 "task_id": task.task_id,

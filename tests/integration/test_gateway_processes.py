@@ -2,6 +2,7 @@
 URL it hands out names its agent listener), all share one data dir, each process serves
 the agent API and the control API on separate ports, and the admin-token policy holds."""
 
+import asyncio
 import os
 import secrets
 import socket
@@ -14,10 +15,17 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
+from activities.session import GatewayAccess, SessionActivities
 from devstack.background_server import BackgroundServer
 from devstack.ports import free_port
 from devstack.scripted_engine import Script, ScriptedEngine
+from schemas.rollout import BAD_TASK_SPEC, SessionRequest
+from schemas.sampling import SamplingParams
+from schemas.scenes import SceneConfig
+from schemas.tasks import HarnessSpec
 
 pytestmark = pytest.mark.integration
 
@@ -160,3 +168,70 @@ def test_overlapping_agent_and_control_ports_are_refused(tiny_model_dir: Path) -
         "--processes", "2",
     )  # fmt: skip
     assert "agent ports 9000-9001 and control ports 9001-9002" in output
+
+
+def test_create_retried_on_the_other_process_gets_the_owners_session(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The session-create activity round-robins over the processes, so its retry lands on
+    the process that does not own the session: it gets the owner's session back (same id
+    and token, the owner's base URLs: the processes share the data dir and its secret),
+    not a 409 that would fail the rollout. A key reused with another config is refused
+    as non-retryable."""
+    engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
+    admin = secrets.token_urlsafe(12)
+    with BackgroundServer(engine.app()) as engine_server:
+        port = consecutive_free_ports(4)
+        cmd = [
+            sys.executable, "-m", "workers.cli", "gateway",
+            "--engine", engine_server.url, "--model", "tiny-qwen3",
+            "--tokenizer", str(tiny_model_dir), "--port", str(port),
+            "--control-port", str(port + 2), "--processes", "2", "--data-dir", str(tmp_path / "gw"),
+        ]  # fmt: skip
+        proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
+        try:
+            agents = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+            controls = [f"http://127.0.0.1:{port + 2}", f"http://127.0.0.1:{port + 3}"]
+            for control in controls:
+                wait_healthy(control, proc)
+            asyncio.run(retry_on_other_process(agents, controls, admin))
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) is not None
+
+
+async def retry_on_other_process(agents: list[str], controls: list[str], admin: str) -> None:
+    """Run the real create_session activity twice (a retry), then with another config."""
+    access = GatewayAccess(controls, admin, owner_queue="q-gateway-h")
+    request = SessionRequest(
+        rollout_id="r-retry",
+        attempt=1,
+        policy_version="v1",
+        sampling=SamplingParams(),
+        scenes=SceneConfig(),
+        harness=HarnessSpec(name="command", config={"command": "true"}),
+    )
+    env = ActivityEnvironment()
+    create = SessionActivities(access).create_session
+    try:
+        first = await env.run(create, request)
+        retried = await env.run(create, request)  # round-robin: the other process
+        assert (first.gateway_url, retried.gateway_url) == (controls[0], controls[1])
+        assert retried.session_id == first.session_id and retried.token == first.token
+        assert retried.openai_base_url == f"{agents[0]}/v1"
+        assert retried.anthropic_base_url == agents[0]
+        client = openai.AsyncOpenAI(base_url=retried.openai_base_url, api_key=retried.token)
+        await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+        trajectory = await access.client(controls[1]).trajectory(first.session_id)
+        assert len(trajectory.calls) == 1
+        # The same key with another config: a caller bug that no retry can fix.
+        changed = request.model_copy(update={"policy_version": "v2"})
+        with pytest.raises(ApplicationError) as err:
+            await env.run(create, changed)
+        assert err.value.type == BAD_TASK_SPEC and err.value.non_retryable
+        assert "different session config" in err.value.message
+        await client.close()
+    finally:
+        await access.aclose()

@@ -426,7 +426,7 @@ def test_unknown_path_is_a_json_404(
         ("POST", "/v1/models", CHAT, {"GET", "HEAD"}),
         ("GET", "/v1/messages", MESSAGES, {"POST"}),
         ("PATCH", "/v1/messages/count_tokens", MESSAGES, {"POST"}),
-        ("GET", "/sessions", CONTROL, {"POST"}),
+        ("PUT", "/sessions", CONTROL, {"GET", "HEAD", "POST"}),
         ("PUT", "/sessions/s1", CONTROL, {"GET", "HEAD", "DELETE"}),
         ("POST", "/sessions/s1/trajectory", CONTROL, {"GET", "HEAD"}),
         ("POST", "/health", CONTROL, {"GET", "HEAD"}),
