@@ -2,12 +2,15 @@
 agents on: their next call continues the held segment (issue 9, point 0). Real gateway
 processes (`rollout gateway`), SIGKILLed; official SDKs; the scripted engine."""
 
+import dataclasses
 import itertools
+import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -220,3 +223,121 @@ def test_after_a_restart_closed_sessions_and_wrong_tokens_stay_refused(
     assert forged.json()["error"]["message"] == "invalid session token"
     assert len(gateway.trajectory(open_["session_id"])["calls"]) == 1
     assert call(open_["token"]).status_code == 200, "the right token is served"
+
+
+# -- in-process: what a revived session holds ---------------------------------------------
+
+
+def chat(url: str, token: str, messages: list[dict[str, Any]]) -> httpx.Response:
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": MODEL, "messages": messages},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
+
+
+def held_state(live: Any) -> dict[str, Any]:
+    """Everything a live session holds that decides how its next call is planned."""
+    segments = [
+        {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "touched"}
+        for s in live.held
+    ]
+    recency = [s.segment_id for s in sorted(live.held, key=lambda s: s.touched)]
+    return {
+        "segments": segments,
+        "recency": recency,
+        "scenes": live.segment_scenes,
+        "last_call": live.last_call,
+        "counts": (live.calls, live.failed_calls),
+        "answered": live.answers._answered,
+    }
+
+
+def test_a_revived_session_holds_exactly_what_the_live_one_held(
+    engine: tuple[ScriptedEngine, BackgroundServer], tiny_model_dir: Path, gateway_factory: Any
+) -> None:
+    """Realigned echoes, an edited history (fork), two concurrent calls on one segment (the
+    late one forks off it) and a failed call: the revived session holds the same."""
+    scripted, server = engine
+    gw = gateway_factory(server.url, tiny_model_dir, MODEL)
+    session = gw.create_session()
+    sid, token = session["session_id"], session["token"]
+    said = "Hello there."
+    talk = [{"role": "user", "content": "hi"}]
+    for turn in range(2):
+        assert chat(gw.url, token, talk).status_code == 200
+        talk += [{"role": "assistant", "content": said}, {"role": "user", "content": f"m{turn}"}]
+    assert chat(gw.url, token, [{"role": "user", "content": "edited"}]).status_code == 200
+    scripted.delay_s = 1.0
+    replies: list[httpx.Response] = []
+    racers = [
+        threading.Thread(target=lambda: replies.append(chat(gw.url, token, talk))) for _ in range(2)
+    ]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(timeout=60)
+    assert [r.status_code for r in replies] == [200, 200]
+    scripted.delay_s = 0.0
+    server.stop()
+    assert chat(gw.url, token, talk).status_code == 503
+    with BackgroundServer(scripted.app(), port=server.port):
+        trajectory = gw.trajectory(sid)
+        assert [c["match"] for c in trajectory["calls"]] == [
+            "fork", "realign", "fork", "realign", "fork", "fork",
+        ]  # fmt: skip
+        assert [c["status"] for c in trajectory["calls"]][-1] == "engine_error"
+        assert len(trajectory["segments"]) == 3
+        live = held_state(gw.gateway.sessions[sid])
+
+        gw.server.stop()
+        restarted = gateway_factory(
+            server.url, tiny_model_dir, MODEL, data_dir=gw.gateway.options.data_dir,
+            public_url=gw.url,
+        )  # fmt: skip
+        assert held_state(restarted.gateway.authenticate(token)) == live
+        talk += [{"role": "assistant", "content": said}, {"role": "user", "content": "m2"}]
+        assert chat(restarted.url, token, talk).status_code == 200
+    calls = restarted.trajectory(sid)["calls"]
+    # It extends the most recent of the two segments holding this conversation.
+    assert calls[-1]["match"] == "realign" and calls[-1]["segment_id"] == calls[4]["segment_id"]
+
+
+def test_records_of_an_older_gateway_still_revive(
+    engine: tuple[ScriptedEngine, BackgroundServer], tiny_model_dir: Path, gateway_factory: Any
+) -> None:
+    """Records without request digests and echoed history (written before they were kept)
+    load and revive: the conversation continues on its segment."""
+    _, server = engine
+    gw = gateway_factory(server.url, tiny_model_dir, MODEL)
+    session = gw.create_session()
+    sid, token = session["session_id"], session["token"]
+    talk = [{"role": "user", "content": "hi"}]
+    for turn in range(3):
+        assert chat(gw.url, token, talk).status_code == 200
+        talk += [
+            {"role": "assistant", "content": "Hello there."},
+            {"role": "user", "content": f"more {turn}"},
+        ]
+    trajectory = gw.trajectory(sid)
+    gw.server.stop()
+    records = gw.gateway.store.root / sid / "records.jsonl"
+    older = []
+    for line in records.read_text().splitlines():
+        record = json.loads(line)
+        record.pop("request_digest", None)
+        record.get("normalized", {}).pop("echoed_history", None)
+        older.append(json.dumps(record))
+    assert "echoed_history" in records.read_text() and "request_digest" in records.read_text()
+    records.write_text("".join(f"{line}\n" for line in older))
+
+    restarted = gateway_factory(
+        server.url, tiny_model_dir, MODEL, data_dir=gw.gateway.options.data_dir,
+        public_url=gw.url,
+    )  # fmt: skip
+    assert restarted.trajectory(sid) == trajectory
+    assert chat(restarted.url, token, talk).status_code == 200
+    calls = restarted.trajectory(sid)["calls"]
+    assert [c["match"] for c in calls] == ["fork", "realign", "realign", "realign"]
+    assert len({c["segment_id"] for c in calls}) == 1
