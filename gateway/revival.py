@@ -18,6 +18,12 @@ from pydantic import ValidationError
 
 from gateway.canonical import Message, Tool
 from gateway.incremental import HeldSegment, IncrementalTokenizer
+from gateway.incremental.message_keys import (
+    MessageKey,
+    hash_template_kwargs,
+    hash_tools,
+    message_key,
+)
 from gateway.output_parser import OutputParser
 from gateway.replies import parse_output, reply_message, turn_finished
 from gateway.store import CallRecord, Record, SegmentOpened
@@ -44,10 +50,12 @@ class RevivedState:
 
 @dataclass(frozen=True)
 class _After:
-    """The held conversation after one call: what a later call's record refers to."""
+    """A held conversation: after one call (what a later call's record refers to), or
+    as one call's request."""
 
     messages: list[Message]
-    tools: list[Tool]
+    keys: list[MessageKey]
+    tools_hash: str
     internal_markers: int
 
 
@@ -79,7 +87,7 @@ def revive(
         if call.segment_id in state.not_held:
             continue
         try:
-            messages, tools, base_markers = _request_of(record, after)
+            request = _request_of(record, after)
             parsed = parse_output(
                 incremental, parser, call.call_id, call.prompt_ids, call.output_ids
             )
@@ -94,36 +102,43 @@ def revive(
                 output_logprobs=call.output_logprobs,
                 reply=reply,
                 finished_with_eot=turn_finished(call.finish_reason),
-                messages=messages,
-                tools=tools,
-                template_kwargs=record.normalized.get("template_kwargs") or {},
-                prompt_internal_markers=base_markers,
+                messages=request.messages,
+                message_keys=request.keys,
+                tools_hash=request.tools_hash,
+                kwargs_hash=hash_template_kwargs(record.normalized.get("template_kwargs") or {}),
+                prompt_internal_markers=request.internal_markers,
             )
         except (ValueError, ValidationError, TypeError) as exc:
             log.warning("segment %s is not held again: %s", call.segment_id, exc)
             state.not_held.append(call.segment_id)
             held.pop(call.segment_id, None)
             continue
-        after[call.call_id] = _After([*messages, reply], tools, segment.internal_markers)
+        after[call.call_id] = _After(
+            [*request.messages, reply],
+            [*request.keys, message_key(reply)],
+            request.tools_hash,
+            segment.internal_markers,
+        )
     state.held = list(held.values())
     return state
 
 
-def _request_of(
-    record: CallRecord, after: dict[str, _After]
-) -> tuple[list[Message], list[Tool], int]:
-    """(request messages, tools, internal markers of the reused prompt) of a recorded call."""
+def _request_of(record: CallRecord, after: dict[str, _After]) -> _After:
+    """A recorded call's request: its messages (and their keys), tools hash, and the
+    internal markers of the held prompt it reused (0 when it reused none)."""
     stored: dict[str, Any] = record.normalized
     if "messages" in stored:  # the whole request: the call did not extend a held segment
         messages = [Message.model_validate(m) for m in stored["messages"]]
         tools = [Tool.model_validate(t) for t in stored.get("tools") or []]
-        return messages, tools, 0
+        return _After(messages, [message_key(m) for m in messages], hash_tools(tools), 0)
     source = record.prompt_source
     base = after.get(source) if source is not None else None
     if base is None or stored.get("history_messages") != len(base.messages):
         raise _Unrebuildable(f"call {record.call.call_id}: its held history is not on record")
-    history = list(base.messages)
+    messages, keys = list(base.messages), list(base.keys)
     for echo in stored.get("echoed_history") or []:
-        history[echo["index"]] = Message.model_validate(echo["message"])
+        messages[echo["index"]] = Message.model_validate(echo["message"])
+        keys[echo["index"]] = message_key(messages[echo["index"]])
     new = [Message.model_validate(m) for m in stored["new_messages"]]
-    return history + new, base.tools, base.internal_markers
+    keys += [message_key(m) for m in new]
+    return _After(messages + new, keys, base.tools_hash, base.internal_markers)

@@ -322,8 +322,9 @@ class IncrementalTokenizer:
         reply: Message,
         finished_with_eot: bool,
         messages: Sequence[Message],
-        tools: Sequence[Tool] = (),
-        template_kwargs: Mapping[str, Any] | None = None,
+        tools_hash: str,
+        kwargs_hash: str,
+        message_keys: Sequence[MessageKey] | None = None,
         prompt_internal_markers: int = 0,
     ) -> HeldSegment:
         """Apply one recorded call to the held segments after a restart; returns its segment.
@@ -331,11 +332,13 @@ class IncrementalTokenizer:
         Goes through `commit`, so replaying a session's calls in order rebuilds its segments
         exactly as the live process held them. The call extends `segment_id` if that is
         held (its prompt must start with the held ids, else `ValueError`), or else opens
-        it; `prompt_internal_markers` are the internal markers in an opening prompt that
+        it. `messages` are the call's request messages (`message_keys` theirs, if known;
+        `tools_hash`, `kwargs_hash` from `hash_tools`, `hash_template_kwargs`);
+        `prompt_internal_markers` are the internal markers in an opening prompt that
         reuses another segment's ids (a concurrent call that lost its segment).
         """
         messages = list(messages)
-        keys = [message_key(m) for m in messages]
+        keys = list(message_keys) if message_keys is not None else list(map(message_key, messages))
         seg = segments.get(segment_id)
         common: dict[str, Any] = dict(
             segment_id=segment_id,
@@ -343,8 +346,8 @@ class IncrementalTokenizer:
             drift=[],
             messages=messages,
             new_text="",
-            tools_hash=hash_tools(tools),
-            kwargs_hash=hash_template_kwargs(dict(template_kwargs or {})),
+            tools_hash=tools_hash,
+            kwargs_hash=kwargs_hash,
             message_keys=keys,
         )
         if seg is None:

@@ -19,6 +19,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.chat_template import ChatTemplate
 from gateway.incremental.held_segments import HeldSegment
+from gateway.incremental.message_keys import hash_template_kwargs, hash_tools
 from gateway.incremental.normalisers import DEFAULT_NORMALISERS
 from gateway.incremental.planner import IncrementalTokenizer, PromptPlan
 from gateway.incremental.tokenizer_adapter import TokenizersAdapter, load_tokenizer
@@ -706,7 +707,8 @@ def test_restore_from_recorded_calls_matches_the_live_segment(
             reply=answer,
             finished_with_eot=finished,
             messages=messages,
-            tools=TOOLS,
+            tools_hash=hash_tools(TOOLS),
+            kwargs_hash=hash_template_kwargs({}),
         )
     rebuilt = restored[live.segment_id]
     for f in fields(HeldSegment):
@@ -726,6 +728,8 @@ def test_restore_from_recorded_calls_matches_the_live_segment(
             reply=answers[0][0],
             finished_with_eot=True,
             messages=replayed[0][0],
+            tools_hash=hash_tools(TOOLS),
+            kwargs_hash=hash_template_kwargs({}),
         )
 
 
