@@ -8,6 +8,8 @@ its sampled ids. A call that extended a held conversation keeps only the message
 the held ones (and the held ones the client echoed differently); the held ones are those
 after the call its prompt reference names. A segment whose records miss something (written
 before the record kept it) is not held again: the next call in its scene opens a new one.
+A held segment's `parent_id` is the one its opening record names (the held one matters
+only when a segment opens, never after).
 """
 
 import logging
