@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.canonical import CanonicalRequest, CompletionResult, Message
+from gateway.canonical import CanonicalRequest, CompletionResult
 from gateway.chat_template import ChatTemplate, TemplateRenderError
 from gateway.engine_client import EngineClient
 from gateway.errors import GatewayError
@@ -29,9 +29,13 @@ from gateway.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
 from gateway.metrics import GatewayMetrics
 from gateway.output_parser import OutputParser
 from gateway.recording import PlannedCall, reuse_of
+from gateway.replies import completion_of, parse_output, reply_message
+from gateway.retries import Answers, is_retry, request_digest
+from gateway.revival import revive
 from gateway.scenes import classify
 from gateway.session_lifetime import Expiry, expiry
 from gateway.store import (
+    CallRecord,
     CorruptRecordError,
     Durability,
     Record,
@@ -80,6 +84,7 @@ class LiveSession:
         self.last_call: dict[str, str] = {}
         self.calls = 0
         self.failed_calls = 0
+        self.answers = Answers()
         self.lock = asyncio.Lock()
         self.closed = False
         self.last_active = time.time()  # wall clock, like created_at and file mtimes
@@ -209,12 +214,35 @@ class Gateway:
         live = self.sessions.get(session_id)
         self.check_lifetime(meta, live)
         if live is None and meta.owner_url in (None, self.options.public_url):
-            # Our own session from before a restart: serve it again. Held tokens are gone,
-            # so its next call opens a new segment; recorded calls are all kept.
-            self.sessions[session_id] = LiveSession(meta)
-            self.engine.assign(session_id)
-            self.metrics.sessions_open.inc()
+            # Our own session from before a restart: serve it again, held segments and all.
+            self._revive(meta)
         return meta
+
+    def _revive(self, meta: SessionMeta) -> LiveSession:
+        """Serve again a session this process owns, from before a restart: its held
+        segments, counters and answered requests are rebuilt from its records, so the
+        conversation continues on its held segment (see `revival`)."""
+        session_id = meta.session_id
+        try:
+            state = revive(self.store.load_records(session_id), self.incremental, self.parser)
+        except CorruptRecordError as exc:
+            raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
+        live = LiveSession(meta)
+        live.held = state.held
+        live.segment_scenes = state.segment_scenes
+        live.last_call = state.last_call
+        live.calls, live.failed_calls = state.calls, state.failed_calls
+        live.answers = Answers(state.answered)
+        self.sessions[session_id] = live
+        self.engine.assign(session_id)
+        self.metrics.sessions_open.inc()
+        log.info(
+            "session %s revived: %d calls, %d segments held",
+            session_id,
+            live.calls,
+            len(live.held),
+        )
+        return live
 
     def _created_reply(
         self, session_id: str, token: str, owner_url: str | None = None
@@ -345,7 +373,8 @@ class Gateway:
         """Session token (`<session_id>.<secret>`) → live session.
 
         401 missing or wrong secret, 404 unknown session, 409 closed session (or one this
-        process does not serve: it was created on another gateway process).
+        process does not serve: it was created on another gateway process). A session this
+        process owns from before a restart is revived on its first call.
         """
         if not token:
             raise GatewayError("authentication", "missing session token (use it as the API key)")
@@ -362,7 +391,11 @@ class Gateway:
             if self.store.is_closed(session_id):
                 raise self._closed_error(session_id)
             self.check_lifetime(meta)  # an expired session stays closed, never revived
-            raise GatewayError("conflict", f"session {session_id} is not served by this process")
+            if meta.owner_url not in (None, self.options.public_url):
+                raise GatewayError(
+                    "conflict", f"session {session_id} is not served by this process"
+                )
+            live = self._revive(meta)
         if not hmac.compare_digest(live.meta.token_sha256, _hash_token(token)):
             raise GatewayError("authentication", "invalid session token")
         if live.closed or self.store.is_closed(session_id):
@@ -373,6 +406,47 @@ class Gateway:
 
     async def complete(
         self, session: LiveSession, request: CanonicalRequest, raw_request: dict[str, Any]
+    ) -> CompletionResult:
+        """One agent call. A retry (`retries.is_retry`) of a body this session answered
+        gets that answer again, same call id, nothing sampled or recorded; if the original
+        is still running, once it finishes (see `retries` for why only declared retries)."""
+        digest = request_digest(request.path, raw_request)
+        if is_retry(request.headers):
+            answer = await session.answers.answer_for(digest)
+            if answer is not None:
+                self.metrics.retries_answered.inc()
+                if isinstance(answer, CompletionResult):
+                    return answer
+                return await self._recorded_answer(session, answer, request)
+        with session.answers.answering(digest) as answered:
+            result = await self._sample(session, request, raw_request, digest)
+            answered.set_result(result)
+        return result
+
+    async def _recorded_answer(
+        self, session: LiveSession, call_id: str, request: CanonicalRequest
+    ) -> CompletionResult:
+        """The answer of a recorded call, read back from the session's records."""
+        session_id = session.meta.session_id
+        try:
+            records = await asyncio.to_thread(self.store.load_records, session_id)
+        except CorruptRecordError as exc:
+            raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
+        for record in records:
+            if isinstance(record, CallRecord) and record.call.call_id == call_id:
+                call = record.call
+                parsed = parse_output(
+                    self.incremental, self.parser, call_id, call.prompt_ids, call.output_ids
+                )
+                return completion_of(call, parsed, request.model or self.options.model_name)
+        raise GatewayError("corrupt_record", f"session {session_id}: call {call_id} is lost")
+
+    async def _sample(
+        self,
+        session: LiveSession,
+        request: CanonicalRequest,
+        raw_request: dict[str, Any],
+        digest: str,
     ) -> CompletionResult:
         config = session.meta.config
         scene = classify(request, config.scenes)
@@ -406,6 +480,7 @@ class Gateway:
             call_id=call_id,
             started_at=started_at,
             wall_start=wall0,
+            digest=digest,
         )
         planned.check_storable()
         try:
@@ -413,18 +488,10 @@ class Gateway:
         except GatewayError as err:
             await self._record_failure(session, planned, err)
             raise
-        text = self.incremental.tokenizer.decode(completion.output_ids)
-        parsed = self.parser.parse(
-            text,
-            call_id=call_id,
-            starts_in_reasoning=self.incremental.prompt_opens_reasoning(plan.prompt_ids),
+        parsed = parse_output(
+            self.incremental, self.parser, call_id, plan.prompt_ids, completion.output_ids
         )
-        reply = Message(
-            role="assistant",
-            content=parsed.content,
-            reasoning=parsed.reasoning,
-            tool_calls=parsed.tool_calls,
-        )
+        reply = reply_message(parsed)
         finish = "length" if completion.finish_reason == "length" else "stop"
         async with session.lock:
             undo = session.checkpoint(plan)
@@ -465,20 +532,10 @@ class Gateway:
                 raise
             session.last_call[segment.segment_id] = call_id
             session.calls += 1
+            session.answers.recorded(digest, call_id)
         await self._synced(synced)
         self._count(request, scene, call, plan)
-        return CompletionResult(
-            call_id=call_id,
-            model=request.model or self.options.model_name,
-            created=int(started_at.timestamp()),
-            output=parsed,
-            finish_reason="tool_calls" if parsed.tool_calls and finish == "stop" else finish,
-            prompt_tokens=len(plan.prompt_ids),
-            completion_tokens=len(completion.output_ids),
-            cached_prompt_tokens=plan.base_length,
-            output_ids=completion.output_ids,
-            output_logprobs=completion.output_logprobs,
-        )
+        return completion_of(call, parsed, request.model or self.options.model_name)
 
     def count_tokens(self, request: CanonicalRequest) -> int:
         """Exact prompt length of a request under our template and tokenizer."""

@@ -32,6 +32,11 @@ class GatewayMetrics:
         self.sampled_tokens = Counter(
             "rollout_gateway_sampled_tokens", "Tokens sampled by engines.", registry=self.registry
         )
+        self.retries_answered = Counter(
+            "rollout_gateway_retries_answered",
+            "Client retries answered with the call already recorded for the same request.",
+            registry=self.registry,
+        )
         self.sessions_open = Gauge(
             "rollout_gateway_sessions_open",
             "Sessions open in this process.",

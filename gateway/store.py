@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from gateway.group_commit import GroupCommit, fsync_dir
 from schemas.session import SessionConfig
@@ -69,6 +69,16 @@ class CallRecord(BaseModel):
     request: dict[str, Any] = Field(default_factory=dict)
     normalized: dict[str, Any] = Field(default_factory=dict)
     prompt_ref: PromptRef | None = None
+    request_digest: str | None = None
+    """`retries.request_digest` of the request body: a retry of it gets this call's answer
+    again, also after a restart. None in records written before digests were kept."""
+    _prompt_source: str | None = PrivateAttr(default=None)
+
+    @property
+    def prompt_source(self) -> str | None:
+        """After loading: the call whose prompt+output this call's prompt starts with (its
+        `prompt_ref` before expansion), i.e. the held conversation the call extended."""
+        return self._prompt_source
 
 
 Record = SegmentOpened | CallRecord
@@ -254,6 +264,7 @@ def _parse(line: bytes, sequences: dict[str, list[int]]) -> Record:
             raise ValueError(f"call {call.call_id} refers to unknown prompt {ref.call_id}")
         call.prompt_ids = sequences[ref.call_id][: ref.length] + call.prompt_ids
         record.prompt_ref = None
+        record._prompt_source = ref.call_id
     sequences[call.call_id] = call.prompt_ids + call.output_ids
     return record
 
