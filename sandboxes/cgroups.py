@@ -211,3 +211,66 @@ def memory_cgroup_of_pid(pid: int) -> str | None:
         if ctrls == "" and (ROOT / "cgroup.controllers").exists():
             return str(ROOT / path.lstrip("/"))
     return None
+
+
+def _cgroup_dirs_of_pid(pid: int, must_contain: str) -> dict[str, Path] | None:
+    """Controller → host cgroup dir of a process (v1 by controller, v2 as "unified");
+    None when unreadable or not the expected process (path lacks `must_contain`)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    out: dict[str, Path] = {}
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        if must_contain not in path:
+            continue
+        if ctrls == "" and (ROOT / "cgroup.controllers").exists():
+            out["unified"] = ROOT / path.lstrip("/")
+        for c in ctrls.split(","):
+            if c in ("memory", "pids", "cpu"):
+                out[c] = ROOT / ctrls / path.lstrip("/")
+    return out or None
+
+
+def _read(p: Path) -> str | None:
+    try:
+        return p.read_text().strip()
+    except OSError:
+        return None
+
+
+def limit_problems(
+    pid: int, must_contain: str, memory_mb: int | None, pids: int | None, cpus: float | None
+) -> list[str] | None:
+    """Requested limits that are not in force in the cgroups of `pid` (e.g. a docker
+    container whose engine dropped one with only a warning); None if they cannot be
+    read from here (remote engine, other pid namespace)."""
+    dirs = _cgroup_dirs_of_pid(pid, must_contain)
+    if dirs is None:
+        return None
+    want: list[tuple[str, str, str]] = []  # (controller, file, value)
+    if "unified" in dirs:
+        if memory_mb:
+            want += [("unified", "memory.max", str(memory_mb << 20))]
+            want += [("unified", "memory.swap.max", "0")]
+        if pids:
+            want.append(("unified", "pids.max", str(pids)))
+        if cpus:
+            want.append(("unified", "cpu.max", f"{int(cpus * 100000)} 100000"))
+    else:
+        if memory_mb:
+            want.append(("memory", "memory.limit_in_bytes", str(memory_mb << 20)))
+            if "memory" in dirs and (dirs["memory"] / "memory.memsw.limit_in_bytes").exists():
+                want.append(("memory", "memory.memsw.limit_in_bytes", str(memory_mb << 20)))
+        if pids:
+            want.append(("pids", "pids.max", str(pids)))
+        if cpus:
+            want.append(("cpu", "cpu.cfs_quota_us", str(int(cpus * 100000))))
+    problems = []
+    for ctrl, fname, value in want:
+        d = dirs.get(ctrl)
+        got = _read(d / fname) if d else None
+        if got != value:
+            problems.append(f"{fname} is {got or 'missing'}, want {value}")
+    return problems

@@ -1,15 +1,17 @@
 """Docker backend: one container per rollout, via the docker SDK, with a warm pool.
 
 Containers run with ``network_mode="none"`` (only ``lo``), memory (= memory+swap, so
-no swap), CPU and pids limits, all capabilities dropped, ``no-new-privileges``, docker's init as
-PID 1 and the agent user (uid 1000). The in-sandbox supervisor (`supervisor.py`,
-bind-mounted read-only) is the container's main process: commands, files and the
-Gateway forwarder go through its Unix socket in a bind-mounted per-sandbox run dir,
-which is also where the Gateway channel's socket appears. So, after creation, no
-docker API call is on the exec path (the docker API degrades under ~1000 concurrent
-operations) and a cancelled command's whole process tree is killed — something
-`docker exec` cannot do. Images without python3 fall back to `docker exec` via the
-SDK (no stdin, output after exit only; see `_SdkExecSandbox`).
+no swap), CPU and pids limits (verified in the container's cgroups), ``disk_mb`` via
+``storage_opt`` or a read-only root over a sized disk (`disk.py`), all capabilities
+dropped, ``no-new-privileges``, docker's init as PID 1 and the agent user (uid 1000).
+The in-sandbox supervisor (`supervisor.py`, bind-mounted read-only) is the container's
+main process: commands, files and the Gateway forwarder go through its Unix socket in
+a bind-mounted per-sandbox run dir, which is also where the Gateway channel's socket
+appears. So, after creation, no docker API call is on the exec path (the docker API
+degrades under ~1000 concurrent operations) and a cancelled command's whole process
+tree is killed — something `docker exec` cannot do. Images without python3 fall back
+to `docker exec` via the SDK (no stdin, output after exit only; see
+`_SdkExecSandbox`).
 
 Warm pool: blank containers (started, supervisor ready) per (image, workdir,
 resources). Labels are immutable, so a pooled container's rollout id is recorded in
@@ -51,7 +53,7 @@ from sandboxes.base import (
     SandboxNotFound,
     SandboxSpec,
 )
-from sandboxes.cgroups import memory_cgroup_of_pid
+from sandboxes.cgroups import CgroupLimitError, limit_problems, memory_cgroup_of_pid
 from sandboxes.disk import DiskLimitUnavailable, make_disk
 from sandboxes.host_state import owner_token, state_root
 from sandboxes.provisioning import merged_env
@@ -457,6 +459,13 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             raise SandboxError(f"{e}; container log: {logs[-1500:]!r}") from e
         attrs = await self.sdk_call(lambda: self.client.api.inspect_container(container.id))
         pid = attrs["State"]["Pid"]
+        r = spec.resources
+        problems = limit_problems(pid, container.id, r.memory_mb, r.pids, r.cpus) if pid else None
+        if problems:
+            raise CgroupLimitError(
+                f"docker did not apply the requested limits to {container.id[:12]}: "
+                + "; ".join(problems)
+            )
         return SandboxHandle(
             backend=self.name,
             sandbox_id=sid,

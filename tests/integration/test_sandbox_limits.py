@@ -128,6 +128,7 @@ NORMAL_WORK = "\n".join(
         'node -e \'const fs = require("fs"); fs.writeFileSync("n.txt", "node");'
         ' console.log(fs.readFileSync("n.txt", "utf8"))\'',
         "seq 1 5 | sort -r | head -n 2 | tr '\\n' ' '; echo",
+        "python3 -m venv --without-pip /tmp/v && /tmp/v/bin/python -c 'print(\"venv\")'",
     ]
 )
 
@@ -152,7 +153,7 @@ async def test_bwrap_seccomp_denies_escape_syscalls_and_keeps_agent_work(
         assert r.exit_code == 1 and "Operation not permitted" in r.stderr, r
         r = await sb.exec(NORMAL_WORK, timeout=120)
         assert r.ok, r
-        assert r.stdout == "42\nfirst\nnode\n5 4 \n", r
+        assert r.stdout == "42\nfirst\nnode\n5 4 \nvenv\n", r
     finally:
         await sb.destroy()
 
@@ -194,3 +195,21 @@ async def test_without_cgroups_the_local_backend_refuses_unless_allowed(
     finally:
         await sb.destroy()
         await b.close()
+
+
+async def test_docker_limits_are_checked_in_the_containers_cgroups(docker_backend: Any) -> None:
+    """The engine may drop a limit with only a warning; the backend reads what is in
+    force in the container's cgroups after start (a mismatch fails the provision)."""
+    from sandboxes.cgroups import limit_problems
+
+    res = ResourceLimits(memory_mb=512, pids=256, cpus=0.5)
+    sb = await docker_backend.create(SandboxSpec(rollout_id=rid(), resources=res))
+    try:
+        pid, cid = sb.handle.details["init_pid"], sb.handle.details["container_id"]
+        assert limit_problems(pid, cid, 512, 256, 0.5) == []
+        assert limit_problems(pid, cid, 512, 100, 0.25) == [
+            "pids.max is 256, want 100",
+            "cpu.cfs_quota_us is 50000, want 25000",
+        ]
+    finally:
+        await sb.destroy()
