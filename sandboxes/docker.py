@@ -54,7 +54,7 @@ from sandboxes.base import (
     SandboxSpec,
 )
 from sandboxes.cgroups import CgroupLimitError, limit_problems, memory_cgroup_of_pid
-from sandboxes.disk import DiskLimitUnavailable, make_disk
+from sandboxes.disk import DISK_DIR, DiskLimitUnavailable, make_disk
 from sandboxes.host_state import owner_token, state_root
 from sandboxes.provisioning import merged_env
 from sandboxes.supervised import (
@@ -482,6 +482,9 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
                 "memory_cgroup": memory_cgroup_of_pid(pid) if pid else None,
                 "owner": owner_token(),
                 "exec": "supervisor" if has_py else "docker-exec",
+                "disk": None
+                if not r.disk_mb
+                else (f"ext4:{r.disk_mb}MiB" if (sdir / DISK_DIR).is_dir() else "storage-opt"),
             },
         )
 

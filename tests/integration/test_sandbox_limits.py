@@ -69,6 +69,7 @@ async def test_disk_mb_is_a_total_limit_that_ends_in_enospc(sandbox_backend: Any
     spec = SandboxSpec(rollout_id=rid(), resources=ResourceLimits(disk_mb=DISK_MB))
     sb = await sandbox_backend.create(spec)
     try:
+        assert sb.handle.details["disk"] == f"ext4:{DISK_MB}MiB"
         r = await sb.exec(["python3", "-c", FILL, str(DISK_MB)], timeout=300)
         assert r.ok, r
         res = json.loads(r.stdout)
