@@ -391,12 +391,16 @@ async def test_kill_all_processes_leaves_nothing_the_agent_started(sandbox_backe
 IMPOSTOR = """
 import json, os, socket, struct
 path = "/run/rollout/control.sock"
-try:
-    os.unlink(path)
-except FileNotFoundError:
-    pass
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind(path)
+try:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    srv.bind(path)
+except PermissionError:  # the run dir is read-only to the sandbox: nothing to replace
+    open("/tmp/impostor.ready", "w").write("sealed")
+    raise SystemExit(0)
 srv.listen(8)
 open("/tmp/impostor.ready", "w").close()
 while True:
