@@ -396,9 +396,13 @@ try:
 except FileNotFoundError:
     pass
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind(path)
+try:
+    srv.bind(path)
+except PermissionError:
+    open("/tmp/impostor.ready", "w").write("refused")
+    raise SystemExit
 srv.listen(8)
-open("/tmp/impostor.ready", "w").close()
+open("/tmp/impostor.ready", "w").write("bound")
 while True:
     c, _ = srv.accept()
     line = b""
@@ -455,6 +459,9 @@ async def test_agent_cannot_reach_or_replace_the_control_socket(sandbox_backend:
         while not (await sb.exec(["test", "-e", "/tmp/impostor.ready"])).ok:
             assert time.monotonic() < deadline, (await sb.exec(["cat", "/tmp/imp.log"])).stdout
             await asyncio.sleep(0.1)
+        # docker seals its run dir once the supervisor is up; local's stays the sandbox's.
+        expect = "refused" if sandbox_backend.name == "docker" else "bound"
+        assert (await sb.exec(["cat", "/tmp/impostor.ready"])).stdout == expect
         assert (await sb.exec(["false"])).exit_code == 1  # the real supervisor answered
         assert (await sb.supervisor.ping())["pid"] != 0
         snoop = await sb.exec(["python3", "-c", SNOOP])
