@@ -15,7 +15,7 @@ from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.sampling import SamplingParams
 from schemas.scenes import SceneConfig
 from schemas.session import SessionCreated
-from schemas.tasks import HarnessSpec, RolloutTask
+from schemas.tasks import HarnessSpec, RolloutId, RolloutTask
 
 # ----------------------------------------------------------------------------- names
 
@@ -91,7 +91,7 @@ class Phase(StrEnum):
 
 
 class SessionRequest(StrictModel):
-    rollout_id: str
+    rollout_id: RolloutId
     attempt: int = Field(ge=1)
     policy_version: str
     sampling: SamplingParams
@@ -117,7 +117,7 @@ class CloseSessionRequest(StrictModel):
 
 
 class ProvisionRequest(StrictModel):
-    rollout_id: str
+    rollout_id: RolloutId
     attempt: int = Field(ge=1)
     task: RolloutTask
     session: SessionRef
@@ -146,7 +146,7 @@ class HarnessRequest(StrictModel):
     """Run the task's agent and hooks in a provisioned sandbox. The task's
     `harness.budget_s` is already cut to what is left of the rollout budget."""
 
-    rollout_id: str
+    rollout_id: RolloutId
     attempt: int = Field(ge=1)
     task: RolloutTask
     sandbox: SandboxRef
@@ -157,7 +157,7 @@ class HarnessRequest(StrictModel):
 
 
 class CollectRequest(StrictModel):
-    rollout_id: str
+    rollout_id: RolloutId
     batch_id: str
     task_id: str
     group_id: str

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.samples import SAMPLE_ARROW_SCHEMA, check_schema_version, read_samples
+from schemas.tasks import check_rollout_id
 
 
 def is_s3(uri: str) -> bool:
@@ -28,8 +29,8 @@ def is_s3(uri: str) -> bool:
 
 
 def samples_uri(output: str, rollout_id: str) -> str:
-    """The one file holding a rollout's samples."""
-    name = f"{rollout_id}.parquet"
+    """The one file holding a rollout's samples (`rollout_id` checked: a path part)."""
+    name = f"{check_rollout_id(rollout_id)}.parquet"
     if is_s3(output):
         return f"{output.rstrip('/')}/{name}"
     return str(Path(output) / name)
