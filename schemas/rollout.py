@@ -27,6 +27,10 @@ COLLECT_TRAJECTORY = "collect_trajectory"
 CLOSE_SESSION = "close_session"
 DESTROY_SANDBOX = "destroy_sandbox"
 
+#: Key under which provision heartbeats (and its retries' errors) record the sandboxes
+#: an attempt created, so a retry elsewhere or the workflow can destroy them.
+PROVISIONED_SANDBOXES = "sandboxes"
+
 #: Non-retryable error types: a bad task never gets better by retrying.
 BAD_TASK_SPEC = "BadTaskSpec"
 AGENT_CONFIG_ERROR = "AgentConfigError"
@@ -133,6 +137,11 @@ class SandboxRef(StrictModel):
     host_queue: str
     env_version: str
     handle: dict[str, Any] = Field(description="the backend's SandboxHandle, as JSON")
+    earlier: list["SandboxRef"] = Field(
+        default_factory=list,
+        description="sandboxes that failed attempts of this provision left on other hosts:"
+        " the workflow destroys them at once",
+    )
 
 
 class DestroyRequest(StrictModel):
