@@ -10,8 +10,10 @@ import asyncio
 import base64
 import json
 import shutil
+import sys
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,11 +186,10 @@ def codec_server(stack: Stack) -> Iterator[str]:
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = 100
-    while not server.started and deadline:
-        threading.Event().wait(0.1)
-        deadline -= 1
-    assert server.started
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "codec server did not start"
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -206,7 +207,7 @@ async def test_codec_server_shows_history_to_the_temporal_cli(
     handle = await run_one(client)
     await asyncio.wait_for(handle.result(), 180)
     token = await session_token(client, handle)
-    binary = shutil.which("temporal") or str(Path(__import__("sys").executable).parent / "temporal")
+    binary = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
     base = [binary, "workflow", "show", "-w", handle.id, "--address", temporal_server.address]
     base += ["--output", "json"]
 
