@@ -195,6 +195,37 @@ class _SdkExecSandbox(DockerSandbox):
         await self.backend.sdk_call(c.restart, timeout=0)
 
 
+def open_run_dir(run: Path, user: str) -> None:
+    """Let the container user (and us) alone write a new run dir until its supervisor
+    has bound its control socket there; nobody else on the host may enter it.
+
+    As root we give it to the container user. Otherwise it stays ours, 2770: the
+    container gets our group (`run_dir_groups`) and what it creates there inherits
+    that group, so we reach its control socket (0660). Never world-writable, where any
+    host user could plant a control socket of their own.
+    """
+    if os.geteuid() == 0:
+        uid, gid = (int(x) for x in user.split(":"))
+        os.chown(run, uid, gid)
+        os.chmod(run, 0o700)
+    else:
+        os.chmod(run, 0o2770)
+
+
+def run_dir_groups() -> dict[str, Any]:
+    """The container options `open_run_dir` relies on: a non-root worker's group."""
+    return {} if os.geteuid() == 0 else {"group_add": [str(os.getegid())]}
+
+
+def seal_run_dir(run: Path, user: str) -> None:
+    """Once the supervisor is ready: ours, 0750. The container still reaches the
+    Gateway socket (traverse + connect) but can no longer create, replace or plant
+    anything in the dir the host acts in."""
+    if os.geteuid() == 0:
+        os.chown(run, 0, int(user.split(":")[1]))
+    os.chmod(run, 0o750)
+
+
 class DockerBackend(SupervisedBackend[DockerSandbox]):
     """Docker containers on the local engine (the worker's host)."""
 
@@ -341,6 +372,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
                 ),
             ],
         }
+        kw.update(run_dir_groups())
         if r.memory_mb:
             kw["mem_limit"] = f"{r.memory_mb}m"
             kw["memswap_limit"] = f"{r.memory_mb}m"
@@ -440,11 +472,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         """Run the container; a cold one carries its rollout id label directly."""
         image, rid = spec.image or self.image, spec.rollout_id
         (sdir / "run").mkdir()
-        uid, gid = (int(x) for x in self.user.split(":"))
-        if os.geteuid() == 0:
-            os.chown(sdir / "run", uid, gid)
-        else:
-            os.chmod(sdir / "run", 0o777)
+        open_run_dir(sdir / "run", self.user)
         container, iid, has_py = await self.sdk_call(
             self._create_container, sid, sdir, image, spec.workdir, spec.resources, rid
         )
@@ -452,6 +480,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             if has_py:
                 await wait_ready(sdir / "run", self.ready_timeout)
                 secure_control_socket(sdir)
+            seal_run_dir(sdir / "run", self.user)
         except SandboxError as e:
             logs = b""
             with contextlib.suppress(Exception):

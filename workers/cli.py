@@ -90,6 +90,40 @@ def gateway(
     serve(settings, processes=processes)
 
 
+@app.command("keygen")
+def keygen(
+    out: Annotated[Path, typer.Argument(help="key file to create (mode 0600)")],
+) -> None:
+    """Create a key file for the Temporal payload codec (`--payload-key-file`)."""
+    from schemas.codec import new_key
+
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(new_key() + "\n")
+    typer.echo(f"wrote {out}; give it to every worker and trainer client (and keep it safe)")
+
+
+@app.command("codec-server")
+def codec_server(
+    payload_key_file: Annotated[
+        Path, typer.Option(envvar="ROLLOUT_PAYLOAD_KEY_FILE", help="the workers' key file")
+    ],
+    host: str = "127.0.0.1",
+    port: int = 8081,
+    ui_origin: Annotated[
+        list[str] | None, typer.Option(help="Temporal UI origin allowed by CORS (repeatable)")
+    ] = None,
+) -> None:
+    """Decode encrypted payloads for the Temporal UI / CLI (their codec endpoint)."""
+    import uvicorn
+
+    from schemas.codec import load_keys
+    from workers.codec_server import codec_app
+
+    app_ = codec_app(load_keys(payload_key_file), ui_origin or ["http://localhost:8233"])
+    uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
 def _register_temporal_commands() -> None:
     """The Temporal-backed commands live in their own modules (each also runs standalone)."""
     from workers.demo import demo_cmd

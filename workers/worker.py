@@ -67,6 +67,9 @@ class WorkerSettings(BaseModel):
     count_calls_every_s: float = Field(default=30.0, ge=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     register_search_attributes: bool = True
+    #: Keys (base64, one a line, the first encrypts) for the Temporal payload codec;
+    #: None: `ROLLOUT_PAYLOAD_KEY`, else no encryption (see `schemas.codec`).
+    payload_key_file: Path | None = None
 
     def has(self, role: str) -> bool:
         return self.role == "all" or self.role == role
@@ -100,12 +103,19 @@ class RolloutWorker:
 
     async def connect(self) -> Client:
         from schemas.client import connect, ensure_search_attributes
+        from schemas.codec import load_keys
 
         s = self.settings
         if self.client is None:
             runtime = make_runtime(s.metrics_port)
             kwargs = {"runtime": runtime} if runtime else {}
-            self.client = await connect(s.temporal, s.namespace, **kwargs)
+            keys = load_keys(s.payload_key_file)
+            if not keys:
+                log.warning(
+                    "no payload key: session tokens are stored in plain text in Temporal "
+                    "history (set --payload-key-file or ROLLOUT_PAYLOAD_KEY)"
+                )
+            self.client = await connect(s.temporal, s.namespace, keys, **kwargs)
         if s.register_search_attributes:
             added = await ensure_search_attributes(self.client)
             if added:
@@ -310,6 +320,14 @@ def worker_cmd(
     ] = 30.0,
     janitor_interval_s: Annotated[float, typer.Option(help="0: reap only at start")] = 300.0,
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port")] = None,
+    payload_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="ROLLOUT_PAYLOAD_KEY_FILE",
+            help="keys encrypting Temporal payloads (`rollout keygen`); default: "
+            "$ROLLOUT_PAYLOAD_KEY, else none",
+        ),
+    ] = None,
     log_level: str = "INFO",
 ) -> None:
     """Run Temporal workers for one role until SIGINT/SIGTERM."""
@@ -338,6 +356,7 @@ def worker_cmd(
         count_calls_every_s=count_calls_every_s,
         janitor_interval_s=janitor_interval_s,
         metrics_port=metrics_port,
+        payload_key_file=payload_key_file,
     )
     if settings.has("gateway-host") and not settings.gateway_urls:
         raise typer.BadParameter(
