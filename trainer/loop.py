@@ -1,0 +1,273 @@
+"""The GRPO loop: a plain client of the service that learns from its samples.
+
+Per step k (policy v(k−1) serving):
+1. submit `tasks × group_size` rollouts (and the held-out tasks) with
+   `policy_version = v(k−1)`, through Temporal, and consume results as they finish;
+2. load their Parquet samples, prepare the batch (staleness, infra errors, advantages);
+3. measure train–inference agreement on the untouched weights;
+4. `updates_per_step` optimiser steps on the clipped loss;
+5. save `policies/vk`, load it into every engine, append the metrics, then record the
+   step as complete in `state.json` (written last: a rerun resumes from the last
+   complete policy and resubmits the same batch ids, so finished rollouts are reused).
+"""
+
+import asyncio
+import hashlib
+import json
+import math
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from schemas.client import Batch, RolloutClient, RolloutOutcome
+from schemas.engine_weights import VllmWeightLoader, WeightUpdate
+from schemas.tasks import RolloutTask, load_tasks
+from schemas.training import StepMetrics, TrainConfig, policy_version_name
+from trainer.batch import prepare_batch
+from trainer.loss import agreement, batch_loss
+from trainer.policy import load_policy, save_policy
+from trainer.report import plot_curve, read_metrics, step_line, write_metrics
+
+STATE_FILE = "state.json"
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class RunState:
+    """`state.json`: the run id and the last complete step (0 = only v0 exists)."""
+
+    def __init__(self, out: Path, run_id: str, step: int) -> None:
+        self.out, self.run_id, self.step = out, run_id, step
+
+    @classmethod
+    def load_or_create(cls, out: Path, run_id: str | None) -> "RunState":
+        path = out / STATE_FILE
+        if path.exists():
+            data = json.loads(path.read_text())
+            return cls(out, data["run_id"], int(data["step"]))
+        if run_id is None:
+            seed = f"{out.resolve()}:{time.time_ns()}".encode()
+            run_id = f"t{hashlib.sha256(seed).hexdigest()[:10]}"
+        return cls(out, run_id, -1)
+
+    def save(self) -> None:
+        path = self.out / STATE_FILE
+        tmp = self.out / f".{STATE_FILE}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"run_id": self.run_id, "step": self.step}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.out).resolve()
+        self.policies = self.out / "policies"
+        self.samples = self.out / "samples"
+        self.tasks = load_tasks(cfg.tasks)
+        self.heldout = load_tasks(cfg.heldout) if cfg.heldout else []
+        self.engines = [VllmWeightLoader(url) for url in cfg.engines]
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+    # ------------------------------------------------------------------ setup
+    def _opt_path(self, step: int) -> Path:
+        return self.out / "trainer_state" / f"{policy_version_name(step)}.pt"
+
+    def _start(self, state: RunState) -> None:
+        """Load the last complete policy (creating v0 from the initial one on a first run)."""
+        if state.step < 0:
+            model = load_policy(Path(self.cfg.init_policy))
+            save_policy(
+                model,
+                Path(self.cfg.init_policy),
+                self.policies / policy_version_name(0),
+                {"policy_version": "v0", "step": 0, "parent": str(self.cfg.init_policy)},
+            )
+            state.step = 0
+            self.model = model
+            self.optimizer = self._optimizer()
+            self._save_optimizer(0)
+            write_metrics(self.out, [])
+            state.save()
+            return
+        current = self.policies / policy_version_name(state.step)
+        self.model = load_policy(current)
+        self.optimizer = self._optimizer()
+        opt_path = self._opt_path(state.step)
+        if opt_path.exists():
+            self.optimizer.load_state_dict(torch.load(opt_path, weights_only=True))
+        kept = [m for m in read_metrics(self.out) if m.step <= state.step]
+        write_metrics(self.out, kept)
+        log(f"resumed: {self.out} at policy {policy_version_name(state.step)}")
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
+
+    def _save_optimizer(self, step: int) -> None:
+        path = self._opt_path(step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(self.optimizer.state_dict(), tmp)
+        tmp.replace(path)
+
+    async def _publish(self, step: int) -> float:
+        """Load policy v`step` into every engine (skipped where it already serves it)."""
+        version = policy_version_name(step)
+        update = WeightUpdate(policy_version=version, checkpoint=str(self.policies / version))
+        started = time.monotonic()
+        for engine in self.engines:
+            if await engine.current_version() == version:
+                continue
+            report = await engine.load(update)
+            log(f"  engine {report.engine}: {version} loaded in {report.total_s:.2f}s")
+        return time.monotonic() - started
+
+    # ------------------------------------------------------------------ one step
+    def _versioned(self, tasks: list[RolloutTask], version: str) -> list[RolloutTask]:
+        return [t.model_copy(update={"policy_version": version}) for t in tasks]
+
+    async def _collect(self, client: RolloutClient, batch: Batch) -> list[RolloutOutcome]:
+        outcomes: list[RolloutOutcome] = []
+        async for outcome in client.results(batch, poll_s=0.5):
+            outcomes.append(outcome)
+        return outcomes
+
+    async def _rollouts(
+        self, client: RolloutClient, state: RunState, step: int
+    ) -> tuple[list[RolloutOutcome], list[RolloutOutcome]]:
+        version = policy_version_name(step - 1)
+        out = str(self.samples / f"step-{step:04d}")
+        train = await client.submit(
+            self._versioned(self.tasks, version),
+            out,
+            samples_per_task=self.cfg.group_size,
+            batch_id=f"{state.run_id}-s{step}",
+            seed=self.cfg.seed * 100_003 + step,
+            rerun_failed=True,
+        )
+        waits = [self._collect(client, train)]
+        if self.heldout:
+            held = await client.submit(
+                self._versioned(self.heldout, version),
+                str(self.samples / f"heldout-{step:04d}"),
+                samples_per_task=self.cfg.heldout_samples,
+                batch_id=f"{state.run_id}-h{step}",
+                seed=self.cfg.seed * 100_003 + 50_000 + step,
+                rerun_failed=True,
+            )
+            waits.append(self._collect(client, held))
+        results = await asyncio.gather(*waits)
+        return results[0], (results[1] if self.heldout else [])
+
+    def _train(self, rows: list) -> tuple[float, float, float]:
+        """`updates_per_step` optimiser steps; returns (last loss, clip fraction, grad norm)."""
+        loss_v, clip_v, grad_v = 0.0, 0.0, 0.0
+        if not rows:
+            return loss_v, clip_v, grad_v
+        self.model.train()
+        for _ in range(self.cfg.updates_per_step):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss, stats = batch_loss(self.model, rows, self.cfg.clip_low, self.cfg.clip_high)
+            loss.backward()
+            grad = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+            self.optimizer.step()
+            loss_v, clip_v, grad_v = stats.loss, stats.clip_fraction, float(grad)
+        return loss_v, clip_v, grad_v
+
+    async def step(self, client: RolloutClient, state: RunState, step: int) -> StepMetrics:
+        started = time.monotonic()
+        outcomes, held = await self._rollouts(client, state, step)
+        rollout_s = time.monotonic() - started
+        table = client.load_samples(outcomes)
+        batch = prepare_batch(table.to_pylist(), step - 1, self.cfg.max_staleness, self.cfg.stale)
+        trained = batch.trained
+        self.model.eval()
+        agree = agreement(self.model, trained)
+        if agree.mean >= self.cfg.agreement_limit and agree.worst is not None:
+            w = agree.worst
+            log(
+                f"  AGREEMENT above {self.cfg.agreement_limit}: worst token {w.token_id} at "
+                f"response position {w.position} of segment {w.segment_id} "
+                f"(rollout {w.rollout_id}): trainer {w.trainer_logprob:.5f} vs engine "
+                f"{w.engine_logprob:.5f}"
+            )
+        t0 = time.monotonic()
+        loss_v, clip_v, grad_v = self._train(trained)
+        train_s = time.monotonic() - t0
+        version = policy_version_name(step)
+        save_policy(
+            self.model,
+            Path(self.cfg.init_policy),
+            self.policies / version,
+            {"policy_version": version, "step": step, "parent": policy_version_name(step - 1)},
+        )
+        self._save_optimizer(step)
+        publish_s = await self._publish(step)
+        rewards = [o.result.reward for o in outcomes if o.result and o.result.reward is not None]
+        held_rewards = [o.result.reward for o in held if o.result and o.result.reward is not None]
+        lags = batch.staleness
+        total = len(outcomes) + len(held)
+        return StepMetrics(
+            step=step,
+            policy=version,
+            sampled_by=policy_version_name(step - 1),
+            rollouts=len(outcomes),
+            rollouts_ok=sum(1 for o in outcomes if o.ok),
+            rows=table.num_rows,
+            rows_trained=len(trained),
+            rows_infra_error=batch.infra_error,
+            rows_stale=batch.stale,
+            tokens_trained=batch.tokens,
+            reward_mean=statistics.fmean(rewards) if rewards else math.nan,
+            reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            heldout_reward=statistics.fmean(held_rewards) if held_rewards else None,
+            agree_mean=agree.mean,
+            agree_max=agree.max,
+            ratio_mean=agree.ratio_mean,
+            worst_token=agree.worst,
+            staleness_max=max(lags) if lags else 0,
+            staleness_mean=statistics.fmean(lags) if lags else 0.0,
+            loss=loss_v,
+            clip_fraction=clip_v,
+            grad_norm=grad_v,
+            rollout_s=round(rollout_s, 3),
+            train_s=round(train_s, 3),
+            publish_s=round(publish_s, 3),
+            step_s=round(time.monotonic() - started, 3),
+            rollouts_per_s=round(total / rollout_s, 4) if rollout_s > 0 else 0.0,
+        )
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        state = RunState.load_or_create(self.out, self.cfg.run_id)
+        self._start(state)
+        await self._publish(state.step)
+        client = await RolloutClient.connect(
+            self.cfg.temporal, self.cfg.namespace, task_queue=self.cfg.task_queue
+        )
+        metrics = read_metrics(self.out)
+        for step in range(state.step + 1, self.cfg.steps + 1):
+            m = await self.step(client, state, step)
+            metrics.append(m)
+            write_metrics(self.out, metrics)
+            state.step = step
+            state.save()
+            plot_curve(self.out, metrics)
+            log(step_line(m))
+        if metrics:
+            plot_curve(self.out, metrics)
+        log(f"trained: {self.out}")
+        return self.out
