@@ -56,6 +56,10 @@ class TrainConfig(StrictModel):
         description="drop: stale rows leave the batch; mask: they stay in the group baseline "
         "but get no loss",
     )
+    overlap: bool = Field(
+        default=False,
+        description="one-step off-policy: step k+1's rollouts run while step k trains",
+    )
     agreement_limit: float = Field(default=0.01, gt=0, description="mean |Δ logprob| alarm")
     seed: int = 0
     run_id: str | None = Field(default=None, description="None: derived from `out` once")
@@ -77,7 +81,7 @@ class StepMetrics(StrictModel):
 
     step: int
     policy: str = Field(description="the policy this step produced")
-    sampled_by: str = Field(description="the policy the step's rollouts were submitted with")
+    sampled_by: str = Field(description="the policy served when the step's rollouts started")
     rollouts: int
     rollouts_ok: int
     rows: int
@@ -100,5 +104,8 @@ class StepMetrics(StrictModel):
     rollout_s: float
     train_s: float
     publish_s: float
+    overlap_s: float = Field(
+        default=0.0, description="seconds of this step's training with the next rollouts running"
+    )
     step_s: float
     rollouts_per_s: float

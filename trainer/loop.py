@@ -9,6 +9,13 @@ Per step k (policy v(k−1) serving):
 5. save `policies/vk`, load it into every engine, append the metrics, then record the
    step as complete in `state.json` (written last: a rerun resumes from the last
    complete policy and resubmits the same batch ids, so finished rollouts are reused).
+
+With `overlap` (one-step off-policy) step k+1's rollouts are submitted, labelled with
+the policy then serving, before step k trains; they keep running while it trains and
+while the new weights load (the engine drains in-flight calls, later calls wait), so
+step k+1 trains on samples one version old (`max_staleness` ≥ 1 keeps them).
+Agreement is always measured against the weights that sampled a row, the importance
+ratio against the weights about to be trained.
 """
 
 import asyncio
@@ -19,6 +26,7 @@ import os
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +36,7 @@ from schemas.client import Batch, RolloutClient, RolloutOutcome
 from schemas.engine_weights import VllmWeightLoader, WeightUpdate
 from schemas.tasks import RolloutTask, load_tasks
 from schemas.training import StepMetrics, TrainConfig, policy_version_name
-from trainer.batch import prepare_batch
+from trainer.batch import TrainRow, prepare_batch
 from trainer.loss import agreement, batch_loss
 from trainer.policy import load_policy, save_policy
 from trainer.report import plot_curve, read_metrics, step_line, write_metrics
@@ -80,6 +88,9 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        self.model: torch.nn.Module
+        self.version = policy_version_name(0)
+        self._behaviour: tuple[str, torch.nn.Module] | None = None
 
     # ------------------------------------------------------------------ setup
     def _opt_path(self, step: int) -> Path:
@@ -97,6 +108,7 @@ class Trainer:
             )
             state.step = 0
             self.model = model
+            self.version = policy_version_name(0)
             self.optimizer = self._optimizer()
             self._save_optimizer(0)
             write_metrics(self.out, [])
@@ -104,6 +116,7 @@ class Trainer:
             return
         current = self.policies / policy_version_name(state.step)
         self.model = load_policy(current)
+        self.version = policy_version_name(state.step)
         self.optimizer = self._optimizer()
         opt_path = self._opt_path(state.step)
         if opt_path.exists():
@@ -144,34 +157,57 @@ class Trainer:
             outcomes.append(outcome)
         return outcomes
 
-    async def _rollouts(
-        self, client: RolloutClient, state: RunState, step: int
-    ) -> tuple[list[RolloutOutcome], list[RolloutOutcome]]:
-        version = policy_version_name(step - 1)
-        out = str(self.samples / f"step-{step:04d}")
+    async def _submit(
+        self, client: RolloutClient, state: RunState, step: int, label: str
+    ) -> "asyncio.Future[Rollouts]":
+        """Start step `step`'s rollouts (and held-out) labelled with the served version
+        `label`; returns a future of their results. The label is in the batch id, so a
+        rerun that serves the same version reuses the rollouts already run."""
+        started = time.monotonic()
+        seed = self.cfg.seed * 100_003 + step
         train = await client.submit(
-            self._versioned(self.tasks, version),
-            out,
+            self._versioned(self.tasks, label),
+            str(self.samples / f"step-{step:04d}"),
             samples_per_task=self.cfg.group_size,
-            batch_id=f"{state.run_id}-s{step}",
-            seed=self.cfg.seed * 100_003 + step,
+            batch_id=f"{state.run_id}-s{step}-{label}",
+            seed=seed,
             rerun_failed=True,
         )
-        waits = [self._collect(client, train)]
+        held: Batch | None = None
         if self.heldout:
             held = await client.submit(
-                self._versioned(self.heldout, version),
+                self._versioned(self.heldout, label),
                 str(self.samples / f"heldout-{step:04d}"),
                 samples_per_task=self.cfg.heldout_samples,
-                batch_id=f"{state.run_id}-h{step}",
-                seed=self.cfg.seed * 100_003 + 50_000 + step,
+                batch_id=f"{state.run_id}-h{step}-{label}",
+                seed=seed + 50_000,
                 rerun_failed=True,
             )
-            waits.append(self._collect(client, held))
-        results = await asyncio.gather(*waits)
-        return results[0], (results[1] if self.heldout else [])
 
-    def _train(self, rows: list) -> tuple[float, float, float]:
+        async def gather() -> Rollouts:
+            waits = [self._collect(client, train)]
+            if held is not None:
+                waits.append(self._collect(client, held))
+            results = await asyncio.gather(*waits)
+            return Rollouts(
+                label=label,
+                outcomes=results[0],
+                heldout=results[1] if held is not None else [],
+                started=started,
+                finished=time.monotonic(),
+            )
+
+        return asyncio.ensure_future(gather())
+
+    def _model_for(self, version: str) -> torch.nn.Module:
+        """The weights that sampled `version`: ours, or a saved policy (kept one at a time)."""
+        if version == self.version:
+            return self.model
+        if self._behaviour is None or self._behaviour[0] != version:
+            self._behaviour = (version, load_policy(self.policies / version).eval())
+        return self._behaviour[1]
+
+    def _train(self, rows: list[TrainRow]) -> tuple[float, float, float]:
         """`updates_per_step` optimiser steps; returns (last loss, clip fraction, grad norm)."""
         loss_v, clip_v, grad_v = 0.0, 0.0, 0.0
         if not rows:
@@ -186,15 +222,19 @@ class Trainer:
             loss_v, clip_v, grad_v = stats.loss, stats.clip_fraction, float(grad)
         return loss_v, clip_v, grad_v
 
-    async def step(self, client: RolloutClient, state: RunState, step: int) -> StepMetrics:
-        started = time.monotonic()
-        outcomes, held = await self._rollouts(client, state, step)
-        rollout_s = time.monotonic() - started
-        table = client.load_samples(outcomes)
+    def _learn(self, step: int, ro: "Rollouts") -> dict[str, object]:
+        """Blocking part of a step (runs in a thread so the next rollouts keep flowing):
+        load samples, agreement, optimiser steps, save the new policy."""
+        table = RolloutClient.load_samples(ro.outcomes)
         batch = prepare_batch(table.to_pylist(), step - 1, self.cfg.max_staleness, self.cfg.stale)
         trained = batch.trained
         self.model.eval()
-        agree = agreement(self.model, trained)
+        # Agreement compares each row with the weights that sampled it; the importance
+        # ratio is against the weights about to be trained (they differ off-policy).
+        current = agreement(self.model, trained)
+        agree = current
+        if ro.label != self.version:
+            agree = agreement(self._model_for(ro.label), trained)
         if agree.mean >= self.cfg.agreement_limit and agree.worst is not None:
             w = agree.worst
             log(
@@ -211,43 +251,35 @@ class Trainer:
             self.model,
             Path(self.cfg.init_policy),
             self.policies / version,
-            {"policy_version": version, "step": step, "parent": policy_version_name(step - 1)},
+            {"policy_version": version, "step": step, "parent": self.version},
         )
         self._save_optimizer(step)
-        publish_s = await self._publish(step)
-        rewards = [o.result.reward for o in outcomes if o.result and o.result.reward is not None]
-        held_rewards = [o.result.reward for o in held if o.result and o.result.reward is not None]
+        self.version = version
+        rewards = [o.result.reward for o in ro.outcomes if o.result and o.result.reward is not None]
+        held = [o.result.reward for o in ro.heldout if o.result and o.result.reward is not None]
         lags = batch.staleness
-        total = len(outcomes) + len(held)
-        return StepMetrics(
-            step=step,
-            policy=version,
-            sampled_by=policy_version_name(step - 1),
-            rollouts=len(outcomes),
-            rollouts_ok=sum(1 for o in outcomes if o.ok),
-            rows=table.num_rows,
-            rows_trained=len(trained),
-            rows_infra_error=batch.infra_error,
-            rows_stale=batch.stale,
-            tokens_trained=batch.tokens,
-            reward_mean=statistics.fmean(rewards) if rewards else math.nan,
-            reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-            heldout_reward=statistics.fmean(held_rewards) if held_rewards else None,
-            agree_mean=agree.mean,
-            agree_max=agree.max,
-            ratio_mean=agree.ratio_mean,
-            worst_token=agree.worst,
-            staleness_max=max(lags) if lags else 0,
-            staleness_mean=statistics.fmean(lags) if lags else 0.0,
-            loss=loss_v,
-            clip_fraction=clip_v,
-            grad_norm=grad_v,
-            rollout_s=round(rollout_s, 3),
-            train_s=round(train_s, 3),
-            publish_s=round(publish_s, 3),
-            step_s=round(time.monotonic() - started, 3),
-            rollouts_per_s=round(total / rollout_s, 4) if rollout_s > 0 else 0.0,
-        )
+        return {
+            "rollouts": len(ro.outcomes),
+            "rollouts_ok": sum(1 for o in ro.outcomes if o.ok),
+            "rows": table.num_rows,
+            "rows_trained": len(trained),
+            "rows_infra_error": batch.infra_error,
+            "rows_stale": batch.stale,
+            "tokens_trained": batch.tokens,
+            "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
+            "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            "heldout_reward": statistics.fmean(held) if held else None,
+            "agree_mean": agree.mean,
+            "agree_max": agree.max,
+            "ratio_mean": current.ratio_mean,
+            "worst_token": agree.worst,
+            "staleness_max": max(lags) if lags else 0,
+            "staleness_mean": statistics.fmean(lags) if lags else 0.0,
+            "loss": loss_v,
+            "clip_fraction": clip_v,
+            "grad_norm": grad_v,
+            "train_s": round(train_s, 3),
+        }
 
     # ------------------------------------------------------------------ run
     async def run(self) -> Path:
@@ -259,15 +291,56 @@ class Trainer:
             self.cfg.temporal, self.cfg.namespace, task_queue=self.cfg.task_queue
         )
         metrics = read_metrics(self.out)
+        pending: asyncio.Future[Rollouts] | None = None
         for step in range(state.step + 1, self.cfg.steps + 1):
-            m = await self.step(client, state, step)
+            step_start = time.monotonic()
+            if pending is None:
+                pending = await self._submit(client, state, step, self.version)
+            ro = await pending
+            pending = None
+            if self.cfg.overlap and step < self.cfg.steps:
+                # one-step off-policy: step+1 samples from the current weights meanwhile
+                pending = await self._submit(client, state, step + 1, self.version)
+            learn_start = time.monotonic()
+            fields = await asyncio.to_thread(self._learn, step, ro)
+            publish_s = await self._publish(step)
+            learn_end = time.monotonic()
+            overlap_s = 0.0
+            if pending is not None:
+                nxt = pending.result() if pending.done() and not pending.exception() else None
+                end = nxt.finished if nxt is not None else learn_end
+                overlap_s = max(0.0, min(end, learn_end) - learn_start)
+            rollout_s = ro.finished - ro.started
+            total = len(ro.outcomes) + len(ro.heldout)
+            m = StepMetrics(
+                step=step,
+                policy=policy_version_name(step),
+                sampled_by=ro.label,
+                rollout_s=round(rollout_s, 3),
+                publish_s=round(publish_s, 3),
+                overlap_s=round(overlap_s, 3),
+                step_s=round(learn_end - step_start, 3),
+                rollouts_per_s=round(total / rollout_s, 4) if rollout_s > 0 else 0.0,
+                **fields,  # type: ignore[arg-type]
+            )
             metrics.append(m)
             write_metrics(self.out, metrics)
             state.step = step
             state.save()
             plot_curve(self.out, metrics)
             log(step_line(m))
-        if metrics:
-            plot_curve(self.out, metrics)
+        if pending is not None:
+            pending.cancel()
         log(f"trained: {self.out}")
         return self.out
+
+
+@dataclass
+class Rollouts:
+    """One step's finished rollouts and the policy version they were submitted with."""
+
+    label: str
+    outcomes: list[RolloutOutcome]
+    heldout: list[RolloutOutcome]
+    started: float
+    finished: float

@@ -60,6 +60,9 @@ def train_cmd(
     lr: float = 5e-5,
     updates_per_step: Annotated[int, typer.Option(min=1)] = 1,
     max_staleness: Annotated[int, typer.Option(min=0)] = 1,
+    overlap: Annotated[
+        bool, typer.Option(help="one-step off-policy: next rollouts run while a step trains")
+    ] = False,
     seed: int = 0,
 ) -> None:
     """Train the policy with GRPO on rollouts from the service (resumes a previous --out)."""
@@ -79,6 +82,7 @@ def train_cmd(
         lr=lr,
         updates_per_step=updates_per_step,
         max_staleness=max_staleness,
+        overlap=overlap,
         seed=seed,
     )
     code = launch_trainer(cfg)

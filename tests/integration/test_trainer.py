@@ -4,6 +4,7 @@ bubblewrap sandboxes, the Gateway in front of vLLM CPU serving the tiny model in
 environment. Kept small for 2 cores: 2 tasks × 2 rollouts (+1 held-out) per step.
 """
 
+import asyncio
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import pytest
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.vllm_server import VllmServer, VllmServerConfig
 from examples.make_tasks import task as make_task
+from schemas.engine_weights import VllmWeightLoader, WeightLoadError, WeightUpdate
 from schemas.training import StepMetrics
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.trainer import TrainerPython
@@ -117,7 +119,7 @@ def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[
         shutil.rmtree(work, ignore_errors=True)
 
 
-def train_argv(stack: TrainStack, out: Path, steps: int) -> list[str]:
+def train_argv(stack: TrainStack, out: Path, steps: int, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -133,12 +135,13 @@ def train_argv(stack: TrainStack, out: Path, steps: int) -> list[str]:
         f"--steps={steps}",
         "--group-size=2",
         "--lr=1e-3",
+        *extra,
     ]
 
 
-def run_train(stack: TrainStack, out: Path, steps: int) -> str:
+def run_train(stack: TrainStack, out: Path, steps: int, *extra: str) -> str:
     proc = subprocess.run(
-        train_argv(stack, out, steps),
+        train_argv(stack, out, steps, *extra),
         capture_output=True,
         text=True,
         timeout=900,
@@ -239,3 +242,80 @@ def test_rerun_after_a_kill_resumes_from_the_last_complete_policy(
     assert [m.step for m in metrics] == [1, 2]
     assert metrics[1].sampled_by == "v1" and metrics[1].agree_mean < 0.01
     assert httpx.get(f"{stack.engine.url}/weight_info").json() == {"weight_version": "v2"}
+
+
+def test_one_step_off_policy_overlaps_rollouts_with_training(
+    stack: TrainStack, tmp_path: Path
+) -> None:
+    """With --overlap, step 2's rollouts are submitted under v0 before step 1 trains and
+    run while it trains and loads v1: step 2 is trained (by v1 weights) on samples one
+    version old, kept by max_staleness 1, and the overlap is reported. Step 1 is
+    on-policy and agrees exactly."""
+    out = tmp_path / "run"
+    output = run_train(stack, out, 2, "--overlap")
+    assert [(m["step"], m["policy"]) for m in step_lines(output)] == [("1", "v1"), ("2", "v2")]
+    first, second = (StepMetrics.model_validate_json(ln) for ln in (out / "metrics.jsonl").open())
+    assert (first.sampled_by, first.staleness_max) == ("v0", 0)
+    assert first.agree_mean < 0.01
+    assert first.overlap_s > 0
+    assert (second.sampled_by, second.staleness_max, second.rows_stale) == ("v0", 1, 0)
+    assert second.rows_trained > 0
+    assert second.overlap_s == 0.0  # the last step has no next rollouts
+
+
+PERTURBED = """
+import json, torch
+from pathlib import Path
+from trainer.policy import load_policy, save_policy
+torch.manual_seed(0)
+model = load_policy(Path({model!r}))
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(torch.randn_like(p) * 0.02)
+save_policy(model, Path({model!r}), Path({out!r}), {{"policy_version": "p1"}})
+print(json.dumps({{"ok": True}}))
+"""
+
+
+def test_a_changed_policy_loads_in_place_and_is_served_exactly(
+    stack: TrainStack, trainer_env: TrainerPython, tmp_path: Path
+) -> None:
+    """Every weight moved (noise 0.02, tied embedding included): after an in-place
+    reload the engine's log-probs equal the trainer's for the new policy. Before the
+    checkpoint stored the tied head explicitly, vLLM kept sampling through the old
+    head (mean |Δ| ≈ 0.2)."""
+    policy = tmp_path / "p1"
+    trainer_env.run_json(PERTURBED.format(model=str(stack.model), out=str(policy)))
+    report = asyncio.run(
+        VllmWeightLoader(stack.engine.url).load(
+            WeightUpdate(policy_version="p1", checkpoint=str(policy))
+        )
+    )
+    assert report.method == "reload" and report.policy_version == "p1"
+    assert httpx.get(f"{stack.engine.url}/weight_info").json() == {"weight_version": "p1"}
+    served = trainer_env.run_json(
+        SERVE_CHECK.format(policy=str(policy), url=stack.engine.url, model=stack.engine.model)
+    )
+    assert served["mean"] < 1e-3 and served["max"] < 1e-2, served
+
+
+def test_an_unusable_checkpoint_is_refused_and_the_old_policy_keeps_serving(
+    stack: TrainStack, tmp_path: Path
+) -> None:
+    """A directory without weights is refused before the engine pauses; the engine still
+    reports and serves its previous version."""
+    before = httpx.get(f"{stack.engine.url}/weight_info").json()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    loader = VllmWeightLoader(stack.engine.url)
+    with pytest.raises(WeightLoadError, match=r"no \*\.safetensors weights"):
+        asyncio.run(loader.load(WeightUpdate(policy_version="bad", checkpoint=str(empty))))
+    assert httpx.get(f"{stack.engine.url}/weight_info").json() == before
+    assert httpx.get(f"{stack.engine.url}/is_paused").json() == {"is_paused": False}
+    reply = httpx.post(
+        f"{stack.engine.url}/v1/completions",
+        json={"model": stack.engine.model, "prompt": [5, 6, 7], "max_tokens": 2},
+        timeout=120,
+    )
+    assert reply.status_code == 200
