@@ -13,12 +13,23 @@ from pydantic import Field
 
 from schemas.base import StrictModel
 
-#: Policy versions the trainer writes: `v0` (the initial policy), `v1`, ...
+#: Policy versions the trainer writes: `<run_id>-v0` (the initial policy), `-v1`, ...
+#: The run id makes them unique across runs, so samples, checkpoints and the version an
+#: engine reports never confuse two runs' `v1`.
 _VERSION_RE = re.compile(r"(?:^|[^0-9A-Za-z])v(\d+)$|^v(\d+)$")
+_RUN_ID_CHARS = re.compile(r"[^A-Za-z0-9]+")
 
 
-def policy_version_name(index: int) -> str:
-    return f"v{index}"
+def policy_version_name(run_id: str, index: int) -> str:
+    return f"{run_id}-v{index}"
+
+
+def run_id_for(out_name: str, suffix: str) -> str:
+    """A readable run id from the output directory's name plus a random suffix."""
+    stem = _RUN_ID_CHARS.sub("-", out_name).strip("-")[:40] or "run"
+    if not stem[0].isalnum():
+        stem = f"r{stem}"
+    return f"{stem}-{suffix}"
 
 
 def policy_version_index(version: str) -> int | None:
@@ -62,7 +73,11 @@ class TrainConfig(StrictModel):
     )
     agreement_limit: float = Field(default=0.01, gt=0, description="mean |Δ logprob| alarm")
     seed: int = 0
-    run_id: str | None = Field(default=None, description="None: derived from `out` once")
+    run_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,60}$",
+        description="prefix of every policy version; None: from `out`'s name, once",
+    )
 
 
 class TokenMismatch(StrictModel):

@@ -35,7 +35,7 @@ import torch
 from schemas.client import Batch, RolloutClient, RolloutOutcome
 from schemas.engine_weights import VllmWeightLoader, WeightUpdate
 from schemas.tasks import RolloutTask, load_tasks
-from schemas.training import StepMetrics, TrainConfig, policy_version_name
+from schemas.training import StepMetrics, TrainConfig, policy_version_name, run_id_for
 from trainer.batch import TrainRow, prepare_batch
 from trainer.loss import agreement, batch_loss
 from trainer.policy import load_policy, save_policy
@@ -62,7 +62,7 @@ class RunState:
             return cls(out, data["run_id"], int(data["step"]))
         if run_id is None:
             seed = f"{out.resolve()}:{time.time_ns()}".encode()
-            run_id = f"t{hashlib.sha256(seed).hexdigest()[:10]}"
+            run_id = run_id_for(out.name, hashlib.sha256(seed).hexdigest()[:6])
         return cls(out, run_id, -1)
 
     def save(self) -> None:
@@ -89,41 +89,46 @@ class Trainer:
         np.random.seed(cfg.seed)
         torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
         self.model: torch.nn.Module
-        self.version = policy_version_name(0)
+        self.run_id = ""
+        self.version = ""
         self._behaviour: tuple[str, torch.nn.Module] | None = None
 
     # ------------------------------------------------------------------ setup
+    def vname(self, index: int) -> str:
+        return policy_version_name(self.run_id, index)
+
     def _opt_path(self, step: int) -> Path:
-        return self.out / "trainer_state" / f"{policy_version_name(step)}.pt"
+        return self.out / "trainer_state" / f"{self.vname(step)}.pt"
 
     def _start(self, state: RunState) -> None:
         """Load the last complete policy (creating v0 from the initial one on a first run)."""
+        self.run_id = state.run_id
         if state.step < 0:
             model = load_policy(Path(self.cfg.init_policy))
+            v0 = self.vname(0)
             save_policy(
                 model,
                 Path(self.cfg.init_policy),
-                self.policies / policy_version_name(0),
-                {"policy_version": "v0", "step": 0, "parent": str(self.cfg.init_policy)},
+                self.policies / v0,
+                {"policy_version": v0, "step": 0, "parent": str(self.cfg.init_policy)},
             )
             state.step = 0
             self.model = model
-            self.version = policy_version_name(0)
+            self.version = v0
             self.optimizer = self._optimizer()
             self._save_optimizer(0)
             write_metrics(self.out, [])
             state.save()
             return
-        current = self.policies / policy_version_name(state.step)
-        self.model = load_policy(current)
-        self.version = policy_version_name(state.step)
+        self.version = self.vname(state.step)
+        self.model = load_policy(self.policies / self.version)
         self.optimizer = self._optimizer()
         opt_path = self._opt_path(state.step)
         if opt_path.exists():
             self.optimizer.load_state_dict(torch.load(opt_path, weights_only=True))
         kept = [m for m in read_metrics(self.out) if m.step <= state.step]
         write_metrics(self.out, kept)
-        log(f"resumed: {self.out} at policy {policy_version_name(state.step)}")
+        log(f"resumed: {self.out} at policy {self.version}")
 
     def _optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
@@ -137,7 +142,7 @@ class Trainer:
 
     async def _publish(self, step: int) -> float:
         """Load policy v`step` into every engine (skipped where it already serves it)."""
-        version = policy_version_name(step)
+        version = self.vname(step)
         update = WeightUpdate(policy_version=version, checkpoint=str(self.policies / version))
         started = time.monotonic()
         for engine in self.engines:
@@ -169,7 +174,7 @@ class Trainer:
             self._versioned(self.tasks, label),
             str(self.samples / f"step-{step:04d}"),
             samples_per_task=self.cfg.group_size,
-            batch_id=f"{state.run_id}-s{step}-{label}",
+            batch_id=f"{label}-s{step}",
             seed=seed,
             rerun_failed=True,
         )
@@ -179,7 +184,7 @@ class Trainer:
                 self._versioned(self.heldout, label),
                 str(self.samples / f"heldout-{step:04d}"),
                 samples_per_task=self.cfg.heldout_samples,
-                batch_id=f"{state.run_id}-h{step}-{label}",
+                batch_id=f"{label}-h{step}",
                 seed=seed + 50_000,
                 rerun_failed=True,
             )
@@ -246,7 +251,7 @@ class Trainer:
         t0 = time.monotonic()
         loss_v, clip_v, grad_v = self._train(trained)
         train_s = time.monotonic() - t0
-        version = policy_version_name(step)
+        version = self.vname(step)
         save_policy(
             self.model,
             Path(self.cfg.init_policy),
@@ -314,7 +319,7 @@ class Trainer:
             total = len(ro.outcomes) + len(ro.heldout)
             m = StepMetrics(
                 step=step,
-                policy=policy_version_name(step),
+                policy=self.vname(step),
                 sampled_by=ro.label,
                 rollout_s=round(rollout_s, 3),
                 publish_s=round(publish_s, 3),

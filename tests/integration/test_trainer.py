@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 QUEUE = "trainer-tests"
 STEP_LINE = re.compile(
-    r"^step (?P<step>\d+) policy=(?P<policy>v\d+) reward=(?P<reward>[-0-9.]+) "
+    r"^step (?P<step>\d+) policy=\S+-(?P<policy>v\d+) reward=(?P<reward>[-0-9.]+) "
     r"heldout=(?P<heldout>[-0-9.]+) agree_mean=(?P<agree_mean>[0-9.e+-]+) "
     r"agree_max=(?P<agree_max>[0-9.e+-]+) ratio=(?P<ratio>[0-9.]+) "
     r"staleness=(?P<staleness>\d+) rollouts/s=(?P<rps>[0-9.]+)$"
@@ -156,6 +156,10 @@ def step_lines(output: str) -> list[re.Match[str]]:
     return [m for ln in output.splitlines() if (m := STEP_LINE.match(ln))]
 
 
+def run_id(out: Path) -> str:
+    return json.loads((out / "state.json").read_text())["run_id"]
+
+
 SERVE_CHECK = """
 import json, httpx, torch
 from pathlib import Path
@@ -197,11 +201,14 @@ def test_one_step_writes_a_policy_the_engine_serves(
     assert (out / "reward_curve.png").stat().st_size > 0
     assert sorted(p.name for p in (out / "samples").iterdir()) == ["heldout-0001", "step-0001"]
     assert len(list((out / "samples" / "step-0001").glob("*.parquet"))) == 4
-    policy = out / "policies" / "v1"
+    run = run_id(out)
+    assert m.policy == f"{run}-v1" and m.sampled_by == f"{run}-v0"
+    assert sorted(p.name for p in (out / "policies").iterdir()) == [f"{run}-v0", f"{run}-v1"]
+    policy = out / "policies" / f"{run}-v1"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (policy / name).is_file(), name
     assert "chat_template" in json.loads((policy / "tokenizer_config.json").read_text())
-    assert httpx.get(f"{stack.engine.url}/weight_info").json() == {"weight_version": "v1"}
+    assert httpx.get(f"{stack.engine.url}/weight_info").json() == {"weight_version": f"{run}-v1"}
     served = trainer_env.run_json(
         SERVE_CHECK.format(policy=str(policy), url=stack.engine.url, model=stack.engine.model)
     )
@@ -233,15 +240,16 @@ def test_rerun_after_a_kill_resumes_from_the_last_complete_policy(
         assert time.monotonic() < deadline, "".join(seen[-50:])
     os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its launcher, no cleanup runs
     proc.wait(timeout=30)
-    assert any(ln.startswith("step 1 policy=v1 ") for ln in seen), "".join(seen[-50:])
+    assert any(STEP_LINE.match(ln.rstrip("\n")) for ln in seen), "".join(seen[-50:])
 
     output = run_train(stack, out, steps=2)
-    assert f"resumed: {out} at policy v1" in output
+    run = run_id(out)
+    assert f"resumed: {out} at policy {run}-v1" in output
     assert [(m["step"], m["policy"]) for m in step_lines(output)] == [("2", "v2")], output
     metrics = [StepMetrics.model_validate_json(ln) for ln in (out / "metrics.jsonl").open()]
     assert [m.step for m in metrics] == [1, 2]
-    assert metrics[1].sampled_by == "v1" and metrics[1].agree_mean < 0.01
-    assert httpx.get(f"{stack.engine.url}/weight_info").json() == {"weight_version": "v2"}
+    assert metrics[1].sampled_by == f"{run}-v1" and metrics[1].agree_mean < 0.01
+    assert httpx.get(f"{stack.engine.url}/weight_info").json() == {"weight_version": f"{run}-v2"}
 
 
 def test_one_step_off_policy_overlaps_rollouts_with_training(
@@ -255,10 +263,11 @@ def test_one_step_off_policy_overlaps_rollouts_with_training(
     output = run_train(stack, out, 2, "--overlap")
     assert [(m["step"], m["policy"]) for m in step_lines(output)] == [("1", "v1"), ("2", "v2")]
     first, second = (StepMetrics.model_validate_json(ln) for ln in (out / "metrics.jsonl").open())
-    assert (first.sampled_by, first.staleness_max) == ("v0", 0)
+    run = run_id(out)
+    assert (first.sampled_by, first.staleness_max) == (f"{run}-v0", 0)
     assert first.agree_mean < 0.01
     assert first.overlap_s > 0
-    assert (second.sampled_by, second.staleness_max, second.rows_stale) == ("v0", 1, 0)
+    assert (second.sampled_by, second.staleness_max, second.rows_stale) == (f"{run}-v0", 1, 0)
     assert second.rows_trained > 0
     assert second.overlap_s == 0.0  # the last step has no next rollouts
 

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from schemas.training import policy_version_index, policy_version_name
+from schemas.training import policy_version_index, policy_version_name, run_id_for
 from trainer.batch import prepare_batch
 
 
@@ -38,7 +38,10 @@ def advantages(batch: Any) -> dict[tuple[str, str], float]:
 
 
 def test_versions_round_trip() -> None:
-    assert policy_version_name(7) == "v7"
+    assert policy_version_name("run-1a2b3c", 7) == "run-1a2b3c-v7"
+    assert policy_version_index("run-1a2b3c-v7") == 7
+    assert run_id_for("my run_2", "1a2b3c") == "my-run-2-1a2b3c"
+    assert run_id_for("__", "1a2b3c") == "run-1a2b3c"
     assert policy_version_index("v7") == 7
     assert policy_version_index("tiny-random-v0") == 0
     assert policy_version_index("run.v12") == 12
