@@ -50,7 +50,9 @@ class TrainConfig(StrictModel):
     namespace: str = "default"
     task_queue: str = "rollouts"
     engines: list[str] = Field(
-        default_factory=list, description="vLLM base URLs that get each new policy loaded"
+        min_length=1,
+        description="vLLM base URLs that get each new policy loaded (without them the "
+        "rollouts would keep sampling the old weights under the new version's name)",
     )
     steps: int = Field(default=2, ge=1)
     group_size: int = Field(default=4, ge=2, description="rollouts per task (one GRPO group)")

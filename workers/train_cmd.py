@@ -45,15 +45,15 @@ def launch_trainer(cfg: TrainConfig, python: Path | None = None) -> int:
 def train_cmd(
     tasks: Annotated[Path, typer.Argument(help="training tasks (JSONL)")],
     init_policy: Annotated[Path, typer.Option(help="model dir of the starting policy")],
+    engine: Annotated[
+        list[str],
+        typer.Option(help="vLLM URL that loads each new policy (repeat; dev mode on)"),
+    ],
     out: Annotated[Path, typer.Option(help="policies/, samples/, metrics.jsonl, curve")] = Path(
         "./data/train"
     ),
     temporal: str = "127.0.0.1:7233",
     task_queue: str = "rollouts",
-    engine: Annotated[
-        list[str] | None,
-        typer.Option(help="vLLM URL that loads each new policy (repeat; dev mode on)"),
-    ] = None,
     steps: Annotated[int, typer.Option(min=1)] = 2,
     group_size: Annotated[int, typer.Option(min=2)] = 4,
     heldout: Annotated[Path | None, typer.Option(help="held-out tasks (JSONL)")] = None,
@@ -75,7 +75,7 @@ def train_cmd(
         init_policy=str(init_policy.resolve()),
         temporal=temporal,
         task_queue=task_queue,
-        engines=list(engine or []),
+        engines=list(engine),
         steps=steps,
         group_size=group_size,
         heldout=str(heldout.resolve()) if heldout else None,
