@@ -126,3 +126,11 @@ class StepMetrics(StrictModel):
     )
     step_s: float
     rollouts_per_s: float
+
+
+class FinalEval(StrictModel):
+    """`OUT/final_heldout.json`: the held-out reward of the last policy."""
+
+    policy: str
+    heldout_reward: float
+    heldout_rollouts: int

@@ -35,13 +35,20 @@ import torch
 from schemas.client import Batch, RolloutClient, RolloutOutcome
 from schemas.engine_weights import VllmWeightLoader, WeightUpdate
 from schemas.tasks import RolloutTask, load_tasks
-from schemas.training import StepMetrics, TrainConfig, policy_version_name, run_id_for
+from schemas.training import (
+    FinalEval,
+    StepMetrics,
+    TrainConfig,
+    policy_version_name,
+    run_id_for,
+)
 from trainer.batch import TrainRow, prepare_batch
 from trainer.loss import agreement, batch_loss
 from trainer.policy import load_policy, save_policy
 from trainer.report import plot_curve, read_metrics, step_line, write_metrics
 
 STATE_FILE = "state.json"
+FINAL_FILE = "final_heldout.json"
 
 
 def log(msg: str) -> None:
@@ -163,21 +170,23 @@ class Trainer:
         return outcomes
 
     async def _submit(
-        self, client: RolloutClient, state: RunState, step: int, label: str
+        self, client: RolloutClient, state: RunState, step: int, label: str, train: bool = True
     ) -> "asyncio.Future[Rollouts]":
         """Start step `step`'s rollouts (and held-out) labelled with the served version
         `label`; returns a future of their results. The label is in the batch id, so a
         rerun that serves the same version reuses the rollouts already run."""
         started = time.monotonic()
         seed = self.cfg.seed * 100_003 + step
-        train = await client.submit(
-            self._versioned(self.tasks, label),
-            str(self.samples / f"step-{step:04d}"),
-            samples_per_task=self.cfg.group_size,
-            batch_id=f"{label}-s{step}",
-            seed=seed,
-            rerun_failed=True,
-        )
+        batch: Batch | None = None
+        if train:
+            batch = await client.submit(
+                self._versioned(self.tasks, label),
+                str(self.samples / f"step-{step:04d}"),
+                samples_per_task=self.cfg.group_size,
+                batch_id=f"{label}-s{step}",
+                seed=seed,
+                rerun_failed=True,
+            )
         held: Batch | None = None
         if self.heldout:
             held = await client.submit(
@@ -190,14 +199,14 @@ class Trainer:
             )
 
         async def gather() -> Rollouts:
-            waits = [self._collect(client, train)]
-            if held is not None:
-                waits.append(self._collect(client, held))
-            results = await asyncio.gather(*waits)
+            done, held_done = await asyncio.gather(
+                self._collect(client, batch) if batch is not None else _nothing(),
+                self._collect(client, held) if held is not None else _nothing(),
+            )
             return Rollouts(
                 label=label,
-                outcomes=results[0],
-                heldout=results[1] if held is not None else [],
+                outcomes=done,
+                heldout=held_done,
                 started=started,
                 finished=time.monotonic(),
             )
@@ -336,8 +345,34 @@ class Trainer:
             log(step_line(m))
         if pending is not None:
             pending.cancel()
+        if self.heldout:
+            final = await self._final_heldout(client, state)
+            log(f"final policy={final.policy} heldout={final.heldout_reward:.3f}")
+            plot_curve(self.out, metrics, final)
         log(f"trained: {self.out}")
         return self.out
+
+    async def _final_heldout(self, client: RolloutClient, state: RunState) -> FinalEval:
+        """Held-out reward of the last policy (each step's held-out is of the policy it
+        sampled with, so the trained result needs one more evaluation)."""
+        path = self.out / FINAL_FILE
+        if path.exists():
+            final = FinalEval.model_validate_json(path.read_text())
+            if final.policy == self.version:
+                return final
+        ro = await (await self._submit(client, state, state.step + 1, self.version, train=False))
+        rewards = [o.result.reward for o in ro.heldout if o.result and o.result.reward is not None]
+        final = FinalEval(
+            policy=self.version,
+            heldout_reward=statistics.fmean(rewards) if rewards else math.nan,
+            heldout_rollouts=len(ro.heldout),
+        )
+        path.write_text(final.model_dump_json() + "\n")
+        return final
+
+
+async def _nothing() -> list[RolloutOutcome]:
+    return []
 
 
 @dataclass

@@ -3,7 +3,7 @@
 import math
 from pathlib import Path
 
-from schemas.training import StepMetrics
+from schemas.training import FinalEval, StepMetrics
 
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "reward_curve.png"
@@ -38,8 +38,11 @@ def step_line(m: StepMetrics) -> str:
     )
 
 
-def plot_curve(out: Path, metrics: list[StepMetrics]) -> Path:
-    """Reward mean ± std per step, held-out reward, and agreement (log scale)."""
+def plot_curve(out: Path, metrics: list[StepMetrics], final: FinalEval | None = None) -> Path:
+    """Reward mean ± std per step, held-out reward, and agreement (log scale).
+
+    Step N's rewards are those of the policy that sampled step N; the final policy's
+    held-out reward, when measured, is drawn at step N+1."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -54,6 +57,8 @@ def plot_curve(out: Path, metrics: list[StepMetrics]) -> Path:
     high = [a + b for a, b in zip(mean, std, strict=True)]
     top.fill_between(steps, low, high, alpha=0.2)
     held = [(m.step, m.heldout_reward) for m in metrics if m.heldout_reward is not None]
+    if final is not None and metrics:
+        held.append((metrics[-1].step + 1, final.heldout_reward))
     if held:
         top.plot([s for s, _ in held], [h for _, h in held], marker="s", label="held-out reward")
     top.set_ylabel("reward")

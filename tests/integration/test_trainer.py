@@ -25,7 +25,7 @@ from devstack.temporal_dev_server import TemporalDevServer
 from devstack.vllm_server import VllmServer, VllmServerConfig
 from examples.make_tasks import task as make_task
 from schemas.engine_weights import VllmWeightLoader, WeightLoadError, WeightUpdate
-from schemas.training import StepMetrics
+from schemas.training import FinalEval, StepMetrics
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.trainer import TrainerPython
 from tests.integration.test_controller import WorkerProcess
@@ -182,8 +182,9 @@ def test_one_step_writes_a_policy_the_engine_serves(
     stack: TrainStack, trainer_env: TrainerPython, tmp_path: Path
 ) -> None:
     """One step: rollouts through Temporal, a real optimiser step, the step line with
-    every field, agreement below 0.01 on float32, `policies/v1` with weights, tokenizer
-    and chat template that transformers loads, and vLLM now serving exactly v1."""
+    every field, agreement below 0.01 on float32, `policies/<run>-v1` with weights,
+    tokenizer and chat template that transformers loads, vLLM now serving exactly v1,
+    and v1's own held-out reward measured at the end."""
     out = tmp_path / "run"
     output = run_train(stack, out, steps=1)
     lines = step_lines(output)
@@ -205,6 +206,9 @@ def test_one_step_writes_a_policy_the_engine_serves(
     assert m.policy == f"{run}-v1" and m.sampled_by == f"{run}-v0"
     assert sorted(p.name for p in (out / "policies").iterdir()) == [f"{run}-v0", f"{run}-v1"]
     policy = out / "policies" / f"{run}-v1"
+    final = FinalEval.model_validate_json((out / "final_heldout.json").read_text())
+    assert (final.policy, final.heldout_rollouts) == (f"{run}-v1", 1)
+    assert f"final policy={run}-v1 heldout={final.heldout_reward:.3f}" in output.splitlines()
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (policy / name).is_file(), name
     assert "chat_template" in json.loads((policy / "tokenizer_config.json").read_text())
