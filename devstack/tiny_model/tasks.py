@@ -35,6 +35,10 @@ MAX_TOKENS = 48
 """Per model call: enough for a tool call (~25 tokens) or any reference answer."""
 
 Split = Literal["train", "heldout"]
+HELDOUT_SEED = 0
+HELDOUT_SIZE = 64
+"""The canonical held-out split: the first 64 cases of seed 0 (16 per kind). The warm-up
+never trains on their prompts; use ``heldout_cases(HELDOUT_SEED, n <= 64)``."""
 
 WORDS = tuple(w for w in NOUNS if w.isalpha() and w.islower() and 3 <= len(w) <= 6)
 CJK_CITIES = tuple(CJK_WORDS[1:10])
@@ -117,10 +121,14 @@ def iter_cases(
 def _take(cases: Iterator[TaskCase], n: int, unique: bool) -> list[TaskCase]:
     out: list[TaskCase] = []
     seen: set[str] = set()
+    misses = 0
     for case in cases:
         if len(out) == n:
             break
         if unique and case.prompt in seen:
+            misses += 1
+            if misses > 100 * n:
+                raise ValueError(f"cannot find {n} distinct tasks (reverse has {len(WORDS)} words)")
             continue
         seen.add(case.prompt)
         out.append(case)
