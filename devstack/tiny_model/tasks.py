@@ -83,7 +83,9 @@ def _weather(rng: random.Random) -> tuple[str, str, str, dict[str, dict[str, Any
     cities = rng.sample(CITIES, 3)
     table = {c: {"temperature": rng.randint(-9, 39), "sky": rng.choice(SKIES)} for c in cities}
     city = cities[0]
-    prompt = f"What is the temperature in {city} now? Use the tool, then reply with the number only."
+    prompt = (
+        f"What is the temperature in {city} now? Use the tool, then reply with the number only."
+    )
     return prompt, str(table[city]["temperature"]), city, dict(sorted(table.items()))
 
 

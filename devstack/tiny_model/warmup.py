@@ -31,9 +31,10 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from .tasks import HELDOUT_SEED, HELDOUT_SIZE, TaskCase, conversation, heldout_cases, iter_cases
+from .tasks import TaskCase, conversation, heldout_cases, iter_cases
 from .template import render_chat
-from .weights import TinyQwen3Shape, hf_config
+from .warm import WarmupRecipe
+from .weights import hf_config
 
 COPIED_FILES = (
     "tokenizer.json",
@@ -41,29 +42,6 @@ COPIED_FILES = (
     "special_tokens_map.json",
     "generation_config.json",
 )
-
-
-class WarmupRecipe(BaseModel):
-    """Everything that shapes the warm model; its hash names the cache directory."""
-
-    shape: TinyQwen3Shape = TinyQwen3Shape(
-        hidden_size=192,
-        num_attention_heads=3,
-        num_key_value_heads=1,
-        num_hidden_layers=3,
-        intermediate_size=384,
-    )
-    seed: int = 0
-    steps: int = 240
-    batch_short: int = 24
-    batch_tool: int = 4
-    lr: float = 3e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.01
-    threads: int = 1
-    heldout_seed: int = HELDOUT_SEED
-    heldout_excluded: int = HELDOUT_SIZE
-    """The first N held-out cases of ``heldout_seed`` never appear in the warm-up data."""
 
 
 class Example(BaseModel):
@@ -100,7 +78,9 @@ def encode_conversation(tok: Tokenizer, case: TaskCase) -> Example:
 
 def batches(tok: Tokenizer, recipe: WarmupRecipe) -> Iterator[tuple[list[Example], list[Example]]]:
     """(short examples, tool examples) per step, from cases outside the held-out set."""
-    excluded = frozenset(c.prompt for c in heldout_cases(recipe.heldout_seed, recipe.heldout_excluded))
+    excluded = frozenset(
+        c.prompt for c in heldout_cases(recipe.heldout_seed, recipe.heldout_excluded)
+    )
     cases = iter_cases(recipe.seed, "warmup", excluded)
     short: list[Example] = []
     tool: list[Example] = []
