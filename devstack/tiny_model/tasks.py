@@ -5,15 +5,16 @@ Four kinds: ``add`` (two-number sum), ``reverse`` (a word spelled backwards), ``
 and its result before the answer: multi-turn through :mod:`task_agent`). Every case has
 one reference answer; the reward is the task's file check: ``answer.txt`` equals it.
 
-The same seed gives the same cases. The held-out split is generated first and its
-prompts are excluded from the training split and from the warm-up's conversations, so
-held-out reward measures generalisation, not recall. Imports nothing outside this
-package (it runs in the vLLM venv during the warm-up too); callers that need
-``RolloutTask`` validate the dicts :func:`rollout_task` returns.
+The same seed gives the same cases. The held-out split is generated first and its cases
+(prompt, plus the tool's data for weather) are excluded from the training split and from
+the warm-up's conversations, so held-out reward measures generalisation, not recall.
+Imports nothing outside this package (it runs in the vLLM venv during the warm-up too);
+callers that need ``RolloutTask`` validate the dicts :func:`rollout_task` returns.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Iterator
@@ -56,6 +57,11 @@ class TaskCase(BaseModel):
     tools: list[str] = []
     city: str | None = None
     weather: dict[str, dict[str, Any]] = {}
+
+    @property
+    def key(self) -> str:
+        """What makes two cases the same task: the prompt, plus the tool's data."""
+        return self.prompt + (json.dumps(self.weather, sort_keys=True) if self.weather else "")
 
 
 def _add(rng: random.Random) -> tuple[str, str]:
@@ -107,44 +113,38 @@ def make_case(rng: random.Random, kind: str, task_id: str) -> TaskCase:
 
 
 def iter_cases(
-    seed: int, split: str, exclude_prompts: frozenset[str] = frozenset()
+    seed: int, split: str, exclude: frozenset[str] = frozenset(), unique: bool = False
 ) -> Iterator[TaskCase]:
-    """Endless cases, kinds in turn; prompts in ``exclude_prompts`` are skipped."""
+    """Endless cases, kinds in turn; a case whose ``key`` is in ``exclude`` (or, with
+    ``unique``, was given already) is drawn again, so the kinds stay balanced."""
     rng = random.Random(f"{FAMILY}:{seed}:{split}")
+    seen = set(exclude)
     index = 0
+    misses = 0
     while True:
         kind = KINDS[index % len(KINDS)]
         case = make_case(rng, kind, f"{split}-{index:05d}-{kind}")
-        if case.prompt not in exclude_prompts:
-            yield case
-            index += 1
-
-
-def _take(cases: Iterator[TaskCase], n: int, unique: bool) -> list[TaskCase]:
-    out: list[TaskCase] = []
-    seen: set[str] = set()
-    misses = 0
-    for case in cases:
-        if len(out) == n:
-            break
-        if unique and case.prompt in seen:
+        if case.key in seen:
             misses += 1
-            if misses > 100 * n:
-                raise ValueError(f"cannot find {n} distinct tasks (reverse has {len(WORDS)} words)")
+            if misses > 100_000:
+                raise ValueError(f"no more distinct {kind} tasks (reverse has {len(WORDS)} words)")
             continue
-        seen.add(case.prompt)
-        out.append(case)
-    return out
+        if unique:
+            seen.add(case.key)
+        misses = 0
+        yield case
+        index += 1
 
 
 def heldout_cases(seed: int, n: int) -> list[TaskCase]:
     """``n`` distinct held-out cases (balanced kinds)."""
-    return _take(iter_cases(seed, "heldout"), n, unique=True)
+    return list(itertools.islice(iter_cases(seed, "heldout", unique=True), n))
 
 
 def train_cases(seed: int, n: int, heldout: list[TaskCase]) -> list[TaskCase]:
-    """``n`` training cases, none with a held-out prompt."""
-    return _take(iter_cases(seed, "train", frozenset(c.prompt for c in heldout)), n, unique=True)
+    """``n`` distinct training cases, none of them a held-out case."""
+    excluded = frozenset(c.key for c in heldout)
+    return list(itertools.islice(iter_cases(seed, "train", excluded, unique=True), n))
 
 
 def wrong_answer(case: TaskCase) -> str:

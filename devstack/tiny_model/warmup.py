@@ -78,9 +78,7 @@ def encode_conversation(tok: Tokenizer, case: TaskCase) -> Example:
 
 def batches(tok: Tokenizer, recipe: WarmupRecipe) -> Iterator[tuple[list[Example], list[Example]]]:
     """(short examples, tool examples) per step, from cases outside the held-out set."""
-    excluded = frozenset(
-        c.prompt for c in heldout_cases(recipe.heldout_seed, recipe.heldout_excluded)
-    )
+    excluded = frozenset(c.key for c in heldout_cases(recipe.heldout_seed, recipe.heldout_excluded))
     cases = iter_cases(recipe.seed, "warmup", excluded)
     short: list[Example] = []
     tool: list[Example] = []
