@@ -112,6 +112,11 @@ class StepMetrics(StrictModel):
     agree_mean: float
     agree_max: float
     ratio_mean: float
+    tokens_sampled_by_label: int = Field(
+        default=0,
+        description="off-policy: loss tokens that the older labelled policy explains better "
+        "than the current one (the rest were sampled after the weight update)",
+    )
     worst_token: TokenMismatch | None = None
     staleness_max: int
     staleness_mean: float

@@ -243,12 +243,12 @@ class Trainer:
         batch = prepare_batch(table.to_pylist(), step - 1, self.cfg.max_staleness, self.cfg.stale)
         trained = batch.trained
         self.model.eval()
-        # Agreement compares each row with the weights that sampled it; the importance
-        # ratio is against the weights about to be trained (they differ off-policy).
-        current = agreement(self.model, trained)
-        agree = current
-        if ro.label != self.version:
-            agree = agreement(self._model_for(ro.label), trained)
+        # Agreement compares each token with the weights that sampled it: off-policy rows
+        # were labelled with the older policy, but their calls after the weight update
+        # were sampled by the current one (the Gateway does not yet record per-call
+        # versions), so both are candidates. The ratio is against the current weights.
+        older = () if ro.label == self.version else (self._model_for(ro.label),)
+        agree = agreement(self.model, trained, older)
         if agree.mean >= self.cfg.agreement_limit and agree.worst is not None:
             w = agree.worst
             log(
@@ -285,7 +285,8 @@ class Trainer:
             "heldout_reward": statistics.fmean(held) if held else None,
             "agree_mean": agree.mean,
             "agree_max": agree.max,
-            "ratio_mean": current.ratio_mean,
+            "ratio_mean": agree.ratio_mean,
+            "tokens_sampled_by_label": agree.by_alternative,
             "worst_token": agree.worst,
             "staleness_max": max(lags) if lags else 0,
             "staleness_mean": statistics.fmean(lags) if lags else 0.0,

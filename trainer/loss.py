@@ -32,38 +32,58 @@ def response_logprobs(
 
 @dataclass
 class Agreement:
-    """|trainer − engine| over loss-mask tokens, before any update of the step."""
+    """|trainer − engine| over loss-mask tokens, before any update of the step.
+
+    `by_alternative` counts tokens that an alternative set of weights (the older policy
+    of a rollout that spanned a weight update) explains better than the primary one.
+    """
 
     mean: float
     max: float
     ratio_mean: float
     tokens: int
     worst: TokenMismatch | None
+    by_alternative: int = 0
 
 
-def agreement(model: torch.nn.Module, rows: list[TrainRow]) -> Agreement:
+def agreement(
+    model: torch.nn.Module,
+    rows: list[TrainRow],
+    alternatives: tuple[torch.nn.Module, ...] = (),
+) -> Agreement:
+    """Each token's difference is taken against whichever of `model` and `alternatives`
+    matches the engine best (a token was sampled by exactly one of them); the ratio is
+    always `model`'s, the weights about to be trained."""
     diffs: list[torch.Tensor] = []
     ratios: list[torch.Tensor] = []
     worst: TokenMismatch | None = None
+    worst_diff = -1.0
+    by_alternative = 0
     with torch.no_grad():
         for row in rows:
             mask = torch.tensor(row.loss_mask, dtype=torch.bool)
             if not mask.any():
                 continue
-            new = response_logprobs(model, row.prompt_ids, row.response_ids)
             old = torch.tensor(row.logprobs, dtype=torch.float32)
-            diff = (new - old).abs()
+            new = response_logprobs(model, row.prompt_ids, row.response_ids)
+            best, diff = new, (new - old).abs()
+            for alt in alternatives:
+                other = response_logprobs(alt, row.prompt_ids, row.response_ids)
+                other_diff = (other - old).abs()
+                closer = other_diff < diff
+                by_alternative += int((closer & mask).sum())
+                best = torch.where(closer, other, best)
+                diff = torch.minimum(diff, other_diff)
             masked = torch.where(mask, diff, torch.zeros_like(diff))
             pos = int(masked.argmax())
-            if worst is None or float(masked[pos]) > abs(
-                worst.trainer_logprob - worst.engine_logprob
-            ):
+            if float(masked[pos]) > worst_diff:
+                worst_diff = float(masked[pos])
                 worst = TokenMismatch(
                     rollout_id=row.rollout_id,
                     segment_id=row.segment_id,
                     position=pos,
                     token_id=row.response_ids[pos],
-                    trainer_logprob=float(new[pos]),
+                    trainer_logprob=float(best[pos]),
                     engine_logprob=float(old[pos]),
                 )
             diffs.append(diff[mask])
@@ -71,7 +91,9 @@ def agreement(model: torch.nn.Module, rows: list[TrainRow]) -> Agreement:
     if not diffs:
         return Agreement(0.0, 0.0, 1.0, 0, None)
     d, r = torch.cat(diffs), torch.cat(ratios)
-    return Agreement(float(d.mean()), float(d.max()), float(r.mean()), int(d.numel()), worst)
+    return Agreement(
+        float(d.mean()), float(d.max()), float(r.mean()), int(d.numel()), worst, by_alternative
+    )
 
 
 @dataclass

@@ -3,7 +3,6 @@ it clips and where gradients flow, log-prob positions, and the agreement report 
 names the token where trainer and engine differ. Runs in the trainer environment
 (torch lives there, not in the project's)."""
 
-import json
 import math
 from pathlib import Path
 
@@ -68,9 +67,21 @@ masked = list(fast)
 masked[2] += 3.0
 row2 = TrainRow("r2", "seg-8", "g", prompt, response, [1, 1, 0], masked, 1.0, 0.0, 0, True)
 a = agreement(model, [row, row2])
+older = load_policy(Path({model!r})).eval()
+with torch.no_grad():
+    for p in older.parameters():
+        p.add_(0.05)
+    old_lp = response_logprobs(older, prompt, response).tolist()
+spanning = [old_lp[0], fast[1], fast[2]]  # token 0 by the older weights, then the update
+row3 = TrainRow("r3", "seg-9", "g", prompt, response, [1, 1, 1], spanning, 1.0, 0.0, 1, True)
+only_new = agreement(model, [row3])
+both = agreement(model, [row3], (older,))
 print(json.dumps({{"fast": fast, "slow": slow, "mean": a.mean, "max": a.max,
                    "ratio": a.ratio_mean, "tokens": a.tokens,
-                   "worst": a.worst.model_dump()}}))
+                   "worst": a.worst.model_dump(),
+                   "gap": abs(old_lp[0] - fast[0]), "only_new_max": only_new.max,
+                   "both_max": both.max, "by_older": both.by_alternative,
+                   "both_ratio": both.ratio_mean, "only_new_ratio": only_new.ratio_mean}}))
 """
 
 
@@ -81,7 +92,8 @@ def test_logprob_positions_and_agreement_report(
     its own prefix (no off-by-one). An engine log-prob 0.5 off on token 1 of segment
     seg-7 shows up as max 0.5, mean 0.5/4 over the four loss-mask tokens, and the report
     names that segment, position and token; a difference on a masked token does not
-    count."""
+    count; a row spanning a weight update is explained token by token by the two
+    candidate weights."""
     got = trainer_env.run_json(POSITION_SNIPPET.format(model=str(tiny_model_dir)))
     assert got["fast"] == pytest.approx(got["slow"], abs=1e-5)
     assert got["max"] == pytest.approx(0.5, abs=1e-5)
@@ -96,4 +108,12 @@ def test_logprob_positions_and_agreement_report(
         22,
     )
     assert worst["trainer_logprob"] - worst["engine_logprob"] == pytest.approx(0.5, abs=1e-5)
-    json.dumps(worst)
+    # A row that spans a weight update: token 0 sampled by older weights. Against the
+    # current weights alone it differs by the update's effect; with the older weights
+    # as a candidate every token is explained and one is attributed to them. The ratio
+    # stays the current weights' (the ones being trained).
+    assert got["gap"] > 1e-3
+    assert got["only_new_max"] == pytest.approx(got["gap"], abs=1e-5)
+    assert got["both_max"] < 1e-5
+    assert got["by_older"] == 1
+    assert got["both_ratio"] == pytest.approx(got["only_new_ratio"], abs=1e-6)
