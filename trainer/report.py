@@ -47,6 +47,7 @@ def plot_curve(out: Path, metrics: list[StepMetrics], final: FinalEval | None = 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     steps = [m.step for m in metrics]
     mean = [m.reward_mean for m in metrics]
@@ -68,6 +69,7 @@ def plot_curve(out: Path, metrics: list[StepMetrics], final: FinalEval | None = 
     bottom.axhline(0.01, color="red", linestyle="--", linewidth=1, label="0.01")
     bottom.set_ylabel("|trainer − engine| logprob")
     bottom.set_xlabel("step")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.legend(loc="best")
     fig.tight_layout()
     path = out / CURVE_FILE

@@ -262,7 +262,8 @@ def test_one_step_off_policy_overlaps_rollouts_with_training(
     """With --overlap, step 2's rollouts are submitted under v0 before step 1 trains and
     run while it trains and loads v1: step 2 is trained (by v1 weights) on samples one
     version old, kept by max_staleness 1, and the overlap is reported. Step 1 is
-    on-policy and agrees exactly."""
+    on-policy and agrees exactly; step 2's tokens each agree with v0 or v1, whichever
+    sampled them."""
     out = tmp_path / "run"
     output = run_train(stack, out, 2, "--overlap")
     assert [(m["step"], m["policy"]) for m in step_lines(output)] == [("1", "v1"), ("2", "v2")]
@@ -273,6 +274,7 @@ def test_one_step_off_policy_overlaps_rollouts_with_training(
     assert first.overlap_s > 0
     assert (second.sampled_by, second.staleness_max, second.rows_stale) == (f"{run}-v0", 1, 0)
     assert second.rows_trained > 0
+    assert second.agree_mean < 0.01 and second.agree_max < 0.01
     assert second.overlap_s == 0.0  # the last step has no next rollouts
 
 
