@@ -200,7 +200,12 @@ def test_one_step_writes_a_policy_the_engine_serves(
     assert m.staleness_max == 0 and m.heldout_reward is not None
     assert m.grad_norm > 0
     assert (out / "reward_curve.png").stat().st_size > 0
-    assert sorted(p.name for p in (out / "samples").iterdir()) == ["heldout-0001", "step-0001"]
+    # heldout-0002: the final policy's held-out rollouts (the policy "sampling step 2")
+    assert sorted(p.name for p in (out / "samples").iterdir()) == [
+        "heldout-0001",
+        "heldout-0002",
+        "step-0001",
+    ]
     assert len(list((out / "samples" / "step-0001").glob("*.parquet"))) == 4
     run = run_id(out)
     assert m.policy == f"{run}-v1" and m.sampled_by == f"{run}-v0"
