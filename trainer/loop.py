@@ -16,6 +16,11 @@ while the new weights load (the engine drains in-flight calls, later calls wait)
 step k+1 trains on samples one version old (`max_staleness` ≥ 1 keeps them).
 Agreement is always measured against the weights that sampled a row, the importance
 ratio against the weights about to be trained.
+
+Layout of OUT: `policies/<run>-vN/`, `samples/step-000N/` (step N's rollouts),
+`samples/heldout-000N/` (held-out rollouts of the policy that sampled step N; N = steps+1
+is the final policy's), `trainer_state/` (optimiser state), `metrics.jsonl`,
+`final_heldout.json`, `reward_curve.png`, `state.json`, `train_config.json`.
 """
 
 import asyncio
