@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -146,13 +147,19 @@ def trainer_python(cache_dir: Path | None = None) -> Path:
     return venv_python(ensure_trainer_env(cache_dir))
 
 
-def trainer_pythonpath(root: Path) -> Path:
-    """A fresh directory holding links to the ``schemas`` and ``trainer`` packages only.
+def trainer_pythonpath(root: Path, link_dir: Path | None = None) -> Path:
+    """A directory holding links to the ``schemas`` and ``trainer`` packages only.
 
     ``root`` is the directory holding those packages (the caller knows where its
-    ``schemas`` lives; devstack imports no product package). The caller removes it.
+    ``schemas`` lives; devstack imports no product package). ``link_dir`` is (re)made
+    in place — `rollout train` keeps it inside OUT, so a killed launcher leaves nothing
+    behind elsewhere; None makes a temporary directory the caller removes.
     """
-    link_dir = Path(tempfile.mkdtemp(prefix="rollout-trainer-path-"))
+    if link_dir is None:
+        link_dir = Path(tempfile.mkdtemp(prefix="rollout-trainer-path-"))
+    else:
+        shutil.rmtree(link_dir, ignore_errors=True)
+        link_dir.mkdir(parents=True)
     for name in TRAINER_PACKAGES:
         target = root / name
         if not target.is_dir():

@@ -21,8 +21,6 @@ from schemas.training import TrainConfig
 
 def launch_trainer(cfg: TrainConfig, python: Path | None = None) -> int:
     """Run the trainer process for `cfg` to completion; returns its exit code."""
-    import shutil
-
     from devstack.trainer_env import trainer_environment, trainer_python, trainer_pythonpath
 
     out = Path(cfg.out).resolve()
@@ -30,15 +28,14 @@ def launch_trainer(cfg: TrainConfig, python: Path | None = None) -> int:
     config_path = out / "train_config.json"
     config_path.write_text(cfg.model_dump_json(indent=2) + "\n")
     interpreter = python or trainer_python()
-    link_dir = trainer_pythonpath(Path(schemas.__file__).resolve().parent.parent)
-    try:
-        proc = subprocess.run(
-            [str(interpreter), "-m", "trainer", str(config_path)],
-            env=trainer_environment(link_dir),
-            stdin=subprocess.DEVNULL,
-        )
-    finally:
-        shutil.rmtree(link_dir, ignore_errors=True)
+    link_dir = trainer_pythonpath(
+        Path(schemas.__file__).resolve().parent.parent, out / ".trainer-pythonpath"
+    )
+    proc = subprocess.run(
+        [str(interpreter), "-m", "trainer", str(config_path)],
+        env=trainer_environment(link_dir),
+        stdin=subprocess.DEVNULL,
+    )
     return proc.returncode
 
 
