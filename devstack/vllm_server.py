@@ -211,7 +211,10 @@ class VllmServerConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, description="None picks a free port")
     max_model_len: int = 16384
-    dtype: str = "bfloat16"
+    dtype: str = Field(
+        default="bfloat16",
+        description="float32 makes vLLM's logprobs agree with a float32 trainer (< 1e-3/token)",
+    )
     kv_cache_space_gib: int = 1
     omp_threads_bind: str = "auto"
     startup_timeout_s: float = 600.0
@@ -410,11 +413,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve MODEL_DIR until interrupted")
     serve.add_argument("model_dir", type=Path)
     serve.add_argument("--port", type=int, default=None)
+    serve.add_argument(
+        "--dtype", default="bfloat16", help="float32 for trainer/engine logprob agreement"
+    )
     args = parser.parse_args(argv)
     if args.cmd == "ensure-venv":
         print(ensure_vllm_venv())
         return 0
-    with VllmServer(VllmServerConfig(model_dir=args.model_dir, port=args.port)) as server:
+    config = VllmServerConfig(model_dir=args.model_dir, port=args.port, dtype=args.dtype)
+    with VllmServer(config) as server:
         print(f"vLLM ready at {server.url} after {server.startup_s:.1f}s; log {server.log_path}")
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()

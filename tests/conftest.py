@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.gateway",
     "tests.fixtures.sandboxes",
     "tests.fixtures.temporal",
+    "tests.fixtures.trainer",
 ]

@@ -67,6 +67,9 @@ def default_cache_dir() -> Path:
 SOURCE_SUFFIXES = (".py", ".jinja", ".txt")
 """Files whose bytes shape a build: code, the chat template, the word lists."""
 
+WARM_SOURCES = ("logprobs.py", "task_agent.py", "tasks.py", "warm.py", "warmup.py")
+"""Files that shape only the warm model (its own hash covers them), not the random one."""
+
 
 def _source_files(folder: Traversable, prefix: str = "") -> list[tuple[str, bytes]]:
     """(relative name, bytes) of every source file below ``folder``, sorted by name."""
@@ -75,7 +78,7 @@ def _source_files(folder: Traversable, prefix: str = "") -> list[tuple[str, byte
         name = f"{prefix}{entry.name}"
         if entry.is_dir() and entry.name != "__pycache__":
             found += _source_files(entry, f"{name}/")
-        elif entry.is_file() and entry.name.endswith(SOURCE_SUFFIXES):
+        elif entry.is_file() and entry.name.endswith(SOURCE_SUFFIXES) and name not in WARM_SOURCES:
             found.append((name, entry.read_bytes()))
     return found
 

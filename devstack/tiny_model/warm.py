@@ -1,0 +1,146 @@
+"""The warm tiny model: a random build plus a supervised warm-up, cached by recipe hash.
+
+:func:`ensure_warm_model` returns ``<cache>/tiny-warm-<hash>``, building it when missing by
+running :mod:`warmup` with a Python that has torch and transformers (the vLLM CPU venv);
+this module itself needs neither, so the main environment stays torch-free. The hash
+covers the random model's fingerprint (tokenizer and template), the task family, the
+warm-up code, the recipe and the torch/transformers versions that train it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from .builder import WARM_SOURCES, default_cache_dir, ensure_tiny_model, source_fingerprint
+from .tasks import HELDOUT_SEED, HELDOUT_SIZE
+from .weights import TinyQwen3Shape
+
+
+class WarmupRecipe(BaseModel):
+    """Everything that shapes the warm model; its hash names the cache directory."""
+
+    shape: TinyQwen3Shape = TinyQwen3Shape(
+        hidden_size=192,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        num_hidden_layers=3,
+        intermediate_size=384,
+    )
+    seed: int = 0
+    steps: int = 240
+    batch_short: int = 24
+    batch_tool: int = 4
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    threads: int = 1
+    """One thread: on a shared 2-core box, two OpenMP threads run ~3x slower, not faster."""
+    heldout_seed: int = HELDOUT_SEED
+    heldout_excluded: int = HELDOUT_SIZE
+    """The first N held-out cases of ``heldout_seed`` never appear in the warm-up data."""
+
+
+class WarmModelError(RuntimeError):
+    """The warm-up subprocess failed."""
+
+
+def _trainer_versions(python: Path) -> str:
+    probe = (
+        "from importlib.metadata import version as v; "
+        "print(v('torch'), v('transformers'), v('tokenizers'))"
+    )
+    out = subprocess.run(
+        [str(python), "-c", probe], capture_output=True, text=True, check=True, env=subprocess_env()
+    )
+    return out.stdout.strip()
+
+
+def warm_fingerprint(recipe: WarmupRecipe, python: Path) -> str:
+    digest = hashlib.sha256(source_fingerprint().encode())
+    for name in WARM_SOURCES:
+        digest.update(name.encode())
+        digest.update(resources.files(__package__).joinpath(name).read_bytes())
+    digest.update(recipe.model_dump_json().encode())
+    digest.update(_trainer_versions(python).encode())
+    return digest.hexdigest()[:16]
+
+
+def _project_root() -> Path:
+    """The directory holding the ``devstack`` package (for the subprocess' PYTHONPATH)."""
+    return Path(str(resources.files(__package__))).parent.parent
+
+
+def subprocess_env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+    }
+    env.update(
+        PYTHONPATH=str(_project_root()),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def build_warm_model(
+    out_dir: Path, python: Path, recipe: WarmupRecipe | None = None, base: Path | None = None
+) -> Path:
+    """Train into ``out_dir`` with ``python`` (torch + transformers); the log is kept there."""
+    recipe = recipe or WarmupRecipe()
+    base = base or ensure_tiny_model()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [str(python), "-m", f"{__package__}.warmup", "--base", str(base), "--out", str(out_dir)]
+    cmd += ["--recipe", recipe.model_dump_json()]
+    with (out_dir / "warmup.log").open("w") as log:
+        code = subprocess.run(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=subprocess_env(),
+        ).returncode
+    if code != 0:
+        tail = (out_dir / "warmup.log").read_text(errors="replace").splitlines()[-30:]
+        raise WarmModelError(f"warm-up failed (exit {code}):\n" + "\n".join(tail))
+    return out_dir
+
+
+def ensure_warm_model(
+    python: Path, cache_dir: Path | None = None, recipe: WarmupRecipe | None = None
+) -> Path:
+    """The cached warm model for ``recipe``, trained first if missing (minutes on CPU).
+
+    Trains in a temporary sibling and renames it into place, like the random model.
+    """
+    recipe = recipe or WarmupRecipe()
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = root / f"tiny-warm-{warm_fingerprint(recipe, python)}"
+    if (target / "model.safetensors").exists():
+        return target
+    base = ensure_tiny_model(root)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-warm-", dir=root))
+    try:
+        build_warm_model(tmp, python, recipe, base)
+        (tmp / "recipe.json").write_text(json.dumps(recipe.model_dump(), indent=2) + "\n")
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "model.safetensors").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

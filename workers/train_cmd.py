@@ -1,0 +1,91 @@
+"""`rollout train TASKS.jsonl`: run the reference GRPO trainer against a running service.
+
+The trainer needs torch and transformers, which must stay out of this process (and of
+the gateway and workers). So this command only validates the options into a
+`schemas.training.TrainConfig`, makes sure the trainer environment exists
+(`devstack.trainer_env`: the vLLM CPU venv plus a small overlay, created once), and
+runs `python -m trainer CONFIG.json` with that interpreter, passing its output through.
+A rerun with the same `--out` resumes from the last complete policy.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+import schemas
+from schemas.training import TrainConfig
+
+
+def launch_trainer(cfg: TrainConfig, python: Path | None = None) -> int:
+    """Run the trainer process for `cfg` to completion; returns its exit code."""
+    from devstack.trainer_env import trainer_environment, trainer_python, trainer_pythonpath
+
+    out = Path(cfg.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = out / "train_config.json"
+    config_path.write_text(cfg.model_dump_json(indent=2) + "\n")
+    interpreter = python or trainer_python()
+    link_dir = trainer_pythonpath(
+        Path(schemas.__file__).resolve().parent.parent, out / ".trainer-pythonpath"
+    )
+    proc = subprocess.run(
+        [str(interpreter), "-m", "trainer", str(config_path)],
+        env=trainer_environment(link_dir),
+        stdin=subprocess.DEVNULL,
+    )
+    return proc.returncode
+
+
+def train_cmd(
+    tasks: Annotated[Path, typer.Argument(help="training tasks (JSONL)")],
+    init_policy: Annotated[Path, typer.Option(help="model dir of the starting policy")],
+    engine: Annotated[
+        list[str],
+        typer.Option(help="vLLM URL that loads each new policy (repeat; dev mode on)"),
+    ],
+    out: Annotated[Path, typer.Option(help="policies/, samples/, metrics.jsonl, curve")] = Path(
+        "./data/train"
+    ),
+    temporal: str = "127.0.0.1:7233",
+    task_queue: str = "rollouts",
+    steps: Annotated[int, typer.Option(min=1)] = 2,
+    group_size: Annotated[int, typer.Option(min=2)] = 4,
+    heldout: Annotated[Path | None, typer.Option(help="held-out tasks (JSONL)")] = None,
+    lr: float = 5e-5,
+    updates_per_step: Annotated[int, typer.Option(min=1)] = 1,
+    max_staleness: Annotated[int, typer.Option(min=0)] = 1,
+    overlap: Annotated[
+        bool, typer.Option(help="one-step off-policy: next rollouts run while a step trains")
+    ] = False,
+    seed: int = 0,
+) -> None:
+    """Train the policy with GRPO on rollouts from the service (resumes a previous --out)."""
+    for path in (tasks, init_policy, *([heldout] if heldout else [])):
+        if not path.exists():
+            raise typer.BadParameter(f"{path} does not exist")
+    cfg = TrainConfig(
+        tasks=str(tasks.resolve()),
+        out=str(out.resolve()),
+        init_policy=str(init_policy.resolve()),
+        temporal=temporal,
+        task_queue=task_queue,
+        engines=list(engine),
+        steps=steps,
+        group_size=group_size,
+        heldout=str(heldout.resolve()) if heldout else None,
+        lr=lr,
+        updates_per_step=updates_per_step,
+        max_staleness=max_staleness,
+        overlap=overlap,
+        seed=seed,
+    )
+    code = launch_trainer(cfg)
+    raise typer.Exit(code=code)
+
+
+if __name__ == "__main__":
+    typer.run(train_cmd)
+    sys.exit(0)
