@@ -3,6 +3,10 @@ lands on another host, leaves no sandbox behind: the real provision/destroy acti
 of two sandbox hosts (each with its own real local backend), the real workflow, the
 real Temporal dev server. Session, agent run and collect are stand-ins (as in
 test_controller_logic.py): this test is about where sandboxes live and die.
+
+The slow-create variant makes the first host's create outlast one heartbeat interval,
+so heartbeats are already being throttled when the attempt fails: what a loaded host
+does. The record of that host's sandbox must not depend on a throttled heartbeat.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
 from activities.sandbox import HostCapacity, SandboxActivities, SandboxBackends
 from devstack.temporal_dev_server import TemporalDevServer
+from sandboxes.base import Sandbox, SandboxBackend, SandboxSpec
 from schemas.client import RolloutClient, connect
 from schemas.outcome import AgentResult, RolloutStatus, RunOutcome
 from schemas.rollout import (
@@ -48,14 +53,47 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")
 
 class FailFirstAttemptAfterCreateForTests(SandboxActivities):
     """The real provision, then a failure on the activity's first attempt — as if the
-    host crashed or lost the server between creating the sandbox and reporting it."""
+    host crashed or lost the server between creating the sandbox and reporting it.
+    `taken` is set once it has taken the first attempt."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.taken = asyncio.Event()
 
     @activity.defn(name=PROVISION_SANDBOX)
     async def provision_sandbox(self, req: ProvisionRequest) -> SandboxRef:
+        self.taken.set()
         ref = await super().provision_sandbox(req)
         if activity.info().attempt == 1:
             raise ApplicationError("host lost after create (forced by the test)")
         return ref
+
+
+class SlowCreateForTests:
+    """A real backend whose `create` starts only after `delay_s`: a create slower than
+    one heartbeat interval, as on a loaded host. Everything else is the real backend."""
+
+    def __init__(self, backend: SandboxBackend, delay_s: float) -> None:
+        self._backend = backend
+        self._delay_s = delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        await asyncio.sleep(self._delay_s)
+        return await self._backend.create(spec)
+
+
+class SlowCreateBackendsForTests(SandboxBackends):
+    """This host's real backends, each behind `SlowCreateForTests`."""
+
+    def __init__(self, config: dict[str, dict[str, Any]], delay_s: float) -> None:
+        super().__init__(config)
+        self._delay_s = delay_s
+
+    def get(self, name: str) -> SandboxBackend:
+        return SlowCreateForTests(super().get(name), self._delay_s)  # type: ignore[return-value]
 
 
 class StandInsForTests:
@@ -96,9 +134,17 @@ class StandInsForTests:
         return None
 
 
-@pytest.fixture
+#: heartbeat_s of the task below: provision heartbeats every 10/3 s, and the SDK sends
+#: at most one heartbeat per 8 s (80 % of it) after the first.
+HEARTBEAT_S = 10.0
+
+
+@pytest.fixture(params=[0.0, HEARTBEAT_S / 3 + 1], ids=["create", "slow-create"])
 async def two_hosts(
-    temporal_server: TemporalDevServer, sandbox_state_dir: Path, sandbox_base_image: Any
+    request: pytest.FixtureRequest,
+    temporal_server: TemporalDevServer,
+    sandbox_state_dir: Path,
+    sandbox_base_image: Any,
 ) -> AsyncIterator[tuple[RolloutClient, dict[str, SandboxBackends], StandInsForTests]]:
     base = f"leak-{uuid.uuid4().hex[:8]}"
     client = await RolloutClient.connect(temporal_server.address, task_queue=base)
@@ -120,38 +166,57 @@ async def two_hosts(
         ("host-b", SandboxActivities),
     ):
         state = sandbox_state_dir / f"{base}-{host}"
-        backends[host] = SandboxBackends(
-            {"local": {"state_dir": str(state), "rootfs": sandbox_base_image.rootfs}}
+        config = {"local": {"state_dir": str(state), "rootfs": sandbox_base_image.rootfs}}
+        delay_s: float = request.param if host == "host-a" else 0.0
+        backends[host] = (
+            SlowCreateBackendsForTests(config, delay_s) if delay_s else SandboxBackends(config)
         )
         # host-a holds one sandbox at most: once it has made one, the retry goes to host-b
         capacity = HostCapacity(max_live=1 if host == "host-a" else 8, max_provisions=1)
         acts = kind(backends[host], host, q.host(host), capacity)
         hc = await connect(temporal_server.address)  # one client per host (one poller set)
         fixed = FixedSizeSlotSupplier
-        workers += [
-            Worker(
-                hc,
-                task_queue=q.sandbox,
-                activities=[acts.provision_sandbox],
-                tuner=WorkerTuner.create_composite(
-                    workflow_supplier=fixed(1),
-                    activity_supplier=capacity,
-                    local_activity_supplier=fixed(1),
-                    nexus_supplier=fixed(1),
-                ),
+        provisions = Worker(
+            hc,
+            task_queue=q.sandbox,
+            activities=[acts.provision_sandbox],
+            tuner=WorkerTuner.create_composite(
+                workflow_supplier=fixed(1),
+                activity_supplier=capacity,
+                local_activity_supplier=fixed(1),
+                nexus_supplier=fixed(1),
             ),
+        )
+        if isinstance(acts, FailFirstAttemptAfterCreateForTests):
+            workers.append(provisions)
+            taken = acts.taken
+        else:
+            later = provisions
+        workers.append(
             Worker(
                 hc,
                 task_queue=q.host(host),
                 activities=[stand_ins.run_harness, acts.destroy_sandbox],
-            ),
-        ]
+            )
+        )
     runs = [asyncio.ensure_future(w.run()) for w in workers]
+
+    async def run_later() -> None:
+        """host-b serves provisions only once host-a has taken the first attempt: two
+        pollers on one queue would otherwise race for it, and only the retry may move."""
+        await taken.wait()
+        await later.run()
+
+    late = asyncio.ensure_future(run_later())
     try:
         yield client, backends, stand_ins
     finally:
+        if taken.is_set():
+            workers.append(later)
+        else:
+            late.cancel()
         await asyncio.gather(*(w.shutdown() for w in workers))
-        await asyncio.gather(*runs, return_exceptions=True)
+        await asyncio.gather(*runs, late, return_exceptions=True)
         for b in backends.values():
             for h in await b.get("local").list():  # only after a failed assertion
                 await b.get("local").destroy(h)
@@ -168,7 +233,7 @@ async def test_provision_retried_on_another_host_leaves_no_sandbox_behind(
             "prompt": "p",
             "harness": {"name": "command", "config": {"command": "true"}},
             "sandbox": {"backend": "local"},
-            "budget": {"heartbeat_s": 10, "host_queue_wait_s": 10},
+            "budget": {"heartbeat_s": HEARTBEAT_S, "host_queue_wait_s": 10},
         }
     )
     _, [req] = client.plan([task], "/tmp/unused", 1)
