@@ -6,12 +6,16 @@ test_controller_logic.py): this test is about where sandboxes live and die.
 
 The slow-create variant makes the first host's create outlast one heartbeat interval,
 so heartbeats are already being throttled when the attempt fails: what a loaded host
-does. The record of that host's sandbox must not depend on a throttled heartbeat.
+does. The last test kills that host's process (SIGKILL) right after such a create: a
+throttled heartbeat dies with it, so the record of its sandbox must not be one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -253,3 +257,120 @@ async def test_provision_retried_on_another_host_leaves_no_sandbox_behind(
     q = QueueNames(base=client.task_queue)
     assert destroyed_on == [q.host("host-a"), q.host("host-b")]
     assert [h for b in backends.values() for h in await b.get("local").list()] == []
+
+
+_KILLED_HOST = r"""
+import asyncio, os, signal, sys
+from temporalio import activity
+from temporalio.worker import Worker
+from activities.sandbox import SandboxActivities
+from schemas.client import connect
+from schemas.rollout import PROVISION_SANDBOX, ProvisionRequest, SandboxRef
+from tests.integration.test_provision_retry_cleanup import SlowCreateBackendsForTests
+
+class KilledAfterCreateForTests(SandboxActivities):
+    # The real provision, then this host process dies (SIGKILL) at once.
+
+    @activity.defn(name=PROVISION_SANDBOX)
+    async def provision_sandbox(self, req: ProvisionRequest) -> SandboxRef:
+        await super().provision_sandbox(req)
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+async def main(address, queue, host_queue, state, rootfs, delay_s):
+    config = {"local": {"state_dir": state, "rootfs": rootfs}}
+    acts = KilledAfterCreateForTests(
+        SlowCreateBackendsForTests(config, float(delay_s)), "host-a", host_queue
+    )
+    client = await connect(address)
+    await Worker(client, task_queue=queue, activities=[acts.provision_sandbox]).run()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_provision_host_killed_after_slow_create_leaves_no_sandbox_behind(
+    temporal_server: TemporalDevServer, sandbox_state_dir: Path, sandbox_base_image: Any
+) -> None:
+    """host-a (its own process) takes the provision, creates slowly — its heartbeats
+    are throttled by then — and is killed right after. host-a comes back (serving its
+    own queue), host-b takes the retry: host-a's sandbox is destroyed on host-a."""
+    base = f"kill-{uuid.uuid4().hex[:8]}"
+    client = await RolloutClient.connect(temporal_server.address, task_queue=base)
+    q = QueueNames(base=base)
+    stand_ins = StandInsForTests(q)
+    c = client.client
+    state = {h: sandbox_state_dir / f"{base}-{h}" for h in ("host-a", "host-b")}
+    backends = {
+        h: SandboxBackends({"local": {"state_dir": str(d), "rootfs": sandbox_base_image.rootfs}})
+        for h, d in state.items()
+    }
+    repo = Path(__file__).resolve().parents[2]
+    host_a = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _KILLED_HOST, temporal_server.address, q.sandbox,
+        q.host("host-a"), str(state["host-a"]), sandbox_base_image.rootfs,
+        str(HEARTBEAT_S / 3 + 1),
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    workers = [
+        Worker(c, task_queue=q.base, workflows=[RolloutWorkflow]),
+        Worker(c, task_queue=q.gateway, activities=[stand_ins.create_session]),
+        Worker(
+            c,
+            task_queue=q.gateway_owner("gw"),
+            activities=[stand_ins.collect_trajectory, stand_ins.close_session],
+        ),
+    ]
+    runs = [asyncio.ensure_future(w.run()) for w in workers]
+    try:
+        task = RolloutTask.model_validate(
+            {
+                "task_id": "t",
+                "prompt": "p",
+                "harness": {"name": "command", "config": {"command": "true"}},
+                "sandbox": {"backend": "local"},
+                "budget": {"heartbeat_s": HEARTBEAT_S, "host_queue_wait_s": 30},
+            }
+        )
+        _, [req] = client.plan([task], "/tmp/unused", 1)
+        handle = await client.start(req)
+        _, err = await asyncio.wait_for(host_a.communicate(), 120)
+        assert host_a.returncode == -signal.SIGKILL, err.decode()[-3000:]
+        # host-a is back (its queue only: the retry must move), host-b comes up.
+        for host in ("host-a", "host-b"):
+            acts = SandboxActivities(backends[host], host, q.host(host))
+            hc = await connect(temporal_server.address)
+            late = [
+                Worker(
+                    hc,
+                    task_queue=q.host(host),
+                    activities=[stand_ins.run_harness, acts.destroy_sandbox],
+                )
+            ]
+            if host == "host-b":
+                late.append(Worker(hc, task_queue=q.sandbox, activities=[acts.provision_sandbox]))
+            workers += late
+            runs += [asyncio.ensure_future(w.run()) for w in late]
+        result = await asyncio.wait_for(handle.result(), 120)
+        assert (result.status, result.attempts) == (RolloutStatus.ok, 1)
+        assert stand_ins.ran_on == ["host-b"]
+
+        destroyed_on: list[str] = []
+        async for event in handle.fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                attrs = event.activity_task_scheduled_event_attributes
+                if attrs.activity_type.name == DESTROY_SANDBOX:
+                    destroyed_on.append(attrs.task_queue.name)
+        assert destroyed_on == [q.host("host-a"), q.host("host-b")]
+        assert [h for b in backends.values() for h in await b.get("local").list()] == []
+    finally:
+        if host_a.returncode is None:
+            host_a.kill()
+            await host_a.wait()
+        await asyncio.gather(*(w.shutdown() for w in workers))
+        await asyncio.gather(*runs, return_exceptions=True)
+        for b in backends.values():
+            for h in await b.get("local").list():  # only after a failed assertion
+                await b.get("local").destroy(h)
+            await b.aclose()
