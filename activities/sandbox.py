@@ -309,20 +309,19 @@ class SandboxActivities:
         backend = self._backend(claim.backend)
         interval = _heartbeat_interval()
         for handle in await with_heartbeat(backend.list(), interval):
-            if handle.rollout_id == claim.rollout_id and _labels(handle).get(ATTEMPT_LABEL) == str(
-                claim.attempt
-            ):
+            if _made_for(handle, claim):
                 with contextlib.suppress(SandboxNotFound):
                     await with_heartbeat(backend.destroy(handle), interval)
                 if self.capacity is not None:
                     self.capacity.set_live(self.capacity.live - 1)
 
 
-def _labels(handle: SandboxHandle) -> dict[str, str]:
-    """A listed sandbox's labels: host-local backends keep them in the handle's
-    `labels` detail (handle.json), e2b in its `metadata`."""
+def _made_for(handle: SandboxHandle, claim: SandboxClaim) -> bool:
+    """Whether a listed sandbox is the one `claim` names (its rollout and attempt). Its
+    labels: host-local backends keep them in the `labels` detail, e2b in `metadata`."""
     details = handle.details
-    return {**(details.get("metadata") or {}), **(details.get("labels") or {})}
+    labels = {**(details.get("metadata") or {}), **(details.get("labels") or {})}
+    return handle.rollout_id == claim.rollout_id and labels.get(ATTEMPT_LABEL) == str(claim.attempt)
 
 
 def _beat(step: str, claims: list[SandboxClaim]) -> dict[str, Any]:

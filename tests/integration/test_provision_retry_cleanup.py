@@ -6,7 +6,8 @@ test_controller_logic.py): this test is about where sandboxes live and die.
 
 The slow-create variant makes the first host's create outlast one heartbeat interval,
 so heartbeats are already being throttled when the attempt fails: what a loaded host
-does. The last test kills that host's process (SIGKILL) right after such a create: a
+does (an attempt that fails in-process still gets its last heartbeat flushed by the
+SDK). The last test kills that host's process (SIGKILL) right after such a create: a
 throttled heartbeat dies with it, so the record of its sandbox must not be one.
 """
 
