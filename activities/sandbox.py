@@ -4,6 +4,11 @@ Affinity: provision runs on the shared sandbox queue, so whichever host takes it
 creates the sandbox; it returns this host's own queue, and every later activity for the
 sandbox is pinned there. Backends are idempotent per rollout id (a retried create first
 destroys the earlier one), and destroy treats "not found" as done.
+
+A provision attempt that dies after creating (host crash, lost server) cannot report
+its sandbox. So before creating, its first heartbeat — the one the SDK never throttles
+— claims it (`SandboxClaim`: this host's queue, rollout id + attempt as labels); a
+retry carries the claims on, and the workflow destroys each on its host by identity.
 """
 
 import asyncio
@@ -44,6 +49,7 @@ from schemas.rollout import (
     PROVISIONED_SANDBOXES,
     DestroyRequest,
     ProvisionRequest,
+    SandboxClaim,
     SandboxRef,
 )
 from schemas.tasks import RolloutTask
@@ -52,6 +58,9 @@ log = logging.getLogger("rollout.activities.sandbox")
 T = TypeVar("T")
 #: Backends whose sandboxes run on this host and reach the Gateway through a bridge.
 HOST_LOCAL_BACKENDS = frozenset({"local", "docker"})
+#: Label carrying the rollout attempt a sandbox was made for: with the rollout id, what a
+#: `SandboxClaim` names (a later attempt's sandbox on the same host is not the claimed one).
+ATTEMPT_LABEL = "agentic-rollout.attempt"
 
 
 def gateway_origin(session_url: str) -> str:
@@ -115,8 +124,10 @@ class SandboxBackends:
 
 
 def build_spec(req: ProvisionRequest) -> SandboxSpec:
-    """The sandbox for one attempt of a rollout (see `sandbox_spec`)."""
-    return sandbox_spec(req.task, req.rollout_id, req.session.openai_base_url, req.timeout_s)
+    """The sandbox for one attempt of a rollout (see `sandbox_spec`), labelled with it."""
+    spec = sandbox_spec(req.task, req.rollout_id, req.session.openai_base_url, req.timeout_s)
+    spec.labels[ATTEMPT_LABEL] = str(req.attempt)
+    return spec
 
 
 def sandbox_spec(
@@ -226,8 +237,8 @@ class SandboxActivities:
     @activity.defn(name=PROVISION_SANDBOX)
     async def provision_sandbox(self, req: ProvisionRequest) -> SandboxRef:
         """Create the sandbox. A retry that lands on another host than an earlier attempt
-        which had already created one (then crashed, timed out or failed) returns that
-        sandbox in `earlier`, so the workflow destroys it now, not at its TTL."""
+        (which may have created one, then crashed, timed out or failed) returns that
+        attempt's claim in `earlier`, so the workflow destroys it now, not at its TTL."""
         earlier = earlier_sandboxes(activity.info().heartbeat_details)
         try:
             ref = await self._provision(req, earlier)
@@ -239,16 +250,25 @@ class SandboxActivities:
         others = [e for e in earlier if e.host_queue != self.host_queue]
         return ref.model_copy(update={"earlier": others})
 
-    async def _provision(self, req: ProvisionRequest, earlier: list[SandboxRef]) -> SandboxRef:
+    async def _provision(self, req: ProvisionRequest, earlier: list[SandboxClaim]) -> SandboxRef:
         try:
             spec = build_spec(req)
         except (ValidationError, ValueError) as exc:
             raise bad_task("sandbox spec", exc) from exc
         backend = self._backend(req.task.sandbox.backend)
         interval = _heartbeat_interval()
-        creating = _beat("create", earlier)
-        if earlier:
-            activity.heartbeat(creating)  # carried on at once, should this attempt die too
+        claim = SandboxClaim(
+            backend=backend.name,
+            host=self.host_id,
+            host_queue=self.host_queue,
+            rollout_id=req.rollout_id,
+            attempt=req.attempt,
+        )
+        # The attempt's first heartbeat, so never throttled: sent before create starts
+        # (the yield hands it to the SDK), it outlives this attempt whatever happens next.
+        creating = _beat("create", [*earlier, claim] if claim not in earlier else earlier)
+        activity.heartbeat(creating)
+        await asyncio.sleep(0)
         try:
             sandbox = await with_heartbeat(backend.create(spec), interval, creating)
         except BackendUnavailable as exc:
@@ -261,7 +281,7 @@ class SandboxActivities:
         if self.capacity is not None:
             self.capacity.set_live(self.capacity.live + 1)
         activity.logger.info("sandbox %s for %s", handle.sandbox_id, req.rollout_id)
-        ref = SandboxRef(
+        return SandboxRef(
             backend=backend.name,
             sandbox_id=handle.sandbox_id,
             host=self.host_id,
@@ -269,12 +289,13 @@ class SandboxActivities:
             env_version=handle.env_version or "unknown",
             handle=handle.model_dump(mode="json"),
         )
-        # Recorded before anything else can fail: a retry elsewhere learns of it from here.
-        activity.heartbeat(_beat("created", [*earlier, ref]))
-        return ref
 
     @activity.defn(name=DESTROY_SANDBOX)
     async def destroy_sandbox(self, req: DestroyRequest) -> None:
+        if req.claim is not None:
+            await self._destroy_claimed(req.claim)
+            return
+        assert req.sandbox is not None  # DestroyRequest names exactly one
         handle = SandboxHandle.model_validate(req.sandbox.handle)
         backend = self._backend(req.sandbox.backend)
         with contextlib.suppress(SandboxNotFound):
@@ -282,24 +303,44 @@ class SandboxActivities:
         if self.capacity is not None:
             self.capacity.set_live(self.capacity.live - 1)
 
+    async def _destroy_claimed(self, claim: SandboxClaim) -> None:
+        """Destroy what a failed provision attempt made here, found by its identity:
+        the attempt died before it could say which sandbox it was (if it made one)."""
+        backend = self._backend(claim.backend)
+        interval = _heartbeat_interval()
+        for handle in await with_heartbeat(backend.list(), interval):
+            if _made_for(handle, claim):
+                with contextlib.suppress(SandboxNotFound):
+                    await with_heartbeat(backend.destroy(handle), interval)
+                if self.capacity is not None:
+                    self.capacity.set_live(self.capacity.live - 1)
 
-def _beat(step: str, sandboxes: list[SandboxRef]) -> dict[str, Any]:
-    return {"step": step, PROVISIONED_SANDBOXES: [s.model_dump(mode="json") for s in sandboxes]}
+
+def _made_for(handle: SandboxHandle, claim: SandboxClaim) -> bool:
+    """Whether a listed sandbox is the one `claim` names (its rollout and attempt). Its
+    labels: host-local backends keep them in the `labels` detail, e2b in `metadata`."""
+    details = handle.details
+    labels = {**(details.get("metadata") or {}), **(details.get("labels") or {})}
+    return handle.rollout_id == claim.rollout_id and labels.get(ATTEMPT_LABEL) == str(claim.attempt)
 
 
-def earlier_sandboxes(details: Any) -> list[SandboxRef]:
-    """The sandboxes recorded in provision heartbeat (or error) details, oldest first."""
-    out: list[SandboxRef] = []
+def _beat(step: str, claims: list[SandboxClaim]) -> dict[str, Any]:
+    return {"step": step, PROVISIONED_SANDBOXES: [c.model_dump(mode="json") for c in claims]}
+
+
+def earlier_sandboxes(details: Any) -> list[SandboxClaim]:
+    """The claims recorded in provision heartbeat (or error) details, oldest first."""
+    out: list[SandboxClaim] = []
     for item in details or ():
         if isinstance(item, dict) and isinstance(item.get(PROVISIONED_SANDBOXES), list):
             for raw in item[PROVISIONED_SANDBOXES]:
-                ref = SandboxRef.model_validate(raw)
-                if ref not in out:
-                    out.append(ref)
+                claim = SandboxClaim.model_validate(raw)
+                if claim not in out:
+                    out.append(claim)
     return out
 
 
-def _carrying(exc: Exception, earlier: list[SandboxRef]) -> ApplicationError:
+def _carrying(exc: Exception, earlier: list[SandboxClaim]) -> ApplicationError:
     """`exc` as an ApplicationError that also carries `earlier` (in its details), so the
     workflow can release them when this was the provision's last attempt."""
     if isinstance(exc, ApplicationError):

@@ -8,7 +8,7 @@ large data (trajectories, logs, samples) only ever travels as a reference (a URI
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.base import StrictModel
 from schemas.outcome import RolloutStatus, RunOutcome
@@ -28,7 +28,7 @@ CLOSE_SESSION = "close_session"
 DESTROY_SANDBOX = "destroy_sandbox"
 
 #: Key under which provision heartbeats (and its retries' errors) record the sandboxes
-#: an attempt created, so a retry elsewhere or the workflow can destroy them.
+#: attempts create (`SandboxClaim`s), so a retry elsewhere or the workflow can destroy them.
 PROVISIONED_SANDBOXES = "sandboxes"
 
 #: Non-retryable error types: a bad task never gets better by retrying.
@@ -131,6 +131,23 @@ class ProvisionRequest(StrictModel):
     timeout_s: float = Field(gt=0, description="sandbox lifetime (TTL backstop)")
 
 
+class SandboxClaim(StrictModel):
+    """A sandbox a provision attempt is about to create: the host making it, and the
+    identity (rollout id + rollout attempt, as labels) it will carry.
+
+    Recorded in the attempt's first heartbeat, before create: the first heartbeat is
+    sent at once, later ones are throttled, and a host that dies with one pending loses
+    it. So even an attempt that dies before it can report the sandbox's id leaves
+    enough to find and destroy it on its host.
+    """
+
+    backend: str
+    host: str
+    host_queue: str
+    rollout_id: RolloutId
+    attempt: int = Field(ge=1, description="the rollout attempt (ProvisionRequest.attempt)")
+
+
 class SandboxRef(StrictModel):
     """A provisioned sandbox and the queue of the host that owns it."""
 
@@ -140,15 +157,25 @@ class SandboxRef(StrictModel):
     host_queue: str
     env_version: str
     handle: dict[str, Any] = Field(description="the backend's SandboxHandle, as JSON")
-    earlier: list["SandboxRef"] = Field(
+    earlier: list[SandboxClaim] = Field(
         default_factory=list,
-        description="sandboxes that failed attempts of this provision left on other hosts:"
-        " the workflow destroys them at once",
+        description="sandboxes that failed attempts of this provision may have left on"
+        " other hosts: the workflow destroys them at once",
     )
 
 
 class DestroyRequest(StrictModel):
-    sandbox: SandboxRef
+    """Destroy one sandbox: a provisioned one by its handle, or what a failed provision
+    attempt claimed, found by its identity (finding nothing is done, too)."""
+
+    sandbox: SandboxRef | None = None
+    claim: SandboxClaim | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "DestroyRequest":
+        if (self.sandbox is None) == (self.claim is None):
+            raise ValueError("a destroy names exactly one of `sandbox` and `claim`")
+        return self
 
 
 # ----------------------------------------------------------------------------- harness

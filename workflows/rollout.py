@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutProgress,
         RolloutResult,
         SamplesSummary,
+        SandboxClaim,
         SandboxRef,
         SessionRef,
         SessionRequest,
@@ -80,9 +81,9 @@ def _fatal_cause(err: ActivityError) -> ApplicationError | None:
     return None
 
 
-def _sandboxes_left_by(err: BaseException | None) -> list[SandboxRef]:
-    """Sandboxes a failed provision recorded (heartbeat details of a timed-out attempt,
-    or the details its last attempt's error carries): created, never returned."""
+def _sandboxes_left_by(err: BaseException | None) -> list[SandboxClaim]:
+    """Sandboxes a failed provision claimed (heartbeat details of a timed-out attempt,
+    or the details its last attempt's error carries): maybe created, never returned."""
     if not isinstance(err, ActivityError):
         return []
     cause = err.cause
@@ -92,10 +93,10 @@ def _sandboxes_left_by(err: BaseException | None) -> list[SandboxRef]:
         details = cause.details
     else:
         return []
-    out: list[SandboxRef] = []
+    out: list[SandboxClaim] = []
     for item in details or ():
         if isinstance(item, dict) and isinstance(item.get(PROVISIONED_SANDBOXES), list):
-            out += [SandboxRef.model_validate(raw) for raw in item[PROVISIONED_SANDBOXES]]
+            out += [SandboxClaim.model_validate(raw) for raw in item[PROVISIONED_SANDBOXES]]
     return out
 
 
@@ -123,6 +124,7 @@ class RolloutWorkflow:
         self._last_error: str | None = None
         self._open_sessions: list[SessionRef] = []
         self._open_sandboxes: list[SandboxRef] = []
+        self._released_claims: list[SandboxClaim] = []
         self._releases: list[asyncio.Task[Any]] = []
         self._cleanup_wait = timedelta(minutes=2)
 
@@ -483,12 +485,19 @@ class RolloutWorkflow:
             summary="destroy sandbox",
         )
 
-    def _release_earlier(self, sandboxes: list[SandboxRef]) -> None:
-        """Destroy, on their own hosts, sandboxes that failed provision attempts left."""
-        for sandbox in sandboxes:
-            if sandbox not in self._open_sandboxes:
-                self._open_sandboxes.append(sandbox)
-                self._release_sandbox(sandbox)
+    def _release_earlier(self, claims: list[SandboxClaim]) -> None:
+        """Destroy, on their own hosts, what failed provision attempts claimed (found
+        there by rollout id + attempt: the attempt died before it could say which)."""
+        for claim in claims:
+            if claim not in self._released_claims:
+                self._released_claims.append(claim)
+                self._start_release(
+                    DESTROY_SANDBOX,
+                    DestroyRequest(claim=claim),
+                    task_queue=claim.host_queue,
+                    timeout=timedelta(seconds=120),
+                    summary="destroy sandbox of a failed provision attempt",
+                )
 
     def _start_release(
         self, activity: str, arg: Any, *, task_queue: str, timeout: timedelta, summary: str

@@ -4,7 +4,9 @@ The host acts in that dir (control socket, Gateway socket), so it must be writab
 neither by other host users nor, once the supervisor is up, by the sandbox itself.
 The non-root case runs a real non-root worker: the backend in a subprocess under an
 unprivileged uid that is only in the docker group (system Python with the project's
-venv packages on the path, since the venv's interpreter lives under /root).
+venv packages on the path, since the venv's interpreter lives under /root). A sized
+disk (`disk_mb`) needs root (loop mounts), so that worker asks for none; asked for one,
+it refuses the create with `DiskLimitUnavailable` and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ WORKER_UID = 4242
 _WORKER = r"""
 import asyncio, json, os, stat, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from sandboxes.base import GatewayChannel, SandboxSpec
+from sandboxes.base import GatewayChannel, ResourceLimits, SandboxSpec
+from sandboxes.disk import DiskLimitUnavailable
 from sandboxes.docker import DockerBackend
 
 class Hello(BaseHTTPRequestHandler):
@@ -48,14 +51,22 @@ async def main():
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     b = DockerBackend(state_dir=sys.argv[1], image=sys.argv[2])
     gw = GatewayChannel(target=f"http://127.0.0.1:{srv.server_address[1]}")
-    sb = await b.create(SandboxSpec(rollout_id=sys.argv[3], gateway=gw))
+    refused = None
+    try:
+        await b.create(SandboxSpec(rollout_id=sys.argv[3], gateway=gw))  # default disk_mb
+    except DiskLimitUnavailable as e:
+        refused = str(e)
+    left = len(await b.list())
+    no_disk = ResourceLimits(disk_mb=None)
+    sb = await b.create(SandboxSpec(rollout_id=sys.argv[3], gateway=gw, resources=no_disk))
     try:
         st = os.stat(sb.state_dir / "run")
         get = "import urllib.request as u;print(u.urlopen('http://127.0.0.1:%d/').read().decode())"
         r = await sb.exec(["python3", "-c", get % gw.inside_port], timeout=30)
         plant = await sb.exec(["sh", "-c", "touch /run/rollout/planted"], timeout=30)
         out = {"uid": st.st_uid, "mode": stat.S_IMODE(st.st_mode), "gateway": r.stdout.strip(),
-               "plant_rc": plant.exit_code, "euid": os.geteuid()}
+               "plant_rc": plant.exit_code, "euid": os.geteuid(), "refused": refused,
+               "left_after_refusal": left}
     finally:
         await b.destroy(sb.handle)
         await b.close()
@@ -91,6 +102,10 @@ async def test_non_root_worker_docker_run_dir_is_private(sandbox_base_image: Any
         "gateway": "hello",
         "plant_rc": 1,
         "euid": WORKER_UID,
+        "refused": "resources.disk_mb=4096 cannot be enforced on this host: it needs root "
+        "(loop devices and mount); run the worker as root or set disk_mb to null "
+        "(no disk limit)",
+        "left_after_refusal": 0,
     }
 
 

@@ -15,7 +15,14 @@ from examples.make_tasks import task as make_task
 from examples.trainer_loop import grpo_advantages
 from harnesses.base import rebase_url
 from schemas.client import RolloutClient
-from schemas.rollout import ProvisionRequest, QueueNames, SessionRef
+from schemas.rollout import (
+    DestroyRequest,
+    ProvisionRequest,
+    QueueNames,
+    SandboxClaim,
+    SandboxRef,
+    SessionRef,
+)
 from schemas.samples import SampleRow, UnknownSchemaVersionError, rows_to_table
 from schemas.storage import read_many, read_table, samples_uri, write_table
 from schemas.tasks import RolloutTask, load_tasks
@@ -123,6 +130,7 @@ def test_build_spec_adds_rollout_channel_and_labels() -> None:
     assert spec.rollout_id == "r1" and spec.env == {"A": "1"} and spec.timeout_s == 100
     assert spec.gateway is not None and spec.gateway.target == "http://10.0.0.5:8700"
     assert spec.labels["agentic-rollout.rollout-id"] == "r1"
+    assert spec.labels["agentic-rollout.attempt"] == "1"  # what a SandboxClaim names
     remote = build_spec(_provision({"backend": "e2b"}))
     assert remote.gateway is not None and remote.gateway.public_url == "http://10.0.0.5:8700"
 
@@ -137,6 +145,18 @@ def test_gateway_behind_a_path_prefix_is_reached_once_through_the_channel(backen
     assert host_side == "http://10.0.0.5:8700"
     inside = "http://127.0.0.1:18080" if channel.target else channel.public_url
     assert rebase_url(session_url, inside) == f"{inside}/gw/v1"
+
+
+def test_destroy_request_names_exactly_one_sandbox() -> None:
+    claim = SandboxClaim(backend="local", host="h", host_queue="q-h", rollout_id="r1", attempt=1)
+    ref = SandboxRef(
+        backend="local", sandbox_id="s", host="h", host_queue="q-h", env_version="e", handle={}
+    )
+    assert DestroyRequest(claim=claim).claim == claim
+    assert DestroyRequest(sandbox=ref).sandbox == ref
+    for both_or_none in ({}, {"claim": claim, "sandbox": ref}):
+        with pytest.raises(ValueError, match="exactly one of `sandbox` and `claim`"):
+            DestroyRequest.model_validate(both_or_none)
 
 
 def test_build_spec_rejects_bad_specs() -> None:
