@@ -228,3 +228,29 @@ def write_task_files(
         path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         paths.append(path)
     return paths[0], paths[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m devstack.tiny_model.tasks OUT_DIR``: write train.jsonl and heldout.jsonl."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m devstack.tiny_model.tasks")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=HELDOUT_SEED)
+    parser.add_argument("--train", type=int, default=64)
+    parser.add_argument("--heldout", type=int, default=HELDOUT_SIZE)
+    parser.add_argument("--backend", default="local")
+    args = parser.parse_args(argv)
+    paths = write_task_files(
+        args.out_dir,
+        seed=args.seed,
+        n_train=args.train,
+        n_heldout=args.heldout,
+        backend=args.backend,
+    )
+    print(*paths)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
