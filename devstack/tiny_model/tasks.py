@@ -87,7 +87,8 @@ def _count(rng: random.Random) -> tuple[str, str]:
 
 def _weather(rng: random.Random) -> tuple[str, str, str, dict[str, dict[str, Any]]]:
     cities = rng.sample(CITIES, 3)
-    table = {c: {"temperature": rng.randint(-9, 39), "sky": rng.choice(SKIES)} for c in cities}
+    # A string value: its digits are then the same token as in the answer (` 23` is not).
+    table = {c: {"temperature": str(rng.randint(1, 39)), "sky": rng.choice(SKIES)} for c in cities}
     city = cities[0]
     prompt = (
         f"What is the temperature in {city} now? Use the tool, then reply with the number only."
