@@ -90,9 +90,9 @@ def _weather(rng: random.Random) -> tuple[str, str, str, dict[str, dict[str, Any
     # A string value: its digits are then the same token as in the answer (` 23` is not).
     table = {c: {"temperature": str(rng.randint(1, 39)), "sky": rng.choice(SKIES)} for c in cities}
     city = cities[0]
-    prompt = (
-        f"What is the temperature in {city} now? Use the tool, then reply with the number only."
-    )
+    # Quoted, the city is the same token in the prompt as in the tool call's JSON.
+    prompt = f'What is the temperature in "{city}" now? Use the tool, then reply with the number.'
+
     return prompt, str(table[city]["temperature"]), city, dict(sorted(table.items()))
 
 

@@ -37,8 +37,8 @@ class WarmupRecipe(BaseModel):
     )
     seed: int = 0
     steps: int = 300
-    batch_short: int = 24
-    batch_tool: int = 8
+    batch_short: int = 16
+    batch_tool: int = 12
     lr: float = 3e-3
     warmup_steps: int = 20
     weight_decay: float = 0.01
