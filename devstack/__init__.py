@@ -3,7 +3,9 @@
 What it owns:
 
 - ``tiny_model``: the deterministic tiny Qwen3-style model (tokenizer, chat template,
-  random weights) built from the word lists in ``tiny_model/words``;
+  random weights) built from the word lists in ``tiny_model/words``; its task family
+  (``tasks``, agent ``task_agent``) and the warm model trained on it (``warm``, which
+  runs ``warmup`` with the vLLM venv's torch), cached by recipe hash;
 - ``vllm_server``: the vLLM CPU virtual environment and a launcher for its API server;
 - ``scripted_engine``: a fake engine speaking vLLM's token API from a script;
 - ``background_server``: any ASGI app on a loopback port in a background thread;

@@ -27,7 +27,6 @@ from .tokenizer import (
     ReencodeExample,
     find_reencode_divergence,
 )
-from .warm import WarmModelError, WarmupRecipe, ensure_warm_model
 
 __all__ = [
     "ENDOFTEXT",
@@ -39,14 +38,11 @@ __all__ = [
     "FileDigest",
     "ReencodeExample",
     "TinyModelInfo",
-    "WarmModelError",
-    "WarmupRecipe",
     "build_tiny_model",
     "chat_template_sha256",
     "chat_template_text",
     "default_cache_dir",
     "ensure_tiny_model",
-    "ensure_warm_model",
     "find_reencode_divergence",
     "render_chat",
     "source_fingerprint",

@@ -87,11 +87,12 @@ def _count(rng: random.Random) -> tuple[str, str]:
 
 def _weather(rng: random.Random) -> tuple[str, str, str, dict[str, dict[str, Any]]]:
     cities = rng.sample(CITIES, 3)
-    table = {c: {"temperature": rng.randint(-9, 39), "sky": rng.choice(SKIES)} for c in cities}
+    # A string value: its digits are then the same token as in the answer (` 23` is not).
+    table = {c: {"temperature": str(rng.randint(1, 39)), "sky": rng.choice(SKIES)} for c in cities}
     city = cities[0]
-    prompt = (
-        f"What is the temperature in {city} now? Use the tool, then reply with the number only."
-    )
+    # Quoted, the city is the same token in the prompt as in the tool call's JSON.
+    prompt = f'What is the temperature in "{city}" now? Use the tool, then reply with the number.'
+
     return prompt, str(table[city]["temperature"]), city, dict(sorted(table.items()))
 
 
@@ -228,3 +229,29 @@ def write_task_files(
         path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         paths.append(path)
     return paths[0], paths[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m devstack.tiny_model.tasks OUT_DIR``: write train.jsonl and heldout.jsonl."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m devstack.tiny_model.tasks")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=HELDOUT_SEED)
+    parser.add_argument("--train", type=int, default=64)
+    parser.add_argument("--heldout", type=int, default=HELDOUT_SIZE)
+    parser.add_argument("--backend", default="local")
+    args = parser.parse_args(argv)
+    paths = write_task_files(
+        args.out_dir,
+        seed=args.seed,
+        n_train=args.train,
+        n_heldout=args.heldout,
+        backend=args.backend,
+    )
+    print(*paths)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -36,9 +36,9 @@ class WarmupRecipe(BaseModel):
         intermediate_size=384,
     )
     seed: int = 0
-    steps: int = 240
-    batch_short: int = 24
-    batch_tool: int = 4
+    steps: int = 300
+    batch_short: int = 16
+    batch_tool: int = 12
     lr: float = 3e-3
     warmup_steps: int = 20
     weight_decay: float = 0.01

@@ -87,6 +87,22 @@ def test_fingerprint_covers_the_word_lists(tmp_path: Path, monkeypatch: pytest.M
     assert source_fingerprint() != unchanged
 
 
+def test_warm_only_sources_leave_the_random_model_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Editing the task family or the warm-up must not rebuild the random model."""
+    copy = tmp_path / "tiny_model"
+    source = Path(str(resources.files(builder.__package__)))
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(builder.resources, "files", lambda _package: copy)
+    unchanged = source_fingerprint()
+    for name in builder.WARM_SOURCES:
+        (copy / name).write_text((copy / name).read_text("utf-8") + "# edited\n")
+    assert source_fingerprint() == unchanged
+    (copy / "weights.py").write_text((copy / "weights.py").read_text("utf-8") + "# edited\n")
+    assert source_fingerprint() != unchanged
+
+
 def test_special_and_markup_tokens_are_single_ids(
     built: TinyModelInfo, tokenizer: Tokenizer
 ) -> None:
