@@ -791,12 +791,13 @@ def open_sessions(gateway_dir: Path, batch_id: str) -> list[str]:
     return left
 
 
-def sandbox_processes(dirs: list[Path]) -> int:
-    """Live processes whose command line names a sandbox state dir (bwrap and its tree)."""
+def sandbox_processes(dirs: list[Path], exclude: set[int]) -> int:
+    """Live processes whose command line names a sandbox state dir (bwrap and its tree),
+    other than `exclude` (the workers, whose options name it)."""
     needles = [str(d).encode() for d in dirs]
     count = 0
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+        if not pid.isdigit() or int(pid) in exclude:
             continue
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -966,7 +967,8 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     # --- what is left after the janitors' next pass
     await asyncio.sleep(config.janitor_interval_s * 1.5 + 2)
     sandboxes_left = sum(len(list(d.glob("lsb-*"))) for d in stack.sandbox_dirs)
-    processes_left = sandbox_processes(stack.sandbox_dirs)
+    worker_pids = {w.proc.pid for w in stack.workers if w.proc is not None}
+    processes_left = sandbox_processes(stack.sandbox_dirs, worker_pids)
     sessions_left = open_sessions(stack.gateway_dir, batch.batch_id)
     details += [f"session left open: {s}" for s in sessions_left[:10]]
 
