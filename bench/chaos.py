@@ -791,19 +791,20 @@ def open_sessions(gateway_dir: Path, batch_id: str) -> list[str]:
     return left
 
 
-def sandbox_processes(dirs: list[Path], exclude: set[int]) -> int:
+def sandbox_processes(dirs: list[Path], exclude: set[int]) -> list[str]:
     """Live processes whose command line names a sandbox state dir (bwrap and its tree),
-    other than `exclude` (the workers, whose options name it)."""
+    other than `exclude` (the workers, whose options name it): `pid: command line`."""
     needles = [str(d).encode() for d in dirs]
-    count = 0
+    found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) in exclude:
             continue
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             if any(n in cmdline for n in needles):
-                count += 1
-    return count
+                shown = cmdline.replace(b"\0", b" ").decode(errors="replace")[:300]
+                found.append(f"{pid}: {shown}")
+    return found
 
 
 async def fetch_outcomes(client: RolloutClient, ids: list[str]) -> dict[str, RolloutOutcome | None]:
@@ -922,6 +923,12 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
         if result.samples_uri is None or not Path(result.samples_uri).exists():
             lost.append(rid)
             details.append(f"{rid}: {result.status.value} without samples ({result.error})")
+    finished = [o.result for o in outcomes.values() if o is not None and o.result is not None]
+    for result in sorted(finished, key=lambda r: -r.duration_s)[:3]:
+        details.append(
+            f"slowest: {result.rollout_id}: {result.duration_s:.0f} s, {result.attempts} "
+            f"attempt(s), {result.status.value}"
+        )
     in_history = True
     for rid, attempts in multi:
         if await creates_in_history(client, rid) < attempts:
@@ -969,6 +976,7 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     sandboxes_left = sum(len(list(d.glob("lsb-*"))) for d in stack.sandbox_dirs)
     worker_pids = {w.proc.pid for w in stack.workers if w.proc is not None}
     processes_left = sandbox_processes(stack.sandbox_dirs, worker_pids)
+    details += [f"sandbox process left: {p}" for p in processes_left[:10]]
     sessions_left = open_sessions(stack.gateway_dir, batch.batch_id)
     details += [f"session left open: {s}" for s in sessions_left[:10]]
 
@@ -999,7 +1007,7 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
         tokens_differ=differ,
         turns_missing=missing,
         sandboxes_left=sandboxes_left,
-        sandbox_processes_left=processes_left,
+        sandbox_processes_left=len(processes_left),
         sessions_left=len(sessions_left),
         fuzz_requests={k: sum(t.statuses.values()) for k, t in fuzz_run.tallies.items()},
         fuzz_5xx=len(target.server_errors),
