@@ -690,6 +690,7 @@ class Report(BaseModel):
     wall_s: float
     statuses: dict[str, int]
     lost: list[str]
+    failed: list[str]
     gave_up: list[str]
     multi_attempt: int
     attempts_in_history: bool
@@ -714,6 +715,8 @@ class Report(BaseModel):
         out = []
         if self.lost:
             out.append(f"rollouts lost: {self.lost[:10]}")
+        if self.failed:
+            out.append(f"rollouts failed: {self.failed[:10]}")
         if self.gave_up:
             out.append(f"agents that gave up: {self.gave_up[:10]}")
         if not self.attempts_in_history:
@@ -900,7 +903,7 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     # --- outcomes
     outcomes = await fetch_outcomes(client, ids)
     statuses: collections.Counter[str] = collections.Counter()
-    lost, gave_up, details = [], [], []
+    lost, failed, gave_up, details = [], [], [], []
     multi = []
     for rid, outcome in outcomes.items():
         if outcome is None:
@@ -910,8 +913,7 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
         if outcome.result is None:
             statuses[f"workflow {outcome.workflow_status.lower()}"] += 1
             details.append(f"{rid}: {outcome.workflow_status}: {outcome.error}")
-            if not outcome.error:
-                lost.append(rid)
+            (failed if outcome.error else lost).append(rid)
             continue
         result = outcome.result
         statuses[str(result.status.value)] += 1
@@ -998,6 +1000,7 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
         wall_s=round(wall, 1),
         statuses=dict(statuses),
         lost=lost,
+        failed=failed,
         gave_up=gave_up,
         multi_attempt=len(multi),
         attempts_in_history=in_history,
@@ -1032,6 +1035,7 @@ def render(report: Report, console: Console) -> None:
     rows = [
         ("rollouts by status", status_text, ""),
         ("rollouts lost", str(len(report.lost)), "0"),
+        ("rollouts failed (after all attempts)", str(len(report.failed)), "0"),
         ("agents that gave up (exit ≠ 0)", str(len(report.gave_up)), "0"),
         ("rollouts retried (attempts > 1)", str(report.multi_attempt), ""),
         ("retried attempts visible in history", "yes" if report.attempts_in_history else "no",
@@ -1080,6 +1084,8 @@ def main(
     workers: int = 2,
     max_sandboxes: Annotated[int, typer.Option(help="per worker")] = 8,
     down_s: Annotated[float, typer.Option(help="seconds a killed part stays down")] = 3.0,
+    heartbeat_s: Annotated[float, typer.Option(help="dead worker detection")] = 10.0,
+    janitor_interval_s: float = 10.0,
     deadline_s: float = 1800.0,
     work_dir: Path | None = None,
     keep: bool = False,
@@ -1096,6 +1102,8 @@ def main(
         workers=workers,
         max_sandboxes=max_sandboxes,
         down_s=down_s,
+        heartbeat_s=heartbeat_s,
+        janitor_interval_s=janitor_interval_s,
         deadline_s=deadline_s,
         work_dir=work_dir,
         keep=keep,

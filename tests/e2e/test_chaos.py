@@ -54,24 +54,25 @@ def test_no_rollout_lost(report: Report) -> None:
     """Every rollout ends with an explicit status and, when its agent ran, its samples;
     no agent gave up (each rode out the restarts with SDK-style retries); a retried
     attempt is a new create_session in the workflow's history."""
-    assert report.lost == []
-    assert report.gave_up == []
-    assert report.attempts_in_history
+    assert report.lost == [], report.details
+    assert report.failed == [], report.details
+    assert report.gave_up == [], report.details
+    assert report.attempts_in_history, report.details
 
 
 def test_samples_exact_and_not_duplicated(report: Report) -> None:
     """Each sampled span of each sample is, token for token, an answer the engine logged
     for exactly that prompt; no segment or turn is recorded twice; no turn is missing."""
-    assert report.samples > 0
-    assert report.duplicated == 0
-    assert report.tokens_differ == 0
-    assert report.turns_missing == 0
+    assert report.samples > 0, report.details
+    assert report.duplicated == 0, report.details
+    assert report.tokens_differ == 0, report.details
+    assert report.turns_missing == 0, report.details
 
 
 def test_nothing_left_behind(report: Report) -> None:
-    assert report.sandboxes_left == 0
-    assert report.sandbox_processes_left == 0
-    assert report.sessions_left == 0
+    assert report.sandboxes_left == 0, report.details
+    assert report.sandbox_processes_left == 0, report.details
+    assert report.sessions_left == 0, report.details
 
 
 def test_fuzz_during_chaos(report: Report) -> None:
@@ -80,6 +81,6 @@ def test_fuzz_during_chaos(report: Report) -> None:
     assert report.fuzz_error is None
     assert report.fuzz_requests == dict.fromkeys(report.fuzz_requests, FUZZ_EXAMPLES)
     assert len(report.fuzz_requests) == 4
-    assert report.fuzz_5xx == report.fuzz_5xx_engine_down
+    assert report.fuzz_5xx == report.fuzz_5xx_engine_down, report.details
     assert report.fuzz_bad_shape == 0
     assert report.witnesses_unchanged
