@@ -41,6 +41,7 @@ from sandboxes.registry import get_backend
 from schemas.rollout import (
     DESTROY_SANDBOX,
     PROVISION_SANDBOX,
+    PROVISIONED_SANDBOXES,
     DestroyRequest,
     ProvisionRequest,
     SandboxRef,
@@ -224,14 +225,32 @@ class SandboxActivities:
 
     @activity.defn(name=PROVISION_SANDBOX)
     async def provision_sandbox(self, req: ProvisionRequest) -> SandboxRef:
+        """Create the sandbox. A retry that lands on another host than an earlier attempt
+        which had already created one (then crashed, timed out or failed) returns that
+        sandbox in `earlier`, so the workflow destroys it now, not at its TTL."""
+        earlier = earlier_sandboxes(activity.info().heartbeat_details)
+        try:
+            ref = await self._provision(req, earlier)
+        except Exception as exc:
+            if not earlier:
+                raise
+            raise _carrying(exc, earlier) from exc
+        # Earlier sandboxes on this host are gone already: create is idempotent per rollout.
+        others = [e for e in earlier if e.host_queue != self.host_queue]
+        return ref.model_copy(update={"earlier": others})
+
+    async def _provision(self, req: ProvisionRequest, earlier: list[SandboxRef]) -> SandboxRef:
         try:
             spec = build_spec(req)
         except (ValidationError, ValueError) as exc:
             raise bad_task("sandbox spec", exc) from exc
         backend = self._backend(req.task.sandbox.backend)
         interval = _heartbeat_interval()
+        creating = _beat("create", earlier)
+        if earlier:
+            activity.heartbeat(creating)  # carried on at once, should this attempt die too
         try:
-            sandbox = await with_heartbeat(backend.create(spec), interval, {"step": "create"})
+            sandbox = await with_heartbeat(backend.create(spec), interval, creating)
         except BackendUnavailable as exc:
             raise ApplicationError(str(exc), type="SandboxUnavailable") from exc
         except (ValidationError, ValueError) as exc:
@@ -242,7 +261,7 @@ class SandboxActivities:
         if self.capacity is not None:
             self.capacity.set_live(self.capacity.live + 1)
         activity.logger.info("sandbox %s for %s", handle.sandbox_id, req.rollout_id)
-        return SandboxRef(
+        ref = SandboxRef(
             backend=backend.name,
             sandbox_id=handle.sandbox_id,
             host=self.host_id,
@@ -250,6 +269,9 @@ class SandboxActivities:
             env_version=handle.env_version or "unknown",
             handle=handle.model_dump(mode="json"),
         )
+        # Recorded before anything else can fail: a retry elsewhere learns of it from here.
+        activity.heartbeat(_beat("created", [*earlier, ref]))
+        return ref
 
     @activity.defn(name=DESTROY_SANDBOX)
     async def destroy_sandbox(self, req: DestroyRequest) -> None:
@@ -259,6 +281,37 @@ class SandboxActivities:
             await with_heartbeat(backend.destroy(handle), _heartbeat_interval())
         if self.capacity is not None:
             self.capacity.set_live(self.capacity.live - 1)
+
+
+def _beat(step: str, sandboxes: list[SandboxRef]) -> dict[str, Any]:
+    return {"step": step, PROVISIONED_SANDBOXES: [s.model_dump(mode="json") for s in sandboxes]}
+
+
+def earlier_sandboxes(details: Any) -> list[SandboxRef]:
+    """The sandboxes recorded in provision heartbeat (or error) details, oldest first."""
+    out: list[SandboxRef] = []
+    for item in details or ():
+        if isinstance(item, dict) and isinstance(item.get(PROVISIONED_SANDBOXES), list):
+            for raw in item[PROVISIONED_SANDBOXES]:
+                ref = SandboxRef.model_validate(raw)
+                if ref not in out:
+                    out.append(ref)
+    return out
+
+
+def _carrying(exc: Exception, earlier: list[SandboxRef]) -> ApplicationError:
+    """`exc` as an ApplicationError that also carries `earlier` (in its details), so the
+    workflow can release them when this was the provision's last attempt."""
+    if isinstance(exc, ApplicationError):
+        return ApplicationError(
+            exc.message,
+            *exc.details,
+            _beat("failed", earlier),
+            type=exc.type,
+            non_retryable=exc.non_retryable,
+        )
+    return ApplicationError(str(exc) or type(exc).__name__, _beat("failed", earlier),
+                            type=type(exc).__name__)  # fmt: skip
 
 
 def _heartbeat_interval() -> float:

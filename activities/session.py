@@ -23,13 +23,23 @@ from schemas.rollout import (
     SessionRequest,
 )
 from schemas.scenes import SceneConfig
-from schemas.session import SessionConfig
+from schemas.session import MAX_TTL_S, SessionConfig
 
 log = logging.getLogger("rollout.activities.session")
 
+#: Session metadata naming the workflow run that owns a session (read by the janitor).
+WORKFLOW_ID, WORKFLOW_RUN_ID, WORKFLOW_NAMESPACE = (
+    "workflow_id",
+    "workflow_run_id",
+    "workflow_namespace",
+)
+TTL_SLACK_S = 60.0
+"""Margin on the TTLs for clock skew between the workflow's timers and the gateway."""
+
 
 class GatewayAccess:
-    """Control-API clients for this host's gateway processes (admin token included)."""
+    """Control-API clients for this host's gateway processes (admin token included).
+    `gateway_urls` are the control listeners; the agent URLs come back in SessionCreated."""
 
     def __init__(self, gateway_urls: list[str], admin_token: str | None, owner_queue: str):
         if not gateway_urls:
@@ -69,10 +79,38 @@ def scene_config_for(req: SessionRequest) -> SceneConfig:
     return harness.scene_config()
 
 
+def session_ttls(req: SessionRequest) -> tuple[float, float]:
+    """(idle, absolute) TTL of a rollout's session, from the task's budget.
+
+    Absolute: no agent call is legitimate after the whole budget plus its grace (the
+    workflow's backstop timer stops the agent by then). Idle: the longest silence of a
+    live rollout is bounded by what comes before the agent's first call (provisioning,
+    harness setup, before_run hooks) plus the agent's whole budget (one long command).
+    """
+    b = req.budget
+    absolute = min(b.total_s + b.grace_s + TTL_SLACK_S, MAX_TTL_S)
+    before_first_call = b.provision_s + b.setup_s + b.hooks_s
+    idle = before_first_call + req.harness.budget_s + b.grace_s + TTL_SLACK_S
+    return min(idle, absolute), absolute
+
+
+def idempotency_key(rollout_id: str, run_id: str, attempt: int) -> str:
+    """One key per workflow run and attempt: a rerun or reset of the rollout (new run id)
+    gets a new session, a retried create of the same attempt the same one. Run id and
+    attempt come first, so cutting a long rollout id to the field's limit stays unique."""
+    return f"{run_id}/attempt-{attempt}/{rollout_id}"[:256]
+
+
 def control_error(step: str, exc: GatewayControlError) -> ApplicationError:
-    """4xx (except 408/429) means the request is wrong: retrying cannot help."""
-    retryable = exc.status >= 500 or exc.status in (408, 429)
-    if retryable:
+    """Which gateway answers a retry can fix.
+
+    Retryable: 5xx, 408, 429, and a 409 `conflict` — a state that passes or that a new
+    attempt gets past (a session served by another process, closed or expired). Not
+    retryable: a key reused with another config (409 `idempotency_mismatch`) and every
+    other 4xx: the request itself is wrong.
+    """
+    conflict = exc.status == 409 and exc.code != "idempotency_mismatch"
+    if exc.status >= 500 or exc.status in (408, 429) or conflict:
         return ApplicationError(f"{step}: {exc}", type="GatewayUnavailable")
     return bad_task(step, exc)
 
@@ -83,15 +121,25 @@ class SessionActivities:
 
     @activity.defn(name=CREATE_SESSION)
     async def create_session(self, req: SessionRequest) -> SessionRef:
+        info = activity.info()
+        idle_ttl, absolute_ttl = session_ttls(req)
         config = SessionConfig(
             rollout_id=req.rollout_id,
             policy_version=req.policy_version,
             sampling=req.sampling,
             scenes=scene_config_for(req),
-            metadata={**req.metadata, "harness": req.harness.name},
-            # A retried create (worker died after the gateway answered) gets the same
-            # session back instead of leaving an orphan open.
-            idempotency_key=f"{req.rollout_id}/attempt-{req.attempt}",
+            metadata={
+                **req.metadata,
+                "harness": req.harness.name,
+                WORKFLOW_ID: info.workflow_id,
+                WORKFLOW_RUN_ID: info.workflow_run_id,
+                WORKFLOW_NAMESPACE: info.workflow_namespace,
+            },
+            # A retried create (worker died after the gateway answered, or the retry went
+            # to another gateway process) gets the same session back, not an orphan.
+            idempotency_key=idempotency_key(req.rollout_id, info.workflow_run_id, req.attempt),
+            idle_ttl_s=idle_ttl,
+            absolute_ttl_s=absolute_ttl,
         )
         url = self.access.pick()
         try:

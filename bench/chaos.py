@@ -387,9 +387,9 @@ async def start_stack(config: ChaosConfig, work: Path) -> Stack:
         engine.start()
         started.append(engine.stop)
 
-        base = consecutive_free_ports(2)
+        base = consecutive_free_ports(4)  # agent API: base, base+1; control: base+2, base+3
         agent_urls = [f"http://127.0.0.1:{base + i}" for i in range(2)]
-        control_urls = list(agent_urls)
+        control_urls = [f"http://127.0.0.1:{base + 2 + i}" for i in range(2)]
         gateway_dir = work / "gateway"
         supervisor = Proc(
             "gateway",
@@ -406,8 +406,12 @@ async def start_stack(config: ChaosConfig, work: Path) -> Stack:
                 str(model),
                 "--port",
                 str(base),
+                "--control-port",
+                str(base + 2),
                 "--processes",
                 "2",
+                "--session-janitor-interval-s",
+                str(config.janitor_interval_s),
                 "--data-dir",
                 str(gateway_dir),
             ],
@@ -501,7 +505,7 @@ class Faults:
 
     def thresholds(self, n: int) -> list[int]:
         count = len(self.stack.config.faults)
-        return [max(1, round(n * (0.08 + 0.62 * i / max(1, count - 1)))) for i in range(count)]
+        return [max(1, round(n * (0.05 + 0.45 * i / max(1, count - 1)))) for i in range(count)]
 
     async def run(self, progress: Progress) -> None:
         n = self.stack.config.n
@@ -512,10 +516,25 @@ class Faults:
                 return
             await self.fire(fault, progress.done)
 
+    def in_flight(self, fault: Fault) -> bool:
+        """Whether the part about to be killed has work in flight: sandboxes on the worker,
+        a conversation under way on the gateway process (any, for the engine)."""
+        stack = self.stack
+        if fault is Fault.worker:
+            index = self._worker_kills % len(stack.workers)
+            return any(stack.sandbox_dirs[index].glob("lsb-*"))
+        if fault in (Fault.gateway, Fault.engine):
+            owner = stack.gateway.agent_urls[-1] if fault is Fault.gateway else None
+            return bool(talking_sessions(stack.gateway_dir, owner))
+        return True
+
     async def fire(self, fault: Fault, done: int) -> None:
         stack, down = self.stack, self.stack.config.down_s
+        deadline = time.monotonic() + 30
+        while not self.in_flight(fault) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        note = "" if self.in_flight(fault) else "nothing in flight"
         killed = time.monotonic()
-        note = ""
         if fault is Fault.worker:
             index = self._worker_kills % len(stack.workers)
             self._worker_kills += 1
@@ -794,6 +813,22 @@ def open_sessions(gateway_dir: Path, batch_id: str) -> list[str]:
     return left
 
 
+def talking_sessions(gateway_dir: Path, owner: str | None) -> list[str]:
+    """Open sessions (of `owner`, an agent URL, if given) with at least one recorded call."""
+    found = []
+    for meta_path in (gateway_dir / "sessions").glob("*/meta.json"):
+        folder = meta_path.parent
+        with contextlib.suppress(OSError, ValueError):
+            if (folder / "closed").exists() or not (folder / "records.jsonl").stat().st_size:
+                continue
+            meta = json.loads(meta_path.read_text())
+            if str(meta.get("config", {}).get("rollout_id", "")).startswith(("witness", "fuzz")):
+                continue
+            if owner is None or str(meta.get("owner_url") or "").startswith(owner):
+                found.append(folder.name)
+    return found
+
+
 def sandbox_processes(dirs: list[Path], exclude: set[int]) -> list[str]:
     """Live processes whose command line names a sandbox state dir (bwrap and its tree),
     other than `exclude` (the workers, whose options name it): `pid: command line`."""
@@ -1058,11 +1093,11 @@ def render(report: Report, console: Console) -> None:
         table.add_row(*row)
     console.print(table)
     faults = Table(title="faults (SIGKILL, then restart)")
-    for col in ("fault", "target", "rollouts done", "killed at s", "back at s"):
+    for col in ("fault", "target", "rollouts done", "killed at s", "back at s", "note"):
         faults.add_column(col)
     for f in report.faults:
         faults.add_row(f.fault.value, f.target, str(f.at_done), str(f.killed_at_s),
-                       str(f.back_at_s))  # fmt: skip
+                       str(f.back_at_s), f.note)  # fmt: skip
     console.print(faults)
     for line in report.details[:40]:
         console.print(f"  {line}", markup=False, highlight=False)

@@ -202,7 +202,7 @@ def main() -> None:
     model_dir = ensure_tiny_model()
     admin = secrets.token_urlsafe(16)
     with VllmServer(VllmServerConfig(model_dir=model_dir, extra_args=VLLM_ARGS)) as vllm:
-        port = free_port()
+        port, control_port = free_port(), free_port()
         data_dir = tempfile.mkdtemp(prefix="gw-bench-")
         gateway = subprocess.Popen(
             [
@@ -218,6 +218,8 @@ def main() -> None:
                 str(model_dir),
                 "--port",
                 str(port),
+                "--control-port",
+                str(control_port),
                 "--data-dir",
                 data_dir,
                 "--fsync",
@@ -227,17 +229,18 @@ def main() -> None:
         )
         try:
             gw = f"http://127.0.0.1:{port}"
+            control = f"http://127.0.0.1:{control_port}"
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    if httpx.get(f"{gw}/health").status_code == 200:
+                    if httpx.get(f"{control}/health").status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
                     raise SystemExit("gateway did not start")
                 time.sleep(0.2)
-            rows = measure(gw, admin, vllm, args.conversations, args.turns, gateway.pid)
+            rows = measure(gw, control, admin, vllm, args.conversations, args.turns, gateway.pid)
         finally:
             gateway.terminate()
             gateway.wait(timeout=30)
@@ -256,11 +259,11 @@ def main() -> None:
         print(line)
 
 
-def new_sessions(gw: str, admin: str, count: int) -> list[str]:
+def new_sessions(control: str, admin: str, count: int) -> list[str]:
     tokens = []
     for _ in range(count):
         created = httpx.post(
-            f"{gw}/sessions",
+            f"{control}/sessions",
             headers={"Authorization": f"Bearer {admin}"},
             json={
                 "rollout_id": secrets.token_hex(4),
@@ -276,9 +279,10 @@ def new_sessions(gw: str, admin: str, count: int) -> list[str]:
 
 
 def measure(
-    gw: str, admin: str, vllm: VllmServer, conversations: int, turns: int, pid: int
+    gw: str, control: str, admin: str, vllm: VllmServer, conversations: int, turns: int, pid: int
 ) -> list[tuple[str, float, float, list[float]]]:
-    """Every path in one run: vLLM's own chat endpoint first, then each gateway protocol."""
+    """Every path in one run: vLLM's own chat endpoint first, then each gateway protocol
+    (`gw`: the agent listener; sessions are opened on the `control` listener)."""
     plain: list[dict[str, str]] = [{} for _ in range(conversations)]
     direct = f"{vllm.url}/v1"
     run_path(direct, plain[:1], vllm.model, 2, lambda: Conversation(direct=True), None)
@@ -290,7 +294,7 @@ def measure(
         ("gateway /v1/messages", MessagesConversation, "x-api-key"),
     ]
     for name, make, header in paths:
-        tokens = new_sessions(gw, admin, conversations)
+        tokens = new_sessions(control, admin, conversations)
         headers = [{header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens]
         lat, cpu = run_path(f"{gw}/v1", headers, vllm.model, turns, make, pid)
         rows.append((name, percentile(lat, 0.5), percentile(lat, 0.99), cpu))

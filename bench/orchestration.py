@@ -205,7 +205,7 @@ async def main(args: argparse.Namespace) -> list[dict]:
             f"--temporal={server.address}",
             "--task-queue=bench",
             "--host-id=bench",
-            f"--gateway={gateway.url}",
+            f"--gateway={gateway.control_url}",
             f"--admin-token={gateway.admin_token}",
             f"--sandbox-state-dir={work / 'sandboxes'}",
             f"--data-dir={work / 'worker'}",

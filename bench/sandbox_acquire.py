@@ -1,6 +1,7 @@
 """Cold create vs warm-pool acquire latency for the docker and local backends.
 
 Usage: python bench/sandbox_acquire.py [--n-cold 20] [--n-warm 50] [--backends local,docker]
+                                       [--disk-mb N|none]
 
 cold  = `create()` with an empty pool (start container / bwrap + supervisor, assign).
 warm  = `create()` served from a filled pool (refills paused so only the acquire path
@@ -26,7 +27,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandboxes.base import GatewayChannel, SandboxSpec
+from sandboxes.base import GatewayChannel, ResourceLimits, SandboxSpec
+
+#: The sandboxes' resources (``--disk-mb`` changes the disk limit: its cost is at create).
+RESOURCES = ResourceLimits()
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -49,6 +53,7 @@ def spec(gateway: str | None = None) -> SandboxSpec:
     return SandboxSpec(
         rollout_id=f"bench-{uuid.uuid4().hex[:10]}",
         gateway=GatewayChannel(target=gateway) if gateway else None,
+        resources=RESOURCES,
     )
 
 
@@ -107,7 +112,14 @@ async def main() -> int:
     ap.add_argument("--n-warm", type=int, default=50)
     ap.add_argument("--backends", default="local,docker")
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
+    ap.add_argument(
+        "--disk-mb", default=None, help="resources.disk_mb (default: the spec default; none)"
+    )
     a = ap.parse_args()
+    if a.disk_mb is not None:
+        global RESOURCES
+        disk = None if a.disk_mb == "none" else int(a.disk_mb)
+        RESOURCES = ResourceLimits(disk_mb=disk)
     state = Path(tempfile.mkdtemp(prefix="ar-bench-", dir="/tmp"))
     state.chmod(0o755)
     results = {}

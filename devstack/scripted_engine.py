@@ -16,6 +16,7 @@ so no two answers are alike and a sample cannot match the wrong one.
 """
 
 import argparse
+import asyncio
 import itertools
 import json
 import secrets
@@ -81,6 +82,7 @@ class ScriptedEngine:
         eos_token: str = "<|im_end|>",
         model: str = "tiny",
         max_model_len: int = 32768,
+        delay_s: float = 0.0,
         log_path: Path | None = None,
     ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
@@ -91,6 +93,9 @@ class ScriptedEngine:
         self.script = script
         self.model = model
         self.max_model_len = max_model_len
+        #: Seconds each completion takes before it answers (a slow engine, for client
+        #: timeouts and retries); may be changed while serving.
+        self.delay_s = delay_s
         self.prompts: list[list[int]] = []
         self.replies: list[ScriptedReply] = []
         self._used: set[int] = set()
@@ -175,7 +180,10 @@ class ScriptedEngine:
                 body = CompletionsBody.model_validate(await request.json())
             except (ValidationError, ValueError) as exc:
                 return JSONResponse({"error": {"message": str(exc), "code": 400}}, 400)
-            return JSONResponse(self.complete(body))
+            answer = self.complete(body)  # recorded now: `prompts` shows it is in flight
+            if self.delay_s > 0:
+                await asyncio.sleep(self.delay_s)
+            return JSONResponse(answer)
 
         async def models(request: Request) -> JSONResponse:
             entry = {"id": self.model, "object": "model", "max_model_len": self.max_model_len}

@@ -1,13 +1,18 @@
-"""The Gateway's HTTP surface: control API (admin token) and agent API (session token).
+"""The Gateway's HTTP surface, as two listeners: the agent API (session token) that
+sandboxes reach, and the control API (admin token) with /metrics and /health that only
+workers and trainers reach. A sandbox's bridge points at the agent listener, so no agent
+can call the control API or read metrics, whatever the admin-token policy.
 
 Every error leaves in the caller's protocol shape with a meaningful status; nothing an
 agent can send yields a bare 500, and a failed request never touches recorded calls.
 """
 
+import asyncio
+import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
@@ -29,12 +34,15 @@ from gateway.adapters.wire import field_error, load_object
 from gateway.canonical import CanonicalRequest
 from gateway.core import Gateway
 from gateway.errors import GatewayError
-from schemas.session import SessionConfig
+from gateway.session_janitor import SessionJanitor
+from schemas.session import SessionConfig, SessionList
 
 log = logging.getLogger("rollout.gateway")
 
 ErrorResponder = Callable[[GatewayError], Response]
 Handler = Callable[[Request], Awaitable[Response]]
+#: Which listener an app serves: the agent API, or the control API + /metrics + /health.
+Listener = Literal["agent", "control"]
 
 
 def _bearer(request: Request) -> str | None:
@@ -112,7 +120,7 @@ class GatewayApp:
 
     def _require_admin(self, request: Request) -> None:
         if self.admin_token is None:
-            return  # --insecure-dev on loopback
+            return  # --insecure-dev: the control listener is bound to loopback
         given = _bearer(request) or ""
         if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
             raise GatewayError("authentication", "admin token required for the control API")
@@ -123,6 +131,13 @@ class GatewayApp:
         config = SessionConfig.model_validate(await self._read_json(request))
         reply, created = self.gateway.create_session(config)
         return JSONResponse(reply.model_dump(), status_code=201 if created else 200)
+
+    async def list_sessions(self, request: Request) -> Response:
+        self._require_admin(request)
+        listing = await asyncio.to_thread(self.gateway.list_sessions)  # reads many files
+        return Response(
+            SessionList(sessions=listing).model_dump_json(), media_type="application/json"
+        )
 
     async def get_session(self, request: Request) -> Response:
         self._require_admin(request)
@@ -205,54 +220,82 @@ class GatewayApp:
             }
         )
 
-    async def _unrouted(self, request: Request, exc: Exception) -> Response:
+    def _unrouted_on(
+        self, listener: Listener
+    ) -> Callable[[Request, Exception], Awaitable[Response]]:
         """Unknown paths and methods (Starlette's routing errors) as JSON errors in the
-        protocol the path speaks, with `Allow` on a 405."""
-        assert isinstance(exc, HTTPException)
-        where = f"{request.method} {request.url.path}"
-        if exc.status_code == 404:
-            err = GatewayError("not_found", f"No such endpoint: {where}")
-        elif exc.status_code == 405:
-            allow = (exc.headers or {}).get("Allow")
-            err = GatewayError(
-                "method_not_allowed",
-                f"Method {request.method} is not allowed on {request.url.path}"
-                + (f"; allowed: {allow}" if allow else ""),
-                allow=allow,
-            )
-        else:
-            err = GatewayError("invalid_request", f"{where}: {exc.detail}", status=exc.status_code)
-        self.gateway.metrics.errors.labels(str(err.status), err.kind).inc()
-        return error_responder_for(request.url.path)(err)
+        protocol the path speaks, with `Allow` on a 405. The other listener's paths are
+        unknown here too: a plain 404 that names this listener."""
 
-    def build(self) -> Starlette:
-        """One route per path; each method's handler is guarded with the error shape of its
-        protocol (the control API uses OpenAI's)."""
+        async def unrouted(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, HTTPException)
+            where = f"{request.method} {request.url.path}"
+            if exc.status_code == 404:
+                err = GatewayError("not_found", f"No such endpoint on the {listener} API: {where}")
+            elif exc.status_code == 405:
+                allow = (exc.headers or {}).get("Allow")
+                err = GatewayError(
+                    "method_not_allowed",
+                    f"Method {request.method} is not allowed on {request.url.path}"
+                    + (f"; allowed: {allow}" if allow else ""),
+                    allow=allow,
+                )
+            else:
+                err = GatewayError(
+                    "invalid_request", f"{where}: {exc.detail}", status=exc.status_code
+                )
+            self.gateway.metrics.errors.labels(str(err.status), err.kind).inc()
+            return error_responder_for(request.url.path)(err)
+
+        return unrouted
+
+    def build(self, listener: Listener) -> Starlette:
+        """The app of one listener. One route per path; each method's handler is guarded
+        with the error shape of its protocol (the control API uses OpenAI's)."""
         control = openai_chat_reply.openai_error_response
         openai = openai_chat_reply.openai_error_response
         anthropic = anthropic_messages_reply.anthropic_error_response
-        endpoints: list[tuple[str, Handler, ErrorResponder, str]] = [
-            ("/sessions", self.create_session, control, "POST"),
-            ("/sessions/{session_id}/trajectory", self.get_trajectory, control, "GET"),
-            ("/sessions/{session_id}", self.delete_session, control, "DELETE"),
-            ("/sessions/{session_id}", self.get_session, control, "GET"),
-            ("/v1/chat/completions", self.chat_completions, openai, "POST"),
-            ("/v1/responses", self.responses, openai, "POST"),
-            ("/v1/responses/compact", self.responses, openai, "POST"),
-            ("/v1/messages", self.messages, anthropic, "POST"),
-            ("/v1/messages/count_tokens", self.count_tokens, anthropic, "POST"),
-            ("/v1/models", self.models, openai, "GET"),
+        endpoints: list[tuple[Listener, str, Handler, ErrorResponder, str]] = [
+            ("control", "/sessions", self.create_session, control, "POST"),
+            ("control", "/sessions", self.list_sessions, control, "GET"),
+            ("control", "/sessions/{session_id}/trajectory", self.get_trajectory, control, "GET"),
+            ("control", "/sessions/{session_id}", self.delete_session, control, "DELETE"),
+            ("control", "/sessions/{session_id}", self.get_session, control, "GET"),
+            ("agent", "/v1/chat/completions", self.chat_completions, openai, "POST"),
+            ("agent", "/v1/responses", self.responses, openai, "POST"),
+            ("agent", "/v1/responses/compact", self.responses, openai, "POST"),
+            ("agent", "/v1/messages", self.messages, anthropic, "POST"),
+            ("agent", "/v1/messages/count_tokens", self.count_tokens, anthropic, "POST"),
+            ("agent", "/v1/models", self.models, openai, "GET"),
         ]
         by_path: dict[str, dict[str, Handler]] = {}
-        for path, handler, respond, method in endpoints:
-            by_path.setdefault(path, {})[method] = self._guard(handler, respond)
-        by_path["/health"] = {"GET": self.health}
-        by_path["/metrics"] = {"GET": self.metrics}
+        for served_on, path, handler, respond, method in endpoints:
+            if served_on == listener:
+                by_path.setdefault(path, {})[method] = self._guard(handler, respond)
+        if listener == "control":
+            by_path["/health"] = {"GET": self.health}
+            by_path["/metrics"] = {"GET": self.metrics}
         routes = [
             Route(path, _by_method(handlers), methods=list(handlers))
             for path, handlers in by_path.items()
         ]
-        return Starlette(routes=routes, exception_handlers={HTTPException: self._unrouted})
+        return Starlette(
+            routes=routes,
+            exception_handlers={HTTPException: self._unrouted_on(listener)},
+            # the session janitor runs once per process: with the control app
+            lifespan=self._lifespan if listener == "control" else None,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """What runs as long as the app serves: the session janitor."""
+        janitor = asyncio.create_task(SessionJanitor(self.gateway).run())
+        try:
+            yield
+        finally:
+            janitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await janitor
 
 
 def _by_method(handlers: dict[str, Handler]) -> Handler:

@@ -4,16 +4,18 @@ from types import TracebackType
 
 import httpx
 
-from schemas.session import SessionConfig, SessionCreated, SessionSummary
+from schemas.session import SessionConfig, SessionCreated, SessionList, SessionSummary
 from schemas.trajectory import Trajectory
 
 
 class GatewayControlError(RuntimeError):
-    """The control API answered with an error; carries the status for retry decisions."""
+    """The control API answered with an error; carries the status and the error's `code`
+    (the gateway's error kind, e.g. `conflict`) for retry decisions."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(f"gateway control API {status}: {message}")
         self.status = status
+        self.code = code
 
 
 class GatewayControlClient:
@@ -28,10 +30,14 @@ class GatewayControlClient:
         if reply.is_success:
             return reply
         try:
-            message = reply.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = reply.text[:500]
-        raise GatewayControlError(reply.status_code, message)
+            error = reply.json()["error"]
+            message = str(error["message"])
+            code = error.get("code")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            message, code = reply.text[:500], None
+        raise GatewayControlError(
+            reply.status_code, message, code if isinstance(code, str) else None
+        )
 
     async def create_session(self, config: SessionConfig) -> SessionCreated:
         reply = await self._http.post(
@@ -40,6 +46,11 @@ class GatewayControlClient:
             headers={"Content-Type": "application/json"},
         )
         return SessionCreated.model_validate_json(self._check(reply).content)
+
+    async def list_sessions(self) -> SessionList:
+        """The open sessions on the gateway's data dir."""
+        reply = await self._http.get("/sessions")
+        return SessionList.model_validate_json(self._check(reply).content)
 
     async def summary(self, session_id: str) -> SessionSummary:
         reply = await self._http.get(f"/sessions/{session_id}")

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.canonical import CanonicalRequest, CompletionResult, Message
+from gateway.canonical import CanonicalRequest, CompletionResult
 from gateway.chat_template import ChatTemplate, TemplateRenderError
 from gateway.engine_client import EngineClient
 from gateway.errors import GatewayError
@@ -29,8 +29,13 @@ from gateway.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
 from gateway.metrics import GatewayMetrics
 from gateway.output_parser import OutputParser
 from gateway.recording import PlannedCall, reuse_of
+from gateway.replies import completion_of, parse_output, reply_message
+from gateway.retries import Answers, is_retry, request_digest
+from gateway.revival import revive
 from gateway.scenes import classify
+from gateway.session_lifetime import Expiry, expiry
 from gateway.store import (
+    CallRecord,
     CorruptRecordError,
     Durability,
     Record,
@@ -41,7 +46,7 @@ from gateway.store import (
 from gateway.trajectory import TrajectoryCorruptError, build_segments, recorded_calls
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
-from schemas.session import SessionConfig, SessionCreated, SessionSummary
+from schemas.session import SessionConfig, SessionCreated, SessionListing, SessionSummary
 from schemas.trajectory import CallStatus, MatchKind, RecordedCall, Trajectory
 
 log = logging.getLogger("rollout.gateway")
@@ -64,6 +69,9 @@ class GatewayOptions(BaseModel):
     it is written (survives a gateway crash, not a machine crash)."""
     fsync_interval_ms: float = Field(default=5.0, gt=0)
     """Group commit starts a batch at most this often."""
+    session_janitor_interval_s: float = Field(default=30.0, ge=0)
+    """How often the session janitor closes sessions past their TTL (0: never; calls to
+    an expired session are refused all the same)."""
 
 
 class LiveSession:
@@ -76,8 +84,10 @@ class LiveSession:
         self.last_call: dict[str, str] = {}
         self.calls = 0
         self.failed_calls = 0
+        self.answers = Answers()
         self.lock = asyncio.Lock()
         self.closed = False
+        self.last_active = time.time()  # wall clock, like created_at and file mtimes
 
     def checkpoint(self, plan: PromptPlan) -> Callable[[], None]:
         """An undo for committing `plan`: drops the segments it adds and restores the one it
@@ -164,7 +174,7 @@ class Gateway:
             session_id, token = self._derived_identity(config.idempotency_key)
             existing = self._existing_session(session_id, config)
             if existing is not None:
-                return self._created_reply(session_id, token), False
+                return self._created_reply(session_id, token, existing.owner_url), False
         meta = SessionMeta(
             session_id=session_id,
             config=config,
@@ -185,33 +195,59 @@ class Gateway:
         proof = hmac.new(secret, b"token:" + key.encode(), "sha256").hexdigest()
         return session_id, f"{session_id}.{proof}"
 
-    def _existing_session(self, session_id: str, config: SessionConfig) -> LiveSession | None:
-        """The live session a repeated idempotency key names, revived after a restart of
-        its owning process; refuses a key reused for another rollout or a closed one."""
+    def _existing_session(self, session_id: str, config: SessionConfig) -> SessionMeta | None:
+        """The open session a repeated idempotency key names: ours (revived after a restart
+        of this process) or another process's on the same data dir, whose URLs the reply
+        then carries. Refuses a key reused with another config (never passes) and a closed
+        or expired session (a state: the caller moves on to a new key)."""
         if not self.store.exists(session_id):
             return None
         meta = self.store.load_meta(session_id)
         if meta.config != config:
             raise GatewayError(
-                "conflict", "idempotency key was already used with a different session config"
+                "idempotency_mismatch",
+                "idempotency key was already used with a different session config",
+                param="idempotency_key",
             )
         if self.store.is_closed(session_id):
-            raise GatewayError("conflict", f"session {session_id} is already closed")
+            raise self._closed_error(session_id)
         live = self.sessions.get(session_id)
-        if live is None:
-            if meta.owner_url != self.options.public_url:
-                raise GatewayError(
-                    "conflict", f"session {session_id} is owned by the gateway at {meta.owner_url}"
-                )
-            # Our own session from before a restart: serve it again. Held tokens are gone,
-            # so its next call opens a new segment; recorded calls are all kept.
-            live = self.sessions[session_id] = LiveSession(meta)
-            self.engine.assign(session_id)
-            self.metrics.sessions_open.inc()
+        self.check_lifetime(meta, live)
+        if live is None and meta.owner_url in (None, self.options.public_url):
+            # Our own session from before a restart: serve it again, held segments and all.
+            self._revive(meta)
+        return meta
+
+    def _revive(self, meta: SessionMeta) -> LiveSession:
+        """Serve again a session this process owns, from before a restart: its held
+        segments, counters and answered requests are rebuilt from its records, so the
+        conversation continues on its held segment (see `revival`)."""
+        session_id = meta.session_id
+        try:
+            state = revive(self.store.load_records(session_id), self.incremental, self.parser)
+        except CorruptRecordError as exc:
+            raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
+        live = LiveSession(meta)
+        live.held = state.held
+        live.segment_scenes = state.segment_scenes
+        live.last_call = state.last_call
+        live.calls, live.failed_calls = state.calls, state.failed_calls
+        live.answers = Answers(state.answered)
+        self.sessions[session_id] = live
+        self.engine.assign(session_id)
+        self.metrics.sessions_open.inc()
+        log.info(
+            "session %s revived: %d calls, %d segments held",
+            session_id,
+            live.calls,
+            len(live.held),
+        )
         return live
 
-    def _created_reply(self, session_id: str, token: str) -> SessionCreated:
-        base = self.options.public_url.rstrip("/")
+    def _created_reply(
+        self, session_id: str, token: str, owner_url: str | None = None
+    ) -> SessionCreated:
+        base = (owner_url or self.options.public_url).rstrip("/")
         return SessionCreated(
             session_id=session_id,
             token=token,
@@ -244,17 +280,73 @@ class Gateway:
             segments=len(trajectory.segments),
         )
 
-    def close_session(self, session_id: str) -> None:
-        """Idempotent; a session owned by another process is closed through its marker."""
+    def close_session(self, session_id: str, reason: str | None = None) -> None:
+        """Idempotent; a session owned by another process is closed through its marker
+        (that process lets go of it on its next call or janitor pass)."""
         if not self.store.exists(session_id):
             raise GatewayError("not_found", f"session {session_id} does not exist")
-        self.store.mark_closed(session_id)
-        live = self.sessions.get(session_id)
+        self.store.mark_closed(session_id, reason)
+        self.release(session_id)
+
+    def release(self, session_id: str) -> None:
+        """Forget a closed session's in-memory state; the records on disk keep everything."""
+        live = self.sessions.pop(session_id, None)
         if live is not None and not live.closed:
             live.closed = True
-            live.held.clear()  # the records on disk keep everything; free the memory
+            live.held.clear()
             self.engine.release(session_id)
             self.metrics.sessions_open.dec()
+
+    def expire(self, session_id: str, why: Expiry) -> None:
+        """Close a session that outlived a TTL, saying so in its `closed` marker."""
+        self.close_session(session_id, why.reason)
+        self.metrics.sessions_expired.labels(why.kind).inc()
+        log.info("session %s %s", session_id, why.reason)
+
+    def check_lifetime(self, meta: SessionMeta, live: LiveSession | None = None) -> None:
+        """409 (and the session closed) once a TTL ran out; else note the session in use."""
+        now = time.time()
+        last = self.store.last_write(meta.session_id)
+        if live is not None:
+            last = max(last, live.last_active)
+        why = expiry(meta, last, now)
+        if why is not None:
+            self.expire(meta.session_id, why)
+            raise GatewayError(
+                "conflict",
+                f"session {meta.session_id} {why.reason}; it is closed, its recorded calls "
+                "are kept",
+            )
+        if live is not None:
+            live.last_active = now
+
+    def _closed_error(self, session_id: str) -> GatewayError:
+        reason = self.store.closed_reason(session_id)
+        detail = f" ({reason})" if reason else ""
+        return GatewayError("conflict", f"session {session_id} is closed{detail}")
+
+    def list_sessions(self) -> list[SessionListing]:
+        """Open sessions on the data dir (every process's): for janitors. Reads files only,
+        so it may run in a thread."""
+        listing: list[SessionListing] = []
+        for session_id in self.store.session_ids():
+            if self.store.is_closed(session_id):
+                continue
+            try:
+                meta = self.store.load_meta(session_id)
+            except (OSError, ValueError) as exc:
+                log.warning("session %s: unreadable meta: %s", session_id, exc)
+                continue
+            listing.append(
+                SessionListing(
+                    session_id=session_id,
+                    rollout_id=meta.config.rollout_id,
+                    created_at=meta.created_at,
+                    owner_url=meta.owner_url,
+                    metadata=meta.config.metadata,
+                )
+            )
+        return listing
 
     def trajectory(self, session_id: str) -> Trajectory:
         if not self.store.exists(session_id):
@@ -281,7 +373,8 @@ class Gateway:
         """Session token (`<session_id>.<secret>`) → live session.
 
         401 missing or wrong secret, 404 unknown session, 409 closed session (or one this
-        process does not serve: it was created on another gateway process).
+        process does not serve: it was created on another gateway process). A session this
+        process owns from before a restart is revived on its first call.
         """
         if not token:
             raise GatewayError("authentication", "missing session token (use it as the API key)")
@@ -296,17 +389,64 @@ class Gateway:
             if not hmac.compare_digest(meta.token_sha256, _hash_token(token)):
                 raise GatewayError("authentication", "invalid session token")
             if self.store.is_closed(session_id):
-                raise GatewayError("conflict", f"session {session_id} is closed")
-            raise GatewayError("conflict", f"session {session_id} is not served by this process")
+                raise self._closed_error(session_id)
+            self.check_lifetime(meta)  # an expired session stays closed, never revived
+            if meta.owner_url not in (None, self.options.public_url):
+                raise GatewayError(
+                    "conflict", f"session {session_id} is not served by this process"
+                )
+            live = self._revive(meta)
         if not hmac.compare_digest(live.meta.token_sha256, _hash_token(token)):
             raise GatewayError("authentication", "invalid session token")
         if live.closed or self.store.is_closed(session_id):
-            live.closed = True
-            raise GatewayError("conflict", f"session {session_id} is closed")
+            self.release(session_id)  # closed through another process's marker
+            raise self._closed_error(session_id)
+        self.check_lifetime(live.meta, live)
         return live
 
     async def complete(
         self, session: LiveSession, request: CanonicalRequest, raw_request: dict[str, Any]
+    ) -> CompletionResult:
+        """One agent call. A retry (`retries.is_retry`) of a body this session answered
+        gets that answer again, same call id, nothing sampled or recorded; if the original
+        is still running, once it finishes (see `retries` for why only declared retries)."""
+        digest = request_digest(request.path, raw_request)
+        if is_retry(request.headers):
+            answer = await session.answers.answer_for(digest)
+            if answer is not None:
+                self.metrics.retries_answered.inc()
+                if isinstance(answer, CompletionResult):
+                    return answer
+                return await self._recorded_answer(session, answer, request)
+        with session.answers.answering(digest) as answered:
+            result = await self._sample(session, request, raw_request, digest)
+            answered.set_result(result)
+        return result
+
+    async def _recorded_answer(
+        self, session: LiveSession, call_id: str, request: CanonicalRequest
+    ) -> CompletionResult:
+        """The answer of a recorded call, read back from the session's records."""
+        session_id = session.meta.session_id
+        try:
+            records = await asyncio.to_thread(self.store.load_records, session_id)
+        except CorruptRecordError as exc:
+            raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
+        for record in records:
+            if isinstance(record, CallRecord) and record.call.call_id == call_id:
+                call = record.call
+                parsed = parse_output(
+                    self.incremental, self.parser, call_id, call.prompt_ids, call.output_ids
+                )
+                return completion_of(call, parsed, request.model or self.options.model_name)
+        raise GatewayError("corrupt_record", f"session {session_id}: call {call_id} is lost")
+
+    async def _sample(
+        self,
+        session: LiveSession,
+        request: CanonicalRequest,
+        raw_request: dict[str, Any],
+        digest: str,
     ) -> CompletionResult:
         config = session.meta.config
         scene = classify(request, config.scenes)
@@ -340,6 +480,7 @@ class Gateway:
             call_id=call_id,
             started_at=started_at,
             wall_start=wall0,
+            digest=digest,
         )
         planned.check_storable()
         try:
@@ -347,18 +488,10 @@ class Gateway:
         except GatewayError as err:
             await self._record_failure(session, planned, err)
             raise
-        text = self.incremental.tokenizer.decode(completion.output_ids)
-        parsed = self.parser.parse(
-            text,
-            call_id=call_id,
-            starts_in_reasoning=self.incremental.prompt_opens_reasoning(plan.prompt_ids),
+        parsed = parse_output(
+            self.incremental, self.parser, call_id, plan.prompt_ids, completion.output_ids
         )
-        reply = Message(
-            role="assistant",
-            content=parsed.content,
-            reasoning=parsed.reasoning,
-            tool_calls=parsed.tool_calls,
-        )
+        reply = reply_message(parsed)
         finish = "length" if completion.finish_reason == "length" else "stop"
         async with session.lock:
             undo = session.checkpoint(plan)
@@ -399,20 +532,10 @@ class Gateway:
                 raise
             session.last_call[segment.segment_id] = call_id
             session.calls += 1
+            session.answers.recorded(digest, call_id)
         await self._synced(synced)
         self._count(request, scene, call, plan)
-        return CompletionResult(
-            call_id=call_id,
-            model=request.model or self.options.model_name,
-            created=int(started_at.timestamp()),
-            output=parsed,
-            finish_reason="tool_calls" if parsed.tool_calls and finish == "stop" else finish,
-            prompt_tokens=len(plan.prompt_ids),
-            completion_tokens=len(completion.output_ids),
-            cached_prompt_tokens=plan.base_length,
-            output_ids=completion.output_ids,
-            output_logprobs=completion.output_logprobs,
-        )
+        return completion_of(call, parsed, request.model or self.options.model_name)
 
     def count_tokens(self, request: CanonicalRequest) -> int:
         """Exact prompt length of a request under our template and tokenizer."""

@@ -17,6 +17,7 @@ ErrorKind = Literal[
     "not_found",
     "method_not_allowed",
     "conflict",
+    "idempotency_mismatch",
     "too_large",
     "unsupported_media_type",
     "overloaded",
@@ -43,6 +44,7 @@ KINDS: dict[str, KindSpec] = {
     "not_found": KindSpec(404, "not_found_error"),
     "method_not_allowed": KindSpec(405, "invalid_request_error"),
     "conflict": KindSpec(409, "conflict_error"),
+    "idempotency_mismatch": KindSpec(409, "conflict_error"),
     "too_large": KindSpec(413, "invalid_request_error"),
     "unsupported_media_type": KindSpec(415, "invalid_request_error"),
     "overloaded": KindSpec(503, "server_error"),
@@ -53,7 +55,9 @@ KINDS: dict[str, KindSpec] = {
     "corrupt_record": KindSpec(500, "server_error"),
     "internal": KindSpec(500, "server_error"),
 }
-"""Kind → defaults. `overloaded` may be raised as 429 or 503 (explicit `status`)."""
+"""Kind → defaults. `overloaded` may be raised as 429 or 503 (explicit `status`).
+`conflict` is a state that may pass (closed, served elsewhere); `idempotency_mismatch` (a
+key reused with another config) never does, so callers retry only the former."""
 
 
 class GatewayError(Exception):

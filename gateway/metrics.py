@@ -32,9 +32,20 @@ class GatewayMetrics:
         self.sampled_tokens = Counter(
             "rollout_gateway_sampled_tokens", "Tokens sampled by engines.", registry=self.registry
         )
+        self.retries_answered = Counter(
+            "rollout_gateway_retries_answered",
+            "Client retries answered with the call already recorded for the same request.",
+            registry=self.registry,
+        )
         self.sessions_open = Gauge(
             "rollout_gateway_sessions_open",
             "Sessions open in this process.",
+            registry=self.registry,
+        )
+        self.sessions_expired = Counter(
+            "rollout_gateway_sessions_expired",
+            "Sessions closed because they outlived their idle or absolute TTL.",
+            ["ttl"],
             registry=self.registry,
         )
         self.engine_inflight = Gauge(

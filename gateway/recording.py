@@ -30,13 +30,24 @@ class Reuse:
     messages: int = 0
     tokens: int = 0
     after_call: str | None = None
+    echoed: tuple[int, ...] = ()
+    """Held messages the client echoed differently (a realign): the record keeps the echo,
+    which the held segment takes on, so a restart can rebuild the segment exactly."""
 
 
 def reuse_of(plan: PromptPlan, last_call: Mapping[str, str]) -> Reuse:
     """What `plan` reuses; `last_call` maps each held segment to its latest call."""
     if plan.kind is MatchKind.fork or plan.segment is None:
         return Reuse()
-    return Reuse(len(plan.segment.messages), plan.base_length, last_call.get(plan.segment_id))
+    held = plan.segment.message_keys
+    echoed = (
+        tuple(i for i, key in enumerate(held) if key != plan.message_keys[i])
+        if plan.kind is MatchKind.realign
+        else ()
+    )
+    return Reuse(
+        len(plan.segment.messages), plan.base_length, last_call.get(plan.segment_id), echoed
+    )
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,8 @@ class PlannedCall:
     started_at: datetime
     wall_start: float
     """`time.perf_counter()` when the call arrived."""
+    digest: str | None = None
+    """The request body's digest (`retries.request_digest`), kept in the record."""
 
     def recorded_call(
         self,
@@ -119,13 +132,16 @@ class PlannedCall:
         prompt tokens past the held ones when it extends an earlier call."""
         raw, normalized = self.stored_request
         if self.reuse.messages == 0 or self.reuse.after_call is None:
-            return CallRecord(call=call, request=raw, normalized=normalized)
+            return CallRecord(
+                call=call, request=raw, normalized=normalized, request_digest=self.digest
+            )
         tail = call.model_copy(update={"prompt_ids": call.prompt_ids[self.reuse.tokens :]})
         return CallRecord(
             call=tail,
             request=raw,
             normalized=normalized,
             prompt_ref=PromptRef(call_id=self.reuse.after_call, length=self.reuse.tokens),
+            request_digest=self.digest,
         )
 
 
@@ -137,9 +153,10 @@ def _stored_request(
     Agents resend the whole history on every call, and every prompt repeats the held
     tokens; storing either each time would make the capture quadratic. A call that
     extends a held segment keeps the request envelope (sampling, flags, headers) and only
-    the messages past the held prefix; its record also keeps only the prompt tokens past
-    the held ones, with a reference to the call whose prompt+output they continue. The
-    store expands the reference on load, so readers always see complete `prompt_ids`.
+    the messages past the held prefix (plus, as `echoed_history`, held ones it echoed
+    differently); its record also keeps only the prompt tokens past the held ones, with a
+    reference to the call whose prompt+output they continue. The store expands the
+    reference on load, so readers always see complete `prompt_ids`.
     """
     if reuse.messages == 0:
         return raw, request.model_dump()
@@ -147,6 +164,10 @@ def _stored_request(
     normalized = request.model_dump(exclude={"messages", "tools"})
     normalized["history_messages"] = reuse.messages
     normalized["new_messages"] = [m.model_dump() for m in request.messages[reuse.messages :]]
+    if reuse.echoed:
+        normalized["echoed_history"] = [
+            {"index": i, "message": request.messages[i].model_dump()} for i in reuse.echoed
+        ]
     return envelope, normalized
 
 

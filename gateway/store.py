@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from gateway.group_commit import GroupCommit, fsync_dir
 from schemas.session import SessionConfig
@@ -69,6 +69,16 @@ class CallRecord(BaseModel):
     request: dict[str, Any] = Field(default_factory=dict)
     normalized: dict[str, Any] = Field(default_factory=dict)
     prompt_ref: PromptRef | None = None
+    request_digest: str | None = None
+    """`retries.request_digest` of the request body: a retry of it gets this call's answer
+    again, also after a restart. None in records written before digests were kept."""
+    _prompt_source: str | None = PrivateAttr(default=None)
+
+    @property
+    def prompt_source(self) -> str | None:
+        """After loading: the call whose prompt+output this call's prompt starts with (its
+        `prompt_ref` before expansion), i.e. the held conversation the call extended."""
+        return self._prompt_source
 
 
 Record = SegmentOpened | CallRecord
@@ -178,11 +188,29 @@ class SessionStore:
             return _SYNCED
         return self._group.submit(fd)
 
-    def mark_closed(self, session_id: str) -> None:
+    def mark_closed(self, session_id: str, reason: str | None = None) -> None:
+        """The `closed` marker: its first line is when, an optional second line why."""
         marker = self._dir(session_id) / "closed"
         if not marker.exists():
-            marker.write_text(datetime.now(UTC).isoformat())
+            text = datetime.now(UTC).isoformat() + (f"\n{reason}" if reason else "")
+            marker.write_text(text)
             self._sync_now(marker, marker.parent)
+
+    def closed_reason(self, session_id: str) -> str | None:
+        """Why a session was closed, when that was recorded (e.g. an expired TTL)."""
+        try:
+            _, _, reason = (self._dir(session_id) / "closed").read_text().partition("\n")
+        except FileNotFoundError:
+            return None
+        return reason.strip() or None
+
+    def last_write(self, session_id: str) -> float:
+        """Wall-clock time of the last record appended (the file's mtime); 0 when a crash
+        during `create` left no records file (nothing was ever appended)."""
+        try:
+            return (self._dir(session_id) / "records.jsonl").stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
 
     def exists(self, session_id: str) -> bool:
         try:
@@ -236,6 +264,7 @@ def _parse(line: bytes, sequences: dict[str, list[int]]) -> Record:
             raise ValueError(f"call {call.call_id} refers to unknown prompt {ref.call_id}")
         call.prompt_ids = sequences[ref.call_id][: ref.length] + call.prompt_ids
         record.prompt_ref = None
+        record._prompt_source = ref.call_id
     sequences[call.call_id] = call.prompt_ids + call.output_ids
     return record
 

@@ -102,8 +102,9 @@ class ResourceLimits(BaseModel):
     cpus: float | None = 1.0
     memory_mb: int | None = 2048
     pids: int | None = 1024
-    #: Cap on the writable area (workdir/tmp). Enforced where the backend can
-    #: (local: tmpfs size / RLIMIT_FSIZE; docker: tmpfs size or storage-opt).
+    #: Cap on everything the agent can write (workdir, home, /tmp together): a sized
+    #: filesystem per sandbox (local/docker: loop-mounted ext4, or docker's
+    #: storage-opt). A backend that cannot enforce it fails the provision.
     disk_mb: int | None = 4096
     #: Max open files per process.
     nofile: int | None = 4096

@@ -1,15 +1,17 @@
 """Docker backend: one container per rollout, via the docker SDK, with a warm pool.
 
 Containers run with ``network_mode="none"`` (only ``lo``), memory (= memory+swap, so
-no swap), CPU and pids limits, all capabilities dropped, ``no-new-privileges``, docker's init as
-PID 1 and the agent user (uid 1000). The in-sandbox supervisor (`supervisor.py`,
-bind-mounted read-only) is the container's main process: commands, files and the
-Gateway forwarder go through its Unix socket in a bind-mounted per-sandbox run dir,
-which is also where the Gateway channel's socket appears. So, after creation, no
-docker API call is on the exec path (the docker API degrades under ~1000 concurrent
-operations) and a cancelled command's whole process tree is killed — something
-`docker exec` cannot do. Images without python3 fall back to `docker exec` via the
-SDK (no stdin, output after exit only; see `_SdkExecSandbox`).
+no swap), CPU and pids limits (verified in the container's cgroups), ``disk_mb`` via
+``storage_opt`` or a read-only root over a sized disk (`disk.py`), all capabilities
+dropped, ``no-new-privileges``, docker's init as PID 1 and the agent user (uid 1000).
+The in-sandbox supervisor (`supervisor.py`, bind-mounted read-only) is the container's
+main process: commands, files and the Gateway forwarder go through its Unix socket in
+a bind-mounted per-sandbox run dir, which is also where the Gateway channel's socket
+appears. So, after creation, no docker API call is on the exec path (the docker API
+degrades under ~1000 concurrent operations) and a cancelled command's whole process
+tree is killed — something `docker exec` cannot do. Images without python3 fall back
+to `docker exec` via the SDK (no stdin, output after exit only; see
+`_SdkExecSandbox`).
 
 Warm pool: blank containers (started, supervisor ready) per (image, workdir,
 resources). Labels are immutable, so a pooled container's rollout id is recorded in
@@ -51,7 +53,8 @@ from sandboxes.base import (
     SandboxNotFound,
     SandboxSpec,
 )
-from sandboxes.cgroups import memory_cgroup_of_pid
+from sandboxes.cgroups import CgroupLimitError, limit_problems, memory_cgroup_of_pid
+from sandboxes.disk import DISK_DIR, DiskLimitUnavailable, make_disk
 from sandboxes.host_state import owner_token, state_root
 from sandboxes.provisioning import merged_env
 from sandboxes.supervised import (
@@ -192,6 +195,37 @@ class _SdkExecSandbox(DockerSandbox):
         await self.backend.sdk_call(c.restart, timeout=0)
 
 
+def open_run_dir(run: Path, user: str) -> None:
+    """Let the container user (and us) alone write a new run dir until its supervisor
+    has bound its control socket there; nobody else on the host may enter it.
+
+    As root we give it to the container user. Otherwise it stays ours, 2770: the
+    container gets our group (`run_dir_groups`) and what it creates there inherits
+    that group, so we reach its control socket (0660). Never world-writable, where any
+    host user could plant a control socket of their own.
+    """
+    if os.geteuid() == 0:
+        uid, gid = (int(x) for x in user.split(":"))
+        os.chown(run, uid, gid)
+        os.chmod(run, 0o700)
+    else:
+        os.chmod(run, 0o2770)
+
+
+def run_dir_groups() -> dict[str, Any]:
+    """The container options `open_run_dir` relies on: a non-root worker's group."""
+    return {} if os.geteuid() == 0 else {"group_add": [str(os.getegid())]}
+
+
+def seal_run_dir(run: Path, user: str) -> None:
+    """Once the supervisor is ready: ours, 0750. The container still reaches the
+    Gateway socket (traverse + connect) but can no longer create, replace or plant
+    anything in the dir the host acts in."""
+    if os.geteuid() == 0:
+        os.chown(run, 0, int(user.split(":")[1]))
+    os.chmod(run, 0o750)
+
+
 class DockerBackend(SupervisedBackend[DockerSandbox]):
     """Docker containers on the local engine (the worker's host)."""
 
@@ -218,6 +252,8 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         self._client = client
         self._image_ids: dict[str, tuple[str, bool]] = {}
         self._workdir_ok: dict[tuple[str, str], bool] = {}
+        self._empty_dirs: dict[tuple[str, str], bool] = {}
+        self._storage_opt: bool | None = None
 
     # ----------------------------------------------------------------- plumbing
     @property
@@ -336,6 +372,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
                 ),
             ],
         }
+        kw.update(run_dir_groups())
         if r.memory_mb:
             kw["mem_limit"] = f"{r.memory_mb}m"
             kw["memswap_limit"] = f"{r.memory_mb}m"
@@ -346,16 +383,16 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         ul = []
         if r.nofile:
             ul.append(docker.types.Ulimit(name="nofile", soft=r.nofile, hard=r.nofile))
-        if r.disk_mb:
-            b = r.disk_mb * 1024 * 1024
-            ul.append(docker.types.Ulimit(name="fsize", soft=b, hard=b))
         kw["ulimits"] = ul
         if has_py:
             cmd = ["python3", "/run/supervisor.py", "--run-dir", RUN_DIR, "--own-pid-namespace"]
             cmd += ["--forward", f"{DEFAULT_GATEWAY_PORT}:{RUN_DIR}/gateway.sock"]
         else:
             cmd = ["sh", "-c", "while :; do sleep 3600; done"]
-        if not self._workdir_writable(iid, workdir):
+        writable = self._workdir_writable(iid, workdir)
+        if r.disk_mb:
+            self._limit_disk(kw, sdir, image, iid, workdir, r.disk_mb, writable)
+        elif not writable:
             # The image lacks a workdir writable by the agent user: give it a host dir.
             (sdir / "work").mkdir(exist_ok=True)
             uid, gid = (int(x) for x in self.user.split(":"))
@@ -365,15 +402,77 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         c = self.client.containers.run(iid, cmd, entrypoint=[], **kw)
         return c, iid, has_py
 
+    def _limit_disk(
+        self,
+        kw: dict[str, Any],
+        sdir: Path,
+        image: str,
+        iid: str,
+        workdir: str,
+        disk_mb: int,
+        workdir_writable: bool,
+    ) -> None:
+        """Make ``disk_mb`` real: the storage driver's quota (``storage_opt``) where it
+        has one, else a read-only root whose writable dirs (workdir, home, /tmp) are one
+        sized filesystem (`disk.py`). Raises `DiskLimitUnavailable` where neither works."""
+        import docker.types
+
+        if workdir_writable and self._storage_opt_supported(iid):
+            kw["storage_opt"] = {"size": f"{disk_mb}M"}
+            return
+        if not self._dir_empty(iid, workdir):
+            raise DiskLimitUnavailable(
+                f"resources.disk_mb={disk_mb}: this engine's storage driver has no quota, "
+                f"so the container's root is read-only with a sized disk mounted at "
+                f"{workdir}, which would hide the files image {image} has there; move "
+                "them out of the workdir, or set disk_mb to null (no disk limit)"
+            )
+        uid = int(self.user.split(":")[0])
+        disk = make_disk(sdir, disk_mb, uid)
+        kw["read_only"] = True
+        for sub, target in (("home", AGENT_HOME), ("tmp", "/tmp"), ("work", workdir)):
+            if sub == "work" and workdir.rstrip("/") in (AGENT_HOME, "/tmp"):
+                continue
+            kw["mounts"].append(docker.types.Mount(target, str(disk / sub), type="bind"))
+
+    def _storage_opt_supported(self, image_id: str) -> bool:
+        """Whether the storage driver enforces ``storage_opt`` size (probed once)."""
+        import docker.errors
+
+        if self._storage_opt is None:
+            try:
+                c = self.client.containers.create(
+                    image_id, ["true"], entrypoint=[], network_mode="none",
+                    storage_opt={"size": "64M"},
+                )  # fmt: skip
+            except docker.errors.APIError:
+                # e.g. "--storage-opt is supported only for overlay over xfs with
+                # 'pquota' mount option".
+                self._storage_opt = False
+            else:
+                c.remove(force=True)
+                self._storage_opt = True
+        return self._storage_opt
+
+    def _dir_empty(self, image_id: str, path: str) -> bool:
+        """Whether `path` is missing or empty in the image (cached)."""
+        k = (image_id, path)
+        if k not in self._empty_dirs:
+            out = self.client.containers.run(
+                image_id,
+                ["sh", "-c", f'ls -A "{path}" 2>/dev/null | head -c 1'],
+                remove=True,
+                network_mode="none",
+                entrypoint=[],
+            )
+            self._empty_dirs[k] = not out.strip()
+        return self._empty_dirs[k]
+
     async def _start(self, sid: str, sdir: Path, spec: SandboxSpec) -> SandboxHandle:
         """Run the container; a cold one carries its rollout id label directly."""
         image, rid = spec.image or self.image, spec.rollout_id
         (sdir / "run").mkdir()
-        uid, gid = (int(x) for x in self.user.split(":"))
-        if os.geteuid() == 0:
-            os.chown(sdir / "run", uid, gid)
-        else:
-            os.chmod(sdir / "run", 0o777)
+        open_run_dir(sdir / "run", self.user)
         container, iid, has_py = await self.sdk_call(
             self._create_container, sid, sdir, image, spec.workdir, spec.resources, rid
         )
@@ -381,6 +480,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             if has_py:
                 await wait_ready(sdir / "run", self.ready_timeout)
                 secure_control_socket(sdir)
+            seal_run_dir(sdir / "run", self.user)
         except SandboxError as e:
             logs = b""
             with contextlib.suppress(Exception):
@@ -388,6 +488,13 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             raise SandboxError(f"{e}; container log: {logs[-1500:]!r}") from e
         attrs = await self.sdk_call(lambda: self.client.api.inspect_container(container.id))
         pid = attrs["State"]["Pid"]
+        r = spec.resources
+        problems = limit_problems(pid, container.id, r.memory_mb, r.pids, r.cpus) if pid else None
+        if problems:
+            raise CgroupLimitError(
+                f"docker did not apply the requested limits to {container.id[:12]}: "
+                + "; ".join(problems)
+            )
         return SandboxHandle(
             backend=self.name,
             sandbox_id=sid,
@@ -404,6 +511,9 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
                 "memory_cgroup": memory_cgroup_of_pid(pid) if pid else None,
                 "owner": owner_token(),
                 "exec": "supervisor" if has_py else "docker-exec",
+                "disk": None
+                if not r.disk_mb
+                else (f"ext4:{r.disk_mb}MiB" if (sdir / DISK_DIR).is_dir() else "storage-opt"),
             },
         )
 

@@ -8,7 +8,7 @@ with `files.write`/`files.read` and unpacked with `tar` in the sandbox.
 
 Network: the sandbox is remote, so the Unix-socket Gateway channel does not apply;
 the agent talks to `gateway.public_url` and, when one is given, outbound traffic is
-restricted to that host (``network.allow_out``); otherwise internet access is off.
+restricted to that endpoint (`egress_policy`); otherwise internet access is off.
 
 Not available here: OOM reporting (E2B does not expose it; `oom_killed` stays
 False) and per-sandbox memory/CPU caps (they are properties of the template).
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import shlex
 import time
@@ -80,6 +81,55 @@ done
 echo "processes survived SIGKILL" >&2
 exit 1
 """
+
+
+#: E2B's "all traffic" selector: deny everything that is not explicitly allowed.
+ALL_TRAFFIC = "0.0.0.0/0"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def egress_policy(gateway_url: str) -> dict[str, Any]:
+    """The E2B `network` option that lets a sandbox reach only the Gateway's agent endpoint.
+
+    E2B's firewall has no port field: an IP or CIDR entry opens every port of that
+    address, while a domain entry is matched by name only on port 80 (HTTP Host) and
+    443 (TLS SNI) and nothing else. So the endpoint must be a DNS name on its scheme's
+    default port; anything else would open the whole host and is refused. Everything
+    not allowed is denied (an allow list alone does not restrict E2B's egress).
+    """
+    u = urlparse(gateway_url)
+    host = (u.hostname or "").rstrip(".")
+    why = ""
+    try:
+        port = u.port or _DEFAULT_PORTS.get(u.scheme)
+    except ValueError:
+        port, why = None, "its port is not a number"
+    if not why and u.scheme not in _DEFAULT_PORTS:
+        why = f"its scheme {u.scheme!r} is not http or https"
+    elif not why and not host:
+        why = "it has no host"
+    elif not why and _is_ip(host):
+        why = f"{host} is an IP address, and an IP entry opens every port of that host"
+    elif not why and port != _DEFAULT_PORTS[u.scheme]:
+        why = (
+            f"port {port} is not {u.scheme}'s default ({_DEFAULT_PORTS[u.scheme]}); E2B "
+            "filters a name only on 80/443, so any other port is reachable only by opening "
+            "every port of the host"
+        )
+    if why:  # a deployment error no retry can fix: ValueError makes it non-retryable
+        raise ValueError(
+            f"e2b: cannot restrict egress to the Gateway at {gateway_url!r}: {why}. Serve the "
+            "Gateway's agent endpoint under a DNS name on port 443 (https) or 80 (http)."
+        )
+    return {"allow_out": [host], "deny_out": [ALL_TRAFFIC]}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _sdk() -> Any:
@@ -258,17 +308,16 @@ class E2BBackend(SandboxBackend):
         e2b = self._require()
         if not spec.rollout_id:
             raise ValueError("spec.rollout_id is required")
+        kw: dict[str, Any] = {}
+        gw_url = spec.gateway.public_url if spec.gateway else None
+        if gw_url:
+            kw["network"] = egress_policy(gw_url)  # refused before anything is created
+        else:
+            kw["allow_internet_access"] = False
         # Idempotent per rollout: a retried create kills what an earlier attempt made.
         for h in await self._list({ROLLOUT_LABEL: spec.rollout_id}):
             await self.destroy(h)
         metadata = {MANAGED_LABEL: "1", ROLLOUT_LABEL: spec.rollout_id, **spec.labels}
-        kw: dict[str, Any] = {}
-        gw_url = spec.gateway.public_url if spec.gateway else None
-        if gw_url:
-            host = urlparse(gw_url).hostname
-            kw["network"] = {"allow_out": [host]}
-        else:
-            kw["allow_internet_access"] = False
         sbx = await e2b.AsyncSandbox.create(
             template=spec.image or self.template,
             timeout=max(1, int(spec.timeout_s)),

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
+import tempfile
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -44,6 +46,33 @@ async def _pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     finally:
         with contextlib.suppress(Exception):
             w.write_eof()
+
+
+def _bind_in_place(listen_path: str, mode: int) -> socket.socket:
+    """A Unix socket bound at `listen_path` with `mode`, never touching anything else.
+
+    Why: the listen dir is the sandbox's run dir, which the sandbox can write. A chmod
+    by path there follows whatever the sandbox put at that name in the meantime (a
+    symlink to a host file). So the socket is bound and chmod-ed in a fresh private
+    dir next to the run dir (its parent, the host-only state dir) and then renamed
+    into place: rename replaces a planted symlink instead of following it.
+    """
+    listen_path = os.path.abspath(listen_path)
+    stage = tempfile.mkdtemp(prefix=".b-", dir=os.path.dirname(os.path.dirname(listen_path)))
+    staged = os.path.join(stage, "s")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(staged)
+        os.chmod(staged, mode)
+        os.rename(staged, listen_path)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged)
+        os.rmdir(stage)
+    return sock
 
 
 class _Hub:
@@ -79,10 +108,7 @@ class _Hub:
             uw.close()
             w.close()
 
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(listen_path)
-        srv = await asyncio.start_unix_server(on_conn, path=listen_path)
-        os.chmod(listen_path, mode)
+        srv = await asyncio.start_unix_server(on_conn, sock=_bind_in_place(listen_path, mode))
         self._servers[listen_path] = (srv, target)
 
     async def _close(self, listen_path: str) -> None:
@@ -115,7 +141,11 @@ def _hub() -> _Hub:
 
 
 def ensure_bridge(listen_path: str, target: str, mode: int = 0o666) -> None:
-    """Serve `listen_path` (Unix socket) forwarding every connection to `target`."""
+    """Serve `listen_path` (Unix socket) forwarding every connection to `target`.
+
+    The socket's dir may be writable by the sandbox; its parent must not be (the
+    socket is prepared there, see `_bind_in_place`).
+    """
     _hub().open(listen_path, target, mode)
 
 

@@ -3,11 +3,13 @@
 Isolation: new user/pid/net/ipc/uts/cgroup namespaces (the net namespace has only
 ``lo``: no route out), read-only system dirs, private writable workdir/home/tmp/run
 dirs from a per-sandbox host state dir, all capabilities dropped, no nested user
-namespaces. Limits: cgroups (memory → kernel OOM kill reported as ``oom_killed``,
-pids, cpu) when this process may manage them (root), else rlimits (RLIMIT_AS for
-memory: allocations fail instead of an OOM kill); open files and file size via
-rlimits always. As root the sandbox runs as an unprivileged host uid (`sandbox_uid`),
-so even the host-fallback system dirs expose nothing root-only.
+namespaces, a seccomp filter (`seccomp.py`). Limits: cgroups (memory → kernel OOM
+kill reported as ``oom_killed``, pids, cpu); a limit that cannot be applied fails the
+provision, and without cgroups (not root) the backend refuses to start unless
+``allow_no_cgroups`` (then rlimits: RLIMIT_AS for memory, allocations fail instead of
+an OOM kill). ``disk_mb``: workdir, home and /tmp live on one sized filesystem
+(`disk.py`). Open files via rlimits. As root the sandbox runs as an unprivileged host
+uid (`sandbox_uid`), so even the host-fallback system dirs expose nothing root-only.
 
 System dirs: the exported rootfs of the Docker base image when it has been exported
 (``scripts/build_base_image.sh`` does it), so the agent sees the same system as
@@ -28,6 +30,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -47,14 +50,19 @@ from sandboxes.base import (
     SandboxSpec,
 )
 from sandboxes.cgroups import (
+    ROOT as CGROUP_ROOT,
+)
+from sandboxes.cgroups import (
     cgroup_mode,
     create_cgroups,
     kill_cgroup_procs,
     remove_cgroups,
 )
+from sandboxes.disk import make_disk
 from sandboxes.host_state import owner_token, pid_alive, proc_start_time, state_root
 from sandboxes.images import rootfs_dir_for, rootfs_image_id, rootfs_ref_file
 from sandboxes.provisioning import SANDBOX_PATH
+from sandboxes.seccomp import SeccompUnavailable, sandbox_filter_bpf
 from sandboxes.supervised import (
     AGENT_HOME,
     DEFAULT_IMAGE,
@@ -69,6 +77,7 @@ INSTALL_HINT = (
     "scripts/install_system_deps.sh (apt-get install bubblewrap)"
 )
 INNER_UID = 1000
+log = logging.getLogger(__name__)
 _HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 _SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "home", "mnt", "media", "lost+found"}
 
@@ -119,6 +128,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
     `rootfs`: "auto" (exported image rootfs if present, else host dirs), a directory,
     or None (always the host's read-only system dirs). `pool_size` > 0 keeps that many
     blank sandboxes per (system, resources, workdir) ready for `create`.
+    `allow_no_cgroups`: run without cgroups (rlimits only) where this process cannot
+    manage them, instead of refusing to start; `cgroup_root` is where they are mounted.
     """
 
     name = "local"
@@ -135,6 +146,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         bwrap: str = "bwrap",
         ready_timeout: float = 30.0,
         use_cgroups: bool = True,
+        allow_no_cgroups: bool = False,
+        cgroup_root: str | os.PathLike[str] = CGROUP_ROOT,
     ) -> None:
         super().__init__(Path(state_dir) if state_dir else state_root("local"), pool_size)
         self.rootfs = rootfs
@@ -143,7 +156,26 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         self.sandbox_uid = sandbox_uid if self.is_root else os.getuid()
         self.bwrap = shutil.which(bwrap)
         self.ready_timeout = ready_timeout
-        self.cgroup_mode = cgroup_mode() if use_cgroups else None
+        self.cgroup_root = Path(cgroup_root)
+        self.cgroup_mode = cgroup_mode(self.cgroup_root) if use_cgroups else None
+        if self.cgroup_mode is None:
+            why = (
+                "disabled (use_cgroups=False)"
+                if not use_cgroups
+                else f"not manageable by this process (uid {os.geteuid()}, {self.cgroup_root})"
+            )
+            if not allow_no_cgroups:
+                raise BackendUnavailable(
+                    f"local sandbox backend: cgroups are {why}, so memory/pids/cpu limits "
+                    "cannot be enforced; run the worker as root on a host with cgroups, "
+                    "or set allow_no_cgroups: true to run with rlimits only"
+                )
+            log.warning(
+                "LOCAL SANDBOXES RUN WITHOUT CGROUPS (%s; allow_no_cgroups=true): memory is "
+                "only an address-space rlimit (no OOM kill), cpu is not limited, pids only "
+                "per user",
+                why,
+            )
         if self.is_root:
             _check_traversable(self.state)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -153,6 +185,10 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
     def _require_runtime(self) -> None:
         if not self.bwrap:
             raise BackendUnavailable(INSTALL_HINT)
+        try:
+            sandbox_filter_bpf()
+        except SeccompUnavailable as e:
+            raise BackendUnavailable(str(e)) from e
 
     def _system(self, spec: SandboxSpec) -> tuple[str | None, str, str]:
         """(rootfs dir or None for host dirs, env_version, system kind)."""
@@ -190,7 +226,17 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
     def _blank_usable(self, sb: LocalSandbox) -> bool:
         return pid_alive(sb.handle.details.get("bwrap_pid"))
 
-    def _bwrap_args(self, rootfs: str | None, sdir: Path, workdir: str, info_fd: int) -> list[str]:
+    def _bwrap_args(
+        self,
+        rootfs: str | None,
+        sdir: Path,
+        workdir: str,
+        info_fd: int,
+        seccomp_fd: int,
+        rw: Path,
+    ) -> list[str]:
+        """bwrap's argv; `rw` holds the writable tmp/home/work dirs (the sized disk
+        when ``disk_mb`` is set, else the state dir)."""
         src = Path(rootfs) if rootfs else Path("/")
         top = workdir.strip("/").split("/")[0]
         args = [
@@ -213,6 +259,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
             "ALL",
             "--info-fd",
             str(info_fd),
+            "--seccomp",
+            str(seccomp_fd),
         ]
         names = sorted(os.listdir(src)) if rootfs else list(_HOST_SYSTEM_DIRS)
         nested = workdir.strip("/") != top
@@ -235,14 +283,14 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 f"a dir under {AGENT_HOME} or under /tmp"
             )
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
-        args += ["--bind", str(sdir / "tmp"), "/tmp"]
-        args += ["--bind", str(sdir / "home"), AGENT_HOME]
+        args += ["--bind", str(rw / "tmp"), "/tmp"]
+        args += ["--bind", str(rw / "home"), AGENT_HOME]
         args += ["--bind", str(sdir / "run"), RUN_DIR]
         args += ["--ro-bind", str(SUPERVISOR_PATH), "/run/supervisor.py"]
         if workdir.rstrip("/") not in ("/tmp", AGENT_HOME) and not workdir.startswith(
             ("/tmp/", AGENT_HOME)
         ):
-            args += ["--bind", str(sdir / "work"), workdir]
+            args += ["--bind", str(rw / "work"), workdir]
         else:
             args += ["--dir", workdir]
         args += ["--chdir", workdir, "--", "python3", "/run/supervisor.py", "--run-dir", RUN_DIR]
@@ -257,24 +305,35 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 "local backend without an exported rootfs needs /usr/bin/python3 on the host "
                 "(or run scripts/build_base_image.sh to export the image rootfs)"
             )
-        for sub in ("tmp", "home", "run", "work"):
-            (sdir / sub).mkdir()
-            if self.is_root:
-                os.chown(sdir / sub, self.sandbox_uid, self.sandbox_uid)
-        os.chmod(sdir / "tmp", 0o1777 if not self.is_root else 0o700)
         r = spec.resources
+        owner = self.sandbox_uid if self.is_root else None
+        if r.disk_mb:
+            rw = await asyncio.to_thread(make_disk, sdir, r.disk_mb, owner)
+            (sdir / "run").mkdir()
+            if owner is not None:
+                os.chown(sdir / "run", owner, owner)
+        else:
+            rw = sdir
+            for sub in ("tmp", "home", "run", "work"):
+                (sdir / sub).mkdir()
+                if owner is not None:
+                    os.chown(sdir / sub, owner, owner)
+        os.chmod(rw / "tmp", 0o1777 if not self.is_root else 0o700)
         cg: list[str] = []
         if self.cgroup_mode:
-            cg = await asyncio.to_thread(create_cgroups, sid, r.memory_mb, r.pids, r.cpus)
+            cg = await asyncio.to_thread(
+                create_cgroups, sid, r.memory_mb, r.pids, r.cpus, self.cgroup_root
+            )
         info_r, info_w = os.pipe()
+        # The compiled filter goes through a pipe (a few hundred bytes: fits its buffer).
+        sc_r, sc_w = os.pipe()
+        os.write(sc_w, sandbox_filter_bpf())
+        os.close(sc_w)
         try:
-            args = self._bwrap_args(rootfs, sdir, spec.workdir, info_w)
+            args = self._bwrap_args(rootfs, sdir, spec.workdir, info_w, sc_r, rw)
             limits = []
             if r.nofile:
                 limits.append(f"--nofile={r.nofile}:{r.nofile}")
-            if r.disk_mb:
-                b = r.disk_mb * 1024 * 1024
-                limits.append(f"--fsize={b}:{b}")
             if r.memory_mb and not cg:
                 # No memory cgroup: address-space cap (allocations fail, no OOM kill).
                 b = r.memory_mb * 1024 * 1024 * 2
@@ -305,7 +364,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
-                    pass_fds=(info_w,),
+                    pass_fds=(info_w, sc_r),
                     start_new_session=True,
                 )
             finally:
@@ -337,6 +396,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
             if info_w >= 0:
                 os.close(info_w)
             os.close(info_r)
+            os.close(sc_r)
         return SandboxHandle(
             backend=self.name,
             sandbox_id=sid,
@@ -348,6 +408,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 "state_dir": str(sdir),
                 "rootfs": rootfs,
                 "limits": self.cgroup_mode or "rlimit",
+                "disk": f"ext4:{r.disk_mb}MiB" if r.disk_mb else None,
+                "seccomp": True,
                 "cgroups": cg,
                 "bwrap_pid": proc.pid,
                 "child_pid": child,

@@ -41,6 +41,7 @@ from sandboxes.base import (
     unchecked,
 )
 from sandboxes.cgroups import oom_kill_count
+from sandboxes.disk import release_disk
 from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
 from sandboxes.host_state import owner_token, remove_tree, rollout_key, should_reap
 from sandboxes.images import IMAGE_REPO
@@ -364,6 +365,7 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
         sdir = self._sdir(sid)
         await asyncio.to_thread(close_bridge, str(sdir / "run" / "gateway.sock"))
         await self._stop(handle)
+        await asyncio.to_thread(release_disk, sdir)  # its processes are gone now
         await asyncio.to_thread(self._forget, sid, sdir, handle.rollout_id)
 
     def _forget(self, sandbox_id: str, sdir: Path, rollout_id: str) -> None:

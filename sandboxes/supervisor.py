@@ -500,7 +500,12 @@ def main():
         port, unix_path = spec.split(":", 1)
         start_forward(int(port), unix_path)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
+    # 0660: a non-root docker worker is another uid, reaching it through the group.
+    umask = os.umask(0o117)
+    try:
+        srv.bind(path)
+    finally:
+        os.umask(umask)
     srv.listen(256)
     with open(os.path.join(a.run_dir, "ready.tmp"), "w") as f:
         f.write(f"{os.getpid()} {time.time()}\n")

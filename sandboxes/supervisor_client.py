@@ -9,8 +9,8 @@ enforce timeouts and kill whole process trees the same way.
 The control socket: the supervisor binds it in the run dir, which the sandbox can
 write; once it is ready (before any agent command ran) the host renames it into the
 state dir's ``ctl`` dir, which is never mounted into the sandbox. The bound socket
-keeps working under its new name, and nothing the agent does in the run dir (delete
-it, bind its own socket there) reaches the host's control channel.
+keeps working under its new name, and nothing the agent does in the run dir reaches
+the host's control channel; the run dir itself then becomes read-only to the sandbox.
 """
 
 from __future__ import annotations
@@ -58,7 +58,18 @@ def secure_control_socket(state_dir: Path) -> Path:
         raise SandboxError(f"{src} is not a socket")
     dst = control_socket_path(state_dir)
     os.rename(src, dst)
+    seal_run_dir(state_dir / "run")
     return dst
+
+
+def seal_run_dir(run: Path) -> None:
+    """Take the run dir back from the sandbox once the supervisor is up: it is a host
+    dir outside the sandbox's sized disk (`disk.py`), so an agent that could write
+    there would write to the host's disk past ``disk_mb``. Only the host creates files
+    in it from now on (the Gateway channel's socket)."""
+    if os.geteuid() == 0:
+        os.chown(run, 0, 0)
+    os.chmod(run, 0o755)
 
 
 def normalize_cmd(cmd: Sequence[str] | str) -> list[str]:

@@ -43,10 +43,10 @@ from temporalio.common import (
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from schemas.codec import data_converter, load_keys
 from schemas.rollout import SEARCH_ATTRIBUTES, RolloutResult
 from schemas.storage import read_many
 from schemas.tasks import (
@@ -93,10 +93,18 @@ async def ensure_search_attributes(client: Client) -> list[str]:
     return sorted(missing)
 
 
-async def connect(address: str, namespace: str = "default", **kwargs: Any) -> Client:
-    """A Temporal client with the pydantic converter every part of the system uses."""
+async def connect(
+    address: str,
+    namespace: str = "default",
+    payload_keys: Sequence[bytes] | None = None,
+    **kwargs: Any,
+) -> Client:
+    """A Temporal client with the converter every part of the system uses: pydantic JSON,
+    encrypted with `payload_keys` (default: `ROLLOUT_PAYLOAD_KEY`, see `schemas.codec`)
+    — the workers' keys, or results cannot be read."""
+    keys = load_keys() if payload_keys is None else list(payload_keys)
     return await Client.connect(
-        address, namespace=namespace, data_converter=pydantic_data_converter, **kwargs
+        address, namespace=namespace, data_converter=data_converter(keys), **kwargs
     )
 
 
@@ -166,9 +174,13 @@ class RolloutClient:
 
     @classmethod
     async def connect(
-        cls, address: str, namespace: str = "default", task_queue: str = DEFAULT_TASK_QUEUE
+        cls,
+        address: str,
+        namespace: str = "default",
+        task_queue: str = DEFAULT_TASK_QUEUE,
+        payload_keys: Sequence[bytes] | None = None,
     ) -> "RolloutClient":
-        return cls(await connect(address, namespace), task_queue)
+        return cls(await connect(address, namespace, payload_keys), task_queue)
 
     # ------------------------------------------------------------------ submit
     def plan(

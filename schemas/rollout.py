@@ -15,7 +15,7 @@ from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.sampling import SamplingParams
 from schemas.scenes import SceneConfig
 from schemas.session import SessionCreated
-from schemas.tasks import HarnessSpec, RolloutTask
+from schemas.tasks import HarnessSpec, RolloutBudget, RolloutId, RolloutTask
 
 # ----------------------------------------------------------------------------- names
 
@@ -26,6 +26,10 @@ RUN_HARNESS = "run_harness"
 COLLECT_TRAJECTORY = "collect_trajectory"
 CLOSE_SESSION = "close_session"
 DESTROY_SANDBOX = "destroy_sandbox"
+
+#: Key under which provision heartbeats (and its retries' errors) record the sandboxes
+#: an attempt created, so a retry elsewhere or the workflow can destroy them.
+PROVISIONED_SANDBOXES = "sandboxes"
 
 #: Non-retryable error types: a bad task never gets better by retrying.
 BAD_TASK_SPEC = "BadTaskSpec"
@@ -91,13 +95,16 @@ class Phase(StrEnum):
 
 
 class SessionRequest(StrictModel):
-    rollout_id: str
+    rollout_id: RolloutId
     attempt: int = Field(ge=1)
     policy_version: str
     sampling: SamplingParams
     scenes: SceneConfig | None = None
     harness: HarnessSpec
     metadata: dict[str, Any] = Field(default_factory=dict)
+    budget: RolloutBudget = Field(
+        default_factory=RolloutBudget, description="the task's budget: the session's TTLs"
+    )
 
 
 class SessionRef(SessionCreated):
@@ -117,7 +124,7 @@ class CloseSessionRequest(StrictModel):
 
 
 class ProvisionRequest(StrictModel):
-    rollout_id: str
+    rollout_id: RolloutId
     attempt: int = Field(ge=1)
     task: RolloutTask
     session: SessionRef
@@ -133,6 +140,11 @@ class SandboxRef(StrictModel):
     host_queue: str
     env_version: str
     handle: dict[str, Any] = Field(description="the backend's SandboxHandle, as JSON")
+    earlier: list["SandboxRef"] = Field(
+        default_factory=list,
+        description="sandboxes that failed attempts of this provision left on other hosts:"
+        " the workflow destroys them at once",
+    )
 
 
 class DestroyRequest(StrictModel):
@@ -146,7 +158,7 @@ class HarnessRequest(StrictModel):
     """Run the task's agent and hooks in a provisioned sandbox. The task's
     `harness.budget_s` is already cut to what is left of the rollout budget."""
 
-    rollout_id: str
+    rollout_id: RolloutId
     attempt: int = Field(ge=1)
     task: RolloutTask
     sandbox: SandboxRef
@@ -157,7 +169,7 @@ class HarnessRequest(StrictModel):
 
 
 class CollectRequest(StrictModel):
-    rollout_id: str
+    rollout_id: RolloutId
     batch_id: str
     task_id: str
     group_id: str

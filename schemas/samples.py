@@ -121,17 +121,55 @@ def check_schema_version(schema: pa.Schema, source: str) -> None:
         )
 
 
-def read_samples(path: Path | str, filesystem: object = None) -> pa.Table:
-    """Read one Parquet file or a directory of them; every file's schema version and every
-    row's `schema_version` must be known, else nothing is returned."""
-    dataset = pq.ParquetDataset(str(path), filesystem=filesystem)
-    for fragment in dataset.fragments:
-        check_schema_version(fragment.physical_schema, fragment.path)
-    table = dataset.read()
+class SampleSchemaMismatchError(ValueError):
+    """A samples file claims a known schema version but its columns do not match it."""
+
+
+def check_schema(schema: pa.Schema, source: str) -> None:
+    """Refuse a file whose schema version is unknown or whose columns (names and types)
+    differ from the contract's, naming every difference (the version tag alone is only
+    the writer's word)."""
+    check_schema_version(schema, source)
+    problems: list[str] = []
+    for want in SAMPLE_ARROW_SCHEMA:
+        idx = schema.get_field_index(want.name)
+        if idx < 0:
+            problems.append(f"missing column {want.name!r} ({want.type})")
+            continue
+        got = schema.field(idx)
+        if not got.type.equals(want.type):
+            problems.append(f"column {want.name!r} is {got.type}, expected {want.type}")
+    extra = [n for n in schema.names if SAMPLE_ARROW_SCHEMA.get_field_index(n) < 0]
+    if extra:
+        problems.append(f"unexpected column(s) {extra}")
+    if problems:
+        raise SampleSchemaMismatchError(
+            f"{source}: does not match the samples schema v{SCHEMA_VERSION}: " + "; ".join(problems)
+        )
+
+
+def conform(table: pa.Table, source: str) -> pa.Table:
+    """A checked table in the contract's column order and nullability, so tables from
+    different files concatenate; a null where the contract forbids one, or a row of an
+    unknown `schema_version`, is refused."""
+    table = table.select(SAMPLE_ARROW_SCHEMA.names)
+    for want in SAMPLE_ARROW_SCHEMA:
+        if not want.nullable and table.column(want.name).null_count:
+            raise SampleSchemaMismatchError(f"{source}: column {want.name!r} holds nulls")
     unknown = set(table.column("schema_version").to_pylist()) - KNOWN_SCHEMA_VERSIONS
     if unknown:
-        raise UnknownSchemaVersionError(f"{path}: rows with schema_version {sorted(unknown)}")
-    return table
+        raise UnknownSchemaVersionError(f"{source}: rows with schema_version {sorted(unknown)}")
+    return table.cast(SAMPLE_ARROW_SCHEMA)
+
+
+def read_samples(path: Path | str, filesystem: object = None) -> pa.Table:
+    """Read one Parquet file or a directory of them; every file's schema (version tag,
+    column names and types) and every row's `schema_version` must be known, else nothing
+    is returned."""
+    dataset = pq.ParquetDataset(str(path), filesystem=filesystem)
+    for fragment in dataset.fragments:
+        check_schema(fragment.physical_schema, fragment.path)
+    return conform(dataset.read(), str(path))
 
 
 def table_to_rows(table: pa.Table) -> list[SampleRow]:

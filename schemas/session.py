@@ -1,5 +1,6 @@
 """Gateway control API contracts: creating a session and what it returns."""
 
+from datetime import datetime
 from typing import Any
 
 from pydantic import Field
@@ -7,6 +8,9 @@ from pydantic import Field
 from schemas.base import StrictModel
 from schemas.sampling import SamplingParams
 from schemas.scenes import SceneConfig
+
+MAX_TTL_S = 30 * 86400.0
+"""Longest session lifetime one can ask for; a leaked session must end some day."""
 
 
 class SessionConfig(StrictModel):
@@ -22,6 +26,18 @@ class SessionConfig(StrictModel):
         min_length=1,
         max_length=256,
         description="a retried create with the same key returns the same session and token",
+    )
+    idle_ttl_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TTL_S,
+        description="closed after this long without an agent call (None: never)",
+    )
+    absolute_ttl_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TTL_S,
+        description="closed this long after its creation, whatever it does (None: never)",
     )
 
 
@@ -44,3 +60,20 @@ class SessionCreated(StrictModel):
     token: str
     openai_base_url: str
     anthropic_base_url: str
+
+
+class SessionListing(StrictModel):
+    """One entry of `GET /sessions`: enough for a janitor to decide whether its rollout
+    still runs (`metadata` carries the workflow ids of a rollout's session)."""
+
+    session_id: str
+    rollout_id: str
+    created_at: datetime
+    owner_url: str | None
+    metadata: dict[str, Any]
+
+
+class SessionList(StrictModel):
+    """Reply of `GET /sessions`: the open sessions on the gateway's data dir."""
+
+    sessions: list[SessionListing]

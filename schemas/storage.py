@@ -20,7 +20,8 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas.samples import SAMPLE_ARROW_SCHEMA, check_schema_version, read_samples
+from schemas.samples import SAMPLE_ARROW_SCHEMA, check_schema, conform, read_samples
+from schemas.tasks import check_rollout_id
 
 
 def is_s3(uri: str) -> bool:
@@ -28,8 +29,8 @@ def is_s3(uri: str) -> bool:
 
 
 def samples_uri(output: str, rollout_id: str) -> str:
-    """The one file holding a rollout's samples."""
-    name = f"{rollout_id}.parquet"
+    """The one file holding a rollout's samples (`rollout_id` checked: a path part)."""
+    name = f"{check_rollout_id(rollout_id)}.parquet"
     if is_s3(output):
         return f"{output.rstrip('/')}/{name}"
     return str(Path(output) / name)
@@ -88,15 +89,17 @@ def _fsync_dir(path: Path) -> None:
 
 def _read_s3_object(bucket: str, key: str) -> pa.Table:
     body = s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    source = f"s3://{bucket}/{key}"
     table = pq.read_table(io.BytesIO(body))
-    check_schema_version(table.schema, f"s3://{bucket}/{key}")
-    return table
+    check_schema(table.schema, source)
+    return conform(table, source)
 
 
 def read_table(uri: str) -> pa.Table:
     """One file, a directory of files, or an S3 object/prefix → one Arrow table.
 
-    Every file's schema version is checked; an unknown one raises (never a guess).
+    Every file's schema (version tag, column names and types) is checked; a mismatch
+    raises naming it (never a guess).
     """
     if not is_s3(uri):
         return read_samples(uri)

@@ -8,10 +8,11 @@ activity and fails the rollout fast, visibly and without retries.
 """
 
 import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from schemas.base import StrictModel
 from schemas.evaluation import EvaluationSpec
@@ -21,6 +22,40 @@ from schemas.workspace import RepoSpec
 
 #: Ids become Temporal workflow ids, file names and search-attribute values.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+#: A rollout id names files (`<output>/<rollout_id>.parquet`, artifact dirs), so it
+#: must be one safe path part that fits a 255-byte file name with its suffix.
+ROLLOUT_ID_MAX = 200
+TASK_ID_MAX = 128
+_SAFE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+
+
+def _check_id(kind: str, value: str, max_len: int) -> str:
+    """`value` if it is a safe id (one path part, a workflow id), else a clear ValueError."""
+    rule = (
+        f"a {kind} is 1-{max_len} characters of A-Z a-z 0-9 . _ : - starting with a "
+        "letter or digit (it becomes part of file names and workflow ids)"
+    )
+    if not value:
+        raise ValueError(f"empty {kind}: {rule}")
+    if len(value) > max_len:
+        raise ValueError(f"{kind} {value[:40]!r}… is {len(value)} characters long: {rule}")
+    if not _SAFE_ID_RE.fullmatch(value):
+        raise ValueError(f"{kind} {value!r} is not a safe path part: {rule}")
+    return value
+
+
+def check_rollout_id(value: str) -> str:
+    """`value` if it is a safe rollout id, else a ValueError saying what is wrong."""
+    return _check_id("rollout id", value, ROLLOUT_ID_MAX)
+
+
+def check_task_id(value: str) -> str:
+    return _check_id("task id", value, TASK_ID_MAX)
+
+
+#: The type of every `rollout_id` a boundary model accepts.
+RolloutId = Annotated[str, AfterValidator(check_rollout_id)]
+TaskId = Annotated[str, AfterValidator(check_task_id)]
 
 
 class HarnessSpec(StrictModel):
@@ -93,7 +128,7 @@ class RolloutBudget(StrictModel):
 class RolloutTask(StrictModel):
     """One task; `samples_per_task` copies of it form a GRPO group."""
 
-    task_id: str = Field(pattern=ID_PATTERN)
+    task_id: TaskId
     prompt: str
     harness: HarnessSpec
     sandbox: SandboxRequest = Field(default_factory=SandboxRequest)
@@ -127,7 +162,7 @@ class RolloutTask(StrictModel):
 class RolloutRequest(StrictModel):
     """Input of `RolloutWorkflow`. Workflow id = `rollout_id`."""
 
-    rollout_id: str = Field(min_length=1, max_length=400)
+    rollout_id: RolloutId
     batch_id: str = Field(pattern=ID_PATTERN)
     group_id: str = Field(min_length=1, max_length=300)
     sample_index: int = Field(default=0, ge=0)
@@ -137,8 +172,18 @@ class RolloutRequest(StrictModel):
 
 
 def rollout_id_for(batch_id: str, task_id: str, sample_index: int) -> str:
-    """Deterministic, so resubmitting a batch is idempotent (same workflow ids)."""
-    return f"{batch_id}-{task_id}-{sample_index}"
+    """Deterministic, so resubmitting a batch is idempotent (same workflow ids).
+
+    Raises ValueError (naming batch and task) when the two ids together are too long
+    for a rollout id, so the batch fails at planning, not at its first file write.
+    """
+    rid = f"{batch_id}-{task_id}-{sample_index}"
+    try:
+        return check_rollout_id(rid)
+    except ValueError as exc:
+        raise ValueError(
+            f"batch_id {batch_id!r} + task_id {task_id!r}: {exc}; use shorter ids"
+        ) from None
 
 
 def group_id_for(batch_id: str, task_id: str) -> str:

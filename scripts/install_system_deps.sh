@@ -2,8 +2,9 @@
 # Install and start the system services the sandbox backends need (idempotent).
 #
 # Why a script: CI (.ci/run) and developers must get the exact same setup —
-# docker engine (for the docker backend and the image recipe), bubblewrap (local
-# backend), debootstrap (base image rootfs), iproute2 (network checks in tests).
+# docker engine (docker backend, image recipe), bubblewrap, libseccomp
+# and e2fsprogs (local backend), debootstrap (base image rootfs), iproute2 (network
+# checks in tests).
 # Safe to rerun: installs only what is missing, starts dockerd only if no engine answers.
 set -euo pipefail
 
@@ -20,6 +21,11 @@ command -v tar >/dev/null 2>&1 || need+=(tar)
 command -v zstd >/dev/null 2>&1 || need+=(zstd)
 dpkg -s debian-archive-keyring >/dev/null 2>&1 || need+=(debian-archive-keyring)
 command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
+# libseccomp compiles the bwrap sandboxes' seccomp filter (via pyseccomp); mkfs.ext4
+# and loop mounts give each sandbox its sized disk (resources.disk_mb).
+dpkg -s libseccomp2 >/dev/null 2>&1 || need+=(libseccomp2)
+command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v mount >/dev/null 2>&1 || need+=(mount)
 
 if [ "${#need[@]}" -gt 0 ]; then
   log "installing: ${need[*]}"

@@ -30,14 +30,26 @@ def gateway(
     engine: Annotated[str, typer.Option(help="engine base URL(s), comma-separated")],
     model: Annotated[str, typer.Option(help="model name served by the engine")],
     tokenizer: Annotated[Path, typer.Option(help="model dir with tokenizer.json")],
-    host: str = "127.0.0.1",
-    port: int = 8700,
-    processes: Annotated[int, typer.Option(min=1, help="gateway processes, one port each")] = 1,
+    host: Annotated[str, typer.Option(help="agent API listener address")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(help="agent API port: what sandboxes reach (process i: port+i)")
+    ] = 8700,
+    control_host: Annotated[
+        str, typer.Option(help="control API + /metrics listener address")
+    ] = "127.0.0.1",
+    control_port: Annotated[
+        int, typer.Option(help="control API port: workers, trainers (process i: port+i)")
+    ] = 8800,
+    processes: Annotated[
+        int, typer.Option(min=1, help="gateway processes, one agent + one control port each")
+    ] = 1,
     data_dir: Path = Path("./data/gateway"),
     admin_token: Annotated[
         str | None, typer.Option(envvar="ROLLOUT_ADMIN_TOKEN", help="bearer for the control API")
     ] = None,
-    insecure_dev: Annotated[bool, typer.Option(help="allow no admin token on loopback")] = False,
+    insecure_dev: Annotated[
+        bool, typer.Option(help="no admin token; the control listener must be on loopback")
+    ] = False,
     chat_template: Annotated[Path | None, typer.Option(help="override the chat template")] = None,
     parser: Annotated[str, typer.Option(help="output parser family")] = "qwen3",
     public_url: Annotated[str | None, typer.Option(help="URL agents reach us at")] = None,
@@ -48,8 +60,12 @@ def gateway(
     fsync_interval_ms: Annotated[
         float, typer.Option(min=0.001, max=1000, help="group commit: ms between fsync batches")
     ] = 5.0,
+    session_janitor_interval_s: Annotated[
+        float, typer.Option(min=0, help="s between closing sessions past their TTL (0: off)")
+    ] = 30.0,
 ) -> None:
-    """Serve the Gateway (control API + agent-facing protocols)."""
+    """Serve the Gateway: the agent-facing protocols on --port, the control API, /metrics
+    and /health on --control-port."""
     from workers.gateway_server import GatewaySettings, serve
 
     settings = GatewaySettings(
@@ -60,6 +76,8 @@ def gateway(
         parser=parser,
         host=host,
         port=port,
+        control_host=control_host,
+        control_port=control_port,
         public_url=public_url,
         data_dir=data_dir,
         admin_token=admin_token or os.environ.get("ROLLOUT_ADMIN_TOKEN"),
@@ -67,8 +85,43 @@ def gateway(
         context_window=context_window,
         fsync=fsync.value,
         fsync_interval_ms=fsync_interval_ms,
+        session_janitor_interval_s=session_janitor_interval_s,
     )
     serve(settings, processes=processes)
+
+
+@app.command("keygen")
+def keygen(
+    out: Annotated[Path, typer.Argument(help="key file to create (mode 0600)")],
+) -> None:
+    """Create a key file for the Temporal payload codec (`--payload-key-file`)."""
+    from schemas.codec import new_key
+
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(new_key() + "\n")
+    typer.echo(f"wrote {out}; give it to every worker and trainer client (and keep it safe)")
+
+
+@app.command("codec-server")
+def codec_server(
+    payload_key_file: Annotated[
+        Path, typer.Option(envvar="ROLLOUT_PAYLOAD_KEY_FILE", help="the workers' key file")
+    ],
+    host: str = "127.0.0.1",
+    port: int = 8081,
+    ui_origin: Annotated[
+        list[str] | None, typer.Option(help="Temporal UI origin allowed by CORS (repeatable)")
+    ] = None,
+) -> None:
+    """Decode encrypted payloads for the Temporal UI / CLI (their codec endpoint)."""
+    import uvicorn
+
+    from schemas.codec import load_keys
+    from workers.codec_server import codec_app
+
+    app_ = codec_app(load_keys(payload_key_file), ui_origin or ["http://localhost:8233"])
+    uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
 def _register_temporal_commands() -> None:

@@ -108,8 +108,9 @@ class DemoStack:
         return server.url, scripted.model, model_dir
 
     def start_gateway(self, engine_url: str, model: str, tokenizer: Path) -> tuple[str, str]:
+        """Both listeners on loopback; returns (control API URL, admin token)."""
         from devstack.background_server import BackgroundServer
-        from workers.gateway_server import GatewaySettings, build_app
+        from workers.gateway_server import GatewaySettings, build_apps
 
         token = secrets.token_urlsafe(24)
         port = free_port()
@@ -122,9 +123,11 @@ class DemoStack:
             data_dir=self.data_dir / "gateway",
             admin_token=token,
         )
-        server = BackgroundServer(build_app(settings), port=port).start()
-        self.gateway_server = server
-        return server.url, token
+        agent_app, control_app = build_apps(settings)
+        server = BackgroundServer(agent_app, port=port)
+        control_url = server.add(control_app)
+        self.gateway_server = server.start()
+        return control_url, token
 
     async def start_worker(self, gateway_url: str, admin_token: str) -> None:
         from workers.worker import RolloutWorker, WorkerSettings
@@ -223,7 +226,7 @@ async def run_demo(
         )
         engine_url, model, tokenizer = await asyncio.to_thread(stack.start_engine, engine)
         gateway_url, token = stack.start_gateway(engine_url, model, tokenizer)
-        console.print(f"gateway: {gateway_url}  (data: {data_dir / 'gateway'})")
+        console.print(f"gateway control API: {gateway_url}  (data: {data_dir / 'gateway'})")
         await stack.start_worker(gateway_url, token)
         console.print("worker: role=all, local bubblewrap sandboxes")
         client = await RolloutClient.connect(temporal.address, task_queue="rollouts")

@@ -1,15 +1,22 @@
-"""Assemble and serve a Gateway process (or N of them, one port each).
+"""Assemble and serve a Gateway process (or N of them), each on two listeners.
 
-One process saturates on tokenization; N processes each own the sessions created on them
-(the base URL handed to the agent names the owning process), sharing only the data dir.
+The agent API listens on `port` (what session base URLs and sandbox bridges point at);
+the control API, /metrics and /health listen on `control_port` (what workers and
+trainers use). One process saturates on tokenization; N processes each own the sessions
+created on them (the base URL handed to the agent names the owning process), sharing only
+the data dir; process i listens on `port + i` and `control_port + i`.
 """
 
+import asyncio
+import contextlib
 import ipaddress
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -39,8 +46,12 @@ class GatewaySettings(BaseModel):
     tokenizer: Path
     chat_template: Path | None = None
     parser: str = "qwen3"
+    #: The agent API listener (session tokens): what sandboxes reach.
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
+    #: The control API + /metrics + /health listener (admin token): workers, trainers.
+    control_host: str = "127.0.0.1"
+    control_port: int = Field(default=8800, ge=0, le=65535)
     public_url: str | None = None
     data_dir: Path = Path("./data/gateway")
     admin_token: str | None = None
@@ -50,21 +61,47 @@ class GatewaySettings(BaseModel):
     max_body_bytes: int = 32 * 2**20
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
+    session_janitor_interval_s: float = Field(default=30.0, ge=0)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def check_admin_policy(settings: GatewaySettings) -> None:
-    """Running without an admin token is allowed only on loopback with --insecure-dev, where
-    every control call is allowed."""
+    """The admin token guards the control listener. Without one (--insecure-dev) every
+    control call is allowed, so that listener must be bound to loopback. The agent
+    listener may bind anywhere: each agent call needs its session token."""
     if settings.admin_token:
         return
-    try:
-        loopback = ipaddress.ip_address(settings.host).is_loopback
-    except ValueError:
-        loopback = settings.host == "localhost"
-    if not (settings.insecure_dev and loopback):
+    if not settings.insecure_dev:
         raise SystemExit(
             "refusing to start: set --admin-token or ROLLOUT_ADMIN_TOKEN "
-            "(or bind to loopback with --insecure-dev)"
+            "(or --insecure-dev with the control listener on loopback)"
+        )
+    if not is_loopback(settings.control_host):
+        raise SystemExit(
+            "refusing to start: --insecure-dev serves the control API without an admin "
+            f"token, so --control-host must be loopback (got {settings.control_host!r}); "
+            "set --admin-token or ROLLOUT_ADMIN_TOKEN to listen elsewhere"
+        )
+
+
+def check_ports(settings: GatewaySettings, processes: int) -> None:
+    """The agent ports (port … port+N-1) and control ports must not overlap."""
+    if settings.port == 0 or settings.control_port == 0:
+        return  # ephemeral ports never collide
+    agent = set(range(settings.port, settings.port + processes))
+    control = set(range(settings.control_port, settings.control_port + processes))
+    if agent & control or max(agent | control) > 65535:
+        raise SystemExit(
+            f"refusing to start: {processes} process(es) need agent ports {settings.port}-"
+            f"{settings.port + processes - 1} and control ports {settings.control_port}-"
+            f"{settings.control_port + processes - 1}, disjoint and at most 65535 "
+            "(choose --port and --control-port further apart)"
         )
 
 
@@ -102,6 +139,7 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         context_window=window,
         fsync=settings.fsync,
         fsync_interval_ms=settings.fsync_interval_ms,
+        session_janitor_interval_s=settings.session_janitor_interval_s,
     )
     engine = EngineClient(
         settings.engine_urls,
@@ -112,28 +150,87 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
     return Gateway(options, template, incremental, get_parser(settings.parser), engine)
 
 
-def build_app(settings: GatewaySettings) -> Starlette:
+def build_apps(settings: GatewaySettings) -> tuple[Starlette, Starlette]:
+    """(agent app, control app) around one Gateway core, after the admin-token policy."""
     check_admin_policy(settings)
-    gateway = build_gateway(settings)
-    return GatewayApp(gateway, settings.admin_token, settings.max_body_bytes).build()
+    app = GatewayApp(build_gateway(settings), settings.admin_token, settings.max_body_bytes)
+    return app.build("agent"), app.build("control")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind before anything loads, so a taken port fails at once with its address.
+    proto=IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"refusing to start: cannot listen on {host}:{port}: {exc}") from exc
+    return sock
+
+
+class _Listener(uvicorn.Server):
+    """A uvicorn server that leaves signals to `serve_listeners` (which stops both)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve_listeners(settings: GatewaySettings) -> None:
+    """This process: the agent and the control listener on one event loop (they share the
+    Gateway core). SIGTERM/SIGINT stop both gracefully."""
+    check_admin_policy(settings)
+    agent_sock = listen(settings.host, settings.port)
+    control_sock = listen(settings.control_host, settings.control_port)
+    agent_app, control_app = build_apps(settings)
+    servers = [
+        (_Listener(uvicorn.Config(agent_app, log_level="warning")), agent_sock),
+        (_Listener(uvicorn.Config(control_app, log_level="warning")), control_sock),
+    ]
+
+    def stop() -> None:
+        for server, _ in servers:
+            server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
 
 
 def serve(settings: GatewaySettings, processes: int = 1) -> None:
-    """Serve in this process, or supervise N child processes on consecutive ports."""
-    if processes <= 1:
-        app = build_app(settings)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
-        return
+    """Serve in this process, or supervise N child processes on consecutive port pairs."""
     check_admin_policy(settings)
+    check_ports(settings, processes)
+    if processes <= 1:
+        print(
+            f"gateway: agent API http://{settings.host}:{settings.port}, control API "
+            f"http://{settings.control_host}:{settings.control_port}",
+            flush=True,
+        )
+        asyncio.run(serve_listeners(settings))
+        return
     children: list[subprocess.Popen[bytes]] = []
     for index in range(processes):
-        port = settings.port + index
+        port, control_port = settings.port + index, settings.control_port + index
         child_settings = settings.model_copy(
-            update={"port": port, "public_url": None, "admin_token": settings.admin_token}
+            update={
+                "port": port,
+                "control_port": control_port,
+                "public_url": None,
+                "admin_token": settings.admin_token,
+            }
         )
         env = dict(os.environ, ROLLOUT_GATEWAY_SETTINGS=child_settings.model_dump_json())
         children.append(subprocess.Popen([sys.executable, "-m", "workers.gateway_server"], env=env))
-        print(f"gateway process {index} on http://{settings.host}:{port}", flush=True)
+        print(
+            f"gateway process {index}: agent API http://{settings.host}:{port}, "
+            f"control API http://{settings.control_host}:{control_port}",
+            flush=True,
+        )
 
     def stop(*_: object) -> None:
         for child in children:
@@ -145,5 +242,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
     raise SystemExit(max(codes))
 
 
-if __name__ == "__main__":
-    serve(GatewaySettings.model_validate_json(os.environ["ROLLOUT_GATEWAY_SETTINGS"]))
+if __name__ == "__main__":  # one child of `serve(..., processes=N)`
+    asyncio.run(
+        serve_listeners(GatewaySettings.model_validate_json(os.environ["ROLLOUT_GATEWAY_SETTINGS"]))
+    )

@@ -7,6 +7,7 @@ Roles (see `schemas.rollout.QueueNames` for the queues):
   sandboxes whose rollout is gone;
 - gateway-host: next to the gateway processes, creates sessions and collects/closes
   them on its own queue, so trajectories are read locally and samples written from here;
+  a janitor closes sessions whose workflow run has ended;
 - all: everything in one process (the embedded default, tests, the demo).
 
 Why explicit slot limits: the SDK default (100 per kind) is both too small for
@@ -66,6 +67,9 @@ class WorkerSettings(BaseModel):
     count_calls_every_s: float = Field(default=30.0, ge=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     register_search_attributes: bool = True
+    #: Keys (base64, one a line, the first encrypts) for the Temporal payload codec;
+    #: None: `ROLLOUT_PAYLOAD_KEY`, else no encryption (see `schemas.codec`).
+    payload_key_file: Path | None = None
 
     def has(self, role: str) -> bool:
         return self.role == "all" or self.role == role
@@ -94,16 +98,24 @@ class RolloutWorker:
         self._closers: list[Any] = []
         self._backends: Any = None
         self._capacity: Any = None
+        self._gateway_access: Any = None
         self.ready = asyncio.Event()
 
     async def connect(self) -> Client:
         from schemas.client import connect, ensure_search_attributes
+        from schemas.codec import load_keys
 
         s = self.settings
         if self.client is None:
             runtime = make_runtime(s.metrics_port)
             kwargs = {"runtime": runtime} if runtime else {}
-            self.client = await connect(s.temporal, s.namespace, **kwargs)
+            keys = load_keys(s.payload_key_file)
+            if not keys:
+                log.warning(
+                    "no payload key: session tokens are stored in plain text in Temporal "
+                    "history (set --payload-key-file or ROLLOUT_PAYLOAD_KEY)"
+                )
+            self.client = await connect(s.temporal, s.namespace, keys, **kwargs)
         if s.register_search_attributes:
             added = await ensure_search_attributes(self.client)
             if added:
@@ -181,6 +193,7 @@ class RolloutWorker:
                 s.gateway_urls, s.gateway_admin_token, q.gateway_owner(gateway_id)
             )
             self._closers.append(access.aclose)
+            self._gateway_access = access
             sessions = SessionActivities(access)
             collect = CollectActivities(access)
             workers.append(
@@ -205,17 +218,25 @@ class RolloutWorker:
 
     async def _janitor(self, client: Client) -> None:
         from activities.sandbox import reap_orphans
+        from activities.session_janitor import close_orphan_sessions
 
-        if self._backends is None:
+        if self._backends is None and self._gateway_access is None:
             return
-        for name in self.settings.sandbox_backends:
+        for name in self.settings.sandbox_backends if self._backends is not None else ():
             with contextlib.suppress(Exception):
                 self._backends.get(name)  # instantiate so the janitor sees it
         while True:
-            try:
-                await reap_orphans(client, self._backends, self._capacity)
-            except Exception as exc:  # the janitor must never take the worker down
-                log.warning("janitor pass failed: %r", exc)
+            # the janitor must never take the worker down
+            if self._backends is not None:
+                try:
+                    await reap_orphans(client, self._backends, self._capacity)
+                except Exception as exc:
+                    log.warning("janitor pass failed: %r", exc)
+            if self._gateway_access is not None:
+                try:
+                    await close_orphan_sessions(client, self._gateway_access)
+                except Exception as exc:
+                    log.warning("session janitor pass failed: %r", exc)
             if self.settings.janitor_interval_s <= 0:
                 return
             await asyncio.sleep(self.settings.janitor_interval_s)
@@ -276,7 +297,8 @@ def worker_cmd(
         str | None, typer.Option(help="stable host name for the host queue (default: hostname)")
     ] = None,
     gateway: Annotated[
-        str | None, typer.Option(help="gateway URL(s), comma-separated (gateway-host role)")
+        str | None,
+        typer.Option(help="gateway control API URL(s) (its --control-port), comma-separated"),
     ] = None,
     admin_token: Annotated[
         str | None, typer.Option(envvar="ROLLOUT_ADMIN_TOKEN", help="gateway admin token")
@@ -298,6 +320,14 @@ def worker_cmd(
     ] = 30.0,
     janitor_interval_s: Annotated[float, typer.Option(help="0: reap only at start")] = 300.0,
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port")] = None,
+    payload_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="ROLLOUT_PAYLOAD_KEY_FILE",
+            help="keys encrypting Temporal payloads (`rollout keygen`); default: "
+            "$ROLLOUT_PAYLOAD_KEY, else none",
+        ),
+    ] = None,
     log_level: str = "INFO",
 ) -> None:
     """Run Temporal workers for one role until SIGINT/SIGTERM."""
@@ -326,9 +356,12 @@ def worker_cmd(
         count_calls_every_s=count_calls_every_s,
         janitor_interval_s=janitor_interval_s,
         metrics_port=metrics_port,
+        payload_key_file=payload_key_file,
     )
     if settings.has("gateway-host") and not settings.gateway_urls:
-        raise typer.BadParameter("--gateway URL is required for the gateway-host / all roles")
+        raise typer.BadParameter(
+            "--gateway (the gateway's control API URL) is required for the gateway-host / all roles"
+        )
     asyncio.run(serve(settings))
 
 

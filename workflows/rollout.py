@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         DESTROY_SANDBOX,
         FATAL_ERROR_TYPES,
         PROVISION_SANDBOX,
+        PROVISIONED_SANDBOXES,
         ROLLOUT_INFRA_ERROR,
         RUN_HARNESS,
         CloseSessionRequest,
@@ -77,6 +78,25 @@ def _fatal_cause(err: ActivityError) -> ApplicationError | None:
     ):
         return cause
     return None
+
+
+def _sandboxes_left_by(err: BaseException | None) -> list[SandboxRef]:
+    """Sandboxes a failed provision recorded (heartbeat details of a timed-out attempt,
+    or the details its last attempt's error carries): created, never returned."""
+    if not isinstance(err, ActivityError):
+        return []
+    cause = err.cause
+    if isinstance(cause, TemporalTimeout):
+        details: Any = cause.last_heartbeat_details
+    elif isinstance(cause, ApplicationError):
+        details = cause.details
+    else:
+        return []
+    out: list[SandboxRef] = []
+    for item in details or ():
+        if isinstance(item, dict) and isinstance(item.get(PROVISIONED_SANDBOXES), list):
+            out += [SandboxRef.model_validate(raw) for raw in item[PROVISIONED_SANDBOXES]]
+    return out
 
 
 def _describe(err: BaseException) -> str:
@@ -255,6 +275,7 @@ class RolloutWorkflow:
             sampling=sampling,
             scenes=task.scenes,
             harness=task.harness,
+            budget=task.budget,
             metadata={
                 "batch_id": req.batch_id,
                 "task_id": task.task_id,
@@ -294,17 +315,23 @@ class RolloutWorkflow:
             session=session,
             timeout_s=budget.total_s + budget.grace_s + 600,
         )
-        sandbox = await self._execute(
-            PROVISION_SANDBOX,
-            provision,
-            result_type=SandboxRef,
-            task_queue=queues.sandbox,
-            start_to_close_timeout=timedelta(seconds=budget.provision_s),
-            schedule_to_close_timeout=timedelta(seconds=max(remaining_s, 1.0)),
-            heartbeat_timeout=timedelta(seconds=budget.heartbeat_s),
-            retry_policy=_retry(3),
-            summary=f"provision {task.sandbox.backend} sandbox (attempt {attempt})",
-        )
+        try:
+            sandbox = await self._execute(
+                PROVISION_SANDBOX,
+                provision,
+                result_type=SandboxRef,
+                task_queue=queues.sandbox,
+                start_to_close_timeout=timedelta(seconds=budget.provision_s),
+                schedule_to_close_timeout=timedelta(seconds=max(remaining_s, 1.0)),
+                heartbeat_timeout=timedelta(seconds=budget.heartbeat_s),
+                retry_policy=_retry(3),
+                summary=f"provision {task.sandbox.backend} sandbox (attempt {attempt})",
+            )
+        except (AttemptFailed, ApplicationError) as exc:
+            self._release_earlier(_sandboxes_left_by(exc.__cause__))
+            raise
+        self._release_earlier(sandbox.earlier)
+        sandbox = sandbox.model_copy(update={"earlier": []})
         self._sandbox = sandbox
         self._open_sandboxes.append(sandbox)
         self._details()
@@ -460,6 +487,13 @@ class RolloutWorkflow:
             timeout=timedelta(seconds=120),
             summary="destroy sandbox",
         )
+
+    def _release_earlier(self, sandboxes: list[SandboxRef]) -> None:
+        """Destroy, on their own hosts, sandboxes that failed provision attempts left."""
+        for sandbox in sandboxes:
+            if sandbox not in self._open_sandboxes:
+                self._open_sandboxes.append(sandbox)
+                self._release_sandbox(sandbox)
 
     def _start_release(
         self, activity: str, arg: Any, *, task_queue: str, timeout: timedelta, summary: str

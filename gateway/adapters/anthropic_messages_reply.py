@@ -27,6 +27,7 @@ ANTHROPIC_ERRORS: dict[str, tuple[str, int | None]] = {
     "not_found": ("not_found_error", None),
     "method_not_allowed": ("invalid_request_error", None),
     "conflict": ("invalid_request_error", None),
+    "idempotency_mismatch": ("invalid_request_error", None),
     "too_large": ("request_too_large", None),
     "unsupported_media_type": ("invalid_request_error", None),
     "overloaded": ("overloaded_error", 529),

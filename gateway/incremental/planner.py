@@ -9,7 +9,7 @@ held ids are reused verbatim and only the text after our previous reply is token
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -310,54 +310,69 @@ class IncrementalTokenizer:
 
     # -- restart ----------------------------------------------------------------------
 
-    def rebuild(
+    def restore(
         self,
+        segments: MutableMapping[str, HeldSegment],
         *,
         segment_id: str,
         parent_id: str | None,
-        calls: Sequence[tuple[Sequence[int], Sequence[int], Sequence[float], bool]],
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        output_logprobs: Sequence[float],
+        reply: Message,
+        finished_with_eot: bool,
         messages: Sequence[Message],
-        tools: Sequence[Tool] = (),
-        template_kwargs: Mapping[str, Any] | None = None,
+        tools_hash: str,
+        kwargs_hash: str,
+        message_keys: Sequence[MessageKey] | None = None,
+        prompt_internal_markers: int = 0,
     ) -> HeldSegment:
-        """Rebuild a held segment from its recorded calls after a restart.
+        """Apply one recorded call to the held segments after a restart; returns its segment.
 
-        `calls` are (prompt_ids, output_ids, output_logprobs, finished_with_eot) in order;
-        each prompt must extend the ids before it. `messages` are the last call's request
-        messages followed by its reply.
+        Goes through `commit`, so replaying a session's calls in order rebuilds its segments
+        exactly as the live process held them. The call extends `segment_id` if that is
+        held (its prompt must start with the held ids, else `ValueError`), or else opens
+        it. `messages` are the call's request messages (`message_keys` theirs, if known;
+        `tools_hash`, `kwargs_hash` from `hash_tools`, `hash_template_kwargs`);
+        `prompt_internal_markers` are the internal markers in an opening prompt that
+        reuses another segment's ids (a concurrent call that lost its segment).
         """
-        if not calls:
-            raise ValueError("a segment needs at least one call")
-        ids: list[int] = []
-        mask: list[int] = []
-        logprobs: list[float] = []
-        internal, finished, reply_markers = 0, False, 0
-        for prompt_ids, output_ids, output_logprobs, eot in calls:
-            if list(prompt_ids[: len(ids)]) != ids:
-                raise ValueError("a call's prompt does not extend the segment's previous ids")
-            new = list(prompt_ids[len(ids) :])
-            ids += new + list(output_ids)
-            mask += [0] * len(new) + [1] * len(output_ids)
-            logprobs += [0.0] * len(new) + [float(x) for x in output_logprobs]
-            finished = self._markers.closes_turn(output_ids, eot)
-            reply_markers = self.count_markers(output_ids)
-            internal += reply_markers - int(finished)
         messages = list(messages)
-        return HeldSegment(
+        keys = list(message_keys) if message_keys is not None else list(map(message_key, messages))
+        seg = segments.get(segment_id)
+        common: dict[str, Any] = dict(
             segment_id=segment_id,
-            parent_id=parent_id,
+            prompt_ids=list(prompt_ids),
+            drift=[],
             messages=messages,
-            message_keys=[message_key(m) for m in messages],
-            tools_hash=hash_tools(tools),
-            kwargs_hash=hash_template_kwargs(template_kwargs or {}),
-            ids=ids,
-            mask=mask,
-            logprobs=logprobs,
-            prompt_length=len(calls[0][0]),
-            marker_count=self.count_markers(ids),
-            internal_markers=internal,
-            reply_finished=finished,
-            reply_markers=reply_markers,
-            calls=len(calls),
-            touched=next(self._clock),
+            new_text="",
+            tools_hash=tools_hash,
+            kwargs_hash=kwargs_hash,
+            message_keys=keys,
         )
+        if seg is None:
+            plan = PromptPlan(
+                kind=MatchKind.fork,
+                parent_id=parent_id,
+                new_token_count=len(prompt_ids),
+                base_length=0,
+                prompt_markers=self.count_markers(prompt_ids),
+                prompt_internal_markers=prompt_internal_markers,
+                **common,
+            )
+        else:
+            if list(prompt_ids[: len(seg.ids)]) != seg.ids:
+                raise ValueError(f"a call's prompt does not extend segment {segment_id}")
+            new_ids = prompt_ids[len(seg.ids) :]
+            plan = PromptPlan(
+                kind=MatchKind.clean,
+                parent_id=seg.parent_id,
+                new_token_count=len(new_ids),
+                base_length=len(seg.ids),
+                prompt_markers=seg.marker_count + self.count_markers(new_ids),
+                prompt_internal_markers=seg.internal_markers,
+                base_version=seg.version,
+                segment=seg,
+                **common,
+            )
+        return self.commit(segments, plan, output_ids, output_logprobs, reply, finished_with_eot)

@@ -132,11 +132,13 @@ class Stack:
         return self.gateway.gateway.store.is_closed(session_id)
 
     def sessions_of(self, rollout_id: str) -> list[str]:
-        root = self.gateway.gateway.store
+        """Every session of a rollout on the gateway's data dir (closed ones included:
+        the gateway keeps only open sessions in memory)."""
+        store = self.gateway.gateway.store
         return [
             sid
-            for sid, live in self.gateway.gateway.sessions.items()
-            if live.meta.config.rollout_id == rollout_id and root.exists(sid)
+            for sid in store.session_ids()
+            if store.load_meta(sid).config.rollout_id == rollout_id
         ]
 
 
@@ -177,7 +179,7 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
             f"--temporal={temporal_server.address}",
             "--task-queue=ctl-tests",
             "--host-id=ctl-host",
-            f"--gateway={gateway.url}",
+            f"--gateway={gateway.control_url}",
             f"--admin-token={gateway.admin_token}",
             f"--sandbox-state-dir={state}",
             f"--data-dir={work / 'worker'}",
@@ -571,6 +573,85 @@ async def test_janitor_reaps_sandboxes_of_finished_rollouts(
     assert len(stack.sandboxes_left()) == 1  # the running rollout's sandbox survives
     assert (await client.outcome(rid)).ok
     await backends.aclose()
+
+
+async def test_rerun_of_a_cancelled_rollout_gets_a_new_session(
+    stack: Stack, client: RolloutClient
+) -> None:
+    """Rerunning a rollout that ended without a result (a new run of the same workflow id)
+    creates a new session: the session key names the run, so the first run's closed
+    session is not found again (that was a 409 failing the rerun as a bad task)."""
+    spec = make_task("rerun", "What is 6 times 7?", "42", turns=2, sleep_s=30)
+    spec["budget"] = {"heartbeat_s": 3}
+    out = str(stack.out_dir / "rerun")
+    batch = await client.submit(tasks_of(spec), out, 1, batch_id="rerun1")
+    rid = batch.rollout_ids[0]
+
+    async def running() -> str | None:
+        phase, sid = await phase_and_session(client, rid)
+        return sid if phase == "running" else None
+
+    first_session = await wait_until(running, 60, "the agent to start")
+    first_run = (await client.client.get_workflow_handle(rid).describe()).run_id
+    assert await client.cancel(batch) == 1
+    with pytest.raises(WorkflowFailureError):
+        await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 60)
+    assert stack.session_closed(first_session)
+
+    fast = {**spec, "harness": make_task("rerun", "What is 6 times 7?", "42")["harness"]}
+    again = await client.submit(tasks_of(fast), out, 1, batch_id="rerun1", rerun_failed=True)
+    assert again.rollout_ids == [rid]
+    outcome = await asyncio.wait_for(client.outcome(rid), 120)
+    assert outcome.ok, f"{outcome.error}\n{stack.worker.log_tail()}"
+    desc = await client.client.get_workflow_handle(rid).describe()
+    assert desc.run_id != first_run
+    assert outcome.result is not None and outcome.result.session_id != first_session
+    assert outcome.result.reward == 1.0
+    assert sorted(stack.sessions_of(rid)) == sorted([first_session, outcome.result.session_id])
+    await wait_until(lambda: stack.sandboxes_left() == [], 30, "no sandbox left")
+
+
+async def test_worker_janitor_closes_sessions_of_terminated_rollouts(
+    stack: Stack, client: RolloutClient
+) -> None:
+    """A terminated rollout never runs its `finally`: its session stays open (token
+    valid) until the worker janitor's next pass sees that its workflow run is not
+    running and closes it. The session of a running rollout is kept."""
+    from activities.sandbox import SandboxBackends, reap_orphans
+    from activities.session import GatewayAccess
+    from activities.session_janitor import close_orphan_sessions
+
+    alive = make_task("alive2", "What is 6 times 7?", "42", turns=2, sleep_s=10)
+    doomed = make_task("doomed", "What is 6 times 7?", "42", turns=2, sleep_s=30)
+    batch = await client.submit(tasks_of(alive, doomed), str(stack.out_dir / "term"), 1)
+    rid_alive, rid_doomed = batch.rollout_ids
+
+    async def session_of(rid: str) -> str | None:
+        phase, sid = await phase_and_session(client, rid)
+        return sid if phase == "running" else None
+
+    alive_session = await wait_until(lambda: session_of(rid_alive), 60, "a running rollout")
+    doomed_session = await wait_until(lambda: session_of(rid_doomed), 60, "the doomed rollout")
+    await client.client.get_workflow_handle(rid_doomed).terminate("test: killed from outside")
+    assert not stack.session_closed(doomed_session)  # nothing closed it: `finally` never ran
+
+    access = GatewayAccess([stack.gateway.control_url], stack.gateway.admin_token, "unused-queue")
+    try:
+        closed = await close_orphan_sessions(client.client, access)
+    finally:
+        await access.aclose()
+    assert closed == [doomed_session]
+    assert stack.session_closed(doomed_session)
+    assert not stack.session_closed(alive_session)
+    assert (await client.outcome(rid_alive)).ok
+    # The doomed rollout's sandbox is the sandbox janitor's (its pass of the same loop).
+    backends = SandboxBackends({"local": {"state_dir": str(stack.sandbox_state)}})
+    backends.get("local")
+    try:
+        await reap_orphans(client.client, backends)
+    finally:
+        await backends.aclose()
+    await wait_until(lambda: stack.sandboxes_left() == [], 30, "no sandbox left")
 
 
 async def test_histories_replay_deterministically(stack: Stack, client: RolloutClient) -> None:

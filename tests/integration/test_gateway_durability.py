@@ -207,7 +207,7 @@ def test_a_failed_write_is_a_503_and_the_session_goes_on(
     ] * (failing_turn + 1)
     assert len(trajectory["segments"]) == 1
     assert_memory_and_disk_agree(gw, sid, trajectory)
-    summary = httpx.get(f"{gw.url}/sessions/{sid}", headers=gw.admin_headers).json()
+    summary = httpx.get(f"{gw.control_url}/sessions/{sid}", headers=gw.admin_headers).json()
     assert (summary["calls"], summary["failed_calls"], summary["segments"]) == (
         failing_turn + 2,
         0,
@@ -226,7 +226,7 @@ def test_a_torn_last_line_is_cut_when_a_revived_session_appends(
 ) -> None:
     gw = gateway_factory(scripted.url, tiny_model_dir, MODEL)
     body = {"rollout_id": "r-torn", "idempotency_key": "r-torn/attempt-1"}
-    session = httpx.post(f"{gw.url}/sessions", json=body, headers=gw.admin_headers).json()
+    session = httpx.post(f"{gw.control_url}/sessions", json=body, headers=gw.admin_headers).json()
     sid = session["session_id"]
     agent = Agent(gw.url, session["token"])
     for _ in range(2):
@@ -240,12 +240,14 @@ def test_a_torn_last_line_is_cut_when_a_revived_session_appends(
         scripted.url, tiny_model_dir, MODEL, data_dir=gw.gateway.options.data_dir,
         public_url=gw.url,
     )  # fmt: skip
-    revived = httpx.post(f"{restarted.url}/sessions", json=body, headers=restarted.admin_headers)
+    revived = httpx.post(
+        f"{restarted.control_url}/sessions", json=body, headers=restarted.admin_headers
+    )
     assert revived.status_code == 200
     agent.url = restarted.url
-    assert agent.turn().status_code == 200, "held tokens are gone: this opens a segment"
+    assert agent.turn().status_code == 200, "the revived session goes on on its segment"
     trajectory = restarted.trajectory(sid)
-    assert len(trajectory["calls"]) == 3 and len(trajectory["segments"]) == 2
+    assert len(trajectory["calls"]) == 3 and len(trajectory["segments"]) == 1
     assert b"c0ffee" not in records_file.read_bytes()
 
 
@@ -262,7 +264,7 @@ def test_a_corrupt_record_is_reported_not_skipped(
     lines = records_file.read_bytes().split(b"\n")
     lines[2] = lines[2][:40]  # a record in the middle loses its end
     records_file.write_bytes(b"\n".join(lines))
-    reply = httpx.get(f"{gw.url}/sessions/{sid}/trajectory", headers=gw.admin_headers)
+    reply = httpx.get(f"{gw.control_url}/sessions/{sid}/trajectory", headers=gw.admin_headers)
     assert reply.status_code == 500
     error = reply.json()["error"]
     assert error["code"] == "corrupt_record"
@@ -331,6 +333,6 @@ def test_fsync_off_never_syncs(
     agent = Agent(gw.url, session["token"])
     for _ in range(3):
         assert agent.turn().status_code == 200
-    httpx.delete(f"{gw.url}/sessions/{session['session_id']}", headers=gw.admin_headers)
+    httpx.delete(f"{gw.control_url}/sessions/{session['session_id']}", headers=gw.admin_headers)
     assert len(gw.trajectory(session["session_id"])["calls"]) == 3
     assert fsync.synced == []

@@ -97,11 +97,11 @@ def test_bad_requests_get_precise_errors_and_lose_nothing(
     with pytest.raises(openai.AuthenticationError):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
 
-    control = httpx.get(f"{url}/sessions/snope/trajectory", headers=gw.admin_headers)
+    control = httpx.get(f"{gw.control_url}/sessions/snope/trajectory", headers=gw.admin_headers)
     assert control.status_code == 404
-    assert httpx.post(f"{url}/sessions", json={"rollout_id": "x"}).status_code == 401
+    assert httpx.post(f"{gw.control_url}/sessions", json={"rollout_id": "x"}).status_code == 401
     bad_config = httpx.post(
-        f"{url}/sessions",
+        f"{gw.control_url}/sessions",
         json={"rollout_id": "x", "sampling": {"top_p": 7}},
         headers=gw.admin_headers,
     )
@@ -110,9 +110,13 @@ def test_bad_requests_get_precise_errors_and_lose_nothing(
     after = gw.trajectory(session["session_id"])
     assert after["calls"] == before["calls"] and after["segments"] == before["segments"]
 
-    closed = httpx.delete(f"{url}/sessions/{session['session_id']}", headers=gw.admin_headers)
+    closed = httpx.delete(
+        f"{gw.control_url}/sessions/{session['session_id']}", headers=gw.admin_headers
+    )
     assert closed.status_code == 200
-    again = httpx.delete(f"{url}/sessions/{session['session_id']}", headers=gw.admin_headers)
+    again = httpx.delete(
+        f"{gw.control_url}/sessions/{session['session_id']}", headers=gw.admin_headers
+    )
     assert again.status_code == 200, "closing is idempotent"
     assert_openai_error(chat(url, token, GOOD), 409, "conflict")
     final = gw.trajectory(session["session_id"])
@@ -193,24 +197,28 @@ def test_idempotent_session_creation_and_summary(
 ) -> None:
     gw = gateway_factory(scripted.url, tiny_model_dir, "tiny-qwen3")
     body = {"rollout_id": "r-idem", "idempotency_key": "r-idem/attempt-1"}
-    first = httpx.post(f"{gw.url}/sessions", json=body, headers=gw.admin_headers)
-    again = httpx.post(f"{gw.url}/sessions", json=body, headers=gw.admin_headers)
+    first = httpx.post(f"{gw.control_url}/sessions", json=body, headers=gw.admin_headers)
+    again = httpx.post(f"{gw.control_url}/sessions", json=body, headers=gw.admin_headers)
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json() == again.json(), "a retried create returns the same session and token"
     other = httpx.post(
-        f"{gw.url}/sessions",
+        f"{gw.control_url}/sessions",
         json={**body, "idempotency_key": "r-idem/attempt-2"},
         headers=gw.admin_headers,
     )
     assert other.status_code == 201 and other.json()["session_id"] != first.json()["session_id"]
     changed = httpx.post(
-        f"{gw.url}/sessions", json={**body, "policy_version": "v9"}, headers=gw.admin_headers
+        f"{gw.control_url}/sessions",
+        json={**body, "policy_version": "v9"},
+        headers=gw.admin_headers,
     )
     assert changed.status_code == 409 and "different session config" in changed.text
 
     session = first.json()
     assert chat(gw.url, session["token"], GOOD).status_code == 200
-    summary = httpx.get(f"{gw.url}/sessions/{session['session_id']}", headers=gw.admin_headers)
+    summary = httpx.get(
+        f"{gw.control_url}/sessions/{session['session_id']}", headers=gw.admin_headers
+    )
     assert summary.status_code == 200
     assert summary.json() == {
         "session_id": session["session_id"],
@@ -227,12 +235,16 @@ def test_idempotent_session_creation_and_summary(
         scripted.url, tiny_model_dir, "tiny-qwen3", data_dir=gw.gateway.options.data_dir,
         public_url=gw.url,
     )  # fmt: skip
-    revived = httpx.post(f"{restarted.url}/sessions", json=body, headers=restarted.admin_headers)
+    revived = httpx.post(
+        f"{restarted.control_url}/sessions", json=body, headers=restarted.admin_headers
+    )
     assert revived.status_code == 200 and revived.json()["token"] == session["token"]
     assert chat(restarted.url, session["token"], GOOD).status_code == 200
     assert len(restarted.trajectory(session["session_id"])["calls"]) == 2
     httpx.delete(
-        f"{restarted.url}/sessions/{session['session_id']}", headers=restarted.admin_headers
+        f"{restarted.control_url}/sessions/{session['session_id']}", headers=restarted.admin_headers
     )
-    closed = httpx.post(f"{restarted.url}/sessions", json=body, headers=restarted.admin_headers)
+    closed = httpx.post(
+        f"{restarted.control_url}/sessions", json=body, headers=restarted.admin_headers
+    )
     assert closed.status_code == 409 and "closed" in closed.text

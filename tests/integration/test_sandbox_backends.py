@@ -391,14 +391,18 @@ async def test_kill_all_processes_leaves_nothing_the_agent_started(sandbox_backe
 IMPOSTOR = """
 import json, os, socket, struct
 path = "/run/rollout/control.sock"
-try:
-    os.unlink(path)
-except FileNotFoundError:
-    pass
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind(path)
+try:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    srv.bind(path)
+except PermissionError:  # the run dir is read-only to the sandbox: nothing to replace
+    open("/tmp/impostor.ready", "w").write("refused")
+    raise SystemExit(0)
 srv.listen(8)
-open("/tmp/impostor.ready", "w").close()
+open("/tmp/impostor.ready", "w").write("bound")
 while True:
     c, _ = srv.accept()
     line = b""
@@ -455,6 +459,9 @@ async def test_agent_cannot_reach_or_replace_the_control_socket(sandbox_backend:
         while not (await sb.exec(["test", "-e", "/tmp/impostor.ready"])).ok:
             assert time.monotonic() < deadline, (await sb.exec(["cat", "/tmp/imp.log"])).stdout
             await asyncio.sleep(0.1)
+        # docker seals its run dir once the supervisor is up; local's stays the sandbox's.
+        # The run dir is read-only to the agent once the supervisor is up, on every backend.
+        assert (await sb.exec(["cat", "/tmp/impostor.ready"])).stdout == "refused"
         assert (await sb.exec(["false"])).exit_code == 1  # the real supervisor answered
         assert (await sb.supervisor.ping())["pid"] != 0
         snoop = await sb.exec(["python3", "-c", SNOOP])

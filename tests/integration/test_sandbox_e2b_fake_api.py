@@ -50,7 +50,7 @@ async def test_e2b_backend_against_fake_api_lifecycle_exec_files(
         assert created["metadata"]["agentic-rollout.rollout-id"] == spec.rollout_id
         assert created["metadata"]["task"] == "t1"
         assert created["timeout"] == 120
-        assert created["network"] == {"allowOut": ["gw.example.invalid"]}
+        assert created["network"] == {"allowOut": ["gw.example.invalid"], "denyOut": ["0.0.0.0/0"]}
         assert sb.gateway_base_url == "https://gw.example.invalid/s/abc"
         assert sb.workdir == "/home/user/workspace"
         chunks: list[Any] = []
@@ -137,5 +137,47 @@ async def test_e2b_backend_against_fake_api_archive_cap(e2b_backend: Any) -> Non
         with pytest.raises(ArchiveTooLarge, match="exceeds 1000000 bytes"):
             await sb.get_file(f"{sb.workdir}/big.bin", max_bytes=1_000_000)
         assert len(await sb.get_file(f"{sb.workdir}/big.bin", max_bytes=4_000_000)) == 3_000_000
+    finally:
+        await sb.destroy()
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://203.0.113.7:8080", "is an IP address"),
+        ("https://[2001:db8::1]", "is an IP address"),
+        ("https://gw.example.invalid:8443", "port 8443 is not https's default"),
+        ("http://gw.example.invalid:443", "port 443 is not http's default"),
+        ("ftp://gw.example.invalid", "scheme 'ftp'"),
+    ],
+)
+async def test_e2b_egress_that_would_open_the_whole_gateway_host_is_refused(
+    e2b_backend: Any, fake_e2b_api: Any, url: str, why: str
+) -> None:
+    """E2B's firewall has no port field: an IP entry (or a name on a port other than
+    80/443) would let the sandbox reach every port of the Gateway's host, so the create
+    is refused before any sandbox exists."""
+    spec = SandboxSpec(rollout_id=rid(), gateway=GatewayChannel(public_url=url))
+    with pytest.raises(ValueError, match=why):
+        await e2b_backend.create(spec)
+    assert fake_e2b_api.sandboxes == {}
+    assert not any(c.startswith("POST /v2/sandboxes") for c in fake_e2b_api.calls)
+
+
+async def test_e2b_egress_allows_only_the_gateway_endpoint(
+    e2b_backend: Any, fake_e2b_api: Any
+) -> None:
+    """Only the agent endpoint's name is allowed and all other traffic is denied (an
+    allow list alone leaves E2B's egress open)."""
+    spec = SandboxSpec(
+        rollout_id=rid(), gateway=GatewayChannel(public_url="http://agents.gw.example.invalid/")
+    )
+    sb = await e2b_backend.create(spec)
+    try:
+        created = fake_e2b_api.sandboxes[sb.handle.sandbox_id]
+        assert created["network"] == {
+            "allowOut": ["agents.gw.example.invalid"],
+            "denyOut": ["0.0.0.0/0"],
+        }
     finally:
         await sb.destroy()

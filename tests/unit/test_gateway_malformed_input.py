@@ -92,7 +92,7 @@ def post(
     headers["Authorization"] = f"Bearer {token}"
     if isinstance(content, str):
         content = content.encode("utf-8", "surrogatepass")
-    return target.http.post(path, content=content, headers=headers)
+    return target.client(protocol).post(path, content=content, headers=headers)
 
 
 def assert_error(
@@ -410,7 +410,9 @@ def test_unknown_path_is_a_json_404(
     target: FuzzTarget, method: str, path: str, protocol: Protocol
 ) -> None:
     """Was Starlette's plain-text "Not Found"."""
-    reply = target.http.request(method, path, headers={"Content-Type": "application/json"})
+    reply = target.client(protocol).request(
+        method, path, headers={"Content-Type": "application/json"}
+    )
     message = assert_error(reply, protocol, 404, "not_found", None)
     assert path in message
 
@@ -424,7 +426,7 @@ def test_unknown_path_is_a_json_404(
         ("POST", "/v1/models", CHAT, {"GET", "HEAD"}),
         ("GET", "/v1/messages", MESSAGES, {"POST"}),
         ("PATCH", "/v1/messages/count_tokens", MESSAGES, {"POST"}),
-        ("GET", "/sessions", CONTROL, {"POST"}),
+        ("PUT", "/sessions", CONTROL, {"GET", "HEAD", "POST"}),
         ("PUT", "/sessions/s1", CONTROL, {"GET", "HEAD", "DELETE"}),
         ("POST", "/sessions/s1/trajectory", CONTROL, {"GET", "HEAD"}),
         ("POST", "/health", CONTROL, {"GET", "HEAD"}),
@@ -434,7 +436,9 @@ def test_wrong_method_is_a_json_405_with_allow(
     target: FuzzTarget, method: str, path: str, protocol: Protocol, allowed: set[str]
 ) -> None:
     """Was Starlette's plain-text "Method Not Allowed"; `Allow` lists every method."""
-    reply = target.http.request(method, path, headers={"Content-Type": "application/json"})
+    reply = target.client(protocol).request(
+        method, path, headers={"Content-Type": "application/json"}
+    )
     message = assert_error(reply, protocol, 405, "method_not_allowed", None)
     assert set(reply.headers["allow"].split(", ")) == allowed
     assert method in message
@@ -453,7 +457,7 @@ def test_oversized_body_is_413(
     token = target.gateway.admin_token if protocol.control else target.fuzz_token
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
     content: Any = iter([data[:1000], data[1000:]]) if chunked else data
-    reply = target.http.post(path, content=content, headers=headers)
+    reply = target.client(protocol).post(path, content=content, headers=headers)
     assert ("content-length" in reply.request.headers) is not chunked
     assert_error(reply, protocol, 413, "too_large", None)
 

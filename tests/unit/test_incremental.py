@@ -19,6 +19,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.chat_template import ChatTemplate
 from gateway.incremental.held_segments import HeldSegment
+from gateway.incremental.message_keys import hash_template_kwargs, hash_tools
 from gateway.incremental.normalisers import DEFAULT_NORMALISERS
 from gateway.incremental.planner import IncrementalTokenizer, PromptPlan
 from gateway.incremental.tokenizer_adapter import TokenizersAdapter, load_tokenizer
@@ -674,54 +675,61 @@ def test_each_conversation_continues_its_own_segment(
     assert (plan.kind, plan.segment_id) == (MatchKind.clean, sub_id)
 
 
-def test_rebuild_from_recorded_calls_matches_the_live_segment(
+def test_restore_from_recorded_calls_matches_the_live_segment(
     planner: IncrementalTokenizer, tokenizer: CountingTokenizer
 ) -> None:
-    segments, history = _two_calls(planner, tokenizer)
-    calls = []
-    first = segments[0]
-    calls.append(
-        (
-            first.ids[: first.prompt_length],
-            first.ids[first.prompt_length :],
-            first.logprobs[first.prompt_length :],
-            True,
-        )
-    )
-    plan = planner.prepare(segments, history, TOOLS)
-    answer = Message(role="assistant", content="partial")
-    out = sampled(tokenizer, answer, cut=True)
-    planner.commit(segments, plan, out, [-0.5] * len(out), answer, False)
-    calls.append((plan.prompt_ids, out, [-0.5] * len(out), False))
-    live = segments[0]
-    rebuilt = planner.rebuild(
-        segment_id=live.segment_id, parent_id=None, calls=calls, messages=live.messages, tools=TOOLS
-    )
-    for attr in (
-        "ids",
-        "mask",
-        "logprobs",
-        "prompt_length",
-        "marker_count",
-        "internal_markers",
-        "reply_finished",
-        "reply_markers",
-        "message_keys",
-        "tools_hash",
-        "kwargs_hash",
-    ):
-        assert getattr(rebuilt, attr) == getattr(live, attr), attr
-    nxt = [*history, answer, user("go on")]
-    assert (
-        planner.prepare([rebuilt], nxt, TOOLS).prompt_ids
-        == planner.prepare(segments, nxt, TOOLS).prompt_ids
-    )
-    with pytest.raises(ValueError, match="does not extend"):
-        planner.rebuild(
-            segment_id="s",
+    """Replaying each recorded call (its request messages, prompt and sampled ids) rebuilds
+    the segment the live process held, so the next request plans the same prompt."""
+    segments: list[HeldSegment] = []
+    history = [Message(role="system", content="sys"), user("list files")]
+    replayed: list[tuple[list[Message], list[int], list[int], list[float], Message, bool]] = []
+    answers = [
+        (Message(role="assistant", content="", tool_calls=[call(0, "bash", cmd="ls")]), True),
+        (Message(role="assistant", content="partial"), False),
+    ]
+    for index, (answer, finished) in enumerate(answers):
+        plan = planner.prepare(segments, history, TOOLS)
+        out = sampled(tokenizer, answer, cut=not finished)
+        logprobs = [-0.5] * len(out)
+        planner.commit(segments, plan, out, logprobs, answer, finished)
+        replayed.append((list(history), plan.prompt_ids, out, logprobs, answer, finished))
+        history = [*history, answer, tool(0, "a.py") if index == 0 else user("go on")]
+    (live,) = segments
+    restored: dict[str, HeldSegment] = {}
+    for messages, prompt_ids, out, logprobs, answer, finished in replayed:
+        planner.restore(
+            restored,
+            segment_id=live.segment_id,
             parent_id=None,
-            calls=[calls[0], ([9], [], [], True)],
-            messages=live.messages,
+            prompt_ids=prompt_ids,
+            output_ids=out,
+            output_logprobs=logprobs,
+            reply=answer,
+            finished_with_eot=finished,
+            messages=messages,
+            tools_hash=hash_tools(TOOLS),
+            kwargs_hash=hash_template_kwargs({}),
+        )
+    rebuilt = restored[live.segment_id]
+    for f in fields(HeldSegment):
+        if f.name != "touched":
+            assert getattr(rebuilt, f.name) == getattr(live, f.name), f.name
+    plan = planner.prepare([rebuilt], history, TOOLS)
+    assert plan.kind is MatchKind.clean
+    assert plan.prompt_ids == planner.prepare(segments, history, TOOLS).prompt_ids
+    with pytest.raises(ValueError, match="does not extend"):
+        planner.restore(
+            restored,
+            segment_id=live.segment_id,
+            parent_id=None,
+            prompt_ids=[9],
+            output_ids=[],
+            output_logprobs=[],
+            reply=answers[0][0],
+            finished_with_eot=True,
+            messages=replayed[0][0],
+            tools_hash=hash_tools(TOOLS),
+            kwargs_hash=hash_template_kwargs({}),
         )
 
 

@@ -1,0 +1,81 @@
+"""Retries are not new turns: a request an agent SDK sends again gets the answer it missed.
+
+Agent SDKs (openai and anthropic, Python and TypeScript) retry a request that timed out or
+got a 5xx, with the same body and `x-stainless-retry-count: N` (0 on the first attempt).
+Sampling such a retry again would record a second answer to one turn and fork the segment;
+instead the session answers it with the call it already recorded for that body (the call
+still in flight, when the client gave up on it before it finished).
+
+Only a request that says it is a retry (count >= 1) is answered this way. An identical body
+without that header is sampled again: an agent may re-ask on purpose (resampling a reply it
+rejected, best-of-n), and replaying the earlier answer would silently change what the policy
+is seen to do; a missed retry of a client that sends no header costs only an extra recorded
+sample on its own segment, which is still a true sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from gateway.canonical import CompletionResult
+
+RETRY_HEADER = "x-stainless-retry-count"
+
+
+def request_digest(path: str, body: Mapping[str, Any]) -> str:
+    """Digest of a request body (as parsed JSON, keys sorted) on a path."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(f"{path}\n{text}".encode()).hexdigest()
+
+
+def is_retry(headers: Mapping[str, str]) -> bool:
+    """Does the client say this request is a retry (`x-stainless-retry-count` >= 1)?"""
+    for name, value in headers.items():
+        if name.lower() == RETRY_HEADER:
+            return value.strip().isdigit() and int(value) >= 1
+    return False
+
+
+class Answers:
+    """A session's answered request bodies (digest → call id) and those being answered.
+
+    Not thread-safe: used from the gateway's event loop only.
+    """
+
+    def __init__(self, answered: Mapping[str, str] | None = None) -> None:
+        self._answered: dict[str, str] = dict(answered or {})
+        self._inflight: dict[str, asyncio.Future[CompletionResult | None]] = {}
+
+    def recorded(self, digest: str, call_id: str) -> None:
+        """The call answering `digest` is on record (written; the latest such call wins)."""
+        self._answered[digest] = call_id
+
+    @contextmanager
+    def answering(self, digest: str) -> Iterator[asyncio.Future[CompletionResult | None]]:
+        """While a call for `digest` runs, retries wait for it: set the yielded future's
+        result to the answer; if the call ends without one, waiters get None."""
+        done: asyncio.Future[CompletionResult | None] = asyncio.get_running_loop().create_future()
+        self._inflight[digest] = done
+        try:
+            yield done
+        finally:
+            if not done.done():
+                done.set_result(None)
+            if self._inflight.get(digest) is done:
+                del self._inflight[digest]
+
+    async def answer_for(self, digest: str) -> CompletionResult | str | None:
+        """The answer to a retry of `digest`: the in-flight call's result once it finishes,
+        else the id of the recorded call answering it (None: never answered, sample it)."""
+        inflight = self._inflight.get(digest)
+        if inflight is not None:
+            await asyncio.wait({inflight})  # a retry that gives up does not cancel it
+            result = inflight.result()
+            if result is not None:
+                return result
+        return self._answered.get(digest)

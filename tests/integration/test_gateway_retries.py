@@ -1,0 +1,186 @@
+"""Retries are not new turns (issue 9, point 5): a request an agent SDK sends again after a
+timeout gets the answer already recorded for it — same call id, rendered in the caller's
+protocol, streaming or not — and nothing is sampled or recorded again. Real Gateway over
+HTTP, official SDKs, the scripted engine made slow so the SDKs' own timeouts fire."""
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from devstack.background_server import BackgroundServer
+from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
+
+pytestmark = pytest.mark.integration
+
+MODEL = "tiny-qwen3"
+SAID = "Hello there."
+
+
+@pytest.fixture
+def engine(tiny_model_dir: Path) -> Iterator[tuple[ScriptedEngine, BackgroundServer]]:
+    scripted = ScriptedEngine(
+        tiny_model_dir / "tokenizer.json",
+        Script(rules=[ScriptRule(reply=f"<think>\nok\n</think>\n\n{SAID}", repeat=True)]),
+        model=MODEL,
+    )
+    with BackgroundServer(scripted.app()) as server:
+        yield scripted, server
+
+
+def sdk_turn(protocol: str, session: dict[str, Any], stream: bool, **client: Any) -> str:
+    """One call through the official SDK; returns the reply's id."""
+    messages = [{"role": "user", "content": "hi"}]
+    if protocol == "openai":
+        oai = openai.OpenAI(base_url=session["openai_base_url"], api_key=session["token"], **client)
+        if not stream:
+            reply = oai.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+            assert reply.choices[0].message.content == SAID
+            return reply.id
+        chunks = list(oai.chat.completions.create(model=MODEL, messages=messages, stream=True))  # type: ignore[arg-type]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == SAID
+        return chunks[0].id
+    ant = anthropic.Anthropic(
+        base_url=session["anthropic_base_url"], api_key=session["token"], **client
+    )
+    if not stream:
+        message = ant.messages.create(model=MODEL, max_tokens=64, messages=messages)  # type: ignore[arg-type]
+    else:
+        with ant.messages.stream(model=MODEL, max_tokens=64, messages=messages) as events:  # type: ignore[arg-type]
+            message = events.get_final_message()
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[1].text == SAID  # type: ignore[union-attr]
+    return message.id
+
+
+@pytest.mark.parametrize(
+    ("protocol", "stream"),
+    [("openai", False), ("openai", True), ("anthropic", False), ("anthropic", True)],
+)
+def test_an_sdk_retry_after_a_timeout_gets_the_recorded_answer(
+    engine: tuple[ScriptedEngine, BackgroundServer],
+    tiny_model_dir: Path,
+    gateway_factory: Any,
+    protocol: str,
+    stream: bool,
+) -> None:
+    scripted, server = engine
+    gw = gateway_factory(server.url, tiny_model_dir, MODEL)
+    session = gw.create_session()
+    # The engine answers after 5 s; the SDK gives up after 3 s and retries once (within
+    # a second): its retry finds the original in flight, or answered, never unanswered.
+    scripted.delay_s = 5.0
+    reply_id = sdk_turn(protocol, session, stream, timeout=3.0, max_retries=1)
+
+    assert len(scripted.prompts) == 1, "the engine sampled once"
+    trajectory = gw.trajectory(session["session_id"])
+    (call,) = trajectory["calls"]
+    assert reply_id == ("chatcmpl-" if protocol == "openai" else "msg_") + call["call_id"]
+    assert gw.gateway.metrics.retries_answered._value.get() == 1
+    assert len(trajectory["segments"]) == 1
+
+    scripted.delay_s = 0.0
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": SAID},
+        {"role": "user", "content": "more"},
+    ]
+    if protocol == "openai":
+        follow = openai.OpenAI(
+            base_url=session["openai_base_url"], api_key=session["token"], max_retries=0
+        ).chat.completions.create(model=MODEL, messages=history)  # type: ignore[arg-type]
+        assert follow.choices[0].message.content == SAID
+    else:
+        answer = anthropic.Anthropic(
+            base_url=session["anthropic_base_url"], api_key=session["token"], max_retries=0
+        ).messages.create(model=MODEL, max_tokens=64, messages=history)  # type: ignore[arg-type]
+        assert answer.content[-1].text == SAID  # type: ignore[union-attr]
+    after = gw.trajectory(session["session_id"])
+    assert [c["match"] for c in after["calls"]] == ["fork", "realign"], "no fork"
+    assert len(after["segments"]) == 1
+
+
+def post(url: str, token: str, body: dict[str, Any], retry_count: int | None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}", "content-type": "application/json"}
+    if retry_count is not None:
+        headers["x-stainless-retry-count"] = str(retry_count)
+    return httpx.post(
+        f"{url}/v1/chat/completions", content=json.dumps(body), headers=headers, timeout=60
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_retry_waits_for_its_original_still_in_flight(
+    engine: tuple[ScriptedEngine, BackgroundServer],
+    tiny_model_dir: Path,
+    gateway_factory: Any,
+    stream: bool,
+) -> None:
+    scripted, server = engine
+    gw = gateway_factory(server.url, tiny_model_dir, MODEL)
+    session = gw.create_session()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    scripted.delay_s = 2.0
+    originals: list[httpx.Response] = []
+    sender = threading.Thread(
+        target=lambda: originals.append(post(gw.url, session["token"], body, 0))
+    )
+    sender.start()
+    while not scripted.prompts:  # the original is at the engine now
+        assert sender.is_alive()
+        time.sleep(0.01)
+    retried = post(gw.url, session["token"], body, 1)
+    sender.join(timeout=60)
+    (original,) = originals
+    assert original.status_code == retried.status_code == 200
+    assert retried.text == original.text, "the same answer, rendered the same way"
+    assert original.headers["content-type"].startswith(
+        "text/event-stream" if stream else "application/json"
+    )
+    assert len(scripted.prompts) == 1
+    assert len(gw.trajectory(session["session_id"])["calls"]) == 1
+
+
+def test_an_identical_request_without_a_retry_header_is_sampled_again(
+    engine: tuple[ScriptedEngine, BackgroundServer], tiny_model_dir: Path, gateway_factory: Any
+) -> None:
+    """Deliberate re-asking (no header, or retry count 0) is a new sample, not a replay."""
+    _, server = engine
+    gw = gateway_factory(server.url, tiny_model_dir, MODEL)
+    session = gw.create_session()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    first = post(gw.url, session["token"], body, None)
+    again = post(gw.url, session["token"], body, 0)
+    assert first.status_code == again.status_code == 200
+    assert first.json()["id"] != again.json()["id"]
+    calls = gw.trajectory(session["session_id"])["calls"]
+    assert [c["match"] for c in calls] == ["fork", "fork"]
+    assert calls[1]["fork_reason"] == (
+        "request does not go beyond the held messages (retry or rewind)"
+    )
+
+
+def test_a_retry_of_a_failed_call_is_sampled(
+    engine: tuple[ScriptedEngine, BackgroundServer], tiny_model_dir: Path, gateway_factory: Any
+) -> None:
+    """Only answered calls are replayed: a retry after an engine error gets a real answer."""
+    scripted, server = engine
+    gw = gateway_factory(server.url, tiny_model_dir, MODEL)
+    session = gw.create_session()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    server.stop()
+    failed = post(gw.url, session["token"], body, 0)
+    assert failed.status_code == 503, failed.text
+    with BackgroundServer(scripted.app(), port=server.port):
+        retried = post(gw.url, session["token"], body, 1)
+    assert retried.status_code == 200, retried.text
+    calls = gw.trajectory(session["session_id"])["calls"]
+    assert [c["status"] for c in calls] == ["engine_error", "ok"]
+    assert retried.json()["id"] == f"chatcmpl-{calls[1]['call_id']}"
