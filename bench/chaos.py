@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import httpx
 import pyarrow.parquet as pq
@@ -50,16 +50,22 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from temporalio.api.enums.v1 import EventType
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.fuzz_agent_api import Tally, fuzz  # noqa: E402
+from devstack.background_server import BackgroundServer  # noqa: E402
 from devstack.ports import free_port  # noqa: E402
 from devstack.scripted_engine import Script, ScriptedReply, read_log  # noqa: E402
 from devstack.temporal_dev_server import TemporalDevServer  # noqa: E402
 from devstack.tiny_model import ensure_tiny_model  # noqa: E402
+from devstack.vllm_server import VllmServer  # noqa: E402
 from schemas.client import RolloutClient, RolloutOutcome  # noqa: E402
 from schemas.rollout import SEARCH_ATTRIBUTES  # noqa: E402
 from schemas.tasks import RolloutTask  # noqa: E402
@@ -91,6 +97,7 @@ class ChaosConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     n: int = Field(default=200, ge=1, description="rollouts")
+    engine: Literal["scripted", "vllm"] = "scripted"
     seed: int = 0
     faults: list[Fault] = Field(default_factory=lambda: list(DEFAULT_FAULTS))
     fuzz_examples: int = Field(default=10_000, ge=0, description="per protocol; 0: no fuzz")
@@ -286,6 +293,88 @@ def _zombie_or_running(pid: int) -> bool:
     return state != "Z"
 
 
+# --------------------------------------------------------------------------- engines
+
+
+def scripted_engine(model: Path, port: int, log: Path, work: Path, env: dict[str, str]) -> Proc:
+    """The scripted engine as its own process; every answer ends in a fresh nonce."""
+    script = work / "engine-script.json"
+    script.write_text(Script(default_reply="42 {nonce}").model_dump_json())
+    argv = [sys.executable, "-m", "devstack.scripted_engine", "--tokenizer"]
+    argv += [str(model / "tokenizer.json"), "--script", str(script), "--port", str(port)]
+    argv += ["--model", MODEL, "--log", str(log)]
+    url = f"http://127.0.0.1:{port}/health"
+    return Proc("engine", argv, work / "engine.log", env, lambda p, _o: wait_http(url, p.alive))
+
+
+class VllmEngine:
+    """vLLM CPU with the tiny model (its own process group, killed and restarted on the
+    same port), behind a forwarding proxy in this process that appends every completion
+    it passes on to `log` in the scripted engine's format, so the samples are checked
+    token for token against what vLLM really sampled."""
+
+    def __init__(self, model: Path, port: int, log: Path, server_log: Path) -> None:
+        self.server = VllmServer(
+            model_dir=model, served_model_name=MODEL, port=port, log_path=server_log
+        )
+        self.log = open(log, "a", encoding="utf-8")  # noqa: SIM115
+        self.lock = threading.Lock()
+        self.proxy = BackgroundServer(self._app())
+        self.proxy_up = False
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    def _app(self) -> Starlette:
+        async def forward(request: Request) -> Response:
+            body = await request.body()
+            try:
+                async with httpx.AsyncClient(timeout=600) as client:
+                    reply = await client.request(
+                        request.method,
+                        self.server.url + request.url.path,
+                        content=body,
+                        headers={"content-type": "application/json"},
+                    )
+            except httpx.HTTPError as exc:  # vLLM is down: what its absence looks like
+                return JSONResponse({"error": {"message": repr(exc)}}, 503)
+            if request.url.path == "/v1/completions" and reply.is_success:
+                self._record(json.loads(body), reply.json())
+            return Response(reply.content, reply.status_code, media_type="application/json")
+
+        return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
+
+    def _record(self, sent: dict[str, Any], got: dict[str, Any]) -> None:
+        choice = got["choices"][0]
+        answer = ScriptedReply(
+            prompt_ids=sent["prompt"],
+            output_ids=choice["token_ids"],
+            output_logprobs=choice["logprobs"]["token_logprobs"],
+            finish_reason=choice["finish_reason"],
+            rule=None,
+        )
+        with self.lock:
+            self.log.write(answer.model_dump_json() + "\n")
+            self.log.flush()
+
+    def start(self) -> None:
+        if not self.proxy_up:
+            self.proxy.start()
+            self.proxy_up = True
+        self.server.start()
+
+    def kill(self) -> None:
+        assert self.server.pid is not None
+        os.killpg(self.server.pid, signal.SIGKILL)
+        self.server.stop()  # reaps what the kill left
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.proxy.stop()
+        self.log.close()
+
+
 # --------------------------------------------------------------------------- the stack
 
 
@@ -294,7 +383,7 @@ class Stack:
     work: Path
     config: ChaosConfig
     temporal: TemporalDevServer
-    engine: Proc
+    engine: Proc | VllmEngine
     engine_log: Path
     gateway: GatewayGroup
     workers: list[Proc]
@@ -358,34 +447,19 @@ async def start_stack(config: ChaosConfig, work: Path) -> Stack:
         await temporal.start()
         started.append(temporal.stop)
 
-        script = work / "engine-script.json"
-        script.write_text(Script(default_reply="42 {nonce}").model_dump_json())
         engine_port = free_port()
-        engine_url = f"http://127.0.0.1:{engine_port}"
         engine_log = work / "engine-answers.jsonl"
-        engine = Proc(
-            "engine",
-            [
-                sys.executable,
-                "-m",
-                "devstack.scripted_engine",
-                "--tokenizer",
-                str(model / "tokenizer.json"),
-                "--script",
-                str(script),
-                "--port",
-                str(engine_port),
-                "--model",
-                MODEL,
-                "--log",
-                str(engine_log),
-            ],
-            work / "engine.log",
-            env,
-            lambda p, _o: wait_http(engine_url + "/health", p.alive),
-        )
-        engine.start()
-        started.append(engine.stop)
+        if config.engine == "vllm":
+            vllm = VllmEngine(model, engine_port, engine_log, work / "vllm.log")
+            await asyncio.to_thread(vllm.start)
+            started.append(vllm.stop)
+            engine: Proc | VllmEngine = vllm
+            engine_url = vllm.url
+        else:
+            engine = scripted_engine(model, engine_port, engine_log, work, env)
+            engine.start()
+            started.append(engine.stop)
+            engine_url = f"http://127.0.0.1:{engine_port}"
 
         base = consecutive_free_ports(4)  # agent API: base, base+1; control: base+2, base+3
         agent_urls = [f"http://127.0.0.1:{base + i}" for i in range(2)]
@@ -556,7 +630,7 @@ class Faults:
             await asyncio.sleep(down)
             await stack.temporal.restart()
         else:
-            target = "engine"
+            target = f"engine ({stack.config.engine})"
             stack.engine.kill()
             await asyncio.sleep(down)
             await asyncio.to_thread(stack.engine.start)
@@ -1109,6 +1183,9 @@ app = typer.Typer(add_completion=False)
 @app.command()
 def main(
     n: Annotated[int, typer.Option(help="rollouts")] = 200,
+    engine: Annotated[str, typer.Option(help="scripted | vllm (vLLM CPU, tiny model)")] = (
+        "scripted"
+    ),
     seed: int = 0,
     faults: Annotated[
         str, typer.Option(help="comma-separated, in order: worker, gateway, temporal, engine")
@@ -1129,6 +1206,7 @@ def main(
     """Run N rollouts while SIGKILLing their parts; print what was lost (nothing, we hope)."""
     config = ChaosConfig(
         n=n,
+        engine=engine,
         seed=seed,
         faults=[Fault(f.strip()) for f in faults.split(",") if f.strip()],
         fuzz_examples=fuzz_examples,
