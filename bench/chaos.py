@@ -692,6 +692,7 @@ class LiveTarget:
         self.http = httpx.Client(timeout=60)
         self.server_errors: list[ServerError] = []
         self.transport_errors = 0
+        self.sent_at: list[float] = []
 
     def send(self, protocol: Protocol, request: FuzzRequest) -> httpx.Response:
         headers: dict[str, str] = {}
@@ -703,6 +704,7 @@ class LiveTarget:
         elif request.auth == "wrong":
             headers["Authorization"] = f"Bearer {token}x"
         base = self.control_url if protocol.control else self.agent_url
+        self.sent_at.append(time.monotonic())
         try:
             reply = self.http.request(
                 request.method, base + request.path, content=request.content, headers=headers
@@ -762,14 +764,23 @@ class FuzzRun:
 
 
 def run_fuzz(target: LiveTarget, examples: int, seed: int, out: FuzzRun) -> None:
+    """One thread per protocol (Hypothesis is thread-safe since 6.136): the gateway
+    works on one request while the next ones are generated."""
     out.started = time.monotonic()
-    try:
-        for name, protocol in PROTOCOLS.items():
-            t = time.monotonic()
+
+    def one(name: str, protocol: Protocol) -> None:
+        t = time.monotonic()
+        try:
             out.tallies[name] = fuzz(target, protocol, examples, seed)
-            out.seconds[name] = time.monotonic() - t
-    except Exception as exc:  # reported in the table and failed on, never swallowed
-        out.error = repr(exc)[:2000]
+        except Exception as exc:  # reported in the table and failed on, never swallowed
+            out.error = f"{name}: {exc!r}"[:2000]
+        out.seconds[name] = time.monotonic() - t
+
+    threads = [threading.Thread(target=one, args=item) for item in PROTOCOLS.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     out.ended = time.monotonic()
 
 
@@ -796,6 +807,8 @@ class Report(BaseModel):
     sandbox_processes_left: int
     sessions_left: int
     fuzz_requests: dict[str, int]
+    fuzz_during_faults: int
+    fuzz_seconds: float
     fuzz_5xx: int
     fuzz_5xx_engine_down: int
     fuzz_bad_shape: int
@@ -1095,6 +1108,8 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     after = {sid: admin_get(f"{gw.control_urls[0]}/sessions/{sid}/trajectory", gw.admin_token)
              for _, sid in witnesses}  # fmt: skip
     windows = [(a, b + 5) for a, b in faults.engine_down]
+    fault_start = t0 + min((f.killed_at_s for f in faults.records), default=0.0)
+    fault_end = t0 + max((f.back_at_s for f in faults.records), default=-1.0)
     engine_down_5xx = sum(
         1
         for e in target.server_errors
@@ -1122,6 +1137,8 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
         sandbox_processes_left=len(processes_left),
         sessions_left=len(sessions_left),
         fuzz_requests={k: sum(t.statuses.values()) for k, t in fuzz_run.tallies.items()},
+        fuzz_during_faults=sum(1 for t in target.sent_at if fault_start <= t <= fault_end),
+        fuzz_seconds=round(fuzz_run.ended - fuzz_run.started, 1),
         fuzz_5xx=len(target.server_errors),
         fuzz_5xx_engine_down=engine_down_5xx,
         fuzz_bad_shape=sum(t.bad_shape for t in fuzz_run.tallies.values()),
@@ -1158,6 +1175,9 @@ def render(report: Report, console: Console) -> None:
         ("sessions left open", str(report.sessions_left), "0"),
         ("fuzz requests per protocol",
          ", ".join(f"{k} {v}" for k, v in report.fuzz_requests.items()) or "off", ">= 10000"),
+        ("fuzz requests sent from the first kill to the last restart",
+         str(report.fuzz_during_faults), ""),
+        ("fuzz wall time s", str(report.fuzz_seconds), ""),
         ("fuzz 5xx (while the engine was down)",
          f"{report.fuzz_5xx} ({report.fuzz_5xx_engine_down})", "0 (only engine-down)"),
         ("fuzz errors not in the protocol's shape", str(report.fuzz_bad_shape), "0"),
