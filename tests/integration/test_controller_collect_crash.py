@@ -37,8 +37,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")
 
 
 class HoldingProxy:
-    """Forwards every request to the real Gateway; while `hold` is set, a trajectory read
-    waits (and `held` is set) until `hold` is cleared."""
+    """Forwards every request to the real Gateway's control API; while `hold` is set, a
+    trajectory read waits (and `held` is set) until `hold` is cleared."""
 
     def __init__(self, target: str) -> None:
         self.target = target
@@ -73,7 +73,7 @@ async def test_worker_killed_mid_collect_is_replaced_after_the_heartbeat_timeout
     engine = ScriptedEngine(model / "tokenizer.json", Script(default_reply="42"))
     with BackgroundServer(engine.app()) as engine_server:
         gateway = start_gateway(engine_server.url, model, work / "gateway", "tiny")
-        proxy = HoldingProxy(gateway.url)
+        proxy = HoldingProxy(gateway.control_url)
         with BackgroundServer(proxy.app()) as proxy_server:
             worker = WorkerProcess(
                 [
