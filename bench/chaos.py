@@ -104,6 +104,7 @@ class ChaosConfig(BaseModel):
     tasks: int = Field(default=4, ge=1, description="distinct tasks (GRPO groups)")
     turns: int = Field(default=4, ge=1, description="agent calls per rollout")
     pause_s: float = Field(default=0.5, ge=0, description="agent pause before each call")
+    agent_retries: int = Field(default=12, ge=0, description="SDK-style retries per call")
     workers: int = Field(default=2, ge=1)
     max_sandboxes: int = Field(default=8, ge=1, description="per worker")
     down_s: float = Field(default=3.0, ge=0, description="how long a killed part stays down")
@@ -408,6 +409,7 @@ def task_specs(config: ChaosConfig) -> list[RolloutTask]:
                             "env": {
                                 "AGENT_TURNS": str(config.turns),
                                 "AGENT_SLEEP_S": str(config.pause_s),
+                                "AGENT_MAX_RETRIES": str(config.agent_retries),
                             },
                         },
                         "budget_s": 600,
@@ -1213,6 +1215,7 @@ def main(
     fuzz_examples: Annotated[int, typer.Option(help="malformed requests per protocol")] = 10_000,
     turns: int = 4,
     pause_s: float = 0.5,
+    agent_retries: Annotated[int, typer.Option(help="SDK-style retries per agent call")] = 12,
     workers: int = 2,
     max_sandboxes: Annotated[int, typer.Option(help="per worker")] = 8,
     down_s: Annotated[float, typer.Option(help="seconds a killed part stays down")] = 3.0,
@@ -1232,6 +1235,7 @@ def main(
         fuzz_examples=fuzz_examples,
         turns=turns,
         pause_s=pause_s,
+        agent_retries=agent_retries,
         workers=workers,
         max_sandboxes=max_sandboxes,
         down_s=down_s,
