@@ -78,7 +78,15 @@ from tests.fixtures.malformed_requests import (  # noqa: E402
 MODEL = "tiny"
 TASK_QUEUE = "chaos"
 AGENT_PATH = "/home/agent/chaos_agent.py"
-ENGINE_ERRORS = {"engine_unavailable", "engine_timeout", "engine_bad_reply"}
+#: What the gateway answers while the engine is away: its own kinds, and `overloaded`
+#: (OpenAI code; Anthropic type `overloaded_error`) when the engine answers 503.
+ENGINE_ERRORS = {
+    "engine_unavailable",
+    "engine_timeout",
+    "engine_bad_reply",
+    "overloaded",
+    "overloaded_error",
+}
 
 
 class Fault(StrEnum):
