@@ -10,6 +10,7 @@ worker can be killed exactly mid-collect.
 
 import asyncio
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -114,6 +115,7 @@ async def test_worker_killed_mid_collect_is_replaced_after_the_heartbeat_timeout
                 gateway.server.stop()
                 # nothing may outlive the test, whatever happened above
                 await LocalBackend(state_dir=work / "sandboxes").reap(frozenset())
+                shutil.rmtree(work)
     scheduled = {
         e.event_id
         for e in history.events
