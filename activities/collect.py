@@ -13,6 +13,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.samples import build_rows, summarize
+from activities.sandbox import with_heartbeat
 from activities.session import GatewayAccess, control_error
 from gateway.control_client import GatewayControlError
 from schemas.rollout import COLLECT_TRAJECTORY, CollectRequest, SamplesSummary
@@ -26,6 +27,12 @@ class CollectActivities:
 
     @activity.defn(name=COLLECT_TRAJECTORY)
     async def collect_trajectory(self, req: CollectRequest) -> SamplesSummary:
+        """Heartbeats throughout, so a worker that dies mid-collect is seen at once."""
+        timeout = activity.info().heartbeat_timeout
+        interval = timeout.total_seconds() / 3 if timeout else 10.0
+        return await with_heartbeat(self._collect(req), max(0.5, interval))
+
+    async def _collect(self, req: CollectRequest) -> SamplesSummary:
         client = self.access.client(req.session.gateway_url)
         session_id = req.session.session_id
         try:

@@ -376,12 +376,14 @@ async def reap_orphans(
         except SandboxError as exc:
             log.warning("janitor: cannot list %s sandboxes: %s", backend.name, exc)
             continue
+        checked = frozenset(h.rollout_id for h in handles if h.rollout_id)
         active: set[str] = set()
-        for rid in {h.rollout_id for h in handles if h.rollout_id}:
+        for rid in checked:
             if await _running(client, rid):
                 active.add(rid)
         try:
-            reaped += await backend.reap(active)
+            # only rollouts looked up above: a sandbox provisioned meanwhile is not an orphan
+            reaped += await backend.reap(active, checked=checked)
             live += len([h for h in await backend.list() if h.rollout_id])
         except SandboxError as exc:
             log.warning("janitor: reap on %s failed: %s", backend.name, exc)

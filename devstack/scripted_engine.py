@@ -8,11 +8,18 @@ the end-of-turn token included when the reply stops), and `max_tokens` truncates
 Rules are consumed in order: the first unused rule whose `when_contains` occurs in the
 decoded prompt answers; when none is left the `default_reply` is used. Every answer is
 kept in `replies` (prompt IDs, the returned IDs and logprobs, which rule answered), so
-tests can compare what a Gateway recorded with what the engine really sampled.
+tests can compare what a Gateway recorded with what the engine really sampled; with
+`log_path` each answer is also appended there as a JSON line before it is sent, so the
+comparison survives the engine process being killed (`python -m devstack.scripted_engine`
+runs it as its own process). A `{nonce}` in a reply becomes a fresh random word per answer,
+so no two answers are alike and a sample cannot match the wrong one.
 """
 
+import argparse
 import asyncio
 import itertools
+import json
+import secrets
 import threading
 import time
 import uuid
@@ -76,6 +83,7 @@ class ScriptedEngine:
         model: str = "tiny",
         max_model_len: int = 32768,
         delay_s: float = 0.0,
+        log_path: Path | None = None,
     ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         eos_id = self.tokenizer.token_to_id(eos_token)
@@ -92,6 +100,7 @@ class ScriptedEngine:
         self.replies: list[ScriptedReply] = []
         self._used: set[int] = set()
         self._lock = threading.Lock()
+        self._log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
 
     def reset(self, script: Script | None = None) -> None:
         """Start over (optionally with a new script): every rule unused, nothing recorded."""
@@ -118,21 +127,24 @@ class ScriptedEngine:
             self.prompts.append(list(body.prompt))
         prompt_text = self.tokenizer.decode(body.prompt, skip_special_tokens=False)
         reply, rule = self._choose(prompt_text)
+        reply = reply.replace("{nonce}", "n" + secrets.token_hex(3))
         ids = [*self.tokenizer.encode(reply, add_special_tokens=False).ids, self.eos_id]
         finish = "stop"
         if len(ids) > body.max_tokens:
             ids, finish = ids[: body.max_tokens], "length"
         logprobs = [-round(0.05 * ((i % 9) + 1), 4) for i in range(len(ids))]
+        answer = ScriptedReply(
+            prompt_ids=list(body.prompt),
+            output_ids=ids,
+            output_logprobs=logprobs,
+            finish_reason=finish,
+            rule=rule,
+        )
         with self._lock:
-            self.replies.append(
-                ScriptedReply(
-                    prompt_ids=list(body.prompt),
-                    output_ids=ids,
-                    output_logprobs=logprobs,
-                    finish_reason=finish,
-                    rule=rule,
-                )
-            )
+            self.replies.append(answer)
+            if self._log is not None:
+                self._log.write(answer.model_dump_json() + "\n")
+                self._log.flush()
         tokens = [self.tokenizer.id_to_token(i) or "" for i in ids]
         offsets = list(itertools.accumulate((len(t) for t in tokens), initial=0))[:-1]
         return {
@@ -187,3 +199,35 @@ class ScriptedEngine:
                 Route("/health", health, methods=["GET"]),
             ]
         )
+
+
+def read_log(path: Path) -> list[ScriptedReply]:
+    """The answers an engine with `log_path` gave (a line torn by a kill is skipped: its
+    answer was never sent)."""
+    replies: list[ScriptedReply] = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            replies.append(ScriptedReply.model_validate_json(line))
+        except ValidationError:
+            continue
+    return replies
+
+
+def main() -> None:
+    """Serve a scripted engine as its own process (so a test can SIGKILL it)."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="scripted (FAKE) engine on loopback")
+    parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer.json")
+    parser.add_argument("--script", type=Path, required=True, help="Script as JSON")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--log", type=Path, default=None, help="append each answer here")
+    args = parser.parse_args()
+    script = Script.model_validate(json.loads(args.script.read_text()))
+    engine = ScriptedEngine(args.tokenizer, script, model=args.model, log_path=args.log)
+    uvicorn.run(engine.app(), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

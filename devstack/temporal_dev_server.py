@@ -116,22 +116,46 @@ class TemporalDevServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(3):  # a port picked free may be taken by the time we bind it
             self.port, self.ui_port = free_port(), free_port()
-            log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-            try:
-                self.proc = subprocess.Popen(
-                    self._command(),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            finally:
-                log.close()
+            self._spawn()
             if await self._wait_ready(timeout_s):
                 return self
             self.stop()
-        tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
-        raise RuntimeError(f"Temporal dev server did not start; log tail:\n{tail}")
+        raise RuntimeError(f"Temporal dev server did not start; log tail:\n{self._log_tail()}")
+
+    async def restart(self, timeout_s: float = 60.0) -> "TemporalDevServer":
+        """Start again on the same ports and database file (after `kill` or `stop`), so
+        clients and workers reconnect to the address they know."""
+        self.stop()
+        self._spawn()
+        if await self._wait_ready(timeout_s):
+            return self
+        self.stop()
+        raise RuntimeError(f"Temporal dev server did not restart; log tail:\n{self._log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group, as a crash: nothing is shut down cleanly."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def _spawn(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        try:
+            self.proc = subprocess.Popen(
+                self._command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    def _log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
 
     async def _wait_ready(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -408,10 +408,19 @@ class SandboxBackend(abc.ABC):
     async def list(self) -> list[SandboxHandle]:
         """Sandboxes of this backend owned by this host (for the janitor)."""
 
-    async def reap(self, active_rollout_ids: set[str] | frozenset[str]) -> list[str]:
-        """Destroy sandboxes whose rollout is not active; returns reaped sandbox ids."""
+    async def reap(
+        self,
+        active_rollout_ids: set[str] | frozenset[str],
+        checked: frozenset[str] | None = None,
+    ) -> list[str]:
+        """Destroy sandboxes whose rollout is not active; returns reaped sandbox ids.
+
+        `checked`: the rollout ids the caller looked up; a sandbox of any other rollout was
+        created since (a provision racing the janitor) and is kept. None: all were."""
         reaped: list[str] = []
         for h in await self.list():
+            if unchecked(h, checked):
+                continue
             if h.rollout_id not in active_rollout_ids:
                 await self.destroy(h)
                 reaped.append(h.sandbox_id)
@@ -420,6 +429,11 @@ class SandboxBackend(abc.ABC):
     async def close(self) -> None:
         """Release client resources (pools, HTTP clients). Does not destroy sandboxes."""
         return None
+
+
+def unchecked(handle: SandboxHandle, checked: frozenset[str] | None) -> bool:
+    """A rollout's sandbox the janitor did not look up (it appeared after its listing)."""
+    return checked is not None and bool(handle.rollout_id) and handle.rollout_id not in checked
 
 
 def _tar_single(name: str, data: bytes, mode: int) -> bytes:

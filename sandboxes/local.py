@@ -353,6 +353,9 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 "LANG": "C.UTF-8",
                 "AR_CGROUPS": " ".join(cg),
             }
+            # The cgroups hold every process of the sandbox: recorded before it starts,
+            # so a worker killed from here on leaves nothing the janitor cannot kill.
+            (sdir / "pids.json").write_text(json.dumps({"cgroups": cg}))
             log = open(sdir / "bwrap.log", "wb")  # noqa: SIM115
             try:
                 proc = subprocess.Popen(
@@ -369,11 +372,13 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
             os.close(info_w)
             info_w = -1
             self._procs[sid] = proc
+            # ... and bwrap's pid before waiting for its report (rlimit-only hosts).
+            started = {"bwrap_pid": proc.pid, "bwrap_start": proc_start_time(proc.pid)}
+            (sdir / "pids.json").write_text(json.dumps({**started, "cgroups": cg}))
             info = await asyncio.to_thread(_read_all, info_r)
             child = json.loads(info).get("child-pid") if info.strip() else None
             pids = {
-                "bwrap_pid": proc.pid,
-                "bwrap_start": proc_start_time(proc.pid),
+                **started,
                 "child_pid": child,
                 "child_start": proc_start_time(child) if child else None,
                 "cgroups": cg,

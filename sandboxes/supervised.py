@@ -38,6 +38,7 @@ from sandboxes.base import (
     SandboxHandle,
     SandboxNotFound,
     SandboxSpec,
+    unchecked,
 )
 from sandboxes.cgroups import oom_kill_count
 from sandboxes.disk import release_disk
@@ -376,11 +377,18 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
                     link.unlink()
         remove_tree(sdir)
 
-    async def reap(self, active_rollout_ids: set[str] | frozenset[str]) -> list[str]:
-        """Destroy sandboxes of inactive/expired rollouts and orphaned pool blanks."""
+    async def reap(
+        self,
+        active_rollout_ids: set[str] | frozenset[str],
+        checked: frozenset[str] | None = None,
+    ) -> list[str]:
+        """Destroy sandboxes of inactive/expired rollouts and orphaned pool blanks, except
+        those of rollouts not in `checked` (see `SandboxBackend.reap`)."""
         held = {sb.handle.sandbox_id for sb in self.pool.idle_items()}
         reaped = []
         for h in await self.list():
+            if unchecked(h, checked):
+                continue
             if h.sandbox_id not in held and should_reap(h, active_rollout_ids):
                 await self.destroy(h)
                 reaped.append(h.sandbox_id)

@@ -127,6 +127,7 @@ class RolloutWorkflow:
         self._released_claims: list[SandboxClaim] = []
         self._releases: list[asyncio.Task[Any]] = []
         self._cleanup_wait = timedelta(minutes=2)
+        self._heartbeat = timedelta(minutes=1)
 
     # ------------------------------------------------------------------ visibility
     @workflow.query
@@ -172,6 +173,9 @@ class RolloutWorkflow:
         deadline = started + timedelta(seconds=task.budget.total_s)
         # A host that does not pick up its queue within this is gone: its janitor reaps.
         self._cleanup_wait = timedelta(seconds=task.budget.host_queue_wait_s)
+        # Every step heartbeats: a worker that dies mid-step is seen within this, not
+        # after the step's whole start-to-close timeout (minutes for collect and destroy).
+        self._heartbeat = timedelta(seconds=task.budget.heartbeat_s)
         final = Phase.failed
         result: RolloutResult | None = None
         try:
@@ -418,6 +422,7 @@ class RolloutWorkflow:
                 task_queue=session.owner_queue,
                 schedule_to_start_timeout=timedelta(seconds=task.budget.host_queue_wait_s),
                 start_to_close_timeout=timedelta(seconds=task.budget.collect_s),
+                heartbeat_timeout=self._heartbeat,
                 retry_policy=_retry(5),
                 summary="collect trajectory → samples",
             )
@@ -510,6 +515,7 @@ class RolloutWorkflow:
                 task_queue=task_queue,
                 start_to_close_timeout=timeout,
                 schedule_to_start_timeout=self._cleanup_wait,
+                heartbeat_timeout=self._heartbeat,
                 retry_policy=CLEANUP_RETRY,
                 summary=summary,
             )
