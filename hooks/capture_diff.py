@@ -151,5 +151,5 @@ class CaptureDiffHook(Hook):
 
     async def on_error(self, ctx: HookContext, error: BaseException) -> None:
         # The agent's partial work is worth keeping when the run failed late.
-        if ctx.diff is None and ctx.state.get(self._key):
+        if ctx.outcome.diff is None and ctx.state.get(self._key):
             await self.after_run(ctx)

@@ -371,3 +371,25 @@ async def test_collect_logs_never_writes_outside_its_destination(tmp_path: Any) 
     got = await collect_log_files(sb, tmp_path / "out", [LogSpec(path="/s/logs", kind="log")])
     assert [lf.sandbox_path for lf in got] == ["/s/logs/ok.log"]
     assert not list(tmp_path.glob("**/evil.log"))
+
+
+async def test_capture_diff_on_error_keeps_the_partial_work(tmp_path: Path) -> None:
+    """A run that failed after the agent started still records the agent's diff (it
+    raised AttributeError on the outcome-less context before)."""
+
+    def handler(cmd: str, kw: dict[str, Any]) -> ExecResult | None:
+        if "git init" in cmd:
+            return ExecResult(exit_code=0, stdout="abc123\n")
+        if "git diff" in cmd:
+            return ExecResult(exit_code=0, stdout="2\t1\thalf_done.py\n")
+        return None
+
+    sb = FakeSandbox(handler)
+    sb.files["/tmp/rollout-diff/diff.patch"] = b"diff --git a/half_done.py b/half_done.py\n"
+    ctx = hook_ctx(tmp_path, sb)
+    [hook] = build_hooks([HookSpec(name="capture_diff")])
+    await hook.before_run(ctx)
+    await hook.on_error(ctx, RuntimeError("agent crashed"))
+    diff = ctx.outcome.diff
+    assert diff is not None
+    assert (diff.files_changed, diff.insertions, diff.deletions) == (1, 2, 1)
