@@ -106,7 +106,10 @@ class StepMetrics(StrictModel):
     rows_infra_error: int
     rows_stale: int
     tokens_trained: int
-    reward_mean: float
+    reward_mean: float | None = Field(
+        description="mean reward of the step's scored rollouts; None when none was scored "
+        "(JSON has no NaN, so 'no value' must be null and read back as such)"
+    )
     reward_std: float
     heldout_reward: float | None = None
     agree_mean: float
@@ -137,5 +140,5 @@ class FinalEval(StrictModel):
     """`OUT/final_heldout.json`: the held-out reward of the last policy."""
 
     policy: str
-    heldout_reward: float
+    heldout_reward: float | None = Field(description="None when no held-out rollout was scored")
     heldout_rollouts: int

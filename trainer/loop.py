@@ -26,7 +26,6 @@ is the final policy's), `trainer_state/` (optimiser state), `metrics.jsonl`,
 import asyncio
 import hashlib
 import json
-import math
 import os
 import random
 import statistics
@@ -50,7 +49,7 @@ from schemas.training import (
 from trainer.batch import TrainRow, prepare_batch
 from trainer.loss import agreement, batch_loss
 from trainer.policy import load_policy, save_policy
-from trainer.report import plot_curve, read_metrics, step_line, write_metrics
+from trainer.report import fmt, plot_curve, read_metrics, step_line, write_metrics
 
 STATE_FILE = "state.json"
 FINAL_FILE = "final_heldout.json"
@@ -285,7 +284,7 @@ class Trainer:
             "rows_infra_error": batch.infra_error,
             "rows_stale": batch.stale,
             "tokens_trained": batch.tokens,
-            "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
+            "reward_mean": statistics.fmean(rewards) if rewards else None,
             "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
             "heldout_reward": statistics.fmean(held) if held else None,
             "agree_mean": agree.mean,
@@ -353,7 +352,7 @@ class Trainer:
             pending.cancel()
         if self.heldout:
             final = await self._final_heldout(client, state)
-            log(f"final policy={final.policy} heldout={final.heldout_reward:.3f}")
+            log(f"final policy={final.policy} heldout={fmt(final.heldout_reward)}")
             plot_curve(self.out, metrics, final)
         log(f"trained: {self.out}")
         return self.out
@@ -370,7 +369,7 @@ class Trainer:
         rewards = [o.result.reward for o in ro.heldout if o.result and o.result.reward is not None]
         final = FinalEval(
             policy=self.version,
-            heldout_reward=statistics.fmean(rewards) if rewards else math.nan,
+            heldout_reward=statistics.fmean(rewards) if rewards else None,
             heldout_rollouts=len(ro.heldout),
         )
         path.write_text(final.model_dump_json() + "\n")

@@ -23,7 +23,8 @@ def write_metrics(out: Path, metrics: list[StepMetrics]) -> None:
     tmp.replace(out / METRICS_FILE)
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
+def fmt(value: float | None, digits: int = 3) -> str:
+    """A metric for the step line; `-` where there is no value."""
     if value is None or math.isnan(value):
         return "-"
     return f"{value:.{digits}f}"
@@ -31,8 +32,8 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 def step_line(m: StepMetrics) -> str:
     return (
-        f"step {m.step} policy={m.policy} reward={_fmt(m.reward_mean)} "
-        f"heldout={_fmt(m.heldout_reward)} agree_mean={m.agree_mean:.2e} "
+        f"step {m.step} policy={m.policy} reward={fmt(m.reward_mean)} "
+        f"heldout={fmt(m.heldout_reward)} agree_mean={m.agree_mean:.2e} "
         f"agree_max={m.agree_max:.2e} ratio={m.ratio_mean:.4f} "
         f"staleness={m.staleness_max} rollouts/s={m.rollouts_per_s:.2f}"
     )
@@ -50,7 +51,7 @@ def plot_curve(out: Path, metrics: list[StepMetrics], final: FinalEval | None = 
     from matplotlib.ticker import MaxNLocator
 
     steps = [m.step for m in metrics]
-    mean = [m.reward_mean for m in metrics]
+    mean = [math.nan if m.reward_mean is None else m.reward_mean for m in metrics]
     std = [m.reward_std for m in metrics]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     top.plot(steps, mean, marker="o", label="train reward (mean)")
@@ -58,7 +59,7 @@ def plot_curve(out: Path, metrics: list[StepMetrics], final: FinalEval | None = 
     high = [a + b for a, b in zip(mean, std, strict=True)]
     top.fill_between(steps, low, high, alpha=0.2)
     held = [(m.step, m.heldout_reward) for m in metrics if m.heldout_reward is not None]
-    if final is not None and metrics:
+    if final is not None and final.heldout_reward is not None and metrics:
         held.append((metrics[-1].step + 1, final.heldout_reward))
     if held:
         top.plot([s for s, _ in held], [h for _, h in held], marker="s", label="held-out reward")

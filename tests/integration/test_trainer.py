@@ -83,7 +83,7 @@ def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[
             f"--temporal={temporal_server.address}",
             f"--task-queue={QUEUE}",
             "--host-id=train-host",
-            f"--gateway={gateway.url}",
+            f"--gateway={gateway.control_url}",
             f"--admin-token={gateway.admin_token}",
             f"--sandbox-state-dir={work / 'sandboxes'}",
             f"--data-dir={work / 'worker'}",

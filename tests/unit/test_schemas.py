@@ -129,3 +129,22 @@ def test_a_task_file_with_a_malformed_check_is_refused_at_load(tmp_path: Path) -
     path.write_text(json.dumps(bad) + "\n")
     with pytest.raises(ValueError, match=r"tasks.jsonl:1: invalid task"):
         load_tasks(path)
+
+
+def test_step_metrics_without_scored_rollouts_read_back() -> None:
+    """A step (or final held-out run) where no rollout was scored has no reward mean: it is
+    written as JSON null and read back as None. (It was NaN, which JSON writes as null and
+    then refused to read, so a rerun could not resume.)"""
+    from schemas.training import FinalEval, StepMetrics
+
+    fields: dict[str, object] = {
+        name: 0 if info.annotation is int else 0.0
+        for name, info in StepMetrics.model_fields.items()
+        if info.is_required()
+    }
+    fields.update(step=1, policy="run-v1", sampled_by="run-v0", reward_mean=None)
+    line = StepMetrics.model_validate(fields).model_dump_json()
+    assert '"reward_mean":null' in line
+    assert StepMetrics.model_validate_json(line).reward_mean is None
+    final = FinalEval(policy="run-v1", heldout_reward=None, heldout_rollouts=4)
+    assert FinalEval.model_validate_json(final.model_dump_json()).heldout_reward is None
