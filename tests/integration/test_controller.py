@@ -367,7 +367,9 @@ async def test_graceful_shutdown_hands_work_back(stack: Stack, client: RolloutCl
     here), then cancels them; the interrupted attempt fails as WorkerShutdown and the
     rollout finishes on a fresh attempt once a worker is back."""
     spec = make_task("drain", "What is 6 times 7?", "42", turns=12, sleep_s=1.0)
-    spec["budget"] = {"heartbeat_s": 3, "host_queue_wait_s": 60}
+    # The heartbeat timeout outlasts the 5 s grace: on a loaded machine a 3 s one expired
+    # first, and the attempt ended as a heartbeat timeout instead of WorkerShutdown.
+    spec["budget"] = {"heartbeat_s": 15, "host_queue_wait_s": 60}
     batch = await client.submit(tasks_of(spec), str(stack.out_dir / "drain"), 1)
     rid = batch.rollout_ids[0]
 
