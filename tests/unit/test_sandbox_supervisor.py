@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from devstack.ports import free_port
 from sandboxes.base import ArchiveTooLarge, SandboxError, SandboxNotFound
 from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
 from sandboxes.supervisor_client import (
@@ -271,8 +272,9 @@ async def test_forwarder_and_bridge_chain_to_loopback_http(
         r = await client.exec([sys.executable, "-c", code], env=ENV, cwd="/", timeout=20,
                               stdin=None, on_output=None)  # fmt: skip
         assert r.stdout.strip() == "b'hello /x'", r
-        await client.forward(port + 1, sock)  # extra port on demand
-        code2 = code.replace(str(port), str(port + 1))
+        extra = free_port()  # not port + 1: on the host's loopback that one may be taken
+        await client.forward(extra, sock)  # extra port on demand
+        code2 = code.replace(str(port), str(extra))
         r = await client.exec([sys.executable, "-c", code2], env=ENV, cwd="/", timeout=20,
                               stdin=None, on_output=None)  # fmt: skip
         assert "hello" in r.stdout
