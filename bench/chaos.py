@@ -32,7 +32,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,7 +60,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.fuzz_agent_api import Tally, fuzz  # noqa: E402
 from devstack.background_server import BackgroundServer  # noqa: E402
-from devstack.ports import free_port  # noqa: E402
+from devstack.ports import consecutive_free_ports, free_port  # noqa: E402
 from devstack.scripted_engine import Script, ScriptedReply, read_log  # noqa: E402
 from devstack.temporal_dev_server import TemporalDevServer  # noqa: E402
 from devstack.tiny_model import ensure_tiny_model  # noqa: E402
@@ -124,25 +123,6 @@ class ChaosConfig(BaseModel):
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def consecutive_free_ports(count: int) -> int:
-    """A base port such that base..base+count-1 are free on loopback right now."""
-    for _ in range(200):
-        base = free_port()
-        socks: list[socket.socket] = []
-        try:
-            for offset in range(count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no run of free ports found")
 
 
 def wait_http(url: str, alive: Callable[[], bool], timeout_s: float = 90.0) -> None:

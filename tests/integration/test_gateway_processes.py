@@ -5,7 +5,6 @@ the agent API and the control API on separate ports, and the admin-token policy 
 import asyncio
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.session import GatewayAccess, SessionActivities
 from devstack.background_server import BackgroundServer
-from devstack.ports import free_port
+from devstack.ports import consecutive_free_ports
 from devstack.scripted_engine import Script, ScriptedEngine
 from schemas.rollout import BAD_TASK_SPEC, SessionRequest
 from schemas.sampling import SamplingParams
@@ -28,25 +27,6 @@ from schemas.scenes import SceneConfig
 from schemas.tasks import HarnessSpec
 
 pytestmark = pytest.mark.integration
-
-
-def consecutive_free_ports(count: int) -> int:
-    """A base port such that base..base+count-1 are all free on loopback right now."""
-    for _ in range(100):
-        base = free_port()
-        sockets = []
-        try:
-            for offset in range(count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise AssertionError("no run of free ports found")
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
