@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from importlib import resources
 from importlib.metadata import version
 from importlib.resources.abc import Traversable
@@ -191,13 +192,19 @@ def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
     (pytest-xdist workers, several CI jobs) never see a half-written directory.
     """
     root = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = root / f"tiny-model-{source_fingerprint()}"
+    return publish_cached(root / f"tiny-model-{source_fingerprint()}", build_tiny_model)
+
+
+def publish_cached(target: Path, build: Callable[[Path], None]) -> Path:
+    """`target` if a build is already there, else `build` into a temporary sibling renamed
+    into place, so concurrent callers never see a half-written model directory (a lost
+    rename race is fine: the winner's build is the same recipe)."""
     if (target / "model.safetensors").exists():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-model-", dir=root))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        build_tiny_model(tmp)
+        build(tmp)
         try:
             tmp.rename(target)
         except OSError:

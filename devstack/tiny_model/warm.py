@@ -12,15 +12,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from importlib import resources
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from .builder import WARM_SOURCES, default_cache_dir, ensure_tiny_model, source_fingerprint
+from .builder import (
+    WARM_SOURCES,
+    default_cache_dir,
+    ensure_tiny_model,
+    publish_cached,
+    source_fingerprint,
+)
 from .tasks import HELDOUT_SEED, HELDOUT_SIZE
 from .weights import TinyQwen3Shape
 
@@ -132,15 +136,9 @@ def ensure_warm_model(
     if (target / "model.safetensors").exists():
         return target
     base = ensure_tiny_model(root)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-warm-", dir=root))
-    try:
+
+    def build(tmp: Path) -> None:
         build_warm_model(tmp, python, recipe, base)
         (tmp / "recipe.json").write_text(json.dumps(recipe.model_dump(), indent=2) + "\n")
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "model.safetensors").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return publish_cached(target, build)
