@@ -300,30 +300,25 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
                 ) from e
             has_py = True
             if img.labels.get("agentic-rollout.recipe-hash") is None:
-                r = self.client.containers.run(
-                    img.id,
-                    ["sh", "-c", "command -v python3 || true"],
-                    remove=True,
-                    network_mode="none",
-                    entrypoint=[],
-                )
-                has_py = bool(r.strip())
+                has_py = bool(self._probe(img.id, "command -v python3 || true"))
             self._image_ids[image] = (img.id, has_py)
         return self._image_ids[image]
+
+    def _probe(self, image_id: str, script: str, user: str | None = None) -> bytes:
+        """The stripped output of `sh -c script` in a throw-away, network-less container of
+        the image: how the backend learns what an image holds before it relies on it."""
+        kw = {} if user is None else {"user": user}
+        out = self.client.containers.run(
+            image_id, ["sh", "-c", script], remove=True, network_mode="none", entrypoint=[], **kw
+        )
+        return bytes(out).strip()
 
     def _workdir_writable(self, image_id: str, workdir: str) -> bool:
         """Whether `workdir` exists and is writable by the agent user (cached)."""
         k = (image_id, workdir)
         if k not in self._workdir_ok:
-            out = self.client.containers.run(
-                image_id,
-                ["sh", "-c", f'test -d "{workdir}" && test -w "{workdir}" && echo yes || true'],
-                remove=True,
-                network_mode="none",
-                entrypoint=[],
-                user=self.user,
-            )
-            self._workdir_ok[k] = out.strip() == b"yes"
+            script = f'test -d "{workdir}" && test -w "{workdir}" && echo yes || true'
+            self._workdir_ok[k] = self._probe(image_id, script, user=self.user) == b"yes"
         return self._workdir_ok[k]
 
     def _key(self, spec: SandboxSpec) -> Hashable:
@@ -458,14 +453,8 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         """Whether `path` is missing or empty in the image (cached)."""
         k = (image_id, path)
         if k not in self._empty_dirs:
-            out = self.client.containers.run(
-                image_id,
-                ["sh", "-c", f'ls -A "{path}" 2>/dev/null | head -c 1'],
-                remove=True,
-                network_mode="none",
-                entrypoint=[],
-            )
-            self._empty_dirs[k] = not out.strip()
+            script = f'ls -A "{path}" 2>/dev/null | head -c 1'
+            self._empty_dirs[k] = not self._probe(image_id, script)
         return self._empty_dirs[k]
 
     async def _start(self, sid: str, sdir: Path, spec: SandboxSpec) -> SandboxHandle:
