@@ -34,7 +34,9 @@ from gateway.adapters.wire import field_error, load_object
 from gateway.canonical import CanonicalRequest
 from gateway.core import Gateway
 from gateway.errors import GatewayError
+from gateway.policy_update import PolicyUpdater
 from gateway.session_janitor import SessionJanitor
+from schemas.policy import PeerPause, PeerResume, PolicyUpdate
 from schemas.session import SessionConfig, SessionList
 
 log = logging.getLogger("rollout.gateway")
@@ -79,11 +81,19 @@ class GatewayApp:
     """Builds the Starlette app around one `Gateway` core."""
 
     def __init__(
-        self, gateway: Gateway, admin_token: str | None, max_body_bytes: int = 32 * 2**20
+        self,
+        gateway: Gateway,
+        admin_token: str | None,
+        max_body_bytes: int = 32 * 2**20,
+        peers: list[str] | None = None,
     ) -> None:
         self.gateway = gateway
         self.admin_token = admin_token
         self.max_body_bytes = max_body_bytes
+        #: `peers`: the other gateway processes' control URLs (paused by an update here)
+        self.policy = PolicyUpdater(
+            gateway.policy, gateway.engine.urls, gateway.options.data_dir, peers, admin_token
+        )
 
     # ------------------------------------------------------------------ plumbing
     async def _read_json(self, request: Request) -> dict[str, Any]:
@@ -154,6 +164,29 @@ class GatewayApp:
         session_id = request.path_params["session_id"]
         self.gateway.close_session(session_id)
         return JSONResponse({"session_id": session_id, "closed": True})
+
+    async def get_policy(self, request: Request) -> Response:
+        self._require_admin(request)
+        state = await asyncio.to_thread(self.policy.state)  # reads the history file
+        return Response(state.model_dump_json(), media_type="application/json")
+
+    async def update_policy(self, request: Request) -> Response:
+        """Pause, drain, load into every engine, set the version, resume (`policy_update`)."""
+        self._require_admin(request)
+        update = PolicyUpdate.model_validate(await self._read_json(request))
+        done = await self.policy.update(update)
+        return Response(done.model_dump_json(), media_type="application/json")
+
+    async def pause_policy(self, request: Request) -> Response:
+        self._require_admin(request)
+        pause = PeerPause.model_validate(await self._read_json(request))
+        paused = await self.policy.pause_for_peer(pause)
+        return Response(paused.model_dump_json(), media_type="application/json")
+
+    async def resume_policy(self, request: Request) -> Response:
+        self._require_admin(request)
+        self.policy.resume_for_peer(PeerResume.model_validate(await self._read_json(request)))
+        return JSONResponse({"resumed": True, "policy_version": self.gateway.policy.version})
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "sessions": len(self.gateway.sessions)})
@@ -261,6 +294,10 @@ class GatewayApp:
             ("control", "/sessions/{session_id}/trajectory", self.get_trajectory, control, "GET"),
             ("control", "/sessions/{session_id}", self.delete_session, control, "DELETE"),
             ("control", "/sessions/{session_id}", self.get_session, control, "GET"),
+            ("control", "/policy", self.get_policy, control, "GET"),
+            ("control", "/policy", self.update_policy, control, "POST"),
+            ("control", "/policy/pause", self.pause_policy, control, "POST"),
+            ("control", "/policy/resume", self.resume_policy, control, "POST"),
             ("agent", "/v1/chat/completions", self.chat_completions, openai, "POST"),
             ("agent", "/v1/responses", self.responses, openai, "POST"),
             ("agent", "/v1/responses/compact", self.responses, openai, "POST"),

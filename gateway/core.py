@@ -7,6 +7,7 @@ Adapters only translate protocols; everything that makes trajectories exact live
 """
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -28,6 +29,7 @@ from gateway.errors import GatewayError
 from gateway.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
 from gateway.metrics import GatewayMetrics
 from gateway.output_parser import OutputParser
+from gateway.policy_update import PolicyGate
 from gateway.recording import PlannedCall, reuse_of
 from gateway.replies import completion_of, parse_output, reply_message
 from gateway.retries import Answers, is_retry, request_digest
@@ -160,6 +162,7 @@ class Gateway:
         )
         self.sessions: dict[str, LiveSession] = {}
         self._engine_slots = asyncio.Semaphore(options.max_inflight_engine_calls)
+        self.policy = PolicyGate()  # a policy update holds engine calls here (policy_update)
         self._waiting = 0
 
     # ------------------------------------------------------------------ control API
@@ -484,7 +487,9 @@ class Gateway:
         )
         planned.check_storable()
         try:
-            completion = await self._call_engine(session, plan.prompt_ids, sampling)
+            async with self.policy.admitted() as version:  # waits while weights change
+                planned = dataclasses.replace(planned, policy_version=version)
+                completion = await self._call_engine(session, plan.prompt_ids, sampling)
         except GatewayError as err:
             await self._record_failure(session, planned, err)
             raise

@@ -67,6 +67,9 @@ class PlannedCall:
     """`time.perf_counter()` when the call arrived."""
     digest: str | None = None
     """The request body's digest (`retries.request_digest`), kept in the record."""
+    policy_version: str | None = None
+    """The version the gateway served when the engine call was admitted (set by a policy
+    update); None: the session's label, as no update has named one."""
 
     def recorded_call(
         self,
@@ -98,7 +101,7 @@ class PlannedCall:
             new_prompt_tokens=self.plan.new_token_count,
             finish_reason=finish_reason,
             sampling=self.sampling,
-            policy_version=meta.config.policy_version,
+            policy_version=self.policy_version or meta.config.policy_version,
             engine_url=meta.engine_url,
             started_at=self.started_at,
             duration_s=time.perf_counter() - self.wall_start,

@@ -62,6 +62,9 @@ class GatewaySettings(BaseModel):
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
     session_janitor_interval_s: float = Field(default=30.0, ge=0)
+    #: The other processes' control URLs (set by `serve` for N processes): a policy
+    #: update on any process pauses them all, as they share the engines.
+    peer_control_urls: list[str] = Field(default_factory=list)
 
 
 def is_loopback(host: str) -> bool:
@@ -153,7 +156,12 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
 def build_apps(settings: GatewaySettings) -> tuple[Starlette, Starlette]:
     """(agent app, control app) around one Gateway core, after the admin-token policy."""
     check_admin_policy(settings)
-    app = GatewayApp(build_gateway(settings), settings.admin_token, settings.max_body_bytes)
+    app = GatewayApp(
+        build_gateway(settings),
+        settings.admin_token,
+        settings.max_body_bytes,
+        peers=settings.peer_control_urls,
+    )
     return app.build("agent"), app.build("control")
 
 
@@ -201,6 +209,15 @@ async def serve_listeners(settings: GatewaySettings) -> None:
     await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
 
 
+def _reachable(host: str) -> str:
+    """A host the sibling processes can connect to (a wildcard bind means loopback too)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
 def serve(settings: GatewaySettings, processes: int = 1) -> None:
     """Serve in this process, or supervise N child processes on consecutive port pairs."""
     check_admin_policy(settings)
@@ -214,6 +231,10 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
         asyncio.run(serve_listeners(settings))
         return
     children: list[subprocess.Popen[bytes]] = []
+    controls = [
+        f"http://{_reachable(settings.control_host)}:{settings.control_port + i}"
+        for i in range(processes)
+    ]
     for index in range(processes):
         port, control_port = settings.port + index, settings.control_port + index
         child_settings = settings.model_copy(
@@ -222,6 +243,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
                 "control_port": control_port,
                 "public_url": None,
                 "admin_token": settings.admin_token,
+                "peer_control_urls": [u for i, u in enumerate(controls) if i != index],
             }
         )
         env = dict(os.environ, ROLLOUT_GATEWAY_SETTINGS=child_settings.model_dump_json())

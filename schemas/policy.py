@@ -1,0 +1,124 @@
+"""The Gateway's policy-update control call (`POST /policy`, `GET /policy`) and its client.
+
+Why here: the Gateway serves it and the trainer calls it, and `schemas` is the one
+package both may import. An update pauses new engine calls (they wait, they are not
+failed), drains the ones in flight, has every engine load the checkpoint, sets the
+version that later calls record, and resumes; with several gateway processes the one
+that gets the call pauses the others first (through their control listeners).
+"""
+
+from datetime import datetime
+from typing import Literal
+
+import httpx
+from pydantic import Field
+
+from schemas.base import StrictModel
+from schemas.engine_weights import WeightUpdateReport
+
+
+class PolicyUpdate(StrictModel):
+    """Body of `POST /policy`."""
+
+    policy_version: str = Field(min_length=1, max_length=256)
+    checkpoint: str = Field(
+        min_length=1, description="model directory every engine can read (absolute path)"
+    )
+    drain_timeout_s: float = Field(
+        default=600.0, gt=0, le=3600, description="how long in-flight calls may take to finish"
+    )
+
+
+class PeerPause(StrictModel):
+    """Body of `POST /policy/pause` (process to process): pause and drain this process's
+    engine calls for `update_id`; it resumes by itself after `lease_s` if the
+    coordinating process never says how the update ended."""
+
+    update_id: str = Field(min_length=1, max_length=64)
+    drain_timeout_s: float = Field(default=600.0, gt=0, le=3600)
+    lease_s: float = Field(default=3600.0, gt=0, le=7200)
+
+
+class PeerResume(StrictModel):
+    """Body of `POST /policy/resume`: the update's outcome; `policy_version` None keeps
+    the version this process served before."""
+
+    update_id: str = Field(min_length=1, max_length=64)
+    policy_version: str | None = Field(default=None, min_length=1, max_length=256)
+    checkpoint: str | None = None
+
+
+class PeerPaused(StrictModel):
+    """Reply of `POST /policy/pause`: the process is paused and drained."""
+
+    drained_calls: int = Field(description="engine calls that were in flight at the pause")
+    drain_s: float
+
+
+class PolicyUpdateRecord(StrictModel):
+    """One update, as `GET /policy` lists it (newest last) and `POST /policy` returns it."""
+
+    update_id: str
+    policy_version: str
+    checkpoint: str
+    previous_version: str | None
+    status: Literal["ok", "failed", "unchanged"]
+    error: str | None = None
+    started_at: datetime
+    processes: int = Field(description="gateway processes paused for the update (this one too)")
+    drained_calls: int = Field(description="engine calls in flight at the pause, all finished")
+    held_calls: int = Field(description="engine calls that waited at the pause (this process)")
+    drain_s: float = Field(description="pause + drain of every process")
+    load_s: float = Field(description="every engine loading the checkpoint")
+    total_s: float = Field(description="pause + drain + load + resume")
+    engines: list[WeightUpdateReport] = Field(default_factory=list)
+
+
+class PolicyState(StrictModel):
+    """Reply of `GET /policy`. `policy_version` None: no update yet, so calls record
+    their session's `policy_version` label."""
+
+    policy_version: str | None
+    checkpoint: str | None
+    updating: bool
+    history: list[PolicyUpdateRecord]
+
+
+class PolicyUpdateError(RuntimeError):
+    """`POST /policy` failed: the status and the gateway's error message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"policy update failed ({status}): {message}")
+        self.status = status
+
+
+class GatewayPolicyClient:
+    """The trainer's side of the call: one control URL (any gateway process)."""
+
+    def __init__(
+        self, control_url: str, admin_token: str | None = None, timeout_s: float = 3600.0
+    ) -> None:
+        self.control_url = control_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self.timeout_s = timeout_s
+
+    async def state(self) -> PolicyState:
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
+            reply = await client.get(f"{self.control_url}/policy")
+        if reply.status_code != 200:
+            raise PolicyUpdateError(reply.status_code, _message(reply))
+        return PolicyState.model_validate_json(reply.content)
+
+    async def update(self, update: PolicyUpdate) -> PolicyUpdateRecord:
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
+            reply = await client.post(f"{self.control_url}/policy", json=update.model_dump())
+        if reply.status_code != 200:
+            raise PolicyUpdateError(reply.status_code, _message(reply))
+        return PolicyUpdateRecord.model_validate_json(reply.content)
+
+
+def _message(reply: httpx.Response) -> str:
+    try:
+        return str(reply.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return reply.text[:500]
