@@ -40,6 +40,10 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
         if not _wanted(seg, scenes):
             continue
         seg_calls = [calls[c] for c in seg.call_ids if c in calls]
+        # each call's version and where its tokens start: a rollout may span an update
+        sampled = [
+            (c, at) for c, at in zip(seg.call_ids, seg.call_starts, strict=True) if c in calls
+        ]
         status = sample_status(
             outcome.status,
             calls_complete=len(seg_calls) == len(seg.call_ids),
@@ -69,6 +73,8 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
                 step_rewards=None if masked else outcome.step_rewards,
                 status=status,
                 policy_version=first.policy_version if first else traj.policy_version,
+                call_policy_versions=[calls[c].policy_version for c, _ in sampled],
+                call_starts=[start for _, start in sampled],
                 env_version=req.env_version,
                 prompt_template_version=traj.prompt_template_version,
                 reward_fn_version=outcome.reward_fn_version,

@@ -26,6 +26,7 @@ class _Acc(BaseModel):
     loss_mask: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
     call_ids: list[str] = Field(default_factory=list)
+    call_starts: list[int] = Field(default_factory=list)
     started: bool = False
 
     def held_length(self) -> int:
@@ -49,6 +50,7 @@ class _Acc(BaseModel):
             self.response_ids.extend(new_part)
             self.loss_mask.extend([0] * len(new_part))
             self.logprobs.extend([0.0] * len(new_part))
+        self.call_starts.append(len(self.response_ids))
         self.response_ids.extend(call.output_ids)
         self.loss_mask.extend([1] * len(call.output_ids))
         self.logprobs.extend(call.output_logprobs)
@@ -85,6 +87,7 @@ def build_segments(records: list[Record], trainable: set[Scene]) -> list[Segment
                 loss_mask=acc.loss_mask,
                 logprobs=acc.logprobs,
                 call_ids=acc.call_ids,
+                call_starts=acc.call_starts,
             )
         )
     return segments

@@ -3,6 +3,8 @@
 This is the contract with trainers. Every row carries full lineage so a sample can be
 traced to the policy, environment, template, reward function and harness that made it.
 Readers refuse a `schema_version` they do not know rather than guess at its meaning.
+Version 2 added the per-call policy versions (a rollout that spans a policy update has
+calls of two versions in one segment); version-1 files still read, as one call each.
 """
 
 from pathlib import Path
@@ -16,8 +18,10 @@ from schemas.base import StrictModel
 from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.scenes import Scene
 
-SCHEMA_VERSION = 1
-KNOWN_SCHEMA_VERSIONS = frozenset({1})
+SCHEMA_VERSION = 2
+KNOWN_SCHEMA_VERSIONS = frozenset({1, 2})
+#: Columns each version added (a file of an older version lacks them).
+_ADDED_IN = {2: ("call_policy_versions", "call_starts")}
 
 
 class SampleRow(StrictModel):
@@ -38,7 +42,17 @@ class SampleRow(StrictModel):
     reward: float
     step_rewards: list[float] | None = None
     status: RolloutStatus = Field(description="one of SAMPLE_STATUSES")
-    policy_version: str
+    policy_version: str = Field(description="the version of the segment's first call")
+    call_policy_versions: list[str] = Field(
+        default_factory=list,
+        description="the version that sampled each call of the segment (empty: all "
+        "`policy_version`)",
+    )
+    call_starts: list[int] = Field(
+        default_factory=list,
+        description="where each call's sampled tokens begin in response_ids; the tokens "
+        "from one start to the next are that call's",
+    )
     env_version: str
     prompt_template_version: str
     reward_fn_version: str
@@ -59,7 +73,31 @@ class SampleRow(StrictModel):
             raise ValueError(f"status {self.status} is not a sample status")
         if self.schema_version not in KNOWN_SCHEMA_VERSIONS:
             raise ValueError(f"unknown schema_version {self.schema_version}")
+        if len(self.call_starts) != len(self.call_policy_versions):
+            raise ValueError("call_starts must align with call_policy_versions")
+        if self.call_starts != sorted(self.call_starts) or any(
+            not 0 <= at <= n for at in self.call_starts
+        ):
+            raise ValueError("call_starts must be ascending positions in response_ids")
         return self
+
+    def token_policy_versions(self) -> list[str]:
+        """The version that sampled each response token (prompt tokens between calls get
+        the previous call's; they carry no loss)."""
+        if not self.call_policy_versions:
+            return [self.policy_version] * len(self.response_ids)
+        return token_versions(self.call_policy_versions, self.call_starts, len(self.response_ids))
+
+
+def token_versions(versions: list[str], starts: list[int], n: int) -> list[str]:
+    """Spread per-call versions over `n` response tokens (see `SampleRow.call_starts`)."""
+    out: list[str] = []
+    for i, (version, start) in enumerate(zip(versions, starts, strict=True)):
+        end = starts[i + 1] if i + 1 < len(starts) else n
+        if i == 0:
+            start = 0
+        out.extend([version] * (end - start))
+    return out
 
 
 SAMPLE_ARROW_SCHEMA = pa.schema(
@@ -80,6 +118,8 @@ SAMPLE_ARROW_SCHEMA = pa.schema(
         pa.field("step_rewards", pa.list_(pa.float64())),
         pa.field("status", pa.string(), nullable=False),
         pa.field("policy_version", pa.string(), nullable=False),
+        pa.field("call_policy_versions", pa.list_(pa.string()), nullable=False),
+        pa.field("call_starts", pa.list_(pa.int32()), nullable=False),
         pa.field("env_version", pa.string(), nullable=False),
         pa.field("prompt_template_version", pa.string(), nullable=False),
         pa.field("reward_fn_version", pa.string(), nullable=False),
@@ -130,8 +170,9 @@ def check_schema(schema: pa.Schema, source: str) -> None:
     differ from the contract's, naming every difference (the version tag alone is only
     the writer's word)."""
     check_schema_version(schema, source)
+    version = int((schema.metadata or {})[b"agentic_rollout.schema_version"])
     problems: list[str] = []
-    for want in SAMPLE_ARROW_SCHEMA:
+    for want in _schema_of(version):
         idx = schema.get_field_index(want.name)
         if idx < 0:
             problems.append(f"missing column {want.name!r} ({want.type})")
@@ -139,20 +180,40 @@ def check_schema(schema: pa.Schema, source: str) -> None:
         got = schema.field(idx)
         if not got.type.equals(want.type):
             problems.append(f"column {want.name!r} is {got.type}, expected {want.type}")
-    extra = [n for n in schema.names if SAMPLE_ARROW_SCHEMA.get_field_index(n) < 0]
+    extra = [n for n in schema.names if _schema_of(version).get_field_index(n) < 0]
     if extra:
         problems.append(f"unexpected column(s) {extra}")
     if problems:
         raise SampleSchemaMismatchError(
-            f"{source}: does not match the samples schema v{SCHEMA_VERSION}: " + "; ".join(problems)
+            f"{source}: does not match the samples schema v{version}: " + "; ".join(problems)
         )
+
+
+def _schema_of(version: int) -> pa.Schema:
+    """The contract's columns as of `version` (the current schema minus later columns)."""
+    later = {name for v, names in _ADDED_IN.items() if v > version for name in names}
+    return pa.schema([f for f in SAMPLE_ARROW_SCHEMA if f.name not in later])
+
+
+def upgrade(table: pa.Table) -> pa.Table:
+    """Fill the columns an older file lacks: one call of the row's `policy_version`,
+    starting at the first response token."""
+    if "call_policy_versions" not in table.column_names:
+        versions = [[v] for v in table.column("policy_version").to_pylist()]
+        table = table.append_column(
+            "call_policy_versions", pa.array(versions, pa.list_(pa.string()))
+        )
+        table = table.append_column(
+            "call_starts", pa.array([[0]] * table.num_rows, pa.list_(pa.int32()))
+        )
+    return table
 
 
 def conform(table: pa.Table, source: str) -> pa.Table:
     """A checked table in the contract's column order and nullability, so tables from
     different files concatenate; a null where the contract forbids one, or a row of an
     unknown `schema_version`, is refused."""
-    table = table.select(SAMPLE_ARROW_SCHEMA.names)
+    table = upgrade(table).select(SAMPLE_ARROW_SCHEMA.names)
     for want in SAMPLE_ARROW_SCHEMA:
         if not want.nullable and table.column(want.name).null_count:
             raise SampleSchemaMismatchError(f"{source}: column {want.name!r} holds nulls")
@@ -167,9 +228,17 @@ def read_samples(path: Path | str, filesystem: object = None) -> pa.Table:
     column names and types) and every row's `schema_version` must be known, else nothing
     is returned."""
     dataset = pq.ParquetDataset(str(path), filesystem=filesystem)
+    versions = set()
     for fragment in dataset.fragments:
         check_schema(fragment.physical_schema, fragment.path)
-    return conform(dataset.read(), str(path))
+        versions.add(fragment.physical_schema.metadata[b"agentic_rollout.schema_version"])
+    if len(versions) <= 1:
+        return conform(dataset.read(), str(path))
+    # files of several schema versions: each is brought up to date on its own
+    return pa.concat_tables(
+        conform(pq.read_table(f.path, filesystem=dataset.filesystem), f.path)
+        for f in dataset.fragments
+    )
 
 
 def table_to_rows(table: pa.Table) -> list[SampleRow]:

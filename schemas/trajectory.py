@@ -77,6 +77,10 @@ class Segment(StrictModel):
     loss_mask: list[int]
     logprobs: list[float]
     call_ids: list[str]
+    call_starts: list[int] = Field(
+        default_factory=list,
+        description="where each call's sampled tokens begin in response_ids (per call_ids)",
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> "Segment":

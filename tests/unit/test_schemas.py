@@ -101,7 +101,7 @@ def test_reader_refuses_unknown_schema_version(tmp_path) -> None:
 def test_reader_checks_each_file_of_a_directory(tmp_path) -> None:
     write_samples([make_row()], tmp_path / "a.parquet")
     future = rows_to_table([make_row()]).replace_schema_metadata(
-        {b"agentic_rollout.schema_version": b"2"}
+        {b"agentic_rollout.schema_version": b"99"}
     )
     pq.write_table(future, tmp_path / "b.parquet")
     with pytest.raises(UnknownSchemaVersionError):
