@@ -9,7 +9,7 @@ loads torch and the trainer never loads the CLI.
 import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.base import StrictModel
 
@@ -49,10 +49,16 @@ class TrainConfig(StrictModel):
     temporal: str = "127.0.0.1:7233"
     namespace: str = "default"
     task_queue: str = "rollouts"
+    gateway: str | None = Field(
+        default=None,
+        description="the Gateway's control URL: each new policy goes through its "
+        "`POST /policy` (pause, drain, every engine loads it, resume), so every call "
+        "records the version that sampled it; admin token from ROLLOUT_ADMIN_TOKEN",
+    )
     engines: list[str] = Field(
-        min_length=1,
-        description="vLLM base URLs that get each new policy loaded (without them the "
-        "rollouts would keep sampling the old weights under the new version's name)",
+        default_factory=list,
+        description="without `gateway`: vLLM base URLs the trainer loads each policy into "
+        "itself (calls in flight then record the old version's name)",
     )
     steps: int = Field(default=2, ge=1)
     group_size: int = Field(default=4, ge=2, description="rollouts per task (one GRPO group)")
@@ -70,7 +76,7 @@ class TrainConfig(StrictModel):
         "but get no loss",
     )
     overlap: bool = Field(
-        default=False,
+        default=True,
         description="one-step off-policy: step k+1's rollouts run while step k trains",
     )
     agreement_limit: float = Field(default=0.01, gt=0, description="mean |Δ logprob| alarm")
@@ -80,6 +86,15 @@ class TrainConfig(StrictModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,60}$",
         description="prefix of every policy version; None: from `out`'s name, once",
     )
+
+    @model_validator(mode="after")
+    def _publishes_somewhere(self) -> "TrainConfig":
+        if self.gateway is None and not self.engines:
+            raise ValueError(
+                "give `gateway` (its control URL) or `engines`: new policies "
+                "must reach the engines, else rollouts sample the old weights"
+            )
+        return self
 
 
 class TokenMismatch(StrictModel):
@@ -131,6 +146,18 @@ class StepMetrics(StrictModel):
     publish_s: float
     overlap_s: float = Field(
         default=0.0, description="seconds of this step's training with the next rollouts running"
+    )
+    overlap_fraction: float = Field(
+        default=0.0, description="overlap_s / (train + publish time): how much of it was hidden"
+    )
+    publish_drained_calls: int = Field(
+        default=0, description="engine calls the policy update let finish before loading"
+    )
+    publish_held_calls: int = Field(
+        default=0, description="engine calls that waited during the policy update"
+    )
+    stale_calls: int = Field(
+        default=0, description="calls too old to train on, masked in rows kept for fresher calls"
     )
     step_s: float
     rollouts_per_s: float

@@ -2,10 +2,12 @@
 
 Pure Python (no torch) so the rules are unit-tested in any environment:
 
-- a row whose `policy_version` lags the trainer's by more than `max_staleness`
-  versions (or has no readable version) is *stale*: `drop` removes it from the batch
-  and from its group's baseline; `mask` keeps its reward in the baseline but gives it
-  no loss;
+- staleness is per call: a row carries the version that sampled each of its calls
+  (`call_policy_versions`; a rollout may span a policy update). A call that lags the
+  trainer's version by more than `max_staleness` (or has no readable version) is
+  stale, and its tokens get no loss. A row whose calls are all stale is *stale*:
+  `drop` removes it from the batch and from its group's baseline; `mask` keeps its
+  reward in the baseline but gives it no loss;
 - an `infra_error` row is never trained and never part of a baseline (its reward says
   nothing about the policy);
 - advantage = (rollout reward − group mean) / (group std + eps), with mean and std over
@@ -18,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from schemas.samples import token_versions
 from schemas.training import policy_version_index
 
 INFRA_ERROR = "infra_error"
@@ -38,6 +41,8 @@ class TrainRow:
     advantage: float
     staleness: int | None
     trained: bool
+    token_versions: list[str] = field(default_factory=list)
+    """The policy version that sampled each response token (empty: unknown)."""
 
 
 @dataclass
@@ -45,7 +50,10 @@ class PreparedBatch:
     rows: list[TrainRow] = field(default_factory=list)
     infra_error: int = 0
     stale: int = 0
+    stale_calls: int = 0
+    """Calls too old to train on, in rows that were kept for their fresher calls."""
     staleness: list[int] = field(default_factory=list)
+    """The lag of every call with a readable version."""
 
     @property
     def trained(self) -> list[TrainRow]:
@@ -72,19 +80,25 @@ def prepare_batch(
     out = PreparedBatch()
     kept: list[tuple[dict[str, Any], int | None, bool]] = []
     for row in rows:
-        lag = staleness_of(row["policy_version"], current_version)
-        if lag is not None:
-            out.staleness.append(lag)
-        is_stale = lag is None or lag > max_staleness or lag < 0
+        calls = row.get("call_policy_versions") or [row["policy_version"]]
+        starts = row.get("call_starts") or [0]
+        lags = [staleness_of(v, current_version) for v in calls]
+        out.staleness.extend(lag for lag in lags if lag is not None)
+        fresh = [lag is not None and 0 <= lag <= max_staleness for lag in lags]
+        is_stale = not any(fresh)
         if row["status"] == INFRA_ERROR:
             out.infra_error += 1
-            kept.append((row, lag, False))
+            kept.append((row, lags[0], False))
             continue
         if is_stale:
             out.stale += 1
             if stale == "drop":
                 continue
-        kept.append((row, lag, not is_stale))
+        elif not all(fresh):
+            out.stale_calls += fresh.count(False)
+            row = _mask_calls(row, calls, starts, fresh)
+        fresh_lags = [lag for lag, ok in zip(lags, fresh, strict=True) if ok]
+        kept.append((row, max(fresh_lags) if fresh_lags else lags[0], not is_stale))
     baseline: dict[str, dict[str, float]] = defaultdict(dict)
     for row, _lag, _trained in kept:
         if row["status"] != INFRA_ERROR:
@@ -113,6 +127,24 @@ def prepare_batch(
                 advantage=advantage,
                 staleness=lag,
                 trained=trained and sum(row["loss_mask"]) > 0,
+                token_versions=token_versions(
+                    row.get("call_policy_versions") or [row["policy_version"]],
+                    row.get("call_starts") or [0],
+                    len(row["response_ids"]),
+                ),
             )
         )
     return out
+
+
+def _mask_calls(
+    row: dict[str, Any], calls: list[str], starts: list[int], fresh: list[bool]
+) -> dict[str, Any]:
+    """The row with the loss of its stale calls' tokens switched off."""
+    versions = token_versions(calls, starts, len(row["response_ids"]))
+    stale_versions = {v for v, ok in zip(calls, fresh, strict=True) if not ok}
+    mask = [
+        0 if version in stale_versions else int(bit)
+        for bit, version in zip(row["loss_mask"], versions, strict=True)
+    ]
+    return {**row, "loss_mask": mask}

@@ -6,16 +6,19 @@ Per step k (policy v(k−1) serving):
 2. load their Parquet samples, prepare the batch (staleness, infra errors, advantages);
 3. measure train–inference agreement on the untouched weights;
 4. `updates_per_step` optimiser steps on the clipped loss;
-5. save `policies/vk`, load it into every engine, append the metrics, then record the
+5. save `policies/vk`, publish it (the Gateway's `POST /policy`: it pauses new engine
+   calls, drains the running ones, has every engine load vk and resumes; or, without a
+   gateway, load it into the engines directly), append the metrics, then record the
    step as complete in `state.json` (written last: a rerun resumes from the last
    complete policy and resubmits the same batch ids, so finished rollouts are reused).
 
-With `overlap` (one-step off-policy) step k+1's rollouts are submitted, labelled with
-the policy then serving, before step k trains; they keep running while it trains and
-while the new weights load (the engine drains in-flight calls, later calls wait), so
-step k+1 trains on samples one version old (`max_staleness` ≥ 1 keeps them).
-Agreement is always measured against the weights that sampled a row, the importance
-ratio against the weights about to be trained.
+With `overlap` (one-step off-policy, the default) step k+1's rollouts are submitted,
+labelled with the policy then serving, before step k trains; they keep running while it
+trains and while the new weights load (their calls wait at the Gateway meanwhile), so
+step k+1 trains on samples up to one version old. Each call records the version that
+sampled it, so `max_staleness` applies per call, and agreement is measured against the
+weights that sampled each token; the importance ratio against the weights about to be
+trained.
 
 Layout of OUT: `policies/<run>-vN/`, `samples/step-000N/` (step N's rollouts),
 `samples/heldout-000N/` (held-out rollouts of the policy that sampled step N; N = steps+1
@@ -38,6 +41,7 @@ import torch
 
 from schemas.client import Batch, RolloutClient, RolloutOutcome
 from schemas.engine_weights import VllmWeightLoader, WeightUpdate
+from schemas.policy import GatewayPolicyClient, PolicyUpdate, PolicyUpdateRecord
 from schemas.tasks import RolloutTask, load_tasks
 from schemas.training import (
     FinalEval,
@@ -95,6 +99,12 @@ class Trainer:
         self.tasks = load_tasks(cfg.tasks)
         self.heldout = load_tasks(cfg.heldout) if cfg.heldout else []
         self.engines = [VllmWeightLoader(url) for url in cfg.engines]
+        self.gateway = (
+            GatewayPolicyClient(cfg.gateway, os.environ.get("ROLLOUT_ADMIN_TOKEN"))
+            if cfg.gateway
+            else None
+        )
+        self.last_publish: PolicyUpdateRecord | None = None
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -152,10 +162,25 @@ class Trainer:
         tmp.replace(path)
 
     async def _publish(self, step: int) -> float:
-        """Load policy v`step` into every engine (skipped where it already serves it)."""
+        """Policy v`step` to every engine: through the Gateway's policy update, or loaded
+        into each engine directly (skipped where it already serves it)."""
         version = self.vname(step)
-        update = WeightUpdate(policy_version=version, checkpoint=str(self.policies / version))
+        checkpoint = str(self.policies / version)
         started = time.monotonic()
+        self.last_publish = None
+        if self.gateway is not None:
+            if (await self.gateway.state()).policy_version != version:
+                done = await self.gateway.update(
+                    PolicyUpdate(policy_version=version, checkpoint=checkpoint)
+                )
+                self.last_publish = done
+                log(
+                    f"  gateway: {version} loaded in {done.total_s:.2f}s (drain "
+                    f"{done.drain_s:.2f}s, {done.drained_calls} calls drained, "
+                    f"{done.held_calls} held)"
+                )
+            return time.monotonic() - started
+        update = WeightUpdate(policy_version=version, checkpoint=checkpoint)
         for engine in self.engines:
             if await engine.current_version() == version:
                 continue
@@ -247,12 +272,22 @@ class Trainer:
         batch = prepare_batch(table.to_pylist(), step - 1, self.cfg.max_staleness, self.cfg.stale)
         trained = batch.trained
         self.model.eval()
-        # Agreement compares each token with the weights that sampled it: off-policy rows
-        # were labelled with the older policy, but their calls after the weight update
-        # were sampled by the current one (the Gateway does not yet record per-call
-        # versions), so both are candidates. The ratio is against the current weights.
-        older = () if ro.label == self.version else (self._model_for(ro.label),)
-        agree = agreement(self.model, trained, older)
+        # Agreement compares each token with the weights that sampled it: through the
+        # Gateway every call records its version; engines loaded directly leave the
+        # label as the only hint, so the older policy and ours are both candidates.
+        # The ratio is against the current weights.
+        if self.gateway is not None:
+            older = {
+                version
+                for row in trained
+                for version, bit in zip(row.token_versions, row.loss_mask, strict=True)
+                if bit and version != self.version and (self.policies / version).is_dir()
+            }
+            by_version = {v: self._model_for(v) for v in sorted(older)}
+            agree = agreement(self.model, trained, by_version=by_version)
+        else:
+            older = () if ro.label == self.version else (self._model_for(ro.label),)
+            agree = agreement(self.model, trained, older)
         if agree.mean >= self.cfg.agreement_limit and agree.worst is not None:
             w = agree.worst
             log(
@@ -283,6 +318,7 @@ class Trainer:
             "rows_trained": len(trained),
             "rows_infra_error": batch.infra_error,
             "rows_stale": batch.stale,
+            "stale_calls": batch.stale_calls,
             "tokens_trained": batch.tokens,
             "reward_mean": statistics.fmean(rewards) if rewards else None,
             "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
@@ -330,6 +366,8 @@ class Trainer:
                 end = nxt.finished if nxt is not None else learn_end
                 overlap_s = max(0.0, min(end, learn_end) - learn_start)
             rollout_s = ro.finished - ro.started
+            hidden = learn_end - learn_start
+            done = self.last_publish
             total = len(ro.outcomes) + len(ro.heldout)
             m = StepMetrics(
                 step=step,
@@ -338,6 +376,9 @@ class Trainer:
                 rollout_s=round(rollout_s, 3),
                 publish_s=round(publish_s, 3),
                 overlap_s=round(overlap_s, 3),
+                overlap_fraction=round(overlap_s / hidden, 3) if hidden > 0 else 0.0,
+                publish_drained_calls=done.drained_calls if done else 0,
+                publish_held_calls=done.held_calls if done else 0,
                 step_s=round(learn_end - step_start, 3),
                 rollouts_per_s=round(total / rollout_s, 4) if rollout_s > 0 else 0.0,
                 **fields,  # type: ignore[arg-type]

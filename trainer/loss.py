@@ -34,8 +34,8 @@ def response_logprobs(
 class Agreement:
     """|trainer − engine| over loss-mask tokens, before any update of the step.
 
-    `by_alternative` counts tokens that an alternative set of weights (the older policy
-    of a rollout that spanned a weight update) explains better than the primary one.
+    `by_alternative` counts tokens sampled by other weights than the primary ones (the
+    older policy, in a rollout that spanned a weight update).
     """
 
     mean: float
@@ -50,10 +50,13 @@ def agreement(
     model: torch.nn.Module,
     rows: list[TrainRow],
     alternatives: tuple[torch.nn.Module, ...] = (),
+    by_version: dict[str, torch.nn.Module] | None = None,
 ) -> Agreement:
-    """Each token's difference is taken against whichever of `model` and `alternatives`
-    matches the engine best (a token was sampled by exactly one of them); the ratio is
-    always `model`'s, the weights about to be trained."""
+    """Each token's difference is taken against the weights that sampled it: with
+    `by_version`, those of the token's recorded version (`TrainRow.token_versions`; a
+    version not in it means `model`); else whichever of `model` and `alternatives`
+    matches the engine best. The ratio is always `model`'s, the weights about to be
+    trained."""
     diffs: list[torch.Tensor] = []
     ratios: list[torch.Tensor] = []
     worst: TokenMismatch | None = None
@@ -67,7 +70,11 @@ def agreement(
             old = torch.tensor(row.logprobs, dtype=torch.float32)
             new = response_logprobs(model, row.prompt_ids, row.response_ids)
             best, diff = new, (new - old).abs()
-            for alt in alternatives:
+            if by_version is not None and row.token_versions:
+                best, sampled_by_other = _by_version(model, row, new, by_version)
+                diff = (best - old).abs()
+                by_alternative += int((sampled_by_other & mask).sum())
+            for alt in alternatives if by_version is None else ():
                 other = response_logprobs(alt, row.prompt_ids, row.response_ids)
                 other_diff = (other - old).abs()
                 closer = other_diff < diff
@@ -94,6 +101,27 @@ def agreement(
     return Agreement(
         float(d.mean()), float(d.max()), float(r.mean()), int(d.numel()), worst, by_alternative
     )
+
+
+def _by_version(
+    model: torch.nn.Module,
+    row: TrainRow,
+    new: torch.Tensor,
+    by_version: dict[str, torch.nn.Module],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's logprob under the weights of its recorded version, and which tokens
+    another model than `model` sampled."""
+    best = new.clone()
+    other = torch.zeros(len(row.response_ids), dtype=torch.bool)
+    for version in dict.fromkeys(row.token_versions):
+        weights = by_version.get(version, model)
+        if weights is model:
+            continue
+        where = torch.tensor([v == version for v in row.token_versions], dtype=torch.bool)
+        logprobs = response_logprobs(weights, row.prompt_ids, row.response_ids)
+        best = torch.where(where, logprobs, best)
+        other |= where
+    return best, other
 
 
 @dataclass

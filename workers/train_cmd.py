@@ -19,7 +19,9 @@ import schemas
 from schemas.training import TrainConfig
 
 
-def launch_trainer(cfg: TrainConfig, python: Path | None = None) -> int:
+def launch_trainer(
+    cfg: TrainConfig, python: Path | None = None, admin_token: str | None = None
+) -> int:
     """Run the trainer process for `cfg` to completion; returns its exit code."""
     from devstack.trainer_env import trainer_environment, trainer_python, trainer_pythonpath
 
@@ -31,9 +33,12 @@ def launch_trainer(cfg: TrainConfig, python: Path | None = None) -> int:
     link_dir = trainer_pythonpath(
         Path(schemas.__file__).resolve().parent.parent, out / ".trainer-pythonpath"
     )
+    env = trainer_environment(link_dir)
+    if admin_token:  # by environment: the config file is written to disk
+        env["ROLLOUT_ADMIN_TOKEN"] = admin_token
     proc = subprocess.run(
         [str(interpreter), "-m", "trainer", str(config_path)],
-        env=trainer_environment(link_dir),
+        env=env,
         stdin=subprocess.DEVNULL,
     )
     return proc.returncode
@@ -42,10 +47,17 @@ def launch_trainer(cfg: TrainConfig, python: Path | None = None) -> int:
 def train_cmd(
     tasks: Annotated[Path, typer.Argument(help="training tasks (JSONL)")],
     init_policy: Annotated[Path, typer.Option(help="model dir of the starting policy")],
+    gateway: Annotated[
+        str | None,
+        typer.Option(help="Gateway control URL: new policies go through its POST /policy"),
+    ] = None,
+    admin_token: Annotated[
+        str | None, typer.Option(envvar="ROLLOUT_ADMIN_TOKEN", help="the Gateway's admin token")
+    ] = None,
     engine: Annotated[
-        list[str],
-        typer.Option(help="vLLM URL that loads each new policy (repeat; dev mode on)"),
-    ],
+        list[str] | None,
+        typer.Option(help="without --gateway: vLLM URL the trainer loads policies into"),
+    ] = None,
     out: Annotated[Path, typer.Option(help="policies/, samples/, metrics.jsonl, curve")] = Path(
         "./data/train"
     ),
@@ -59,7 +71,7 @@ def train_cmd(
     max_staleness: Annotated[int, typer.Option(min=0)] = 1,
     overlap: Annotated[
         bool, typer.Option(help="one-step off-policy: next rollouts run while a step trains")
-    ] = False,
+    ] = True,
     seed: int = 0,
 ) -> None:
     """Train the policy with GRPO on rollouts from the service (resumes a previous --out)."""
@@ -72,7 +84,8 @@ def train_cmd(
         init_policy=str(init_policy.resolve()),
         temporal=temporal,
         task_queue=task_queue,
-        engines=list(engine),
+        gateway=gateway,
+        engines=list(engine or []),
         steps=steps,
         group_size=group_size,
         heldout=str(heldout.resolve()) if heldout else None,
@@ -82,7 +95,9 @@ def train_cmd(
         overlap=overlap,
         seed=seed,
     )
-    code = launch_trainer(cfg)
+    if gateway is None and not engine:
+        raise typer.BadParameter("give --gateway (its control URL) or --engine")
+    code = launch_trainer(cfg, admin_token=admin_token)
     raise typer.Exit(code=code)
 
 
