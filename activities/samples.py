@@ -41,9 +41,9 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
             continue
         seg_calls = [calls[c] for c in seg.call_ids if c in calls]
         # each call's version and where its tokens start: a rollout may span an update
-        sampled = [
-            (c, at) for c, at in zip(seg.call_ids, seg.call_starts, strict=True) if c in calls
-        ]
+        # (a segment without call_starts, from an older gateway, has one version)
+        starts = seg.call_starts if len(seg.call_starts) == len(seg.call_ids) else []
+        sampled = [(c, at) for c, at in zip(seg.call_ids, starts, strict=False) if c in calls]
         status = sample_status(
             outcome.status,
             calls_complete=len(seg_calls) == len(seg.call_ids),

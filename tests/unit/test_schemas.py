@@ -148,3 +148,30 @@ def test_step_metrics_without_scored_rollouts_read_back() -> None:
     assert StepMetrics.model_validate_json(line).reward_mean is None
     final = FinalEval(policy="run-v1", heldout_reward=None, heldout_rollouts=4)
     assert FinalEval.model_validate_json(final.model_dump_json()).heldout_reward is None
+
+
+def test_version_1_files_read_as_one_call_per_row(tmp_path) -> None:
+    """A samples file written before per-call versions (schema v1: no call columns)
+    still reads, each row as one call of its `policy_version` from the first token;
+    a directory mixing v1 and v2 files reads as one table."""
+    table = rows_to_table([make_row()]).drop_columns(["call_policy_versions", "call_starts"])
+    table = table.set_column(
+        table.schema.get_field_index("schema_version"),
+        "schema_version",
+        pa.array([1], pa.int32()),
+    ).replace_schema_metadata({b"agentic_rollout.schema_version": b"1"})
+    pq.write_table(table, tmp_path / "old.parquet")
+    [old] = table_to_rows(read_samples(tmp_path / "old.parquet"))
+    assert (old.call_policy_versions, old.call_starts, old.schema_version) == (["p1"], [0], 1)
+    write_samples(
+        [make_row(call_policy_versions=["p1", "p2"], call_starts=[0, 2])], tmp_path / "new.parquet"
+    )
+    both = read_samples(tmp_path)
+    assert sorted(both.column("call_policy_versions").to_pylist()) == [["p1"], ["p1", "p2"]]
+
+
+def test_call_starts_must_align_and_ascend() -> None:
+    with pytest.raises(ValidationError, match="align with call_policy_versions"):
+        make_row(call_policy_versions=["p1", "p2"], call_starts=[0])
+    with pytest.raises(ValidationError, match="ascending"):
+        make_row(call_policy_versions=["p1", "p2"], call_starts=[2, 0])

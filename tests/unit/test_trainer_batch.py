@@ -139,3 +139,22 @@ def test_rows_without_trainable_tokens_are_not_trained() -> None:
     batch = prepare_batch(rows, current_version=3, max_staleness=1, eps=0.0)
     assert {r.rollout_id: r.trained for r in batch.rows} == {"a": False, "b": True}
     assert advantages(batch)[("b", "s0")] == -1.0
+
+
+def test_staleness_is_per_call_in_a_row_that_spans_an_update() -> None:
+    """Trainer at v3, max_staleness 1: a row whose first call was sampled by v1 (lag 2)
+    and second by v3 keeps the v3 call's tokens in the loss and masks the v1 call's; a
+    row sampled only by v1 is stale and dropped. Every call's lag is reported."""
+    spanning = row("a", 1.0, mask=[1, 1, 0, 1, 1]) | {
+        "policy_version": "v1",
+        "call_policy_versions": ["v1", "v3"],
+        "call_starts": [0, 3],
+    }
+    old = row("b", 0.0, version="v1")
+    batch = prepare_batch([spanning, old], current_version=3, max_staleness=1, eps=0.0)
+    [kept] = batch.rows
+    assert kept.rollout_id == "a" and kept.trained
+    assert kept.loss_mask == [0, 0, 0, 1, 1]
+    assert kept.token_versions == ["v1", "v1", "v1", "v3", "v3"]
+    assert kept.staleness == 0
+    assert (batch.stale, batch.stale_calls, sorted(batch.staleness)) == (1, 1, [0, 2, 2])

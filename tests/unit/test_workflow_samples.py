@@ -175,3 +175,15 @@ def test_summary_counts_tokens_and_statuses() -> None:
     assert summary.num_samples == 2 and summary.num_calls == 2 and summary.failed_calls == 1
     assert summary.trainable_tokens == 4
     assert summary.statuses == {"ok": 1, "infra_error": 1}
+
+
+def test_a_segment_spanning_a_policy_update_carries_each_calls_version() -> None:
+    """Call c1 was sampled by pol-3, then the gateway loaded pol-4 and c2 (same
+    conversation) was sampled by it: the row keeps both, with where c2's tokens start,
+    so a trainer can tell each token's version."""
+    second = call("c2", "g1").model_copy(update={"policy_version": "pol-4"})
+    seg = segment("g1", ["c1", "c2"]).model_copy(update={"call_starts": [0, 3]})
+    [row] = build_rows(trajectory([call("c1", "g1"), second], [seg]), request())
+    assert row.policy_version == "pol-3"
+    assert (row.call_policy_versions, row.call_starts) == (["pol-3", "pol-4"], [0, 3])
+    assert row.token_policy_versions() == ["pol-3"] * 3 + ["pol-4"] * 2
