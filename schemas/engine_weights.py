@@ -12,8 +12,14 @@ place from a checkpoint directory), `/reset_prefix_cache`, `/update_weight_versi
 `/weight_info`. Sleep/wake are no-ops on the CPU worker (it logs "not supported"), and
 the NCCL/IPC weight-transfer engines need a GPU, so in-place reload from disk is the
 path here; restarting the engine is the fallback (`devstack.vllm_server`).
+
+A reload that fails inside vLLM 0.32 kills its engine core (EngineDeadError: every later
+request fails), so a checkpoint is checked against the model the engine serves — tensor
+names and shapes, read from the safetensors headers — before the engine is touched.
 """
 
+import json
+import struct
 import time
 from pathlib import Path
 from typing import Literal, Protocol
@@ -61,6 +67,42 @@ def check_checkpoint(path: str) -> None:
         raise WeightLoadError(f"{path}: no *.safetensors weights")
 
 
+def tensor_shapes(model_dir: str | Path) -> dict[str, list[int]]:
+    """Name → shape of every tensor in a directory's `*.safetensors` (headers only)."""
+    shapes: dict[str, list[int]] = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(path, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            if size > 100 * 2**20:
+                raise WeightLoadError(f"{path}: safetensors header of {size} bytes")
+            try:
+                header = json.loads(fh.read(size))
+            except ValueError as exc:
+                raise WeightLoadError(f"{path}: unreadable safetensors header") from exc
+        for name, entry in header.items():
+            if name != "__metadata__":
+                shapes[name] = list(entry["shape"])
+    return shapes
+
+
+def check_compatible(checkpoint: str | Path, served: str | Path) -> None:
+    """Refuse a checkpoint the served model cannot take: a tensor of the served model
+    missing, or one with another shape. Extra tensors pass (a trainer may store a tied
+    head explicitly)."""
+    new, old = tensor_shapes(checkpoint), tensor_shapes(served)
+    missing = sorted(set(old) - set(new))
+    wrong = [
+        f"{n} {new[n]} (serves {old[n]})" for n in sorted(old) if n in new and new[n] != old[n]
+    ]
+    problems = ([f"missing {', '.join(missing[:5])}"] if missing else []) + (
+        [f"shape of {', '.join(wrong[:5])}"] if wrong else []
+    )
+    if problems:
+        raise WeightLoadError(
+            f"{checkpoint} does not fit the served model {served}: " + "; ".join(problems)
+        )
+
+
 class VllmWeightLoader:
     """In-place reload through vLLM's dev endpoints (server started with
     `VLLM_SERVER_DEV_MODE=1`); the engine always resumes, also when loading fails."""
@@ -89,10 +131,25 @@ class VllmWeightLoader:
                 return None
             return reply.json().get("weight_version")
 
+    async def served_model_dir(self, client: httpx.AsyncClient) -> Path | None:
+        """The directory the engine was started from (`root` in /v1/models), when this
+        host can read it; None for a remote engine."""
+        reply = await client.get(f"{self.base_url}/v1/models")
+        if reply.status_code != 200:
+            raise WeightLoadError(f"{self.base_url}/v1/models: {reply.status_code}")
+        for card in reply.json().get("data", []):
+            root = card.get("root") if isinstance(card, dict) else None
+            if isinstance(root, str) and any(Path(root).glob("*.safetensors")):
+                return Path(root)
+        return None
+
     async def load(self, update: WeightUpdate) -> WeightUpdateReport:
         check_checkpoint(update.checkpoint)
         started = time.monotonic()
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            served = await self.served_model_dir(client)
+            if served is not None:
+                check_compatible(update.checkpoint, served)
             await self._post(client, "/pause", params={"mode": self.pause_mode})
             paused = time.monotonic()
             try:
