@@ -1,6 +1,6 @@
 """What a new policy costs the engine: in-place reload vs restarting vLLM.
 
-    python bench/weight_update.py --reloads 5
+    python bench/weight_update.py --reloads 5 [--no-restart]
 
 Starts vLLM CPU (float32, dev endpoints on, `--enforce-eager`) on the tiny model, then
 loads a checkpoint into it `--reloads` times through `schemas.engine_weights`
@@ -9,6 +9,11 @@ pause / load / total per reload; then restarts the server on the same checkpoint
 fallback when in-place loading is unavailable) and reports stop and start-to-healthy
 times. A request in flight during a reload is timed too: with `pause mode=wait` it
 finishes on the old weights, and a request sent during the pause waits, it is not failed.
+
+Then the same through the Gateway (`POST /policy`, in this process, in front of the same
+server), alternating with direct reloads so both see the same load: per update the
+gateway's drain (a 256-token agent call in flight), load and total, how long that call
+took, and how long an agent call sent during the update waited and took in all.
 """
 
 import argparse
@@ -25,9 +30,14 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from devstack.background_server import BackgroundServer  # noqa: E402
 from devstack.tiny_model import ensure_tiny_model  # noqa: E402
 from devstack.vllm_server import VllmServer, VllmServerConfig  # noqa: E402
+from gateway.app import GatewayApp  # noqa: E402
+from gateway.core import Gateway  # noqa: E402
 from schemas.engine_weights import VllmWeightLoader, WeightUpdate  # noqa: E402
+from schemas.policy import PolicyUpdateRecord  # noqa: E402
+from workers.gateway_server import GatewaySettings, build_gateway  # noqa: E402
 
 
 async def completion(url: str, model: str, max_tokens: int) -> float:
@@ -59,9 +69,95 @@ async def reloads(server: VllmServer, checkpoint: Path, n: int) -> list[dict[str
     return rows
 
 
+async def agent_call(base: str, token: str, max_tokens: int) -> float:
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=600) as client:
+        reply = await client.post(
+            f"{base}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {token}"},
+            json={
+                "model": "tiny-qwen3",
+                "messages": [{"role": "user", "content": "write"}],
+                "max_tokens": max_tokens,
+            },
+        )
+        reply.raise_for_status()
+    return time.monotonic() - started
+
+
+async def until(condition: object, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.005)
+
+
+async def gateway_update(
+    gateway: Gateway, agent_url: str, control_url: str, checkpoint: Path, version: str
+) -> dict[str, float]:
+    """One `POST /policy` with an agent call in flight and one sent during the update."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        session = await client.post(f"{control_url}/sessions", json={"rollout_id": version})
+        token = session.json()["token"]
+        in_flight = asyncio.ensure_future(agent_call(agent_url, token, 256))
+        await until(lambda: gateway.policy.inflight >= 1)
+        update = asyncio.ensure_future(
+            client.post(
+                f"{control_url}/policy",
+                json={"policy_version": version, "checkpoint": str(checkpoint)},
+            )
+        )
+        await until(lambda: gateway.policy.closed)
+        sent = time.monotonic()
+        held = asyncio.ensure_future(agent_call(agent_url, token, 4))
+        reply = await update
+        reply.raise_for_status()
+        waited = time.monotonic() - sent
+        record = PolicyUpdateRecord.model_validate_json(reply.content)
+        return {
+            "drain_s": record.drain_s,
+            "load_s": record.load_s,
+            "total_s": record.total_s,
+            "in_flight_s": await in_flight,
+            "held_wait_s": waited,
+            "held_call_s": await held,
+        }
+
+
+async def alternate(
+    server: VllmServer, gateway: Gateway, agent_url: str, control_url: str, ckpt: Path, n: int
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    direct, through = [], []
+    for i in range(n):
+        direct.extend(await reloads(server, ckpt, 1))
+        through.append(await gateway_update(gateway, agent_url, control_url, ckpt, f"g{i}"))
+    return direct, through
+
+
+def start_gateway(
+    server: VllmServer, model_dir: Path, data_dir: Path
+) -> tuple[Gateway, BackgroundServer, str]:
+    settings = GatewaySettings(
+        engine_urls=[server.url],
+        model=server.model,
+        tokenizer=model_dir,
+        data_dir=data_dir,
+        insecure_dev=True,
+    )
+    gateway = build_gateway(settings)
+    app = GatewayApp(gateway, None)
+    background = BackgroundServer(app.build("agent"))
+    control_url = background.add(app.build("control"))
+    background.start()
+    gateway.options.public_url = background.url
+    return gateway, background, control_url
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reloads", type=int, default=5)
+    parser.add_argument("--no-restart", action="store_true", help="skip the restart fallback")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-weights-"))
     checkpoint = work / "ckpt"
@@ -88,6 +184,35 @@ def main() -> None:
                 f"| {r['in_flight_s']:.3f} |"
             )
         print(f"median total: {statistics.median(r['total_s'] for r in rows):.3f}s")
+        gateway, background, control_url = start_gateway(server, ensure_tiny_model(), work / "gw")
+        try:
+            direct, through = asyncio.run(
+                alternate(server, gateway, background.url, control_url, checkpoint, args.reloads)
+            )
+        finally:
+            background.stop()
+        print("\nalternating, same server: direct reload vs POST /policy through the Gateway")
+        print(
+            "| # | direct total s | direct in-flight s | gw drain s | gw load s | gw total s "
+            "| gw in-flight s | held call waited s | held call total s |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for i, (d, g) in enumerate(zip(direct, through, strict=True)):
+            print(
+                f"| {i} | {d['total_s']:.3f} | {d['in_flight_s']:.3f} | {g['drain_s']:.3f} "
+                f"| {g['load_s']:.3f} | {g['total_s']:.3f} | {g['in_flight_s']:.3f} "
+                f"| {g['held_wait_s']:.3f} | {g['held_call_s']:.3f} |"
+            )
+        med = statistics.median
+        print(
+            f"median: direct total {med(d['total_s'] for d in direct):.3f}s, gateway total "
+            f"{med(g['total_s'] for g in through):.3f}s (drain "
+            f"{med(g['drain_s'] for g in through):.3f}s, load "
+            f"{med(g['load_s'] for g in through):.3f}s); ratio of load parts "
+            f"{med(g['load_s'] for g in through) / med(d['load_s'] for d in direct):.2f}"
+        )
+        if args.no_restart:
+            return
         t0 = time.monotonic()
         server.stop()
         stop_s = time.monotonic() - t0

@@ -25,6 +25,7 @@ from devstack.temporal_dev_server import TemporalDevServer
 from devstack.vllm_server import VllmServer, VllmServerConfig
 from examples.make_tasks import task as make_task
 from schemas.engine_weights import VllmWeightLoader, WeightLoadError, WeightUpdate
+from schemas.samples import read_samples
 from schemas.training import FinalEval, StepMetrics
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.trainer import TrainerPython
@@ -130,7 +131,8 @@ def train_argv(stack: TrainStack, out: Path, steps: int, *extra: str) -> list[st
         f"--out={out}",
         f"--temporal={stack.temporal.address}",
         f"--task-queue={QUEUE}",
-        f"--engine={stack.engine.url}",
+        f"--gateway={stack.gateway.control_url}",
+        f"--admin-token={stack.gateway.admin_token}",
         f"--heldout={stack.heldout}",
         f"--steps={steps}",
         "--group-size=2",
@@ -227,8 +229,10 @@ def test_one_step_writes_a_policy_the_engine_serves(
 def test_rerun_after_a_kill_resumes_from_the_last_complete_policy(
     stack: TrainStack, tmp_path: Path
 ) -> None:
-    """SIGKILL the trainer right after step 1 completed (step 2 is starting); a rerun
-    says it resumed at v1, runs only step 2, and the metrics hold steps 1 and 2 once."""
+    """SIGKILL the trainer right after step 1 completed (step 2 is starting, its
+    rollouts already running under v0: overlap is the default); a rerun says it resumed
+    at v1 (already served: the Gateway's policy is v1), runs only step 2, and the
+    metrics hold steps 1 and 2 once."""
     out = tmp_path / "run"
     proc = subprocess.Popen(
         train_argv(stack, out, steps=2),
@@ -264,13 +268,14 @@ def test_rerun_after_a_kill_resumes_from_the_last_complete_policy(
 def test_one_step_off_policy_overlaps_rollouts_with_training(
     stack: TrainStack, tmp_path: Path
 ) -> None:
-    """With --overlap, step 2's rollouts are submitted under v0 before step 1 trains and
-    run while it trains and loads v1: step 2 is trained (by v1 weights) on samples one
-    version old, kept by max_staleness 1, and the overlap is reported. Step 1 is
-    on-policy and agrees exactly; step 2's tokens each agree with v0 or v1, whichever
-    sampled them."""
+    """Overlap (the default): step 2's rollouts are submitted under v0 before step 1
+    trains and run while it trains and the Gateway loads v1 (their calls wait during
+    the update): step 2 is trained (by v1 weights) on calls sampled by v0 or v1, each
+    recorded with its version, kept by max_staleness 1, and the overlap is reported.
+    Step 1 is on-policy and agrees exactly; step 2's tokens each agree with the version
+    their call recorded."""
     out = tmp_path / "run"
-    output = run_train(stack, out, 2, "--overlap")
+    output = run_train(stack, out, 2)
     assert [(m["step"], m["policy"]) for m in step_lines(output)] == [("1", "v1"), ("2", "v2")]
     first, second = (StepMetrics.model_validate_json(ln) for ln in (out / "metrics.jsonl").open())
     run = run_id(out)
@@ -281,6 +286,16 @@ def test_one_step_off_policy_overlaps_rollouts_with_training(
     assert second.rows_trained > 0
     assert second.agree_mean < 0.01 and second.agree_max < 0.01
     assert second.overlap_s == 0.0  # the last step has no next rollouts
+    assert 0 < first.overlap_fraction <= 1
+    versions = read_samples(out / "samples" / "step-0002").column("call_policy_versions")
+    assert {v for calls in versions.to_pylist() for v in calls} <= {f"{run}-v0", f"{run}-v1"}
+    history = httpx.get(
+        f"{stack.gateway.control_url}/policy", headers=stack.gateway.admin_headers
+    ).json()["history"]
+    assert [h["policy_version"] for h in history if h["status"] == "ok"][-2:] == [
+        f"{run}-v1",
+        f"{run}-v2",
+    ]
 
 
 PERTURBED = """
