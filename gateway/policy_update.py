@@ -48,6 +48,8 @@ from schemas.policy import (
 log = logging.getLogger("rollout.gateway")
 
 HISTORY_FILE = "policy_history.jsonl"
+PEER_LEASE_MARGIN_S = 900.0
+"""How long past the drain a paused peer waits for the coordinator's resume (the loads)."""
 
 
 class PolicyGate:
@@ -222,7 +224,11 @@ class PolicyUpdater:
         drained = 0
         try:
             for peer in self.peers:
-                pause = PeerPause(update_id=update_id, drain_timeout_s=update.drain_timeout_s)
+                pause = PeerPause(
+                    update_id=update_id,
+                    drain_timeout_s=update.drain_timeout_s,
+                    lease_s=update.drain_timeout_s + PEER_LEASE_MARGIN_S,
+                )
                 reply = await self._peer(peer, "pause", pause)
                 paused.append(peer)
                 drained += PeerPaused.model_validate_json(reply.content).drained_calls
@@ -337,8 +343,13 @@ class PolicyUpdater:
         return PeerPaused(drained_calls=drained, drain_s=round(seconds, 4))
 
     async def _lease(self, update_id: str, lease_s: float) -> None:
+        """Resume by itself when the coordinator never did (it died, or its resume was
+        lost), on the version the shared history names as last applied."""
         await asyncio.sleep(lease_s)
         log.error("policy update %s: no resume within %gs; resuming", update_id, lease_s)
+        last = self._last_applied()
+        if last is not None:
+            self.gate.version, self.checkpoint = last.policy_version, last.checkpoint
         self._peer_hold = None
         self.gate.open()
 

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from devstack.background_server import BackgroundServer
 from gateway.errors import GatewayError
 from gateway.policy_update import PolicyGate, PolicyUpdater
-from schemas.policy import PolicyUpdate
+from schemas.policy import PeerPause, PeerResume, PolicyUpdate
 
 
 @dataclass
@@ -146,3 +146,31 @@ def test_the_gate_holds_new_calls_until_running_ones_have_drained() -> None:
         "drained 1",
         "held call on v2",
     ]
+
+
+def test_a_peer_whose_coordinator_never_resumes_it_resumes_by_itself(tmp_path: Path) -> None:
+    """A process paused for another process's update refuses a second pause (409, no
+    deadlock between two coordinators) and, when no resume comes within its lease,
+    opens its gate again on the version the shared history names."""
+
+    async def run() -> None:
+        updater = PolicyUpdater(PolicyGate("v1"), [], tmp_path)
+        paused = await updater.pause_for_peer(PeerPause(update_id="u1", lease_s=0.05))
+        assert paused.drained_calls == 0
+        assert updater.gate.closed and updater.state().updating
+        with pytest.raises(GatewayError, match="already in a policy update") as second:
+            await updater.pause_for_peer(PeerPause(update_id="u2"))
+        assert second.value.status == 409
+        with pytest.raises(GatewayError, match="not paused for update u2"):
+            updater.resume_for_peer(PeerResume(update_id="u2", policy_version="v2"))
+        for _ in range(500):
+            if not updater.gate.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert (updater.gate.closed, updater.gate.version, updater.state().updating) == (
+            False,
+            "v1",
+            False,
+        )
+
+    asyncio.run(run())
