@@ -122,6 +122,9 @@ async def gateway_update(
             "in_flight_s": await in_flight,
             "held_wait_s": waited,
             "held_call_s": await held,
+            "engine_pause_s": record.engines[0].pause_s,
+            "engine_load_s": record.engines[0].load_s,
+            "engine_total_s": record.engines[0].total_s,
         }
 
 
@@ -193,14 +196,16 @@ def main() -> None:
             background.stop()
         print("\nalternating, same server: direct reload vs POST /policy through the Gateway")
         print(
-            "| # | direct total s | direct in-flight s | gw drain s | gw load s | gw total s "
-            "| gw in-flight s | held call waited s | held call total s |"
+            "| # | direct pause (drain) s | direct reload s | direct total s | gw drain s "
+            "| gw load s (engine: pause / reload / total) | gw total s | held call waited s "
+            "| held call total s |"
         )
         print("|---|---|---|---|---|---|---|---|---|")
         for i, (d, g) in enumerate(zip(direct, through, strict=True)):
             print(
-                f"| {i} | {d['total_s']:.3f} | {d['in_flight_s']:.3f} | {g['drain_s']:.3f} "
-                f"| {g['load_s']:.3f} | {g['total_s']:.3f} | {g['in_flight_s']:.3f} "
+                f"| {i} | {d['pause_s']:.3f} | {d['load_s']:.3f} | {d['total_s']:.3f} "
+                f"| {g['drain_s']:.3f} | {g['load_s']:.3f} ({g['engine_pause_s']:.3f} / "
+                f"{g['engine_load_s']:.3f} / {g['engine_total_s']:.3f}) | {g['total_s']:.3f} "
                 f"| {g['held_wait_s']:.3f} | {g['held_call_s']:.3f} |"
             )
         med = statistics.median
@@ -208,8 +213,9 @@ def main() -> None:
             f"median: direct total {med(d['total_s'] for d in direct):.3f}s, gateway total "
             f"{med(g['total_s'] for g in through):.3f}s (drain "
             f"{med(g['drain_s'] for g in through):.3f}s, load "
-            f"{med(g['load_s'] for g in through):.3f}s); ratio of load parts "
-            f"{med(g['load_s'] for g in through) / med(d['load_s'] for d in direct):.2f}"
+            f"{med(g['load_s'] for g in through):.3f}s, of which the engine's reload "
+            f"{med(g['engine_load_s'] for g in through):.3f}s vs direct "
+            f"{med(d['load_s'] for d in direct):.3f}s)"
         )
         if args.no_restart:
             return
