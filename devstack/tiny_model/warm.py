@@ -46,6 +46,8 @@ class WarmupRecipe(BaseModel):
     lr: float = 3e-3
     warmup_steps: int = 20
     weight_decay: float = 0.01
+    key_weight: float = 1.0
+    """Loss weight of the tokens that carry the task (answer, tool argument) vs format."""
     threads: int = 1
     """One thread: on a shared 2-core box, two OpenMP threads run ~3x slower, not faster."""
     heldout_seed: int = HELDOUT_SEED
