@@ -93,7 +93,10 @@ def _count(rng: random.Random) -> tuple[str, str]:
 def _weather(rng: random.Random) -> tuple[str, str, str, dict[str, dict[str, Any]]]:
     cities = rng.sample(CITIES, 3)
     # A string value: its digits are then the same token as in the answer (` 23` is not).
-    table = {c: {"temperature": str(rng.randint(*TEMPERATURES)), "sky": rng.choice(SKIES)} for c in cities}
+    table = {
+        c: {"temperature": str(rng.randint(*TEMPERATURES)), "sky": rng.choice(SKIES)}
+        for c in cities
+    }
     city = cities[0]
     # Quoted, the city is the same token in the prompt as in the tool call's JSON.
     prompt = f'What is the temperature in "{city}" now? Use the tool, then reply with the number.'
