@@ -141,6 +141,14 @@ def agreement(python: Path, model_dir: Path, calls: list[dict[str, Any]]) -> dic
     return {"tokens": len(diffs), "mean": statistics.fmean(diffs), "max": max(diffs)}
 
 
+def _recorded_expected_reward(model_dir: Path) -> dict[str, float] | None:
+    """What the warm-up predicted (teacher-forced, same held-out cases), to compare."""
+    path = model_dir / "warmup.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())["curve"][-1].get("heldout_expected_reward")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None, help="default: the cached warm model")
@@ -189,6 +197,7 @@ def main() -> None:
         "episodes": len(runs),
         "heldout_reward": statistics.fmean(r["reward"] for r in runs),
         "by_kind": {k: statistics.fmean(v) for k, v in sorted(by_kind.items())},
+        "warmup_expected_reward": _recorded_expected_reward(model_dir),
         "truncated_calls": sum(c["finish_reason"] == "length" for r in runs for c in r["calls"]),
         "generated_tokens": generated,
         "tokens_per_s": generated / wall,

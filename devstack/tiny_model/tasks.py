@@ -43,8 +43,13 @@ never trains on their prompts; use ``heldout_cases(HELDOUT_SEED, n <= 64)``."""
 
 WORDS = tuple(w for w in NOUNS if w.isalpha() and w.islower() and 3 <= len(w) <= 6)
 CJK_CITIES = tuple(CJK_WORDS[1:10])
-CITIES = (*CITIES_EN, *CJK_CITIES)
+CITIES = (*CITIES_EN[8:12], *CJK_CITIES[:4])
+"""Eight cities (four CJK) and ten temperatures: few enough that the warm-up can learn
+to carry each from the prompt into the call and from the tool's reply into the answer."""
+TEMPERATURES = (15, 24)
 SKIES = ("sunny", "cloudy", "rainy", "windy")
+ADD_MAX = 9
+"""Single-digit addends: 100 sums a tiny model can learn as a table and generalise from."""
 
 
 class TaskCase(BaseModel):
@@ -65,7 +70,7 @@ class TaskCase(BaseModel):
 
 
 def _add(rng: random.Random) -> tuple[str, str]:
-    a, b = rng.randint(0, 30), rng.randint(0, 30)
+    a, b = rng.randint(0, ADD_MAX), rng.randint(0, ADD_MAX)
     return f"What is {a} + {b}? Reply with the number only.", str(a + b)
 
 
@@ -88,7 +93,10 @@ def _count(rng: random.Random) -> tuple[str, str]:
 def _weather(rng: random.Random) -> tuple[str, str, str, dict[str, dict[str, Any]]]:
     cities = rng.sample(CITIES, 3)
     # A string value: its digits are then the same token as in the answer (` 23` is not).
-    table = {c: {"temperature": str(rng.randint(1, 39)), "sky": rng.choice(SKIES)} for c in cities}
+    table = {
+        c: {"temperature": str(rng.randint(*TEMPERATURES)), "sky": rng.choice(SKIES)}
+        for c in cities
+    }
     city = cities[0]
     # Quoted, the city is the same token in the prompt as in the tool call's JSON.
     prompt = f'What is the temperature in "{city}" now? Use the tool, then reply with the number.'

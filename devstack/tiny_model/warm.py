@@ -40,12 +40,14 @@ class WarmupRecipe(BaseModel):
         intermediate_size=384,
     )
     seed: int = 0
-    steps: int = 300
-    batch_short: int = 16
+    steps: int = 400
+    batch_short: int = 32
     batch_tool: int = 12
     lr: float = 3e-3
     warmup_steps: int = 20
     weight_decay: float = 0.01
+    key_weight: float = 5.0
+    """Loss weight of the tokens that carry the task (answer, tool argument) vs format."""
     threads: int = 1
     """One thread: on a shared 2-core box, two OpenMP threads run ~3x slower, not faster."""
     heldout_seed: int = HELDOUT_SEED

@@ -62,6 +62,73 @@ def test_warm_model_is_cached_by_recipe_hash(warm_dir: Path, vllm_python: Path) 
     assert curve[-1]["step"] == recipe.steps - 1 and curve[-1]["loss"] < curve[0]["loss"] / 10
 
 
+SHARED_PREFIX = """
+import json, sys
+import torch
+from pathlib import Path
+from tokenizers import Tokenizer
+from devstack.tiny_model.tasks import HELDOUT_SEED, heldout_cases
+from devstack.tiny_model.warm import WarmupRecipe
+from devstack.tiny_model import warmup
+
+torch.set_num_threads(1)
+base = Path(sys.argv[1])
+tok = Tokenizer.from_file(str(base / "tokenizer.json"))
+model, _ = warmup.build_model(base, WarmupRecipe())
+cases = [c for c in heldout_cases(HELDOUT_SEED, 16) if c.kind == "weather"]
+ids, _, attn = warmup._tensors([warmup.encode_conversation(tok, c) for c in cases], 0)
+full = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
+shared = warmup._hidden_states(model, ids, attn)
+keys = [[tok.decode([i]) for i, k in zip(e.ids, e.key) if k] for e in
+        (warmup.encode_conversation(tok, c) for c in cases)]
+print(json.dumps({"prefix": warmup._common_prefix(ids, attn), "keys": keys,
+                  "diff": (full - shared)[attn.bool()].abs().max().item()}))
+"""
+
+
+def test_shared_prefix_forward_equals_the_full_batch(vllm_python: Path) -> None:
+    """The warm-up runs the tool instructions every weather conversation starts with
+    once per batch; the rows' hidden states must be those of the full forward."""
+    cases = [c for c in heldout_cases(HELDOUT_SEED, 16) if c.kind == "weather"]
+    cmd = [str(vllm_python), "-c", SHARED_PREFIX, str(ensure_tiny_model())]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=subprocess_env())
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["prefix"] > 200 and got["diff"] < 1e-4, got
+    assert ["".join(k) for k in got["keys"]] == [c.city + c.answer for c in cases]
+
+
+EXPECTED_REWARD = """
+import json, sys
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
+from devstack.tiny_model.tasks import HELDOUT_SEED, HELDOUT_SIZE, heldout_cases
+from devstack.tiny_model.warmup import encode_conversation, expected_reward
+
+torch.set_num_threads(1)
+model_dir = sys.argv[1]
+tok = Tokenizer.from_file(model_dir + "/tokenizer.json")
+pad = json.load(open(model_dir + "/generation_config.json"))["pad_token_id"]
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+cases = heldout_cases(HELDOUT_SEED, HELDOUT_SIZE)
+print(json.dumps(expected_reward(model, [encode_conversation(tok, c) for c in cases], pad)))
+"""
+
+
+def test_warm_model_starts_in_the_middle_on_heldout_tasks(
+    warm_dir: Path, vllm_python: Path
+) -> None:
+    """Held-out expected reward at temperature 1 (the probability of sampling the
+    reference turns, from the saved weights) is in 0.2-0.6: RL has signal and room."""
+    cmd = [str(vllm_python), "-c", EXPECTED_REWARD, str(warm_dir)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=subprocess_env())
+    reward = json.loads(out.stdout.splitlines()[-1])
+    assert set(reward) == {*KINDS, "mean"}
+    assert 0.2 <= reward["mean"] <= 0.6, reward
+    recorded = json.loads((warm_dir / "warmup.json").read_text())["curve"][-1]
+    assert recorded["heldout_expected_reward"]["mean"] == pytest.approx(reward["mean"], abs=1e-3)
+
+
 def test_vllm_float32_serves_it_and_agrees_with_transformers(
     warm_dir: Path, vllm_python: Path, tmp_path: Path
 ) -> None:
