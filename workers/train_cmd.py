@@ -19,8 +19,10 @@ import schemas
 from schemas.training import TrainConfig
 
 
-def launch_trainer(cfg: TrainConfig, python: Path | None = None) -> int:
-    """Run the trainer process for `cfg` to completion; returns its exit code."""
+def trainer_process(
+    cfg: TrainConfig, python: Path | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """Write `cfg` into OUT and return the trainer's (argv, environment)."""
     from devstack.trainer_env import trainer_environment, trainer_python, trainer_pythonpath
 
     out = Path(cfg.out).resolve()
@@ -31,12 +33,14 @@ def launch_trainer(cfg: TrainConfig, python: Path | None = None) -> int:
     link_dir = trainer_pythonpath(
         Path(schemas.__file__).resolve().parent.parent, out / ".trainer-pythonpath"
     )
-    proc = subprocess.run(
-        [str(interpreter), "-m", "trainer", str(config_path)],
-        env=trainer_environment(link_dir),
-        stdin=subprocess.DEVNULL,
-    )
-    return proc.returncode
+    argv = [str(interpreter), "-m", "trainer", str(config_path)]
+    return argv, trainer_environment(link_dir)
+
+
+def launch_trainer(cfg: TrainConfig, python: Path | None = None) -> int:
+    """Run the trainer process for `cfg` to completion; returns its exit code."""
+    argv, env = trainer_process(cfg, python)
+    return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
 
 
 def train_cmd(
