@@ -332,7 +332,7 @@ def demo_cmd(
                 ensure_engine_python(console)
             code = asyncio.run(run_demo(data_dir, engine, samples_per_task, keep, console, tasks))
     except DemoSetupError as exc:
-        console.print(f"[bold red]set-up failed[/]: {exc}", soft_wrap=True)
+        console.print(f"set-up failed: {exc}", markup=False, highlight=False, soft_wrap=True)
         code = 1
     except (KeyboardInterrupt, asyncio.CancelledError):
         code = 0

@@ -45,6 +45,8 @@ def run_step(
 ) -> T:
     """Run `work` (blocking) in a thread while showing progress; returns its result or
     raises its exception. `log` may be a function when the file appears only later."""
+    from rich.text import Text
+
     result: list[T] = []
     error: list[BaseException] = []
 
@@ -62,13 +64,18 @@ def run_step(
     thread.start()
     shown = log_path()
     where = f"log: {shown}" if shown else "log: (appears once it starts)"
-    console.print(f"setup: {what} (first run only, {expect}); {where}", highlight=False)
+    console.print(
+        f"setup: {what} (first run only, {expect}); {where}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     if console.is_terminal:
         with console.status(what) as status:
             while thread.is_alive():
                 thread.join(1.0)
                 now = _last_line(log_path())
-                status.update(f"{what} … {_elapsed(time.monotonic() - started)}  {now}")
+                status.update(Text(f"{what} … {_elapsed(time.monotonic() - started)}  {now}"))
     else:
         next_line = started + every_s
         while thread.is_alive():
@@ -79,16 +86,20 @@ def run_step(
                 console.print(
                     f"setup: {what} … {_elapsed(time.monotonic() - started)}  {now}",
                     highlight=False,
+                    markup=False,
                     soft_wrap=True,
                 )
     if error:
-        console.print(f"setup: {what} FAILED after {_elapsed(time.monotonic() - started)}")
+        console.print(
+            f"setup: {what} FAILED after {_elapsed(time.monotonic() - started)}", markup=False
+        )
         raise error[0]
     final = log_path()
     console.print(
         f"setup: {what} done in {_elapsed(time.monotonic() - started)}"
         + (f" (log: {final})" if final and final != shown else ""),
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
     return result[0]
