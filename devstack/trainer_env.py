@@ -63,6 +63,15 @@ def trainer_env_dir(cache_dir: Path | None = None, base: Path | None = None) -> 
     return root / f"trainer-env-{_key(base)}"
 
 
+def trainer_env_install_log(env_dir: Path) -> Path:
+    """Where :func:`ensure_trainer_env` writes the output of its installers."""
+    return env_dir.parent / f"{env_dir.name}-install.log"
+
+
+def trainer_env_ready(env_dir: Path) -> bool:
+    return (env_dir / MARKER_NAME).exists()
+
+
 def _site_packages(python: Path) -> Path:
     out = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -104,7 +113,7 @@ def ensure_trainer_env(cache_dir: Path | None = None) -> Path:
         if marker.exists():
             return env_dir
         started = time.monotonic()
-        log = env_dir.parent / f"{env_dir.name}-install.log"
+        log = trainer_env_install_log(env_dir)
         base_python = venv_python(base)
         base_exe = subprocess.run(
             [str(base_python), "-c", "import sys; print(sys._base_executable)"],

@@ -121,6 +121,16 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def install_log_path(venv: Path) -> Path:
+    """Where :func:`ensure_vllm_venv` writes the output of its installers (beside the venv)."""
+    return venv.parent / f"{venv.name}-install.log"
+
+
+def vllm_venv_ready(cache_dir: Path | None = None) -> bool:
+    """The venv is installed and complete (a cheap check; nothing is installed)."""
+    return _read_marker(vllm_venv_dir(cache_dir)) is not None
+
+
 def _read_marker(venv: Path) -> VenvMarker | None:
     try:
         marker = VenvMarker.model_validate_json((venv / MARKER_NAME).read_text())
@@ -169,7 +179,7 @@ def ensure_vllm_venv(cache_dir: Path | None = None) -> Path:
         if _read_marker(venv):
             return venv
         (venv / MARKER_NAME).unlink(missing_ok=True)
-        log = venv.parent / f"{venv.name}-install.log"
+        log = install_log_path(venv)
         python = venv_python(venv)
         if not python.exists():
             base = getattr(sys, "_base_executable", sys.executable)

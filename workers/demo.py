@@ -24,6 +24,13 @@ import typer
 
 from devstack.ports import free_port
 from devstack.temporal_dev_server import TemporalDevServer
+from workers.demo_setup import (
+    DemoSetupError,
+    ensure_engine_python,
+    ensure_policy_model,
+    ensure_trainer_python,
+)
+from workers.demo_train import TrainDemoOptions, run_train_demo
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -38,14 +45,6 @@ DEMO_SCRIPT_RULES = [
 
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
-
-
-def vllm_available() -> bool:
-    """The vLLM CPU venv exists and is complete (we never install it from the demo)."""
-    from devstack.vllm_server import MARKER_NAME, venv_python, vllm_venv_dir
-
-    venv = vllm_venv_dir()
-    return (venv / MARKER_NAME).exists() and venv_python(venv).exists()
 
 
 class DemoStack:
@@ -77,35 +76,40 @@ class DemoStack:
         from devstack.tiny_model import ensure_tiny_model
 
         model_dir = ensure_tiny_model()
-        use_vllm = engine == "vllm" or (engine == "auto" and vllm_available())
-        if use_vllm:
-            from devstack.vllm_server import VllmServer, VllmServerConfig
-
+        if engine == "vllm":
             self.console.print("engine: [bold]vLLM CPU[/] serving the tiny random model (~30 s)…")
-            server = VllmServer(
-                VllmServerConfig(
-                    model_dir=model_dir,
-                    extra_args=["--enforce-eager"],
-                    log_path=self.data_dir / "vllm.log",
-                )
-            )
-            server.start()
-            self.engine_stop.append(server.stop)
+            url, model = self.start_vllm(model_dir)
             self.engine_label = "vLLM CPU (tiny random model: real sampling, random text)"
-            return server.url, server.model, model_dir
+            return url, model, model_dir
         from devstack.background_server import BackgroundServer
         from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 
-        why = "requested" if engine == "scripted" else "no vLLM CPU venv found"
         rules = [ScriptRule(when_contains=k, reply=v, repeat=True) for k, v in DEMO_SCRIPT_RULES]
         scripted = ScriptedEngine(
             model_dir / "tokenizer.json", Script(rules=rules, default_reply="I am not sure.")
         )
         server = BackgroundServer(scripted.app()).start()
         self.engine_stop.append(server.stop)
-        self.engine_label = f"SCRIPTED engine ({why}): fixed replies, real tokenizer"
+        self.engine_label = "SCRIPTED engine (requested): fixed replies, real tokenizer"
         self.console.print(f"engine: [bold yellow]{self.engine_label}[/]")
         return server.url, scripted.model, model_dir
+
+    def start_vllm(self, model_dir: Path, trainable: bool = False) -> tuple[str, str]:
+        """vLLM CPU serving `model_dir`; (URL, served model name). `trainable`: float32
+        (its log-probs then agree with a float32 trainer) and the dev endpoints that load
+        new weights in place."""
+        from devstack.vllm_server import VllmServer, VllmServerConfig
+
+        config = VllmServerConfig(
+            model_dir=model_dir, extra_args=["--enforce-eager"], log_path=self.data_dir / "vllm.log"
+        )
+        if trainable:
+            config.dtype, config.max_model_len = "float32", 4096
+            config.extra_env["VLLM_SERVER_DEV_MODE"] = "1"
+        server = VllmServer(config)
+        server.start()
+        self.engine_stop.append(server.stop)
+        return server.url, server.model
 
     def start_gateway(self, engine_url: str, model: str, tokenizer: Path) -> tuple[str, str]:
         """Both listeners on loopback; returns (control API URL, admin token)."""
@@ -254,11 +258,16 @@ async def run_demo(
         console.print("stopped: worker, gateway, engine, Temporal dev server; no sandbox left.")
 
 
+_TRAIN = TrainDemoOptions()
+
+
 def demo_cmd(
     data_dir: Annotated[Path, typer.Option(help="where Temporal DB, gateway data, samples go")] = (
         Path("./data/demo")
     ),
-    engine: Annotated[str, typer.Option(help="auto | vllm | scripted")] = "auto",
+    engine: Annotated[
+        str, typer.Option(help="vllm (set up on first use) | scripted (fixed replies, no vLLM)")
+    ] = "vllm",
     samples_per_task: Annotated[int, typer.Option(min=1)] = 2,
     keep: Annotated[
         bool | None, typer.Option("--keep/--no-keep", help="default: keep running if a TTY")
@@ -266,16 +275,65 @@ def demo_cmd(
     tasks: Annotated[
         Path | None, typer.Option(help="tasks JSONL (default: examples/tasks.jsonl)")
     ] = None,
+    train: Annotated[
+        bool, typer.Option("--train", help="a short GRPO run on the tiny task family instead")
+    ] = False,
+    model: Annotated[
+        str, typer.Option(help="--train: starting policy: warm | random | a model dir")
+    ] = "warm",
+    steps: Annotated[int, typer.Option(min=1, help="--train: GRPO steps")] = _TRAIN.steps,
+    group_size: Annotated[
+        int, typer.Option(min=2, help="--train: rollouts per task")
+    ] = _TRAIN.group_size,
+    tasks_per_step: Annotated[
+        int, typer.Option(min=1, help="--train: training tasks")
+    ] = _TRAIN.tasks_per_step,
+    heldout_tasks: Annotated[
+        int, typer.Option(min=1, max=64, help="--train: held-out tasks, run every step")
+    ] = _TRAIN.heldout_tasks,
+    lr: Annotated[float, typer.Option(help="--train: AdamW learning rate")] = _TRAIN.lr,
+    updates_per_step: Annotated[
+        int, typer.Option(min=1, help="--train: optimiser steps per step")
+    ] = _TRAIN.updates_per_step,
+    seed: Annotated[int, typer.Option(help="--train: trainer seed")] = _TRAIN.seed,
+    out: Annotated[
+        Path | None, typer.Option(help="--train: output dir (default DATA_DIR/train-<time>)")
+    ] = None,
 ) -> None:
-    """Run the example tasks end to end on an embedded local stack."""
+    """Run the example tasks end to end on an embedded local stack (--train: learn on it)."""
     from rich.console import Console
 
-    if engine not in ("auto", "vllm", "scripted"):
-        raise typer.BadParameter("engine must be auto, vllm or scripted")
+    if engine not in ("vllm", "scripted"):
+        raise typer.BadParameter("engine must be vllm or scripted")
+    if train and engine != "vllm":
+        raise typer.BadParameter("--train needs the vLLM engine")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     try:
-        code = asyncio.run(run_demo(data_dir, engine, samples_per_task, keep, console, tasks))
+        if train:
+            opts = TrainDemoOptions(
+                steps=steps,
+                group_size=group_size,
+                tasks_per_step=tasks_per_step,
+                heldout_tasks=heldout_tasks,
+                lr=lr,
+                updates_per_step=updates_per_step,
+                seed=seed,
+                out=out,
+            )
+            python = ensure_trainer_python(console)
+            policy = ensure_policy_model(model, console)
+            data_dir = data_dir.resolve()
+            data_dir.mkdir(parents=True, exist_ok=True)
+            stack = DemoStack(data_dir, console)
+            code = asyncio.run(run_train_demo(stack, data_dir, policy, python, opts, console))
+        else:
+            if engine == "vllm":
+                ensure_engine_python(console)
+            code = asyncio.run(run_demo(data_dir, engine, samples_per_task, keep, console, tasks))
+    except DemoSetupError as exc:
+        console.print(f"set-up failed: {exc}", markup=False, highlight=False, soft_wrap=True)
+        code = 1
     except (KeyboardInterrupt, asyncio.CancelledError):
         code = 0
     raise typer.Exit(code=code)

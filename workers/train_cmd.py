@@ -19,10 +19,10 @@ import schemas
 from schemas.training import TrainConfig
 
 
-def launch_trainer(
+def trainer_process(
     cfg: TrainConfig, python: Path | None = None, admin_token: str | None = None
-) -> int:
-    """Run the trainer process for `cfg` to completion; returns its exit code."""
+) -> tuple[list[str], dict[str, str]]:
+    """Write `cfg` into OUT and return the trainer's (argv, environment)."""
     from devstack.trainer_env import trainer_environment, trainer_python, trainer_pythonpath
 
     out = Path(cfg.out).resolve()
@@ -36,12 +36,15 @@ def launch_trainer(
     env = trainer_environment(link_dir)
     if admin_token:  # by environment: the config file is written to disk
         env["ROLLOUT_ADMIN_TOKEN"] = admin_token
-    proc = subprocess.run(
-        [str(interpreter), "-m", "trainer", str(config_path)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-    return proc.returncode
+    return [str(interpreter), "-m", "trainer", str(config_path)], env
+
+
+def launch_trainer(
+    cfg: TrainConfig, python: Path | None = None, admin_token: str | None = None
+) -> int:
+    """Run the trainer process for `cfg` to completion; returns its exit code."""
+    argv, env = trainer_process(cfg, python, admin_token)
+    return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
 
 
 def train_cmd(

