@@ -93,7 +93,9 @@ class Fleet:
 
 
 def worker_proc(name: str, args: list[str], work: Path, env: dict[str, str]) -> Proc:
+    """`rollout worker` for one role of one host; `env` names the Temporal frontend."""
     argv = [sys.executable, "-m", "workers.worker", f"--task-queue={QUEUE}", *args]
+    argv += [f"--temporal={env['ROLLOUT_BENCH_TEMPORAL']}"]
     argv += ["--log-level=INFO", "--graceful-shutdown-s=5"]
     return Proc(name, argv, work / f"{name}.log", env, _worker_ready)
 
@@ -101,9 +103,10 @@ def worker_proc(name: str, args: list[str], work: Path, env: dict[str, str]) -> 
 async def start_fleet(config: MultiHostConfig, work: Path) -> Fleet:
     model = ensure_tiny_model()
     admin = "multihost-" + os.urandom(8).hex()
-    env = dict(os.environ, PYTHONPATH=str(REPO), ROLLOUT_ADMIN_TOKEN=admin)
     temporal = TemporalDevServer(work / "temporal", ui=False, search_attributes=SEARCH_ATTRIBUTES)
     await temporal.start()
+    env = dict(os.environ, PYTHONPATH=str(REPO), ROLLOUT_ADMIN_TOKEN=admin)
+    env["ROLLOUT_BENCH_TEMPORAL"] = temporal.address
     fleet = Fleet(work, temporal, [], [], [], [], {}, {}, None)  # type: ignore[arg-type]
     try:
         script = work / "engine-script.json"
@@ -202,14 +205,19 @@ async def running_on(client: RolloutClient, batch_id: str, host: str) -> list[st
     return [wf.id async for wf in client.client.list_workflows(query)]
 
 
-async def rerun_after(client: RolloutClient, rid: str, killed_at: datetime) -> float | None:
-    """Seconds from the kill to this rollout's agent starting again (a run_harness task
-    scheduled after the kill, started by a live host)."""
+async def recovery(
+    client: RolloutClient, rid: str, killed_at: datetime
+) -> tuple[float | None, float | None]:
+    """Seconds from the kill to (the dead host's run of this rollout timing out, its agent
+    starting again: a run_harness task scheduled after the kill, started by a live host)."""
     history = await client.client.get_workflow_handle(rid).fetch_history()
     scheduled: set[int] = set()
+    detected = None
     for e in history.events:
         t = e.event_time.ToDatetime(tzinfo=UTC)
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT and detected is None:
+            detected = (t - killed_at).total_seconds() if t > killed_at else None
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = e.activity_task_scheduled_event_attributes
             if attrs.activity_type.name == RUN_HARNESS and t > killed_at:
                 scheduled.add(e.event_id)
@@ -217,8 +225,8 @@ async def rerun_after(client: RolloutClient, rid: str, killed_at: datetime) -> f
             e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
             and e.activity_task_started_event_attributes.scheduled_event_id in scheduled
         ):
-            return (t - killed_at).total_seconds()
-    return None
+            return detected, (t - killed_at).total_seconds()
+    return detected, None
 
 
 async def final_host(client: RolloutClient, rid: str) -> str:
@@ -277,7 +285,9 @@ async def _run(config: MultiHostConfig, fleet: Fleet) -> dict[str, Any]:
             break
     wall = time.monotonic() - t0
     all_done_after_kill = time.monotonic() - t_kill
-    recover = [await rerun_after(client, rid, killed_at) for rid in victims]
+    phases = [await recovery(client, rid, killed_at) for rid in victims]
+    detected = [d for d, _ in phases if d is not None]
+    recovered = [r for _, r in phases if r is not None]
     hosts_of_victims = [await final_host(client, rid) for rid in victims]
     spread: dict[str, int] = {}
     for rid in ids:
@@ -288,7 +298,6 @@ async def _run(config: MultiHostConfig, fleet: Fleet) -> dict[str, Any]:
     fleet.sandbox_workers[VICTIM].start()
     await asyncio.sleep(config.janitor_interval_s * 2 + 5)
     table = process_table()
-    recovered = [r for r in recover if r is not None]
     return {
         "n": len(ids),
         "completed": sum(1 for o in outcomes.values() if o.ok),
@@ -298,6 +307,8 @@ async def _run(config: MultiHostConfig, fleet: Fleet) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "killed_running": len(victims),
         "victims_rerun_elsewhere": sum(1 for h in hosts_of_victims if h != VICTIM),
+        "detect_s_p50": round(statistics.median(detected), 1) if detected else None,
+        "detect_s_max": round(max(detected), 1) if detected else None,
         "recover_s_p50": round(statistics.median(recovered), 1) if recovered else None,
         "recover_s_max": round(max(recovered), 1) if recovered else None,
         "recover_not_seen": len(victims) - len(recovered),

@@ -312,6 +312,7 @@ class Hold:
             "pss_kib": pss_kib(trees) if live >= self.max_live else 0,
             "mem_available_kib": mem_available_kib(),
             "worker_rss_kib": rss_kib(pid)[0],
+            "worker_fds": len(os.listdir(f"/proc/{pid}/fd")),
             "processes": len(trees),
         }
 
@@ -351,6 +352,7 @@ class Hold:
             ),
             "worker_rss_mib_at_peak": round(peak.get("worker_rss_kib", 0) / 1024, 1),
             "sandbox_processes_at_peak": int(peak.get("processes", 0)),
+            "worker_fds_at_peak": int(peak.get("worker_fds", 0)),
         }
 
 
