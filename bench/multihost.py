@@ -246,11 +246,13 @@ async def run(config: MultiHostConfig) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="rollout-multihost-", dir="/tmp"))
     work.chmod(0o755)  # the sandbox uid must traverse the local backends' state dirs
     print(f"work dir {work}", flush=True)
-    fleet = await start_fleet(config, work)
     try:
-        return await _run(config, fleet)
+        fleet = await start_fleet(config, work)
+        try:
+            return await _run(config, fleet)
+        finally:
+            stop_fleet(fleet)
     finally:
-        stop_fleet(fleet)
         shutil.rmtree(work, ignore_errors=True)
 
 
