@@ -16,10 +16,18 @@ session, sandbox, agent, trajectory → samples, cleanup — and reports:
 
 The agent is `true` by default (no LLM call); `--agent-calls 1` runs a one-turn
 Python agent against the Gateway instead.
+
+`--agent-sleep-s 120` makes the agent `sleep 120` instead, so the N rollouts are all
+live at once (set `--max-sandboxes` to at least N): it reports the ramp (seconds until
+all N agents are running), the worker's RSS and the memory per live sandbox (the summed
+PSS of the sandboxes' processes, and the host's MemAvailable drop, which also counts
+kernel memory and anything else on the machine), and checks that nothing is left
+afterwards (sandbox dirs, sandbox processes, open gateway sessions).
 """
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +73,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_task(agent_calls: int) -> RolloutTask:
+#: The agent of `--hold-s`: blocks (asleep, no CPU) on a FIFO in its /tmp until the bench
+#: writes a line to it.
+RELEASE_FIFO = "release"
+HOLD_COMMAND = f"mkfifo /tmp/{RELEASE_FIFO} && read -r _ < /tmp/{RELEASE_FIFO}"
+
+
+def agent_command(sleep_s: float, hold: bool) -> str:
+    if hold:
+        return HOLD_COMMAND
+    return f"sleep {sleep_s:g}" if sleep_s else "true"
+
+
+def bench_task(agent_calls: int, sleep_s: float = 0.0, hold: bool = False) -> RolloutTask:
     if agent_calls:
         data = make_task("bench", "What is 6 times 7?", "42", turns=agent_calls)
         data["hooks"] = [{"name": "metrics", "params": {"write_file": False}}]
@@ -73,11 +94,15 @@ def bench_task(agent_calls: int) -> RolloutTask:
         data = {
             "task_id": "bench",
             "prompt": "noop",
-            "harness": {"name": "command", "config": {"command": "true"}, "budget_s": 60},
+            "harness": {
+                "name": "command",
+                "config": {"command": agent_command(sleep_s, hold)},
+                "budget_s": 60 + sleep_s,
+            },
             "sandbox": {"backend": "local", "resources": {"memory_mb": 256, "pids": 64}},
             "hooks": [{"name": "metrics", "params": {"write_file": False}}],
         }
-    data["budget"] = {"host_queue_wait_s": 600}
+    data["budget"] = {"host_queue_wait_s": 1800}
     return RolloutTask.model_validate(data)
 
 
@@ -123,13 +148,24 @@ def overhead_s(events: list[Any]) -> tuple[float, int, int]:
 
 
 async def run_one(
-    client: RolloutClient, n: int, task: RolloutTask, out: str, pid: int, server_pid: int
+    client: RolloutClient,
+    n: int,
+    task: RolloutTask,
+    out: str,
+    pid: int,
+    server_pid: int,
+    hold: "Hold | None" = None,
 ) -> dict:
     peak_during = 0
     cpu0 = (cpu_s(pid), cpu_s(server_pid))
     t0 = time.monotonic()
     batch = await client.submit([task], out, samples_per_task=n, max_concurrent_starts=128)
     submitted = time.monotonic() - t0
+    watcher = (
+        asyncio.ensure_future(hold.watch(n, t0, pid, lambda: client.cancel(batch)))
+        if hold
+        else None
+    )
     done = failed = 0
     async for outcome in client.results(batch, poll_s=0.5):
         done += 1
@@ -138,6 +174,10 @@ async def run_one(
         if failed and failed < 4:
             print(f"  failed: {outcome.rollout_id}: {outcome.error}", flush=True)
     wall = time.monotonic() - t0
+    if watcher is not None:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
     worker_cpu, server_cpu = cpu_s(pid) - cpu0[0], cpu_s(server_pid) - cpu0[1]
     sample = batch.rollout_ids if n <= 200 else batch.rollout_ids[:: max(1, n // 200)]
     overheads, acts, evs = [], [], []
@@ -148,7 +188,8 @@ async def run_one(
         acts.append(a)
         evs.append(e)
     overheads.sort()
-    return {
+    held = hold.report(n) if hold else {}
+    return held | {
         "n": n,
         "failed": failed,
         "wall_s": round(wall, 1),
@@ -163,6 +204,166 @@ async def run_one(
         "events_per_rollout": round(statistics.fmean(evs), 1),
         "worker_rss_mib_max_seen": round(peak_during / 1024, 1),
         "worker_rss_mib_peak": round(rss_kib(pid)[1] / 1024, 1),
+    }
+
+
+def mem_available_kib() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1])
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def process_table() -> dict[int, tuple[int, bytes]]:
+    """pid → (parent pid, command line) of every live process."""
+    table: dict[int, tuple[int, bytes]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                table[int(name)] = (ppid, f.read())
+    return table
+
+
+def sandbox_trees(table: dict[int, tuple[int, bytes]], state_dir: Path) -> set[int]:
+    """Every process of the local sandboxes under `state_dir`: the bwrap processes (their
+    command line names the state dir) and all their descendants."""
+    needle = str(state_dir).encode()
+    roots = {
+        p
+        for p, (_, cmd) in table.items()
+        if os.path.basename(cmd.split(b"\0", 1)[0]) == b"bwrap" and needle in cmd
+    }
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(p)
+    found, todo = set(), list(roots)
+    while todo:
+        p = todo.pop()
+        if p not in found:
+            found.add(p)
+            todo += children.get(p, [])
+    return found
+
+
+def pss_kib(pids: set[int]) -> int:
+    total = 0
+    for p in pids:
+        with (
+            contextlib.suppress(OSError, IndexError, ValueError),
+            open(f"/proc/{p}/smaps_rollup") as f,
+        ):
+            for line in f:
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+                    break
+    return total
+
+
+def release_all(state_dir: Path) -> int:
+    """Write a line to every waiting agent's FIFO (its /tmp is a dir of the sandbox's
+    state on the host); returns how many were released."""
+    released = 0
+    for fifo in state_dir.glob(f"lsb-*/*/tmp/{RELEASE_FIFO}"):
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no reader (yet, or any more)
+            continue
+        with contextlib.suppress(OSError):
+            os.write(fd, b"go\n")
+            released += 1
+        os.close(fd)
+    return released
+
+
+class Hold:
+    """While a batch of sleeping agents runs: how fast all N become live, and what a
+    live sandbox costs. An agent is live when its `sleep` runs in a sandbox of ours."""
+
+    def __init__(
+        self,
+        sleep_s: float,
+        state_dir: Path,
+        min_available_mib: int,
+        hold_s: float | None = None,
+    ) -> None:
+        self.min_available_kib = min_available_mib * 1024
+        self.aborted = False
+        self.hold_s = hold_s
+        self.released_at: float | None = None
+        self.marker = (
+            f"/bin/sh\0-c\0{HOLD_COMMAND}\0" if hold_s is not None else f"sleep\0{sleep_s:g}\0"
+        ).encode()
+        self.state_dir = state_dir
+        self.mem_before = mem_available_kib()
+        self.ramp_s: float | None = None
+        self.max_live = 0
+        self.at_peak: dict[str, float] = {}
+
+    def _sample(self, pid: int) -> tuple[int, dict[str, float]]:
+        table = process_table()
+        trees = sandbox_trees(table, self.state_dir)
+        live = sum(1 for p in trees if table[p][1] == self.marker)
+        return live, {
+            "pss_kib": pss_kib(trees) if live >= self.max_live else 0,
+            "mem_available_kib": mem_available_kib(),
+            "worker_rss_kib": rss_kib(pid)[0],
+            "worker_fds": len(os.listdir(f"/proc/{pid}/fd")),
+            "processes": len(trees),
+        }
+
+    async def watch(
+        self, n: int, t0: float, pid: int, cancel: "Callable[[], Awaitable[int]]"
+    ) -> None:
+        while True:
+            live, sample = await asyncio.to_thread(self._sample, pid)
+            if sample["mem_available_kib"] < self.min_available_kib and not self.aborted:
+                # the machine is shared: give the memory back before the OOM killer acts
+                self.aborted = True
+                print(f"MemAvailable below the floor at {live} live: cancelling", flush=True)
+                await cancel()
+            if live > self.max_live:
+                self.max_live, self.at_peak = live, sample
+            if live >= n and self.ramp_s is None:
+                self.ramp_s = time.monotonic() - t0
+            due = self.ramp_s is not None and time.monotonic() - t0 >= self.ramp_s + (
+                self.hold_s or 0
+            )
+            if self.hold_s is not None and (due or self.aborted):
+                self.released_at = self.released_at or time.monotonic()
+                await asyncio.to_thread(release_all, self.state_dir)
+            await asyncio.sleep(1.0)
+
+    def report(self, n: int) -> dict:
+        live = max(self.max_live, 1)
+        peak = self.at_peak
+        return {
+            "live_max": self.max_live,
+            "aborted_low_memory": self.aborted,
+            "ramp_s": round(self.ramp_s, 1) if self.ramp_s is not None else None,
+            "sandbox_pss_mib_each": round(peak.get("pss_kib", 0) / live / 1024, 2),
+            "mem_available_drop_mib_each": round(
+                (self.mem_before - peak.get("mem_available_kib", self.mem_before)) / live / 1024,
+                2,
+            ),
+            "worker_rss_mib_at_peak": round(peak.get("worker_rss_kib", 0) / 1024, 1),
+            "sandbox_processes_at_peak": int(peak.get("processes", 0)),
+            "worker_fds_at_peak": int(peak.get("worker_fds", 0)),
+        }
+
+
+def leftovers(state_dir: Path, gateway_dir: Path) -> dict:
+    """What a finished batch must not leave behind."""
+    from bench.chaos import open_sessions
+
+    return {
+        "sandbox_dirs_left": len(list(state_dir.glob("lsb-*"))),
+        "sandbox_processes_left": len(sandbox_trees(process_table(), state_dir)),
+        "sessions_open": len(open_sessions(gateway_dir, "")),
     }
 
 
@@ -223,7 +424,7 @@ async def main(args: argparse.Namespace) -> list[dict]:
     try:
         client = await RolloutClient.connect(server.address, task_queue="bench")
         await asyncio.sleep(3)  # worker start-up
-        task = bench_task(args.agent_calls)
+        task = bench_task(args.agent_calls, args.agent_sleep_s, args.hold_s is not None)
         if args.serial:
             r = await serial(client, args.serial, task, str(work / "samples"))
             print(json.dumps(r), flush=True)
@@ -231,8 +432,18 @@ async def main(args: argparse.Namespace) -> list[dict]:
         for n in args.n:
             print(f"N={n} …", flush=True)
             assert server.proc is not None
-            r = await run_one(client, n, task, str(work / "samples"), worker.pid, server.proc.pid)
+            hold = (
+                Hold(args.agent_sleep_s, work / "sandboxes", args.min_available_mib, args.hold_s)
+                if args.agent_sleep_s
+                else None
+            )
+            r = await run_one(
+                client, n, task, str(work / "samples"), worker.pid, server.proc.pid, hold
+            )
             r["agent_calls"] = args.agent_calls
+            if hold:
+                await asyncio.sleep(2)  # the last rollouts' session close is recorded
+                r |= leftovers(work / "sandboxes", work / "gateway")
             results.append(r)
             print(json.dumps(r), flush=True)
     finally:
@@ -245,8 +456,8 @@ async def main(args: argparse.Namespace) -> list[dict]:
         gateway.server.stop()
         engine_srv.stop()
         server.stop()
-        leftovers = list((work / "sandboxes").glob("lsb-*"))
-        print(f"sandboxes left: {len(leftovers)}; work dir {work}")
+        left = leftovers(work / "sandboxes", work / "gateway")
+        print(f"after shutdown: {json.dumps(left)}; work dir {work}")
     return results
 
 
@@ -274,6 +485,22 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[100, 500, 1000])
     parser.add_argument("--agent-calls", type=int, default=0)
+    parser.add_argument(
+        "--agent-sleep-s", type=float, default=0.0, help="agent sleeps this long (holds N live)"
+    )
+    parser.add_argument(
+        "--hold-s",
+        type=float,
+        default=None,
+        help="agents wait on a FIFO instead of sleeping, released this long after all N "
+        "are live (--agent-sleep-s is then their budget)",
+    )
+    parser.add_argument(
+        "--min-available-mib",
+        type=int,
+        default=1536,
+        help="cancel the batch if the host's MemAvailable falls below this (shared machine)",
+    )
     parser.add_argument("--serial", type=int, default=0, help="K rollouts one at a time first")
     parser.add_argument("--max-sandboxes", type=int, default=64)
     parser.add_argument("--max-provisions", type=int, default=16)

@@ -57,6 +57,7 @@ from schemas.tasks import (
     rollout_id_for,
     seed_for,
 )
+from schemas.temporal_connection import TemporalConnectError, TemporalTLS, connect_failure
 
 log = logging.getLogger("rollout.client")
 
@@ -97,15 +98,25 @@ async def connect(
     address: str,
     namespace: str = "default",
     payload_keys: Sequence[bytes] | None = None,
+    tls: TemporalTLS | None = None,
     **kwargs: Any,
 ) -> Client:
     """A Temporal client with the converter every part of the system uses: pydantic JSON,
     encrypted with `payload_keys` (default: `ROLLOUT_PAYLOAD_KEY`, see `schemas.codec`)
-    — the workers' keys, or results cannot be read."""
+    — the workers' keys, or results cannot be read — and the TLS / API key settings
+    `tls` (default: the `TEMPORAL_TLS_*` / `TEMPORAL_API_KEY` environment)."""
     keys = load_keys() if payload_keys is None else list(payload_keys)
-    return await Client.connect(
-        address, namespace=namespace, data_converter=data_converter(keys), **kwargs
-    )
+    tls = TemporalTLS.from_env() if tls is None else tls
+    try:
+        return await Client.connect(
+            address,
+            namespace=namespace,
+            data_converter=data_converter(keys),
+            **tls.connect_kwargs(),
+            **kwargs,
+        )
+    except RuntimeError as exc:
+        raise TemporalConnectError(connect_failure(address, tls, exc)) from exc
 
 
 class Batch(BaseModel):
@@ -179,8 +190,11 @@ class RolloutClient:
         namespace: str = "default",
         task_queue: str = DEFAULT_TASK_QUEUE,
         payload_keys: Sequence[bytes] | None = None,
+        tls: TemporalTLS | None = None,
     ) -> "RolloutClient":
-        return cls(await connect(address, namespace, payload_keys), task_queue)
+        """`tls`: TLS and API key for a real cluster (default: the `TEMPORAL_TLS_*` /
+        `TEMPORAL_API_KEY` environment, as the `temporal` CLI reads it)."""
+        return cls(await connect(address, namespace, payload_keys, tls), task_queue)
 
     # ------------------------------------------------------------------ submit
     def plan(

@@ -24,6 +24,15 @@ from rich.table import Table
 from schemas.client import Batch, RolloutClient, RolloutOutcome
 from schemas.storage import is_s3
 from schemas.tasks import RolloutTask, load_tasks
+from workers.temporal_options import (
+    ApiKey,
+    TlsCa,
+    TlsCert,
+    TlsFlag,
+    TlsKey,
+    TlsServerName,
+    tls_settings,
+)
 
 
 @dataclass
@@ -159,6 +168,12 @@ def run_cmd(
     out: Annotated[str, typer.Option(help="samples dir or s3://bucket/prefix")] = "./data/samples",
     samples_per_task: Annotated[int, typer.Option(min=1, help="rollouts per task (a group)")] = 1,
     temporal: Annotated[str, typer.Option(help="Temporal frontend host:port")] = "127.0.0.1:7233",
+    temporal_tls: TlsFlag = False,
+    temporal_tls_ca: TlsCa = None,
+    temporal_tls_cert: TlsCert = None,
+    temporal_tls_key: TlsKey = None,
+    temporal_tls_server_name: TlsServerName = None,
+    temporal_api_key: ApiKey = None,
     namespace: str = "default",
     task_queue: str = "rollouts",
     batch_id: Annotated[str | None, typer.Option(help="resume/idempotent re-run")] = None,
@@ -170,13 +185,21 @@ def run_cmd(
 ) -> None:
     """Submit TASKS.jsonl, show progress, print a summary table, write samples."""
     console = Console()
+    tls = tls_settings(
+        temporal_tls,
+        temporal_tls_ca,
+        temporal_tls_cert,
+        temporal_tls_key,
+        temporal_tls_server_name,
+        temporal_api_key,
+    )
     try:
         tasks = load_tasks(tasks_file)
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
     async def main() -> BatchReport:
-        client = await RolloutClient.connect(temporal, namespace, task_queue)
+        client = await RolloutClient.connect(temporal, namespace, task_queue, tls=tls)
         bid = batch_id or client.plan(tasks, out, 1)[0].batch_id
         try:
             return await run_batch(

@@ -30,6 +30,17 @@ from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
+from schemas.temporal_connection import TemporalConnectError, TemporalTLS
+from workers.temporal_options import (
+    ApiKey,
+    TlsCa,
+    TlsCert,
+    TlsFlag,
+    TlsKey,
+    TlsServerName,
+    tls_settings,
+)
+
 log = logging.getLogger("rollout.worker")
 
 Role = Literal["orchestrator", "sandbox-host", "gateway-host", "all"]
@@ -47,6 +58,8 @@ class WorkerSettings(BaseModel):
 
     role: Role = "all"
     temporal: str = "127.0.0.1:7233"
+    #: TLS and API key for a real cluster; the default is plain TCP (the dev server).
+    temporal_tls: TemporalTLS = Field(default_factory=TemporalTLS)
     namespace: str = "default"
     task_queue: str = "rollouts"
     #: Stable per host: a restarted worker drains its host queue (destroys included).
@@ -115,7 +128,7 @@ class RolloutWorker:
                     "no payload key: session tokens are stored in plain text in Temporal "
                     "history (set --payload-key-file or ROLLOUT_PAYLOAD_KEY)"
                 )
-            self.client = await connect(s.temporal, s.namespace, keys, **kwargs)
+            self.client = await connect(s.temporal, s.namespace, keys, s.temporal_tls, **kwargs)
         if s.register_search_attributes:
             added = await ensure_search_attributes(self.client)
             if added:
@@ -253,11 +266,13 @@ class RolloutWorker:
         janitor = asyncio.ensure_future(self._janitor(client))
         self.ready.set()
         log.info(
-            "worker up: role=%s queue=%s host=%s (%d workers)",
+            "worker up: role=%s queue=%s host=%s (%d workers), Temporal %s over %s",
             self.settings.role,
             self.settings.task_queue,
             self.settings.host_id,
             len(self.workers),
+            self.settings.temporal,
+            self.settings.temporal_tls.describe(),
         )
         stopper = asyncio.ensure_future(self._stop.wait())
         try:
@@ -291,6 +306,12 @@ def worker_cmd(
         "all"
     ),
     temporal: Annotated[str, typer.Option(help="Temporal frontend host:port")] = "127.0.0.1:7233",
+    temporal_tls: TlsFlag = False,
+    temporal_tls_ca: TlsCa = None,
+    temporal_tls_cert: TlsCert = None,
+    temporal_tls_key: TlsKey = None,
+    temporal_tls_server_name: TlsServerName = None,
+    temporal_api_key: ApiKey = None,
     namespace: str = "default",
     task_queue: Annotated[str, typer.Option(help="base task queue name")] = "rollouts",
     host_id: Annotated[
@@ -340,6 +361,14 @@ def worker_cmd(
     settings = WorkerSettings(
         role=role,  # type: ignore[arg-type]
         temporal=temporal,
+        temporal_tls=tls_settings(
+            temporal_tls,
+            temporal_tls_ca,
+            temporal_tls_cert,
+            temporal_tls_key,
+            temporal_tls_server_name,
+            temporal_api_key,
+        ),
         namespace=namespace,
         task_queue=task_queue,
         host_id=host_id or default_host_id(),
@@ -362,7 +391,11 @@ def worker_cmd(
         raise typer.BadParameter(
             "--gateway (the gateway's control API URL) is required for the gateway-host / all roles"
         )
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except TemporalConnectError as exc:  # the reason, not a traceback
+        log.error("%s", exc)
+        raise typer.Exit(code=2) from exc
 
 
 if __name__ == "__main__":
