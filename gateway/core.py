@@ -34,6 +34,7 @@ from gateway.retries import Answers, is_retry, request_digest
 from gateway.revival import revive
 from gateway.scenes import classify
 from gateway.session_lifetime import Expiry, expiry
+from gateway.spans import lap
 from gateway.store import (
     CallRecord,
     CorruptRecordError,
@@ -483,15 +484,18 @@ class Gateway:
             digest=digest,
         )
         planned.check_storable()
+        lap("plan")
         try:
             completion = await self._call_engine(session, plan.prompt_ids, sampling)
         except GatewayError as err:
             await self._record_failure(session, planned, err)
             raise
+        lap("engine")
         parsed = parse_output(
             self.incremental, self.parser, call_id, plan.prompt_ids, completion.output_ids
         )
         reply = reply_message(parsed)
+        lap("output_parse")
         finish = "length" if completion.finish_reason == "length" else "stop"
         async with session.lock:
             undo = session.checkpoint(plan)
@@ -533,7 +537,9 @@ class Gateway:
             session.last_call[segment.segment_id] = call_id
             session.calls += 1
             session.answers.recorded(digest, call_id)
+        lap("record")
         await self._synced(synced)
+        lap("sync")
         self._count(request, scene, call, plan)
         return completion_of(call, parsed, request.model or self.options.model_name)
 
@@ -574,6 +580,7 @@ class Gateway:
             await self._engine_slots.acquire()
         finally:
             self._waiting -= 1
+        lap("engine_queue")
         self.metrics.engine_inflight.inc()
         try:
             return await self.engine.complete(session.meta.engine_url, prompt_ids, sampling)
