@@ -179,7 +179,7 @@ class GatewayApp:
             "/v1/responses/compact": openai_responses.parse_responses_request,
             "/v1/messages": anthropic_messages.parse_messages_request,
         }[path]
-        canonical = parse(body, dict(request.headers), path)
+        canonical = parse(body, dict(request.headers), path, session.history)
         lap("body_parse")
         return canonical, await self.gateway.complete(session, canonical, body)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.adapters.history import HistoryCache
 from gateway.canonical import CanonicalRequest, CompletionResult
 from gateway.chat_template import ChatTemplate, TemplateRenderError
 from gateway.engine_client import EngineClient
@@ -86,6 +87,8 @@ class LiveSession:
         self.calls = 0
         self.failed_calls = 0
         self.answers = Answers()
+        self.history: HistoryCache | None = HistoryCache()
+        """The request history already converted (None: convert every request in full)."""
         self.lock = asyncio.Lock()
         self.closed = False
         self.last_active = time.time()  # wall clock, like created_at and file mtimes
