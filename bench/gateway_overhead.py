@@ -1,14 +1,22 @@
 """Gateway overhead against vLLM, measured side by side in one run.
 
 (a) the same multi-turn tool conversations sent straight to vLLM's own
-`/v1/chat/completions`, and (b) through the Gateway (a separate `rollout gateway`
-process in front of the same vLLM). Prints the p50/p99 latency ratio b/a, and the
-Gateway process's CPU time per call at the first turns vs the last turns of long
-conversations: it must stay flat, because only new tokens are tokenized.
+`/v1/chat/completions`, plain and with `logprobs` on (what a peer that re-tokenizes must
+ask for to train on the samples), and (b) through the Gateway (a separate `rollout
+gateway` process in front of the same vLLM), in each protocol. Prints the p50/p99 latency
+ratios against both vLLM baselines, the Gateway process's CPU time per call at the first
+turns vs the last turns of long conversations (it must stay flat: only new content is
+parsed and tokenized), and where each millisecond of a gateway call goes: the mean of
+each per-call span from the gateway's `/metrics` (`gateway.spans`), and what is left
+outside the app (HTTP server, network, client) as client latency minus the spans' sum.
 
-Run: `python bench/gateway_overhead.py [--conversations 8] [--turns 40] [--fsync off]`.
-The tiny model never calls tools, so both paths force the reply format with vLLM
-structured outputs; each path feeds its own sampled replies back.
+With `--before TREE` the same paths also run through a gateway started from another
+source tree (e.g. `git archive <commit> | tar -x -C TREE`), each protocol's "before"
+right next to its "after", so a change is measured side by side in one run.
+
+Run: `python bench/gateway_overhead.py [--conversations 8] [--turns 40] [--fsync off]
+[--before TREE]`. The tiny model never calls tools, so every path forces the reply format
+with vLLM structured outputs; each path feeds its own sampled replies back.
 """
 
 import argparse
@@ -24,10 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.ports import free_port
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer, VllmServerConfig
+from gateway.spans import SPANS
 
 REGEX = (
     r'<think>\n[a-z]{2,6}\n</think>\n\n<tool_call>\n\{"name": "run", '
@@ -64,8 +74,9 @@ class Conversation:
 
     path = "/chat/completions"
 
-    def __init__(self, direct: bool = False) -> None:
+    def __init__(self, direct: bool = False, logprobs: bool = False) -> None:
         self.direct = direct
+        self.logprobs = logprobs
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a coding agent."},
             {"role": "user", "content": "List the files, then inspect each one."},
@@ -80,6 +91,8 @@ class Conversation:
         }
         if self.direct:  # the gateway applies the same params from its session policy
             body.update(temperature=1.0, seed=1, structured_outputs={"regex": REGEX})
+        if self.logprobs:
+            body["logprobs"] = True
         return body
 
     def absorb(self, reply: dict[str, Any], turn: int) -> None:
@@ -163,6 +176,38 @@ class MessagesConversation(Conversation):
             self.messages.append({"role": "user", "content": TOOL_OUTPUT})
 
 
+Spans = dict[str, tuple[float, float, float]]
+"""span → (count, wall seconds sum, CPU seconds sum), summed over the protocols."""
+
+
+def scrape_spans(control: str, admin: str) -> Spans:
+    """The gateway's per-call span histograms (`gateway.spans`) as they stand now."""
+    text = httpx.get(f"{control}/metrics", headers={"Authorization": f"Bearer {admin}"}).text
+    sums: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in (
+            "rollout_gateway_call_span_seconds",
+            "rollout_gateway_call_span_cpu_seconds",
+        ):
+            continue
+        cpu = family.name.endswith("_cpu_seconds")
+        for sample in family.samples:
+            entry = sums.setdefault(sample.labels["span"], [0.0, 0.0, 0.0])
+            if sample.name.endswith("_count") and not cpu:
+                entry[0] += sample.value
+            elif sample.name.endswith("_sum"):
+                entry[2 if cpu else 1] += sample.value
+    return {span: (c, w, p) for span, (c, w, p) in sums.items()}
+
+
+def span_delta(after: Spans, before: Spans) -> Spans:
+    zero = (0.0, 0.0, 0.0)
+    return {
+        span: tuple(a - b for a, b in zip(now, before.get(span, zero), strict=True))  # type: ignore[misc]
+        for span, now in after.items()
+    }
+
+
 def run_path(
     url: str,
     headers_for: list[dict[str, str]],
@@ -170,14 +215,19 @@ def run_path(
     turns: int,
     make: Callable[[], Conversation],
     pid: int | None,
-) -> tuple[list[float], list[float]]:
-    """Lockstep: turn t of every conversation, then turn t+1. Returns latencies and, per
-    turn, the gateway CPU ms per call (empty for the direct path)."""
+    scrape: Callable[[], Spans] | None = None,
+) -> tuple[list[float], list[float], list[Spans]]:
+    """Lockstep: turn t of every conversation, then turn t+1. Returns latencies, per turn
+    the gateway CPU ms per call (empty for the direct path) and, with `scrape`, the
+    gateway's spans over the whole run, turns 1-5 and the last five turns."""
     conversations = [make() for _ in headers_for]
     latencies: list[float] = []
     cpu_per_turn: list[float] = []
+    marks: dict[int, Spans] = {}
     with httpx.Client(timeout=300) as client:
         for turn in range(turns):
+            if scrape is not None and turn in (0, 5, turns - 5):
+                marks[turn] = scrape()  # outside the turn's CPU window
             before = clock_ticks(pid) if pid else 0
             for conv, headers in zip(conversations, headers_for, strict=True):
                 t0 = time.perf_counter()
@@ -188,7 +238,56 @@ def run_path(
             if pid:
                 ticks = clock_ticks(pid) - before
                 cpu_per_turn.append(1000 * ticks / os.sysconf("SC_CLK_TCK") / len(conversations))
-    return latencies, cpu_per_turn
+    spans: list[Spans] = []
+    if scrape is not None:
+        end = scrape()
+        spans = [
+            span_delta(end, marks[0]),
+            span_delta(marks[5], marks[0]),
+            span_delta(end, marks[turns - 5]),
+        ]
+    return latencies, cpu_per_turn, spans
+
+
+class RunningGateway:
+    """A `rollout gateway` process (of this tree, or of `tree`) in front of `vllm`."""
+
+    def __init__(self, vllm: VllmServer, model_dir: Path, fsync: str, tree: Path | None) -> None:
+        self.admin = secrets.token_urlsafe(16)
+        port, control_port = free_port(), free_port()
+        env = dict(os.environ, ROLLOUT_ADMIN_TOKEN=self.admin)
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
+        data_dir = tempfile.mkdtemp(prefix="gw-bench-")
+        argv = [sys.executable, "-m", "workers.cli", "gateway", "--engine", vllm.url]
+        argv += ["--model", vllm.model, "--tokenizer", str(model_dir), "--fsync", fsync]
+        argv += ["--port", str(port), "--control-port", str(control_port), "--data-dir", data_dir]
+        self.process = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=tree,
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        self.control = f"http://127.0.0.1:{control_port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{self.control}/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.stop()
+                raise SystemExit("gateway did not start")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+Row = tuple[str, list[float], list[float], list[Spans]]
+"""(path, latencies s, gateway CPU ms per call per turn, spans: whole run, early, late)."""
 
 
 def main() -> None:
@@ -198,65 +297,70 @@ def main() -> None:
     parser.add_argument(
         "--fsync", choices=["group", "off"], default="group", help="the gateway's durability"
     )
+    parser.add_argument(
+        "--before", type=Path, default=None, help="also run a gateway from this source tree"
+    )
     args = parser.parse_args()
     model_dir = ensure_tiny_model()
-    admin = secrets.token_urlsafe(16)
     with VllmServer(VllmServerConfig(model_dir=model_dir, extra_args=VLLM_ARGS)) as vllm:
-        port, control_port = free_port(), free_port()
-        data_dir = tempfile.mkdtemp(prefix="gw-bench-")
-        gateway = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "workers.cli",
-                "gateway",
-                "--engine",
-                vllm.url,
-                "--model",
-                vllm.model,
-                "--tokenizer",
-                str(model_dir),
-                "--port",
-                str(port),
-                "--control-port",
-                str(control_port),
-                "--data-dir",
-                data_dir,
-                "--fsync",
-                args.fsync,
-            ],
-            env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin),
-        )
+        after = RunningGateway(vllm, model_dir, args.fsync, None)
+        before = RunningGateway(vllm, model_dir, args.fsync, args.before) if args.before else None
         try:
-            gw = f"http://127.0.0.1:{port}"
-            control = f"http://127.0.0.1:{control_port}"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{control}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SystemExit("gateway did not start")
-                time.sleep(0.2)
-            rows = measure(gw, control, admin, vllm, args.conversations, args.turns, gateway.pid)
+            rows = measure(vllm, after, before, args.conversations, args.turns)
         finally:
-            gateway.terminate()
-            gateway.wait(timeout=30)
+            after.stop()
+            if before is not None:
+                before.stop()
+    report(rows, args.conversations, args.turns, args.fsync)
+
+
+def report(rows: list[Row], conversations: int, turns: int, fsync: str) -> None:
+    print(f"{conversations} conversations x {turns} turns per path, fsync {fsync}")
+    late = f"t{turns - 4}-{turns}"
     print(
-        f"{args.conversations} conversations x {args.turns} turns per path, fsync {args.fsync}; "
-        "ratios vs vLLM chat"
+        f"{'path':<36}{'p50 ms':>8}{'p99 ms':>8}{'p50 x chat':>11}{'x lp':>6}"
+        f"{'p99 x chat':>11}{'x lp':>6}{'CPU/call t1-5':>15}{late:>9}{'ratio':>7}"
     )
-    header = f"{'path':<28}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>7}{'p99 x':>7}"
-    print(header + f"{'CPU/call t1-5':>15}{'t' + str(args.turns - 4) + '-' + str(args.turns):>10}")
-    base50, base99 = rows[0][1], rows[0][2]
-    for name, p50, p99, cpu in rows:
-        line = f"{name:<28}{p50 * 1000:>9.1f}{p99 * 1000:>9.1f}"
-        line += f"{p50 / base50:>7.2f}{p99 / base99:>7.2f}"
+    base = [(percentile(r[1], 0.5), percentile(r[1], 0.99)) for r in rows[:2]]
+    for name, lat, cpu, _ in rows:
+        p50, p99 = percentile(lat, 0.5), percentile(lat, 0.99)
+        line = f"{name:<36}{p50 * 1000:>8.1f}{p99 * 1000:>8.1f}"
+        line += f"{p50 / base[0][0]:>11.2f}{p50 / base[1][0]:>6.2f}"
+        line += f"{p99 / base[0][1]:>11.2f}{p99 / base[1][1]:>6.2f}"
         if cpu:
-            line += f"{statistics.mean(cpu[:5]):>12.2f} ms{statistics.mean(cpu[-5:]):>7.2f} ms"
+            early_cpu, late_cpu = statistics.mean(cpu[:5]), statistics.mean(cpu[-5:])
+            line += f"{early_cpu:>12.2f} ms{late_cpu:>6.2f} ms{late_cpu / early_cpu:>7.2f}"
         print(line)
+    measured = [row for row in rows if row[3]]
+    if not measured:
+        return
+    print("\nWhere a gateway call's time goes: mean wall ms per call by span (gateway /metrics);")
+    print("'outside' = mean client latency - sum of spans (HTTP server, loopback, client).")
+    names = [s for s in SPANS if any(s in row[3][0] for row in measured)]
+    print(f"{'path':<36}" + "".join(f"{s[:12]:>13}" for s in [*names, "outside", "client"]))
+    for name, lat, _, spans in measured:
+        whole = spans[0]
+        means = [
+            1000 * whole[s][1] / whole[s][0] if s in whole and whole[s][0] else 0.0 for s in names
+        ]
+        client = 1000 * statistics.mean(lat)
+        cells = [*means, client - sum(means), client]
+        print(f"{name:<36}" + "".join(f"{v:>13.2f}" for v in cells))
+    print("\nEvent-loop CPU ms per call by span, turns 1-5 -> last 5 turns:")
+    print(f"{'path':<36}" + "".join(f"{s[:12]:>13}" for s in [*names, "sum"]))
+    for name, _, _, spans in measured:
+        cells = []
+        totals = [0.0, 0.0]
+        for s in names:
+            pair = []
+            for i, part in enumerate(spans[1:]):
+                count, _, cpu_sum = part.get(s, (0.0, 0.0, 0.0))
+                value = 1000 * cpu_sum / count if count else 0.0
+                totals[i] += value
+                pair.append(value)
+            cells.append(f"{pair[0]:.2f}>{pair[1]:.2f}")
+        cells.append(f"{totals[0]:.2f}>{totals[1]:.2f}")
+        print(f"{name:<36}" + "".join(f"{c:>13}" for c in cells))
 
 
 def new_sessions(control: str, admin: str, count: int) -> list[str]:
@@ -279,25 +383,39 @@ def new_sessions(control: str, admin: str, count: int) -> list[str]:
 
 
 def measure(
-    gw: str, control: str, admin: str, vllm: VllmServer, conversations: int, turns: int, pid: int
-) -> list[tuple[str, float, float, list[float]]]:
-    """Every path in one run: vLLM's own chat endpoint first, then each gateway protocol
-    (`gw`: the agent listener; sessions are opened on the `control` listener)."""
+    vllm: VllmServer,
+    after: RunningGateway,
+    before: RunningGateway | None,
+    conversations: int,
+    turns: int,
+) -> list[Row]:
+    """Every path in one run: vLLM's own chat endpoint (plain, then with logprobs) first,
+    then each gateway protocol, through the `before` gateway (if any) and then `after`."""
     plain: list[dict[str, str]] = [{} for _ in range(conversations)]
     direct = f"{vllm.url}/v1"
     run_path(direct, plain[:1], vllm.model, 2, lambda: Conversation(direct=True), None)
-    lat, _ = run_path(direct, plain, vllm.model, turns, lambda: Conversation(direct=True), None)
-    rows = [("vLLM /v1/chat/completions", percentile(lat, 0.5), percentile(lat, 0.99), [])]
+    rows: list[Row] = []
+    for name, logprobs in (("vLLM chat", False), ("vLLM chat + logprobs", True)):
+        make = lambda lp=logprobs: Conversation(direct=True, logprobs=lp)  # noqa: E731
+        lat, _, _ = run_path(direct, plain, vllm.model, turns, make, None)
+        rows.append((name, lat, [], []))
     paths: list[tuple[str, Callable[[], Conversation], str]] = [
-        ("gateway /v1/chat/completions", Conversation, "Authorization"),
-        ("gateway /v1/responses", ResponsesConversation, "Authorization"),
-        ("gateway /v1/messages", MessagesConversation, "x-api-key"),
+        ("chat", Conversation, "Authorization"),
+        ("responses", ResponsesConversation, "Authorization"),
+        ("messages", MessagesConversation, "x-api-key"),
     ]
-    for name, make, header in paths:
-        tokens = new_sessions(control, admin, conversations)
-        headers = [{header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens]
-        lat, cpu = run_path(f"{gw}/v1", headers, vllm.model, turns, make, pid)
-        rows.append((name, percentile(lat, 0.5), percentile(lat, 0.99), cpu))
+    gateways = [("before", before), ("gateway", after)] if before else [("gateway", after)]
+    for protocol, make, header in paths:
+        for label, gw in gateways:
+            if gw is None:
+                continue
+            tokens = new_sessions(gw.control, gw.admin, conversations)
+            headers = [{header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens]
+            scrape = None if gw is before else lambda gw=gw: scrape_spans(gw.control, gw.admin)
+            lat, cpu, spans = run_path(
+                f"{gw.url}/v1", headers, vllm.model, turns, make, gw.process.pid, scrape
+            )
+            rows.append((f"{label} {protocol}", lat, cpu, spans))
     return rows
 
 

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -36,6 +37,7 @@ from gateway.core import Gateway
 from gateway.errors import GatewayError
 from gateway.policy_update import PolicyUpdater
 from gateway.session_janitor import SessionJanitor
+from gateway.spans import SpanMiddleware, lap
 from schemas.policy import PeerPause, PeerResume, PolicyUpdate
 from schemas.session import SessionConfig, SessionList
 
@@ -110,6 +112,7 @@ class GatewayApp:
             if size > self.max_body_bytes:
                 raise GatewayError("too_large", f"body exceeds {self.max_body_bytes} bytes")
             chunks.append(chunk)
+        lap("body_read")
         return load_object(b"".join(chunks))
 
     def _guard(self, handler: Handler, respond: ErrorResponder) -> Handler:
@@ -200,6 +203,7 @@ class GatewayApp:
     async def _agent_call(self, request: Request) -> tuple[CanonicalRequest, Any]:
         """Authenticate, read, translate with `parse`, run the core: shared by protocols."""
         session = self.gateway.authenticate(_bearer(request))
+        lap("auth")
         body = await self._read_json(request)
         path = request.url.path
         parse = {
@@ -208,7 +212,8 @@ class GatewayApp:
             "/v1/responses/compact": openai_responses.parse_responses_request,
             "/v1/messages": anthropic_messages.parse_messages_request,
         }[path]
-        canonical = parse(body, dict(request.headers), path)
+        canonical = parse(body, dict(request.headers), path, session.history)
+        lap("body_parse")
         return canonical, await self.gateway.complete(session, canonical, body)
 
     async def chat_completions(self, request: Request) -> Response:
@@ -319,6 +324,10 @@ class GatewayApp:
         return Starlette(
             routes=routes,
             exception_handlers={HTTPException: self._unrouted_on(listener)},
+            # per-call spans of the model calls (`gateway.spans`)
+            middleware=[Middleware(SpanMiddleware, metrics=self.gateway.metrics)]
+            if listener == "agent"
+            else [],
             # the session janitor runs once per process: with the control app
             lifespan=self._lifespan if listener == "control" else None,
         )

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.adapters.history import HistoryCache
 from gateway.canonical import CanonicalRequest, CompletionResult
 from gateway.chat_template import ChatTemplate, TemplateRenderError
 from gateway.engine_client import EngineClient
@@ -36,6 +37,7 @@ from gateway.retries import Answers, is_retry, request_digest
 from gateway.revival import revive
 from gateway.scenes import classify
 from gateway.session_lifetime import Expiry, expiry
+from gateway.spans import lap
 from gateway.store import (
     CallRecord,
     CorruptRecordError,
@@ -87,6 +89,8 @@ class LiveSession:
         self.calls = 0
         self.failed_calls = 0
         self.answers = Answers()
+        self.history: HistoryCache | None = HistoryCache()
+        """The request history already converted (None: convert every request in full)."""
         self.lock = asyncio.Lock()
         self.closed = False
         self.last_active = time.time()  # wall clock, like created_at and file mtimes
@@ -486,6 +490,7 @@ class Gateway:
             digest=digest,
         )
         planned.check_storable()
+        lap("plan")
         try:
             async with self.policy.admitted() as version:  # waits while weights change
                 planned = dataclasses.replace(planned, policy_version=version)
@@ -493,10 +498,12 @@ class Gateway:
         except GatewayError as err:
             await self._record_failure(session, planned, err)
             raise
+        lap("engine")
         parsed = parse_output(
             self.incremental, self.parser, call_id, plan.prompt_ids, completion.output_ids
         )
         reply = reply_message(parsed)
+        lap("output_parse")
         finish = "length" if completion.finish_reason == "length" else "stop"
         async with session.lock:
             undo = session.checkpoint(plan)
@@ -538,7 +545,9 @@ class Gateway:
             session.last_call[segment.segment_id] = call_id
             session.calls += 1
             session.answers.recorded(digest, call_id)
+        lap("record")
         await self._synced(synced)
+        lap("sync")
         self._count(request, scene, call, plan)
         return completion_of(call, parsed, request.model or self.options.model_name)
 
@@ -579,6 +588,7 @@ class Gateway:
             await self._engine_slots.acquire()
         finally:
             self._waiting -= 1
+        lap("engine_queue")
         self.metrics.engine_inflight.inc()
         try:
             return await self.engine.complete(session.meta.engine_url, prompt_ids, sampling)

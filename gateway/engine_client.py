@@ -13,6 +13,7 @@ import math
 from typing import Any, Literal
 
 import httpx
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.adapters.wire import ReplyWire, validation_summary
@@ -24,6 +25,8 @@ ENGINE_UNAVAILABLE_RETRY_AFTER_S = 5.0
 
 ENGINE_OVERLOADED_RETRY_AFTER_S = 1.0
 """Retry-After used when the engine says it is busy but does not say for how long."""
+
+_JSON_HEADERS = {"content-type": "application/json"}
 
 _SAMPLING_FIELDS = (
     "max_tokens",
@@ -307,13 +310,22 @@ class EngineClient:
         payload.update(sampling.engine_extra)
         return payload
 
-    async def _send(self, method: str, url: str, path: str, json: Any = None) -> httpx.Response:
-        """Send with connect-only retries; translate transport failures to GatewayError."""
+    async def _send(
+        self, method: str, url: str, path: str, json: Any = None, content: bytes | None = None
+    ) -> httpx.Response:
+        """Send with connect-only retries; translate transport failures to GatewayError.
+        `content` is a JSON body already encoded."""
         attempt = 0
+        headers = _JSON_HEADERS if content is not None else None
         while True:
             try:
                 resp = await self._client.request(
-                    method, f"{url}{path}", json=json, timeout=self._timeout
+                    method,
+                    f"{url}{path}",
+                    json=json,
+                    content=content,
+                    headers=headers,
+                    timeout=self._timeout,
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt < self.connect_retries:
@@ -361,13 +373,15 @@ class EngineClient:
     ) -> EngineCompletion:
         """Sample a continuation of `prompt_ids` on engine `url`."""
         url = url.rstrip("/")
-        resp = await self._send(
-            "POST", url, "/v1/completions", self.build_payload(prompt_ids, sampling)
-        )
-        body = self._json(url, resp)
+        # orjson and pydantic's own JSON parser: both ends scale with the prompt (vLLM
+        # echoes the prompt ids), so the slower stdlib `json` would grow with the session.
+        payload = orjson.dumps(self.build_payload(prompt_ids, sampling))
+        resp = await self._send("POST", url, "/v1/completions", content=payload)
         try:
-            reply = _VllmCompletionReply.model_validate(body)
+            reply = _VllmCompletionReply.model_validate_json(resp.content)
         except ValidationError as exc:
+            if any(error["type"] == "json_invalid" for error in exc.errors()):
+                raise _bad_reply(url, "body is not JSON") from exc
             raise _bad_reply(url, validation_summary(exc)) from exc
         return extract_completion(url, prompt_ids, reply)
 

@@ -23,12 +23,15 @@ sent by a client are discarded):
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
+from gateway.adapters.history import HistoryCache, Prefix
 from gateway.adapters.opaque_token import decode_token
 from gateway.adapters.wire import (
     REQUEST_KIND_HEADER,
@@ -43,6 +46,7 @@ from gateway.adapters.wire import (
     validate_at,
 )
 from gateway.canonical import CanonicalRequest, Message, Tool, ToolCall
+from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
 PROTOCOL = "anthropic_messages"
@@ -250,8 +254,15 @@ def _assistant_message(msg: _Message, where: str) -> Message:
     )
 
 
-def _convert_messages(req: CountTokensRequest) -> tuple[list[Message], list[str]]:
-    """Chat messages, and the billing lines taken out of the top-level system prompt."""
+def _convert_messages(
+    req: CountTokensRequest, prefix: Prefix | None = None, cache: HistoryCache | None = None
+) -> tuple[list[Message], list[str]]:
+    """Chat messages, and the billing lines taken out of the top-level system prompt.
+
+    With a `prefix`, `req.messages` holds only the messages after it, whose converted
+    ones its state holds; with a `cache`, what `messages` converted to is remembered
+    there (the system prompt is converted every time: Claude Code varies its billing line).
+    """
     messages: list[Message] = []
     billing: list[str] = []
     if req.system is not None:
@@ -263,16 +274,20 @@ def _convert_messages(req: CountTokensRequest) -> tuple[list[Message], list[str]
                 system.append(text)
         if system:
             messages.append(Message(role="system", content="\n".join(system)))
+    start = prefix.count if prefix is not None else 0
+    converted: list[Message] = list(prefix.state) if start else []  # type: ignore[union-attr]
     for i, msg in enumerate(req.messages):
-        where = f"messages[{i}]"
+        where = f"messages[{start + i}]"
         if msg.role == "system":  # Claude Code puts one at the end of `messages`
             texts = _text_blocks(msg.content, f"{where}.content")
-            messages.append(Message(role="system", content="\n".join(texts)))
+            converted.append(Message(role="system", content="\n".join(texts)))
         elif msg.role == "user":
-            messages.extend(_user_messages(msg, where))
+            converted.extend(_user_messages(msg, where))
         else:
-            messages.append(_assistant_message(msg, where))
-    return messages, billing
+            converted.append(_assistant_message(msg, where))
+    if cache is not None and prefix is not None:
+        cache.remember(PROTOCOL, prefix, start + len(req.messages), tuple(converted))
+    return messages + converted, billing
 
 
 def _convert_tools(raw_tools: list[dict[str, Any]] | None) -> list[Tool]:
@@ -344,13 +359,33 @@ def _parse(
     body: bytes | str | Mapping[str, Any],
     headers: Mapping[str, str] | None,
     path: str,
+    history: HistoryCache | None = None,
 ) -> CanonicalRequest:
     data = load_object(body)
+    prefix = history.lookup(PROTOCOL, data.get("messages")) if history is not None else None
+    if prefix is not None and prefix.count:
+        with contextlib.suppress(GatewayError):
+            return _convert(model, data, headers, path, prefix, history)
+        prefix = dataclasses.replace(prefix, count=0, state=None)
+    return _convert(model, data, headers, path, prefix, history)
+
+
+def _convert(
+    model: type[CountTokensRequest],
+    data: dict[str, Any],
+    headers: Mapping[str, str] | None,
+    path: str,
+    prefix: Prefix | None,
+    history: HistoryCache | None,
+) -> CanonicalRequest:
+    """`_parse` of a loaded body; with a `prefix`, only the messages after it are validated."""
+    if prefix is not None and prefix.count:
+        data = {**data, "messages": data["messages"][prefix.count :]}
     try:
         req = model.model_validate(data)
     except ValidationError as exc:
         raise field_error(exc) from exc
-    messages, billing = _convert_messages(req)
+    messages, billing = _convert_messages(req, prefix, history)
     template_kwargs: dict[str, Any] = {}
     if req.thinking is not None and req.thinking.type == "disabled":
         template_kwargs["enable_thinking"] = False
@@ -372,10 +407,13 @@ def parse_messages_request(
     body: bytes | str | Mapping[str, Any],
     headers: Mapping[str, str] | None = None,
     path: str = DEFAULT_PATH,
+    history: HistoryCache | None = None,
 ) -> CanonicalRequest:
     """Validate a `/v1/messages` request (`?beta=true` in `path` is fine) and convert it;
-    raises GatewayError(400) naming the field path."""
-    return _parse(MessagesRequest, body, headers, path)
+    raises GatewayError(400) naming the field path. With the session's `history`, messages
+    it already converted are taken from there (see `adapters.history`); a request that
+    fails that way goes through the full path, whose error names the whole body's field."""
+    return _parse(MessagesRequest, body, headers, path, history)
 
 
 def parse_count_tokens_request(

@@ -8,11 +8,14 @@ use, with error messages naming the offending field path. Replies are in
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from gateway.adapters.history import HistoryCache, Prefix
 from gateway.adapters.wire import (
     Wire,
     bad_request,
@@ -24,6 +27,7 @@ from gateway.adapters.wire import (
     tool_choice_mode,
 )
 from gateway.canonical import CanonicalRequest, Message, Tool, ToolCall
+from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
 PROTOCOL = "openai_chat"
@@ -135,21 +139,48 @@ def parse_chat_request(
     body: bytes | str | Mapping[str, Any],
     headers: Mapping[str, str] | None = None,
     path: str = DEFAULT_PATH,
+    history: HistoryCache | None = None,
 ) -> CanonicalRequest:
-    """Validate a Chat Completions request and convert it; raises GatewayError(400)."""
+    """Validate a Chat Completions request and convert it; raises GatewayError(400).
+
+    With the session's `history`, messages it already converted are taken from there and
+    only the new ones are validated (see `adapters.history`); a request that fails that
+    way goes through the full path, whose error names the field in the whole body.
+    """
+    data = load_object(body)
+    prefix = history.lookup(PROTOCOL, data.get("messages")) if history is not None else None
+    if prefix is not None and prefix.count:
+        with contextlib.suppress(GatewayError):
+            return _parse(data, headers, path, prefix, history)
+        prefix = dataclasses.replace(prefix, count=0, state=None)
+    return _parse(data, headers, path, prefix, history)
+
+
+def _parse(
+    data: dict[str, Any],
+    headers: Mapping[str, str] | None,
+    path: str,
+    prefix: Prefix | None,
+    history: HistoryCache | None,
+) -> CanonicalRequest:
+    held: tuple[Message, ...] = ()
+    if prefix is not None and prefix.count:
+        held = prefix.state
+        data = {**data, "messages": data["messages"][prefix.count :]}
     try:
-        req = ChatCompletionRequest.model_validate(load_object(body))
+        req = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
         raise field_error(exc) from exc
     if req.n is not None and req.n != 1:
         raise bad_request("n", "only n=1 is supported")
     if isinstance(req.tool_choice, str):
         tool_choice_mode(req.tool_choice)
-    return CanonicalRequest(
+    messages = [*held, *map(_to_message, req.messages)]
+    canonical = CanonicalRequest(
         protocol=PROTOCOL,
         path=path,
         model=req.model,
-        messages=[_to_message(m) for m in req.messages],
+        messages=messages,
         tools=[
             Tool(
                 name=t.function.name,
@@ -165,6 +196,9 @@ def parse_chat_request(
         template_kwargs=client_template_kwargs(req.chat_template_kwargs),
         headers=clean_headers(headers),
     )
+    if history is not None and prefix is not None:
+        history.remember(PROTOCOL, prefix, len(messages), tuple(messages))
+    return canonical
 
 
 def _sampling(req: ChatCompletionRequest) -> SamplingParams:

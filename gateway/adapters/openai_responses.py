@@ -21,11 +21,14 @@ here; the same names sent by a client are discarded):
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
+from gateway.adapters.history import HistoryCache, Prefix
 from gateway.adapters.opaque_token import decode_token
 from gateway.adapters.wire import (
     REQUEST_KIND_HEADER,
@@ -239,6 +242,20 @@ class _History:
         self._flush()
         return self.messages
 
+    def snapshot(self) -> tuple[tuple[Message, ...], dict[str, Any] | None]:
+        """The fold's state, to resume it later (`resume`) with more items."""
+        return tuple(self.messages), _copy_turn(self._turn)
+
+    @classmethod
+    def resume(cls, state: tuple[tuple[Message, ...], dict[str, Any] | None]) -> _History:
+        history = cls()
+        history.messages, history._turn = list(state[0]), _copy_turn(state[1])
+        return history
+
+
+def _copy_turn(turn: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if turn is None else {**turn, "tool_calls": list(turn["tool_calls"])}
+
 
 def _reasoning_text(item: _ReasoningItem) -> str | None:
     """Our echoed reasoning: readable content first, then our token, then the summary."""
@@ -252,18 +269,28 @@ def _reasoning_text(item: _ReasoningItem) -> str | None:
     return None
 
 
-def _convert_input(req: ResponsesRequest) -> tuple[list[Message], bool]:
-    """Messages for the model, and whether a `compaction_trigger` item asked to compact."""
-    history = _History()
-    if req.instructions:
-        history.add(Message(role="system", content=req.instructions))
+def _convert_input(
+    req: ResponsesRequest, prefix: Prefix | None = None, cache: HistoryCache | None = None
+) -> tuple[list[Message], bool]:
+    """Messages for the model, and whether a `compaction_trigger` item asked to compact.
+
+    With a `prefix`, `req.input` holds only the items after it and the fold resumes from
+    its state; with a `cache`, the fold's state after all items is remembered there.
+    """
+    start = prefix.count if prefix is not None else 0
+    if start:
+        history = _History.resume(prefix.state)  # type: ignore[union-attr]  # start > 0
+    else:
+        history = _History()
+        if req.instructions:
+            history.add(Message(role="system", content=req.instructions))
     if isinstance(req.input, str):
         history.add(Message(role="user", content=req.input))
         return history.done(), False
     triggered = False
     items = req.input or []
     for i, raw in enumerate(items):
-        where = f"input[{i}]"
+        where = f"input[{start + i}]"
         if not isinstance(raw, dict):
             raise bad_request(where, "each input item must be an object")
         kind = raw.get("type", "message" if "role" in raw else None)
@@ -317,6 +344,8 @@ def _convert_input(req: ResponsesRequest) -> tuple[list[Message], bool]:
             raise bad_request(
                 f"{where}.type", f"unsupported input item type {kind!r}; supported: {_ITEM_TYPES}"
             )
+    if cache is not None and prefix is not None and not triggered:
+        cache.remember(PROTOCOL, prefix, start + len(items), history.snapshot())
     return history.done(), triggered
 
 
@@ -413,15 +442,38 @@ def parse_responses_request(
     body: bytes | str | Mapping[str, Any],
     headers: Mapping[str, str] | None = None,
     path: str = DEFAULT_PATH,
+    history: HistoryCache | None = None,
 ) -> CanonicalRequest:
     """Validate a `/v1/responses` or `/v1/responses/compact` request and convert it.
 
     Raises GatewayError(400) naming the field path. A compact-endpoint request is never
-    streamed and gets `COMPACT_INSTRUCTION` appended.
+    streamed and gets `COMPACT_INSTRUCTION` appended. With the session's `history`, input
+    items it already converted are taken from there (see `adapters.history`); a request
+    that fails that way goes through the full path, whose error names the whole body's
+    field.
     """
+    data = load_object(body)
+    prefix = None
+    if history is not None:
+        prefix = history.lookup(PROTOCOL, data.get("input"), data.get("instructions"))
+    if prefix is not None and prefix.count:
+        with contextlib.suppress(GatewayError):
+            return _parse(data, headers, path, prefix, history)
+        prefix = dataclasses.replace(prefix, count=0, state=None)
+    return _parse(data, headers, path, prefix, history)
+
+
+def _parse(
+    data: dict[str, Any],
+    headers: Mapping[str, str] | None,
+    path: str,
+    prefix: Prefix | None,
+    history: HistoryCache | None,
+) -> CanonicalRequest:
     path = path.split("?", 1)[0]
     compact_endpoint = path.rstrip("/").endswith(COMPACT_PATH_SUFFIX)
-    data = load_object(body)
+    if prefix is not None and prefix.count:
+        data = {**data, "input": data["input"][prefix.count :]}
     try:
         req = ResponsesRequest.model_validate(data)
     except ValidationError as exc:
@@ -431,7 +483,7 @@ def parse_responses_request(
             "previous_response_id",
             "server-side history is not kept by this gateway; send the full input (store=false)",
         )
-    messages, triggered = _convert_input(req)
+    messages, triggered = _convert_input(req, prefix, history)
     compaction = compact_endpoint or triggered
     if compaction:
         messages.append(Message(role="user", content=COMPACT_INSTRUCTION))
