@@ -97,8 +97,9 @@ class ScriptedEngine:
         #: Seconds each completion takes before it answers (a slow engine, for client
         #: timeouts and retries); may be changed while serving.
         self.delay_s = delay_s
-        #: Streams (`stream: true`) send this many tokens, then wait until `release` is
-        #: set (None: never wait): lets a test look at a stream while it is mid-generation.
+        #: Generation pauses after this many tokens until `release` is set (None: never):
+        #: a stream has sent them, a plain reply waits for the end. Lets a test look at a
+        #: stream while it is mid-generation.
         self.hold_after_tokens: int | None = None
         self.release = threading.Event()
         #: Streams whose client left before the last token was sent (vLLM aborts those).
@@ -226,6 +227,10 @@ class ScriptedEngine:
                 return StreamingResponse(
                     self.stream_chunks(body, answer), media_type="text/event-stream"
                 )
+            if self.hold_after_tokens is not None:
+                # Not streamed: the reply leaves once the whole generation is done.
+                while not self.release.is_set():
+                    await asyncio.sleep(0.01)
             return JSONResponse(answer)
 
         async def models(request: Request) -> JSONResponse:
