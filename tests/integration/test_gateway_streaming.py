@@ -253,7 +253,11 @@ def test_a_client_that_leaves_cancels_the_engine_request_and_the_call_is_recorde
     guard.start()
     try:
         with httpx.stream(
-            "POST", f"{session['openai_base_url']}/chat/completions", json=body, headers=headers
+            "POST",
+            f"{session['openai_base_url']}/chat/completions",
+            json=body,
+            headers=headers,
+            timeout=GUARD_S,
         ) as reply:
             assert reply.status_code == 200
             for line in reply.iter_lines():
