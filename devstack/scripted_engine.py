@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from tokenizers import Tokenizer
 
@@ -70,6 +70,7 @@ class CompletionsBody(BaseModel):
     prompt: list[int] = Field(min_length=1)
     max_tokens: int = Field(default=16, ge=1)
     model: str | None = None
+    stream: bool = False
 
 
 class ScriptedEngine:
@@ -96,6 +97,13 @@ class ScriptedEngine:
         #: Seconds each completion takes before it answers (a slow engine, for client
         #: timeouts and retries); may be changed while serving.
         self.delay_s = delay_s
+        #: Generation pauses after this many tokens until `release` is set (None: never):
+        #: a stream has sent them, a plain reply waits for the end. Lets a test look at a
+        #: stream while it is mid-generation.
+        self.hold_after_tokens: int | None = None
+        self.release = threading.Event()
+        #: Streams whose client left before the last token was sent (vLLM aborts those).
+        self.streams_cancelled = 0
         self.prompts: list[list[int]] = []
         self.replies: list[ScriptedReply] = []
         self._used: set[int] = set()
@@ -145,6 +153,11 @@ class ScriptedEngine:
             if self._log is not None:
                 self._log.write(answer.model_dump_json() + "\n")
                 self._log.flush()
+        return self._reply_body(ids, logprobs, finish, len(body.prompt))
+
+    def _reply_body(
+        self, ids: list[int], logprobs: list[float], finish: str | None, prompt_tokens: int
+    ) -> dict[str, Any]:
         tokens = [self.tokenizer.id_to_token(i) or "" for i in ids]
         offsets = list(itertools.accumulate((len(t) for t in tokens), initial=0))[:-1]
         return {
@@ -168,14 +181,41 @@ class ScriptedEngine:
                 }
             ],
             "usage": {
-                "prompt_tokens": len(body.prompt),
+                "prompt_tokens": prompt_tokens,
                 "completion_tokens": len(ids),
-                "total_tokens": len(body.prompt) + len(ids),
+                "total_tokens": prompt_tokens + len(ids),
             },
         }
 
+    async def stream_chunks(self, body: CompletionsBody, answer: dict[str, Any]) -> Any:
+        """The answer as vLLM streams it: one token per `data:` chunk (the prompt ids in the
+        first), the finish reason in the last, then a usage chunk and `[DONE]`."""
+        choice = answer["choices"][0]
+        ids, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+        sent = 0
+        try:
+            for i, (token, logprob) in enumerate(zip(ids, logprobs, strict=True)):
+                if self.hold_after_tokens is not None and i == self.hold_after_tokens:
+                    while not self.release.is_set():
+                        await asyncio.sleep(0.01)
+                last = i == len(ids) - 1
+                chunk = self._reply_body([token], [logprob], None, len(body.prompt))
+                del chunk["usage"]
+                part = chunk["choices"][0]
+                part["finish_reason"] = choice["finish_reason"] if last else None
+                if i == 0:
+                    part["prompt_token_ids"] = list(body.prompt)
+                yield f"data: {json.dumps(chunk)}\n\n"
+                sent += 1
+            usage = {**answer, "choices": [], "usage": answer["usage"]}
+            yield f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n"
+        finally:
+            if sent < len(ids):
+                with self._lock:
+                    self.streams_cancelled += 1
+
     def app(self) -> Starlette:
-        async def completions(request: Request) -> JSONResponse:
+        async def completions(request: Request) -> Response:
             try:
                 body = CompletionsBody.model_validate(await request.json())
             except (ValidationError, ValueError) as exc:
@@ -183,6 +223,14 @@ class ScriptedEngine:
             answer = self.complete(body)  # recorded now: `prompts` shows it is in flight
             if self.delay_s > 0:
                 await asyncio.sleep(self.delay_s)
+            if body.stream:
+                return StreamingResponse(
+                    self.stream_chunks(body, answer), media_type="text/event-stream"
+                )
+            if self.hold_after_tokens is not None:
+                # Not streamed: the reply leaves once the whole generation is done.
+                while not self.release.is_set():
+                    await asyncio.sleep(0.01)
             return JSONResponse(answer)
 
         async def models(request: Request) -> JSONResponse:

@@ -33,11 +33,12 @@ from gateway.adapters import (
 )
 from gateway.adapters.wire import field_error, load_object
 from gateway.canonical import CanonicalRequest
-from gateway.core import Gateway
+from gateway.core import Gateway, LiveSession
 from gateway.errors import GatewayError
 from gateway.policy_update import PolicyUpdater
 from gateway.session_janitor import SessionJanitor
 from gateway.spans import SpanMiddleware, lap
+from gateway.streaming import stream_reply
 from schemas.policy import PeerPause, PeerResume, PolicyUpdate
 from schemas.session import SessionConfig, SessionList
 
@@ -200,8 +201,10 @@ class GatewayApp:
         )
 
     # ------------------------------------------------------------------ agent API
-    async def _agent_call(self, request: Request) -> tuple[CanonicalRequest, Any]:
-        """Authenticate, read, translate with `parse`, run the core: shared by protocols."""
+    async def _agent_request(
+        self, request: Request
+    ) -> tuple[LiveSession, CanonicalRequest, dict[str, Any]]:
+        """Authenticate, read and translate an agent call with its protocol's parser."""
         session = self.gateway.authenticate(_bearer(request))
         lap("auth")
         body = await self._read_json(request)
@@ -214,23 +217,46 @@ class GatewayApp:
         }[path]
         canonical = parse(body, dict(request.headers), path, session.history)
         lap("body_parse")
-        return canonical, await self.gateway.complete(session, canonical, body)
+        return session, canonical, body
 
     async def chat_completions(self, request: Request) -> Response:
-        canonical, result = await self._agent_call(request)
-        return openai_chat_reply.chat_completion_response(
-            result, stream=canonical.stream, include_usage=canonical.include_usage
-        )
+        session, canonical, body = await self._agent_request(request)
+        if canonical.stream:
+            usage = canonical.include_usage
+            return await stream_reply(
+                self.gateway,
+                session,
+                canonical,
+                body,
+                lambda head: openai_chat_reply.ChatStreamWriter(head, usage),
+            )
+        result = await self.gateway.complete(session, canonical, body)
+        return openai_chat_reply.chat_completion_response(result, stream=False)
 
     async def responses(self, request: Request) -> Response:
-        canonical, result = await self._agent_call(request)
-        if request.url.path.endswith("/compact"):
+        session, canonical, body = await self._agent_request(request)
+        compact = request.url.path.endswith("/compact")
+        if canonical.stream and not compact:
+            return await stream_reply(
+                self.gateway, session, canonical, body, openai_responses_reply.ResponsesStreamWriter
+            )
+        result = await self.gateway.complete(session, canonical, body)
+        if compact:
             return openai_responses_reply.compact_response(result, canonical)
-        return openai_responses_reply.responses_response(result, stream=canonical.stream)
+        return openai_responses_reply.responses_response(result, stream=False)
 
     async def messages(self, request: Request) -> Response:
-        canonical, result = await self._agent_call(request)
-        return anthropic_messages_reply.messages_response(result, stream=canonical.stream)
+        session, canonical, body = await self._agent_request(request)
+        if canonical.stream:
+            return await stream_reply(
+                self.gateway,
+                session,
+                canonical,
+                body,
+                anthropic_messages_reply.MessagesStreamWriter,
+            )
+        result = await self.gateway.complete(session, canonical, body)
+        return anthropic_messages_reply.messages_response(result, stream=False)
 
     async def count_tokens(self, request: Request) -> Response:
         self.gateway.authenticate(_bearer(request))

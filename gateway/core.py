@@ -47,6 +47,7 @@ from gateway.store import (
     SessionMeta,
     SessionStore,
 )
+from gateway.stream_relay import StreamAborted, StreamRelay
 from gateway.trajectory import TrajectoryCorruptError, build_segments, recorded_calls
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
@@ -412,11 +413,17 @@ class Gateway:
         return live
 
     async def complete(
-        self, session: LiveSession, request: CanonicalRequest, raw_request: dict[str, Any]
+        self,
+        session: LiveSession,
+        request: CanonicalRequest,
+        raw_request: dict[str, Any],
+        relay: StreamRelay | None = None,
     ) -> CompletionResult:
         """One agent call. A retry (`retries.is_retry`) of a body this session answered
         gets that answer again, same call id, nothing sampled or recorded; if the original
-        is still running, once it finishes (see `retries` for why only declared retries)."""
+        is still running, once it finishes (see `retries` for why only declared retries).
+        With a `relay` the engine streams and the relay sees the tokens as they arrive
+        (an answered retry never reaches it: the caller replays the result)."""
         digest = request_digest(request.path, raw_request)
         if is_retry(request.headers):
             answer = await session.answers.answer_for(digest)
@@ -426,7 +433,7 @@ class Gateway:
                     return answer
                 return await self._recorded_answer(session, answer, request)
         with session.answers.answering(digest) as answered:
-            result = await self._sample(session, request, raw_request, digest)
+            result = await self._sample(session, request, raw_request, digest, relay)
             answered.set_result(result)
         return result
 
@@ -454,6 +461,7 @@ class Gateway:
         request: CanonicalRequest,
         raw_request: dict[str, Any],
         digest: str,
+        relay: StreamRelay | None = None,
     ) -> CompletionResult:
         config = session.meta.config
         scene = classify(request, config.scenes)
@@ -491,12 +499,25 @@ class Gateway:
         )
         planned.check_storable()
         lap("plan")
+        if relay is not None:
+            relay.started(planned, request.model or self.options.model_name)
         try:
             async with self.policy.admitted() as version:  # waits while weights change
                 planned = dataclasses.replace(planned, policy_version=version)
-                completion = await self._call_engine(session, plan.prompt_ids, sampling)
+                completion = await self._call_engine(session, plan.prompt_ids, sampling, relay)
         except GatewayError as err:
-            await self._record_failure(session, planned, err)
+            partial = (relay.output_ids, relay.output_logprobs) if relay else ([], [])
+            await self._record_failure(session, planned, err, *partial)
+            raise
+        except StreamAborted as aborted:
+            await self._record_failure(
+                session,
+                planned,
+                aborted,
+                aborted.output_ids,
+                aborted.output_logprobs,
+                CallStatus.cancelled,
+            )
             raise
         lap("engine")
         parsed = parse_output(
@@ -580,7 +601,13 @@ class Gateway:
         cap = min(used.max_tokens or self.options.default_max_tokens, room)
         return used.model_copy(update={"max_tokens": cap})
 
-    async def _call_engine(self, session: LiveSession, prompt_ids: list[int], sampling: Any) -> Any:
+    async def _call_engine(
+        self,
+        session: LiveSession,
+        prompt_ids: list[int],
+        sampling: Any,
+        relay: StreamRelay | None = None,
+    ) -> Any:
         if self._waiting >= self.options.max_queued_engine_calls:
             raise GatewayError("overloaded", "gateway queue is full", status=429, retry_after=1.0)
         self._waiting += 1
@@ -591,7 +618,12 @@ class Gateway:
         lap("engine_queue")
         self.metrics.engine_inflight.inc()
         try:
-            return await self.engine.complete(session.meta.engine_url, prompt_ids, sampling)
+            url = session.meta.engine_url
+            if relay is not None:
+                return await relay.run(
+                    self.engine.stream(url, prompt_ids, sampling, relay.on_tokens)
+                )
+            return await self.engine.complete(url, prompt_ids, sampling)
         finally:
             self.metrics.engine_inflight.dec()
             self._engine_slots.release()
@@ -625,16 +657,30 @@ class Gateway:
             ) from exc
 
     async def _record_failure(
-        self, session: LiveSession, planned: PlannedCall, err: GatewayError
+        self,
+        session: LiveSession,
+        planned: PlannedCall,
+        err: GatewayError | StreamAborted,
+        output_ids: list[int] | None = None,
+        output_logprobs: list[float] | None = None,
+        status: CallStatus = CallStatus.engine_error,
     ) -> None:
+        """Record a call that sampled no reply: an engine failure, or a stream the client
+        closed (`cancelled`, with the tokens sampled before it). No segment holds its
+        tokens, so no trajectory trains on them; the record keeps them for inspection."""
         plan = planned.plan
+        what = (
+            str(err)
+            if isinstance(err, StreamAborted)
+            else f"{err.status} {err.kind}: {err.message}"
+        )
         call = planned.recorded_call(
             segment_id=plan.segment_id,
-            status=CallStatus.engine_error,
+            status=status,
             match=plan.kind,
-            output_ids=[],
-            output_logprobs=[],
-            error=f"{err.status} {err.kind}: {err.message}",
+            output_ids=output_ids or [],
+            output_logprobs=output_logprobs or [],
+            error=what,
             fork_reason=plan.fork_reason,
         )
         async with session.lock:

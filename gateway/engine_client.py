@@ -9,7 +9,9 @@ silently misaligned logprob would poison training data rather than fail loudly.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import httpx
@@ -190,6 +192,92 @@ def extract_completion(
     )
 
 
+TokenSink = Callable[[list[int], list[float]], None]
+"""Receives each stream chunk's sampled ids and their logprobs, in order."""
+
+
+class _VllmStreamChunk(ReplyWire):
+    choices: list[_VllmChoice] = Field(default_factory=list)
+    usage: _VllmUsage | None = None
+
+
+class _StreamMerge:
+    """Folds vLLM's completion stream (`data:` lines, then `data: [DONE]`) into the one reply
+    a non-stream call gets, so `extract_completion` validates both the same way."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.ids: list[int] = []
+        self.logprobs: list[float | None] = []
+        self.tokens: list[str] | None = []
+        self.text: list[str] = []
+        self.prompt_ids: list[int] | None = None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.usage: _VllmUsage | None = None
+        self.done = False
+
+    def line(self, line: str) -> tuple[list[int], list[float]] | None:
+        """One line of the stream → the sampled (ids, logprobs) it carries, if any."""
+        if not line.startswith("data:"):
+            return None  # blank separators, comments, `event:` lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return None
+        try:
+            body = json.loads(data)
+        except ValueError as exc:
+            raise _bad_reply(self.url, "a stream chunk is not JSON") from exc
+        if isinstance(body, dict) and "error" in body:
+            error = body["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise _bad_reply(self.url, f"error mid-stream: {message}")
+        try:
+            chunk = _VllmStreamChunk.model_validate(body)
+        except ValidationError as exc:
+            raise _bad_reply(self.url, validation_summary(exc)) from exc
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        if not chunk.choices:
+            return None
+        return self._choice(chunk.choices[0])
+
+    def _choice(self, choice: _VllmChoice) -> tuple[list[int], list[float]]:
+        if choice.prompt_token_ids is not None:
+            self.prompt_ids = choice.prompt_token_ids
+        if choice.finish_reason is not None:
+            self.finish_reason = choice.finish_reason
+            self.stop_reason = choice.stop_reason
+        self.text.append(choice.text)
+        ids = choice.token_ids or []
+        logprobs = choice.logprobs.token_logprobs if choice.logprobs is not None else []
+        if len(logprobs) != len(ids) or any(lp is None for lp in logprobs):
+            raise _bad_reply(
+                self.url, f"a stream chunk has {len(ids)} token_ids but logprobs {logprobs}"
+            )
+        if self.tokens is not None and choice.logprobs is not None and choice.logprobs.tokens:
+            self.tokens.extend(choice.logprobs.tokens)
+        elif ids:
+            self.tokens = None  # not every chunk names its tokens: do not check them
+        self.ids.extend(ids)
+        self.logprobs.extend(logprobs)
+        return ids, [float(lp) for lp in logprobs if lp is not None]
+
+    def reply(self) -> _VllmCompletionReply:
+        if not self.done:
+            raise _bad_reply(self.url, "the stream ended without [DONE]")
+        choice = _VllmChoice(
+            text="".join(self.text),
+            token_ids=self.ids,
+            prompt_token_ids=self.prompt_ids,
+            logprobs=_VllmLogprobs(token_logprobs=self.logprobs, tokens=self.tokens),
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )
+        return _VllmCompletionReply(choices=[choice], usage=self.usage)
+
+
 def _engine_message(resp: httpx.Response) -> str:
     """The engine's error message; vLLM has used both `{"error": {...}}` and flat shapes."""
     try:
@@ -311,15 +399,23 @@ class EngineClient:
         return payload
 
     async def _send(
-        self, method: str, url: str, path: str, json: Any = None, content: bytes | None = None
+        self,
+        method: str,
+        url: str,
+        path: str,
+        json: Any = None,
+        content: bytes | None = None,
+        *,
+        stream: bool = False,
     ) -> httpx.Response:
         """Send with connect-only retries; translate transport failures to GatewayError.
-        `content` is a JSON body already encoded."""
+        `content` is a JSON body already encoded; `stream`: return once the headers are
+        in (the caller reads and closes the body)."""
         attempt = 0
         headers = _JSON_HEADERS if content is not None else None
         while True:
             try:
-                resp = await self._client.request(
+                request = self._client.build_request(
                     method,
                     f"{url}{path}",
                     json=json,
@@ -327,6 +423,7 @@ class EngineClient:
                     headers=headers,
                     timeout=self._timeout,
                 )
+                resp = await self._client.send(request, stream=stream)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt < self.connect_retries:
                     await asyncio.sleep(min(self.retry_backoff_s * (2**attempt), 2.0))
@@ -358,6 +455,9 @@ class EngineClient:
                     retry_after=ENGINE_UNAVAILABLE_RETRY_AFTER_S,
                 ) from exc
             if resp.status_code >= 400:
+                if stream:
+                    await resp.aread()
+                    await resp.aclose()
                 raise _status_error(url, resp)
             return resp
 
@@ -384,6 +484,41 @@ class EngineClient:
                 raise _bad_reply(url, "body is not JSON") from exc
             raise _bad_reply(url, validation_summary(exc)) from exc
         return extract_completion(url, prompt_ids, reply)
+
+    async def stream(
+        self,
+        url: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        on_tokens: TokenSink,
+    ) -> EngineCompletion:
+        """Sample like `complete`, but on vLLM's stream: `on_tokens(ids, logprobs)` gets each
+        chunk's sampled ids as they arrive. The result is validated exactly as `complete`'s
+        (the chunks are merged into one reply first), so both paths record the same."""
+        url = url.rstrip("/")
+        payload = self.build_payload(prompt_ids, sampling)
+        payload["stream"] = True
+        payload["stream_options"] = {"include_usage": True}
+        resp = await self._send("POST", url, "/v1/completions", payload, stream=True)
+        merged = _StreamMerge(url)
+        try:
+            async for line in resp.aiter_lines():
+                chunk = merged.line(line)
+                if chunk is not None:
+                    on_tokens(*chunk)
+        except httpx.TimeoutException as exc:
+            raise GatewayError(
+                "engine_timeout", f"engine at {url} stalled for {self._timeout.read}s mid-stream"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise GatewayError(
+                "engine_unavailable",
+                f"stream from engine at {url} broke: {type(exc).__name__}: {exc}",
+                retry_after=ENGINE_UNAVAILABLE_RETRY_AFTER_S,
+            ) from exc
+        finally:
+            await resp.aclose()  # on cancellation too: vLLM aborts a request whose client left
+        return extract_completion(url, prompt_ids, merged.reply())
 
     async def model_info(self, url: str) -> EngineModelInfo:
         """Read `/v1/models` for our model's context window (`max_model_len`)."""

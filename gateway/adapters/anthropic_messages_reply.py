@@ -15,7 +15,17 @@ from starlette.responses import JSONResponse, Response
 
 from gateway import json_text
 from gateway.adapters.opaque_token import encode_token
-from gateway.adapters.sse import SSE_PIECE_CHARS, event_frame, event_stream_response, pieces
+from gateway.adapters.sse import (
+    SSE_PIECE_CHARS,
+    Sent,
+    StreamHead,
+    event_frame,
+    event_stream_response,
+    head_of,
+    log,
+    pieces,
+    replay,
+)
 from gateway.canonical import CompletionResult, ToolCall
 from gateway.errors import GatewayError
 
@@ -159,6 +169,145 @@ def messages_body(
     }
 
 
+class MessagesStreamWriter:
+    """The Messages event stream of one call; every record has its `event:` line (the SDK
+    drops records without one). Thinking and text blocks stream live; tool_use blocks come
+    at the finish, after the text block, as in the `message` object (the model may still
+    write text after a call)."""
+
+    def __init__(
+        self,
+        head: StreamHead,
+        *,
+        include_thinking: bool = True,
+        stop_sequence: str | None = None,
+    ) -> None:
+        self.head = head
+        self.include_thinking = include_thinking
+        self.stop_sequence = stop_sequence
+        self.sent = Sent()
+        self.blocks = 0
+        self.open: str | None = None  # type of the open block: "thinking" or "text"
+        self.text_seen = False
+
+    @staticmethod
+    def _event(kind: str, **fields: Any) -> bytes:
+        return event_frame(kind, {"type": kind, **fields})
+
+    def start(self) -> list[bytes]:
+        h = self.head
+        message = {
+            "id": f"msg_{h.call_id}",
+            "type": "message",
+            "role": "assistant",
+            "model": h.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": h.prompt_tokens - h.cached_prompt_tokens,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": h.cached_prompt_tokens,
+            },
+        }
+        return [self._event("message_start", message=message), self._event("ping")]
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        frames = []
+        if self.open == "thinking":
+            signature = encode_token("thinking", self.head.call_id, self.sent.reasoning)
+            frames.append(
+                self._event(
+                    "content_block_delta",
+                    index=self.blocks - 1,
+                    delta={"type": "signature_delta", "signature": signature},
+                )
+            )
+        frames.append(self._event("content_block_stop", index=self.blocks - 1))
+        self.open = None
+        return frames
+
+    def _open(self, block: dict[str, Any]) -> list[bytes]:
+        frames = self._close()
+        frames.append(self._event("content_block_start", index=self.blocks, content_block=block))
+        self.blocks += 1
+        self.open = block["type"] if block["type"] in ("thinking", "text") else None
+        return frames
+
+    def reasoning(self, text: str) -> list[bytes]:
+        if not self.include_thinking:
+            self.sent.reasoning += text
+            return []
+        if self.text_seen or (self.blocks and self.open != "thinking"):
+            log.warning("call %s: thinking after text; not streamed", self.head.call_id)
+            return []
+        self.sent.reasoning += text
+        frames = []
+        if self.open != "thinking":
+            frames += self._open({"type": "thinking", "thinking": "", "signature": ""})
+        delta = {"type": "thinking_delta", "thinking": text}
+        frames.append(self._event("content_block_delta", index=self.blocks - 1, delta=delta))
+        return frames
+
+    def content(self, text: str) -> list[bytes]:
+        self.sent.content += text
+        frames = []
+        if self.open != "text":
+            self.text_seen = True
+            frames += self._open({"type": "text", "text": ""})
+        delta = {"type": "text_delta", "text": text}
+        frames.append(self._event("content_block_delta", index=self.blocks - 1, delta=delta))
+        return frames
+
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        self.sent.tool_calls.append(call)  # sent at the finish, after the text
+        return []
+
+    def finish(self, result: CompletionResult) -> list[bytes]:
+        held, self.sent.tool_calls = self.sent.tool_calls, []
+        if held != result.output.tool_calls[: len(held)]:
+            log.warning(
+                "call %s: streamed tool calls differ from the parsed output", result.call_id
+            )
+        out = result.output
+        reasoning, content, _ = self.sent.rest(
+            out.model_copy(update={"tool_calls": []}), result.call_id
+        )
+        frames = self.reasoning(reasoning) if reasoning else []
+        if content:
+            frames += self.content(content)
+        if not self.blocks and not out.tool_calls:
+            frames += self._open({"type": "text", "text": ""})
+        for tc in out.tool_calls:
+            block = {"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}
+            frames += self._open(block)
+            for piece in pieces(_tool_input(tc)[1], SSE_PIECE_CHARS):
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                frames.append(
+                    self._event("content_block_delta", index=self.blocks - 1, delta=delta)
+                )
+            frames.append(self._event("content_block_stop", index=self.blocks - 1))
+        frames += self._close()
+        body = messages_body(
+            result, include_thinking=self.include_thinking, stop_sequence=self.stop_sequence
+        )
+        frames.append(
+            self._event(
+                "message_delta",
+                delta={"stop_reason": body["stop_reason"], "stop_sequence": body["stop_sequence"]},
+                usage=body["usage"],
+            )
+        )
+        frames.append(self._event("message_stop"))
+        return frames
+
+    def fail(self, err: GatewayError) -> list[bytes]:
+        return [sse_error_event(err)]
+
+
 def messages_sse(
     result: CompletionResult,
     *,
@@ -166,63 +315,11 @@ def messages_sse(
     stop_sequence: str | None = None,
     piece_chars: int = SSE_PIECE_CHARS,
 ) -> Iterator[bytes]:
-    """Re-emit a complete result as the Messages event stream; every record has its
-    `event:` line (the SDK drops records without one)."""
-
-    def event(kind: str, **fields: Any) -> bytes:
-        return event_frame(kind, {"type": kind, **fields})
-
-    body = messages_body(result, include_thinking=include_thinking, stop_sequence=stop_sequence)
-    usage = body["usage"]
-    tool_json = iter([_tool_input(tc)[1] for tc in result.output.tool_calls])
-    start = {**body, "content": [], "stop_reason": None, "stop_sequence": None}
-    yield event("message_start", message={**start, "usage": {**usage, "output_tokens": 0}})
-    yield event("ping")
-    for index, block in enumerate(body["content"]):
-        if block["type"] == "thinking":
-            yield event(
-                "content_block_start",
-                index=index,
-                content_block={"type": "thinking", "thinking": "", "signature": ""},
-            )
-            for piece in pieces(block["thinking"], piece_chars):
-                yield event(
-                    "content_block_delta",
-                    index=index,
-                    delta={"type": "thinking_delta", "thinking": piece},
-                )
-            yield event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "signature_delta", "signature": block["signature"]},
-            )
-        elif block["type"] == "text":
-            yield event(
-                "content_block_start", index=index, content_block={"type": "text", "text": ""}
-            )
-            for piece in pieces(block["text"], piece_chars):
-                yield event(
-                    "content_block_delta", index=index, delta={"type": "text_delta", "text": piece}
-                )
-        else:
-            yield event(
-                "content_block_start",
-                index=index,
-                content_block={**block, "input": {}},
-            )
-            for piece in pieces(next(tool_json), piece_chars):
-                yield event(
-                    "content_block_delta",
-                    index=index,
-                    delta={"type": "input_json_delta", "partial_json": piece},
-                )
-        yield event("content_block_stop", index=index)
-    yield event(
-        "message_delta",
-        delta={"stop_reason": body["stop_reason"], "stop_sequence": body["stop_sequence"]},
-        usage=usage,
+    """Re-emit a complete result as the Messages event stream."""
+    writer = MessagesStreamWriter(
+        head_of(result), include_thinking=include_thinking, stop_sequence=stop_sequence
     )
-    yield event("message_stop")
+    return replay(writer, result, piece_chars)
 
 
 def messages_response(

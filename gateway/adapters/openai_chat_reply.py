@@ -10,9 +10,13 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.adapters.sse import (
     SSE_PIECE_CHARS,
+    Sent,
+    StreamHead,
     data_frame,
     event_stream_response,
+    head_of,
     pieces,
+    replay,
 )
 from gateway.canonical import CompletionResult, ToolCall
 from gateway.errors import GatewayError, openai_error_body
@@ -80,6 +84,80 @@ def chat_completion_body(
     }
 
 
+class ChatStreamWriter:
+    """The `chat.completion.chunk` stream of one call, ending in `[DONE]`. Tool calls go out
+    as soon as they are complete; content may follow them (clients keep both apart)."""
+
+    def __init__(
+        self, head: StreamHead, include_usage: bool, *, include_reasoning: bool = True
+    ) -> None:
+        self.head = head
+        self.include_usage = include_usage
+        self.include_reasoning = include_reasoning
+        self.sent = Sent()
+        self.base = {
+            "id": f"chatcmpl-{head.call_id}",
+            "object": "chat.completion.chunk",
+            "created": head.created,
+            "model": head.model,
+        }
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        body: dict[str, Any] = {
+            **self.base,
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            ],
+        }
+        if self.include_usage:
+            body["usage"] = None
+        return data_frame(body)
+
+    def start(self) -> list[bytes]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def reasoning(self, text: str) -> list[bytes]:
+        self.sent.reasoning += text
+        if not self.include_reasoning:
+            return []
+        return [self._chunk({"reasoning": text, "reasoning_content": text})]
+
+    def content(self, text: str) -> list[bytes]:
+        self.sent.content += text
+        return [self._chunk({"content": text})]
+
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        index = len(self.sent.tool_calls)
+        self.sent.tool_calls.append(call)
+        head = {"index": index, "id": call.id, "type": "function"}
+        frames = [
+            self._chunk(
+                {"tool_calls": [{**head, "function": {"name": call.name, "arguments": ""}}]}
+            )
+        ]
+        for piece in pieces(call.arguments, SSE_PIECE_CHARS):
+            frames.append(
+                self._chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+            )
+        return frames
+
+    def finish(self, result: CompletionResult) -> list[bytes]:
+        reasoning, content, calls = self.sent.rest(result.output, result.call_id)
+        frames = self.reasoning(reasoning) if reasoning else []
+        if content:
+            frames += self.content(content)
+        for call in calls:
+            frames += self.tool_call(call)
+        frames.append(self._chunk({}, _finish_reason(result)))
+        if self.include_usage:
+            frames.append(data_frame({**self.base, "choices": [], "usage": _usage(result)}))
+        frames.append(SSE_DONE)
+        return frames
+
+    def fail(self, err: GatewayError) -> list[bytes]:
+        return [sse_error_event(err)]
+
+
 def chat_completion_sse(
     result: CompletionResult,
     include_usage: bool,
@@ -88,51 +166,8 @@ def chat_completion_sse(
     piece_chars: int = SSE_PIECE_CHARS,
 ) -> Iterator[bytes]:
     """Re-emit a complete result as a `chat.completion.chunk` stream ending in `[DONE]`."""
-    base = {
-        "id": completion_id(result),
-        "object": "chat.completion.chunk",
-        "created": result.created,
-        "model": result.model,
-    }
-
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        body: dict[str, Any] = {
-            **base,
-            "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            ],
-        }
-        if include_usage:
-            body["usage"] = None
-        return data_frame(body)
-
-    out = result.output
-    yield chunk({"role": "assistant", "content": ""})
-    if include_reasoning and out.reasoning:
-        for piece in pieces(out.reasoning, piece_chars):
-            yield chunk({"reasoning": piece, "reasoning_content": piece})
-    if out.content:
-        for piece in pieces(out.content, piece_chars):
-            yield chunk({"content": piece})
-    for i, tc in enumerate(out.tool_calls):
-        yield chunk(
-            {
-                "tool_calls": [
-                    {
-                        "index": i,
-                        "id": tc.id,
-                        "type": "function",
-                        "function": {"name": tc.name, "arguments": ""},
-                    }
-                ]
-            }
-        )
-        for piece in pieces(tc.arguments, piece_chars):
-            yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
-    yield chunk({}, _finish_reason(result))
-    if include_usage:
-        yield data_frame({**base, "choices": [], "usage": _usage(result)})
-    yield SSE_DONE
+    writer = ChatStreamWriter(head_of(result), include_usage, include_reasoning=include_reasoning)
+    return replay(writer, result, piece_chars)
 
 
 def sse_error_event(err: GatewayError) -> bytes:

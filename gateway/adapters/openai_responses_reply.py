@@ -19,7 +19,17 @@ from gateway.adapters.openai_responses import (
     COMPACTION_SUMMARY_PREFIX,
     NAMESPACE_SEP,
 )
-from gateway.adapters.sse import SSE_PIECE_CHARS, event_frame, event_stream_response, pieces
+from gateway.adapters.sse import (
+    SSE_PIECE_CHARS,
+    Sent,
+    StreamHead,
+    event_frame,
+    event_stream_response,
+    head_of,
+    log,
+    pieces,
+    replay,
+)
 from gateway.canonical import CanonicalRequest, CompletionResult, ToolCall
 from gateway.errors import GatewayError
 
@@ -42,13 +52,13 @@ def _usage(result: CompletionResult) -> dict[str, Any]:
     }
 
 
-def _reasoning_item(result: CompletionResult, text: str) -> dict[str, Any]:
+def _reasoning_item(call_id: str, text: str) -> dict[str, Any]:
     return {
         "type": "reasoning",
-        "id": f"rs_{result.call_id}",
+        "id": f"rs_{call_id}",
         "summary": [{"type": "summary_text", "text": text}],
         "content": [{"type": "reasoning_text", "text": text}],
-        "encrypted_content": encode_token("reasoning", result.call_id, text),
+        "encrypted_content": encode_token("reasoning", call_id, text),
         "status": "completed",
     }
 
@@ -87,7 +97,7 @@ def output_items(result: CompletionResult) -> list[dict[str, Any]]:
     out = result.output
     items: list[dict[str, Any]] = []
     if out.reasoning:
-        items.append(_reasoning_item(result, out.reasoning))
+        items.append(_reasoning_item(result.call_id, out.reasoning))
     if out.content or not out.tool_calls:
         items.append(_message_item(result, out.content or ""))
     items.extend(_function_call_item(result, i, tc) for i, tc in enumerate(out.tool_calls))
@@ -95,14 +105,14 @@ def output_items(result: CompletionResult) -> list[dict[str, Any]]:
 
 
 def _response(
-    result: CompletionResult, status: str, output: list[dict[str, Any]], usage: bool
+    head: StreamHead, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None
 ) -> dict[str, Any]:
     return {
-        "id": response_id(result),
+        "id": f"resp_{head.call_id}",
         "object": "response",
-        "created_at": result.created,
+        "created_at": head.created,
         "status": status,
-        "model": result.model,
+        "model": head.model,
         "output": output,
         "parallel_tool_calls": True,
         "tool_choice": "auto",
@@ -115,91 +125,209 @@ def _response(
         "text": {"format": {"type": "text"}},
         "error": None,
         "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete" else None),
-        "usage": _usage(result) if usage else None,
+        "usage": usage,
     }
 
 
 def responses_body(result: CompletionResult) -> dict[str, Any]:
     """Non-stream `response` object; a length stop is `incomplete` (max_output_tokens)."""
     status = "incomplete" if _incomplete(result) else "completed"
-    return _response(result, status, output_items(result), usage=True)
+    return _response(head_of(result), status, output_items(result), _usage(result))
+
+
+class ResponsesStreamWriter:
+    """The Responses event stream of one call.
+
+    Codex takes items from `response.output_item.done` and retries any stream that ends
+    without the terminal `response.completed` (`response.incomplete` for a length stop);
+    `sequence_number` counts up from 0 without gaps. Reasoning and message text stream
+    live; function calls come at the finish, after the message, as in the `response`
+    object (the model may still write content after a call).
+    """
+
+    def __init__(self, head: StreamHead) -> None:
+        self.head = head
+        self.sent = Sent()
+        self.seq = 0
+        self.index = 0  # output_index of the next item
+        self.reasoning_at: int | None = None  # the open reasoning item's index
+        self.message_at: int | None = None  # the open message item's index
+        self.reasoning_done = False
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        frame = event_frame(kind, {"type": kind, "sequence_number": self.seq, **fields})
+        self.seq += 1
+        return frame
+
+    def start(self) -> list[bytes]:
+        pending = _response(self.head, "in_progress", [], None)
+        return [
+            self._event("response.created", response=pending),
+            self._event("response.in_progress", response=pending),
+        ]
+
+    def reasoning(self, text: str) -> list[bytes]:
+        if self.reasoning_done or self.message_at is not None:
+            log.warning("call %s: reasoning after the message; not streamed", self.head.call_id)
+            return []
+        frames: list[bytes] = []
+        if self.reasoning_at is None:
+            self.reasoning_at, self.index = self.index, self.index + 1
+            item = {**_reasoning_item(self.head.call_id, ""), "summary": [], "content": []}
+            frames.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=self.reasoning_at,
+                    item={**item, "status": "in_progress"},
+                )
+            )
+            frames.append(
+                self._event(
+                    "response.reasoning_summary_part.added",
+                    **self._place(self.reasoning_at, "rs"),
+                    summary_index=0,
+                    part={"type": "summary_text", "text": ""},
+                )
+            )
+        self.sent.reasoning += text
+        place = self._place(self.reasoning_at, "rs")
+        frames.append(
+            self._event(
+                "response.reasoning_summary_text.delta", **place, summary_index=0, delta=text
+            )
+        )
+        frames.append(
+            self._event("response.reasoning_text.delta", **place, content_index=0, delta=text)
+        )
+        return frames
+
+    def _place(self, index: int, prefix: str) -> dict[str, Any]:
+        return {"item_id": f"{prefix}_{self.head.call_id}", "output_index": index}
+
+    def _close_reasoning(self) -> list[bytes]:
+        if self.reasoning_at is None or self.reasoning_done:
+            return []
+        self.reasoning_done = True
+        text = self.sent.reasoning
+        place = self._place(self.reasoning_at, "rs")
+        summary = {"type": "summary_text", "text": text}
+        return [
+            self._event(
+                "response.reasoning_summary_text.done", **place, summary_index=0, text=text
+            ),
+            self._event(
+                "response.reasoning_summary_part.done", **place, summary_index=0, part=summary
+            ),
+            self._event("response.reasoning_text.done", **place, content_index=0, text=text),
+            self._event(
+                "response.output_item.done",
+                output_index=self.reasoning_at,
+                item=_reasoning_item(self.head.call_id, text),
+            ),
+        ]
+
+    def _open_message(self) -> list[bytes]:
+        frames = self._close_reasoning()
+        self.message_at, self.index = self.index, self.index + 1
+        item = {
+            "type": "message",
+            "id": f"msg_{self.head.call_id}",
+            "role": "assistant",
+            "status": "in_progress",
+            "content": [],
+        }
+        frames.append(
+            self._event("response.output_item.added", output_index=self.message_at, item=item)
+        )
+        frames.append(
+            self._event(
+                "response.content_part.added",
+                **self._place(self.message_at, "msg"),
+                content_index=0,
+                part=_text_part(""),
+            )
+        )
+        return frames
+
+    def content(self, text: str) -> list[bytes]:
+        frames = self._open_message() if self.message_at is None else []
+        self.sent.content += text
+        at = {**self._place(self.message_at or 0, "msg"), "content_index": 0}
+        frames.append(self._event("response.output_text.delta", **at, delta=text, logprobs=[]))
+        return frames
+
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        self.sent.tool_calls.append(call)  # sent at the finish, after the message
+        return []
+
+    def finish(self, result: CompletionResult) -> list[bytes]:
+        held = len(self.sent.tool_calls)
+        self.sent.tool_calls, calls_held = [], self.sent.tool_calls
+        reasoning, content, _ = self.sent.rest(
+            result.output.model_copy(update={"tool_calls": []}), result.call_id
+        )
+        if calls_held != result.output.tool_calls[:held]:
+            log.warning(
+                "call %s: streamed tool calls differ from the parsed output", result.call_id
+            )
+        frames = self.reasoning(reasoning) if reasoning else []
+        frames += self._close_reasoning()
+        out = result.output
+        if content or (self.message_at is None and not out.tool_calls):
+            frames += self.content(content) if content else self._open_message()
+        if self.message_at is not None:
+            text = self.sent.content
+            at = {**self._place(self.message_at, "msg"), "content_index": 0}
+            frames.append(self._event("response.output_text.done", **at, text=text, logprobs=[]))
+            frames.append(self._event("response.content_part.done", **at, part=_text_part(text)))
+            frames.append(
+                self._event(
+                    "response.output_item.done",
+                    output_index=self.message_at,
+                    item=_message_item(result, text),
+                )
+            )
+        for i, call in enumerate(out.tool_calls):
+            item = _function_call_item(result, i, call)
+            index, self.index = self.index, self.index + 1
+            place = {"item_id": item["id"], "output_index": index}
+            frames.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "arguments": "", "status": "in_progress"},
+                )
+            )
+            for piece in pieces(item["arguments"], SSE_PIECE_CHARS):
+                frames.append(
+                    self._event("response.function_call_arguments.delta", **place, delta=piece)
+                )
+            frames.append(
+                self._event(
+                    "response.function_call_arguments.done", **place, arguments=item["arguments"]
+                )
+            )
+            frames.append(self._event("response.output_item.done", output_index=index, item=item))
+        final = responses_body(result)
+        terminal = (
+            "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        )
+        frames.append(self._event(terminal, response=final))
+        return frames
+
+    def fail(self, err: GatewayError) -> list[bytes]:
+        frame = sse_failed_event(
+            err, self.head.call_id, self.head.model, self.head.created, self.seq
+        )
+        self.seq += 1
+        return [frame]
 
 
 def responses_sse(
     result: CompletionResult, *, piece_chars: int = SSE_PIECE_CHARS
 ) -> Iterator[bytes]:
-    """Re-emit a complete result as the Responses event stream.
-
-    Codex takes items from `response.output_item.done` and retries any stream that ends
-    without the terminal `response.completed` (`response.incomplete` for a length stop);
-    `sequence_number` counts up from 0 without gaps.
-    """
-    seq = 0
-
-    def event(kind: str, **fields: Any) -> bytes:
-        nonlocal seq
-        frame = event_frame(kind, {"type": kind, "sequence_number": seq, **fields})
-        seq += 1
-        return frame
-
-    yield event("response.created", response=_response(result, "in_progress", [], usage=False))
-    yield event("response.in_progress", response=_response(result, "in_progress", [], usage=False))
-    items = output_items(result)
-    for index, item in enumerate(items):
-        place = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "reasoning":
-            text = item["content"][0]["text"]
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "summary": [], "content": [], "status": "in_progress"},
-            )
-            summary = {"type": "summary_text", "text": ""}
-            yield event(
-                "response.reasoning_summary_part.added", **place, summary_index=0, part=summary
-            )
-            for piece in pieces(text, piece_chars):
-                yield event(
-                    "response.reasoning_summary_text.delta", **place, summary_index=0, delta=piece
-                )
-            yield event("response.reasoning_summary_text.done", **place, summary_index=0, text=text)
-            yield event(
-                "response.reasoning_summary_part.done",
-                **place,
-                summary_index=0,
-                part={**summary, "text": text},
-            )
-            for piece in pieces(text, piece_chars):
-                yield event("response.reasoning_text.delta", **place, content_index=0, delta=piece)
-            yield event("response.reasoning_text.done", **place, content_index=0, text=text)
-        elif item["type"] == "message":
-            text = item["content"][0]["text"]
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "content": [], "status": "in_progress"},
-            )
-            at = {**place, "content_index": 0}
-            yield event("response.content_part.added", **at, part=_text_part(""))
-            for piece in pieces(text, piece_chars):
-                yield event("response.output_text.delta", **at, delta=piece, logprobs=[])
-            yield event("response.output_text.done", **at, text=text, logprobs=[])
-            yield event("response.content_part.done", **at, part=_text_part(text))
-        else:
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "arguments": "", "status": "in_progress"},
-            )
-            for piece in pieces(item["arguments"], piece_chars):
-                yield event("response.function_call_arguments.delta", **place, delta=piece)
-            yield event(
-                "response.function_call_arguments.done", **place, arguments=item["arguments"]
-            )
-        yield event("response.output_item.done", output_index=index, item=item)
-    final = responses_body(result)
-    terminal = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-    yield event(terminal, response=final)
+    """Re-emit a complete result as the Responses event stream."""
+    return replay(ResponsesStreamWriter(head_of(result)), result, piece_chars)
 
 
 def sse_failed_event(

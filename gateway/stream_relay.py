@@ -1,0 +1,100 @@
+"""Between one streamed call's engine stream and its HTTP response.
+
+The core runs the call as always (plan, engine, parse, record) and tells the relay when
+the call is planned and each time the engine sends tokens; the relay splits them into
+stream events (`stream_parser`) and queues them for the response (`streaming`). A client
+that leaves aborts the relay: the engine request is cancelled and the core records the
+call as cancelled with the tokens sampled so far. Once the engine has finished, an abort
+changes nothing: the call is recorded as sampled, and a retry gets it from the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from typing import Any
+
+from gateway.adapters.sse import StreamHead
+from gateway.engine_client import EngineCompletion
+from gateway.incremental import IncrementalTokenizer
+from gateway.output_parser import OutputParser
+from gateway.recording import PlannedCall
+from gateway.stream_parser import OutputStream, StreamEvent
+
+
+class StreamAborted(Exception):
+    """The client closed the stream before the engine finished; the request was cancelled."""
+
+    def __init__(self, output_ids: list[int], output_logprobs: list[float]) -> None:
+        super().__init__(f"client closed the stream after {len(output_ids)} sampled tokens")
+        self.output_ids = output_ids
+        self.output_logprobs = output_logprobs
+
+
+class StreamRelay:
+    """One streamed call's live state. Used from the gateway's event loop only."""
+
+    def __init__(self, incremental: IncrementalTokenizer, parser: OutputParser) -> None:
+        self.incremental = incremental
+        self.parser = parser
+        self.head: StreamHead | None = None
+        self.output_ids: list[int] = []
+        self.output_logprobs: list[float] = []
+        self.events: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        self.flowing = asyncio.Event()
+        """Set on the engine's first chunk: from then on, failures go out in-stream."""
+        self._aborted = asyncio.Event()
+        self._output: OutputStream | None = None
+
+    def started(self, planned: PlannedCall, model: str) -> None:
+        """The call is planned: the stream's head is known, sampling starts."""
+        prompt_ids = planned.plan.prompt_ids
+        self.head = StreamHead(
+            call_id=planned.call_id,
+            model=model,
+            created=int(planned.started_at.timestamp()),
+            prompt_tokens=len(prompt_ids),
+            cached_prompt_tokens=len(prompt_ids) - planned.plan.new_token_count,
+        )
+        self._output = OutputStream(
+            self.incremental.tokenizer,
+            self.parser,
+            planned.call_id,
+            self.incremental.prompt_opens_reasoning(prompt_ids),
+        )
+
+    def on_tokens(self, ids: list[int], logprobs: list[float]) -> None:
+        """One engine chunk (its sampled ids and their logprobs)."""
+        self.output_ids.extend(ids)
+        self.output_logprobs.extend(logprobs)
+        if self._output is not None:
+            for event in self._output.feed(ids):
+                self.events.put_nowait(event)
+        self.flowing.set()
+
+    def abort(self) -> None:
+        """The client is gone: cancel the engine request if it is still running."""
+        self._aborted.set()
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted.is_set()
+
+    async def run(self, engine_call: Coroutine[Any, Any, EngineCompletion]) -> EngineCompletion:
+        """Await the engine call unless the client aborts first (then `StreamAborted`)."""
+        call = asyncio.ensure_future(engine_call)
+        if self.aborted:
+            call.cancel()
+        abort = asyncio.ensure_future(self._aborted.wait())
+        try:
+            await asyncio.wait({call, abort}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            abort.cancel()
+            if not call.done():
+                call.cancel()  # closes the engine connection: vLLM aborts the request
+                with contextlib.suppress(asyncio.CancelledError):
+                    await call
+        if call.cancelled():
+            raise StreamAborted(list(self.output_ids), list(self.output_logprobs))
+        return call.result()

@@ -1,0 +1,148 @@
+"""The incremental splitter never streams what the whole-output parse would not say, and
+streams text before the output is complete."""
+
+import random
+from pathlib import Path
+
+import pytest
+
+from gateway.canonical import ParsedOutput, ToolCall
+from gateway.incremental import load_tokenizer
+from gateway.output_parser import HermesParser
+from gateway.stream_parser import (
+    HermesSplitter,
+    IncrementalDecoder,
+    OutputStream,
+    StreamEvent,
+    TextDelta,
+    ToolCallDone,
+)
+
+PARSER = HermesParser()
+PIECES = [
+    "<think>",
+    "</think>",
+    "\n",
+    "  ",
+    "hello",
+    " world",
+    "<tool_call>",
+    "</tool_call>",
+    '{"name": "run", "arguments": {"cmd": "ls"}}',
+    '{"name": "x"',
+    '"</tool_call>"',
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<",
+    "tool",
+    "é",
+    "{",
+    "}",
+]
+
+
+def streamed(events: list[StreamEvent]) -> ParsedOutput:
+    """What a client has been shown, as a `ParsedOutput`."""
+    text = {"reasoning": "", "content": ""}
+    calls: list[ToolCall] = []
+    for event in events:
+        if isinstance(event, TextDelta):
+            text[event.field] += event.text
+        else:
+            calls.append(event.call)
+    return ParsedOutput(
+        reasoning=text["reasoning"] or None, content=text["content"] or None, tool_calls=calls
+    )
+
+
+def bare_close(text: str, starts_in_reasoning: bool) -> bool:
+    """Reasoning closed without being opened: the one case decided only in hindsight."""
+    body = PARSER._strip_end_markers(text)
+    close = body.find(PARSER.think_close)
+    return (
+        not starts_in_reasoning
+        and not body.lstrip().startswith(PARSER.think_open)
+        and close >= 0
+        and PARSER.think_open not in body[:close]
+    )
+
+
+def test_streamed_fields_are_always_a_start_of_the_whole_parse() -> None:
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(6000):
+        text = "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 12)))
+        opens = rng.random() < 0.3
+        if bare_close(text, opens):
+            continue
+        final = PARSER.parse(text, call_id="c1", starts_in_reasoning=opens)
+        splitter = HermesSplitter(PARSER, "c1", opens)
+        events: list[StreamEvent] = []
+        at = 0
+        while at < len(text):
+            step = rng.randint(1, 5)
+            events += splitter.feed(text[at : at + step])
+            at += step
+            shown = streamed(events)
+            assert (final.reasoning or "").startswith(shown.reasoning or ""), text
+            assert (final.content or "").startswith(shown.content or ""), text
+            assert final.tool_calls[: len(shown.tool_calls)] == shown.tool_calls, text
+        checked += 1
+    assert checked > 4000
+
+
+def test_a_typical_reply_streams_everything_but_the_end_marker() -> None:
+    text = (
+        '<think>\nI should look.\n</think>\n\nLet me check.\n<tool_call>\n{"name": "run", '
+        '"arguments": {"cmd": "ls"}}\n</tool_call><|im_end|>'
+    )
+    splitter = HermesSplitter(PARSER, "c1", False)
+    events: list[StreamEvent] = []
+    for ch in text:
+        events += splitter.feed(ch)
+    assert streamed(events) == PARSER.parse(text, call_id="c1")
+    # Text goes out in many small deltas, not at the end.
+    assert sum(isinstance(e, TextDelta) and e.field == "reasoning" for e in events) > 5
+    assert sum(isinstance(e, TextDelta) and e.field == "content" for e in events) > 5
+    assert isinstance(events[-1], ToolCallDone)
+
+
+def test_a_tool_call_goes_out_once_its_block_closes() -> None:
+    splitter = HermesSplitter(PARSER, "c9", False)
+    head = 'ok <tool_call>\n{"name": "run", "arguments": {"cmd": "echo </tool_call>"}}'
+    events = splitter.feed(head)
+    assert streamed(events).tool_calls == []  # the close tag is inside a JSON string
+    events += splitter.feed("\n</tool_call>")
+    assert streamed(events).tool_calls == [
+        ToolCall(id="call_c9_0", name="run", arguments='{"cmd": "echo </tool_call>"}')
+    ]
+
+
+def test_a_broken_block_holds_back_the_rest() -> None:
+    splitter = HermesSplitter(PARSER, "c1", False)
+    events = splitter.feed('Hi <tool_call>\n{"name": oops}\n</tool_call> more text here')
+    assert streamed(events) == ParsedOutput(content="Hi")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    return load_tokenizer(tiny_model_dir / "tokenizer.json")
+
+
+def test_decoder_releases_whole_characters_only(tokenizer) -> None:
+    text = "天气 北京 é 🙂 done"
+    ids = tokenizer.encode(text)
+    decoder = IncrementalDecoder(tokenizer)
+    pieces = [decoder.feed([token]) for token in ids]
+    assert "".join(pieces) == tokenizer.decode(ids) == text
+    assert all("\ufffd" not in piece for piece in pieces)
+
+
+def test_output_stream_from_token_ids(tokenizer) -> None:
+    text = "<think>\nplan\n</think>\n\nThe answer is 42.<|im_end|>"
+    ids = tokenizer.encode(text)
+    output = OutputStream(tokenizer, PARSER, "c1", starts_in_reasoning=False)
+    events: list[StreamEvent] = []
+    for token in ids:
+        events += output.feed([token])
+    assert streamed(events) == PARSER.parse(text, call_id="c1")
