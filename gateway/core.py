@@ -43,6 +43,7 @@ from gateway.store import (
     SessionMeta,
     SessionStore,
 )
+from gateway.tokenize_pool import LargeEncode, deferring_large_encodes
 from gateway.trajectory import TrajectoryCorruptError, build_segments, recorded_calls
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
@@ -460,9 +461,7 @@ class Gateway:
                 candidates = [
                     h for h in session.held if session.segment_scenes.get(h.segment_id) is scene
                 ]
-                plan = self.incremental.prepare(
-                    candidates, request.messages, request.tools, request.template_kwargs
-                )
+                plan = await self._plan(candidates, request)
             except TemplateRenderError as exc:
                 raise GatewayError("invalid_request", f"chat template: {exc}") from exc
             self.metrics.prepare_seconds.observe(time.process_time() - cpu0)
@@ -536,6 +535,26 @@ class Gateway:
         await self._synced(synced)
         self._count(request, scene, call, plan)
         return completion_of(call, parsed, request.model or self.options.model_name)
+
+    async def _plan(self, candidates: list[HeldSegment], request: CanonicalRequest) -> PromptPlan:
+        """`prepare`, with large new content tokenized off the event loop: the planner asks
+        for it by raising `LargeEncode`, and plans again once the ids are ready (see
+        `tokenize_pool`). Identical text whose ids another call took is encoded inline."""
+        offloaded: set[str] = set()
+        args = (candidates, request.messages, request.tools, request.template_kwargs)
+        while True:
+            try:
+                with deferring_large_encodes():
+                    return self.incremental.prepare(*args)
+            except LargeEncode as large:
+                if large.text in offloaded:
+                    return self.incremental.prepare(*args)
+                offloaded.add(large.text)
+                try:
+                    await large.run()
+                except BaseException:
+                    large.owner.forget(large.text)
+                    raise
 
     def count_tokens(self, request: CanonicalRequest) -> int:
         """Exact prompt length of a request under our template and tokenizer."""

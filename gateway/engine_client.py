@@ -9,7 +9,9 @@ silently misaligned logprob would poison training data rather than fail loudly.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
+import time
 from typing import Any, Literal
 
 import httpx
@@ -234,6 +236,48 @@ def _status_error(url: str, resp: httpx.Response) -> GatewayError:
     return GatewayError("engine_bad_reply", f"engine at {url} answered HTTP {code}: {message}")
 
 
+class EngineStats:
+    """What one engine did for this gateway process: calls in flight, calls, busy time
+    (seconds with at least one call in flight) and prompt tokens sent / found cached. The
+    gateway's /metrics reports them per engine, so a fleet shows an idle or hot engine."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.calls = 0
+        self.failed = 0
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
+        self._busy_s = 0.0
+        self._busy_since = 0.0
+
+    def started(self) -> None:
+        if self.inflight == 0:
+            self._busy_since = time.monotonic()
+        self.inflight += 1
+
+    def finished(self, completion: EngineCompletion | None) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._busy_s += time.monotonic() - self._busy_since
+        if completion is None:
+            self.failed += 1
+            return
+        self.calls += 1
+        self.prompt_tokens += completion.prompt_tokens
+        self.cached_prompt_tokens += completion.cached_prompt_tokens
+
+    def busy_seconds(self) -> float:
+        """Busy time so far, the current busy stretch included."""
+        current = time.monotonic() - self._busy_since if self.inflight else 0.0
+        return self._busy_s + current
+
+
+#: How calls pick an engine: `sticky` keeps a session on the engine it was assigned
+#: (least-loaded at creation), so its growing prefix hits that engine's prefix cache;
+#: `round_robin` sends each call to the next engine (only to compare the two).
+EngineRouting = Literal["sticky", "round_robin"]
+
+
 class EngineClient:
     """Talks to one or more vLLM servers serving the same model.
 
@@ -253,6 +297,7 @@ class EngineClient:
         connect_timeout_s: float = 5.0,
         retry_backoff_s: float = 0.2,
         logprobs: int = 1,
+        routing: EngineRouting = "sticky",
     ) -> None:
         if not urls:
             raise ValueError("EngineClient needs at least one engine URL")
@@ -270,6 +315,9 @@ class EngineClient:
         self._client = client if client is not None else httpx.AsyncClient()
         self._session_url: dict[str, str] = {}
         self._load: dict[str, int] = dict.fromkeys(self.urls, 0)
+        self.routing = routing
+        self._next = itertools.cycle(self.urls)
+        self.stats: dict[str, EngineStats] = {u: EngineStats() for u in self.urls}
 
     # --- session placement ----------------------------------------------------------------
 
@@ -359,17 +407,27 @@ class EngineClient:
     async def complete(
         self, url: str, prompt_ids: list[int], sampling: SamplingParams
     ) -> EngineCompletion:
-        """Sample a continuation of `prompt_ids` on engine `url`."""
-        url = url.rstrip("/")
-        resp = await self._send(
-            "POST", url, "/v1/completions", self.build_payload(prompt_ids, sampling)
-        )
-        body = self._json(url, resp)
+        """Sample a continuation of `prompt_ids` on engine `url` (the session's; the next
+        engine instead under `round_robin` routing)."""
+        url = next(self._next) if self.routing == "round_robin" else url.rstrip("/")
+        stats = self.stats.get(url)
+        if stats is None:  # an engine this process was not started with (old session meta)
+            stats = self.stats[url] = EngineStats()
+        stats.started()
+        completion: EngineCompletion | None = None
         try:
-            reply = _VllmCompletionReply.model_validate(body)
-        except ValidationError as exc:
-            raise _bad_reply(url, validation_summary(exc)) from exc
-        return extract_completion(url, prompt_ids, reply)
+            resp = await self._send(
+                "POST", url, "/v1/completions", self.build_payload(prompt_ids, sampling)
+            )
+            body = self._json(url, resp)
+            try:
+                reply = _VllmCompletionReply.model_validate(body)
+            except ValidationError as exc:
+                raise _bad_reply(url, validation_summary(exc)) from exc
+            completion = extract_completion(url, prompt_ids, reply)
+            return completion
+        finally:
+            stats.finished(completion)
 
     async def model_info(self, url: str) -> EngineModelInfo:
         """Read `/v1/models` for our model's context window (`max_model_len`)."""

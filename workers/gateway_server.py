@@ -28,10 +28,11 @@ from starlette.applications import Starlette
 from gateway.app import GatewayApp
 from gateway.chat_template import ChatTemplate
 from gateway.core import Gateway, GatewayOptions
-from gateway.engine_client import EngineClient
-from gateway.incremental import IncrementalTokenizer, load_tokenizer
+from gateway.engine_client import EngineClient, EngineRouting
+from gateway.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
 from gateway.model_files import load_model_files
 from gateway.output_parser import get_parser
+from gateway.tokenize_pool import OffloadingTokenizer
 
 log = logging.getLogger("rollout.gateway")
 
@@ -62,6 +63,11 @@ class GatewaySettings(BaseModel):
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
     session_janitor_interval_s: float = Field(default=30.0, ge=0)
+    #: New text of at least this many characters is tokenized in a worker process, off
+    #: the event loop (0: always inline); see gateway/tokenize_pool.py.
+    tokenize_offload_chars: int = Field(default=16384, ge=0)
+    tokenize_workers: int = Field(default=1, ge=1)
+    engine_routing: EngineRouting = "sticky"
 
 
 def is_loopback(host: str) -> bool:
@@ -123,7 +129,14 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
     template = ChatTemplate(
         files.chat_template, bos_token=files.bos_token, eos_token=files.eos_token
     )
-    tokenizer = load_tokenizer(files.tokenizer_path)
+    tokenizer: Tokenizer = load_tokenizer(files.tokenizer_path)
+    if settings.tokenize_offload_chars:
+        tokenizer = OffloadingTokenizer(
+            tokenizer,
+            files.tokenizer_path,
+            settings.tokenize_offload_chars,
+            settings.tokenize_workers,
+        )
     incremental = IncrementalTokenizer(template, tokenizer, eot_token=files.end_of_turn)
     window = (
         settings.context_window
@@ -146,6 +159,7 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         settings.model,
         request_timeout_s=settings.request_timeout_s,
         connect_retries=3,
+        routing=settings.engine_routing,
     )
     return Gateway(options, template, incremental, get_parser(settings.parser), engine)
 
