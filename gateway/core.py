@@ -60,6 +60,9 @@ class GatewayOptions(BaseModel):
 
     model_name: str
     public_url: str
+    advertised_url: str | None = None
+    """The one address agents are given when processes share a port (`owner_forwarding`);
+    None: this process's own `public_url`, which always identifies the owner."""
     data_dir: Path
     context_window: int
     default_max_tokens: int = 4096
@@ -248,7 +251,7 @@ class Gateway:
     def _created_reply(
         self, session_id: str, token: str, owner_url: str | None = None
     ) -> SessionCreated:
-        base = (owner_url or self.options.public_url).rstrip("/")
+        base = (self.options.advertised_url or owner_url or self.options.public_url).rstrip("/")
         return SessionCreated(
             session_id=session_id,
             token=token,

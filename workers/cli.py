@@ -45,6 +45,10 @@ def gateway(
     control_port: Annotated[
         int, typer.Option(help="control API port: workers, trainers (process i: port+i)")
     ] = 8800,
+    shared_port: Annotated[
+        int | None,
+        typer.Option(help="one agent port for all processes; calls reach their session's owner"),
+    ] = None,
     processes: Annotated[
         int, typer.Option(min=1, help="gateway processes, one agent + one control port each")
     ] = 1,
@@ -89,6 +93,7 @@ def gateway(
         port=port,
         control_host=control_host,
         control_port=control_port,
+        shared_port=shared_port,
         public_url=public_url,
         data_dir=data_dir,
         admin_token=admin_token or os.environ.get("ROLLOUT_ADMIN_TOKEN"),
