@@ -372,6 +372,7 @@ def main() -> None:
     parser.add_argument("--tokenize-offload-chars", type=int, default=16384)
     parser.add_argument("--json", action="store_true", help="print rows as JSON lines too")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children on the way out
     model = ensure_tiny_model()
     engine_port = free_port()
     engine = subprocess.Popen(

@@ -18,6 +18,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.adapters.wire import ReplyWire, validation_summary
+from gateway.engine_pool import EngineTransport
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
@@ -312,7 +313,9 @@ class EngineClient:
             request_timeout_s, connect=min(connect_timeout_s, request_timeout_s)
         )
         self._owns_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient()
+        self._client = (
+            client if client is not None else httpx.AsyncClient(transport=EngineTransport())
+        )
         self._session_url: dict[str, str] = {}
         self._load: dict[str, int] = dict.fromkeys(self.urls, 0)
         self.routing = routing
