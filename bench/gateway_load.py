@@ -142,7 +142,7 @@ async def scrape(client: httpx.AsyncClient, controls: list[str]) -> dict[str, fl
     """All processes' metrics merged (counters and histograms add up)."""
     merged: dict[str, float] = {}
     for control in controls:
-        page = parse_metrics((await client.get(f"{control}/metrics")).text)
+        page = parse_metrics((await client.get(f"{control}/metrics", timeout=300)).text)
         for key, value in page.items():
             merged[key] = merged.get(key, 0.0) + value
     return merged
@@ -229,7 +229,10 @@ async def agent(
                 break
             finished = time.monotonic()
             if status != 200:
-                key = f"HTTP {status}"
+                try:
+                    key = f"HTTP {status}: {json.loads(data)['error']['message'][:80]}"
+                except (ValueError, KeyError, TypeError):
+                    key = f"HTTP {status}"
                 results.errors[key] = results.errors.get(key, 0) + 1
                 break
             results.latencies.append((finished, finished - started))
@@ -386,7 +389,11 @@ def main() -> None:
         wait_healthy(engine_url, engine)
         for processes in (int(p) for p in args.processes.split(",")):
             for sessions in (int(k) for k in args.sessions.split(",")):
-                row = run_one(args, model, engine_url, processes, sessions)
+                try:
+                    row = run_one(args, model, engine_url, processes, sessions)
+                except (httpx.HTTPError, OSError) as exc:  # a starved gateway: say so, go on
+                    print(f"processes={processes} sessions={sessions}: {exc!r}", flush=True)
+                    continue
                 rows.append(row)
                 if args.json:
                     print(json.dumps(row), flush=True)

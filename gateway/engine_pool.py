@@ -21,7 +21,10 @@ class IdleStackPool:
     """An httpcore-compatible pool (`handle_async_request`, `aclose`) for HTTP/1.1 to a few
     origins. Concurrency is bounded by the caller (the gateway's engine slots)."""
 
-    def __init__(self, max_idle_per_origin: int = 1024, keepalive_expiry_s: float = 60.0) -> None:
+    def __init__(self, max_idle_per_origin: int = 1024, keepalive_expiry_s: float = 4.0) -> None:
+        """`keepalive_expiry_s` is below the engines' own idle timeout (uvicorn's and vLLM's
+        is 5 s), so we drop an idle connection before the engine does: a call sent on a
+        connection the engine is closing fails, and cannot be retried safely."""
         self.max_idle_per_origin = max_idle_per_origin
         self.keepalive_expiry_s = keepalive_expiry_s
         #: (scheme, host, port) → idle connections, most recently released last.
@@ -59,6 +62,11 @@ class IdleStackPool:
             stack.append(connection)
         else:
             await self._drop(connection)
+        # The bottom of the stack is the longest idle: close it once expired, a little at
+        # every release, so a burst's connections do not stay open after it.
+        for _ in range(2):
+            if len(stack) > 1 and (stack[0].is_closed() or stack[0].has_expired()):
+                await self._drop(stack.pop(0))
 
     async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
         origin = request.url.origin

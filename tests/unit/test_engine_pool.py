@@ -32,8 +32,14 @@ async def stream(request: Request) -> Response:
     return StreamingResponse(parts(), media_type="text/plain")
 
 
+async def port(request: Request) -> Response:
+    assert request.client is not None
+    return JSONResponse({"port": request.client.port})
+
+
 APP = Starlette(
     routes=[
+        Route("/port", port, methods=["GET"]),
         Route("/echo", echo, methods=["POST"]),
         Route("/close", closing, methods=["GET"]),
         Route("/stream", stream, methods=["GET"]),
@@ -87,3 +93,20 @@ def test_a_refused_connection_is_httpx_connect_error() -> None:
     with BackgroundServer(APP) as server:
         url = server.url
     asyncio.run(refused(url))
+
+
+async def expiring(url: str) -> None:
+    pool = IdleStackPool(keepalive_expiry_s=0.05)
+    async with httpx.AsyncClient(transport=EngineTransport(pool), base_url=url) as client:
+        first = (await client.get("/port")).json()["port"]
+        assert (await client.get("/port")).json()["port"] == first  # reused at once
+        await asyncio.sleep(0.2)
+        assert (await client.get("/port")).json()["port"] != first  # expired: a new one
+        assert pool.open_connections == 1
+
+
+def test_an_idle_connection_past_its_keepalive_is_not_reused() -> None:
+    """Engines close idle connections after 5 s; the pool gives them up first (4 s), so a
+    call is never sent on a connection the engine is closing."""
+    with BackgroundServer(APP) as server:
+        asyncio.run(expiring(server.url))
