@@ -35,10 +35,12 @@ from gateway.adapters.wire import field_error, load_object
 from gateway.canonical import CanonicalRequest
 from gateway.core import Gateway, LiveSession
 from gateway.errors import GatewayError
+from gateway.load_metrics import EngineCollector, LoopLagMonitor
 from gateway.policy_update import PolicyUpdater
 from gateway.session_janitor import SessionJanitor
 from gateway.spans import SpanMiddleware, lap
 from gateway.streaming import stream_reply
+from gateway.tokenize_pool import OffloadingTokenizer
 from schemas.policy import PeerPause, PeerResume, PolicyUpdate
 from schemas.session import SessionConfig, SessionList
 
@@ -97,6 +99,9 @@ class GatewayApp:
         self.policy = PolicyUpdater(
             gateway.policy, gateway.engine.urls, gateway.options.data_dir, peers, admin_token
         )
+        registry = gateway.metrics.registry
+        registry.register(EngineCollector(gateway.engine, gateway.incremental.tokenizer))
+        self.loop_lag = LoopLagMonitor(registry)
 
     # ------------------------------------------------------------------ plumbing
     async def _read_json(self, request: Request) -> dict[str, Any]:
@@ -360,14 +365,22 @@ class GatewayApp:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """What runs as long as the app serves: the session janitor."""
-        janitor = asyncio.create_task(SessionJanitor(self.gateway).run())
+        """What runs as long as the app serves: the session janitor, the loop-lag probe;
+        the tokenizer pool (if one was started) stops with it."""
+        tasks = [
+            asyncio.create_task(SessionJanitor(self.gateway).run()),
+            asyncio.create_task(self.loop_lag.run()),
+        ]
         try:
             yield
         finally:
-            janitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await janitor
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            tokenizer = self.gateway.incremental.tokenizer
+            if isinstance(tokenizer, OffloadingTokenizer):
+                await asyncio.to_thread(tokenizer.close)
 
 
 def _by_method(handlers: dict[str, Handler]) -> Handler:

@@ -48,6 +48,7 @@ from gateway.store import (
     SessionStore,
 )
 from gateway.stream_relay import StreamAborted, StreamRelay
+from gateway.tokenize_pool import LargeEncode, deferring_large_encodes
 from gateway.trajectory import TrajectoryCorruptError, build_segments, recorded_calls
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
@@ -64,6 +65,9 @@ class GatewayOptions(BaseModel):
 
     model_name: str
     public_url: str
+    advertised_url: str | None = None
+    """The one address agents are given when processes share a port (`owner_forwarding`);
+    None: this process's own `public_url`, which always identifies the owner."""
     data_dir: Path
     context_window: int
     default_max_tokens: int = 4096
@@ -255,7 +259,7 @@ class Gateway:
     def _created_reply(
         self, session_id: str, token: str, owner_url: str | None = None
     ) -> SessionCreated:
-        base = (owner_url or self.options.public_url).rstrip("/")
+        base = (self.options.advertised_url or owner_url or self.options.public_url).rstrip("/")
         return SessionCreated(
             session_id=session_id,
             token=token,
@@ -475,9 +479,7 @@ class Gateway:
                 candidates = [
                     h for h in session.held if session.segment_scenes.get(h.segment_id) is scene
                 ]
-                plan = self.incremental.prepare(
-                    candidates, request.messages, request.tools, request.template_kwargs
-                )
+                plan = await self._plan(candidates, request)
             except TemplateRenderError as exc:
                 raise GatewayError("invalid_request", f"chat template: {exc}") from exc
             self.metrics.prepare_seconds.observe(time.process_time() - cpu0)
@@ -571,6 +573,26 @@ class Gateway:
         lap("sync")
         self._count(request, scene, call, plan)
         return completion_of(call, parsed, request.model or self.options.model_name)
+
+    async def _plan(self, candidates: list[HeldSegment], request: CanonicalRequest) -> PromptPlan:
+        """`prepare`, with large new content tokenized off the event loop: the planner asks
+        for it by raising `LargeEncode`, and plans again once the ids are ready (see
+        `tokenize_pool`). Identical text whose ids another call took is encoded inline."""
+        offloaded: set[str] = set()
+        args = (candidates, request.messages, request.tools, request.template_kwargs)
+        while True:
+            try:
+                with deferring_large_encodes():
+                    return self.incremental.prepare(*args)
+            except LargeEncode as large:
+                if large.text in offloaded:
+                    return self.incremental.prepare(*args)
+                offloaded.add(large.text)
+                try:
+                    await large.run()
+                except BaseException:
+                    large.owner.forget(large.text)
+                    raise
 
     def count_tokens(self, request: CanonicalRequest) -> int:
         """Exact prompt length of a request under our template and tokenizer."""

@@ -9,8 +9,10 @@ silently misaligned logprob would poison training data rather than fail loudly.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -19,6 +21,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.adapters.wire import ReplyWire, validation_summary
+from gateway.engine_pool import EngineTransport
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
@@ -325,6 +328,48 @@ def _status_error(url: str, resp: httpx.Response) -> GatewayError:
     return GatewayError("engine_bad_reply", f"engine at {url} answered HTTP {code}: {message}")
 
 
+class EngineStats:
+    """What one engine did for this gateway process: calls in flight, calls, busy time
+    (seconds with at least one call in flight) and prompt tokens sent / found cached. The
+    gateway's /metrics reports them per engine, so a fleet shows an idle or hot engine."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.calls = 0
+        self.failed = 0
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
+        self._busy_s = 0.0
+        self._busy_since = 0.0
+
+    def started(self) -> None:
+        if self.inflight == 0:
+            self._busy_since = time.monotonic()
+        self.inflight += 1
+
+    def finished(self, completion: EngineCompletion | None) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._busy_s += time.monotonic() - self._busy_since
+        if completion is None:
+            self.failed += 1
+            return
+        self.calls += 1
+        self.prompt_tokens += completion.prompt_tokens
+        self.cached_prompt_tokens += completion.cached_prompt_tokens
+
+    def busy_seconds(self) -> float:
+        """Busy time so far, the current busy stretch included."""
+        current = time.monotonic() - self._busy_since if self.inflight else 0.0
+        return self._busy_s + current
+
+
+#: How calls pick an engine: `sticky` keeps a session on the engine it was assigned
+#: (least-loaded at creation), so its growing prefix hits that engine's prefix cache;
+#: `round_robin` sends each call to the next engine (only to compare the two).
+EngineRouting = Literal["sticky", "round_robin"]
+
+
 class EngineClient:
     """Talks to one or more vLLM servers serving the same model.
 
@@ -344,6 +389,7 @@ class EngineClient:
         connect_timeout_s: float = 5.0,
         retry_backoff_s: float = 0.2,
         logprobs: int = 1,
+        routing: EngineRouting = "sticky",
     ) -> None:
         if not urls:
             raise ValueError("EngineClient needs at least one engine URL")
@@ -358,9 +404,14 @@ class EngineClient:
             request_timeout_s, connect=min(connect_timeout_s, request_timeout_s)
         )
         self._owns_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient()
+        self._client = (
+            client if client is not None else httpx.AsyncClient(transport=EngineTransport())
+        )
         self._session_url: dict[str, str] = {}
         self._load: dict[str, int] = dict.fromkeys(self.urls, 0)
+        self.routing = routing
+        self._next = itertools.cycle(self.urls)
+        self.stats: dict[str, EngineStats] = {u: EngineStats() for u in self.urls}
 
     # --- session placement ----------------------------------------------------------------
 
@@ -471,19 +522,36 @@ class EngineClient:
     async def complete(
         self, url: str, prompt_ids: list[int], sampling: SamplingParams
     ) -> EngineCompletion:
-        """Sample a continuation of `prompt_ids` on engine `url`."""
-        url = url.rstrip("/")
-        # orjson and pydantic's own JSON parser: both ends scale with the prompt (vLLM
-        # echoes the prompt ids), so the slower stdlib `json` would grow with the session.
-        payload = orjson.dumps(self.build_payload(prompt_ids, sampling))
-        resp = await self._send("POST", url, "/v1/completions", content=payload)
+        """Sample a continuation of `prompt_ids` on engine `url` (the session's; the next
+        engine instead under `round_robin` routing)."""
+        url = self._route(url)
+        stats = self._stats_for(url)
+        stats.started()
+        completion: EngineCompletion | None = None
         try:
-            reply = _VllmCompletionReply.model_validate_json(resp.content)
-        except ValidationError as exc:
-            if any(error["type"] == "json_invalid" for error in exc.errors()):
-                raise _bad_reply(url, "body is not JSON") from exc
-            raise _bad_reply(url, validation_summary(exc)) from exc
-        return extract_completion(url, prompt_ids, reply)
+            # orjson and pydantic's own JSON parser: both ends scale with the prompt (vLLM
+            # echoes the prompt ids), so the slower stdlib `json` would grow with the session.
+            payload = orjson.dumps(self.build_payload(prompt_ids, sampling))
+            resp = await self._send("POST", url, "/v1/completions", content=payload)
+            try:
+                reply = _VllmCompletionReply.model_validate_json(resp.content)
+            except ValidationError as exc:
+                if any(error["type"] == "json_invalid" for error in exc.errors()):
+                    raise _bad_reply(url, "body is not JSON") from exc
+                raise _bad_reply(url, validation_summary(exc)) from exc
+            completion = extract_completion(url, prompt_ids, reply)
+            return completion
+        finally:
+            stats.finished(completion)
+
+    def _route(self, url: str) -> str:
+        return next(self._next) if self.routing == "round_robin" else url.rstrip("/")
+
+    def _stats_for(self, url: str) -> EngineStats:
+        stats = self.stats.get(url)
+        if stats is None:  # an engine this process was not started with (old session meta)
+            stats = self.stats[url] = EngineStats()
+        return stats
 
     async def stream(
         self,
@@ -495,7 +563,19 @@ class EngineClient:
         """Sample like `complete`, but on vLLM's stream: `on_tokens(ids, logprobs)` gets each
         chunk's sampled ids as they arrive. The result is validated exactly as `complete`'s
         (the chunks are merged into one reply first), so both paths record the same."""
-        url = url.rstrip("/")
+        url = self._route(url)
+        stats = self._stats_for(url)
+        stats.started()
+        completion: EngineCompletion | None = None
+        try:
+            completion = await self._stream(url, prompt_ids, sampling, on_tokens)
+            return completion
+        finally:
+            stats.finished(completion)
+
+    async def _stream(
+        self, url: str, prompt_ids: list[int], sampling: SamplingParams, on_tokens: TokenSink
+    ) -> EngineCompletion:
         payload = self.build_payload(prompt_ids, sampling)
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}

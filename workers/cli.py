@@ -13,6 +13,11 @@ class Fsync(StrEnum):
     off = "off"
 
 
+class Routing(StrEnum):
+    sticky = "sticky"
+    round_robin = "round-robin"
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agentic Rollout")
 
 
@@ -40,6 +45,10 @@ def gateway(
     control_port: Annotated[
         int, typer.Option(help="control API port: workers, trainers (process i: port+i)")
     ] = 8800,
+    shared_port: Annotated[
+        int | None,
+        typer.Option(help="one agent port for all processes; calls reach their session's owner"),
+    ] = None,
     processes: Annotated[
         int, typer.Option(min=1, help="gateway processes, one agent + one control port each")
     ] = 1,
@@ -63,6 +72,12 @@ def gateway(
     session_janitor_interval_s: Annotated[
         float, typer.Option(min=0, help="s between closing sessions past their TTL (0: off)")
     ] = 30.0,
+    tokenize_offload_chars: Annotated[
+        int, typer.Option(min=0, help="tokenize new text this long in a worker process (0: off)")
+    ] = 16384,
+    engine_routing: Annotated[
+        Routing, typer.Option(help="sticky: a session keeps its engine; round-robin: compare")
+    ] = Routing.sticky,
 ) -> None:
     """Serve the Gateway: the agent-facing protocols on --port, the control API, /metrics
     and /health on --control-port."""
@@ -78,6 +93,7 @@ def gateway(
         port=port,
         control_host=control_host,
         control_port=control_port,
+        shared_port=shared_port,
         public_url=public_url,
         data_dir=data_dir,
         admin_token=admin_token or os.environ.get("ROLLOUT_ADMIN_TOKEN"),
@@ -86,6 +102,8 @@ def gateway(
         fsync=fsync.value,
         fsync_interval_ms=fsync_interval_ms,
         session_janitor_interval_s=session_janitor_interval_s,
+        tokenize_offload_chars=tokenize_offload_chars,
+        engine_routing=engine_routing.value.replace("-", "_"),
     )
     serve(settings, processes=processes)
 

@@ -25,13 +25,15 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 
-from gateway.app import GatewayApp
+from gateway.app import GatewayApp, error_responder_for
 from gateway.chat_template import ChatTemplate
 from gateway.core import Gateway, GatewayOptions
-from gateway.engine_client import EngineClient
-from gateway.incremental import IncrementalTokenizer, load_tokenizer
+from gateway.engine_client import EngineClient, EngineRouting
+from gateway.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
 from gateway.model_files import load_model_files
 from gateway.output_parser import get_parser
+from gateway.owner_forwarding import OwnerForwarder
+from gateway.tokenize_pool import OffloadingTokenizer
 
 log = logging.getLogger("rollout.gateway")
 
@@ -52,7 +54,14 @@ class GatewaySettings(BaseModel):
     #: The control API + /metrics + /health listener (admin token): workers, trainers.
     control_host: str = "127.0.0.1"
     control_port: int = Field(default=8800, ge=0, le=65535)
+    #: One agent address for all processes (SO_REUSEPORT on `host`): session base URLs
+    #: name it, and a call that lands on a process not owning its session is relayed to
+    #: the owner's own port (gateway/owner_forwarding.py). None: each process's own port.
+    shared_port: int | None = Field(default=None, ge=1, le=65535)
     public_url: str | None = None
+    #: Set by the supervisor for its children: the advertised URL (`public_url` of the
+    #: command line, else the shared port); a child's `public_url` is its own port.
+    advertised_url: str | None = None
     data_dir: Path = Path("./data/gateway")
     admin_token: str | None = None
     insecure_dev: bool = False
@@ -65,6 +74,11 @@ class GatewaySettings(BaseModel):
     #: The other processes' control URLs (set by `serve` for N processes): a policy
     #: update on any process pauses them all, as they share the engines.
     peer_control_urls: list[str] = Field(default_factory=list)
+    #: New text of at least this many characters is tokenized in a worker process, off
+    #: the event loop (0: always inline); see gateway/tokenize_pool.py.
+    tokenize_offload_chars: int = Field(default=16384, ge=0)
+    tokenize_workers: int = Field(default=1, ge=1)
+    engine_routing: EngineRouting = "sticky"
 
 
 def is_loopback(host: str) -> bool:
@@ -99,6 +113,11 @@ def check_ports(settings: GatewaySettings, processes: int) -> None:
         return  # ephemeral ports never collide
     agent = set(range(settings.port, settings.port + processes))
     control = set(range(settings.control_port, settings.control_port + processes))
+    if settings.shared_port is not None and settings.shared_port in agent | control:
+        raise SystemExit(
+            f"refusing to start: --shared-port {settings.shared_port} is also one of the "
+            "processes' own agent or control ports"
+        )
     if agent & control or max(agent | control) > 65535:
         raise SystemExit(
             f"refusing to start: {processes} process(es) need agent ports {settings.port}-"
@@ -126,7 +145,14 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
     template = ChatTemplate(
         files.chat_template, bos_token=files.bos_token, eos_token=files.eos_token
     )
-    tokenizer = load_tokenizer(files.tokenizer_path)
+    tokenizer: Tokenizer = load_tokenizer(files.tokenizer_path)
+    if settings.tokenize_offload_chars:
+        tokenizer = OffloadingTokenizer(
+            tokenizer,
+            files.tokenizer_path,
+            settings.tokenize_offload_chars,
+            settings.tokenize_workers,
+        )
     incremental = IncrementalTokenizer(template, tokenizer, eot_token=files.end_of_turn)
     window = (
         settings.context_window
@@ -135,9 +161,13 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         or 32768
     )
     public = settings.public_url or f"http://{settings.host}:{settings.port}"
+    advertised = settings.advertised_url
+    if advertised is None and settings.shared_port is not None:
+        advertised = settings.public_url or f"http://{settings.host}:{settings.shared_port}"
     options = GatewayOptions(
         model_name=settings.model,
         public_url=public,
+        advertised_url=advertised,
         data_dir=settings.data_dir,
         context_window=window,
         fsync=settings.fsync,
@@ -149,12 +179,22 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         settings.model,
         request_timeout_s=settings.request_timeout_s,
         connect_retries=3,
+        routing=settings.engine_routing,
     )
     return Gateway(options, template, incremental, get_parser(settings.parser), engine)
 
 
 def build_apps(settings: GatewaySettings) -> tuple[Starlette, Starlette]:
     """(agent app, control app) around one Gateway core, after the admin-token policy."""
+    agent, control, _ = build_listener_apps(settings)
+    return agent, control
+
+
+def build_listener_apps(
+    settings: GatewaySettings,
+) -> tuple[Starlette, Starlette, OwnerForwarder]:
+    """(agent app, control app, shared-port app) around one Gateway core: the shared-port
+    app serves this process's sessions with the agent app and relays the others'."""
     check_admin_policy(settings)
     app = GatewayApp(
         build_gateway(settings),
@@ -162,15 +202,20 @@ def build_apps(settings: GatewaySettings) -> tuple[Starlette, Starlette]:
         settings.max_body_bytes,
         peers=settings.peer_control_urls,
     )
-    return app.build("agent"), app.build("control")
+    agent = app.build("agent")
+    shared = OwnerForwarder(agent, app.gateway, error_responder_for, settings.max_body_bytes)
+    return agent, app.build("control"), shared
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, shared: bool = False) -> socket.socket:
     """Bind before anything loads, so a taken port fails at once with its address.
-    proto=IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections."""
+    proto=IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections. `shared`: the
+    port all gateway processes bind (SO_REUSEPORT; the kernel spreads connections)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -193,11 +238,17 @@ async def serve_listeners(settings: GatewaySettings) -> None:
     check_admin_policy(settings)
     agent_sock = listen(settings.host, settings.port)
     control_sock = listen(settings.control_host, settings.control_port)
-    agent_app, control_app = build_apps(settings)
+    shared_sock = None
+    if settings.shared_port is not None:
+        shared_sock = listen(settings.host, settings.shared_port, shared=True)
+    agent_app, control_app, shared_app = build_listener_apps(settings)
     servers = [
         (_Listener(uvicorn.Config(agent_app, log_level="warning")), agent_sock),
         (_Listener(uvicorn.Config(control_app, log_level="warning")), control_sock),
     ]
+    if shared_sock is not None:
+        config = uvicorn.Config(shared_app, log_level="warning", lifespan="off")
+        servers.append((_Listener(config), shared_sock))
 
     def stop() -> None:
         for server, _ in servers:
@@ -206,7 +257,10 @@ async def serve_listeners(settings: GatewaySettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+    try:
+        await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+    finally:
+        await shared_app.aclose()
 
 
 def _reachable(host: str) -> str:
@@ -222,9 +276,12 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
     """Serve in this process, or supervise N child processes on consecutive port pairs."""
     check_admin_policy(settings)
     check_ports(settings, processes)
+    shared = ""
+    if settings.shared_port is not None:
+        shared = f"shared agent address http://{settings.host}:{settings.shared_port}, "
     if processes <= 1:
         print(
-            f"gateway: agent API http://{settings.host}:{settings.port}, control API "
+            f"gateway: {shared}agent API http://{settings.host}:{settings.port}, control API "
             f"http://{settings.control_host}:{settings.control_port}",
             flush=True,
         )
@@ -235,6 +292,9 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
         f"http://{_reachable(settings.control_host)}:{settings.control_port + i}"
         for i in range(processes)
     ]
+    advertised = None
+    if settings.shared_port is not None:
+        advertised = settings.public_url or f"http://{settings.host}:{settings.shared_port}"
     for index in range(processes):
         port, control_port = settings.port + index, settings.control_port + index
         child_settings = settings.model_copy(
@@ -242,6 +302,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
                 "port": port,
                 "control_port": control_port,
                 "public_url": None,
+                "advertised_url": advertised,
                 "admin_token": settings.admin_token,
                 "peer_control_urls": [u for i, u in enumerate(controls) if i != index],
             }
@@ -249,7 +310,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
         env = dict(os.environ, ROLLOUT_GATEWAY_SETTINGS=child_settings.model_dump_json())
         children.append(subprocess.Popen([sys.executable, "-m", "workers.gateway_server"], env=env))
         print(
-            f"gateway process {index}: agent API http://{settings.host}:{port}, "
+            f"gateway process {index}: {shared}agent API http://{settings.host}:{port}, "
             f"control API http://{settings.control_host}:{control_port}",
             flush=True,
         )

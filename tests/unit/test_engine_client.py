@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -416,3 +417,62 @@ def test_constructor_validation() -> None:
         EngineClient([], MODEL, request_timeout_s=1, connect_retries=0)
     with pytest.raises(ValueError):
         EngineClient(["http://a"], MODEL, request_timeout_s=1, connect_retries=-1)
+
+
+# --- routing and per-engine stats -----------------------------------------------------------
+
+
+def _recording_transport(hosts: list[str]) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        hosts.append(request.url.host)
+        prompt = json.loads(request.content)["prompt"]
+        return httpx.Response(200, json=FakeVllmForTests.good_reply(prompt, [7, 8, 9]))
+
+    return httpx.MockTransport(handler)
+
+
+async def test_sticky_routing_keeps_a_session_on_its_engine_and_counts_per_engine() -> None:
+    hosts: list[str] = []
+    async with httpx.AsyncClient(transport=_recording_transport(hosts)) as http:
+        ec = EngineClient(
+            ["http://a", "http://b"], MODEL, request_timeout_s=5, connect_retries=0, client=http
+        )
+        url = ec.assign("s1")
+        for _ in range(3):
+            await ec.complete(url, PROMPT, SamplingParams())
+    assert hosts == ["a", "a", "a"]
+    a, b = ec.stats["http://a"], ec.stats["http://b"]
+    assert (a.calls, a.failed, a.inflight, a.prompt_tokens, a.cached_prompt_tokens) == (
+        3, 0, 0, 3 * len(PROMPT), 3 * 2,
+    )  # fmt: skip
+    assert a.busy_seconds() > 0 and b.busy_seconds() == 0
+    assert (b.calls, b.prompt_tokens) == (0, 0)
+
+
+async def test_round_robin_routing_sends_each_call_to_the_next_engine() -> None:
+    """Only to compare with sticky routing (bench/engine_routing.py): the session's own
+    engine is ignored, calls alternate."""
+    hosts: list[str] = []
+    async with httpx.AsyncClient(transport=_recording_transport(hosts)) as http:
+        ec = EngineClient(
+            ["http://a", "http://b"], MODEL, request_timeout_s=5, connect_retries=0,
+            client=http, routing="round_robin",
+        )  # fmt: skip
+        url = ec.assign("s1")
+        for _ in range(4):
+            await ec.complete(url, PROMPT, SamplingParams())
+    assert hosts == ["a", "b", "a", "b"]
+    assert [ec.stats[u].calls for u in ("http://a", "http://b")] == [2, 2]
+
+
+async def test_a_failed_call_is_counted_as_failed_and_leaves_nothing_in_flight() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, json={"error": {"message": "boom"}})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        ec = EngineClient(["http://a"], MODEL, request_timeout_s=5, connect_retries=0, client=http)
+        await expect_error(
+            ec.complete("http://a", PROMPT, SamplingParams()), 502, "engine_bad_reply"
+        )
+    stats = ec.stats["http://a"]
+    assert (stats.calls, stats.failed, stats.inflight) == (0, 1, 0)

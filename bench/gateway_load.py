@@ -1,0 +1,441 @@
+"""Gateway under load: K concurrent sessions of tool-calling conversations with agent
+think-time, against an engine with a fixed latency, on 1..N gateway processes.
+
+Per (processes, sessions) run, side by side in one invocation: calls/s (total and per
+process), the latency the gateway adds (client-observed minus the engine's fixed delay,
+p50/p99), the gateway processes' event-loop lag (p50/p99 from their
+`rollout_gateway_event_loop_lag_seconds` histogram, and its mean), gateway CPU per call,
+and with `--shared-port` the share of calls relayed to their owner process.
+
+The engine is `devstack.fixed_latency_engine` (a FAKE that answers every call with the
+same tool call after `--engine-latency-ms`, in its own process): a real engine here would
+measure itself. The agents are raw HTTP/1.1 keep-alive connections (one per session) in
+this process — an SDK per session would cost the client more CPU than the gateway.
+Each session runs up to `--turns` turns; the measurement window is `--seconds` after a
+`--warmup-s` ramp, so at large K sessions do not reach the last turn (reported).
+
+Run: `python bench/gateway_load.py [--processes 1,2] [--sessions 100,500,2000]
+[--shared-port] [--large-every 0 --large-chars 60000] [--tokenize-offload-chars 16384]`.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from devstack.ports import consecutive_free_ports, free_port
+from devstack.tiny_model import ensure_tiny_model
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
+TOOL_OUTPUT = "total 8\n-rw-r--r-- 1 root root 42 hello.py\n-rw-r--r-- 1 root root 17 notes.md\n"
+LARGE_LINE = "2026-12-01 00:00:00 INFO worker-{i} wrote block {j} of the build cache\n"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+
+# ----------------------------------------------------------------------- processes
+
+
+def process_ticks(root: int) -> int:
+    """utime + stime (clock ticks) of `root` and all its descendants."""
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(stat[11]) + int(stat[12])
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url}: process exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not become healthy")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ----------------------------------------------------------------------- metrics
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {"name{labels}": value} (sums need no label parsing here)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def summed(snapshot: dict[str, float], name: str) -> float:
+    return sum(v for k, v in snapshot.items() if k == name or k.startswith(name + "{"))
+
+
+def lag_quantiles(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, float]:
+    """(p50, p99) bucket upper bounds and the mean of the lag histogram between snapshots."""
+    name = "rollout_gateway_event_loop_lag_seconds"
+    buckets: list[tuple[float, float]] = []
+    for key, value in after.items():
+        if key.startswith(name + "_bucket{"):
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets.append((bound, value - before.get(key, 0.0)))
+    buckets.sort()
+    count = summed(after, name + "_count") - summed(before, name + "_count")
+    total = summed(after, name + "_sum") - summed(before, name + "_sum")
+
+    def q(frac: float) -> float:
+        for bound, cumulative in buckets:
+            if cumulative >= frac * count:
+                return bound
+        return float("inf")
+
+    return q(0.5), q(0.99), (total / count if count else 0.0)
+
+
+async def scrape(client: httpx.AsyncClient, controls: list[str]) -> dict[str, float]:
+    """All processes' metrics merged (counters and histograms add up)."""
+    merged: dict[str, float] = {}
+    for control in controls:
+        page = parse_metrics((await client.get(f"{control}/metrics", timeout=300)).text)
+        for key, value in page.items():
+            merged[key] = merged.get(key, 0.0) + value
+    return merged
+
+
+# ----------------------------------------------------------------------- agents
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection: just enough client for JSON POSTs."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, token: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        try:
+            status_and_headers = await self.reader.readuntil(b"\r\n\r\n")
+            lines = status_and_headers.decode("latin-1").split("\r\n")
+            status = int(lines[0].split()[1])
+            headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+            if "content-length" in headers:
+                data = await self.reader.readexactly(int(headers["content-length"]))
+            else:  # chunked
+                parts = []
+                while (size := int((await self.reader.readline()).strip(), 16)) > 0:
+                    parts.append(await self.reader.readexactly(size))
+                    await self.reader.readline()
+                await self.reader.readline()
+                data = b"".join(parts)
+        except Exception:
+            self.close()
+            raise
+        if headers.get("connection", "").lower() == "close":
+            self.close()
+        return status, data
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+@dataclass
+class Results:
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (finished, seconds)
+    errors: dict[str, int] = field(default_factory=dict)
+    turns: list[int] = field(default_factory=list)
+
+
+async def agent(
+    session: dict[str, Any], args: argparse.Namespace, results: Results, deadline: float
+) -> None:
+    base = urlsplit(session["openai_base_url"])
+    conn = Connection(base.hostname or "127.0.0.1", base.port or 80)
+    path = f"{base.path}/chat/completions"
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "List the files, then inspect each one."},
+    ]
+    await asyncio.sleep(random.uniform(0, args.warmup_s))
+    turn = 0
+    try:
+        while turn < args.turns and time.monotonic() < deadline:
+            body = json.dumps(
+                {"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 64}
+            )
+            started = time.monotonic()
+            try:
+                status, data = await conn.post(path, session["token"], body.encode())
+            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                key = type(exc).__name__
+                results.errors[key] = results.errors.get(key, 0) + 1
+                break
+            finished = time.monotonic()
+            if status != 200:
+                try:
+                    key = f"HTTP {status}: {json.loads(data)['error']['message'][:80]}"
+                except (ValueError, KeyError, TypeError):
+                    key = f"HTTP {status}"
+                results.errors[key] = results.errors.get(key, 0) + 1
+                break
+            results.latencies.append((finished, finished - started))
+            turn += 1
+            message = json.loads(data)["choices"][0]["message"]
+            call = message["tool_calls"][0]
+            messages.append(
+                {"role": "assistant", "content": message.get("content"), "tool_calls": [call]}
+            )
+            output = f"{TOOL_OUTPUT}turn {turn}"
+            if args.large_every and turn % args.large_every == 0:
+                count = args.large_chars // len(LARGE_LINE) + 1
+                big = "".join(LARGE_LINE.format(i=turn, j=j) for j in range(count))
+                output = big[: args.large_chars]
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+            await asyncio.sleep(args.think_s * random.uniform(0.5, 1.5))
+    finally:
+        results.turns.append(turn)
+        conn.close()
+
+
+async def loop_lag(samples: list[float], stop_at: float) -> None:
+    """This (client) process's own event-loop lag: if it is high, the client is the limit."""
+    while time.monotonic() < stop_at:
+        asked = time.monotonic()
+        await asyncio.sleep(0.05)
+        samples.append(max(0.0, time.monotonic() - asked - 0.05))
+
+
+async def drive(
+    args: argparse.Namespace, sessions: list[dict[str, Any]], controls: list[str], gw_pid: int
+) -> dict[str, Any]:
+    results = Results()
+    start = time.monotonic()
+    window_start = start + args.warmup_s
+    deadline = window_start + args.seconds
+    own_lag: list[float] = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        tasks = [asyncio.create_task(agent(s, args, results, deadline)) for s in sessions]
+        lag_task = asyncio.create_task(loop_lag(own_lag, deadline))
+        await asyncio.sleep(window_start - time.monotonic())
+        before, ticks0, cpu0 = (
+            await scrape(client, controls),
+            process_ticks(gw_pid),
+            time.process_time(),
+        )
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        after, ticks1, cpu1 = (
+            await scrape(client, controls),
+            process_ticks(gw_pid),
+            time.process_time(),
+        )
+        await asyncio.gather(*tasks, lag_task)
+    in_window = [lat for done, lat in results.latencies if window_start <= done <= deadline]
+    calls = len(in_window)
+    added = [max(0.0, lat - args.engine_latency_ms / 1000) for lat in in_window]
+    lag50, lag99, lag_mean = lag_quantiles(before, after)
+    gw_calls = summed(after, "rollout_gateway_calls_total") - summed(
+        before, "rollout_gateway_calls_total"
+    )
+    forwarded = summed(after, "rollout_gateway_forwarded_calls_total") - summed(
+        before, "rollout_gateway_forwarded_calls_total"
+    )
+    tick = os.sysconf("SC_CLK_TCK")
+    return {
+        "calls": calls,
+        "calls_per_s": calls / args.seconds,
+        "added_p50_ms": 1000 * percentile(added, 0.5),
+        "added_p99_ms": 1000 * percentile(added, 0.99),
+        "lag_p50_ms": 1000 * lag50,
+        "lag_p99_ms": 1000 * lag99,
+        "lag_mean_ms": 1000 * lag_mean,
+        "gateway_cpu_ms_per_call": 1000 * (ticks1 - ticks0) / tick / max(gw_calls, 1),
+        "client_cpu_ms_per_call": 1000 * (cpu1 - cpu0) / max(calls, 1),
+        "client_lag_p99_ms": 1000 * percentile(own_lag, 0.99),
+        "forwarded_share": forwarded / gw_calls if gw_calls else 0.0,
+        "turns_mean": statistics.fmean(results.turns) if results.turns else 0.0,
+        "errors": results.errors,
+    }
+
+
+# ----------------------------------------------------------------------- one run
+
+
+async def create_sessions(controls: list[str], count: int) -> list[dict[str, Any]]:
+    limit = asyncio.Semaphore(32)
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def create(i: int) -> dict[str, Any]:
+            async with limit:
+                reply = await client.post(
+                    f"{controls[i % len(controls)]}/sessions", json={"rollout_id": f"load-{i}"}
+                )
+                reply.raise_for_status()
+                return dict(reply.json())
+
+        return list(await asyncio.gather(*(create(i) for i in range(count))))
+
+
+def run_one(
+    args: argparse.Namespace, model: Path, engine_url: str, processes: int, sessions: int
+) -> dict[str, Any]:
+    port = consecutive_free_ports(2 * processes)
+    control = port + processes
+    with tempfile.TemporaryDirectory(prefix="gw-load-") as data_dir:
+        cmd = [
+            sys.executable, "-m", "workers.cli", "gateway", "--engine", engine_url,
+            "--model", "tiny", "--tokenizer", str(model), "--insecure-dev",
+            "--port", str(port), "--control-port", str(control),
+            "--processes", str(processes), "--data-dir", data_dir, "--fsync", args.fsync,
+            "--tokenize-offload-chars", str(args.tokenize_offload_chars),
+        ]  # fmt: skip
+        if args.shared_port:
+            cmd += ["--shared-port", str(free_port())]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        try:
+            controls = [f"http://127.0.0.1:{control + i}" for i in range(processes)]
+            for url in controls:
+                wait_healthy(url, proc)
+            created = asyncio.run(create_sessions(controls, sessions))
+            row = asyncio.run(drive(args, created, controls, proc.pid))
+        finally:
+            stop(proc)
+    return {"processes": processes, "sessions": sessions, **row}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", default="1,2", help="gateway process counts")
+    parser.add_argument("--sessions", default="100,500,2000", help="concurrent sessions")
+    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--think-s", type=float, default=2.0, help="mean agent think time")
+    parser.add_argument("--engine-latency-ms", type=float, default=50.0)
+    parser.add_argument("--seconds", type=float, default=45.0, help="measurement window")
+    parser.add_argument("--warmup-s", type=float, default=10.0, help="ramp before it")
+    parser.add_argument("--shared-port", action="store_true", help="one address, relayed")
+    parser.add_argument("--fsync", choices=["group", "off"], default="group")
+    parser.add_argument("--large-every", type=int, default=0, help="every Nth tool output large")
+    parser.add_argument("--large-chars", type=int, default=60000)
+    parser.add_argument("--tokenize-offload-chars", type=int, default=16384)
+    parser.add_argument("--json", action="store_true", help="print rows as JSON lines too")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children on the way out
+    model = ensure_tiny_model()
+    engine_port = free_port()
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "devstack.fixed_latency_engine",
+         "--tokenizer", str(model / "tokenizer.json"), "--port", str(engine_port),
+         "--latency-ms", str(args.engine_latency_ms)]
+    )  # fmt: skip
+    engine_url = f"http://127.0.0.1:{engine_port}"
+    rows: list[dict[str, Any]] = []
+    try:
+        wait_healthy(engine_url, engine)
+        for processes in (int(p) for p in args.processes.split(",")):
+            for sessions in (int(k) for k in args.sessions.split(",")):
+                try:
+                    row = run_one(args, model, engine_url, processes, sessions)
+                except (httpx.HTTPError, OSError) as exc:  # a starved gateway: say so, go on
+                    print(f"processes={processes} sessions={sessions}: {exc!r}", flush=True)
+                    continue
+                rows.append(row)
+                if args.json:
+                    print(json.dumps(row), flush=True)
+    finally:
+        stop(engine)
+    print(
+        f"\nengine latency {args.engine_latency_ms:g} ms, think {args.think_s:g} s (±50 %), "
+        f"{args.turns} turns max, window {args.seconds:g} s, fsync {args.fsync}, "
+        f"shared port {'on' if args.shared_port else 'off'}, large tool output every "
+        f"{args.large_every or '-'} turns ({args.large_chars} chars), offload ≥ "
+        f"{args.tokenize_offload_chars or 'off'} chars\n"
+    )
+    print(
+        "| processes | sessions | calls/s | calls/s per process | added p50 ms | added p99 ms "
+        "| loop lag p50 / p99 / mean ms | gateway CPU ms/call | relayed | turns reached | "
+        "errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['processes']} | {r['sessions']} | {r['calls_per_s']:.0f} | "
+            f"{r['calls_per_s'] / r['processes']:.0f} | {r['added_p50_ms']:.1f} | "
+            f"{r['added_p99_ms']:.1f} | ≤{r['lag_p50_ms']:g} / ≤{r['lag_p99_ms']:g} / "
+            f"{r['lag_mean_ms']:.1f} | {r['gateway_cpu_ms_per_call']:.2f} | "
+            f"{100 * r['forwarded_share']:.0f} % | {r['turns_mean']:.1f} | "
+            f"{sum(r['errors'].values()) or 0} |"
+        )
+    base = {r["sessions"]: r["calls_per_s"] for r in rows if r["processes"] == 1}
+    for r in rows:
+        if r["processes"] > 1 and base.get(r["sessions"]):
+            print(
+                f"{r['processes']} processes ÷ 1 at {r['sessions']} sessions: "
+                f"{r['calls_per_s'] / base[r['sessions']]:.2f}×"
+            )
+    client_cpu = [round(r["client_cpu_ms_per_call"], 2) for r in rows]
+    client_lag = [round(r["client_lag_p99_ms"], 1) for r in rows]
+    print(f"client CPU ms/call: {client_cpu}; client loop lag p99 ms: {client_lag}")
+    print(
+        "calls/s one gateway core could serve (1000 / gateway CPU ms per call): "
+        f"{[round(1000 / max(r['gateway_cpu_ms_per_call'], 1e-9)) for r in rows]}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""FakeFixedLatencyEngine: a FAKE engine that answers every `/v1/completions` call after a
+fixed delay with the same precomputed tool call, in vLLM's token-ID reply shape.
+
+Why a fake: `bench/gateway_load.py` measures what the *gateway* adds per call and how
+many calls a gateway process serves, with thousands of sessions at once. A real engine
+on this CPU-only machine serves a few calls per second and its latency grows with load,
+so it would measure the engine, not the gateway. This one costs almost nothing per call
+(a bare ASGI app, no tokenizing per call), so its latency is the fixed delay and
+the rest is the gateway. Its reply is a real tool call in the model's own format, tokenized
+once at start with the real tokenizer, so the gateway parses it and agents can go on.
+
+`python -m devstack.fixed_latency_engine --tokenizer DIR/tokenizer.json --port P
+--latency-ms 50` serves it as its own process.
+"""
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+REPLY = (
+    "<think>\nList it.\n</think>\n\n<tool_call>\n"
+    '{"name": "run", "arguments": {"cmd": "ls -la"}}\n</tool_call>'
+)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class FakeFixedLatencyEngine:
+    """ASGI app: `/v1/completions` (token-ID prompts), `/v1/models`, `/health`."""
+
+    def __init__(
+        self,
+        tokenizer_file: Path,
+        latency_s: float,
+        model: str = "tiny",
+        eos_token: str = "<|im_end|>",
+        max_model_len: int = 32768,
+    ) -> None:
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        eos = tokenizer.token_to_id(eos_token)
+        if eos is None:
+            raise ValueError(f"{eos_token!r} is not in the tokenizer")
+        self.latency_s = latency_s
+        self.model = model
+        self.max_model_len = max_model_len
+        self.output_ids = [*tokenizer.encode(REPLY, add_special_tokens=False).ids, eos]
+        self.logprobs = [-0.1] * len(self.output_ids)
+        self.text = REPLY
+        self.calls = 0
+
+    def _reply(self, prompt: list[int], max_tokens: int) -> bytes:
+        ids, logprobs, finish = self.output_ids, self.logprobs, "stop"
+        if len(ids) > max_tokens:
+            ids, logprobs, finish = ids[:max_tokens], logprobs[:max_tokens], "length"
+        return _dumps(
+            {
+                "id": f"cmpl-{self.calls}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": self.text,
+                        "logprobs": {"token_logprobs": logprobs},
+                        "finish_reason": finish,
+                        "stop_reason": None,
+                        "token_ids": ids,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": len(ids),
+                    "total_tokens": len(prompt) + len(ids),
+                },
+            }
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        path = scope["path"]
+        if path == "/v1/completions" and scope["method"] == "POST":
+            chunks: list[bytes] = []
+            while True:
+                message = await receive()
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    break
+            try:
+                body = json.loads(b"".join(chunks))
+                prompt, max_tokens = body["prompt"], int(body.get("max_tokens") or 16)
+            except (ValueError, KeyError, TypeError) as exc:
+                await _send(send, 400, _dumps({"error": {"message": str(exc)}}))
+                return
+            self.calls += 1
+            await asyncio.sleep(self.latency_s)
+            await _send(send, 200, self._reply(prompt, max_tokens))
+        elif path == "/v1/models":
+            card = {"id": self.model, "object": "model", "max_model_len": self.max_model_len}
+            await _send(send, 200, _dumps({"object": "list", "data": [card]}))
+        elif path == "/health":
+            await _send(send, 200, b"{}")
+        else:
+            await _send(send, 404, b'{"error": {"message": "not found"}}')
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+async def _send(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="fixed-latency FAKE engine on loopback")
+    parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer.json")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--model", default="tiny")
+    args = parser.parse_args()
+    app = FakeFixedLatencyEngine(args.tokenizer, args.latency_ms / 1000, model=args.model)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", backlog=4096)
+
+
+if __name__ == "__main__":
+    main()
