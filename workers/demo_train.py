@@ -143,11 +143,11 @@ def verdict(result: TrainDemoResult) -> str:
     )
 
 
-async def _run_trainer(cfg: TrainConfig, python: Path, console: "Console") -> int:
+async def _run_trainer(cfg: TrainConfig, python: Path, admin_token: str, console: "Console") -> int:
     """The trainer process, its lines passed through; killed with its group if cancelled."""
     from workers.train_cmd import trainer_process
 
-    argv, env = trainer_process(cfg, python)
+    argv, env = trainer_process(cfg, python, admin_token)
     env["TQDM_DISABLE"] = "1"  # transformers' load/save progress bars would bury the step lines
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -203,7 +203,7 @@ async def run_train_demo(
             init_policy=str(model_dir),
             temporal=temporal.address,
             task_queue="rollouts",
-            engines=[engine_url],
+            gateway=gateway_url,
             steps=opts.steps,
             group_size=opts.group_size,
             heldout=str(heldout),
@@ -218,7 +218,7 @@ async def run_train_demo(
             highlight=False,
             soft_wrap=True,
         )
-        code = await _run_trainer(cfg, trainer_python, console)
+        code = await _run_trainer(cfg, trainer_python, token, console)
         if code != 0:
             console.print(f"trainer failed (exit {code}); its output is above")
             return code
