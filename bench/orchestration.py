@@ -268,7 +268,11 @@ def release_all(state_dir: Path) -> int:
     """Write a line to every waiting agent's FIFO (its /tmp is a dir of the sandbox's
     state on the host); returns how many were released."""
     released = 0
-    for fifo in state_dir.glob(f"lsb-*/*/tmp/{RELEASE_FIFO}"):
+    try:  # sandboxes are destroyed meanwhile: a dir may vanish under the walk
+        fifos = list(state_dir.glob(f"lsb-*/*/tmp/{RELEASE_FIFO}"))
+    except OSError:
+        return 0  # the next round tries again
+    for fifo in fifos:
         try:
             fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:  # no reader (yet, or any more)
