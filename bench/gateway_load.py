@@ -344,6 +344,7 @@ def run_one(
             "--port", str(port), "--control-port", str(control),
             "--processes", str(processes), "--data-dir", data_dir, "--fsync", args.fsync,
             "--tokenize-offload-chars", str(args.tokenize_offload_chars),
+            "--context-window", "1048576",  # the fake engine has no limit; large outputs fit
         ]  # fmt: skip
         if args.shared_port:
             cmd += ["--shared-port", str(free_port())]

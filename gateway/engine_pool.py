@@ -21,10 +21,11 @@ class IdleStackPool:
     """An httpcore-compatible pool (`handle_async_request`, `aclose`) for HTTP/1.1 to a few
     origins. Concurrency is bounded by the caller (the gateway's engine slots)."""
 
-    def __init__(self, max_idle_per_origin: int = 1024, keepalive_expiry_s: float = 4.0) -> None:
-        """`keepalive_expiry_s` is below the engines' own idle timeout (uvicorn's and vLLM's
-        is 5 s), so we drop an idle connection before the engine does: a call sent on a
-        connection the engine is closing fails, and cannot be retried safely."""
+    def __init__(self, max_idle_per_origin: int = 1024, keepalive_expiry_s: float = 2.0) -> None:
+        """`keepalive_expiry_s` is well below the engines' own idle timeout (uvicorn's and
+        vLLM's is 5 s), so we drop an idle connection before the engine does, even when
+        this process's loop runs seconds late: a call sent on a connection the engine is
+        closing fails, and cannot be retried safely."""
         self.max_idle_per_origin = max_idle_per_origin
         self.keepalive_expiry_s = keepalive_expiry_s
         #: (scheme, host, port) → idle connections, most recently released last.

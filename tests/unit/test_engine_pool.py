@@ -106,7 +106,7 @@ async def expiring(url: str) -> None:
 
 
 def test_an_idle_connection_past_its_keepalive_is_not_reused() -> None:
-    """Engines close idle connections after 5 s; the pool gives them up first (4 s), so a
+    """Engines close idle connections after 5 s; the pool gives them up first (2 s), so a
     call is never sent on a connection the engine is closing."""
     with BackgroundServer(APP) as server:
         asyncio.run(expiring(server.url))
