@@ -20,6 +20,7 @@ with vLLM structured outputs; each path feeds its own sampled replies back.
 """
 
 import argparse
+import contextlib
 import os
 import secrets
 import statistics
@@ -58,10 +59,14 @@ VLLM_ARGS = ["--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser
 TOOL_OUTPUT = "total 8\n-rw-r--r-- 1 root root 42 hello.py\n-rw-r--r-- 1 root root 17 notes.md\n"
 
 
-def clock_ticks(pid: int) -> int:
-    """utime + stime of a process, in clock ticks (/proc, no psutil needed)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def cpu_ns(pid: int) -> int:
+    """CPU time of a process's threads in ns (/proc schedstat: finer than the 10 ms ticks
+    of /proc/<pid>/stat, which made the per-call figures of a few calls coarse)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -228,7 +233,7 @@ def run_path(
         for turn in range(turns):
             if scrape is not None and turn in (0, 5, turns - 5):
                 marks[turn] = scrape()  # outside the turn's CPU window
-            before = clock_ticks(pid) if pid else 0
+            before = cpu_ns(pid) if pid else 0
             for conv, headers in zip(conversations, headers_for, strict=True):
                 t0 = time.perf_counter()
                 reply = client.post(f"{url}{conv.path}", json=conv.body(model), headers=headers)
@@ -236,8 +241,7 @@ def run_path(
                 reply.raise_for_status()
                 conv.absorb(reply.json(), turn)
             if pid:
-                ticks = clock_ticks(pid) - before
-                cpu_per_turn.append(1000 * ticks / os.sysconf("SC_CLK_TCK") / len(conversations))
+                cpu_per_turn.append((cpu_ns(pid) - before) / 1e6 / len(conversations))
     spans: list[Spans] = []
     if scrape is not None:
         end = scrape()
