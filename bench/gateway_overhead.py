@@ -20,6 +20,8 @@ with vLLM structured outputs; each path feeds its own sampled replies back.
 """
 
 import argparse
+import contextlib
+import json
 import os
 import secrets
 import statistics
@@ -58,10 +60,14 @@ VLLM_ARGS = ["--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser
 TOOL_OUTPUT = "total 8\n-rw-r--r-- 1 root root 42 hello.py\n-rw-r--r-- 1 root root 17 notes.md\n"
 
 
-def clock_ticks(pid: int) -> int:
-    """utime + stime of a process, in clock ticks (/proc, no psutil needed)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def cpu_ns(pid: int) -> int:
+    """CPU time of a process's threads in ns (/proc schedstat: finer than the 10 ms ticks
+    of /proc/<pid>/stat, which made the per-call figures of a few calls coarse)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -228,7 +234,7 @@ def run_path(
         for turn in range(turns):
             if scrape is not None and turn in (0, 5, turns - 5):
                 marks[turn] = scrape()  # outside the turn's CPU window
-            before = clock_ticks(pid) if pid else 0
+            before = cpu_ns(pid) if pid else 0
             for conv, headers in zip(conversations, headers_for, strict=True):
                 t0 = time.perf_counter()
                 reply = client.post(f"{url}{conv.path}", json=conv.body(model), headers=headers)
@@ -236,8 +242,7 @@ def run_path(
                 reply.raise_for_status()
                 conv.absorb(reply.json(), turn)
             if pid:
-                ticks = clock_ticks(pid) - before
-                cpu_per_turn.append(1000 * ticks / os.sysconf("SC_CLK_TCK") / len(conversations))
+                cpu_per_turn.append((cpu_ns(pid) - before) / 1e6 / len(conversations))
     spans: list[Spans] = []
     if scrape is not None:
         end = scrape()
@@ -252,7 +257,13 @@ def run_path(
 class RunningGateway:
     """A `rollout gateway` process (of this tree, or of `tree`) in front of `vllm`."""
 
-    def __init__(self, vllm: VllmServer, model_dir: Path, fsync: str, tree: Path | None) -> None:
+    def __init__(
+        self,
+        vllm: "VllmServer | ScriptedEngineProcess",
+        model_dir: Path,
+        fsync: str,
+        tree: Path | None,
+    ) -> None:
         self.admin = secrets.token_urlsafe(16)
         port, control_port = free_port(), free_port()
         env = dict(os.environ, ROLLOUT_ADMIN_TOKEN=self.admin)
@@ -300,18 +311,67 @@ def main() -> None:
     parser.add_argument(
         "--before", type=Path, default=None, help="also run a gateway from this source tree"
     )
+    parser.add_argument(
+        "--engine",
+        choices=["vllm", "scripted"],
+        default="vllm",
+        help="scripted: a FAKE engine answering every call at once with one tool call, for "
+        "the gateway's own CPU per call and spans without vLLM (no vLLM rows, no ratios)",
+    )
     args = parser.parse_args()
     model_dir = ensure_tiny_model()
-    with VllmServer(VllmServerConfig(model_dir=model_dir, extra_args=VLLM_ARGS)) as vllm:
-        after = RunningGateway(vllm, model_dir, args.fsync, None)
-        before = RunningGateway(vllm, model_dir, args.fsync, args.before) if args.before else None
+    engine = (
+        VllmServer(VllmServerConfig(model_dir=model_dir, extra_args=VLLM_ARGS))
+        if args.engine == "vllm"
+        else ScriptedEngineProcess(model_dir)
+    )
+    with engine:
+        after = RunningGateway(engine, model_dir, args.fsync, None)
+        before = RunningGateway(engine, model_dir, args.fsync, args.before) if args.before else None
         try:
-            rows = measure(vllm, after, before, args.conversations, args.turns)
+            rows = measure(engine, after, before, args.conversations, args.turns)
         finally:
             after.stop()
             if before is not None:
                 before.stop()
     report(rows, args.conversations, args.turns, args.fsync)
+
+
+SCRIPTED_REPLY = (
+    '<think>\nok\n</think>\n\n<tool_call>\n{"name": "run", "arguments": {"cmd": "ls"}}\n'
+    "</tool_call>"
+)
+
+
+class ScriptedEngineProcess:
+    """`python -m devstack.scripted_engine` (a FAKE engine: every answer is one tool call)
+    on a free port, with the `url` and `model` of a `VllmServer`."""
+
+    model = "tiny-qwen3"
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.url = f"http://127.0.0.1:{free_port()}"
+
+    def __enter__(self) -> "ScriptedEngineProcess":
+        script = Path(tempfile.mkdtemp(prefix="gw-bench-script-")) / "script.json"
+        script.write_text(json.dumps({"default_reply": SCRIPTED_REPLY}))
+        argv = [sys.executable, "-m", "devstack.scripted_engine", "--script", str(script)]
+        argv += ["--tokenizer", str(self.model_dir / "tokenizer.json"), "--model", self.model]
+        self.process = subprocess.Popen([*argv, "--port", self.url.rsplit(":", 1)[1]])
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health").status_code == 200:
+                    return self
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.process.kill()
+                raise SystemExit("scripted engine did not start")
+            time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
 
 
 def report(rows: list[Row], conversations: int, turns: int, fsync: str) -> None:
@@ -321,12 +381,15 @@ def report(rows: list[Row], conversations: int, turns: int, fsync: str) -> None:
         f"{'path':<36}{'p50 ms':>8}{'p99 ms':>8}{'p50 x chat':>11}{'x lp':>6}"
         f"{'p99 x chat':>11}{'x lp':>6}{'CPU/call t1-5':>15}{late:>9}{'ratio':>7}"
     )
-    base = [(percentile(r[1], 0.5), percentile(r[1], 0.99)) for r in rows[:2]]
+    base = [(percentile(r[1], 0.5), percentile(r[1], 0.99)) for r in rows if not r[2]]
     for name, lat, cpu, _ in rows:
         p50, p99 = percentile(lat, 0.5), percentile(lat, 0.99)
         line = f"{name:<36}{p50 * 1000:>8.1f}{p99 * 1000:>8.1f}"
-        line += f"{p50 / base[0][0]:>11.2f}{p50 / base[1][0]:>6.2f}"
-        line += f"{p99 / base[0][1]:>11.2f}{p99 / base[1][1]:>6.2f}"
+        if base:
+            line += f"{p50 / base[0][0]:>11.2f}{p50 / base[1][0]:>6.2f}"
+            line += f"{p99 / base[0][1]:>11.2f}{p99 / base[1][1]:>6.2f}"
+        else:
+            line += " " * 34
         if cpu:
             early_cpu, late_cpu = statistics.mean(cpu[:5]), statistics.mean(cpu[-5:])
             line += f"{early_cpu:>12.2f} ms{late_cpu:>6.2f} ms{late_cpu / early_cpu:>7.2f}"
@@ -383,7 +446,7 @@ def new_sessions(control: str, admin: str, count: int) -> list[str]:
 
 
 def measure(
-    vllm: VllmServer,
+    vllm: VllmServer | ScriptedEngineProcess,
     after: RunningGateway,
     before: RunningGateway | None,
     conversations: int,
@@ -393,9 +456,12 @@ def measure(
     then each gateway protocol, through the `before` gateway (if any) and then `after`."""
     plain: list[dict[str, str]] = [{} for _ in range(conversations)]
     direct = f"{vllm.url}/v1"
-    run_path(direct, plain[:1], vllm.model, 2, lambda: Conversation(direct=True), None)
     rows: list[Row] = []
+    if isinstance(vllm, VllmServer):
+        run_path(direct, plain[:1], vllm.model, 2, lambda: Conversation(direct=True), None)
     for name, logprobs in (("vLLM chat", False), ("vLLM chat + logprobs", True)):
+        if not isinstance(vllm, VllmServer):
+            break
         make = lambda lp=logprobs: Conversation(direct=True, logprobs=lp)  # noqa: E731
         lat, _, _ = run_path(direct, plain, vllm.model, turns, make, None)
         rows.append((name, lat, [], []))

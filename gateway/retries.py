@@ -22,15 +22,27 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import orjson
+
 from gateway.canonical import CompletionResult
 
 RETRY_HEADER = "x-stainless-retry-count"
 
 
 def request_digest(path: str, body: Mapping[str, Any]) -> str:
-    """Digest of a request body (as parsed JSON, keys sorted) on a path."""
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(f"{path}\n{text}".encode()).hexdigest()
+    """Digest of a request body (as parsed JSON, keys sorted) on a path.
+
+    Every call computes it over the whole resent history, so it is encoded with orjson
+    (about 8x faster than `json`); integers past 64 bits, which orjson refuses, take the
+    stdlib encoder. Digests recorded before this encoding (stdlib `json`, ASCII-escaped)
+    differ for the same body: a retry of such a call after an upgrade is sampled again,
+    which costs one extra true sample, as any missed retry (see the module docstring).
+    """
+    try:
+        text = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(path.encode() + b"\n" + text).hexdigest()
 
 
 def is_retry(headers: Mapping[str, str]) -> bool:

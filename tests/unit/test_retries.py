@@ -38,6 +38,14 @@ def test_the_digest_is_of_the_body_on_its_path() -> None:
     assert request_digest("/v1/chat/completions", body) != request_digest(
         "/v1/chat/completions", {**body, "temperature": 0.5}
     )
+    # integers past 64 bits (which the fast encoder refuses) digest too, by value
+    big = {**body, "seed": 2**70}
+    assert request_digest("/v1/chat/completions", big) == request_digest(
+        "/v1/chat/completions", dict(reversed(big.items()))
+    )
+    assert request_digest("/v1/chat/completions", big) != request_digest(
+        "/v1/chat/completions", {**body, "seed": 2**70 + 1}
+    )
 
 
 def test_a_retry_waits_for_the_call_in_flight() -> None:
