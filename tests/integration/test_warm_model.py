@@ -1,8 +1,9 @@
 """The warm tiny model: deterministic warm-up, cached by recipe hash, served by vLLM in
 float32 with log-probabilities that agree with transformers float32.
 
-Slow on a cold cache: the default recipe trains for ~10 min on a shared 2-core box
-(then it is cached); the determinism test trains two 3-step models (~1 min).
+Slow on a cold cache: the default recipe trains for ~7 min of one idle core (46 min on
+the box shared by ~8 agents; then it is cached); the determinism test trains two 3-step
+models (~1 min).
 """
 
 from __future__ import annotations
