@@ -4,7 +4,8 @@ side by side in one run.
 The same multi-turn tool conversations as `gateway_overhead.py` (reply format forced by
 vLLM structured outputs, each path feeding its own replies back), every call streamed:
 (a) straight to vLLM's `/v1/chat/completions`, (b) through a `rollout gateway` process in
-front of the same vLLM, in each protocol. TTFT is the time from sending a request to the
+front of the same vLLM, in each protocol; the paths take turns call by call, so a load
+that comes and goes on a shared box hits them alike. TTFT is the time from sending a request to the
 first event that carries sampled text (reasoning, content or a tool call), as a client
 sees it; the role-only first chunk does not count. Prints p50/p99 TTFT and the ratio to
 vLLM's, and the whole call's p50 for reference.
@@ -108,35 +109,46 @@ READERS: dict[str, Callable[[Iterator[dict[str, Any]], Callable[[], None]], dict
 }
 
 
-def run_streamed(
-    url: str,
-    headers_for: list[dict[str, str]],
-    model: str,
-    turns: int,
-    make: Callable[[], Conversation],
-) -> tuple[list[float], list[float]]:
-    """Lockstep like `gateway_overhead.run_path`, every call streamed: (TTFTs, totals)."""
-    conversations = [make() for _ in headers_for]
-    ttfts: list[float] = []
-    totals: list[float] = []
+class Path:
+    """One way to reach the model, with its conversations and what they measured."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        headers_for: list[dict[str, str]],
+        make: Callable[[], Conversation],
+    ) -> None:
+        self.name, self.url, self.headers_for = name, url, headers_for
+        self.conversations = [make() for _ in headers_for]
+        self.ttfts: list[float] = []
+        self.totals: list[float] = []
+
+    def turn(self, client: httpx.Client, model: str, turn: int) -> None:
+        """Turn `turn` of every conversation, each call streamed."""
+        for conv, headers in zip(self.conversations, self.headers_for, strict=True):
+            body = {**conv.body(model), "stream": True}
+            first: list[float] = []
+            t0 = time.perf_counter()
+
+            def mark(first: list[float] = first) -> None:
+                if not first:
+                    first.append(time.perf_counter())
+
+            with client.stream("POST", f"{self.url}{conv.path}", json=body, headers=headers) as r:
+                r.raise_for_status()
+                reply = READERS[conv.path](sse_data(r.iter_lines()), mark)
+            self.totals.append(time.perf_counter() - t0)
+            self.ttfts.append(first[0] - t0)
+            conv.absorb(reply, turn)
+
+
+def run_interleaved(paths: list[Path], model: str, turns: int) -> None:
+    """Turn t on every path, then turn t+1: each path sees the same load on a shared box."""
     with httpx.Client(timeout=300) as client:
         for turn in range(turns):
-            for conv, headers in zip(conversations, headers_for, strict=True):
-                body = {**conv.body(model), "stream": True}
-                first: list[float] = []
-                t0 = time.perf_counter()
-
-                def mark(first: list[float] = first) -> None:
-                    if not first:
-                        first.append(time.perf_counter())
-
-                with client.stream("POST", f"{url}{conv.path}", json=body, headers=headers) as r:
-                    r.raise_for_status()
-                    reply = READERS[conv.path](sse_data(r.iter_lines()), mark)
-                totals.append(time.perf_counter() - t0)
-                ttfts.append(first[0] - t0)
-                conv.absorb(reply, turn)
-    return ttfts, totals
+            for path in paths:
+                path.turn(client, model, turn)
 
 
 def start_gateway(vllm: VllmServer, model_dir: Any, admin: str) -> tuple[Any, str, str]:
@@ -183,37 +195,32 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = ensure_tiny_model()
     admin = secrets.token_urlsafe(16)
-    rows: list[tuple[str, list[float], list[float]]] = []
     with VllmServer(VllmServerConfig(model_dir=model_dir, extra_args=VLLM_ARGS)) as vllm:
         gateway, gw, control = start_gateway(vllm, model_dir, admin)
         try:
             direct = f"{vllm.url}/v1"
-            plain = [{} for _ in range(args.conversations)]
+            plain: list[dict[str, str]] = [{} for _ in range(args.conversations)]
 
             def make_direct() -> Conversation:
                 return Conversation(direct=True)
 
-            run_streamed(direct, plain[:1], vllm.model, 2, make_direct)  # warm-up
-            paths: list[tuple[str, Callable[[], Conversation], str | None]] = [
-                ("vLLM /v1/chat/completions", make_direct, None),
+            run_interleaved([Path("warm-up", direct, plain[:1], make_direct)], vllm.model, 2)
+            paths = [Path("vLLM /v1/chat/completions", direct, plain, make_direct)]
+            for name, make, header in [
                 ("gateway /v1/chat/completions", Conversation, "Authorization"),
                 ("gateway /v1/responses", ResponsesConversation, "Authorization"),
                 ("gateway /v1/messages", MessagesConversation, "x-api-key"),
-            ]
-            for name, make, header in paths:
-                if header is None:
-                    url, headers = direct, plain
-                else:
-                    url = f"{gw}/v1"
-                    tokens = new_sessions(control, admin, args.conversations)
-                    headers = [
-                        {header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens
-                    ]
-                ttft, total = run_streamed(url, headers, vllm.model, args.turns, make)
-                rows.append((name, ttft, total))
+            ]:
+                tokens = new_sessions(control, admin, args.conversations)
+                headers = [
+                    {header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens
+                ]
+                paths.append(Path(name, f"{gw}/v1", headers, make))
+            run_interleaved(paths, vllm.model, args.turns)
         finally:
             gateway.terminate()
             gateway.wait(timeout=30)
+    rows = [(p.name, p.ttfts, p.totals) for p in paths]
     print(
         f"{args.conversations} conversations x {args.turns} turns per path, all streamed; "
         f"regex {REGEX[:24]}...; ratios vs vLLM's own streaming chat"
