@@ -102,6 +102,9 @@ class ScriptedEngine:
         #: stream while it is mid-generation.
         self.hold_after_tokens: int | None = None
         self.release = threading.Event()
+        #: Streams send this many tokens, then an in-stream error as vLLM does when a
+        #: request fails mid-generation (None: never).
+        self.fail_after_tokens: int | None = None
         #: Streams whose client left before the last token was sent (vLLM aborts those).
         self.streams_cancelled = 0
         self.prompts: list[list[int]] = []
@@ -198,6 +201,10 @@ class ScriptedEngine:
                 if self.hold_after_tokens is not None and i == self.hold_after_tokens:
                     while not self.release.is_set():
                         await asyncio.sleep(0.01)
+                if i == self.fail_after_tokens:
+                    error = {"message": "engine failed mid-generation", "type": "Internal"}
+                    yield f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n"
+                    return
                 last = i == len(ids) - 1
                 chunk = self._reply_body([token], [logprob], None, len(body.prompt))
                 del chunk["usage"]

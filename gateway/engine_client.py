@@ -232,8 +232,8 @@ class _StreamMerge:
             body = json.loads(data)
         except ValueError as exc:
             raise _bad_reply(self.url, "a stream chunk is not JSON") from exc
-        if isinstance(body, dict) and "error" in body:
-            error = body["error"]
+        if isinstance(body, dict) and ("error" in body or body.get("object") == "error"):
+            error = body.get("error", body)  # vLLM has used both shapes
             message = error.get("message") if isinstance(error, dict) else error
             raise _bad_reply(self.url, f"error mid-stream: {message}")
         try:

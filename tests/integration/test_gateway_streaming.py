@@ -290,3 +290,29 @@ def test_a_client_that_leaves_cancels_the_engine_request_and_the_call_is_recorde
     (segment,) = trajectory["segments"]
     assert segment["call_ids"] == [trajectory["calls"][1]["call_id"]]
     assert segment["response_ids"] == engine.replies[1].output_ids
+
+
+def test_an_engine_failure_mid_stream_is_an_in_stream_error_and_recorded(
+    engine_and_gateway: tuple[ScriptedEngine, RunningGateway],
+) -> None:
+    engine, gw = engine_and_gateway
+    engine.fail_after_tokens = 20
+    session = gw.create_session()
+    client = openai.OpenAI(
+        base_url=session["openai_base_url"], api_key=session["token"], max_retries=0
+    )
+    deltas = 0
+    with pytest.raises(openai.APIError, match="engine failed mid-generation"):
+        stream = client.chat.completions.create(
+            model="tiny-qwen3",
+            messages=[{"role": "user", "content": "What is here?"}],
+            stream=True,
+        )
+        for chunk in stream:
+            deltas += bool(chunk.choices and chunk.choices[0].delta.model_extra)
+    assert deltas > 0, "the stream had begun"
+    (call,) = gw.trajectory(session["session_id"])["calls"]
+    assert call["status"] == "engine_error"
+    assert call["output_ids"] == engine.replies[0].output_ids[:20]
+    assert call["output_logprobs"] == engine.replies[0].output_logprobs[:20]
+    assert "engine failed mid-generation" in call["error"]

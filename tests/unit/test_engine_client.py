@@ -476,3 +476,84 @@ async def test_a_failed_call_is_counted_as_failed_and_leaves_nothing_in_flight()
         )
     stats = ec.stats["http://a"]
     assert (stats.calls, stats.failed, stats.inflight) == (0, 1, 0)
+
+
+# --- streaming ------------------------------------------------------------------------------
+
+
+def sse(*chunks: Any, done: bool = True) -> Response:
+    lines = [f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n" for c in chunks]
+    return PlainTextResponse("".join(lines) + ("data: [DONE]\n\n" if done else ""))
+
+
+def stream_chunks(prompt: list[int], output: list[int]) -> list[dict[str, Any]]:
+    """`good_reply` as vLLM streams it: one token per chunk, then the usage chunk."""
+    whole = FakeVllmForTests.good_reply(prompt, output)
+    chunks = []
+    for i, token in enumerate(output):
+        reply = FakeVllmForTests.good_reply(prompt, [token])
+        choice = reply["choices"][0]
+        choice["logprobs"]["token_logprobs"] = [
+            whole["choices"][0]["logprobs"]["token_logprobs"][i]
+        ]
+        choice["finish_reason"] = "stop" if i == len(output) - 1 else None
+        if i > 0:
+            del choice["prompt_token_ids"]
+        del reply["usage"]
+        chunks.append(reply)
+    chunks.append({**whole, "choices": []})
+    return chunks
+
+
+async def test_stream_hands_over_each_chunk_and_validates_like_complete(
+    client: EngineClient, fake: FakeVllmForTests
+) -> None:
+    fake.scripted.append(sse(*stream_chunks(PROMPT, [7, 8, 9])))
+    seen: list[tuple[list[int], list[float]]] = []
+    streamed = await client.stream(
+        "http://engine-a", PROMPT, SamplingParams(), lambda i, lp: seen.append((i, lp))
+    )
+    assert seen == [([7], [-0.5]), ([8], [-1.5]), ([9], [-2.5])]
+    assert fake.requests[0]["stream"] is True
+    plain = await client.complete("http://engine-a", PROMPT, SamplingParams())
+    assert streamed.model_dump(exclude={"text"}) == plain.model_dump(exclude={"text"})
+
+
+@pytest.mark.parametrize(
+    ("label", "reply"),
+    [
+        ("no [DONE]", sse(*stream_chunks(PROMPT, [7, 8]), done=False)),
+        ("not JSON", sse("{oops")),
+        ("error chunk", sse({"error": {"message": "boom"}})),
+        ("flat error chunk", sse({"object": "error", "message": "boom"})),
+        (
+            "logprobs misaligned",
+            sse({"choices": [{"token_ids": [7, 8], "logprobs": {"token_logprobs": [-1.0]}}]}),
+        ),
+        (
+            "usage disagrees",
+            sse(*stream_chunks(PROMPT, [7, 8])[:1], stream_chunks(PROMPT, [7, 8])[-1]),
+        ),
+    ],
+)
+async def test_malformed_stream_is_502(
+    client: EngineClient, fake: FakeVllmForTests, label: str, reply: Response
+) -> None:
+    fake.scripted.append(reply)
+    await expect_error(
+        client.stream("http://engine-a", PROMPT, SamplingParams(), lambda i, lp: None),
+        502,
+        "engine_bad_reply",
+    )
+
+
+async def test_stream_refused_up_front_keeps_its_status(
+    client: EngineClient, fake: FakeVllmForTests
+) -> None:
+    fake.scripted.append(JSONResponse({"error": {"message": "too long", "code": 400}}, 400))
+    err = await expect_error(
+        client.stream("http://engine-a", PROMPT, SamplingParams(), lambda i, lp: None),
+        400,
+        "invalid_request",
+    )
+    assert err.message == "too long"

@@ -1,0 +1,239 @@
+"""Time to first token through the Gateway's live stream against vLLM's own streaming chat,
+side by side in one run.
+
+The same multi-turn tool conversations as `gateway_overhead.py` (reply format forced by
+vLLM structured outputs, each path feeding its own replies back), every call streamed:
+(a) straight to vLLM's `/v1/chat/completions`, (b) through a `rollout gateway` process in
+front of the same vLLM, in each protocol; the paths take turns call by call, so a load
+that comes and goes on a shared box hits them alike. TTFT is the time from sending a request to the
+first event that carries sampled text (reasoning, content or a tool call), as a client
+sees it; the role-only first chunk does not count. Prints p50/p99 TTFT and the ratio to
+vLLM's, and the whole call's p50 for reference.
+
+Run: `python bench/gateway_streaming.py [--conversations 4] [--turns 20]`.
+"""
+
+import argparse
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+from gateway_overhead import (
+    REGEX,
+    VLLM_ARGS,
+    Conversation,
+    MessagesConversation,
+    ResponsesConversation,
+    new_sessions,
+    percentile,
+)
+
+from devstack.ports import free_port
+from devstack.tiny_model import ensure_tiny_model
+from devstack.vllm_server import VllmServer, VllmServerConfig
+
+
+def sse_data(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    for line in lines:
+        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+            yield json.loads(line[5:])
+
+
+def chat_stream(events: Iterator[dict[str, Any]], mark: Callable[[], None]) -> dict[str, Any]:
+    """Chat chunks → the `chat.completion` shape `Conversation.absorb` reads."""
+    content, calls = "", {}
+    for chunk in events:
+        if not chunk.get("choices"):
+            continue
+        delta = chunk["choices"][0]["delta"]
+        if delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
+            mark()
+        content += delta.get("content") or ""
+        for tc in delta.get("tool_calls") or []:
+            mark()
+            call = calls.setdefault(tc["index"], {"type": "function", "function": {}})
+            call["id"] = tc.get("id") or call.get("id")
+            fn = tc.get("function") or {}
+            call["function"]["name"] = fn.get("name") or call["function"].get("name")
+            args = call["function"].get("arguments", "") + (fn.get("arguments") or "")
+            call["function"]["arguments"] = args
+    message = {"content": content, "tool_calls": [calls[i] for i in sorted(calls)]}
+    return {"choices": [{"message": message}]}
+
+
+def responses_stream(events: Iterator[dict[str, Any]], mark: Callable[[], None]) -> dict[str, Any]:
+    final: dict[str, Any] = {}
+    for event in events:
+        if event["type"].endswith(".delta"):
+            mark()
+        if event["type"] in ("response.completed", "response.incomplete"):
+            final = event["response"]
+    return final
+
+
+def messages_stream(events: Iterator[dict[str, Any]], mark: Callable[[], None]) -> dict[str, Any]:
+    blocks: list[dict[str, Any]] = []
+    partial: dict[int, str] = {}
+    for event in events:
+        kind = event["type"]
+        if kind == "content_block_start":
+            blocks.append(dict(event["content_block"]))
+        elif kind == "content_block_delta":
+            delta, block = event["delta"], blocks[event["index"]]
+            if delta["type"] != "signature_delta":
+                mark()
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                block["signature"] = delta["signature"]
+            else:
+                partial[event["index"]] = partial.get(event["index"], "") + delta["partial_json"]
+        elif kind == "content_block_stop" and event["index"] in partial:
+            blocks[event["index"]]["input"] = json.loads(partial[event["index"]])
+    return {"content": blocks}
+
+
+READERS: dict[str, Callable[[Iterator[dict[str, Any]], Callable[[], None]], dict[str, Any]]] = {
+    "/chat/completions": chat_stream,
+    "/responses": responses_stream,
+    "/messages": messages_stream,
+}
+
+
+class Path:
+    """One way to reach the model, with its conversations and what they measured."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        headers_for: list[dict[str, str]],
+        make: Callable[[], Conversation],
+    ) -> None:
+        self.name, self.url, self.headers_for = name, url, headers_for
+        self.conversations = [make() for _ in headers_for]
+        self.ttfts: list[float] = []
+        self.totals: list[float] = []
+
+    def turn(self, client: httpx.Client, model: str, turn: int) -> None:
+        """Turn `turn` of every conversation, each call streamed."""
+        for conv, headers in zip(self.conversations, self.headers_for, strict=True):
+            body = {**conv.body(model), "stream": True}
+            first: list[float] = []
+            t0 = time.perf_counter()
+
+            def mark(first: list[float] = first) -> None:
+                if not first:
+                    first.append(time.perf_counter())
+
+            with client.stream("POST", f"{self.url}{conv.path}", json=body, headers=headers) as r:
+                r.raise_for_status()
+                reply = READERS[conv.path](sse_data(r.iter_lines()), mark)
+            self.totals.append(time.perf_counter() - t0)
+            self.ttfts.append(first[0] - t0)
+            conv.absorb(reply, turn)
+
+
+def run_interleaved(paths: list[Path], model: str, turns: int) -> None:
+    """Turn t on every path, then turn t+1: each path sees the same load on a shared box."""
+    with httpx.Client(timeout=300) as client:
+        for turn in range(turns):
+            for path in paths:
+                path.turn(client, model, turn)
+
+
+def start_gateway(vllm: VllmServer, model_dir: Any, admin: str) -> tuple[Any, str, str]:
+    port, control_port = free_port(), free_port()
+    gateway = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workers.cli",
+            "gateway",
+            "--engine",
+            vllm.url,
+            "--model",
+            vllm.model,
+            "--tokenizer",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--control-port",
+            str(control_port),
+            "--data-dir",
+            tempfile.mkdtemp(prefix="gw-stream-bench-"),
+        ],
+        env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin),
+    )
+    control = f"http://127.0.0.1:{control_port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{control}/health").status_code == 200:
+                return gateway, f"http://127.0.0.1:{port}", control
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            gateway.terminate()
+            raise SystemExit("gateway did not start")
+        time.sleep(0.2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=20)
+    args = parser.parse_args()
+    model_dir = ensure_tiny_model()
+    admin = secrets.token_urlsafe(16)
+    with VllmServer(VllmServerConfig(model_dir=model_dir, extra_args=VLLM_ARGS)) as vllm:
+        gateway, gw, control = start_gateway(vllm, model_dir, admin)
+        try:
+            direct = f"{vllm.url}/v1"
+            plain: list[dict[str, str]] = [{} for _ in range(args.conversations)]
+
+            def make_direct() -> Conversation:
+                return Conversation(direct=True)
+
+            run_interleaved([Path("warm-up", direct, plain[:1], make_direct)], vllm.model, 2)
+            paths = [Path("vLLM /v1/chat/completions", direct, plain, make_direct)]
+            for name, make, header in [
+                ("gateway /v1/chat/completions", Conversation, "Authorization"),
+                ("gateway /v1/responses", ResponsesConversation, "Authorization"),
+                ("gateway /v1/messages", MessagesConversation, "x-api-key"),
+            ]:
+                tokens = new_sessions(control, admin, args.conversations)
+                headers = [
+                    {header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens
+                ]
+                paths.append(Path(name, f"{gw}/v1", headers, make))
+            run_interleaved(paths, vllm.model, args.turns)
+        finally:
+            gateway.terminate()
+            gateway.wait(timeout=30)
+    rows = [(p.name, p.ttfts, p.totals) for p in paths]
+    print(
+        f"{args.conversations} conversations x {args.turns} turns per path, all streamed; "
+        f"regex {REGEX[:24]}...; ratios vs vLLM's own streaming chat"
+    )
+    print(f"{'path':<30}{'TTFT p50':>10}{'p99':>9}{'p50 x':>7}{'p99 x':>7}{'call p50':>10}")
+    base50, base99 = percentile(rows[0][1], 0.5), percentile(rows[0][1], 0.99)
+    for name, ttft, total in rows:
+        p50, p99 = percentile(ttft, 0.5), percentile(ttft, 0.99)
+        print(
+            f"{name:<30}{p50 * 1000:>8.1f}ms{p99 * 1000:>7.1f}ms{p50 / base50:>7.2f}"
+            f"{p99 / base99:>7.2f}{percentile(total, 0.5) * 1000:>8.1f}ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
