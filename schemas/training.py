@@ -61,6 +61,12 @@ class TrainConfig(StrictModel):
         "itself (calls in flight then record the old version's name)",
     )
     steps: int = Field(default=2, ge=1)
+    tasks_per_step: int | None = Field(
+        default=None,
+        ge=1,
+        description="None: every task, every step; N: step k takes the k-th slice of N "
+        "tasks, going round the file (fresh tasks each step instead of the same few)",
+    )
     group_size: int = Field(default=4, ge=2, description="rollouts per task (one GRPO group)")
     heldout: str | None = Field(default=None, description="held-out tasks (JSONL), not trained")
     heldout_samples: int = Field(default=1, ge=1)

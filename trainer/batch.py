@@ -18,10 +18,12 @@ Pure Python (no torch) so the rules are unit-tested in any environment:
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from schemas.samples import token_versions
 from schemas.training import policy_version_index
+
+T = TypeVar("T")
 
 INFRA_ERROR = "infra_error"
 
@@ -148,3 +150,12 @@ def _mask_calls(
         for bit, version in zip(row["loss_mask"], versions, strict=True)
     ]
     return {**row, "loss_mask": mask}
+
+
+def tasks_for_step(tasks: list[T], step: int, per_step: int | None) -> list[T]:
+    """Step `step`'s (1-based) training tasks: all of them, or the step's slice of
+    `per_step` going round the list — deterministic, so a resumed run redoes the same."""
+    if per_step is None or not tasks:
+        return list(tasks)
+    start = (step - 1) * per_step
+    return [tasks[(start + i) % len(tasks)] for i in range(per_step)]

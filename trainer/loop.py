@@ -50,7 +50,7 @@ from schemas.training import (
     policy_version_name,
     run_id_for,
 )
-from trainer.batch import TrainRow, prepare_batch
+from trainer.batch import TrainRow, prepare_batch, tasks_for_step
 from trainer.loss import agreement, batch_loss
 from trainer.policy import load_policy, save_policy
 from trainer.report import fmt, plot_curve, read_metrics, step_line, write_metrics
@@ -209,7 +209,7 @@ class Trainer:
         batch: Batch | None = None
         if train:
             batch = await client.submit(
-                self._versioned(self.tasks, label),
+                self._versioned(tasks_for_step(self.tasks, step, self.cfg.tasks_per_step), label),
                 str(self.samples / f"step-{step:04d}"),
                 samples_per_task=self.cfg.group_size,
                 batch_id=f"{label}-s{step}",

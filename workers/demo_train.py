@@ -48,7 +48,7 @@ class TrainDemoOptions(BaseModel):
 
     steps: int = Field(default=6, ge=1)
     group_size: int = Field(default=4, ge=2)
-    tasks_per_step: int = Field(default=8, ge=1, description="training tasks (all, every step)")
+    tasks_per_step: int = Field(default=8, ge=1, description="fresh training tasks per step")
     heldout_tasks: int = Field(default=24, ge=1, le=64, description="canonical held-out cases")
     lr: float = Field(default=3e-4, gt=0)
     updates_per_step: int = Field(default=2, ge=1)
@@ -75,7 +75,7 @@ def write_demo_tasks(out: Path, opts: TrainDemoOptions) -> tuple[Path, Path]:
     return write_task_files(
         out / "tasks",
         seed=HELDOUT_SEED,
-        n_train=opts.tasks_per_step,
+        n_train=opts.tasks_per_step * opts.steps,
         n_heldout=opts.heldout_tasks,
     )
 
@@ -206,6 +206,7 @@ async def run_train_demo(
             gateway=gateway_url,
             steps=opts.steps,
             group_size=opts.group_size,
+            tasks_per_step=opts.tasks_per_step,
             heldout=str(heldout),
             lr=opts.lr,
             updates_per_step=opts.updates_per_step,

@@ -68,6 +68,9 @@ def train_cmd(
     task_queue: str = "rollouts",
     steps: Annotated[int, typer.Option(min=1)] = 2,
     group_size: Annotated[int, typer.Option(min=2)] = 4,
+    tasks_per_step: Annotated[
+        int | None, typer.Option(min=1, help="fresh slice of the tasks each step (default: all)")
+    ] = None,
     heldout: Annotated[Path | None, typer.Option(help="held-out tasks (JSONL)")] = None,
     lr: float = 5e-5,
     updates_per_step: Annotated[int, typer.Option(min=1)] = 1,
@@ -91,6 +94,7 @@ def train_cmd(
         engines=list(engine or []),
         steps=steps,
         group_size=group_size,
+        tasks_per_step=tasks_per_step,
         heldout=str(heldout.resolve()) if heldout else None,
         lr=lr,
         updates_per_step=updates_per_step,

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from schemas.training import policy_version_index, policy_version_name, run_id_for
-from trainer.batch import prepare_batch
+from trainer.batch import prepare_batch, tasks_for_step
 
 
 def row(
@@ -158,3 +158,20 @@ def test_staleness_is_per_call_in_a_row_that_spans_an_update() -> None:
     assert kept.token_versions == ["v1", "v1", "v1", "v3", "v3"]
     assert kept.staleness == 0
     assert (batch.stale, batch.stale_calls, sorted(batch.staleness)) == (1, 1, [0, 2, 2])
+
+
+def test_each_step_takes_the_next_slice_of_tasks_going_round_the_file() -> None:
+    tasks = list("abcde")
+    assert [tasks_for_step(tasks, step, 2) for step in (1, 2, 3, 4)] == [
+        ["a", "b"], ["c", "d"], ["e", "a"], ["b", "c"],
+    ]  # fmt: skip
+    assert tasks_for_step(tasks, 7, None) == tasks  # unset: every task, every step
+
+
+def test_tasks_per_step_must_be_positive() -> None:
+    from pydantic import ValidationError
+
+    from schemas.training import TrainConfig
+
+    with pytest.raises(ValidationError, match="tasks_per_step"):
+        TrainConfig(tasks="t", out="o", init_policy="p", engines=["http://e"], tasks_per_step=0)
