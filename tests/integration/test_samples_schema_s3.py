@@ -19,6 +19,7 @@ from schemas.client import RolloutClient
 from schemas.rollout import RolloutResult
 from schemas.samples import (
     SAMPLE_ARROW_SCHEMA,
+    SCHEMA_VERSION,
     SampleRow,
     SampleSchemaMismatchError,
     UnknownSchemaVersionError,
@@ -73,27 +74,30 @@ def put(key: str, table: pa.Table) -> str:
     return f"s3://{BUCKET}/{key}"
 
 
+MISMATCH = f"does not match the samples schema v{SCHEMA_VERSION}"
+
+
 def bad_tables() -> dict[str, tuple[pa.Table, str]]:
     t = good_table()
     return {
         "reward as text": (
             with_column(t, "reward", pa.array(["1.0"])),
-            "does not match the samples schema v1: column 'reward' is string, expected double",
+            MISMATCH + ": column 'reward' is string, expected double",
         ),
         "token ids as int64": (
             with_column(t, "response_ids", pa.array([[3]], pa.list_(pa.int64()))),
-            "does not match the samples schema v1: "
+            MISMATCH + ": "
             "column 'response_ids' is list<element: int64>, expected list<item: int32>",
         ),
         "missing loss_mask": (
             t.drop_columns(["loss_mask"]).replace_schema_metadata(SAMPLE_ARROW_SCHEMA.metadata),
-            "does not match the samples schema v1: missing column 'loss_mask' (list<item: int8>)",
+            MISMATCH + ": missing column 'loss_mask' (list<item: int8>)",
         ),
         "extra column": (
             t.append_column("advantage", pa.array([0.5])).replace_schema_metadata(
                 SAMPLE_ARROW_SCHEMA.metadata
             ),
-            "does not match the samples schema v1: unexpected column(s) ['advantage']",
+            MISMATCH + ": unexpected column(s) ['advantage']",
         ),
         "null reward": (
             with_column(t, "reward", pa.array([None], pa.float64())),
@@ -148,8 +152,6 @@ def test_good_files_read_the_same_from_s3_and_disk(s3: str, tmp_path: Path) -> N
 def test_disk_read_refuses_a_file_whose_columns_do_not_match(tmp_path: Path, case: str) -> None:
     table, why = bad_tables()[case]
     pq.write_table(table, tmp_path / "b-t-0.parquet")
-    with pytest.raises(
-        SampleSchemaMismatchError, match="does not match the samples schema v1"
-    ) as i:
+    with pytest.raises(SampleSchemaMismatchError, match=MISMATCH) as i:
         read_table(str(tmp_path / "b-t-0.parquet"))
     assert why in str(i.value)
