@@ -50,7 +50,7 @@ class TrainDemoOptions(BaseModel):
     group_size: int = Field(default=4, ge=2)
     tasks_per_step: int = Field(default=8, ge=1, description="fresh training tasks per step")
     heldout_tasks: int = Field(default=24, ge=1, le=64, description="canonical held-out cases")
-    lr: float = Field(default=3e-4, gt=0)
+    lr: float = Field(default=1e-4, gt=0)
     updates_per_step: int = Field(default=2, ge=1)
     seed: int = 0
     out: Path | None = Field(default=None, description="None: DATA_DIR/train-<UTC time>")
