@@ -27,6 +27,7 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
     data = tmp_path / "demo"
+    others = set(Path("/tmp").glob("rollout-demo-sandboxes-*"))  # other demos running now
     proc = subprocess.run(
         [sys.executable, "-m", "workers.demo", f"--data-dir={data}", "--engine=scripted"],
         capture_output=True,
@@ -46,7 +47,7 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
     assert table.num_rows == 8  # 4 example tasks × 2 samples, one segment each
     assert "a few sample rows" in out and "stopped:" in out
     assert not _processes_mentioning(str(data)), "a demo process outlived the demo"
-    assert not list(Path("/tmp").glob("rollout-demo-sandboxes-*"))
+    assert set(Path("/tmp").glob("rollout-demo-sandboxes-*")) <= others
 
 
 def test_a_missing_vllm_environment_is_set_up_not_replaced_by_the_scripted_engine(

@@ -74,10 +74,12 @@ def test_an_sdk_retry_after_a_timeout_gets_the_recorded_answer(
     scripted, server = engine
     gw = gateway_factory(server.url, tiny_model_dir, MODEL)
     session = gw.create_session()
-    # The engine answers after 5 s; the SDK gives up after 3 s and retries once (within
+    # The engine answers after 6 s; the SDK gives up after 4 s and retries once (within
     # a second): its retry finds the original in flight, or answered, never unanswered.
-    scripted.delay_s = 5.0
-    reply_id = sdk_turn(protocol, session, stream, timeout=3.0, max_retries=1)
+    # (The retry's own 4 s leave ~3 s for the original to finish and be recorded: a
+    # loaded 2-core box needed more than the 1.5 s of a 5 s / 3 s setting.)
+    scripted.delay_s = 6.0
+    reply_id = sdk_turn(protocol, session, stream, timeout=4.0, max_retries=1)
 
     assert len(scripted.prompts) == 1, "the engine sampled once"
     trajectory = gw.trajectory(session["session_id"])
