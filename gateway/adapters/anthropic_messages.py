@@ -23,15 +23,13 @@ sent by a client are discarded):
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from gateway.adapters.history import HistoryCache, Prefix
+from gateway.adapters.history import HistoryCache, Prefix, resume_or_full
 from gateway.adapters.opaque_token import decode_token
 from gateway.adapters.wire import (
     REQUEST_KIND_HEADER,
@@ -46,7 +44,6 @@ from gateway.adapters.wire import (
     validate_at,
 )
 from gateway.canonical import CanonicalRequest, Message, Tool, ToolCall
-from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
 PROTOCOL = "anthropic_messages"
@@ -363,11 +360,7 @@ def _parse(
 ) -> CanonicalRequest:
     data = load_object(body)
     prefix = history.lookup(PROTOCOL, data.get("messages")) if history is not None else None
-    if prefix is not None and prefix.count:
-        with contextlib.suppress(GatewayError):
-            return _convert(model, data, headers, path, prefix, history)
-        prefix = dataclasses.replace(prefix, count=0, state=None)
-    return _convert(model, data, headers, path, prefix, history)
+    return resume_or_full(prefix, lambda p: _convert(model, data, headers, path, p, history))
 
 
 def _convert(

@@ -14,11 +14,16 @@ which is the reference the resumed one must equal (tests compare the records of 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+
+from gateway.errors import GatewayError
 
 __all__ = ["HistoryCache", "Prefix"]
 
@@ -92,3 +97,18 @@ class HistoryCache:
         self._entries.move_to_end(key)
         while len(self._entries) > _MAX_ENTRIES:
             self._entries.popitem(last=False)
+
+
+Converted = TypeVar("Converted")
+
+
+def resume_or_full(
+    prefix: Prefix | None, convert: Callable[[Prefix | None], Converted]
+) -> Converted:
+    """`convert` from the cached `prefix`; when that fails, the full path again, so the
+    error the caller sees names the field in the whole body, not in the new items."""
+    if prefix is not None and prefix.count:
+        with contextlib.suppress(GatewayError):
+            return convert(prefix)
+        prefix = dataclasses.replace(prefix, count=0, state=None)
+    return convert(prefix)

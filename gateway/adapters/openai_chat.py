@@ -8,14 +8,12 @@ use, with error messages naming the offending field path. Replies are in
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gateway.adapters.history import HistoryCache, Prefix
+from gateway.adapters.history import HistoryCache, Prefix, resume_or_full
 from gateway.adapters.wire import (
     Wire,
     bad_request,
@@ -27,7 +25,6 @@ from gateway.adapters.wire import (
     tool_choice_mode,
 )
 from gateway.canonical import CanonicalRequest, Message, Tool, ToolCall
-from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
 PROTOCOL = "openai_chat"
@@ -149,11 +146,7 @@ def parse_chat_request(
     """
     data = load_object(body)
     prefix = history.lookup(PROTOCOL, data.get("messages")) if history is not None else None
-    if prefix is not None and prefix.count:
-        with contextlib.suppress(GatewayError):
-            return _parse(data, headers, path, prefix, history)
-        prefix = dataclasses.replace(prefix, count=0, state=None)
-    return _parse(data, headers, path, prefix, history)
+    return resume_or_full(prefix, lambda p: _parse(data, headers, path, p, history))
 
 
 def _parse(

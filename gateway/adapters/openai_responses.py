@@ -21,14 +21,12 @@ here; the same names sent by a client are discarded):
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from gateway.adapters.history import HistoryCache, Prefix
+from gateway.adapters.history import HistoryCache, Prefix, resume_or_full
 from gateway.adapters.opaque_token import decode_token
 from gateway.adapters.wire import (
     REQUEST_KIND_HEADER,
@@ -456,11 +454,7 @@ def parse_responses_request(
     prefix = None
     if history is not None:
         prefix = history.lookup(PROTOCOL, data.get("input"), data.get("instructions"))
-    if prefix is not None and prefix.count:
-        with contextlib.suppress(GatewayError):
-            return _parse(data, headers, path, prefix, history)
-        prefix = dataclasses.replace(prefix, count=0, state=None)
-    return _parse(data, headers, path, prefix, history)
+    return resume_or_full(prefix, lambda p: _parse(data, headers, path, p, history))
 
 
 def _parse(
