@@ -81,6 +81,10 @@ class GatewayOptions(BaseModel):
     session_janitor_interval_s: float = Field(default=30.0, ge=0)
     """How often the session janitor closes sessions past their TTL (0: never; calls to
     an expired session are refused all the same)."""
+    stream_abort_grace_s: float = Field(default=2.0, ge=0)
+    """How long a streamed call whose client left keeps sampling before the engine request
+    is cancelled: an SDK that timed out resends within a second, and that retry then
+    gets this call's answer instead of a second sample (see `stream_relay`)."""
 
 
 class LiveSession:
@@ -436,9 +440,11 @@ class Gateway:
                 if isinstance(answer, CompletionResult):
                     return answer
                 return await self._recorded_answer(session, answer, request)
-        with session.answers.answering(digest) as answered:
+        with session.answers.answering(digest) as inflight:
+            if relay is not None:
+                relay.wanted_by_retry = inflight.awaited
             result = await self._sample(session, request, raw_request, digest, relay)
-            answered.set_result(result)
+            inflight.answer.set_result(result)
         return result
 
     async def _recorded_answer(

@@ -20,6 +20,7 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -53,6 +54,17 @@ def is_retry(headers: Mapping[str, str]) -> bool:
     return False
 
 
+@dataclass
+class InFlight:
+    """A call answering a digest, while it runs."""
+
+    answer: asyncio.Future[CompletionResult | None]
+    """Set to the call's result when it finishes (None: it ended without one)."""
+    awaited: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a retry waits for this answer: a streamed call whose own client left
+    then samples to the end (`StreamRelay`), as the retry's client still wants it."""
+
+
 class Answers:
     """A session's answered request bodies (digest → call id) and those being answered.
 
@@ -61,24 +73,24 @@ class Answers:
 
     def __init__(self, answered: Mapping[str, str] | None = None) -> None:
         self._answered: dict[str, str] = dict(answered or {})
-        self._inflight: dict[str, asyncio.Future[CompletionResult | None]] = {}
+        self._inflight: dict[str, InFlight] = {}
 
     def recorded(self, digest: str, call_id: str) -> None:
         """The call answering `digest` is on record (written; the latest such call wins)."""
         self._answered[digest] = call_id
 
     @contextmanager
-    def answering(self, digest: str) -> Iterator[asyncio.Future[CompletionResult | None]]:
-        """While a call for `digest` runs, retries wait for it: set the yielded future's
-        result to the answer; if the call ends without one, waiters get None."""
-        done: asyncio.Future[CompletionResult | None] = asyncio.get_running_loop().create_future()
-        self._inflight[digest] = done
+    def answering(self, digest: str) -> Iterator[InFlight]:
+        """While a call for `digest` runs, retries wait for it: set the yielded answer's
+        result; if the call ends without one, waiters get None."""
+        inflight = InFlight(asyncio.get_running_loop().create_future())
+        self._inflight[digest] = inflight
         try:
-            yield done
+            yield inflight
         finally:
-            if not done.done():
-                done.set_result(None)
-            if self._inflight.get(digest) is done:
+            if not inflight.answer.done():
+                inflight.answer.set_result(None)
+            if self._inflight.get(digest) is inflight:
                 del self._inflight[digest]
 
     async def answer_for(self, digest: str) -> CompletionResult | str | None:
@@ -86,8 +98,9 @@ class Answers:
         else the id of the recorded call answering it (None: never answered, sample it)."""
         inflight = self._inflight.get(digest)
         if inflight is not None:
-            await asyncio.wait({inflight})  # a retry that gives up does not cancel it
-            result = inflight.result()
+            inflight.awaited.set()
+            await asyncio.wait({inflight.answer})  # a retry that gives up does not cancel it
+            result = inflight.answer.result()
             if result is not None:
                 return result
         return self._answered.get(digest)

@@ -2,10 +2,15 @@
 
 The core runs the call as always (plan, engine, parse, record) and tells the relay when
 the call is planned and each time the engine sends tokens; the relay splits them into
-stream events (`stream_parser`) and queues them for the response (`streaming`). A client
-that leaves aborts the relay: the engine request is cancelled and the core records the
-call as cancelled with the tokens sampled so far. Once the engine has finished, an abort
-changes nothing: the call is recorded as sampled, and a retry gets it from the record.
+stream events (`stream_parser`) and queues them for the response (`streaming`).
+
+A client that leaves aborts the relay, but the engine keeps sampling for a grace period
+(`GatewayOptions.stream_abort_grace_s`): most clients that leave are agent SDKs whose
+timeout fired, and they resend the request within a second. Such a retry waits for this
+call's answer (`retries`), so once one arrives the call samples to the end and is
+recorded as usual. With no retry by the end of the grace, the engine request is cancelled
+(vLLM stops generating) and the core records the call as cancelled with the tokens
+sampled so far. A call the engine finishes within the grace is recorded as sampled.
 """
 
 from __future__ import annotations
@@ -35,9 +40,14 @@ class StreamAborted(Exception):
 class StreamRelay:
     """One streamed call's live state. Used from the gateway's event loop only."""
 
-    def __init__(self, incremental: IncrementalTokenizer, parser: OutputParser) -> None:
+    def __init__(
+        self, incremental: IncrementalTokenizer, parser: OutputParser, abort_grace_s: float
+    ) -> None:
         self.incremental = incremental
         self.parser = parser
+        self.abort_grace_s = abort_grace_s
+        self.wanted_by_retry = asyncio.Event()
+        """Set (by the core) once a retry of this request waits for its answer."""
         self.head: StreamHead | None = None
         self.output_ids: list[int] = []
         self.output_logprobs: list[float] = []
@@ -82,15 +92,16 @@ class StreamRelay:
         return self._aborted.is_set()
 
     async def run(self, engine_call: Coroutine[Any, Any, EngineCompletion]) -> EngineCompletion:
-        """Await the engine call unless the client aborts first (then `StreamAborted`)."""
+        """Await the engine call unless the client aborts and nobody wants the answer
+        (then `StreamAborted`)."""
         call = asyncio.ensure_future(engine_call)
-        if self.aborted:
-            call.cancel()
-        abort = asyncio.ensure_future(self._aborted.wait())
         try:
-            await asyncio.wait({call, abort}, return_when=asyncio.FIRST_COMPLETED)
+            await _first_of(call, self._aborted.wait())
+            if not call.done():
+                await _first_of(call, self.wanted_by_retry.wait(), timeout=self.abort_grace_s)
+            if not call.done() and self.wanted_by_retry.is_set():
+                await asyncio.wait({call})
         finally:
-            abort.cancel()
             if not call.done():
                 call.cancel()  # closes the engine connection: vLLM aborts the request
                 with contextlib.suppress(asyncio.CancelledError):
@@ -98,3 +109,16 @@ class StreamRelay:
         if call.cancelled():
             raise StreamAborted(list(self.output_ids), list(self.output_logprobs))
         return call.result()
+
+
+async def _first_of(
+    call: asyncio.Future[EngineCompletion],
+    signal: Coroutine[Any, Any, Any],
+    timeout: float | None = None,
+) -> None:
+    """Wait until `call` is done, `signal` returns or `timeout` passes, whichever first."""
+    waiting = asyncio.ensure_future(signal)
+    try:
+        await asyncio.wait({call, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()

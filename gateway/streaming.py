@@ -41,7 +41,7 @@ async def stream_reply(
 ) -> Response:
     """Run the call and answer with its live event stream (a replay for a retry answered
     from the record). Raises the call's `GatewayError` if it fails before any token."""
-    relay = StreamRelay(gateway.incremental, gateway.parser)
+    relay = StreamRelay(gateway.incremental, gateway.parser, gateway.options.stream_abort_grace_s)
     call = asyncio.create_task(gateway.complete(session, request, raw_request, relay))
     _running.add(call)
     call.add_done_callback(_running.discard)

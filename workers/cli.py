@@ -72,6 +72,9 @@ def gateway(
     session_janitor_interval_s: Annotated[
         float, typer.Option(min=0, help="s between closing sessions past their TTL (0: off)")
     ] = 30.0,
+    stream_abort_grace_s: Annotated[
+        float, typer.Option(min=0, help="s a stream whose client left keeps sampling for a retry")
+    ] = 2.0,
     tokenize_offload_chars: Annotated[
         int, typer.Option(min=0, help="tokenize new text this long in a worker process (0: off)")
     ] = 16384,
@@ -102,6 +105,7 @@ def gateway(
         fsync=fsync.value,
         fsync_interval_ms=fsync_interval_ms,
         session_janitor_interval_s=session_janitor_interval_s,
+        stream_abort_grace_s=stream_abort_grace_s,
         tokenize_offload_chars=tokenize_offload_chars,
         engine_routing=engine_routing.value.replace("-", "_"),
     )

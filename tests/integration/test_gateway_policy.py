@@ -4,9 +4,10 @@ the OpenAI SDK. An update pauses new engine calls (they wait), drains the runnin
 has the engine reload the checkpoint in place, and resumes; every recorded call names
 the version that sampled it, also in a conversation that spans the update.
 
-The in-flight call that keeps the drain open is a long generation (1500 tokens); the
-tests read the Gateway's own gate (in this process) to know when the update holds the
-gate and when a call waits at it, so no step depends on timing.
+The in-flight call that keeps the drain open is held between engine and Gateway by a
+forwarding proxy until the test releases it; the tests read the Gateway's own gate (in
+this process) to know when the update holds the gate and when a call waits at it, so no
+step depends on how fast the engine is.
 """
 
 import json
@@ -33,11 +34,9 @@ from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.vllm_server import VllmServer, VllmServerConfig
 from schemas.engine_weights import tensor_shapes
 from schemas.policy import PolicyState, PolicyUpdateRecord
-from tests.fixtures.gateway import RunningGateway, start_gateway
+from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
 
 pytestmark = pytest.mark.integration
-
-LONG_TOKENS = 1500
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +57,19 @@ def engine(tiny_model_dir: Path) -> Iterator[VllmServer]:
 
 
 @pytest.fixture
-def gw(engine: VllmServer, tiny_model_dir: Path, tmp_path: Path) -> Iterator[RunningGateway]:
-    running = start_gateway(engine.url, tiny_model_dir, tmp_path / "gw", engine.model)
+def proxy(engine: VllmServer) -> Iterator[tuple[RecordingProxy, str]]:
+    """The proxy between Gateway and engine (to hold a call in flight) and its URL."""
+    forwarding = RecordingProxy(engine.url)
+    with BackgroundServer(forwarding.app()) as server:
+        yield forwarding, server.url
+        forwarding.release()
+
+
+@pytest.fixture
+def gw(
+    engine: VllmServer, proxy: tuple[RecordingProxy, str], tiny_model_dir: Path, tmp_path: Path
+) -> Iterator[RunningGateway]:
+    running = start_gateway(proxy[1], tiny_model_dir, tmp_path / "gw", engine.model)
     try:
         yield running
     finally:
@@ -123,15 +133,18 @@ def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 300.0)
 
 
 def update_during_a_long_call(
-    gw: RunningGateway, pool: ThreadPoolExecutor, version: str, ckpt: Path
+    gw: RunningGateway,
+    proxy: RecordingProxy,
+    pool: ThreadPoolExecutor,
+    version: str,
+    ckpt: Path,
 ) -> tuple[Future[str], Future[httpx.Response]]:
-    """Start a long call, then the update once the call is in flight; returns both
-    futures once the update holds the gate (closed, draining that call)."""
+    """Start a call the proxy holds in flight, then the update; returns both futures once
+    the update holds the gate (closed, draining that call). `proxy.release()` ends it."""
     long_session = gw.create_session(policy_version="long-label")
     gate = gw.gateway.policy
-    long_call = pool.submit(
-        ask, long_session, [{"role": "user", "content": "write a lot"}], LONG_TOKENS
-    )
+    proxy.hold()
+    long_call = pool.submit(ask, long_session, [{"role": "user", "content": "write a lot"}])
     wait_for("the long call in flight", lambda: gate.inflight == 1)
     update = pool.submit(post_policy, gw, version, ckpt)
     wait_for("the update to close the gate", lambda: gate.closed)
@@ -140,7 +153,11 @@ def update_during_a_long_call(
 
 
 def test_a_conversation_spanning_an_update_records_each_calls_version(
-    gw: RunningGateway, tiny_model_dir: Path, tmp_path: Path, pool: ThreadPoolExecutor
+    gw: RunningGateway,
+    proxy: tuple[RecordingProxy, str],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    pool: ThreadPoolExecutor,
 ) -> None:
     """A rollout's first call is sampled before the update; the update waits for a
     running call (drain) while the rollout's next call arrives and waits at the gate;
@@ -150,14 +167,15 @@ def test_a_conversation_spanning_an_update_records_each_calls_version(
     first = [{"role": "user", "content": "hello"}]
     reply = ask(session, first)
     long_call, update = update_during_a_long_call(
-        gw, pool, "p-new", checkpoint(tiny_model_dir, tmp_path / "ckpt-new")
+        gw, proxy[0], pool, "p-new", checkpoint(tiny_model_dir, tmp_path / "ckpt-new")
     )
     second = pool.submit(
         ask, session, [*first, {"role": "assistant", "content": reply},
                        {"role": "user", "content": "and again"}]
     )  # fmt: skip
     wait_for("the next call to wait at the gate", lambda: gw.gateway.policy.held == 1)
-    assert not second.done()
+    assert not second.done() and not update.done()
+    proxy[0].release()
     done = update.result(timeout=600)
     assert done.status_code == 200, done.text
     record = PolicyUpdateRecord.model_validate_json(done.content)
@@ -183,7 +201,11 @@ def test_a_conversation_spanning_an_update_records_each_calls_version(
 
 
 def test_an_engine_that_cannot_load_leaves_the_old_policy_serving(
-    gw: RunningGateway, tiny_model_dir: Path, tmp_path: Path, pool: ThreadPoolExecutor
+    gw: RunningGateway,
+    proxy: tuple[RecordingProxy, str],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    pool: ThreadPoolExecutor,
 ) -> None:
     """A checkpoint with a wrong-shaped embedding: the update pauses and drains as
     always, then the engine's load is refused (it would kill vLLM's engine core), the
@@ -195,13 +217,15 @@ def test_an_engine_that_cannot_load_leaves_the_old_policy_serving(
     first = [{"role": "user", "content": "hello"}]
     reply = ask(session, first)
     long_call, update = update_during_a_long_call(
-        gw, pool, "p-bad", wrong_shapes(tiny_model_dir, tmp_path / "ckpt-bad")
+        gw, proxy[0], pool, "p-bad", wrong_shapes(tiny_model_dir, tmp_path / "ckpt-bad")
     )
     second = pool.submit(
         ask, session, [*first, {"role": "assistant", "content": reply},
                        {"role": "user", "content": "and again"}]
     )  # fmt: skip
     wait_for("the next call to wait at the gate", lambda: gw.gateway.policy.held == 1)
+    assert not second.done() and not update.done()
+    proxy[0].release()
     failed = update.result(timeout=600)
     assert failed.status_code == 502, failed.text
     message = failed.json()["error"]["message"]

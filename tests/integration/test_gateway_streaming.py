@@ -6,6 +6,7 @@ ordering fact rather than a timing one. The same against real vLLM is in
 `test_gateway_vllm_streaming.py`.
 """
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -290,6 +291,73 @@ def test_a_client_that_leaves_cancels_the_engine_request_and_the_call_is_recorde
     (segment,) = trajectory["segments"]
     assert segment["call_ids"] == [trajectory["calls"][1]["call_id"]]
     assert segment["response_ids"] == engine.replies[1].output_ids
+
+
+def test_a_retry_sent_after_the_client_left_gets_the_whole_answer_sampled_once(
+    tiny_model_dir: Path, gateway_factory: Any
+) -> None:
+    """An SDK whose timeout fired leaves the stream and resends the request: the engine
+    keeps sampling through the grace, the retry waits for that call, and gets its whole
+    answer replayed; the engine sampled once and nothing was cancelled. (A grace far
+    longer than the test needs, so the retry's arrival is not a race.)"""
+    engine = ScriptedEngine(
+        tiny_model_dir / "tokenizer.json", Script(default_reply=REPLY), model="tiny-qwen3"
+    )
+    with BackgroundServer(engine.app()) as server:
+        gw = gateway_factory(server.url, tiny_model_dir, "tiny-qwen3", stream_abort_grace_s=60)
+        hold_mid_content(engine)
+        session = gw.create_session()
+        body = {
+            "model": "tiny-qwen3",
+            "stream": True,
+            "messages": [{"role": "user", "content": "What is here?"}],
+        }
+        url = f"{session['openai_base_url']}/chat/completions"
+        headers = {"Authorization": f"Bearer {session['token']}"}
+        guard = threading.Timer(GUARD_S, engine.release.set)
+        guard.start()
+        try:
+            with httpx.stream("POST", url, json=body, headers=headers, timeout=GUARD_S) as first:
+                assert first.status_code == 200
+                next(first.iter_lines())  # the stream is flowing: the client leaves
+            waiting = gw.gateway.metrics.retries_answered._value.get()
+            retry: list[httpx.Response] = []
+            sender = threading.Thread(
+                target=lambda: retry.append(
+                    httpx.post(
+                        url,
+                        json=body,
+                        headers={**headers, "x-stainless-retry-count": "1"},
+                        timeout=GUARD_S,
+                    )
+                )
+            )
+            sender.start()
+            wait_for(lambda: _retry_waits(gw, session["session_id"]), "the retry waits")
+            engine.release.set()
+            sender.join(GUARD_S)
+        finally:
+            guard.cancel()
+            engine.release.set()
+    (reply,) = retry
+    assert reply.status_code == 200
+    deltas = [
+        json.loads(line.removeprefix("data: "))["choices"][0]["delta"]
+        for line in reply.text.splitlines()
+        if line.startswith("data: {") and '"choices":[{' in line
+    ]
+    assert "".join(d.get("content") or "" for d in deltas).strip().startswith(CONTENT)
+    assert (engine.streams_cancelled, len(engine.replies)) == (0, 1)
+    (call,) = gw.trajectory(session["session_id"])["calls"]
+    assert call["status"] == "ok"
+    assert call["output_ids"] == engine.replies[0].output_ids
+    assert gw.gateway.metrics.retries_answered._value.get() == waiting + 1
+
+
+def _retry_waits(gw: RunningGateway, session_id: str) -> bool:
+    """Has a retry attached to the session's call in flight (`retries.InFlight.awaited`)?"""
+    live = gw.gateway.sessions[session_id]
+    return any(f.awaited.is_set() for f in live.answers._inflight.values())
 
 
 def test_an_engine_failure_mid_stream_is_an_in_stream_error_and_recorded(

@@ -177,7 +177,8 @@ def vllm_metric(url: str, name: str, labels: str = "") -> float:
 def test_first_delta_arrives_while_vllm_still_generates_and_leaving_aborts_it(
     vllm_server: Any, tiny_model_dir: Path, gateway_factory: Any
 ) -> None:
-    gw = gateway_factory(vllm_server.url, tiny_model_dir, vllm_server.model)
+    # No grace: nothing resends here, and the test is that vLLM stops when the client leaves.
+    gw = gateway_factory(vllm_server.url, tiny_model_dir, vllm_server.model, stream_abort_grace_s=0)
     long_reply = {"sampling": {"temperature": 1.0, "seed": 5, "max_tokens": 3000}}
     session = gw.create_session(**long_reply)
     generated_before = vllm_metric(vllm_server.url, "vllm:generation_tokens_total")

@@ -53,12 +53,14 @@ def test_a_retry_waits_for_the_call_in_flight() -> None:
         answers = Answers({"old": "c0"})
         assert await answers.answer_for("old") == "c0"
         assert await answers.answer_for("new") is None
-        with answers.answering("new") as answered:
+        with answers.answering("new") as inflight:
+            assert not inflight.awaited.is_set()
             waiter = asyncio.ensure_future(answers.answer_for("new"))
             await asyncio.sleep(0)
             assert not waiter.done()
+            assert inflight.awaited.is_set(), "a streamed original now samples to the end"
             answers.recorded("new", "c1")
-            answered.set_result(result("c1"))
+            inflight.answer.set_result(result("c1"))
         assert (await waiter).call_id == "c1"  # type: ignore[union-attr]
         assert await answers.answer_for("new") == "c1"
 
