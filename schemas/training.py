@@ -71,6 +71,15 @@ class TrainConfig(StrictModel):
     heldout: str | None = Field(default=None, description="held-out tasks (JSONL), not trained")
     heldout_samples: int = Field(default=1, ge=1)
     lr: float = Field(default=5e-5, gt=0)
+    adam_eps: float = Field(
+        default=1e-8,
+        gt=0,
+        description="AdamW's eps. Its first steps move every parameter by about ±lr, also "
+        "those whose gradient is only noise (format tokens whose +A and -A cancel); on a "
+        "small model with small batches that can lower the reward of the very rollouts it "
+        "rewarded. A larger eps (1e-5..1e-3) makes those parameters move in proportion to "
+        "their gradient instead",
+    )
     updates_per_step: int = Field(default=1, ge=1, description="optimiser steps per step")
     clip_low: float = Field(default=0.2, ge=0, lt=1)
     clip_high: float = Field(default=0.2, ge=0)

@@ -152,7 +152,9 @@ class Trainer:
         log(f"resumed: {self.out} at policy {self.version}")
 
     def _optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
+        return torch.optim.AdamW(
+            self.model.parameters(), lr=self.cfg.lr, eps=self.cfg.adam_eps, weight_decay=0.0
+        )
 
     def _save_optimizer(self, step: int) -> None:
         path = self._opt_path(step)

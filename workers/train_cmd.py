@@ -73,6 +73,9 @@ def train_cmd(
     ] = None,
     heldout: Annotated[Path | None, typer.Option(help="held-out tasks (JSONL)")] = None,
     lr: float = 5e-5,
+    adam_eps: Annotated[
+        float, typer.Option(min=1e-12, help="AdamW eps (larger: noise-only gradients move less)")
+    ] = 1e-8,
     updates_per_step: Annotated[int, typer.Option(min=1)] = 1,
     max_staleness: Annotated[int, typer.Option(min=0)] = 1,
     overlap: Annotated[
@@ -97,6 +100,7 @@ def train_cmd(
         tasks_per_step=tasks_per_step,
         heldout=str(heldout.resolve()) if heldout else None,
         lr=lr,
+        adam_eps=adam_eps,
         updates_per_step=updates_per_step,
         max_staleness=max_staleness,
         overlap=overlap,

@@ -117,3 +117,34 @@ def test_logprob_positions_and_agreement_report(
     assert got["both_max"] < 1e-5
     assert got["by_older"] == 1
     assert got["both_ratio"] == pytest.approx(got["only_new_ratio"], abs=1e-6)
+
+
+OPTIMIZER_SNIPPET = """
+import json, types, torch
+from schemas.training import TrainConfig
+from trainer.loop import Trainer
+moved = {{}}
+for eps in (1e-8, 1e-3):
+    weights = torch.nn.Parameter(torch.zeros(2))
+    cfg = TrainConfig(tasks="t", out="o", init_policy="p", engines=["http://e"], lr=1e-3,
+                      adam_eps=eps)
+    host = types.SimpleNamespace(cfg=cfg, model=types.SimpleNamespace(parameters=lambda: [weights]))
+    optimizer = Trainer._optimizer(host)
+    weights.grad = torch.tensor([1.0, 1e-5])  # a real signal, and noise
+    optimizer.step()
+    moved[str(eps)] = weights.detach().abs().tolist()
+print(json.dumps(moved))
+"""
+
+
+def test_adam_eps_decides_whether_noise_moves_as_far_as_signal(
+    trainer_env: TrainerPython,
+) -> None:
+    """The trainer's optimizer takes `adam_eps`: with the default 1e-8 its first step moves
+    a parameter whose gradient is 1e-5 (noise) by the full lr, like the one with a real
+    gradient; with 1e-3 the noisy one moves 100x less and the real one still by lr."""
+    got = trainer_env.run_json(OPTIMIZER_SNIPPET.format())
+    assert got["1e-08"] == pytest.approx([1e-3, 1e-3], rel=0.01)
+    signal, noise = got["0.001"]
+    assert signal == pytest.approx(1e-3, rel=0.01)
+    assert noise == pytest.approx(1e-5, rel=0.01)
