@@ -57,7 +57,7 @@ def engine(tiny_model_dir: Path) -> Iterator[VllmServer]:
 
 
 @pytest.fixture
-def proxy(engine: VllmServer) -> Iterator[tuple[RecordingProxy, str]]:
+def proxied(engine: VllmServer) -> Iterator[tuple[RecordingProxy, str]]:
     """The proxy between Gateway and engine (to hold a call in flight) and its URL."""
     forwarding = RecordingProxy(engine.url)
     with BackgroundServer(forwarding.app()) as server:
@@ -66,10 +66,15 @@ def proxy(engine: VllmServer) -> Iterator[tuple[RecordingProxy, str]]:
 
 
 @pytest.fixture
+def proxy(proxied: tuple[RecordingProxy, str]) -> RecordingProxy:
+    return proxied[0]
+
+
+@pytest.fixture
 def gw(
-    engine: VllmServer, proxy: tuple[RecordingProxy, str], tiny_model_dir: Path, tmp_path: Path
+    engine: VllmServer, proxied: tuple[RecordingProxy, str], tiny_model_dir: Path, tmp_path: Path
 ) -> Iterator[RunningGateway]:
-    running = start_gateway(proxy[1], tiny_model_dir, tmp_path / "gw", engine.model)
+    running = start_gateway(proxied[1], tiny_model_dir, tmp_path / "gw", engine.model)
     try:
         yield running
     finally:
@@ -132,29 +137,41 @@ def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 300.0)
         time.sleep(0.02)
 
 
-def update_during_a_long_call(
+def update_mid_conversation(
     gw: RunningGateway,
     proxy: RecordingProxy,
     pool: ThreadPoolExecutor,
     version: str,
     ckpt: Path,
-) -> tuple[Future[str], Future[httpx.Response]]:
-    """Start a call the proxy holds in flight, then the update; returns both futures once
-    the update holds the gate (closed, draining that call). `proxy.release()` ends it."""
-    long_session = gw.create_session(policy_version="long-label")
+) -> tuple[dict[str, Any], Future[str], Future[str], httpx.Response]:
+    """A rollout has its first call sampled; then another rollout's call is held in flight
+    (by the proxy) while the update closes the gate and drains it, and the first rollout's
+    next call arrives and waits at the gate; then the held call is let go. Returns the
+    rollout's session, both calls and the update's reply."""
+    session = gw.create_session(policy_version="p-label")
+    first = [{"role": "user", "content": "hello"}]
+    reply = ask(session, first)
     gate = gw.gateway.policy
     proxy.hold()
+    long_session = gw.create_session(policy_version="long-label")
     long_call = pool.submit(ask, long_session, [{"role": "user", "content": "write a lot"}])
     wait_for("the long call in flight", lambda: gate.inflight == 1)
     update = pool.submit(post_policy, gw, version, ckpt)
     wait_for("the update to close the gate", lambda: gate.closed)
     assert not long_call.done()  # the drain waits for it
-    return long_call, update
+    second = pool.submit(
+        ask, session, [*first, {"role": "assistant", "content": reply},
+                       {"role": "user", "content": "and again"}]
+    )  # fmt: skip
+    wait_for("the next call to wait at the gate", lambda: gate.held == 1)
+    assert not second.done() and not update.done()
+    proxy.release()
+    return session, long_call, second, update.result(timeout=600)
 
 
 def test_a_conversation_spanning_an_update_records_each_calls_version(
     gw: RunningGateway,
-    proxy: tuple[RecordingProxy, str],
+    proxy: RecordingProxy,
     tiny_model_dir: Path,
     tmp_path: Path,
     pool: ThreadPoolExecutor,
@@ -163,20 +180,9 @@ def test_a_conversation_spanning_an_update_records_each_calls_version(
     running call (drain) while the rollout's next call arrives and waits at the gate;
     then the engine reloads, that call is sampled and recorded with the new version,
     in the same segment, which says where each call's tokens start."""
-    session = gw.create_session(policy_version="p-label")
-    first = [{"role": "user", "content": "hello"}]
-    reply = ask(session, first)
-    long_call, update = update_during_a_long_call(
-        gw, proxy[0], pool, "p-new", checkpoint(tiny_model_dir, tmp_path / "ckpt-new")
+    session, long_call, second, done = update_mid_conversation(
+        gw, proxy, pool, "p-new", checkpoint(tiny_model_dir, tmp_path / "ckpt-new")
     )
-    second = pool.submit(
-        ask, session, [*first, {"role": "assistant", "content": reply},
-                       {"role": "user", "content": "and again"}]
-    )  # fmt: skip
-    wait_for("the next call to wait at the gate", lambda: gw.gateway.policy.held == 1)
-    assert not second.done() and not update.done()
-    proxy[0].release()
-    done = update.result(timeout=600)
     assert done.status_code == 200, done.text
     record = PolicyUpdateRecord.model_validate_json(done.content)
     assert (record.status, record.policy_version, record.previous_version) == ("ok", "p-new", None)
@@ -202,7 +208,7 @@ def test_a_conversation_spanning_an_update_records_each_calls_version(
 
 def test_an_engine_that_cannot_load_leaves_the_old_policy_serving(
     gw: RunningGateway,
-    proxy: tuple[RecordingProxy, str],
+    proxy: RecordingProxy,
     tiny_model_dir: Path,
     tmp_path: Path,
     pool: ThreadPoolExecutor,
@@ -213,20 +219,9 @@ def test_an_engine_that_cannot_load_leaves_the_old_policy_serving(
     the calls that waited are then sampled by the old version. Nothing recorded is lost."""
     good = checkpoint(tiny_model_dir, tmp_path / "ckpt-good")
     assert post_policy(gw, "p-good", good).status_code == 200
-    session = gw.create_session(policy_version="p-label")
-    first = [{"role": "user", "content": "hello"}]
-    reply = ask(session, first)
-    long_call, update = update_during_a_long_call(
-        gw, proxy[0], pool, "p-bad", wrong_shapes(tiny_model_dir, tmp_path / "ckpt-bad")
+    session, long_call, second, failed = update_mid_conversation(
+        gw, proxy, pool, "p-bad", wrong_shapes(tiny_model_dir, tmp_path / "ckpt-bad")
     )
-    second = pool.submit(
-        ask, session, [*first, {"role": "assistant", "content": reply},
-                       {"role": "user", "content": "and again"}]
-    )  # fmt: skip
-    wait_for("the next call to wait at the gate", lambda: gw.gateway.policy.held == 1)
-    assert not second.done() and not update.done()
-    proxy[0].release()
-    failed = update.result(timeout=600)
     assert failed.status_code == 502, failed.text
     message = failed.json()["error"]["message"]
     assert "engine" in message and "does not fit the served model" in message
