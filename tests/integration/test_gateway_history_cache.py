@@ -12,8 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from devstack.background_server import BackgroundServer
-from devstack.scripted_engine import Script, ScriptedEngine
+from tests.fixtures.gateway import scripted_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -22,11 +21,8 @@ REPLY = "Done."
 
 @pytest.fixture
 def gw(tiny_model_dir: Path, gateway_factory: Any) -> Any:
-    engine = ScriptedEngine(
-        tiny_model_dir / "tokenizer.json", Script(default_reply=REPLY), model="tiny-qwen3"
-    )
-    with BackgroundServer(engine.app()) as server:
-        yield gateway_factory(server.url, tiny_model_dir, "tiny-qwen3")
+    with scripted_gateway(gateway_factory, tiny_model_dir, REPLY) as (_, running):
+        yield running
 
 
 def chat_body(history: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,9 +11,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devstack.background_server import BackgroundServer
-from devstack.scripted_engine import Script, ScriptedEngine
 from gateway.spans import SPANS
+from tests.fixtures.gateway import scripted_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -22,11 +21,8 @@ REPLY = "<think>\nNothing to do.\n</think>\n\nDone."
 
 @pytest.fixture
 def gw(tiny_model_dir: Path, gateway_factory: Any) -> Any:
-    engine = ScriptedEngine(
-        tiny_model_dir / "tokenizer.json", Script(default_reply=REPLY), model="tiny-qwen3"
-    )
-    with BackgroundServer(engine.app()) as server:
-        yield gateway_factory(server.url, tiny_model_dir, "tiny-qwen3")
+    with scripted_gateway(gateway_factory, tiny_model_dir, REPLY) as (_, running):
+        yield running
 
 
 def span_counts(gw: Any, metric: str) -> dict[tuple[str, str], float]:

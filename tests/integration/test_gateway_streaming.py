@@ -18,9 +18,8 @@ import httpx
 import openai
 import pytest
 
-from devstack.background_server import BackgroundServer
-from devstack.scripted_engine import Script, ScriptedEngine
-from tests.fixtures.gateway import RunningGateway
+from devstack.scripted_engine import ScriptedEngine
+from tests.fixtures.gateway import RunningGateway, scripted_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -57,11 +56,8 @@ the engine holds, and the guard releases the engine so the test fails instead.""
 def engine_and_gateway(
     tiny_model_dir: Path, gateway_factory: Any
 ) -> Iterator[tuple[ScriptedEngine, RunningGateway]]:
-    engine = ScriptedEngine(
-        tiny_model_dir / "tokenizer.json", Script(default_reply=REPLY), model="tiny-qwen3"
-    )
-    with BackgroundServer(engine.app()) as server:
-        yield engine, gateway_factory(server.url, tiny_model_dir, "tiny-qwen3")
+    with scripted_gateway(gateway_factory, tiny_model_dir, REPLY) as running:
+        yield running
 
 
 def hold_mid_content(engine: ScriptedEngine) -> int:
@@ -300,11 +296,8 @@ def test_a_retry_sent_after_the_client_left_gets_the_whole_answer_sampled_once(
     keeps sampling through the grace, the retry waits for that call, and gets its whole
     answer replayed; the engine sampled once and nothing was cancelled. (A grace far
     longer than the test needs, so the retry's arrival is not a race.)"""
-    engine = ScriptedEngine(
-        tiny_model_dir / "tokenizer.json", Script(default_reply=REPLY), model="tiny-qwen3"
-    )
-    with BackgroundServer(engine.app()) as server:
-        gw = gateway_factory(server.url, tiny_model_dir, "tiny-qwen3", stream_abort_grace_s=60)
+    with scripted_gateway(gateway_factory, tiny_model_dir, REPLY, stream_abort_grace_s=60) as stack:
+        engine, gw = stack
         hold_mid_content(engine)
         session = gw.create_session()
         body = {
