@@ -165,15 +165,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-weights-"))
     checkpoint = work / "ckpt"
     shutil.copytree(ensure_tiny_model(), checkpoint)
-    server = VllmServer(
-        VllmServerConfig(
-            model_dir=ensure_tiny_model(),
-            dtype="float32",
-            max_model_len=4096,
-            extra_args=["--enforce-eager"],
-            extra_env={"VLLM_SERVER_DEV_MODE": "1"},
-        )
-    )
+    server = VllmServer(VllmServerConfig.trainable(ensure_tiny_model()))
     try:
         server.start()
         print(f"vLLM up in {server.startup_s:.1f}s")

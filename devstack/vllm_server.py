@@ -73,6 +73,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field
@@ -233,6 +234,18 @@ class VllmServerConfig(BaseModel):
     log_path: Path | None = Field(default=None, description="None: a file in the temp dir")
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def trainable(cls, model_dir: Path, **overrides: Any) -> VllmServerConfig:
+        """A server a trainer works with: float32 (its logprobs then agree with a float32
+        trainer) and the dev endpoints that load new weights in place."""
+        settings: dict[str, Any] = {
+            "dtype": "float32",
+            "max_model_len": 4096,
+            "extra_args": ["--enforce-eager"],
+            "extra_env": {"VLLM_SERVER_DEV_MODE": "1"},
+        }
+        return cls(model_dir=model_dir, **{**settings, **overrides})
 
 
 class VllmServer:

@@ -100,12 +100,14 @@ class DemoStack:
         new weights in place."""
         from devstack.vllm_server import VllmServer, VllmServerConfig
 
-        config = VllmServerConfig(
-            model_dir=model_dir, extra_args=["--enforce-eager"], log_path=self.data_dir / "vllm.log"
+        log_path = self.data_dir / "vllm.log"
+        config = (
+            VllmServerConfig.trainable(model_dir, log_path=log_path)
+            if trainable
+            else VllmServerConfig(
+                model_dir=model_dir, extra_args=["--enforce-eager"], log_path=log_path
+            )
         )
-        if trainable:
-            config.dtype, config.max_model_len = "float32", 4096
-            config.extra_env["VLLM_SERVER_DEV_MODE"] = "1"
         server = VllmServer(config)
         server.start()
         self.engine_stop.append(server.stop)

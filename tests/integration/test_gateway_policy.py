@@ -41,15 +41,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[VllmServer]:
-    server = VllmServer(
-        VllmServerConfig(
-            model_dir=tiny_model_dir,
-            dtype="float32",
-            max_model_len=4096,
-            extra_args=["--enforce-eager"],
-            extra_env={"VLLM_SERVER_DEV_MODE": "1"},
-        )
-    ).start()
+    server = VllmServer(VllmServerConfig.trainable(tiny_model_dir)).start()
     try:
         yield server
     finally:

@@ -68,15 +68,7 @@ def write_tasks(path: Path, specs: list[tuple[str, str, str]]) -> Path:
 def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[TrainStack]:
     work = Path(tempfile.mkdtemp(prefix="rollout-train-", dir="/tmp"))
     work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
-    engine = VllmServer(
-        VllmServerConfig(
-            model_dir=tiny_model_dir,
-            dtype="float32",
-            max_model_len=4096,
-            extra_args=["--enforce-eager"],
-            extra_env={"VLLM_SERVER_DEV_MODE": "1"},
-        )
-    ).start()
+    engine = VllmServer(VllmServerConfig.trainable(tiny_model_dir)).start()
     gateway = start_gateway(engine.url, tiny_model_dir, work / "gateway", engine.model)
     worker = WorkerProcess(
         [
