@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from gateway_load import wait_healthy
 
 from devstack.ports import consecutive_free_ports
 from devstack.tiny_model import ensure_tiny_model
@@ -113,19 +114,6 @@ async def run_agents(
     started = time.monotonic()
     failed = await asyncio.gather(*(agent(s, turns, tool_latency_s, max_tokens) for s in sessions))
     return time.monotonic() - started, sum(failed)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"gateway exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("gateway did not become healthy")
 
 
 def run_row(

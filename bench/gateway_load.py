@@ -35,21 +35,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from gateway_overhead import TOOL_OUTPUT, TOOLS
 
 from devstack.ports import consecutive_free_ports, free_port
 from devstack.tiny_model import ensure_tiny_model
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "run",
-            "description": "Run a shell command.",
-            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
-        },
-    }
-]
-TOOL_OUTPUT = "total 8\n-rw-r--r-- 1 root root 42 hello.py\n-rw-r--r-- 1 root root 17 notes.md\n"
 LARGE_LINE = "2026-12-01 00:00:00 INFO worker-{i} wrote block {j} of the build cache\n"
 
 
