@@ -293,6 +293,9 @@ def demo_cmd(
     heldout_tasks: Annotated[
         int, typer.Option(min=1, max=64, help="--train: held-out tasks, run every step")
     ] = _TRAIN.heldout_tasks,
+    heldout_samples: Annotated[
+        int, typer.Option(min=1, help="--train: rollouts per held-out task")
+    ] = _TRAIN.heldout_samples,
     lr: Annotated[float, typer.Option(help="--train: AdamW learning rate")] = _TRAIN.lr,
     updates_per_step: Annotated[
         int, typer.Option(min=1, help="--train: optimiser steps per step")
@@ -318,6 +321,7 @@ def demo_cmd(
                 group_size=group_size,
                 tasks_per_step=tasks_per_step,
                 heldout_tasks=heldout_tasks,
+                heldout_samples=heldout_samples,
                 lr=lr,
                 updates_per_step=updates_per_step,
                 seed=seed,

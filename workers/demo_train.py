@@ -50,6 +50,7 @@ class TrainDemoOptions(BaseModel):
     group_size: int = Field(default=4, ge=2)
     tasks_per_step: int = Field(default=8, ge=1, description="fresh training tasks per step")
     heldout_tasks: int = Field(default=24, ge=1, le=64, description="canonical held-out cases")
+    heldout_samples: int = Field(default=1, ge=1, description="rollouts per held-out case")
     lr: float = Field(default=1e-4, gt=0)
     updates_per_step: int = Field(default=2, ge=1)
     seed: int = 0
@@ -208,13 +209,15 @@ async def run_train_demo(
             group_size=opts.group_size,
             tasks_per_step=opts.tasks_per_step,
             heldout=str(heldout),
+            heldout_samples=opts.heldout_samples,
             lr=opts.lr,
             updates_per_step=opts.updates_per_step,
             seed=opts.seed,
         )
         console.print(
             f"training: {opts.steps} steps × {opts.tasks_per_step} tasks × {opts.group_size} "
-            f"rollouts, held-out {opts.heldout_tasks} tasks per step, lr {opts.lr}, "
+            f"rollouts, held-out {opts.heldout_tasks} tasks × {opts.heldout_samples} per step, "
+            f"lr {opts.lr}, "
             f"{opts.updates_per_step} update(s) per step; out: {out}",
             highlight=False,
             soft_wrap=True,

@@ -163,8 +163,16 @@ def wrong_answer(case: TaskCase) -> str:
     return case.answer + case.answer[-1]
 
 
-def conversation(case: TaskCase) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """(messages, tools) the agent and a perfect model produce for ``case``."""
+VERBOSE_ANSWER = "The answer is {answer}."
+"""The chatty style the warm-up mixes in: right content, but the file check wants the bare
+answer, so the warmed-up model starts with a format habit that RL can unlearn."""
+
+
+def conversation(
+    case: TaskCase, verbose: bool = False
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(messages, tools) the agent and a model produce for ``case``: a perfect one, or
+    with ``verbose`` one whose final answer is wrapped in :data:`VERBOSE_ANSWER`."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": task_agent.SYSTEM_PROMPT},
         {"role": "user", "content": case.prompt},
@@ -177,7 +185,8 @@ def conversation(case: TaskCase) -> tuple[list[dict[str, Any]], list[dict[str, A
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         result = task_agent.weather_reply(case.weather, arguments)
         messages.append({"role": "tool", "tool_call_id": "call_0", "content": result})
-    messages.append({"role": "assistant", "content": case.answer})
+    answer = VERBOSE_ANSWER.format(answer=case.answer) if verbose else case.answer
+    messages.append({"role": "assistant", "content": answer})
     return messages, tools
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import shutil
 import time
 from collections.abc import Iterator
@@ -61,14 +62,14 @@ def _key_span(case: TaskCase, reply: str) -> tuple[int, int]:
     return (start, start + len(value)) if start >= 0 else (0, 0)
 
 
-def encode_conversation(tok: Tokenizer, case: TaskCase) -> Example:
+def encode_conversation(tok: Tokenizer, case: TaskCase, verbose: bool = False) -> Example:
     """Token IDs and loss mask of ``case``'s reference conversation.
 
     Every assistant turn is the text its prompt (rendered with the generation prompt)
     does not already hold, encoded on its own, as an engine would have sampled it; the
     ``\\n`` the template puts after ``<|im_end|>`` belongs to the next prompt.
     """
-    messages, tools = conversation(case)
+    messages, tools = conversation(case, verbose)
     ids: list[int] = []
     mask: list[int] = []
     key: list[int] = []
@@ -92,19 +93,25 @@ def encode_conversation(tok: Tokenizer, case: TaskCase) -> Example:
 
 
 def batches(tok: Tokenizer, recipe: WarmupRecipe) -> Iterator[tuple[list[Example], list[Example]]]:
-    """(short examples, tool examples) per step, from cases outside the held-out set."""
+    """(short examples, tool examples) per step, from cases outside the held-out set; in
+    the style phase (after ``recipe.steps``) a seeded ``recipe.verbose_fraction`` of them
+    end in the verbose answer style."""
     excluded = frozenset(c.key for c in heldout_cases(recipe.heldout_seed, recipe.heldout_excluded))
     cases = iter_cases(recipe.seed, "warmup", excluded)
+    style = random.Random(f"style:{recipe.seed}")
     short: list[Example] = []
     tool: list[Example] = []
+    step = 0
     for case in cases:
-        example = encode_conversation(tok, case)
+        verbose = step >= recipe.steps and style.random() < recipe.verbose_fraction
+        example = encode_conversation(tok, case, verbose)
         bucket = tool if case.tools else short
         if len(bucket) < (recipe.batch_tool if case.tools else recipe.batch_short):
             bucket.append(example)
         if len(short) == recipe.batch_short and len(tool) == recipe.batch_tool:
             yield short, tool
             short, tool = [], []
+            step += 1
 
 
 def _tensors(
@@ -216,6 +223,9 @@ def build_model(base: Path, recipe: WarmupRecipe) -> tuple[Qwen3ForCausalLM, dic
 
 
 def lr_at(step: int, recipe: WarmupRecipe) -> float:
+    """Linear warm-up, cosine decay to a tenth over ``steps``; constant in the style phase."""
+    if step >= recipe.steps:
+        return recipe.style_lr
     if step < recipe.warmup_steps:
         return recipe.lr * (step + 1) / recipe.warmup_steps
     progress = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
@@ -250,8 +260,9 @@ def train(
     model.train()
     started = time.monotonic()
     curve: list[dict[str, float]] = []
+    total = recipe.steps + recipe.style_steps
     for step, (short, tool) in enumerate(batches(tok, recipe)):
-        if step == recipe.steps:
+        if step == total:
             break
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe)
@@ -262,7 +273,7 @@ def train(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        last = step == recipe.steps - 1
+        last = step == total - 1
         if step % log_every == 0 or last:
             point: dict[str, Any] = {
                 "step": step,

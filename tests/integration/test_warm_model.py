@@ -1,7 +1,7 @@
 """The warm tiny model: deterministic warm-up, cached by recipe hash, served by vLLM in
 float32 with log-probabilities that agree with transformers float32.
 
-Slow on a cold cache: the default recipe trains for ~7 min of one idle core (46 min on
+Slow on a cold cache: the default recipe trains for ~10 min of one idle core (46 min on
 the box shared by ~8 agents; then it is cached); the determinism test trains two 3-step
 models (~1 min).
 """
@@ -42,7 +42,7 @@ def _sha(path: Path) -> str:
 
 
 def test_warm_up_is_deterministic(vllm_python: Path, tmp_path: Path) -> None:
-    recipe = WarmupRecipe(steps=3, batch_short=4, batch_tool=1)
+    recipe = WarmupRecipe(steps=3, style_steps=2, batch_short=4, batch_tool=1)
     a = build_warm_model(tmp_path / "a", vllm_python, recipe)
     b = build_warm_model(tmp_path / "b", vllm_python, recipe)
     assert _sha(a / "model.safetensors") == _sha(b / "model.safetensors")
@@ -60,7 +60,10 @@ def test_warm_model_is_cached_by_recipe_hash(warm_dir: Path, vllm_python: Path) 
     assert config["torch_dtype"] == "float32"
     assert config["hidden_size"] == recipe.shape.hidden_size
     curve = json.loads((warm_dir / "warmup.json").read_text())["curve"]
-    assert curve[-1]["step"] == recipe.steps - 1 and curve[-1]["loss"] < curve[0]["loss"] / 10
+    assert (
+        curve[-1]["step"] == recipe.steps + recipe.style_steps - 1
+        and curve[-1]["loss"] < curve[0]["loss"] / 10
+    )
 
 
 SHARED_PREFIX = """
@@ -98,6 +101,35 @@ def test_shared_prefix_forward_equals_the_full_batch(vllm_python: Path) -> None:
     assert ["".join(k) for k in got["keys"]] == [c.city + c.answer for c in cases]
 
 
+STYLE_PHASE = """
+import itertools, json, sys
+from pathlib import Path
+from tokenizers import Tokenizer
+from devstack.tiny_model.tasks import VERBOSE_ANSWER
+from devstack.tiny_model.warm import WarmupRecipe
+from devstack.tiny_model import warmup
+
+tok = Tokenizer.from_file(str(Path(sys.argv[1]) / "tokenizer.json"))
+recipe = WarmupRecipe(steps=2, style_steps=3, batch_short=20, batch_tool=4)
+marker = VERBOSE_ANSWER.split("{")[0]
+verbose = [
+    sum(marker in tok.decode([i for i, m in zip(e.ids, e.mask) if m]) for e in short + tool)
+    for short, tool in itertools.islice(warmup.batches(tok, recipe), 5)
+]
+print(json.dumps(verbose))
+"""
+
+
+def test_the_style_phase_mixes_in_verbose_answers(vllm_python: Path) -> None:
+    """The skills are learnt on terse answers only; after `steps` about `verbose_fraction`
+    (0.7 of 24 per batch) of the conversations end in the verbose style."""
+    cmd = [str(vllm_python), "-c", STYLE_PHASE, str(ensure_tiny_model())]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=subprocess_env())
+    verbose = json.loads(out.stdout.splitlines()[-1])
+    assert verbose[:2] == [0, 0], verbose
+    assert all(10 <= n <= 23 for n in verbose[2:]), verbose
+
+
 EXPECTED_REWARD = """
 import json, sys
 import torch
@@ -120,12 +152,14 @@ def test_warm_model_starts_in_the_middle_on_heldout_tasks(
     warm_dir: Path, vllm_python: Path
 ) -> None:
     """Held-out expected reward at temperature 1 (the probability of sampling the
-    reference turns, from the saved weights) is in 0.2-0.6: RL has signal and room."""
+    reference turns, from the saved weights) is in 0.15-0.6: RL has signal and room. It is
+    a lower bound of the sampled reward (0.164 expected vs 0.19 sampled by vLLM on the
+    first pass of the RL run); the style phase puts it there on purpose."""
     cmd = [str(vllm_python), "-c", EXPECTED_REWARD, str(warm_dir)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=subprocess_env())
     reward = json.loads(out.stdout.splitlines()[-1])
     assert set(reward) == {*KINDS, "mean"}
-    assert 0.2 <= reward["mean"] <= 0.6, reward
+    assert 0.15 <= reward["mean"] <= 0.6, reward
     recorded = json.loads((warm_dir / "warmup.json").read_text())["curve"][-1]
     assert recorded["heldout_expected_reward"]["mean"] == pytest.approx(reward["mean"], abs=1e-3)
 

@@ -13,6 +13,7 @@ from devstack.tiny_model.tasks import (
     HELDOUT_SEED,
     HELDOUT_SIZE,
     KINDS,
+    VERBOSE_ANSWER,
     TaskCase,
     conversation,
     heldout_cases,
@@ -86,3 +87,14 @@ def test_reference_conversation_renders_a_tool_round_trip() -> None:
     assert text.endswith(f"<think>\n\n</think>\n\n{case.answer}<|im_end|>\n")
     plain = TaskCase(task_id="t", kind="add", prompt="What is 1 + 2?", answer="3")
     assert conversation(plain)[1] is None
+
+
+def test_the_verbose_style_keeps_the_answer_but_fails_the_check() -> None:
+    """The warm-up's chatty answers carry the right content in a format the file check
+    rejects: the habit RL has to unlearn, the same for every kind."""
+    for case in heldout_cases(HELDOUT_SEED, len(KINDS)):
+        messages, _ = conversation(case, verbose=True)
+        reply = messages[-1]["content"]
+        assert reply == VERBOSE_ANSWER.format(answer=case.answer) != case.answer
+        assert case.answer in reply and score(case, reply) == 0.0
+        assert messages[:-1] == conversation(case)[0][:-1]
