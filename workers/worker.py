@@ -171,6 +171,7 @@ class RolloutWorker:
                 gateway_admin_token=s.gateway_admin_token,
                 count_calls_every_s=s.count_calls_every_s,
             )
+            self._closers.append(harness.aclose)
             fixed = FixedSizeSlotSupplier
             workers.append(
                 Worker(
