@@ -47,6 +47,32 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+ORPHAN_REASON = "left running by a previous demo process; its gateway and sandboxes are gone"
+
+
+async def end_orphaned_rollouts(temporal_address: str) -> int:
+    """Terminate the workflows still running in a demo's persisted Temporal DB.
+
+    Everything the demo starts dies with its process, but the DB (kept for the UI's
+    history) holds the workflows it had in flight; the next demo's worker would pick them
+    up and spend minutes on rollouts whose sessions lived on a gateway that is gone (a
+    killed training demo left 512 here). At start nothing of this demo runs yet, so every
+    running workflow is such an orphan."""
+    from temporalio.client import Client
+    from temporalio.service import RPCError
+
+    client = await Client.connect(temporal_address)
+    ended = 0
+    async for execution in client.list_workflows('ExecutionStatus="Running"'):
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        try:
+            await handle.terminate(reason=ORPHAN_REASON)
+        except RPCError:  # ended meanwhile (it cannot have been ours)
+            continue
+        ended += 1
+    return ended
+
+
 class DemoStack:
     """Everything the demo starts, so `stop()` can take all of it down again."""
 
@@ -69,6 +95,15 @@ class DemoStack:
             self.data_dir / "temporal", ui=True, search_attributes=SEARCH_ATTRIBUTES
         )
         self.temporal = await server.start()
+        orphans = await end_orphaned_rollouts(self.temporal.address)
+        if orphans:
+            self.console.print(
+                f"terminated {orphans} rollout(s) a previous demo left running in "
+                f"{self.data_dir / 'temporal'}: their gateway sessions and sandboxes stopped "
+                "with it (a rerun of a training run with the same --out runs them again)",
+                highlight=False,
+                soft_wrap=True,
+            )
         return self.temporal
 
     def start_engine(self, engine: str) -> tuple[str, str, Path]:
