@@ -42,6 +42,7 @@ def test_demo_train_runs_a_short_loop_and_reports_it(tmp_path: Path) -> None:
             "--tasks-per-step=2",
             "--group-size=2",
             "--heldout-tasks=2",
+            "--heldout-samples=1",
             f"--data-dir={data}",
             f"--out={out}",
         ],
