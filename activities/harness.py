@@ -66,8 +66,8 @@ class CallCounter:
 
     Only when this host has the admin token; reads the session summary (counts only).
     One client per gateway, kept for the worker's life: a new httpx client per count
-    built a TLS context each time (~20 ms of CPU, once per rollout and every `every_s`;
-    py-spy put it at a sixth of the demo worker's samples).
+    built a TLS context each time (≈ 60 ms of CPU on the loaded box, once per rollout and
+    every `every_s`; py-spy put it at about a quarter of the demo worker's busy samples).
     """
 
     def __init__(self, admin_token: str | None, every_s: float) -> None:
