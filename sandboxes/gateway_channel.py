@@ -79,6 +79,12 @@ class _Hub:
     def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._servers: dict[str, tuple[asyncio.AbstractServer, str]] = {}
+        #: The relays in flight, held here: once the sandbox side has sent EOF its
+        #: transport leaves the selector and the upstream protocol holds its reader only
+        #: weakly, so a relay still waiting for the reply is a cycle nothing else refers
+        #: to; a full GC collected it mid-reply (reply lost, "Task was destroyed but it is
+        #: pending!" in the worker's log).
+        self._relays: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         t = threading.Thread(target=self._loop.run_forever, name="gateway-bridges", daemon=True)
         t.start()
@@ -96,17 +102,23 @@ class _Hub:
         kind, addr = parse_target(target)
 
         async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            relay = asyncio.current_task()
+            assert relay is not None
+            self._relays.add(relay)
             try:
-                if kind == "unix":
-                    ur, uw = await asyncio.open_unix_connection(addr)
-                else:
-                    ur, uw = await asyncio.open_connection(*addr)
-            except OSError:
+                try:
+                    if kind == "unix":
+                        ur, uw = await asyncio.open_unix_connection(addr)
+                    else:
+                        ur, uw = await asyncio.open_connection(*addr)
+                except OSError:
+                    w.close()
+                    return
+                await asyncio.gather(_pipe(r, uw), _pipe(ur, w))
+                uw.close()
                 w.close()
-                return
-            await asyncio.gather(_pipe(r, uw), _pipe(ur, w))
-            uw.close()
-            w.close()
+            finally:
+                self._relays.discard(relay)
 
         srv = await asyncio.start_unix_server(on_conn, sock=_bind_in_place(listen_path, mode))
         self._servers[listen_path] = (srv, target)
