@@ -131,7 +131,12 @@ def connect_failure(address: str, tls: TemporalTLS, exc: BaseException) -> str:
             f"the server's TLS certificate is not valid for {name!r} "
             "(--temporal-tls-server-name / TEMPORAL_TLS_SERVER_NAME)"
         )
-    elif tls.enabled and ("close_notify" in raw or "UnexpectedEof" in raw):
+    elif tls.enabled and (
+        "close_notify" in raw
+        or "UnexpectedEof" in raw
+        # the same refusal when the server's reset overtakes its TLS alert
+        or ("after connection" in raw and "ConnectionReset" in raw)
+    ):
         why = (
             "the server ended the TLS session right after the handshake: it wants a client "
             "certificate it trusts (--temporal-tls-cert / --temporal-tls-key)"
