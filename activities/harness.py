@@ -33,7 +33,7 @@ from temporalio.exceptions import ApplicationError
 from activities.errors import agent_config_error, bad_task, tail
 from activities.runtime import RuntimeFailure, build_harness, build_task_hooks, run_in_sandbox
 from activities.sandbox import SandboxBackends
-from gateway.control_client import GatewayControlClient, GatewayControlError
+from gateway.control_client import GatewayControlClients, GatewayControlError
 from harnesses.base import AgentHarness, HarnessSetupError
 from hooks.base import Hook, HookError
 from sandboxes.base import Sandbox, SandboxError, SandboxHandle, SandboxNotFound
@@ -65,32 +65,27 @@ class CallCounter:
     """Counts the session's recorded LLM calls through the Gateway control API.
 
     Only when this host has the admin token; reads the session summary (counts only).
-    One client per gateway, kept for the worker's life: a new httpx client per count
-    built a TLS context each time (≈ 60 ms of CPU on the loaded box, once per rollout and
-    every `every_s`; py-spy put it at about a quarter of the demo worker's busy samples).
+    One client per gateway (`GatewayControlClients`), kept for the worker's life: a new
+    httpx client per count built a TLS context each time (≈ 60 ms of CPU on the loaded box,
+    once per rollout and every `every_s`; py-spy put it at about a quarter of the demo
+    worker's busy samples).
     """
 
     def __init__(self, admin_token: str | None, every_s: float) -> None:
         self.admin_token = admin_token
         self.every_s = every_s
-        self._clients: dict[str, GatewayControlClient] = {}
+        self.clients = GatewayControlClients(admin_token, timeout_s=10.0)
 
     async def count(self, gateway_url: str, session_id: str) -> int | None:
         if not self.admin_token or self.every_s <= 0:
             return None
-        url = gateway_url.rstrip("/")
-        client = self._clients.get(url)
-        if client is None:
-            client = self._clients[url] = GatewayControlClient(url, self.admin_token, 10.0)
         try:
-            return (await client.summary(session_id)).calls
+            return (await self.clients.client(gateway_url).summary(session_id)).calls
         except (httpx.HTTPError, GatewayControlError, ValidationError):
             return None
 
     async def aclose(self) -> None:
-        clients, self._clients = self._clients, {}
-        for client in clients.values():
-            await client.aclose()
+        await self.clients.aclose()
 
 
 class HarnessActivities:

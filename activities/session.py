@@ -14,7 +14,11 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import agent_config_error, bad_task
-from gateway.control_client import GatewayControlClient, GatewayControlError
+from gateway.control_client import (
+    GatewayControlClient,
+    GatewayControlClients,
+    GatewayControlError,
+)
 from schemas.rollout import (
     CLOSE_SESSION,
     CREATE_SESSION,
@@ -47,21 +51,17 @@ class GatewayAccess:
         self.urls = [u.rstrip("/") for u in gateway_urls]
         self.admin_token = admin_token
         self.owner_queue = owner_queue
-        self._clients: dict[str, GatewayControlClient] = {}
+        self._clients = GatewayControlClients(admin_token)
         self._next = itertools.cycle(self.urls)
 
     def client(self, url: str) -> GatewayControlClient:
-        url = url.rstrip("/")
-        if url not in self._clients:
-            self._clients[url] = GatewayControlClient(url, self.admin_token)
-        return self._clients[url]
+        return self._clients.client(url)
 
     def pick(self) -> str:
         return next(self._next)
 
     async def aclose(self) -> None:
-        for c in self._clients.values():
-            await c.aclose()
+        await self._clients.aclose()
 
 
 def scene_config_for(req: SessionRequest) -> SceneConfig:

@@ -76,3 +76,27 @@ class GatewayControlClient:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class GatewayControlClients:
+    """One `GatewayControlClient` per gateway control URL, kept for a worker's life: a new
+    httpx client per request builds a TLS context each time (≈ 60 ms of CPU)."""
+
+    def __init__(self, admin_token: str | None, timeout_s: float = 60.0) -> None:
+        self.admin_token = admin_token
+        self.timeout_s = timeout_s
+        self._clients: dict[str, GatewayControlClient] = {}
+
+    def client(self, url: str) -> GatewayControlClient:
+        url = url.rstrip("/")
+        if url not in self._clients:
+            self._clients[url] = GatewayControlClient(url, self.admin_token, self.timeout_s)
+        return self._clients[url]
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()

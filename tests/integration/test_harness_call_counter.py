@@ -31,7 +31,7 @@ def test_counts_the_session_calls_with_one_client_per_gateway(
                 await counter.count(gw.control_url + "/", session["session_id"]),
                 await counter.count(gw.control_url, "no-such-session"),
             ]
-            clients = len(counter._clients)
+            clients = len(counter.clients)
             await counter.aclose()
             wrong_token = CallCounter("not-the-token", every_s=5.0)
             found.append(await wrong_token.count(gw.control_url, session["session_id"]))
