@@ -105,20 +105,18 @@ class _Hub:
             relay = asyncio.current_task()
             assert relay is not None
             self._relays.add(relay)
+            relay.add_done_callback(self._relays.discard)
             try:
-                try:
-                    if kind == "unix":
-                        ur, uw = await asyncio.open_unix_connection(addr)
-                    else:
-                        ur, uw = await asyncio.open_connection(*addr)
-                except OSError:
-                    w.close()
-                    return
-                await asyncio.gather(_pipe(r, uw), _pipe(ur, w))
-                uw.close()
+                if kind == "unix":
+                    ur, uw = await asyncio.open_unix_connection(addr)
+                else:
+                    ur, uw = await asyncio.open_connection(*addr)
+            except OSError:
                 w.close()
-            finally:
-                self._relays.discard(relay)
+                return
+            await asyncio.gather(_pipe(r, uw), _pipe(ur, w))
+            uw.close()
+            w.close()
 
         srv = await asyncio.start_unix_server(on_conn, sock=_bind_in_place(listen_path, mode))
         self._servers[listen_path] = (srv, target)
