@@ -31,8 +31,9 @@ async def _restarted(stack: DemoStack, ids: list[str]) -> list[tuple[object, str
         client = await Client.connect(temporal.address)
         found = []
         for wid in ids:
-            described = await client.get_workflow_handle(wid).describe()
-            history = await client.get_workflow_handle(wid).fetch_history()
+            handle = client.get_workflow_handle(wid)
+            described = await handle.describe()
+            history = await handle.fetch_history()
             reason = history.events[-1].workflow_execution_terminated_event_attributes.reason
             found.append((described.status, reason))
         return found
