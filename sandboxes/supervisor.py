@@ -31,6 +31,7 @@ import ctypes
 import errno
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -42,6 +43,8 @@ import time
 
 HDR = struct.Struct(">cI")
 CHUNK = 65536
+#: Reads a stopping pump still makes (what a background writer adds meanwhile).
+DRAIN_CHUNKS = 16
 
 
 class Reaper:
@@ -156,14 +159,31 @@ def handle_exec(sock, req):
     done = REAPER.register(proc.pid)
     state = {"killed": False, "timed_out": False}
 
+    # Written once the command has exited and its grace period is over: each pump then
+    # sends what is already in its pipe and stops, so the exit frame never overtakes
+    # output the command wrote (however late the pump thread gets scheduled).
+    stop_r, stop_w = os.pipe()
+
     def pump(stream, kind):
         fd = stream.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.register(stop_r, select.POLLIN)
+        after_stop = 0
         try:
             while True:
+                ready = {f for f, _ in poller.poll()}
+                stopping = stop_r in ready
+                if stopping and fd not in ready:
+                    break  # nothing left that the command wrote
                 data = os.read(fd, CHUNK)
                 if not data:
                     break
                 send_frame(sock, wlock, kind, data)
+                if stopping:
+                    after_stop += 1
+                    if after_stop >= DRAIN_CHUNKS:
+                        break  # a background child that keeps writing
         except OSError:
             pass
         finally:
@@ -213,9 +233,16 @@ def handle_exec(sock, req):
         done.wait()
     st = REAPER.pop(proc.pid)
     proc.returncode = 0  # we reaped it; stop Popen from waiting again
-    # Background children may hold the pipes: give them a moment, then stop reading.
+    # Background children may hold the pipes: give them a moment, then stop reading once
+    # the pipes hold nothing more.
+    grace = time.monotonic() + (0.5 if not state["timed_out"] else 2.0)
     for t in pumps:
-        t.join(0.5 if not state["timed_out"] else 2.0)
+        t.join(max(0.0, grace - time.monotonic()))
+    os.write(stop_w, b"x")
+    for t in pumps:
+        t.join()
+    os.close(stop_r)
+    os.close(stop_w)
     if state["timed_out"] or state["killed"]:
         killpg(proc.pid)
     if os.WIFSIGNALED(st):

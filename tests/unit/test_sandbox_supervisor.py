@@ -85,6 +85,32 @@ async def test_exec_streams_and_reports_exit(supervisor: tuple[SupervisorClient,
     assert r.truncated and len(r.stdout) == 1000
 
 
+async def test_exit_frame_comes_after_all_output_the_command_wrote(
+    supervisor: tuple[SupervisorClient, Path],
+) -> None:
+    """A slow reader and a background child that holds the pipe and keeps writing:
+    everything the command itself wrote arrives before the exit status, and the exec ends
+    (the pumps stop after a bounded drain instead of following the child)."""
+    client, _ = supervisor
+    tag = f"bgwriter{os.getpid()}"
+
+    async def slow_consumer(chunk: object) -> None:
+        await asyncio.sleep(0.005)
+
+    script = (
+        f"(exec -a {tag} sh -c 'while :; do echo bg; sleep 0.01; done') & "
+        "head -c 300000 /dev/zero | tr '\\0' x; echo; echo END"
+    )
+    t0 = time.monotonic()
+    r = await client.exec(["bash", "-c", script], env=ENV, cwd="/", timeout=30, stdin=None,
+                          on_output=slow_consumer)  # fmt: skip
+    assert r.exit_code == 0 and time.monotonic() - t0 < 20
+    assert r.stdout.count("x") == 300_000
+    assert "\nEND\n" in r.stdout
+    await asyncio.sleep(0.3)
+    assert not _alive(tag), "the writer dies on the closed pipe"
+
+
 async def test_timeout_and_cancel_kill_process_group(
     supervisor: tuple[SupervisorClient, Path],
 ) -> None:
