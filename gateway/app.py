@@ -366,7 +366,7 @@ class GatewayApp:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         """What runs as long as the app serves: the session janitor, the loop-lag probe;
-        the tokenizer pool (if one was started) stops with it."""
+        the tokenizer pool (if one was started) and the engine connections stop with it."""
         tasks = [
             asyncio.create_task(SessionJanitor(self.gateway).run()),
             asyncio.create_task(self.loop_lag.run()),
@@ -378,6 +378,7 @@ class GatewayApp:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await self.gateway.engine.aclose()
             tokenizer = self.gateway.incremental.tokenizer
             if isinstance(tokenizer, OffloadingTokenizer):
                 await asyncio.to_thread(tokenizer.close)

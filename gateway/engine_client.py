@@ -13,15 +13,14 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.adapters.wire import ReplyWire, validation_summary
-from gateway.engine_pool import EngineTransport
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
@@ -32,6 +31,11 @@ ENGINE_OVERLOADED_RETRY_AFTER_S = 1.0
 """Retry-After used when the engine says it is busy but does not say for how long."""
 
 _JSON_HEADERS = {"content-type": "application/json"}
+
+KEEPALIVE_S = 2.0
+"""Idle engine connections are dropped after this, well below the engines' own idle
+timeout (uvicorn's and vLLM's is 5 s), so a call is never sent on a connection the engine
+is closing (it would fail and could not be retried safely)."""
 
 _SAMPLING_FIELDS = (
     "max_tokens",
@@ -195,6 +199,28 @@ def extract_completion(
     )
 
 
+async def _lines(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The body's lines as they arrive, however long (vLLM's first chunk echoes the whole
+    prompt's ids; aiohttp's own `readline` caps a line)."""
+    buf = bytearray()
+    async for data in resp.content.iter_any():
+        buf += data
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            yield _utf8(url, buf[start:end].rstrip(b"\r"))
+            start = end + 1
+        del buf[:start]
+    if buf:
+        yield _utf8(url, bytes(buf))
+
+
+def _utf8(url: str, line: bytes | bytearray) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _bad_reply(url, "a stream line is not UTF-8") from exc
+
+
 TokenSink = Callable[[list[int], list[float]], None]
 """Receives each stream chunk's sampled ids and their logprobs, in order."""
 
@@ -281,25 +307,25 @@ class _StreamMerge:
         return _VllmCompletionReply(choices=[choice], usage=self.usage)
 
 
-def _engine_message(resp: httpx.Response) -> str:
+def _engine_message(status: int, body: bytes) -> str:
     """The engine's error message; vLLM has used both `{"error": {...}}` and flat shapes."""
+    text = body.decode("utf-8", errors="replace")
     try:
-        body = resp.json()
-    except ValueError:
-        return resp.text[:500] or resp.reason_phrase
-    if isinstance(body, dict):
-        inner = body.get("error")
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return text[:500] or f"HTTP {status}"
+    if isinstance(parsed, dict):
+        inner = parsed.get("error")
         if isinstance(inner, dict) and isinstance(inner.get("message"), str):
             return inner["message"]
         if isinstance(inner, str):
             return inner
-        if isinstance(body.get("message"), str):
-            return body["message"]
-    return resp.text[:500]
+        if isinstance(parsed.get("message"), str):
+            return parsed["message"]
+    return text[:500]
 
 
-def _retry_after(resp: httpx.Response) -> float:
-    value = resp.headers.get("retry-after")
+def _retry_after(value: str | None) -> float:
     if value is not None:
         try:
             seconds = float(value)
@@ -310,22 +336,21 @@ def _retry_after(resp: httpx.Response) -> float:
     return ENGINE_OVERLOADED_RETRY_AFTER_S
 
 
-def _status_error(url: str, resp: httpx.Response) -> GatewayError:
+def _status_error(url: str, status: int, body: bytes, retry_after: str | None) -> GatewayError:
     """Map an engine HTTP error to what the agent should see."""
-    message = _engine_message(resp)
-    code = resp.status_code
-    if code == 400:
+    message = _engine_message(status, body)
+    if status == 400:
         return GatewayError("invalid_request", message)
-    if code == 413:
+    if status == 413:
         return GatewayError("too_large", message)
-    if code in (429, 503):
+    if status in (429, 503):
         return GatewayError(
             "overloaded",
             f"engine is overloaded: {message}",
-            status=code,
-            retry_after=_retry_after(resp),
+            status=status,
+            retry_after=_retry_after(retry_after),
         )
-    return GatewayError("engine_bad_reply", f"engine at {url} answered HTTP {code}: {message}")
+    return GatewayError("engine_bad_reply", f"engine at {url} answered HTTP {status}: {message}")
 
 
 class EngineStats:
@@ -385,7 +410,6 @@ class EngineClient:
         *,
         request_timeout_s: float,
         connect_retries: int,
-        client: httpx.AsyncClient | None = None,
         connect_timeout_s: float = 5.0,
         retry_backoff_s: float = 0.2,
         logprobs: int = 1,
@@ -400,13 +424,14 @@ class EngineClient:
         self.connect_retries = connect_retries
         self.retry_backoff_s = retry_backoff_s
         self.logprobs = logprobs
-        self._timeout = httpx.Timeout(
-            request_timeout_s, connect=min(connect_timeout_s, request_timeout_s)
+        self.request_timeout_s = request_timeout_s
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=min(connect_timeout_s, request_timeout_s),
+            sock_read=request_timeout_s,
         )
-        self._owns_client = client is None
-        self._client = (
-            client if client is not None else httpx.AsyncClient(transport=EngineTransport())
-        )
+        self._http: aiohttp.ClientSession | None = None
+        self._http_loop: asyncio.AbstractEventLoop | None = None
         self._session_url: dict[str, str] = {}
         self._load: dict[str, int] = dict.fromkeys(self.urls, 0)
         self.routing = routing
@@ -449,33 +474,36 @@ class EngineClient:
         payload.update(sampling.engine_extra)
         return payload
 
+    def _session(self) -> aiohttp.ClientSession:
+        """One aiohttp session per event loop, made on first use inside it. aiohttp parses
+        HTTP in C: the engine call was the largest CPU item of a loaded gateway process
+        with httpx + httpcore (pure-Python h11)."""
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http.closed or self._http_loop is not loop:
+            self._http_loop = loop
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+                timeout=self._timeout,
+                auto_decompress=False,
+            )
+        return self._http
+
     async def _send(
-        self,
-        method: str,
-        url: str,
-        path: str,
-        json: Any = None,
-        content: bytes | None = None,
-        *,
-        stream: bool = False,
-    ) -> httpx.Response:
-        """Send with connect-only retries; translate transport failures to GatewayError.
-        `content` is a JSON body already encoded; `stream`: return once the headers are
-        in (the caller reads and closes the body)."""
+        self, method: str, url: str, path: str, body: bytes | None = None
+    ) -> aiohttp.ClientResponse:
+        """Send with connect-only retries; the response once its headers are in (the caller
+        reads and releases it). Transport failures and engine error statuses become
+        GatewayError."""
         attempt = 0
-        headers = _JSON_HEADERS if content is not None else None
         while True:
             try:
-                request = self._client.build_request(
+                resp = await self._session().request(
                     method,
                     f"{url}{path}",
-                    json=json,
-                    content=content,
-                    headers=headers,
-                    timeout=self._timeout,
+                    data=body,
+                    headers=_JSON_HEADERS if body is not None else None,
                 )
-                resp = await self._client.send(request, stream=stream)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 if attempt < self.connect_retries:
                     await asyncio.sleep(min(self.retry_backoff_s * (2**attempt), 2.0))
                     attempt += 1
@@ -486,38 +514,48 @@ class EngineClient:
                     f"{type(exc).__name__}",
                     retry_after=ENGINE_UNAVAILABLE_RETRY_AFTER_S,
                 ) from exc
-            except httpx.PoolTimeout as exc:
-                raise GatewayError(
-                    "overloaded",
-                    "too many concurrent engine requests in this gateway",
-                    status=503,
-                    retry_after=ENGINE_OVERLOADED_RETRY_AFTER_S,
-                ) from exc
-            except httpx.TimeoutException as exc:
-                raise GatewayError(
-                    "engine_timeout",
-                    f"engine at {url} did not answer within {self._timeout.read}s",
-                ) from exc
-            except httpx.TransportError as exc:
-                # Connection dropped mid-request: it may have been processed, so no retry.
-                raise GatewayError(
-                    "engine_unavailable",
-                    f"connection to engine at {url} failed: {type(exc).__name__}: {exc}",
-                    retry_after=ENGINE_UNAVAILABLE_RETRY_AFTER_S,
-                ) from exc
-            if resp.status_code >= 400:
-                if stream:
-                    await resp.aread()
-                    await resp.aclose()
-                raise _status_error(url, resp)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise self._transport_error(url, exc) from exc
+            if resp.status >= 400:
+                try:
+                    body_read = await resp.read()
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    raise self._transport_error(url, exc) from exc
+                finally:
+                    resp.release()
+                raise _status_error(url, resp.status, body_read, resp.headers.get("Retry-After"))
             return resp
 
-    @staticmethod
-    def _json(url: str, resp: httpx.Response) -> Any:
+    def _transport_error(self, url: str, exc: BaseException, during: str = "") -> GatewayError:
+        """A read timeout is the engine's silence; anything else a connection that broke
+        after the request may have been processed (so it is never retried)."""
+        if isinstance(exc, TimeoutError):  # aiohttp's socket-read timeout is one too
+            if during:
+                return GatewayError(
+                    "engine_timeout",
+                    f"engine at {url} stalled for {self.request_timeout_s}s {during}",
+                )
+            return GatewayError(
+                "engine_timeout", f"engine at {url} did not answer within {self.request_timeout_s}s"
+            )
+        what = (
+            f"stream from engine at {url} broke"
+            if during
+            else f"connection to engine at {url} failed"
+        )
+        return GatewayError(
+            "engine_unavailable",
+            f"{what}: {type(exc).__name__}: {exc}",
+            retry_after=ENGINE_UNAVAILABLE_RETRY_AFTER_S,
+        )
+
+    async def _read(self, url: str, resp: aiohttp.ClientResponse) -> bytes:
         try:
-            return resp.json()
-        except ValueError as exc:
-            raise _bad_reply(url, "body is not JSON") from exc
+            return await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise self._transport_error(url, exc) from exc
+        finally:
+            resp.release()
 
     async def complete(
         self, url: str, prompt_ids: list[int], sampling: SamplingParams
@@ -532,9 +570,10 @@ class EngineClient:
             # orjson and pydantic's own JSON parser: both ends scale with the prompt (vLLM
             # echoes the prompt ids), so the slower stdlib `json` would grow with the session.
             payload = orjson.dumps(self.build_payload(prompt_ids, sampling))
-            resp = await self._send("POST", url, "/v1/completions", content=payload)
+            resp = await self._send("POST", url, "/v1/completions", payload)
+            content = await self._read(url, resp)
             try:
-                reply = _VllmCompletionReply.model_validate_json(resp.content)
+                reply = _VllmCompletionReply.model_validate_json(content)
             except ValidationError as exc:
                 if any(error["type"] == "json_invalid" for error in exc.errors()):
                     raise _bad_reply(url, "body is not JSON") from exc
@@ -579,35 +618,36 @@ class EngineClient:
         payload = self.build_payload(prompt_ids, sampling)
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
-        resp = await self._send("POST", url, "/v1/completions", payload, stream=True)
+        resp = await self._send("POST", url, "/v1/completions", orjson.dumps(payload))
         merged = _StreamMerge(url)
+        finished = False
         try:
-            async for line in resp.aiter_lines():
+            async for line in _lines(url, resp):
                 chunk = merged.line(line)
                 if chunk is not None:
                     on_tokens(*chunk)
-        except httpx.TimeoutException as exc:
-            raise GatewayError(
-                "engine_timeout", f"engine at {url} stalled for {self._timeout.read}s mid-stream"
-            ) from exc
-        except httpx.TransportError as exc:
-            raise GatewayError(
-                "engine_unavailable",
-                f"stream from engine at {url} broke: {type(exc).__name__}: {exc}",
-                retry_after=ENGINE_UNAVAILABLE_RETRY_AFTER_S,
-            ) from exc
+            finished = True
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise self._transport_error(url, exc, during="mid-stream") from exc
         finally:
-            await resp.aclose()  # on cancellation too: vLLM aborts a request whose client left
+            # Anything but a stream read to its end closes the connection (on cancellation
+            # too): vLLM aborts a request whose client left.
+            if finished:
+                resp.release()
+            else:
+                resp.close()
         return extract_completion(url, prompt_ids, merged.reply())
 
     async def model_info(self, url: str) -> EngineModelInfo:
         """Read `/v1/models` for our model's context window (`max_model_len`)."""
         url = url.rstrip("/")
         resp = await self._send("GET", url, "/v1/models")
-        body = self._json(url, resp)
+        content = await self._read(url, resp)
         try:
-            listing = _VllmModelList.model_validate(body)
+            listing = _VllmModelList.model_validate_json(content)
         except ValidationError as exc:
+            if any(error["type"] == "json_invalid" for error in exc.errors()):
+                raise _bad_reply(url, "body is not JSON") from exc
             raise _bad_reply(url, validation_summary(exc)) from exc
         for card in listing.data:
             if card.id == self.model:
@@ -618,8 +658,8 @@ class EngineClient:
         raise _bad_reply(url, f"model {self.model!r} is not served (engine serves {served})")
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+        if self._http is not None and not self._http.closed:
+            await self._http.close()
 
     async def __aenter__(self) -> EngineClient:
         return self

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -34,6 +33,7 @@ class FakeVllmForTests:
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.peers: list[tuple[str, int]] = []
         self.scripted: list[Response] = []
         self.app = Starlette(
             routes=[
@@ -77,6 +77,8 @@ class FakeVllmForTests:
     async def _completions(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
+        if request.client is not None:
+            self.peers.append((request.client.host, request.client.port))
         if self.scripted:
             return self.scripted.pop(0)
         return JSONResponse(self.good_reply(body["prompt"], [7, 8, 9]))
@@ -95,13 +97,16 @@ def fake() -> FakeVllmForTests:
 
 
 @pytest.fixture
-async def client(fake: FakeVllmForTests) -> AsyncIterator[EngineClient]:
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=fake.app))
-    ec = EngineClient(
-        ["http://engine-a"], MODEL, request_timeout_s=5, connect_retries=2, client=http
-    )
+def engine_url(fake: FakeVllmForTests) -> Iterator[str]:
+    with serve_on_loopback(fake.app) as url:
+        yield url
+
+
+@pytest.fixture
+async def client(engine_url: str) -> AsyncIterator[EngineClient]:
+    ec = EngineClient([engine_url], MODEL, request_timeout_s=5, connect_retries=2)
     yield ec
-    await http.aclose()
+    await ec.aclose()
 
 
 async def expect_error(coro: Any, status: int, kind: str) -> GatewayError:
@@ -118,7 +123,7 @@ async def test_success_payload_and_mapping(client: EngineClient, fake: FakeVllmF
     sampling = SamplingParams(
         temperature=0.7, max_tokens=64, seed=3, stop=["</s>"], engine_extra={"ignore_eos": True}
     )
-    res = await client.complete("http://engine-a/", PROMPT, sampling)
+    res = await client.complete(client.urls[0] + "/", PROMPT, sampling)
     sent = fake.requests[0]
     assert sent == {
         "model": MODEL,
@@ -136,15 +141,15 @@ async def test_success_payload_and_mapping(client: EngineClient, fake: FakeVllmF
     assert res.output_logprobs == [-0.5, -1.5, -2.5]
     assert res.finish_reason == "stop" and res.stop_reason is None
     assert (res.prompt_tokens, res.completion_tokens, res.cached_prompt_tokens) == (4, 3, 2)
-    assert res.url == "http://engine-a"
+    assert res.url == client.urls[0]
 
 
 async def test_stop_reason_and_length(client: EngineClient, fake: FakeVllmForTests) -> None:
     fake.scripted.append(JSONResponse(fake.good_reply(PROMPT, [5], stop_reason=151645)))
-    res = await client.complete("http://engine-a", PROMPT, SamplingParams())
+    res = await client.complete(client.urls[0], PROMPT, SamplingParams())
     assert res.stop_reason == 151645
     fake.scripted.append(JSONResponse(fake.good_reply(PROMPT, [5, 6], finish_reason="length")))
-    res = await client.complete("http://engine-a", PROMPT, SamplingParams())
+    res = await client.complete(client.urls[0], PROMPT, SamplingParams())
     assert res.finish_reason == "length"
 
 
@@ -156,15 +161,15 @@ async def test_usage_and_optional_fields_absent(
     del reply["choices"][0]["prompt_token_ids"]
     reply["choices"][0]["logprobs"] = {"token_logprobs": [-0.1]}
     fake.scripted.append(JSONResponse(reply))
-    res = await client.complete("http://engine-a", PROMPT, SamplingParams())
+    res = await client.complete(client.urls[0], PROMPT, SamplingParams())
     assert res.output_ids == [5] and res.cached_prompt_tokens == 0
 
 
 async def test_model_info(client: EngineClient, fake: FakeVllmForTests) -> None:
-    info = await client.model_info("http://engine-a")
+    info = await client.model_info(client.urls[0])
     assert (info.id, info.max_model_len) == (MODEL, 4096)
     fake.scripted.append(JSONResponse({"data": [{"id": "other", "max_model_len": 10}]}))
-    err = await expect_error(client.model_info("http://engine-a"), 502, "engine_bad_reply")
+    err = await expect_error(client.model_info(client.urls[0]), 502, "engine_bad_reply")
     assert "not served" in err.message
 
 
@@ -210,7 +215,7 @@ async def test_malformed_reply_is_502(
     mutate(reply)
     fake.scripted.append(JSONResponse(reply))
     err = await expect_error(
-        client.complete("http://engine-a", PROMPT, SamplingParams()), 502, "engine_bad_reply"
+        client.complete(client.urls[0], PROMPT, SamplingParams()), 502, "engine_bad_reply"
     )
     assert "malformed" in err.message
 
@@ -218,7 +223,7 @@ async def test_malformed_reply_is_502(
 async def test_non_json_reply_is_502(client: EngineClient, fake: FakeVllmForTests) -> None:
     fake.scripted.append(PlainTextResponse("<html>gateway</html>"))
     await expect_error(
-        client.complete("http://engine-a", PROMPT, SamplingParams()), 502, "engine_bad_reply"
+        client.complete(client.urls[0], PROMPT, SamplingParams()), 502, "engine_bad_reply"
     )
 
 
@@ -231,13 +236,13 @@ async def test_engine_400_passes_message(client: EngineClient, fake: FakeVllmFor
         JSONResponse({"error": {"message": msg, "type": "BadRequestError", "code": 400}}, 400)
     )
     err = await expect_error(
-        client.complete("http://engine-a", PROMPT, SamplingParams()), 400, "invalid_request"
+        client.complete(client.urls[0], PROMPT, SamplingParams()), 400, "invalid_request"
     )
     assert err.message == msg
     # Older flat error shape.
     fake.scripted.append(JSONResponse({"object": "error", "message": "bad top_k"}, 400))
     err = await expect_error(
-        client.complete("http://engine-a", PROMPT, SamplingParams()), 400, "invalid_request"
+        client.complete(client.urls[0], PROMPT, SamplingParams()), 400, "invalid_request"
     )
     assert err.message == "bad top_k"
 
@@ -263,7 +268,7 @@ async def test_engine_status_mapping(
 ) -> None:
     fake.scripted.append(JSONResponse({"error": {"message": "nope"}}, status, headers=headers))
     err = await expect_error(
-        client.complete("http://engine-a", PROMPT, SamplingParams()), want_status, want_kind
+        client.complete(client.urls[0], PROMPT, SamplingParams()), want_status, want_kind
     )
     assert err.retry_after == retry_after
     assert "nope" in err.message
@@ -272,76 +277,75 @@ async def test_engine_status_mapping(
 # --- transport failures -----------------------------------------------------------------------
 
 
-class CountingTransport(httpx.AsyncHTTPTransport):
-    """A real HTTP transport that counts attempts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.attempts = 0
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.attempts += 1
-        return await super().handle_async_request(request)
-
-
 async def test_connect_refused_is_503_after_retries() -> None:
-    transport = CountingTransport()
-    async with httpx.AsyncClient(transport=transport) as http:
-        ec = EngineClient(
-            [f"http://127.0.0.1:{free_port()}"],
-            MODEL,
-            request_timeout_s=5,
-            connect_retries=2,
-            client=http,
-            retry_backoff_s=0.01,
-        )
+    async with EngineClient(
+        [f"http://127.0.0.1:{free_port()}"],
+        MODEL,
+        request_timeout_s=5,
+        connect_retries=2,
+        retry_backoff_s=0.01,
+    ) as ec:
         err = await expect_error(
             ec.complete(ec.urls[0], PROMPT, SamplingParams()), 503, "engine_unavailable"
         )
-    assert transport.attempts == 3
     assert err.retry_after is not None and err.headers() == {"Retry-After": "5"}
-    assert "3 attempt" in err.message
+    assert "after 3 attempt(s)" in err.message
 
 
 async def test_connect_error_then_success_retries_same_url(fake: FakeVllmForTests) -> None:
-    asgi = httpx.ASGITransport(app=fake.app)
-    seen: list[str] = []
+    """Engine b is not listening yet when the call starts; it comes up while the client
+    backs off, and the call lands there (never on a, which never listens)."""
+    port = free_port()
+    up = threading.Event()
+    done = threading.Event()
 
-    class FlakyTransport(httpx.AsyncBaseTransport):
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            seen.append(str(request.url))
-            if len(seen) <= 2:
-                raise httpx.ConnectError("refused", request=request)
-            return await asgi.handle_async_request(request)
+    def serve_later() -> None:
+        time.sleep(0.4)
+        with serve_on_loopback(fake.app, port=port):
+            up.set()
+            done.wait(30)
 
-    async with httpx.AsyncClient(transport=FlakyTransport()) as http:
-        ec = EngineClient(
-            ["http://a", "http://b"],
+    thread = threading.Thread(target=serve_later, daemon=True)
+    thread.start()
+    try:
+        async with EngineClient(
+            [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{port}"],
             MODEL,
             request_timeout_s=5,
-            connect_retries=2,
-            client=http,
-            retry_backoff_s=0.0,
-        )
-        res = await ec.complete("http://b", PROMPT, SamplingParams())
-    assert res.output_ids == [7, 8, 9]
-    assert seen == ["http://b/v1/completions"] * 3
+            connect_retries=6,
+            retry_backoff_s=0.1,
+        ) as ec:
+            assert not up.is_set()
+            res = await ec.complete(ec.urls[1], PROMPT, SamplingParams())
+    finally:
+        done.set()
+        thread.join(10)
+    assert res.output_ids == [7, 8, 9] and len(fake.requests) == 1
 
 
 async def test_dropped_connection_is_not_retried() -> None:
-    attempts = 0
+    """A real loopback server that reads the request and hangs up without answering: the
+    call may have been processed, so it is not sent again."""
+    connections = 0
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal attempts
-        attempts += 1
-        raise httpx.RemoteProtocolError("server disconnected", request=request)
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.read(65536)
+        writer.close()
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        ec = EngineClient(["http://a"], MODEL, request_timeout_s=5, connect_retries=3, client=http)
-        await expect_error(
-            ec.complete("http://a", PROMPT, SamplingParams()), 503, "engine_unavailable"
-        )
-    assert attempts == 1
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with EngineClient(
+            [f"http://127.0.0.1:{port}"], MODEL, request_timeout_s=5, connect_retries=3
+        ) as ec:
+            await expect_error(
+                ec.complete(ec.urls[0], PROMPT, SamplingParams()), 503, "engine_unavailable"
+            )
+    finally:
+        server.close()
+    assert connections == 1
 
 
 async def test_read_timeout_is_504() -> None:
@@ -368,9 +372,9 @@ async def test_read_timeout_is_504() -> None:
 
 
 @contextmanager
-def serve_on_loopback(app: Any) -> Iterator[str]:
+def serve_on_loopback(app: Any, port: int | None = None) -> Iterator[str]:
     """Run an ASGI app with uvicorn on 127.0.0.1 in a thread; yield its base URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -422,26 +426,23 @@ def test_constructor_validation() -> None:
 # --- routing and per-engine stats -----------------------------------------------------------
 
 
-def _recording_transport(hosts: list[str]) -> httpx.MockTransport:
-    def handler(request: httpx.Request) -> httpx.Response:
-        hosts.append(request.url.host)
-        prompt = json.loads(request.content)["prompt"]
-        return httpx.Response(200, json=FakeVllmForTests.good_reply(prompt, [7, 8, 9]))
-
-    return httpx.MockTransport(handler)
+@pytest.fixture
+def two_engines() -> Iterator[tuple[list[FakeVllmForTests], list[str]]]:
+    fakes = [FakeVllmForTests(), FakeVllmForTests()]
+    with serve_on_loopback(fakes[0].app) as a, serve_on_loopback(fakes[1].app) as b:
+        yield fakes, [a, b]
 
 
-async def test_sticky_routing_keeps_a_session_on_its_engine_and_counts_per_engine() -> None:
-    hosts: list[str] = []
-    async with httpx.AsyncClient(transport=_recording_transport(hosts)) as http:
-        ec = EngineClient(
-            ["http://a", "http://b"], MODEL, request_timeout_s=5, connect_retries=0, client=http
-        )
+async def test_sticky_routing_keeps_a_session_on_its_engine_and_counts_per_engine(
+    two_engines: tuple[list[FakeVllmForTests], list[str]],
+) -> None:
+    fakes, urls = two_engines
+    async with EngineClient(urls, MODEL, request_timeout_s=5, connect_retries=0) as ec:
         url = ec.assign("s1")
         for _ in range(3):
             await ec.complete(url, PROMPT, SamplingParams())
-    assert hosts == ["a", "a", "a"]
-    a, b = ec.stats["http://a"], ec.stats["http://b"]
+    assert [len(f.requests) for f in fakes] == [3, 0]
+    a, b = ec.stats[urls[0]], ec.stats[urls[1]]
     assert (a.calls, a.failed, a.inflight, a.prompt_tokens, a.cached_prompt_tokens) == (
         3, 0, 0, 3 * len(PROMPT), 3 * 2,
     )  # fmt: skip
@@ -449,33 +450,46 @@ async def test_sticky_routing_keeps_a_session_on_its_engine_and_counts_per_engin
     assert (b.calls, b.prompt_tokens) == (0, 0)
 
 
-async def test_round_robin_routing_sends_each_call_to_the_next_engine() -> None:
+async def test_round_robin_routing_sends_each_call_to_the_next_engine(
+    two_engines: tuple[list[FakeVllmForTests], list[str]],
+) -> None:
     """Only to compare with sticky routing (bench/engine_routing.py): the session's own
     engine is ignored, calls alternate."""
-    hosts: list[str] = []
-    async with httpx.AsyncClient(transport=_recording_transport(hosts)) as http:
-        ec = EngineClient(
-            ["http://a", "http://b"], MODEL, request_timeout_s=5, connect_retries=0,
-            client=http, routing="round_robin",
-        )  # fmt: skip
+    fakes, urls = two_engines
+    async with EngineClient(
+        urls, MODEL, request_timeout_s=5, connect_retries=0, routing="round_robin"
+    ) as ec:
         url = ec.assign("s1")
         for _ in range(4):
             await ec.complete(url, PROMPT, SamplingParams())
-    assert hosts == ["a", "b", "a", "b"]
-    assert [ec.stats[u].calls for u in ("http://a", "http://b")] == [2, 2]
+    assert [len(f.requests) for f in fakes] == [2, 2]
+    assert [ec.stats[u].calls for u in urls] == [2, 2]
 
 
-async def test_a_failed_call_is_counted_as_failed_and_leaves_nothing_in_flight() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(500, json={"error": {"message": "boom"}})
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        ec = EngineClient(["http://a"], MODEL, request_timeout_s=5, connect_retries=0, client=http)
-        await expect_error(
-            ec.complete("http://a", PROMPT, SamplingParams()), 502, "engine_bad_reply"
-        )
-    stats = ec.stats["http://a"]
+async def test_a_failed_call_is_counted_as_failed_and_leaves_nothing_in_flight(
+    client: EngineClient, fake: FakeVllmForTests
+) -> None:
+    fake.scripted.append(JSONResponse({"error": {"message": "boom"}}, 500))
+    await expect_error(
+        client.complete(client.urls[0], PROMPT, SamplingParams()), 502, "engine_bad_reply"
+    )
+    stats = client.stats[client.urls[0]]
     assert (stats.calls, stats.failed, stats.inflight) == (0, 1, 0)
+
+
+async def test_calls_reuse_a_kept_alive_connection_until_it_has_idled_too_long(
+    fake: FakeVllmForTests, engine_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Engines close idle connections after 5 s; the client gives them up first, so a call
+    is never sent on a connection the engine is closing."""
+    monkeypatch.setattr("gateway.engine_client.KEEPALIVE_S", 0.3)
+    async with EngineClient([engine_url], MODEL, request_timeout_s=5, connect_retries=0) as ec:
+        for _ in range(3):
+            await ec.complete(engine_url, PROMPT, SamplingParams())
+        await asyncio.sleep(0.6)
+        await ec.complete(engine_url, PROMPT, SamplingParams())
+    ports = [peer[1] for peer in fake.peers]
+    assert ports[0] == ports[1] == ports[2] and ports[3] != ports[0]
 
 
 # --- streaming ------------------------------------------------------------------------------
@@ -511,11 +525,11 @@ async def test_stream_hands_over_each_chunk_and_validates_like_complete(
     fake.scripted.append(sse(*stream_chunks(PROMPT, [7, 8, 9])))
     seen: list[tuple[list[int], list[float]]] = []
     streamed = await client.stream(
-        "http://engine-a", PROMPT, SamplingParams(), lambda i, lp: seen.append((i, lp))
+        client.urls[0], PROMPT, SamplingParams(), lambda i, lp: seen.append((i, lp))
     )
     assert seen == [([7], [-0.5]), ([8], [-1.5]), ([9], [-2.5])]
     assert fake.requests[0]["stream"] is True
-    plain = await client.complete("http://engine-a", PROMPT, SamplingParams())
+    plain = await client.complete(client.urls[0], PROMPT, SamplingParams())
     assert streamed.model_dump(exclude={"text"}) == plain.model_dump(exclude={"text"})
 
 
@@ -541,7 +555,7 @@ async def test_malformed_stream_is_502(
 ) -> None:
     fake.scripted.append(reply)
     await expect_error(
-        client.stream("http://engine-a", PROMPT, SamplingParams(), lambda i, lp: None),
+        client.stream(client.urls[0], PROMPT, SamplingParams(), lambda i, lp: None),
         502,
         "engine_bad_reply",
     )
@@ -552,8 +566,21 @@ async def test_stream_refused_up_front_keeps_its_status(
 ) -> None:
     fake.scripted.append(JSONResponse({"error": {"message": "too long", "code": 400}}, 400))
     err = await expect_error(
-        client.stream("http://engine-a", PROMPT, SamplingParams(), lambda i, lp: None),
+        client.stream(client.urls[0], PROMPT, SamplingParams(), lambda i, lp: None),
         400,
         "invalid_request",
     )
     assert err.message == "too long"
+
+
+async def test_a_stream_line_longer_than_any_read_buffer(
+    client: EngineClient, fake: FakeVllmForTests
+) -> None:
+    """vLLM's first stream chunk echoes the whole prompt's ids: one line of ~250 KB here."""
+    prompt = list(range(40_000))
+    fake.scripted.append(sse(*stream_chunks(prompt, [7, 8])))
+    seen: list[int] = []
+    res = await client.stream(
+        client.urls[0], prompt, SamplingParams(), lambda i, lp: seen.extend(i)
+    )
+    assert seen == res.output_ids == [7, 8] and res.prompt_tokens == 40_000
