@@ -387,7 +387,14 @@ async def test_graceful_shutdown_hands_work_back(stack: Stack, client: RolloutCl
         for e in events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
     ]
-    assert any(f.application_failure_info.type == "WorkerShutdown" for f in failures), failures
+    # Seen failing in loaded full runs (stop 12, stop 16), never when run alone: the
+    # message lists how each activity attempt ended, to tell which way it went.
+    endings = [
+        EventType.Name(e.event_type)
+        for e in events
+        if "ACTIVITY_TASK" in EventType.Name(e.event_type)
+    ]
+    assert any(f.application_failure_info.type == "WorkerShutdown" for f in failures), endings
     await wait_until(lambda: stack.sandboxes_left() == [], 30, "no sandbox left")
 
 
