@@ -484,7 +484,9 @@ class EngineClient:
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
                 timeout=self._timeout,
-                auto_decompress=False,
+                # vLLM answers uncompressed; not offering gzip keeps any proxy in between
+                # from compressing the large token-id replies.
+                skip_auto_headers=("Accept-Encoding",),
             )
         return self._http
 

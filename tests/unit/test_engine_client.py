@@ -34,6 +34,7 @@ class FakeVllmForTests:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.peers: list[tuple[str, int]] = []
+        self.headers: list[dict[str, str]] = []
         self.scripted: list[Response] = []
         self.app = Starlette(
             routes=[
@@ -77,6 +78,7 @@ class FakeVllmForTests:
     async def _completions(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
+        self.headers.append(dict(request.headers))
         if request.client is not None:
             self.peers.append((request.client.host, request.client.port))
         if self.scripted:
@@ -142,6 +144,8 @@ async def test_success_payload_and_mapping(client: EngineClient, fake: FakeVllmF
     assert res.finish_reason == "stop" and res.stop_reason is None
     assert (res.prompt_tokens, res.completion_tokens, res.cached_prompt_tokens) == (4, 3, 2)
     assert res.url == client.urls[0]
+    assert fake.headers[0]["content-type"] == "application/json"
+    assert "gzip" not in fake.headers[0].get("accept-encoding", "")  # replies stay plain
 
 
 async def test_stop_reason_and_length(client: EngineClient, fake: FakeVllmForTests) -> None:
