@@ -6,8 +6,8 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
@@ -327,6 +327,18 @@ async def test_connect_error_then_success_retries_same_url(fake: FakeVllmForTest
     assert res.output_ids == [7, 8, 9] and len(fake.requests) == 1
 
 
+@asynccontextmanager
+async def raw_server(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[str]:
+    """A bare TCP server on loopback (an engine that misbehaves below HTTP); its URL."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
 async def test_dropped_connection_is_not_retried() -> None:
     """A real loopback server that reads the request and hangs up without answering: the
     call may have been processed, so it is not sent again."""
@@ -338,17 +350,11 @@ async def test_dropped_connection_is_not_retried() -> None:
         await reader.read(65536)
         writer.close()
 
-    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with EngineClient(
-            [f"http://127.0.0.1:{port}"], MODEL, request_timeout_s=5, connect_retries=3
-        ) as ec:
-            await expect_error(
-                ec.complete(ec.urls[0], PROMPT, SamplingParams()), 503, "engine_unavailable"
-            )
-    finally:
-        server.close()
+    async with (
+        raw_server(hang_up) as url,
+        EngineClient([url], MODEL, request_timeout_s=5, connect_retries=3) as ec,
+    ):
+        await expect_error(ec.complete(url, PROMPT, SamplingParams()), 503, "engine_unavailable")
     assert connections == 1
 
 
@@ -360,19 +366,13 @@ async def test_read_timeout_is_504() -> None:
         await asyncio.sleep(10)
         writer.close()
 
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with EngineClient(
-            [f"http://127.0.0.1:{port}"], MODEL, request_timeout_s=0.3, connect_retries=2
-        ) as ec:
-            start = time.monotonic()
-            await expect_error(
-                ec.complete(ec.urls[0], PROMPT, SamplingParams()), 504, "engine_timeout"
-            )
-            assert time.monotonic() - start < 2  # not retried
-    finally:
-        server.close()
+    async with (
+        raw_server(silent) as url,
+        EngineClient([url], MODEL, request_timeout_s=0.3, connect_retries=2) as ec,
+    ):
+        start = time.monotonic()
+        await expect_error(ec.complete(url, PROMPT, SamplingParams()), 504, "engine_timeout")
+        assert time.monotonic() - start < 2  # not retried
 
 
 @contextmanager
