@@ -519,13 +519,8 @@ class EngineClient:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise self._transport_error(url, exc) from exc
             if resp.status >= 400:
-                try:
-                    body_read = await resp.read()
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    raise self._transport_error(url, exc) from exc
-                finally:
-                    resp.release()
-                raise _status_error(url, resp.status, body_read, resp.headers.get("Retry-After"))
+                reply = await self._read(url, resp)
+                raise _status_error(url, resp.status, reply, resp.headers.get("Retry-After"))
             return resp
 
     def _transport_error(self, url: str, exc: BaseException, during: str = "") -> GatewayError:

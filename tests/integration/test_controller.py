@@ -387,7 +387,7 @@ async def test_graceful_shutdown_hands_work_back(stack: Stack, client: RolloutCl
         for e in events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
     ]
-    # Seen failing in loaded full runs (stop 12, stop 16), never when run alone: the
+    # Seen failing in three loaded full runs, never when run alone: the
     # message lists how each activity attempt ended, to tell which way it went.
     endings = [
         EventType.Name(e.event_type)
