@@ -70,6 +70,13 @@ class TrainConfig(StrictModel):
     group_size: int = Field(default=4, ge=2, description="rollouts per task (one GRPO group)")
     heldout: str | None = Field(default=None, description="held-out tasks (JSONL), not trained")
     heldout_samples: int = Field(default=1, ge=1)
+    heldout_every: int = Field(
+        default=1,
+        ge=0,
+        description="held-out rollouts with step 1 and then every N-th step (1, 1+N, …); "
+        "0: step 1 only. The final policy is always evaluated. Held-out rollouts cost as "
+        "much as training ones, so evaluating every step doubles a small run",
+    )
     lr: float = Field(default=5e-5, gt=0)
     adam_eps: float = Field(
         default=1e-8,
@@ -101,6 +108,12 @@ class TrainConfig(StrictModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,60}$",
         description="prefix of every policy version; None: from `out`'s name, once",
     )
+
+    def heldout_due(self, step: int) -> bool:
+        """Whether step `step` (1-based) runs the held-out tasks with its rollouts."""
+        if self.heldout_every == 0:
+            return step == 1
+        return (step - 1) % self.heldout_every == 0
 
     @model_validator(mode="after")
     def _publishes_somewhere(self) -> "TrainConfig":

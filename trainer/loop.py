@@ -219,7 +219,7 @@ class Trainer:
                 rerun_failed=True,
             )
         held: Batch | None = None
-        if self.heldout:
+        if self.heldout and (not train or self.cfg.heldout_due(step)):
             held = await client.submit(
                 self._versioned(self.heldout, label),
                 str(self.samples / f"heldout-{step:04d}"),

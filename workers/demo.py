@@ -326,11 +326,14 @@ def demo_cmd(
         int, typer.Option(min=1, help="--train: training tasks")
     ] = _TRAIN.tasks_per_step,
     heldout_tasks: Annotated[
-        int, typer.Option(min=1, max=64, help="--train: held-out tasks, run every step")
+        int, typer.Option(min=1, max=64, help="--train: held-out tasks")
     ] = _TRAIN.heldout_tasks,
     heldout_samples: Annotated[
         int, typer.Option(min=1, help="--train: rollouts per held-out task")
     ] = _TRAIN.heldout_samples,
+    heldout_every: Annotated[
+        int, typer.Option(min=0, help="--train: held-out at step 1, every N-th step and the end")
+    ] = _TRAIN.heldout_every,
     lr: Annotated[float, typer.Option(help="--train: AdamW learning rate")] = _TRAIN.lr,
     updates_per_step: Annotated[
         int, typer.Option(min=1, help="--train: optimiser steps per step")
@@ -357,6 +360,7 @@ def demo_cmd(
                 tasks_per_step=tasks_per_step,
                 heldout_tasks=heldout_tasks,
                 heldout_samples=heldout_samples,
+                heldout_every=heldout_every,
                 lr=lr,
                 updates_per_step=updates_per_step,
                 seed=seed,

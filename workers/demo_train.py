@@ -54,6 +54,9 @@ class TrainDemoOptions(BaseModel):
     tasks_per_step: int = Field(default=16, ge=1, description="fresh training tasks per step")
     heldout_tasks: int = Field(default=64, ge=1, le=64, description="canonical held-out cases")
     heldout_samples: int = Field(default=2, ge=1, description="rollouts per held-out case")
+    heldout_every: int = Field(
+        default=3, ge=0, description="held-out at step 1, every N-th step after it and the end"
+    )
     lr: float = Field(default=1.5e-4, gt=0)
     updates_per_step: int = Field(default=1, ge=1)
     seed: int = 0
@@ -106,6 +109,14 @@ def summarise(out: Path) -> TrainDemoResult:
         learned=gain is not None and gain >= TARGET_GAIN,
         agreement_ok=all(m.agree_mean < AGREEMENT_LIMIT for m in metrics),
     )
+
+
+def _heldout_when(every: int) -> str:
+    if every == 1:
+        return "every step"
+    if every == 0:
+        return "at step 1 and the end"
+    return f"at step 1, every {every} steps and the end"
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -213,13 +224,15 @@ async def run_train_demo(
             tasks_per_step=opts.tasks_per_step,
             heldout=str(heldout),
             heldout_samples=opts.heldout_samples,
+            heldout_every=opts.heldout_every,
             lr=opts.lr,
             updates_per_step=opts.updates_per_step,
             seed=opts.seed,
         )
         console.print(
             f"training: {opts.steps} steps × {opts.tasks_per_step} tasks × {opts.group_size} "
-            f"rollouts, held-out {opts.heldout_tasks} tasks × {opts.heldout_samples} per step, "
+            f"rollouts, held-out {opts.heldout_tasks} tasks × {opts.heldout_samples} "
+            f"{_heldout_when(opts.heldout_every)}, "
             f"lr {opts.lr}, "
             f"{opts.updates_per_step} update(s) per step; out: {out}",
             highlight=False,

@@ -72,6 +72,10 @@ def train_cmd(
         int | None, typer.Option(min=1, help="fresh slice of the tasks each step (default: all)")
     ] = None,
     heldout: Annotated[Path | None, typer.Option(help="held-out tasks (JSONL)")] = None,
+    heldout_samples: Annotated[int, typer.Option(min=1, help="rollouts per held-out task")] = 1,
+    heldout_every: Annotated[
+        int, typer.Option(min=0, help="held-out at step 1 and every N-th step (0: step 1 only)")
+    ] = 1,
     lr: float = 5e-5,
     adam_eps: Annotated[
         float, typer.Option(min=1e-12, help="AdamW eps (larger: noise-only gradients move less)")
@@ -99,6 +103,8 @@ def train_cmd(
         group_size=group_size,
         tasks_per_step=tasks_per_step,
         heldout=str(heldout.resolve()) if heldout else None,
+        heldout_samples=heldout_samples,
+        heldout_every=heldout_every,
         lr=lr,
         adam_eps=adam_eps,
         updates_per_step=updates_per_step,

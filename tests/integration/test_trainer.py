@@ -268,9 +268,13 @@ def test_one_step_off_policy_overlaps_rollouts_with_training(
     their call recorded. (Before per-call versions, staleness came from the label: 1
     even when every call had been sampled by v1.)"""
     out = tmp_path / "run"
-    output = run_train(stack, out, 2)
+    output = run_train(stack, out, 2, "--heldout-every=0")
     assert [(m["step"], m["policy"]) for m in step_lines(output)] == [("1", "v1"), ("2", "v2")]
     first, second = (StepMetrics.model_validate_json(ln) for ln in (out / "metrics.jsonl").open())
+    # --heldout-every=0: held-out with step 1 and for the final policy (v2), not step 2
+    assert first.heldout_reward is not None and second.heldout_reward is None
+    held_dirs = sorted(p.name for p in (out / "samples").glob("heldout-*"))
+    assert held_dirs == ["heldout-0001", "heldout-0003"]
     run = run_id(out)
     assert (first.sampled_by, first.staleness_max) == (f"{run}-v0", 0)
     assert first.agree_mean < 0.01

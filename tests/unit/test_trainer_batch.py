@@ -175,3 +175,17 @@ def test_tasks_per_step_must_be_positive() -> None:
 
     with pytest.raises(ValidationError, match="tasks_per_step"):
         TrainConfig(tasks="t", out="o", init_policy="p", engines=["http://e"], tasks_per_step=0)
+
+
+def test_held_out_runs_at_step_one_every_nth_step_after_it() -> None:
+    from schemas.training import TrainConfig
+
+    def due(every: int) -> list[int]:
+        cfg = TrainConfig(
+            tasks="t", out="o", init_policy="p", engines=["http://e"], heldout_every=every
+        )
+        return [step for step in range(1, 11) if cfg.heldout_due(step)]
+
+    assert due(1) == list(range(1, 11))
+    assert due(3) == [1, 4, 7, 10]
+    assert due(0) == [1]
