@@ -14,9 +14,13 @@ With `--before TREE` the same paths also run through a gateway started from anot
 source tree (e.g. `git archive <commit> | tar -x -C TREE`), each protocol's "before"
 right next to its "after", so a change is measured side by side in one run.
 
+With `--engine-api both` two gateways of this tree run side by side, one calling vLLM's
+`/v1/completions`, one its token-in/token-out `/inference/v1/generate`.
+
 Run: `python bench/gateway_overhead.py [--conversations 8] [--turns 40] [--fsync off]
-[--before TREE]`. The tiny model never calls tools, so every path forces the reply format
-with vLLM structured outputs; each path feeds its own sampled replies back.
+[--before TREE] [--engine-api completions|generate|both]`. The tiny model never calls
+tools, so every path forces the reply format with vLLM structured outputs; each path feeds
+its own sampled replies back.
 """
 
 import argparse
@@ -56,7 +60,13 @@ TOOLS = [
     }
 ]
 # vLLM's own chat endpoint needs a tool parser to accept `tools` (the Gateway parses itself).
-VLLM_ARGS = ["--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+VLLM_ARGS = [
+    "--enforce-eager",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+    "--enable-scale-out",  # /inference/v1/generate, for --engine-api generate
+]
 TOOL_OUTPUT = "total 8\n-rw-r--r-- 1 root root 42 hello.py\n-rw-r--r-- 1 root root 17 notes.md\n"
 
 
@@ -263,6 +273,7 @@ class RunningGateway:
         model_dir: Path,
         fsync: str,
         tree: Path | None,
+        engine_api: str | None = None,
     ) -> None:
         self.admin = secrets.token_urlsafe(16)
         port, control_port = free_port(), free_port()
@@ -273,6 +284,8 @@ class RunningGateway:
         argv = [sys.executable, "-m", "workers.cli", "gateway", "--engine", vllm.url]
         argv += ["--model", vllm.model, "--tokenizer", str(model_dir), "--fsync", fsync]
         argv += ["--port", str(port), "--control-port", str(control_port), "--data-dir", data_dir]
+        if engine_api is not None:
+            argv += ["--engine-api", engine_api]
         self.process = subprocess.Popen(
             argv,
             env=env,
@@ -318,6 +331,12 @@ def main() -> None:
         help="scripted: a FAKE engine answering every call at once with one tool call, for "
         "the gateway's own CPU per call and spans without vLLM (no vLLM rows, no ratios)",
     )
+    parser.add_argument(
+        "--engine-api",
+        choices=["completions", "generate", "both"],
+        default="completions",
+        help="how the gateway calls vLLM; both: two gateways of this tree side by side",
+    )
     args = parser.parse_args()
     model_dir = ensure_tiny_model()
     engine = (
@@ -325,15 +344,22 @@ def main() -> None:
         if args.engine == "vllm"
         else ScriptedEngineProcess(model_dir)
     )
+    apis = ["completions", "generate"] if args.engine_api == "both" else [args.engine_api]
     with engine:
-        after = RunningGateway(engine, model_dir, args.fsync, None)
-        before = RunningGateway(engine, model_dir, args.fsync, args.before) if args.before else None
+        # (label, gateway, scrape its spans): `before` runs another tree, whose metrics
+        # may differ, so only this tree's gateways are scraped.
+        gateways: list[tuple[str, RunningGateway, bool]] = []
         try:
-            rows = measure(engine, after, before, args.conversations, args.turns)
+            if args.before:
+                before = RunningGateway(engine, model_dir, args.fsync, args.before)
+                gateways.append(("before", before, False))
+            for api in apis:
+                gw = RunningGateway(engine, model_dir, args.fsync, None, api)
+                gateways.append(("gateway" if len(apis) == 1 else f"gw {api}", gw, True))
+            rows = measure(engine, gateways, args.conversations, args.turns)
         finally:
-            after.stop()
-            if before is not None:
-                before.stop()
+            for _, gw, _ in gateways:
+                gw.stop()
     report(rows, args.conversations, args.turns, args.fsync)
 
 
@@ -447,13 +473,12 @@ def new_sessions(control: str, admin: str, count: int) -> list[str]:
 
 def measure(
     vllm: VllmServer | ScriptedEngineProcess,
-    after: RunningGateway,
-    before: RunningGateway | None,
+    gateways: list[tuple[str, RunningGateway, bool]],
     conversations: int,
     turns: int,
 ) -> list[Row]:
     """Every path in one run: vLLM's own chat endpoint (plain, then with logprobs) first,
-    then each gateway protocol, through the `before` gateway (if any) and then `after`."""
+    then each gateway protocol through each gateway in turn."""
     plain: list[dict[str, str]] = [{} for _ in range(conversations)]
     direct = f"{vllm.url}/v1"
     rows: list[Row] = []
@@ -470,14 +495,11 @@ def measure(
         ("responses", ResponsesConversation, "Authorization"),
         ("messages", MessagesConversation, "x-api-key"),
     ]
-    gateways = [("before", before), ("gateway", after)] if before else [("gateway", after)]
     for protocol, make, header in paths:
-        for label, gw in gateways:
-            if gw is None:
-                continue
+        for label, gw, scraped in gateways:
             tokens = new_sessions(gw.control, gw.admin, conversations)
             headers = [{header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens]
-            scrape = None if gw is before else lambda gw=gw: scrape_spans(gw.control, gw.admin)
+            scrape = (lambda gw=gw: scrape_spans(gw.control, gw.admin)) if scraped else None
             lat, cpu, spans = run_path(
                 f"{gw.url}/v1", headers, vllm.model, turns, make, gw.process.pid, scrape
             )

@@ -1,16 +1,17 @@
-"""Token-ID client for vLLM's OpenAI-compatible `/v1/completions` endpoint.
+"""Token-ID client for vLLM: `/v1/completions`, or its token-in/token-out
+`/inference/v1/generate`.
 
 The Gateway renders prompts itself and sends token IDs, so this client never sees text
 prompts. It returns the sampled output IDs and their logprobs exactly as the engine
-produced them, after validating the reply: an engine reply is external input, and a
-silently misaligned logprob would poison training data rather than fail loudly.
+produced them, validated by `engine_wire`. The generate endpoint (vLLM started with
+`--enable-scale-out`) is the leaner one: vLLM neither detokenizes the sampled tokens nor
+names each logprob's token nor echoes the prompt's ids.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,11 +19,35 @@ from typing import Any, Literal
 
 import aiohttp
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from gateway.adapters.wire import ReplyWire, validation_summary
+from gateway.adapters.wire import validation_summary
+from gateway.engine_wire import (
+    EngineCompletion,
+    EngineModelInfo,
+    GenerateReply,
+    GenerateStreamMerge,
+    StreamMerge,
+    VllmCompletionReply,
+    VllmModelList,
+    bad_reply,
+    extract_completion,
+    generate_as_completion,
+)
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
+
+EngineApi = Literal["completions", "generate"]
+"""`completions`: vLLM's OpenAI `/v1/completions` (any vLLM); `generate`:
+`/inference/v1/generate` (vLLM >= 0.32 started with `--enable-scale-out`)."""
+
+_PATHS: dict[EngineApi, str] = {
+    "completions": "/v1/completions",
+    "generate": "/inference/v1/generate",
+}
+
+TokenSink = Callable[[list[int], list[float]], None]
+"""Receives each stream chunk's sampled ids and their logprobs, in order."""
 
 ENGINE_UNAVAILABLE_RETRY_AFTER_S = 5.0
 """Retry-After suggested to agents when no engine connection could be made."""
@@ -51,154 +76,6 @@ _SAMPLING_FIELDS = (
 )
 
 
-class EngineCompletion(BaseModel):
-    """One validated engine completion: `output_ids[i]` was sampled with `output_logprobs[i]`.
-
-    `text` is the engine's own detokenization (special tokens kept); informational only —
-    the Gateway decodes `output_ids` itself. `stop_reason` is vLLM's: the stop token ID or
-    stop string that ended generation, or None for EOS / length.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    url: str
-    output_ids: list[int]
-    output_logprobs: list[float]
-    text: str
-    finish_reason: Literal["stop", "length"]
-    stop_reason: int | str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_prompt_tokens: int
-
-
-class EngineModelInfo(BaseModel):
-    """What `/v1/models` says about the served model."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str
-    max_model_len: int
-
-
-# --- vLLM wire models (validation of external input) ------------------------------------
-
-
-class _VllmLogprobs(ReplyWire):
-    token_logprobs: list[float | None]
-    tokens: list[str] | None = None
-
-
-class _VllmChoice(ReplyWire):
-    index: int = 0
-    text: str = ""
-    token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
-    logprobs: _VllmLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class _VllmPromptTokensDetails(ReplyWire):
-    cached_tokens: int | None = None
-
-
-class _VllmUsage(ReplyWire):
-    prompt_tokens: int
-    completion_tokens: int
-    prompt_tokens_details: _VllmPromptTokensDetails | None = None
-
-
-class _VllmCompletionReply(ReplyWire):
-    choices: list[_VllmChoice] = Field(min_length=1)
-    usage: _VllmUsage | None = None
-
-
-class _VllmModelCard(ReplyWire):
-    id: str
-    max_model_len: int | None = None
-
-
-class _VllmModelList(ReplyWire):
-    data: list[_VllmModelCard]
-
-
-def _bad_reply(url: str, what: str) -> GatewayError:
-    return GatewayError("engine_bad_reply", f"engine at {url} returned a malformed reply: {what}")
-
-
-def extract_completion(
-    url: str, prompt_ids: list[int], reply: _VllmCompletionReply
-) -> EngineCompletion:
-    """The one place that maps vLLM's completion reply onto `EngineCompletion`.
-
-    vLLM field → ours:
-      choices[0].token_ids                 → output_ids   (needs `return_token_ids: true`)
-      choices[0].logprobs.token_logprobs   → output_logprobs (sampled token's logprob)
-      choices[0].prompt_token_ids          → checked equal to what we sent, if present
-      choices[0].finish_reason/stop_reason → finish_reason/stop_reason
-      usage.prompt_tokens_details.cached_tokens → cached_prompt_tokens (0 if absent)
-    """
-    choice = reply.choices[0]
-    if choice.token_ids is None:
-        raise _bad_reply(url, "choices[0].token_ids missing (engine must support return_token_ids)")
-    if choice.logprobs is None:
-        raise _bad_reply(url, "choices[0].logprobs missing")
-    output_ids = choice.token_ids
-    raw_logprobs = choice.logprobs.token_logprobs
-    if len(raw_logprobs) != len(output_ids):
-        raise _bad_reply(
-            url,
-            f"{len(output_ids)} token_ids but {len(raw_logprobs)} token_logprobs",
-        )
-    if choice.logprobs.tokens is not None and len(choice.logprobs.tokens) != len(output_ids):
-        raise _bad_reply(
-            url, f"{len(output_ids)} token_ids but {len(choice.logprobs.tokens)} logprob tokens"
-        )
-    output_logprobs: list[float] = []
-    for i, lp in enumerate(raw_logprobs):
-        if lp is None or not math.isfinite(lp):
-            raise _bad_reply(url, f"token_logprobs[{i}] is {lp!r}")
-        output_logprobs.append(float(lp))
-    if any(t < 0 for t in output_ids):
-        raise _bad_reply(url, "negative token id in choices[0].token_ids")
-    if choice.prompt_token_ids is not None and choice.prompt_token_ids != prompt_ids:
-        raise _bad_reply(url, "choices[0].prompt_token_ids differ from the prompt sent")
-    if choice.finish_reason not in ("stop", "length"):
-        raise _bad_reply(url, f"unexpected finish_reason {choice.finish_reason!r}")
-
-    prompt_tokens = len(prompt_ids)
-    completion_tokens = len(output_ids)
-    cached = 0
-    if reply.usage is not None:
-        if reply.usage.completion_tokens != completion_tokens:
-            raise _bad_reply(
-                url,
-                f"usage.completion_tokens={reply.usage.completion_tokens} "
-                f"but {completion_tokens} token_ids",
-            )
-        if reply.usage.prompt_tokens != prompt_tokens:
-            raise _bad_reply(
-                url,
-                f"usage.prompt_tokens={reply.usage.prompt_tokens} "
-                f"but {prompt_tokens} prompt ids were sent",
-            )
-        details = reply.usage.prompt_tokens_details
-        if details is not None and details.cached_tokens is not None:
-            cached = details.cached_tokens
-    return EngineCompletion(
-        url=url,
-        output_ids=output_ids,
-        output_logprobs=output_logprobs,
-        text=choice.text,
-        finish_reason=choice.finish_reason,  # type: ignore[arg-type]  # narrowed above
-        stop_reason=choice.stop_reason,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        cached_prompt_tokens=cached,
-    )
-
-
 async def _lines(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
     """The body's lines as they arrive, however long (vLLM's first chunk echoes the whole
     prompt's ids; aiohttp's own `readline` caps a line)."""
@@ -218,93 +95,7 @@ def _utf8(url: str, line: bytes | bytearray) -> str:
     try:
         return line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _bad_reply(url, "a stream line is not UTF-8") from exc
-
-
-TokenSink = Callable[[list[int], list[float]], None]
-"""Receives each stream chunk's sampled ids and their logprobs, in order."""
-
-
-class _VllmStreamChunk(ReplyWire):
-    choices: list[_VllmChoice] = Field(default_factory=list)
-    usage: _VllmUsage | None = None
-
-
-class _StreamMerge:
-    """Folds vLLM's completion stream (`data:` lines, then `data: [DONE]`) into the one reply
-    a non-stream call gets, so `extract_completion` validates both the same way."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.ids: list[int] = []
-        self.logprobs: list[float | None] = []
-        self.tokens: list[str] | None = []
-        self.text: list[str] = []
-        self.prompt_ids: list[int] | None = None
-        self.finish_reason: str | None = None
-        self.stop_reason: int | str | None = None
-        self.usage: _VllmUsage | None = None
-        self.done = False
-
-    def line(self, line: str) -> tuple[list[int], list[float]] | None:
-        """One line of the stream → the sampled (ids, logprobs) it carries, if any."""
-        if not line.startswith("data:"):
-            return None  # blank separators, comments, `event:` lines
-        data = line[5:].strip()
-        if data == "[DONE]":
-            self.done = True
-            return None
-        try:
-            body = json.loads(data)
-        except ValueError as exc:
-            raise _bad_reply(self.url, "a stream chunk is not JSON") from exc
-        if isinstance(body, dict) and ("error" in body or body.get("object") == "error"):
-            error = body.get("error", body)  # vLLM has used both shapes
-            message = error.get("message") if isinstance(error, dict) else error
-            raise _bad_reply(self.url, f"error mid-stream: {message}")
-        try:
-            chunk = _VllmStreamChunk.model_validate(body)
-        except ValidationError as exc:
-            raise _bad_reply(self.url, validation_summary(exc)) from exc
-        if chunk.usage is not None:
-            self.usage = chunk.usage
-        if not chunk.choices:
-            return None
-        return self._choice(chunk.choices[0])
-
-    def _choice(self, choice: _VllmChoice) -> tuple[list[int], list[float]]:
-        if choice.prompt_token_ids is not None:
-            self.prompt_ids = choice.prompt_token_ids
-        if choice.finish_reason is not None:
-            self.finish_reason = choice.finish_reason
-            self.stop_reason = choice.stop_reason
-        self.text.append(choice.text)
-        ids = choice.token_ids or []
-        logprobs = choice.logprobs.token_logprobs if choice.logprobs is not None else []
-        if len(logprobs) != len(ids) or any(lp is None for lp in logprobs):
-            raise _bad_reply(
-                self.url, f"a stream chunk has {len(ids)} token_ids but logprobs {logprobs}"
-            )
-        if self.tokens is not None and choice.logprobs is not None and choice.logprobs.tokens:
-            self.tokens.extend(choice.logprobs.tokens)
-        elif ids:
-            self.tokens = None  # not every chunk names its tokens: do not check them
-        self.ids.extend(ids)
-        self.logprobs.extend(logprobs)
-        return ids, [float(lp) for lp in logprobs if lp is not None]
-
-    def reply(self) -> _VllmCompletionReply:
-        if not self.done:
-            raise _bad_reply(self.url, "the stream ended without [DONE]")
-        choice = _VllmChoice(
-            text="".join(self.text),
-            token_ids=self.ids,
-            prompt_token_ids=self.prompt_ids,
-            logprobs=_VllmLogprobs(token_logprobs=self.logprobs, tokens=self.tokens),
-            finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason,
-        )
-        return _VllmCompletionReply(choices=[choice], usage=self.usage)
+        raise bad_reply(url, "a stream line is not UTF-8") from exc
 
 
 def _engine_message(status: int, body: bytes) -> str:
@@ -414,6 +205,7 @@ class EngineClient:
         retry_backoff_s: float = 0.2,
         logprobs: int = 1,
         routing: EngineRouting = "sticky",
+        api: EngineApi = "completions",
     ) -> None:
         if not urls:
             raise ValueError("EngineClient needs at least one engine URL")
@@ -424,6 +216,8 @@ class EngineClient:
         self.connect_retries = connect_retries
         self.retry_backoff_s = retry_backoff_s
         self.logprobs = logprobs
+        self.api = api
+        self._path = _PATHS[api]
         self.request_timeout_s = request_timeout_s
         self._timeout = aiohttp.ClientTimeout(
             total=None,
@@ -462,15 +256,27 @@ class EngineClient:
     # --- HTTP -----------------------------------------------------------------------------
 
     def build_payload(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
-        """The `/v1/completions` body: token-ID prompt, sampled-token logprobs, raw output."""
-        payload: dict[str, Any] = {"model": self.model, "prompt": list(prompt_ids)}
+        """The request body: token-ID prompt, sampled-token logprobs, raw output. For
+        `generate` the sampling fields (and `engine_extra`) are vLLM `SamplingParams`, and
+        vLLM detokenizes only when stop strings need the text."""
+        params: dict[str, Any] = {}
         for name in _SAMPLING_FIELDS:
             value = getattr(sampling, name)
             if value is not None:
-                payload[name] = value
-        payload["logprobs"] = self.logprobs
+                params[name] = value
+        params["logprobs"] = self.logprobs
+        params["skip_special_tokens"] = False
+        if self.api == "generate":
+            params["detokenize"] = bool(sampling.stop)
+            params.update(sampling.engine_extra)
+            return {
+                "model": self.model,
+                "token_ids": list(prompt_ids),
+                "sampling_params": params,
+                "output_mode": "tokens",
+            }
+        payload: dict[str, Any] = {"model": self.model, "prompt": list(prompt_ids), **params}
         payload["return_token_ids"] = True
-        payload["skip_special_tokens"] = False
         payload.update(sampling.engine_extra)
         return payload
 
@@ -567,14 +373,18 @@ class EngineClient:
             # orjson and pydantic's own JSON parser: both ends scale with the prompt (vLLM
             # echoes the prompt ids), so the slower stdlib `json` would grow with the session.
             payload = orjson.dumps(self.build_payload(prompt_ids, sampling))
-            resp = await self._send("POST", url, "/v1/completions", payload)
+            resp = await self._send("POST", url, self._path, payload)
             content = await self._read(url, resp)
             try:
-                reply = _VllmCompletionReply.model_validate_json(content)
+                if self.api == "generate":
+                    generated = GenerateReply.model_validate_json(content)
+                    reply = generate_as_completion(url, generated)
+                else:
+                    reply = VllmCompletionReply.model_validate_json(content)
             except ValidationError as exc:
                 if any(error["type"] == "json_invalid" for error in exc.errors()):
-                    raise _bad_reply(url, "body is not JSON") from exc
-                raise _bad_reply(url, validation_summary(exc)) from exc
+                    raise bad_reply(url, "body is not JSON") from exc
+                raise bad_reply(url, validation_summary(exc)) from exc
             completion = extract_completion(url, prompt_ids, reply)
             return completion
         finally:
@@ -615,8 +425,8 @@ class EngineClient:
         payload = self.build_payload(prompt_ids, sampling)
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
-        resp = await self._send("POST", url, "/v1/completions", orjson.dumps(payload))
-        merged = _StreamMerge(url)
+        resp = await self._send("POST", url, self._path, orjson.dumps(payload))
+        merged = GenerateStreamMerge(url) if self.api == "generate" else StreamMerge(url)
         finished = False
         try:
             async for line in _lines(url, resp):
@@ -641,18 +451,18 @@ class EngineClient:
         resp = await self._send("GET", url, "/v1/models")
         content = await self._read(url, resp)
         try:
-            listing = _VllmModelList.model_validate_json(content)
+            listing = VllmModelList.model_validate_json(content)
         except ValidationError as exc:
             if any(error["type"] == "json_invalid" for error in exc.errors()):
-                raise _bad_reply(url, "body is not JSON") from exc
-            raise _bad_reply(url, validation_summary(exc)) from exc
+                raise bad_reply(url, "body is not JSON") from exc
+            raise bad_reply(url, validation_summary(exc)) from exc
         for card in listing.data:
             if card.id == self.model:
                 if card.max_model_len is None or card.max_model_len <= 0:
-                    raise _bad_reply(url, f"model {card.id!r} has no max_model_len")
+                    raise bad_reply(url, f"model {card.id!r} has no max_model_len")
                 return EngineModelInfo(id=card.id, max_model_len=card.max_model_len)
         served = [c.id for c in listing.data]
-        raise _bad_reply(url, f"model {self.model!r} is not served (engine serves {served})")
+        raise bad_reply(url, f"model {self.model!r} is not served (engine serves {served})")
 
     async def aclose(self) -> None:
         if self._http is not None and not self._http.closed:

@@ -21,7 +21,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from gateway.adapters.sse import StreamHead
-from gateway.engine_client import EngineCompletion
+from gateway.engine_wire import EngineCompletion
 from gateway.incremental import IncrementalTokenizer
 from gateway.output_parser import OutputParser
 from gateway.recording import PlannedCall

@@ -18,6 +18,11 @@ class Routing(StrEnum):
     round_robin = "round-robin"
 
 
+class EngineApiChoice(StrEnum):
+    completions = "completions"
+    generate = "generate"
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agentic Rollout")
 
 
@@ -81,6 +86,13 @@ def gateway(
     engine_routing: Annotated[
         Routing, typer.Option(help="sticky: a session keeps its engine; round-robin: compare")
     ] = Routing.sticky,
+    engine_api: Annotated[
+        EngineApiChoice,
+        typer.Option(
+            help="completions: /v1/completions; generate: vLLM's token-in/token-out "
+            "/inference/v1/generate (vLLM >= 0.32 with --enable-scale-out; leaner)"
+        ),
+    ] = EngineApiChoice.completions,
 ) -> None:
     """Serve the Gateway: the agent-facing protocols on --port, the control API, /metrics
     and /health on --control-port."""
@@ -108,6 +120,7 @@ def gateway(
         stream_abort_grace_s=stream_abort_grace_s,
         tokenize_offload_chars=tokenize_offload_chars,
         engine_routing=engine_routing.value.replace("-", "_"),
+        engine_api=engine_api.value,
     )
     serve(settings, processes=processes)
 

@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 from gateway.app import GatewayApp, error_responder_for
 from gateway.chat_template import ChatTemplate
 from gateway.core import Gateway, GatewayOptions
-from gateway.engine_client import EngineClient, EngineRouting
+from gateway.engine_client import EngineApi, EngineClient, EngineRouting
 from gateway.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
 from gateway.model_files import load_model_files
 from gateway.output_parser import get_parser
@@ -80,6 +80,8 @@ class GatewaySettings(BaseModel):
     tokenize_offload_chars: int = Field(default=16384, ge=0)
     tokenize_workers: int = Field(default=1, ge=1)
     engine_routing: EngineRouting = "sticky"
+    #: generate: vLLM's token-in/token-out endpoint (vLLM started with --enable-scale-out).
+    engine_api: EngineApi = "completions"
 
 
 def is_loopback(host: str) -> bool:
@@ -182,6 +184,7 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         request_timeout_s=settings.request_timeout_s,
         connect_retries=3,
         routing=settings.engine_routing,
+        api=settings.engine_api,
     )
     return Gateway(options, template, incremental, get_parser(settings.parser), engine)
 

@@ -187,6 +187,36 @@ def test_ten_turn_tool_conversation_is_one_token_exact_segment(
         assert any(c["match"] == "realign" for c in trajectory["calls"][1:])
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_generate_endpoint_records_what_completions_records(
+    vllm_server: Any, tiny_model_dir: Path, gateway_factory: Any, stream: bool
+) -> None:
+    """`engine_api="generate"`: vLLM's token-in/token-out `/inference/v1/generate` (no
+    detokenizing, no prompt echo). The same seeded tool conversation through it and through
+    `/v1/completions` records the same segment: prompt, sampled ids, mask, logprobs."""
+    proxy = RecordingProxy(vllm_server.url)
+    with BackgroundServer(proxy.app()) as proxy_server:
+        gateways = (
+            gateway_factory(vllm_server.url, tiny_model_dir, vllm_server.model),
+            gateway_factory(
+                proxy_server.url, tiny_model_dir, vllm_server.model, engine_api="generate"
+            ),
+        )
+        segments = []
+        for gw in gateways:
+            session = gw.create_session(**TOOL_SESSION)
+            run_tool_conversation(gw, session, 4, stream=stream, echo="exact")
+            trajectory = gw.trajectory(session["session_id"])
+            assert [c["status"] for c in trajectory["calls"]] == ["ok"] * 4
+            assert len(trajectory["segments"]) == 1
+            segments.append(trajectory["segments"][0])
+    assert proxy.posted == ["/inference/v1/generate"] * 4
+    plain, generated = segments
+    for key in ("prompt_ids", "response_ids", "loss_mask"):
+        assert generated[key] == plain[key], key
+    assert generated["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-6)
+
+
 def test_langchain_chat_openai_tool_loop_stays_one_segment(
     proxied_gateway: tuple[RunningGateway, RecordingProxy], tiny_model_dir: Path
 ) -> None:

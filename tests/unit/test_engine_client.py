@@ -39,6 +39,7 @@ class FakeVllmForTests:
         self.app = Starlette(
             routes=[
                 Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/inference/v1/generate", self._completions, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
             ]
         )
@@ -588,3 +589,120 @@ async def test_a_stream_line_longer_than_any_read_buffer(
         client.urls[0], prompt, SamplingParams(), lambda i, lp: seen.extend(i)
     )
     assert seen == res.output_ids == [7, 8] and res.prompt_tokens == 40_000
+
+
+# --- the token-in/token-out generate endpoint ------------------------------------------------
+
+
+def generate_reply(output: list[int], **choice: Any) -> dict[str, Any]:
+    """vLLM's `/inference/v1/generate` reply in `output_mode="tokens"` (no text, no echo)."""
+    content = [{"token_id": t, "logprob": -0.5 - i} for i, t in enumerate(output)]
+    return {
+        "request_id": "generate-tokens-1",
+        "choices": [
+            {
+                "index": 0,
+                "logprobs": {"content": content},
+                "finish_reason": "stop",
+                "stop_reason": None,
+                "token_ids": output,
+                **choice,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": len(PROMPT),
+            "completion_tokens": len(output),
+            "total_tokens": len(PROMPT) + len(output),
+        },
+    }
+
+
+@pytest.fixture
+async def gen_client(engine_url: str) -> AsyncIterator[EngineClient]:
+    ec = EngineClient([engine_url], MODEL, request_timeout_s=5, connect_retries=0, api="generate")
+    yield ec
+    await ec.aclose()
+
+
+async def test_generate_payload_and_mapping(
+    gen_client: EngineClient, fake: FakeVllmForTests
+) -> None:
+    """Sampling fields and `engine_extra` go in `sampling_params`; vLLM detokenizes only
+    when stop strings need the text."""
+    sampling = SamplingParams(temperature=0.7, max_tokens=64, seed=3, engine_extra={"n": 1})
+    fake.scripted.append(JSONResponse(generate_reply([7, 8, 9])))
+    res = await gen_client.complete(gen_client.urls[0], PROMPT, sampling)
+    assert fake.requests[0] == {
+        "model": MODEL,
+        "token_ids": PROMPT,
+        "output_mode": "tokens",
+        "sampling_params": {
+            "max_tokens": 64,
+            "temperature": 0.7,
+            "seed": 3,
+            "logprobs": 1,
+            "skip_special_tokens": False,
+            "detokenize": False,
+            "n": 1,
+        },
+    }
+    assert (res.output_ids, res.output_logprobs) == ([7, 8, 9], [-0.5, -1.5, -2.5])
+    assert (res.finish_reason, res.prompt_tokens, res.completion_tokens) == ("stop", 4, 3)
+    fake.scripted.append(JSONResponse(generate_reply([7], stop_reason="</s>")))
+    res = await gen_client.complete(gen_client.urls[0], PROMPT, SamplingParams(stop=["</s>"]))
+    assert fake.requests[1]["sampling_params"]["detokenize"] is True
+    assert res.stop_reason == "</s>"
+
+
+@pytest.mark.parametrize(
+    ("label", "reply", "says"),
+    [
+        (
+            "entry of another token",
+            generate_reply([7, 8], logprobs={"content": [{"token_id": 7, "logprob": -1.0}] * 2}),
+            "token ids differ",
+        ),
+        (
+            "vLLM's no-logprob sentinel",
+            generate_reply([7], logprobs={"content": [{"token_id": 7, "logprob": -9999.0}]}),
+            "no logprob for sampled token 0",
+        ),
+        ("no logprobs", generate_reply([7], logprobs=None), "logprobs missing"),
+        (
+            "usage disagrees",
+            {**generate_reply([7, 8]), "usage": generate_reply([7])["usage"]},
+            "usage",
+        ),
+    ],
+)
+async def test_malformed_generate_reply_is_502(
+    gen_client: EngineClient, fake: FakeVllmForTests, label: str, reply: Any, says: str
+) -> None:
+    fake.scripted.append(JSONResponse(reply))
+    err = await expect_error(
+        gen_client.complete(gen_client.urls[0], PROMPT, SamplingParams()), 502, "engine_bad_reply"
+    )
+    assert says in err.message, (label, err.message)
+
+
+async def test_generate_stream_hands_over_each_chunk_and_validates_like_complete(
+    gen_client: EngineClient, fake: FakeVllmForTests
+) -> None:
+    whole = generate_reply([7, 8, 9])
+    chunks = []
+    for i, token in enumerate([7, 8, 9]):
+        choice = generate_reply([token])["choices"][0]
+        choice["logprobs"]["content"][0]["logprob"] = -0.5 - i
+        choice["finish_reason"] = "stop" if i == 2 else None
+        chunks.append({"request_id": "generate-tokens-1", "choices": [choice]})
+    chunks.append({"request_id": "generate-tokens-1", "choices": [], "usage": whole["usage"]})
+    fake.scripted.append(sse(*chunks))
+    seen: list[tuple[list[int], list[float]]] = []
+    streamed = await gen_client.stream(
+        gen_client.urls[0], PROMPT, SamplingParams(), lambda i, lp: seen.append((i, lp))
+    )
+    assert seen == [([7], [-0.5]), ([8], [-1.5]), ([9], [-2.5])]
+    assert fake.requests[0]["stream"] is True and "token_ids" in fake.requests[0]
+    fake.scripted.append(JSONResponse(whole))
+    plain = await gen_client.complete(gen_client.urls[0], PROMPT, SamplingParams())
+    assert streamed == plain
