@@ -10,6 +10,12 @@ first event that carries sampled text (reasoning, content or a tool call), as a 
 sees it; the role-only first chunk does not count. Prints p50/p99 TTFT and the ratio to
 vLLM's, and the whole call's p50 for reference.
 
+vLLM's chat (no reasoning parser) streams the `<think>` tag and the newline after it as
+content, one token each, while the Gateway sends reasoning as reasoning, without the tag:
+its first event is the first reasoning character, two decode steps later. So a second
+baseline, "vLLM first text", times vLLM's own stream to its first text that is neither
+the `<think>` tag nor whitespace: the point of the reply the Gateway's first event shows.
+
 Run: `python bench/gateway_streaming.py [--conversations 4] [--turns 20]`.
 """
 
@@ -46,18 +52,34 @@ def sse_data(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
             yield json.loads(line[5:])
 
 
-def chat_stream(events: Iterator[dict[str, Any]], mark: Callable[[], None]) -> dict[str, Any]:
+class Marks:
+    """When a streamed call's first event with sampled text arrived, and its first event
+    with visible text (not the `<think>` tag, not whitespace)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.first_text: float | None = None
+
+    def event(self, text: str = "") -> None:
+        now = time.perf_counter()
+        self.first = self.first or now
+        if text.strip():
+            self.first_text = self.first_text or now
+
+
+def chat_stream(events: Iterator[dict[str, Any]], marks: Marks) -> dict[str, Any]:
     """Chat chunks → the `chat.completion` shape `Conversation.absorb` reads."""
     content, calls = "", {}
     for chunk in events:
         if not chunk.get("choices"):
             continue
         delta = chunk["choices"][0]["delta"]
-        if delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
-            mark()
+        reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
         content += delta.get("content") or ""
+        if delta.get("content") or reasoning:
+            marks.event(reasoning + content.removeprefix("<think>"))
         for tc in delta.get("tool_calls") or []:
-            mark()
+            marks.event("tool call")
             call = calls.setdefault(tc["index"], {"type": "function", "function": {}})
             call["id"] = tc.get("id") or call.get("id")
             fn = tc.get("function") or {}
@@ -68,17 +90,17 @@ def chat_stream(events: Iterator[dict[str, Any]], mark: Callable[[], None]) -> d
     return {"choices": [{"message": message}]}
 
 
-def responses_stream(events: Iterator[dict[str, Any]], mark: Callable[[], None]) -> dict[str, Any]:
+def responses_stream(events: Iterator[dict[str, Any]], marks: Marks) -> dict[str, Any]:
     final: dict[str, Any] = {}
     for event in events:
         if event["type"].endswith(".delta"):
-            mark()
+            marks.event(event.get("delta") or "")
         if event["type"] in ("response.completed", "response.incomplete"):
             final = event["response"]
     return final
 
 
-def messages_stream(events: Iterator[dict[str, Any]], mark: Callable[[], None]) -> dict[str, Any]:
+def messages_stream(events: Iterator[dict[str, Any]], marks: Marks) -> dict[str, Any]:
     blocks: list[dict[str, Any]] = []
     partial: dict[int, str] = {}
     for event in events:
@@ -88,7 +110,8 @@ def messages_stream(events: Iterator[dict[str, Any]], mark: Callable[[], None]) 
         elif kind == "content_block_delta":
             delta, block = event["delta"], blocks[event["index"]]
             if delta["type"] != "signature_delta":
-                mark()
+                text = delta.get("text") or delta.get("thinking") or delta.get("partial_json")
+                marks.event(text or "")
             if delta["type"] == "text_delta":
                 block["text"] += delta["text"]
             elif delta["type"] == "thinking_delta":
@@ -102,7 +125,7 @@ def messages_stream(events: Iterator[dict[str, Any]], mark: Callable[[], None]) 
     return {"content": blocks}
 
 
-READERS: dict[str, Callable[[Iterator[dict[str, Any]], Callable[[], None]], dict[str, Any]]] = {
+READERS: dict[str, Callable[[Iterator[dict[str, Any]], Marks], dict[str, Any]]] = {
     "/chat/completions": chat_stream,
     "/responses": responses_stream,
     "/messages": messages_stream,
@@ -122,24 +145,22 @@ class Path:
         self.name, self.url, self.headers_for = name, url, headers_for
         self.conversations = [make() for _ in headers_for]
         self.ttfts: list[float] = []
+        self.text_ttfts: list[float] = []
         self.totals: list[float] = []
 
     def turn(self, client: httpx.Client, model: str, turn: int) -> None:
         """Turn `turn` of every conversation, each call streamed."""
         for conv, headers in zip(self.conversations, self.headers_for, strict=True):
             body = {**conv.body(model), "stream": True}
-            first: list[float] = []
+            marks = Marks()
             t0 = time.perf_counter()
-
-            def mark(first: list[float] = first) -> None:
-                if not first:
-                    first.append(time.perf_counter())
-
             with client.stream("POST", f"{self.url}{conv.path}", json=body, headers=headers) as r:
                 r.raise_for_status()
-                reply = READERS[conv.path](sse_data(r.iter_lines()), mark)
+                reply = READERS[conv.path](sse_data(r.iter_lines()), marks)
             self.totals.append(time.perf_counter() - t0)
-            self.ttfts.append(first[0] - t0)
+            assert marks.first is not None and marks.first_text is not None, reply
+            self.ttfts.append(marks.first - t0)
+            self.text_ttfts.append(marks.first_text - t0)
             conv.absorb(reply, turn)
 
 
@@ -220,18 +241,25 @@ def main() -> None:
         finally:
             gateway.terminate()
             gateway.wait(timeout=30)
+    direct_path = paths[0]
     rows = [(p.name, p.ttfts, p.totals) for p in paths]
+    rows.insert(1, ("vLLM first text", direct_path.text_ttfts, direct_path.totals))
     print(
         f"{args.conversations} conversations x {args.turns} turns per path, all streamed; "
-        f"regex {REGEX[:24]}...; ratios vs vLLM's own streaming chat"
+        f"regex {REGEX[:24]}...; ratios vs vLLM's own streaming chat (its first event; "
+        "x text: its first text after <think>)"
     )
-    print(f"{'path':<30}{'TTFT p50':>10}{'p99':>9}{'p50 x':>7}{'p99 x':>7}{'call p50':>10}")
+    print(
+        f"{'path':<30}{'TTFT p50':>10}{'p99':>9}{'p50 x':>7}{'p99 x':>7}{'x text':>8}"
+        f"{'call p50':>10}"
+    )
     base50, base99 = percentile(rows[0][1], 0.5), percentile(rows[0][1], 0.99)
+    text50 = percentile(rows[1][1], 0.5)
     for name, ttft, total in rows:
         p50, p99 = percentile(ttft, 0.5), percentile(ttft, 0.99)
         print(
             f"{name:<30}{p50 * 1000:>8.1f}ms{p99 * 1000:>7.1f}ms{p50 / base50:>7.2f}"
-            f"{p99 / base99:>7.2f}{percentile(total, 0.5) * 1000:>8.1f}ms"
+            f"{p99 / base99:>7.2f}{p50 / text50:>8.2f}{percentile(total, 0.5) * 1000:>8.1f}ms"
         )
 
 

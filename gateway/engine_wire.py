@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -175,6 +175,8 @@ class StreamMerge:
     """Folds vLLM's completion stream (`data:` lines, then `data: [DONE]`) into the one reply
     a non-stream call gets, so `extract_completion` validates both the same way."""
 
+    chunk_wire: ClassVar[type[ReplyWire]] = _VllmStreamChunk
+
     def __init__(self, url: str) -> None:
         self.url = url
         self.ids: list[int] = []
@@ -207,14 +209,17 @@ class StreamMerge:
 
     def _chunk(self, body: object) -> tuple[list[int], list[float]] | None:
         try:
-            chunk = _VllmStreamChunk.model_validate(body)
+            chunk = self.chunk_wire.model_validate(body)
         except ValidationError as exc:
             raise bad_reply(self.url, validation_summary(exc)) from exc
         if chunk.usage is not None:
             self.usage = chunk.usage
         if not chunk.choices:
             return None
-        return self._choice(chunk.choices[0])
+        return self._choice(self._completion_choice(chunk))
+
+    def _completion_choice(self, chunk: Any) -> _VllmChoice:
+        return chunk.choices[0]
 
     def _choice(self, choice: _VllmChoice) -> tuple[list[int], list[float]]:
         if choice.prompt_token_ids is not None:
@@ -319,14 +324,7 @@ def generate_as_completion(url: str, reply: GenerateReply) -> VllmCompletionRepl
 class GenerateStreamMerge(StreamMerge):
     """`StreamMerge` for the generate endpoint's stream (same `data:` framing)."""
 
-    def _chunk(self, body: object) -> tuple[list[int], list[float]] | None:
-        try:
-            chunk = _GenerateStreamChunk.model_validate(body)
-        except ValidationError as exc:
-            raise bad_reply(self.url, validation_summary(exc)) from exc
-        if chunk.usage is not None:
-            self.usage = chunk.usage
-        if not chunk.choices:
-            return None
-        choice = _as_completion_choice(self.url, chunk.choices[0], chunk.prompt_token_ids)
-        return self._choice(choice)
+    chunk_wire: ClassVar[type[ReplyWire]] = _GenerateStreamChunk
+
+    def _completion_choice(self, chunk: Any) -> _VllmChoice:
+        return _as_completion_choice(self.url, chunk.choices[0], chunk.prompt_token_ids)

@@ -183,7 +183,7 @@ class DemoStack:
             gateway_admin_token=admin_token,
             backend_config={"local": {"state_dir": str(self.sandbox_state)}},
             data_dir=self.data_dir / "worker",
-            max_sandboxes=8,
+            max_sandboxes=16,
             graceful_shutdown_s=5,
             janitor_interval_s=0,
         )
