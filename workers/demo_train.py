@@ -44,7 +44,7 @@ class EmbeddedStack(Protocol):
 
 
 class TrainDemoOptions(BaseModel):
-    """The knobs of the run. The defaults are the run the README reports (16 min on 2
+    """The knobs of the run. The defaults are the run the README reports (15 min on 2
     cores): 128 training rollouts per step, because GRPO on fewer did not move the
     held-out reward past its noise; lr 4e-4, which reaches in 6 steps what 1.5e-4 reached
     in 12; and 64 held-out cases × 2, because one sample of 64 swings by ± 0.05 between
