@@ -22,8 +22,9 @@ class EngineCompletion(BaseModel):
     """One validated engine completion: `output_ids[i]` was sampled with `output_logprobs[i]`.
 
     `text` is the engine's own detokenization (special tokens kept; empty from the generate
-    endpoint); informational only — the Gateway decodes `output_ids` itself. `stop_reason` is vLLM's: the stop token ID or
-    stop string that ended generation, or None for EOS / length.
+    endpoint); informational only — the Gateway decodes `output_ids` itself. `stop_reason`
+    is vLLM's: the stop token ID or stop string that ended generation, or None for EOS /
+    length.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
