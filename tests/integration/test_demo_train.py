@@ -74,13 +74,15 @@ def test_demo_train_runs_a_short_loop_and_reports_it(tmp_path: Path) -> None:
     final = FinalEval.model_validate_json((out / "final_heldout.json").read_text())
     assert (final.policy, final.heldout_rollouts) == (f"{run}-v2", 2)
     assert read_table(str(out / "samples" / "step-0001")).num_rows == 4
+    # the demo's held-out runs at step 1, every 3 steps and for the final policy (= "step 3")
     assert sorted(p.name for p in (out / "samples").iterdir()) == [
         "heldout-0001",
-        "heldout-0002",
         "heldout-0003",
         "step-0001",
         "step-0002",
     ]
+    assert metrics[0].heldout_reward is not None and metrics[1].heldout_reward is None
+    assert "held-out 2 tasks × 1 at step 1, every 3 steps and the end" in output
 
     rows = [(m["step"], m["policy"]) for ln in lines if (m := TABLE_ROW.match(ln))]
     # one step off-policy (overlap, the default): step 2 ran while v1 trained, so v0 sampled it
