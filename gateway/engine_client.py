@@ -19,20 +19,16 @@ from typing import Any, Literal
 
 import aiohttp
 import orjson
-from pydantic import ValidationError
 
-from gateway.adapters.wire import validation_summary
 from gateway.engine_wire import (
     EngineCompletion,
     EngineModelInfo,
-    GenerateReply,
-    GenerateStreamMerge,
-    StreamMerge,
-    VllmCompletionReply,
     VllmModelList,
     bad_reply,
+    completion_reply,
     extract_completion,
-    generate_as_completion,
+    stream_merge,
+    validate_reply,
 )
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
@@ -375,16 +371,7 @@ class EngineClient:
             payload = orjson.dumps(self.build_payload(prompt_ids, sampling))
             resp = await self._send("POST", url, self._path, payload)
             content = await self._read(url, resp)
-            try:
-                if self.api == "generate":
-                    generated = GenerateReply.model_validate_json(content)
-                    reply = generate_as_completion(url, generated)
-                else:
-                    reply = VllmCompletionReply.model_validate_json(content)
-            except ValidationError as exc:
-                if any(error["type"] == "json_invalid" for error in exc.errors()):
-                    raise bad_reply(url, "body is not JSON") from exc
-                raise bad_reply(url, validation_summary(exc)) from exc
+            reply = completion_reply(url, content, generate=self.api == "generate")
             completion = extract_completion(url, prompt_ids, reply)
             return completion
         finally:
@@ -426,7 +413,7 @@ class EngineClient:
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
         resp = await self._send("POST", url, self._path, orjson.dumps(payload))
-        merged = GenerateStreamMerge(url) if self.api == "generate" else StreamMerge(url)
+        merged = stream_merge(url, generate=self.api == "generate")
         finished = False
         try:
             async for line in _lines(url, resp):
@@ -449,13 +436,7 @@ class EngineClient:
         """Read `/v1/models` for our model's context window (`max_model_len`)."""
         url = url.rstrip("/")
         resp = await self._send("GET", url, "/v1/models")
-        content = await self._read(url, resp)
-        try:
-            listing = VllmModelList.model_validate_json(content)
-        except ValidationError as exc:
-            if any(error["type"] == "json_invalid" for error in exc.errors()):
-                raise bad_reply(url, "body is not JSON") from exc
-            raise bad_reply(url, validation_summary(exc)) from exc
+        listing = validate_reply(url, VllmModelList, await self._read(url, resp))
         for card in listing.data:
             if card.id == self.model:
                 if card.max_model_len is None or card.max_model_len <= 0:

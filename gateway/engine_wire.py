@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.adapters.wire import ReplyWire, validation_summary
 from gateway.errors import GatewayError
+
+_Wire = TypeVar("_Wire", bound=ReplyWire)
 
 
 class EngineCompletion(BaseModel):
@@ -93,6 +95,16 @@ class VllmModelList(ReplyWire):
 
 def bad_reply(url: str, what: str) -> GatewayError:
     return GatewayError("engine_bad_reply", f"engine at {url} returned a malformed reply: {what}")
+
+
+def validate_reply(url: str, wire: type[_Wire], content: bytes) -> _Wire:
+    """`content` parsed as `wire`, or the engine_bad_reply that says what is wrong."""
+    try:
+        return wire.model_validate_json(content)
+    except ValidationError as exc:
+        if any(error["type"] == "json_invalid" for error in exc.errors()):
+            raise bad_reply(url, "body is not JSON") from exc
+        raise bad_reply(url, validation_summary(exc)) from exc
 
 
 def extract_completion(
@@ -316,8 +328,12 @@ def _as_completion_choice(
     )
 
 
-def generate_as_completion(url: str, reply: GenerateReply) -> VllmCompletionReply:
-    """A whole generate reply in the completions shape, for `extract_completion`."""
+def completion_reply(url: str, content: bytes, generate: bool) -> VllmCompletionReply:
+    """A whole reply body of either endpoint, validated, in the completions shape that
+    `extract_completion` checks."""
+    if not generate:
+        return validate_reply(url, VllmCompletionReply, content)
+    reply = validate_reply(url, GenerateReply, content)
     choice = _as_completion_choice(url, reply.choices[0], reply.prompt_token_ids)
     return VllmCompletionReply(choices=[choice], usage=reply.usage)
 
@@ -329,3 +345,8 @@ class GenerateStreamMerge(StreamMerge):
 
     def _completion_choice(self, chunk: Any) -> _VllmChoice:
         return _as_completion_choice(self.url, chunk.choices[0], chunk.prompt_token_ids)
+
+
+def stream_merge(url: str, generate: bool) -> StreamMerge:
+    """The merge for a stream of either endpoint."""
+    return GenerateStreamMerge(url) if generate else StreamMerge(url)
