@@ -65,6 +65,7 @@ from sandboxes.supervised import (
     SupervisedSandbox,
 )
 from sandboxes.supervisor_client import (
+    SUPERVISOR_ARGV,
     SUPERVISOR_PATH,
     normalize_cmd,
     secure_control_socket,
@@ -380,7 +381,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             ul.append(docker.types.Ulimit(name="nofile", soft=r.nofile, hard=r.nofile))
         kw["ulimits"] = ul
         if has_py:
-            cmd = ["python3", "/run/supervisor.py", "--run-dir", RUN_DIR, "--own-pid-namespace"]
+            cmd = [*SUPERVISOR_ARGV, "--run-dir", RUN_DIR, "--own-pid-namespace"]
             cmd += ["--forward", f"{DEFAULT_GATEWAY_PORT}:{RUN_DIR}/gateway.sock"]
         else:
             cmd = ["sh", "-c", "while :; do sleep 3600; done"]

@@ -70,7 +70,12 @@ from sandboxes.supervised import (
     SupervisedBackend,
     SupervisedSandbox,
 )
-from sandboxes.supervisor_client import SUPERVISOR_PATH, secure_control_socket, wait_ready
+from sandboxes.supervisor_client import (
+    SUPERVISOR_ARGV,
+    SUPERVISOR_PATH,
+    secure_control_socket,
+    wait_ready,
+)
 
 INSTALL_HINT = (
     "bubblewrap is required for the local sandbox backend: run "
@@ -293,7 +298,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
             args += ["--bind", str(rw / "work"), workdir]
         else:
             args += ["--dir", workdir]
-        args += ["--chdir", workdir, "--", "python3", "/run/supervisor.py", "--run-dir", RUN_DIR]
+        args += ["--chdir", workdir, "--", *SUPERVISOR_ARGV, "--run-dir", RUN_DIR]
         args += ["--forward", f"{DEFAULT_GATEWAY_PORT}:{RUN_DIR}/gateway.sock"]
         return [*args, "--own-pid-namespace"]
 

@@ -39,6 +39,10 @@ from sandboxes.base import (
 
 HDR = struct.Struct(">cI")
 SUPERVISOR_PATH = Path(__file__).with_name("supervisor.py")
+#: How a sandbox starts it (bind-mounted at /run/supervisor.py): isolated (-I: no
+#: PYTHON* variables, no user site) and without `site` (-S): it needs only the stdlib,
+#: and skipping the image's site-packages saves ~1-2 MB in every sandbox it lives in.
+SUPERVISOR_ARGV = ("python3", "-I", "-S", "/run/supervisor.py")
 #: Read size when streaming an archive out of a sandbox.
 ARCHIVE_CHUNK = 256 * 1024
 

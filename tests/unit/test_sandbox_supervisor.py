@@ -30,6 +30,7 @@ from sandboxes.base import ArchiveTooLarge, SandboxError, SandboxNotFound
 from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
 from sandboxes.supervisor_client import (
     ARCHIVE_CHUNK,
+    SUPERVISOR_ARGV,
     SUPERVISOR_PATH,
     SupervisorClient,
     control_socket_path,
@@ -39,6 +40,8 @@ from sandboxes.supervisor_client import (
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+#: The interpreter flags the sandboxes start it with (isolated, no site).
+SUPERVISOR_FLAGS = SUPERVISOR_ARGV[1:-1]
 
 
 @pytest.fixture
@@ -49,7 +52,7 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[tuple[SupervisorClient, Pa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, str(SUPERVISOR_PATH), "--run-dir", str(run),
+        [sys.executable, *SUPERVISOR_FLAGS, str(SUPERVISOR_PATH), "--run-dir", str(run),
          "--forward", f"{port}:{run}/gateway.sock"],
         start_new_session=True,
     )  # fmt: skip
@@ -59,6 +62,28 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[tuple[SupervisorClient, Pa
     yield client, run
     proc.kill()
     proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--run-dir is required"),
+        (["--run-dir"], "--run-dir needs a value"),
+        (["--run-dir", "/tmp", "--forward"], "--forward needs a value"),
+        (["--run-dir", "/tmp", "--verbose"], "unknown argument '--verbose'"),
+    ],
+)
+def test_bad_arguments_stop_the_supervisor_with_a_clear_message(
+    argv: list[str], message: str
+) -> None:
+    r = subprocess.run(
+        [sys.executable, *SUPERVISOR_FLAGS, str(SUPERVISOR_PATH), *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"supervisor: {message}"
 
 
 def _alive(pattern: str) -> bool:
