@@ -184,7 +184,7 @@ def test_first_delta_arrives_while_vllm_still_generates_and_leaving_aborts_it(
     generated_before = vllm_metric(vllm_server.url, "vllm:generation_tokens_total")
     body = {"model": "tiny-qwen3", "stream": True, "messages": ASK}
     headers = {"Authorization": f"Bearer {session['token']}"}
-    running_at_first_delta = None
+    first_delta = False
     with httpx.stream(
         "POST",
         f"{session['openai_base_url']}/chat/completions",
@@ -195,9 +195,11 @@ def test_first_delta_arrives_while_vllm_still_generates_and_leaving_aborts_it(
         assert reply.status_code == 200
         for line in reply.iter_lines():
             if ('"content":"' in line and '"content":""' not in line) or '"reasoning"' in line:
-                running_at_first_delta = vllm_metric(vllm_server.url, "vllm:num_requests_running")
+                # Not vLLM's /metrics here: on 2 cores a scrape in the middle of a stream
+                # sometimes took seconds, long enough for the whole reply to be sampled.
+                first_delta = True
                 break
-    assert running_at_first_delta == 1, "vLLM was still generating this call"
+    assert first_delta, "no text delta before the stream ended"
     deadline = time.monotonic() + 60
     while not gw.trajectory(session["session_id"])["calls"]:
         assert time.monotonic() < deadline, "the aborted call was never recorded"
@@ -209,6 +211,7 @@ def test_first_delta_arrives_while_vllm_still_generates_and_leaving_aborts_it(
     assert call["status"] == "cancelled"
     assert 0 < len(call["output_ids"]) < 3000
     assert len(call["output_logprobs"]) == len(call["output_ids"])
-    # vLLM stopped when the client left: it sampled far fewer than the 3000 tokens asked.
+    # vLLM stopped when the client left at the first delta: it sampled fewer than the 3000
+    # tokens asked, so that delta arrived while it was still generating.
     generated = vllm_metric(vllm_server.url, "vllm:generation_tokens_total") - generated_before
     assert len(call["output_ids"]) <= generated < 3000
