@@ -162,7 +162,7 @@ async def run_one(
     batch = await client.submit([task], out, samples_per_task=n, max_concurrent_starts=128)
     submitted = time.monotonic() - t0
     watcher = (
-        asyncio.ensure_future(hold.watch(n, t0, pid, lambda: client.cancel(batch)))
+        asyncio.ensure_future(hold.watch(n, t0, pid, server_pid, lambda: client.cancel(batch)))
         if hold
         else None
     )
@@ -213,6 +213,13 @@ def mem_available_kib() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1])
     raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def host_tasks() -> int:
+    """Kernel scheduling entities (processes and threads) on the host: what
+    `kernel.pid_max` caps."""
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[1])
 
 
 def process_table() -> dict[int, tuple[int, bytes]]:
@@ -304,34 +311,52 @@ class Hold:
         ).encode()
         self.state_dir = state_dir
         self.mem_before = mem_available_kib()
+        self.tasks_before = host_tasks()
         self.ramp_s: float | None = None
+        #: PSS walks every sandbox process's smaps: at most every `PSS_EVERY_S` on the
+        #: ramp (thousands of processes), and always once all are live.
+        self.pss_at = 0.0
         self.max_live = 0
         self.at_peak: dict[str, float] = {}
 
-    def _sample(self, pid: int) -> tuple[int, dict[str, float]]:
+    PSS_EVERY_S = 15.0
+
+    def _sample(self, n: int, pid: int, server_pid: int) -> tuple[int, dict[str, float]]:
         table = process_table()
         trees = sandbox_trees(table, self.state_dir)
         live = sum(1 for p in trees if table[p][1] == self.marker)
-        return live, {
-            "pss_kib": pss_kib(trees) if live >= self.max_live else 0,
+        sample = {
             "mem_available_kib": mem_available_kib(),
             "worker_rss_kib": rss_kib(pid)[0],
+            "server_rss_kib": rss_kib(server_pid)[0],
             "worker_fds": len(os.listdir(f"/proc/{pid}/fd")),
             "processes": len(trees),
+            "host_tasks": host_tasks(),
         }
+        due = time.monotonic() - self.pss_at >= self.PSS_EVERY_S
+        if live > self.max_live and (live >= n or due):
+            self.pss_at = time.monotonic()
+            sample["pss_kib"], sample["pss_live"] = pss_kib(trees), live
+        return live, sample
 
     async def watch(
-        self, n: int, t0: float, pid: int, cancel: "Callable[[], Awaitable[int]]"
+        self,
+        n: int,
+        t0: float,
+        pid: int,
+        server_pid: int,
+        cancel: "Callable[[], Awaitable[int]]",
     ) -> None:
         while True:
-            live, sample = await asyncio.to_thread(self._sample, pid)
+            live, sample = await asyncio.to_thread(self._sample, n, pid, server_pid)
             if sample["mem_available_kib"] < self.min_available_kib and not self.aborted:
                 # the machine is shared: give the memory back before the OOM killer acts
                 self.aborted = True
                 print(f"MemAvailable below the floor at {live} live: cancelling", flush=True)
                 await cancel()
             if live > self.max_live:
-                self.max_live, self.at_peak = live, sample
+                self.max_live = live
+                self.at_peak = self.at_peak | sample if "pss_kib" not in sample else sample
             if live >= n and self.ramp_s is None:
                 self.ramp_s = time.monotonic() - t0
             due = self.ramp_s is not None and time.monotonic() - t0 >= self.ramp_s + (
@@ -345,16 +370,19 @@ class Hold:
     def report(self, n: int) -> dict:
         live = max(self.max_live, 1)
         peak = self.at_peak
+        pss_live = max(int(peak.get("pss_live", 1)), 1)
         return {
             "live_max": self.max_live,
             "aborted_low_memory": self.aborted,
             "ramp_s": round(self.ramp_s, 1) if self.ramp_s is not None else None,
-            "sandbox_pss_mib_each": round(peak.get("pss_kib", 0) / live / 1024, 2),
+            "sandbox_pss_mib_each": round(peak.get("pss_kib", 0) / pss_live / 1024, 2),
             "mem_available_drop_mib_each": round(
                 (self.mem_before - peak.get("mem_available_kib", self.mem_before)) / live / 1024,
                 2,
             ),
             "worker_rss_mib_at_peak": round(peak.get("worker_rss_kib", 0) / 1024, 1),
+            "server_rss_mib_at_peak": round(peak.get("server_rss_kib", 0) / 1024, 1),
+            "host_tasks_added_at_peak": int(peak.get("host_tasks", 0) - self.tasks_before),
             "sandbox_processes_at_peak": int(peak.get("processes", 0)),
             "worker_fds_at_peak": int(peak.get("worker_fds", 0)),
         }
