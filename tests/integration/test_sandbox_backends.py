@@ -426,9 +426,11 @@ def cmdline(p):
         return open("/proc/%s/cmdline" % p, "rb").read()
     except OSError:
         return b""
-# The supervisor itself (init's argv names it too): python3 /run/supervisor.py ...
+# The supervisor itself (init's argv names it too): python3 -I -S /run/supervisor.py ...
+def is_supervisor(argv):
+    return argv[0].endswith(b"python3") and b"/run/supervisor" + b".py" in argv
 sup = [p for p in os.listdir("/proc") if p.isdigit()
-       and cmdline(p).split(b"\\0")[1:2] == [b"/run/supervisor" + b".py"]]
+       and is_supervisor(cmdline(p).split(b"\\0"))]
 try:
     os.listdir("/proc/%s/fd" % sup[0])
     print("open")
