@@ -29,6 +29,7 @@ from gateway.app import GatewayApp, error_responder_for
 from gateway.chat_template import ChatTemplate
 from gateway.core import Gateway, GatewayOptions
 from gateway.engine_client import EngineApi, EngineClient, EngineRouting
+from gateway.gc_policy import tune_gc_for_serving
 from gateway.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
 from gateway.model_files import load_model_files
 from gateway.output_parser import get_parser
@@ -247,6 +248,7 @@ async def serve_listeners(settings: GatewaySettings) -> None:
     if settings.shared_port is not None:
         shared_sock = listen(settings.host, settings.shared_port, shared=True)
     agent_app, control_app, shared_app = build_listener_apps(settings)
+    tune_gc_for_serving()
     servers = [
         (_Listener(uvicorn.Config(agent_app, log_level="warning")), agent_sock),
         (_Listener(uvicorn.Config(control_app, log_level="warning")), control_sock),
