@@ -29,12 +29,12 @@ from gateway.app import GatewayApp, error_responder_for
 from gateway.chat_template import ChatTemplate
 from gateway.core import Gateway, GatewayOptions
 from gateway.engine_client import EngineApi, EngineClient, EngineRouting
-from gateway.gc_policy import tune_gc_for_serving
 from gateway.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
 from gateway.model_files import load_model_files
 from gateway.output_parser import get_parser
 from gateway.owner_forwarding import OwnerForwarder
 from gateway.tokenize_pool import OffloadingTokenizer
+from workers.gc_policy import tune_gc_for_serving
 
 log = logging.getLogger("rollout.gateway")
 

@@ -1,16 +1,16 @@
 """A serving gateway process runs the collector rarely and never over its start-up
-objects (`gateway.gc_policy`); checked in a fresh interpreter so this test process keeps
+objects (`workers.gc_policy`); checked in a fresh interpreter so this test process keeps
 CPython's defaults."""
 
 import json
 import subprocess
 import sys
 
-from gateway.gc_policy import SERVING_THRESHOLDS
+from workers.gc_policy import SERVING_THRESHOLDS
 
 PROBE = """
 import gc, json
-from gateway.gc_policy import tune_gc_for_serving
+from workers.gc_policy import tune_gc_for_serving
 tune_gc_for_serving()
 print(json.dumps({"after": gc.get_threshold(),
                   "frozen": gc.get_freeze_count()}))
