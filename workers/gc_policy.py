@@ -1,4 +1,4 @@
-"""The garbage-collector policy of a serving gateway process.
+"""The garbage-collector policy of the long-running processes: gateways and workers.
 
 A gateway holds every live session's history in memory (messages, held segments, token id
 lists): hundreds of thousands of tracked objects. CPython's default thresholds (700, 10,
@@ -7,7 +7,9 @@ any single part of a call: at 1,000 sessions (`bench/gateway_load.py`) the colle
 ≈ 11.6 s of a ≈ 50 s run, ≈ 25 % of the process's CPU. Reference counting frees almost
 everything a call allocates; the collector is only needed for the rare cycle, so it can
 run much less often, and the objects that live as long as the process (modules, the
-tokenizer, the template, the apps) need never be scanned at all.
+tokenizer, the template, the apps) need never be scanned at all. A worker holds every
+running rollout's workflow state: there the collector took 1.2–1.4 s per 300 rollouts
+(`bench/orchestration.py --n 300`), 0.3–0.4 s with this policy.
 """
 
 from __future__ import annotations

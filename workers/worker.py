@@ -31,6 +31,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
 from schemas.temporal_connection import TemporalConnectError, TemporalTLS
+from workers.gc_policy import tune_gc_for_serving
 from workers.temporal_options import (
     ApiKey,
     TlsCa,
@@ -299,6 +300,7 @@ async def serve(settings: WorkerSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, worker.stop)
+    tune_gc_for_serving()  # it holds every running rollout's workflow state
     await worker.run()
 
 
