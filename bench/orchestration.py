@@ -356,7 +356,7 @@ class Hold:
                 await cancel()
             if live > self.max_live:
                 self.max_live = live
-                self.at_peak = self.at_peak | sample if "pss_kib" not in sample else sample
+                self.at_peak |= sample  # keeps the last PSS when this sample took none
             if live >= n and self.ramp_s is None:
                 self.ramp_s = time.monotonic() - t0
             due = self.ramp_s is not None and time.monotonic() - t0 >= self.ramp_s + (

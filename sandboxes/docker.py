@@ -66,6 +66,7 @@ from sandboxes.supervised import (
 )
 from sandboxes.supervisor_client import (
     SUPERVISOR_ARGV,
+    SUPERVISOR_IN_SANDBOX,
     SUPERVISOR_PATH,
     normalize_cmd,
     secure_control_socket,
@@ -364,7 +365,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             "mounts": [
                 docker.types.Mount(RUN_DIR, str(sdir / "run"), type="bind"),
                 docker.types.Mount(
-                    "/run/supervisor.py", str(SUPERVISOR_PATH), type="bind", read_only=True
+                    SUPERVISOR_IN_SANDBOX, str(SUPERVISOR_PATH), type="bind", read_only=True
                 ),
             ],
         }

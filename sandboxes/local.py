@@ -72,6 +72,7 @@ from sandboxes.supervised import (
 )
 from sandboxes.supervisor_client import (
     SUPERVISOR_ARGV,
+    SUPERVISOR_IN_SANDBOX,
     SUPERVISOR_PATH,
     secure_control_socket,
     wait_ready,
@@ -291,7 +292,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         args += ["--bind", str(rw / "tmp"), "/tmp"]
         args += ["--bind", str(rw / "home"), AGENT_HOME]
         args += ["--bind", str(sdir / "run"), RUN_DIR]
-        args += ["--ro-bind", str(SUPERVISOR_PATH), "/run/supervisor.py"]
+        args += ["--ro-bind", str(SUPERVISOR_PATH), SUPERVISOR_IN_SANDBOX]
         if workdir.rstrip("/") not in ("/tmp", AGENT_HOME) and not workdir.startswith(
             ("/tmp/", AGENT_HOME)
         ):

@@ -39,10 +39,14 @@ from sandboxes.base import (
 
 HDR = struct.Struct(">cI")
 SUPERVISOR_PATH = Path(__file__).with_name("supervisor.py")
-#: How a sandbox starts it (bind-mounted at /run/supervisor.py): isolated (-I: no
-#: PYTHON* variables, no user site) and without `site` (-S): it needs only the stdlib,
-#: and skipping the image's site-packages saves ~1-2 MB in every sandbox it lives in.
-SUPERVISOR_ARGV = ("python3", "-I", "-S", "/run/supervisor.py")
+#: Where both backends mount it inside a sandbox (read-only).
+SUPERVISOR_IN_SANDBOX = "/run/supervisor.py"
+#: The interpreter's flags: isolated (-I: no PYTHON* variables, no user site) and without
+#: `site` (-S): it needs only the stdlib, and skipping the image's site-packages saves
+#: ~1-2 MB in every sandbox it lives in.
+SUPERVISOR_FLAGS = ("-I", "-S")
+#: How a sandbox starts it.
+SUPERVISOR_ARGV = ("python3", *SUPERVISOR_FLAGS, SUPERVISOR_IN_SANDBOX)
 #: Read size when streaming an archive out of a sandbox.
 ARCHIVE_CHUNK = 256 * 1024
 

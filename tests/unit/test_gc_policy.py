@@ -1,4 +1,4 @@
-"""A serving gateway process runs the collector rarely and never over its start-up
+"""A serving gateway or worker process runs the collector rarely and never over its start-up
 objects (`workers.gc_policy`); checked in a fresh interpreter so this test process keeps
 CPython's defaults."""
 

@@ -30,7 +30,7 @@ from sandboxes.base import ArchiveTooLarge, SandboxError, SandboxNotFound
 from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
 from sandboxes.supervisor_client import (
     ARCHIVE_CHUNK,
-    SUPERVISOR_ARGV,
+    SUPERVISOR_FLAGS,
     SUPERVISOR_PATH,
     SupervisorClient,
     control_socket_path,
@@ -40,8 +40,6 @@ from sandboxes.supervisor_client import (
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-#: The interpreter flags the sandboxes start it with (isolated, no site).
-SUPERVISOR_FLAGS = SUPERVISOR_ARGV[1:-1]
 
 
 @pytest.fixture
