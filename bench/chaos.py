@@ -595,9 +595,11 @@ class Faults:
     async def fire(self, fault: Fault, done: int) -> None:
         stack, down = self.stack, self.stack.config.down_s
         deadline = time.monotonic() + 30
-        while not self.in_flight(fault) and time.monotonic() < deadline:
+        busy = self.in_flight(fault)  # looked at once per try: the kill follows what was seen
+        while not busy and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        note = "" if self.in_flight(fault) else "nothing in flight"
+            busy = self.in_flight(fault)
+        note = "" if busy else "nothing in flight"
         killed = time.monotonic()
         if fault is Fault.worker:
             index = self._worker_kills % len(stack.workers)

@@ -71,10 +71,11 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[tuple[SupervisorClient, Pa
         (["--run-dir", "/tmp", "--verbose"], "unknown argument '--verbose'"),
     ],
 )
-def test_bad_arguments_stop_the_supervisor_with_a_clear_message(
+async def test_bad_arguments_stop_the_supervisor_with_a_clear_message(
     argv: list[str], message: str
 ) -> None:
-    r = subprocess.run(
+    r = await asyncio.to_thread(
+        subprocess.run,
         [sys.executable, *SUPERVISOR_FLAGS, str(SUPERVISOR_PATH), *argv],
         capture_output=True,
         text=True,
