@@ -228,6 +228,11 @@ class VllmServerConfig(BaseModel):
     )
     kv_cache_space_gib: int = 1
     omp_threads_bind: str = "auto"
+    single_process: bool = Field(
+        default=True,
+        description="model in the engine-core process on one OpenMP thread (uni executor): "
+        "halves vLLM's CPU per call here; False: vLLM's worker process (mp executor)",
+    )
     startup_timeout_s: float = 600.0
     stop_timeout_s: float = 30.0
     python: Path | None = Field(default=None, description="None: ensure_vllm_venv()")
@@ -299,6 +304,7 @@ class VllmServer:
             # context keeps one sequence's prefill in one chunk.
             "--max-num-batched-tokens",
             str(cfg.max_model_len),
+            *(["--distributed-executor-backend", "uni"] if cfg.single_process else []),
             *cfg.extra_args,
         ]
 
@@ -318,6 +324,10 @@ class VllmServer:
             TRANSFORMERS_OFFLINE="1",
             PYTHONUNBUFFERED="1",
         )
+        if self.config.single_process:
+            # vLLM CPU turns "uni" back into "mp" unless this is off; the API server still
+            # runs its engine core in its own process either way.
+            env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
         env.update(self.config.extra_env)
         return env
 
