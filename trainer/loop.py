@@ -225,7 +225,9 @@ class Trainer:
                 str(self.samples / f"heldout-{step:04d}"),
                 samples_per_task=self.cfg.heldout_samples,
                 batch_id=f"{label}-h{step}",
-                seed=seed + 50_000,
+                # the same seeds at every pass: two policies' held-out rewards then differ
+                # by the policies, not by the draws (common random numbers)
+                seed=self.cfg.seed * 100_003 + 50_000,
                 rerun_failed=True,
             )
 

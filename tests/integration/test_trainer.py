@@ -275,6 +275,11 @@ def test_one_step_off_policy_overlaps_rollouts_with_training(
     assert first.heldout_reward is not None and second.heldout_reward is None
     held_dirs = sorted(p.name for p in (out / "samples").glob("heldout-*"))
     assert held_dirs == ["heldout-0001", "heldout-0003"]
+    # every held-out pass draws the same seeds, so v0 and v2 are compared on the same draws
+    start_seeds, final_seeds = (
+        sorted(read_samples(out / "samples" / d).column("seed").to_pylist()) for d in held_dirs
+    )
+    assert start_seeds == final_seeds and start_seeds
     run = run_id(out)
     assert (first.sampled_by, first.staleness_max) == (f"{run}-v0", 0)
     assert first.agree_mean < 0.01
