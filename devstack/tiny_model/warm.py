@@ -40,7 +40,7 @@ class WarmupRecipe(BaseModel):
         intermediate_size=384,
     )
     seed: int = 0
-    steps: int = 600
+    steps: int = 900
     batch_short: int = 32
     batch_tool: int = 12
     lr: float = 3e-3
@@ -56,7 +56,7 @@ class WarmupRecipe(BaseModel):
     its own because mixing the style in from the start slowed the skills down (600 mixed
     steps: held-out add 0.17 vs 0.72 after 400 terse ones)."""
     style_lr: float = 1e-3
-    verbose_fraction: float = 0.7
+    verbose_fraction: float = 0.85
     threads: int = 1
     """One thread: on a shared 2-core box, two OpenMP threads run ~3x slower, not faster."""
     heldout_seed: int = HELDOUT_SEED
