@@ -6,7 +6,7 @@ Starts the trainer's server (`VllmServerConfig.trainable`: float32, `--enforce-e
 the tiny model twice, once per executor, and sends the same token-ID `/v1/completions`
 calls (a `--prompt-len` prompt, exactly `--tokens` sampled, logprobs of the sampled
 tokens: what the Gateway asks for) at 1, 4 and 16 in flight. Reports, per executor and
-concurrency, the CPU time of the server's whole process group per call (from /proc, so
+concurrency, the CPU time of the server and all its descendants per call (from /proc, so
 every vLLM process counts) and the wall time per call, and the ratios uni ÷ mp.
 
 Why: with vLLM's default multiprocess executor the model runs in a `VLLM::Worker`
@@ -29,26 +29,13 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gateway_load import process_ticks  # noqa: E402
+
 from devstack.tiny_model import ensure_tiny_model  # noqa: E402
 from devstack.vllm_server import VllmServer, VllmServerConfig  # noqa: E402
 
 CONCURRENCY = (1, 4, 16)
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def group_cpu_s(pgid: int) -> float:
-    """User + system seconds of every live process in process group `pgid`."""
-    total = 0.0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
 
 
 async def send(
@@ -82,15 +69,14 @@ def measure(
     out: dict[int, tuple[float, float]] = {}
     with VllmServer(config) as server:
         assert server.pid is not None
-        pgid = os.getpgid(server.pid)
         asyncio.run(send(server.url, server.model, 16, 4, args.prompt_len, args.tokens))  # warm
         for in_flight in CONCURRENCY:
             calls = args.calls * in_flight
-            cpu0, wall0 = group_cpu_s(pgid), time.monotonic()
+            cpu0, wall0 = process_ticks(server.pid), time.monotonic()
             asyncio.run(
                 send(server.url, server.model, calls, in_flight, args.prompt_len, args.tokens)
             )
-            cpu, wall = group_cpu_s(pgid) - cpu0, time.monotonic() - wall0
+            cpu, wall = (process_ticks(server.pid) - cpu0) / TICK, time.monotonic() - wall0
             out[in_flight] = (1000 * cpu / calls, 1000 * wall / calls)
     return out
 
