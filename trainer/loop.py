@@ -207,7 +207,7 @@ class Trainer:
         `label`; returns a future of their results. The label is in the batch id, so a
         rerun that serves the same version reuses the rollouts already run."""
         started = time.monotonic()
-        seed = self.cfg.seed * 100_003 + step
+        run_seed = self.cfg.seed * 100_003
         batch: Batch | None = None
         if train:
             batch = await client.submit(
@@ -215,7 +215,7 @@ class Trainer:
                 str(self.samples / f"step-{step:04d}"),
                 samples_per_task=self.cfg.group_size,
                 batch_id=f"{label}-s{step}",
-                seed=seed,
+                seed=run_seed + step,
                 rerun_failed=True,
             )
         held: Batch | None = None
@@ -227,7 +227,7 @@ class Trainer:
                 batch_id=f"{label}-h{step}",
                 # the same seeds at every pass: two policies' held-out rewards then differ
                 # by the policies, not by the draws (common random numbers)
-                seed=self.cfg.seed * 100_003 + 50_000,
+                seed=run_seed + 50_000,
                 rerun_failed=True,
             )
 
