@@ -231,7 +231,7 @@ class VllmServerConfig(BaseModel):
     single_process: bool = Field(
         default=True,
         description="model in the engine-core process on one OpenMP thread (uni executor): "
-        "halves vLLM's CPU per call here; False: vLLM's worker process (mp executor)",
+        "a third of vLLM's CPU per call here; False: vLLM's worker process (mp executor)",
     )
     startup_timeout_s: float = 600.0
     stop_timeout_s: float = 30.0
