@@ -134,8 +134,8 @@ def connect_failure(address: str, tls: TemporalTLS, exc: BaseException) -> str:
     elif tls.enabled and (
         "close_notify" in raw
         or "UnexpectedEof" in raw
-        # the same refusal when the server's reset overtakes its TLS alert
-        or ("after connection" in raw and "ConnectionReset" in raw)
+        # the same refusal when the server's reset or close overtakes its TLS alert
+        or ("after connection" in raw and ("ConnectionReset" in raw or "connection closed" in raw))
     ):
         why = (
             "the server ended the TLS session right after the handshake: it wants a client "

@@ -7,10 +7,12 @@ drift (a "realign" call). The held tokens always keep what the model saw.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gateway import json_text
 from gateway.canonical import Message
@@ -32,43 +34,49 @@ class Normaliser:
     """A named, composable rule making a held message and its echo comparable.
 
     `apply(held, echoed)` returns both messages rewritten; applying it must not change
-    messages it does not concern.
+    messages it does not concern, and a message it leaves as it is should come back as the
+    same object (every held reply is forgiven on every call: copies are what it costs).
     """
 
     name: str
     apply: Callable[[Message, Message], Pair]
 
 
+def _updated(message: Message, **update: Any) -> Message:
+    """`message` with `update`, or `message` itself when that changes no field."""
+    if all(getattr(message, name) == value for name, value in update.items()):
+        return message
+    return message.model_copy(update=update)
+
+
 def _drop_missing_reasoning(held: Message, echoed: Message) -> Pair:
     """Clients drop reasoning they were shown (or never got) when echoing our replies."""
     if held.reasoning and echoed.reasoning:
         return held, echoed
-    return (
-        held.model_copy(update={"reasoning": None}),
-        echoed.model_copy(update={"reasoning": None}),
-    )
+    return _updated(held, reasoning=None), _updated(echoed, reasoning=None)
 
 
 def _content_none_as_empty(held: Message, echoed: Message) -> Pair:
-    return (
-        held.model_copy(update={"content": held.content or ""}),
-        echoed.model_copy(update={"content": echoed.content or ""}),
-    )
+    held = _updated(held, content=held.content or "")
+    return held, _updated(echoed, content=echoed.content or "")
 
 
 def _strip(message: Message) -> Message:
-    update = {
-        "content": message.content.strip() if message.content is not None else None,
-        "reasoning": message.reasoning.strip() if message.reasoning is not None else None,
-    }
-    return message.model_copy(update=update)
+    return _updated(
+        message,
+        content=message.content.strip() if message.content is not None else None,
+        reasoning=message.reasoning.strip() if message.reasoning is not None else None,
+    )
 
 
 def _strip_whitespace(held: Message, echoed: Message) -> Pair:
     return _strip(held), _strip(echoed)
 
 
+@functools.lru_cache(maxsize=4096)
 def _canonical_arguments(text: str) -> str:
+    """Tool-call arguments as sorted compact JSON (cached: the same arguments come back
+    in every echo of a reply, and each forgive compares them several times)."""
     try:
         value = json_text.loads(text, allow_nan=True)
     except ValueError:
@@ -77,27 +85,37 @@ def _canonical_arguments(text: str) -> str:
 
 
 def _with_arguments(message: Message) -> Message:
+    canonical = [_canonical_arguments(c.arguments) for c in message.tool_calls]
+    if all(c.arguments == a for c, a in zip(message.tool_calls, canonical, strict=True)):
+        return message
     calls = [
-        c.model_copy(update={"arguments": _canonical_arguments(c.arguments)})
-        for c in message.tool_calls
+        c.model_copy(update={"arguments": a})
+        for c, a in zip(message.tool_calls, canonical, strict=True)
     ]
     return message.model_copy(update={"tool_calls": calls})
 
 
 def _reserialised_arguments(held: Message, echoed: Message) -> Pair:
+    same = [c.arguments for c in held.tool_calls] == [c.arguments for c in echoed.tool_calls]
+    if same:  # nothing to forgive in the arguments, whatever their spelling
+        return held, echoed
     return _with_arguments(held), _with_arguments(echoed)
 
 
 def _rewritten_ids(held: Message, echoed: Message) -> Pair:
     """Clients may rename tool-call ids (and the tool results' references to them)."""
-    if len(held.tool_calls) == len(echoed.tool_calls) and held.tool_calls:
+    if (
+        len(held.tool_calls) == len(echoed.tool_calls)
+        and held.tool_calls
+        and any(h.id != e.id for h, e in zip(held.tool_calls, echoed.tool_calls, strict=True))
+    ):
         calls = [
             e.model_copy(update={"id": h.id})
             for h, e in zip(held.tool_calls, echoed.tool_calls, strict=True)
         ]
         echoed = echoed.model_copy(update={"tool_calls": calls})
     if held.tool_call_id is not None and echoed.tool_call_id is not None:
-        echoed = echoed.model_copy(update={"tool_call_id": held.tool_call_id})
+        echoed = _updated(echoed, tool_call_id=held.tool_call_id)
     return held, echoed
 
 
@@ -132,7 +150,10 @@ DEFAULT_NORMALISERS: tuple[Normaliser, ...] = (
 
 
 def _changes(normaliser: Normaliser, held: Message, echoed: Message) -> bool:
-    return normaliser.apply(held, echoed) != (held, echoed)
+    new_held, new_echoed = normaliser.apply(held, echoed)
+    if new_held is held and new_echoed is echoed:
+        return False
+    return (new_held, new_echoed) != (held, echoed)
 
 
 def _equal_after(normalisers: Sequence[Normaliser], held: Message, echoed: Message) -> bool:
