@@ -2,7 +2,6 @@
 in one test process without colliding on the global default registry."""
 
 from collections.abc import Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -85,7 +84,7 @@ class GatewayMetrics:
             buckets=SPAN_BUCKETS,
             registry=self.registry,
         )
-        self._span_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._span_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
 
     def observe_spans(
         self, protocol: str, wall: Mapping[str, float], cpu: Mapping[str, float]
