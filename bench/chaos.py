@@ -1,7 +1,7 @@
 """Chaos bench: N rollouts through the real stack while its processes are SIGKILLed.
 
-    python bench/chaos.py --n 200 --seed 0
-    python bench/chaos.py --n 24 --faults worker,gateway --fuzz-examples 1000
+    python -m bench.chaos --n 200 --seed 0
+    python -m bench.chaos --n 24 --faults worker,gateway --fuzz-examples 1000
 
 Real parts, each its own OS process: the Temporal dev server on a SQLite file, two
 `rollout worker --role all` processes (local bubblewrap sandboxes), `rollout gateway
@@ -55,24 +55,23 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from temporalio.api.enums.v1 import EventType
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.fuzz_agent_api import Tally, fuzz  # noqa: E402
-from devstack.background_server import BackgroundServer  # noqa: E402
-from devstack.ports import consecutive_free_ports, free_port  # noqa: E402
-from devstack.scripted_engine import Script, ScriptedReply, read_log  # noqa: E402
-from devstack.temporal_dev_server import TemporalDevServer  # noqa: E402
-from devstack.tiny_model import ensure_tiny_model  # noqa: E402
-from devstack.vllm_server import VllmServer  # noqa: E402
-from schemas.client import RolloutClient, RolloutOutcome  # noqa: E402
-from schemas.rollout import SEARCH_ATTRIBUTES  # noqa: E402
-from schemas.tasks import RolloutTask  # noqa: E402
-from tests.fixtures.malformed_requests import (  # noqa: E402
+from bench.fuzz_agent_api import Tally, fuzz
+from devstack.background_server import BackgroundServer
+from devstack.ports import consecutive_free_ports, free_port
+from devstack.scripted_engine import Script, ScriptedReply, read_log
+from devstack.temporal_dev_server import TemporalDevServer
+from devstack.tiny_model import ensure_tiny_model
+from devstack.vllm_server import VllmServer
+from schemas.client import RolloutClient, RolloutOutcome
+from schemas.rollout import SEARCH_ATTRIBUTES
+from schemas.tasks import RolloutTask
+from tests.fixtures.malformed_requests import (
     PROTOCOLS,
     FuzzRequest,
     Protocol,
 )
+
+REPO = Path(__file__).resolve().parent.parent
 
 MODEL = "tiny"
 TASK_QUEUE = "chaos"

@@ -8,25 +8,21 @@ encodings, content types, methods, paths and credentials). Prints the count of e
 per protocol, the number of 5xx replies and of errors not in the protocol's error shape
 (both must be 0), and whether a witness session's recorded calls stayed exactly as they were.
 
-Run: `python bench/fuzz_agent_api.py [--examples 10000] [--seed 0]`; exits 1 on any failure.
+Run: `python -m bench.fuzz_agent_api [--examples 10000] [--seed 0]`; exits 1 on any failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from devstack.tiny_model import ensure_tiny_model  # noqa: E402
-from tests.fixtures.malformed_requests import (  # noqa: E402
+from devstack.tiny_model import ensure_tiny_model
+from tests.fixtures.malformed_requests import (
     PROTOCOLS,
     FuzzRequest,
     FuzzTarget,

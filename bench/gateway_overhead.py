@@ -17,7 +17,7 @@ right next to its "after", so a change is measured side by side in one run.
 With `--engine-api both` two gateways of this tree run side by side, one calling vLLM's
 `/v1/completions`, one its token-in/token-out `/inference/v1/generate`.
 
-Run: `python bench/gateway_overhead.py [--conversations 8] [--turns 40] [--fsync off]
+Run: `python -m bench.gateway_overhead [--conversations 8] [--turns 40] [--fsync off]
 [--before TREE] [--engine-api completions|generate|both]`. The tiny model never calls
 tools, so every path forces the reply format with vLLM structured outputs; each path feeds
 its own sampled replies back.
@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import percentile, wait_healthy
 from devstack.ports import free_port
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer, VllmServerConfig
@@ -78,11 +79,6 @@ def cpu_ns(pid: int) -> int:
         with contextlib.suppress(FileNotFoundError):  # a thread that just ended
             total += int((task / "schedstat").read_text().split()[0])
     return total
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class Conversation:
@@ -293,17 +289,11 @@ class RunningGateway:
         )
         self.url = f"http://127.0.0.1:{port}"
         self.control = f"http://127.0.0.1:{control_port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{self.control}/health").status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                self.stop()
-                raise SystemExit("gateway did not start")
-            time.sleep(0.2)
+        try:
+            wait_healthy(self.control, self.process, timeout_s=60)
+        except SystemExit:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         self.process.terminate()
@@ -385,15 +375,12 @@ class ScriptedEngineProcess:
         argv = [sys.executable, "-m", "devstack.scripted_engine", "--script", str(script)]
         argv += ["--tokenizer", str(self.model_dir / "tokenizer.json"), "--model", self.model]
         self.process = subprocess.Popen([*argv, "--port", self.url.rsplit(":", 1)[1]])
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health").status_code == 200:
-                    return self
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                self.process.kill()
-                raise SystemExit("scripted engine did not start")
-            time.sleep(0.2)
+        try:
+            wait_healthy(self.url, self.process, timeout_s=60)
+        except SystemExit:
+            self.process.kill()
+            raise
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.process.terminate()

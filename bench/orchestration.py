@@ -1,6 +1,6 @@
 """Orchestration benchmark: N concurrent rollouts with a trivial agent on local sandboxes.
 
-    python bench/orchestration.py --n 100 500 1000
+    python -m bench.orchestration --n 100 500 1000
 
 Starts a Temporal dev server (WAL pragmas), a Gateway in front of the scripted engine
 (in this process), and one worker process (`--role all`, local bubblewrap sandboxes).
@@ -41,17 +41,16 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from devstack.background_server import BackgroundServer
+from devstack.scripted_engine import Script, ScriptedEngine
+from devstack.temporal_dev_server import TemporalDevServer
+from devstack.tiny_model import ensure_tiny_model
+from examples.make_tasks import task as make_task
+from schemas.client import RolloutClient
+from schemas.rollout import SEARCH_ATTRIBUTES
+from schemas.tasks import RolloutTask
 
-from devstack.background_server import BackgroundServer  # noqa: E402
-from devstack.scripted_engine import Script, ScriptedEngine  # noqa: E402
-from devstack.temporal_dev_server import TemporalDevServer  # noqa: E402
-from devstack.tiny_model import ensure_tiny_model  # noqa: E402
-from examples.make_tasks import task as make_task  # noqa: E402
-from schemas.client import RolloutClient  # noqa: E402
-from schemas.rollout import SEARCH_ATTRIBUTES  # noqa: E402
-from schemas.tasks import RolloutTask  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def rss_kib(pid: int) -> tuple[int, int]:

@@ -5,7 +5,7 @@ the demo's stack: Temporal dev server, a worker, local bubblewrap sandboxes with
 agent inside, the Gateway (its template, parser and incremental tokenization) and vLLM
 CPU serving the warm model in float32; rewards come from the ``evaluate`` hook.
 
-Run: ``PYTHONPATH=. python bench/warm_stack.py [--tasks 32] [--samples 2]``.
+Run: ``python -m bench.warm_stack [--tasks 32] [--samples 2]``.
 """
 
 from __future__ import annotations
