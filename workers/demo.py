@@ -106,10 +106,16 @@ class DemoStack:
             )
         return self.temporal
 
-    def start_engine(self, engine: str) -> tuple[str, str, Path]:
-        """(engine URL, served model name, tokenizer dir); says clearly which engine."""
+    def start_engine(self, engine: str, model_dir: Path | None = None) -> tuple[str, str, Path]:
+        """(engine URL, served model name, tokenizer dir); says clearly which engine.
+
+        `model_dir` (vLLM only): serve that model in float32 instead of the tiny random one."""
         from devstack.tiny_model import ensure_tiny_model
 
+        if engine == "vllm" and model_dir is not None:
+            url, model = self.start_vllm(model_dir, trainable=True)
+            self.engine_label = f"vLLM CPU float32, model {model_dir.name}"
+            return url, model, model_dir
         model_dir = ensure_tiny_model()
         if engine == "vllm":
             self.console.print("engine: [bold]vLLM CPU[/] serving the tiny random model (~30 s)…")
@@ -247,7 +253,11 @@ async def run_demo(
     keep: bool | None,
     console: "Console",
     tasks_file: Path | None = None,
+    model_dir: Path | None = None,
 ) -> int:
+    """Run `tasks_file` (default: the example tasks) on a fresh embedded stack; the exit code.
+
+    `model_dir` (engine vllm): the model to serve instead of the tiny random one."""
     from schemas.client import RolloutClient
     from schemas.tasks import load_tasks
     from workers.run_cmd import run_batch, summary_table
@@ -265,7 +275,9 @@ async def run_demo(
             f"Temporal dev server: {temporal.address}  UI: [bold]{temporal.ui_url}[/]",
             soft_wrap=True,
         )
-        engine_url, model, tokenizer = await asyncio.to_thread(stack.start_engine, engine)
+        engine_url, model, tokenizer = await asyncio.to_thread(
+            stack.start_engine, engine, model_dir
+        )
         gateway_url, token = stack.start_gateway(engine_url, model, tokenizer)
         console.print(f"gateway control API: {gateway_url}  (data: {data_dir / 'gateway'})")
         await stack.start_worker(gateway_url, token)
