@@ -2,7 +2,7 @@
 
 A real Gateway (in-process on loopback, the scripted engine behind it) gets N requests per
 protocol (Chat Completions, Responses, Anthropic Messages, the control API), each a valid
-request mutated by `hypothesis` (`tests/fixtures/malformed_requests.py`: fields replaced by
+request mutated by `hypothesis` (`stress/malformed_requests.py`: fields replaced by
 arbitrary JSON, lone surrogates, NaN, deep nesting, reserved `chat_template_kwargs`, odd
 encodings, content types, methods, paths and credentials). Prints the count of each status
 per protocol, the number of 5xx replies and of errors not in the protocol's error shape
@@ -14,67 +14,14 @@ Run: `python -m bench.fuzz_agent_api [--examples 10000] [--seed 0]`; exits 1 on 
 from __future__ import annotations
 
 import argparse
-import collections
 import tempfile
 import time
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
-
 from devstack.tiny_model import ensure_tiny_model
-from tests.fixtures.malformed_requests import (
-    PROTOCOLS,
-    FuzzRequest,
-    FuzzTarget,
-    Protocol,
-    error_shape_problem,
-    fuzz_request,
-    fuzz_target,
-)
-
-
-class Tally:
-    """Statuses seen for one protocol, and the first few bad replies for the report."""
-
-    def __init__(self) -> None:
-        self.statuses: collections.Counter[int] = collections.Counter()
-        self.bad_shape = 0
-        self.examples: list[str] = []
-
-    @property
-    def server_errors(self) -> int:
-        return sum(n for status, n in self.statuses.items() if status >= 500)
-
-    def note(self, what: str) -> None:
-        if len(self.examples) < 5:
-            self.examples.append(what)
-
-
-def fuzz(target: FuzzTarget, protocol: Protocol, examples: int, run_seed: int) -> Tally:
-    tally = Tally()
-
-    @seed(run_seed)
-    @settings(
-        max_examples=examples,
-        database=None,
-        deadline=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(request=fuzz_request(protocol))
-    def one(request: FuzzRequest) -> None:
-        reply = target.send(protocol, request)
-        tally.statuses[reply.status_code] += 1
-        if reply.status_code >= 500:
-            tally.note(f"{reply.status_code} for {request!r:.300}: {reply.text[:300]}")
-        elif reply.status_code >= 400:
-            problem = error_shape_problem(protocol.shape, reply)
-            if problem is not None:
-                tally.bad_shape += 1
-                tally.note(f"{reply.status_code} for {request!r:.300}: {problem}")
-
-    one()
-    return tally
+from stress.fuzz import Tally, fuzz
+from stress.malformed_requests import PROTOCOLS
+from tests.fixtures.fuzz_target import fuzz_target
 
 
 def main() -> None:

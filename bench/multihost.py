@@ -8,7 +8,7 @@ so the answers cost no CPU here); two gateway hosts, each one `rollout gateway` 
 (both engines behind it) and one `rollout worker --role gateway-host` (own host id, own
 owner queue); three sandbox hosts, each one `rollout worker --role sandbox-host` (own
 host id, host queue and local bubblewrap state dir); one `--role orchestrator` worker.
-The rollouts run `bench/chaos_agent.py` (several Chat Completions calls with pauses).
+The rollouts run `stress/chaos_agent.py` (several Chat Completions calls with pauses).
 
 Once sandbox host `sb-0` runs its share, the bench SIGKILLs it the way a host dies: its
 worker and every process of its sandboxes. Its rollouts must re-provision on `sb-1` /
@@ -39,7 +39,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.api.enums.v1 import EventType
 
-from bench.chaos import ChaosConfig, Proc, _worker_ready, open_sessions, task_specs, wait_http
 from bench.orchestration import process_table, sandbox_trees
 from devstack.ports import free_port
 from devstack.scripted_engine import Script
@@ -47,6 +46,7 @@ from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from schemas.client import RolloutClient
 from schemas.rollout import RUN_HARNESS, SEARCH_ATTRIBUTES
+from stress.chaos import ChaosConfig, Proc, _worker_ready, open_sessions, task_specs, wait_http
 
 REPO = Path(__file__).resolve().parent.parent
 

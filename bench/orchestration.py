@@ -389,7 +389,7 @@ class Hold:
 
 def leftovers(state_dir: Path, gateway_dir: Path) -> dict:
     """What a finished batch must not leave behind."""
-    from bench.chaos import open_sessions
+    from stress.chaos import open_sessions
 
     return {
         "sandbox_dirs_left": len(list(state_dir.glob("lsb-*"))),
