@@ -14,14 +14,62 @@ Run: `python -m bench.fuzz_agent_api [--examples 10000] [--seed 0]`; exits 1 on 
 from __future__ import annotations
 
 import argparse
+import secrets
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import httpx
+
+from devstack.background_server import BackgroundServer
+from devstack.ports import free_port
+from devstack.scripted_engine import ScriptedEngine
 from devstack.tiny_model import ensure_tiny_model
-from stress.fuzz import Tally, fuzz
-from stress.malformed_requests import PROTOCOLS
-from tests.fixtures.fuzz_target import fuzz_target
+from stress.fuzz import LiveTarget, Tally, admin_get, fuzz, open_witness
+from stress.malformed_requests import MODEL, PROTOCOLS, engine_script
+from workers.gateway_server import GatewaySettings, build_apps
+
+
+@contextmanager
+def gateway_target(
+    model_dir: Path, data_dir: Path
+) -> Iterator[tuple[LiveTarget, Callable[[], dict[str, Any]]]]:
+    """The scripted engine and a real Gateway in-process on loopback; yields the target
+    (a session for the fuzzer's requests) and a reader of the witness session's calls."""
+    engine = ScriptedEngine(model_dir / "tokenizer.json", engine_script(), model=MODEL)
+    admin = secrets.token_urlsafe(16)
+    port = free_port()
+    with BackgroundServer(engine.app()) as engine_server:
+        settings = GatewaySettings(
+            engine_urls=[engine_server.url],
+            model=MODEL,
+            tokenizer=model_dir,
+            port=port,
+            public_url=f"http://127.0.0.1:{port}",
+            data_dir=data_dir,
+            admin_token=admin,
+        )
+        agent_app, control_app = build_apps(settings)
+        server = BackgroundServer(agent_app, port=port)
+        control_url = server.add(control_app)
+        server.start()
+        try:
+            tag = secrets.token_hex(3)
+            witness = open_witness(server.url, control_url, admin, rollout_id=f"witness-{tag}")
+            created = httpx.post(
+                f"{control_url}/sessions",
+                json={"rollout_id": f"fuzz-{tag}"},
+                headers={"Authorization": f"Bearer {admin}"},
+                timeout=30,
+            )
+            created.raise_for_status()
+            target = LiveTarget(server.url, control_url, admin, created.json()["token"])
+            yield target, lambda: admin_get(f"{control_url}/sessions/{witness}/trajectory", admin)
+        finally:
+            server.stop()
 
 
 def main() -> None:
@@ -35,14 +83,14 @@ def main() -> None:
     results: dict[str, tuple[Tally, float]] = {}
     with (
         tempfile.TemporaryDirectory() as data_dir,
-        fuzz_target(model_dir, Path(data_dir)) as target,
+        gateway_target(model_dir, Path(data_dir)) as (target, witness_trajectory),
     ):
-        before = target.witness_trajectory()
+        before = witness_trajectory()
         for name in args.protocols:
             started = time.perf_counter()
             tally = fuzz(target, PROTOCOLS[name], args.examples, args.seed)
             results[name] = (tally, time.perf_counter() - started)
-        witness_unchanged = target.witness_trajectory() == before
+        witness_unchanged = witness_trajectory() == before
 
     statuses = sorted({s for tally, _ in results.values() for s in tally.statuses})
     header = ["protocol", "requests", *map(str, statuses), "5xx", "bad shape", "seconds"]

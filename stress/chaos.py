@@ -63,8 +63,8 @@ from devstack.vllm_server import VllmServer
 from schemas.client import RolloutClient, RolloutOutcome
 from schemas.rollout import SEARCH_ATTRIBUTES
 from schemas.tasks import RolloutTask
-from stress.fuzz import Tally, fuzz
-from stress.malformed_requests import PROTOCOLS, FuzzRequest, Protocol
+from stress.fuzz import LiveTarget, Tally, admin_get, fuzz, open_witness
+from stress.malformed_requests import PROTOCOLS, Protocol
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -658,89 +658,6 @@ class Progress:
 
 
 @dataclass
-class ServerError:
-    at: float
-    protocol: str
-    status: int
-    code: str | None
-    text: str
-
-
-class LiveTarget:
-    """Sends `stress.fuzz`'s generated requests to the live gateway process (the
-    `send` its `fuzz` loop calls), noting every 5xx with its error code and time."""
-
-    def __init__(self, agent_url: str, control_url: str, admin: str, token: str) -> None:
-        self.agent_url = agent_url
-        self.control_url = control_url
-        self.admin = admin
-        self.token = token
-        self.http = httpx.Client(timeout=60)
-        self.server_errors: list[ServerError] = []
-        self.transport_errors = 0
-        self.sent_at: list[float] = []
-
-    def send(self, protocol: Protocol, request: FuzzRequest) -> httpx.Response:
-        headers: dict[str, str] = {}
-        if request.content_type is not None:
-            headers["Content-Type"] = request.content_type
-        token = self.admin if protocol.control else self.token
-        if request.auth == "ok":
-            headers["Authorization"] = f"Bearer {token}"
-        elif request.auth == "wrong":
-            headers["Authorization"] = f"Bearer {token}x"
-        base = self.control_url if protocol.control else self.agent_url
-        self.sent_at.append(time.monotonic())
-        try:
-            reply = self.http.request(
-                request.method, base + request.path, content=request.content, headers=headers
-            )
-        except httpx.HTTPError as exc:
-            self.transport_errors += 1
-            reply = httpx.Response(599, json={"error": {"message": repr(exc)}})
-        if reply.status_code >= 500:
-            code = None
-            with contextlib.suppress(Exception):
-                body = reply.json()
-                error = body.get("error") if isinstance(body, dict) else None
-                code = error.get("code") or error.get("type") if isinstance(error, dict) else None
-            self.server_errors.append(
-                ServerError(time.monotonic(), protocol.name, reply.status_code, code, reply.text)
-            )
-        return reply
-
-
-def admin_get(url: str, admin: str) -> dict[str, Any]:
-    reply = httpx.get(url, headers={"Authorization": f"Bearer {admin}"}, timeout=30)
-    reply.raise_for_status()
-    return reply.json()
-
-
-def open_witness(gateway: GatewayGroup, index: int) -> str:
-    """A session on gateway process `index` with one good call per protocol."""
-    auth = {"Authorization": f"Bearer {gateway.admin_token}"}
-    created = httpx.post(
-        gateway.control_urls[index] + "/sessions",
-        json={"rollout_id": f"witness-{index}", "policy_version": "chaos-v0"},
-        headers=auth,
-        timeout=30,
-    )
-    created.raise_for_status()
-    session = created.json()
-    for protocol in PROTOCOLS.values():
-        if protocol.control:
-            continue
-        reply = httpx.post(
-            gateway.agent_urls[index] + protocol.paths[0],
-            json=protocol.body,
-            headers={"Authorization": f"Bearer {session['token']}"},
-            timeout=60,
-        )
-        reply.raise_for_status()
-    return str(session["session_id"])
-
-
-@dataclass
 class FuzzRun:
     tallies: dict[str, Tally] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -963,7 +880,11 @@ async def run_chaos(config: ChaosConfig, console: Console | None = None) -> Repo
 async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     config = stack.config
     gw = stack.gateway
-    witnesses = [(i, open_witness(gw, i)) for i in range(len(gw.agent_urls))]
+    witnesses = [
+        (i, open_witness(gw.agent_urls[i], gw.control_urls[i], gw.admin_token,
+                         rollout_id=f"witness-{i}", policy_version="chaos-v0"))
+        for i in range(len(gw.agent_urls))
+    ]  # fmt: skip
     before = {sid: admin_get(f"{gw.control_urls[0]}/sessions/{sid}/trajectory", gw.admin_token)
               for _, sid in witnesses}  # fmt: skip
     fuzz_session = httpx.post(
