@@ -1,16 +1,21 @@
-"""Helpers more than one bench needs: percentiles, a process tree's CPU, servers' health.
-
-Kept small and dependency-free (httpx aside) so every bench can import it cheaply.
+"""Helpers more than one bench needs: percentiles, a process tree's CPU, servers' health,
+and a real Gateway in-process on loopback.
 """
 
 from __future__ import annotations
 
+import secrets
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from devstack.background_server import BackgroundServer
+from devstack.ports import free_port
+from workers.gateway_server import GatewaySettings, build_apps
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -57,3 +62,36 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@dataclass
+class InProcessGateway:
+    """Both listeners of a real Gateway, served from a background thread of this process."""
+
+    #: The agent API listener (what session base URLs name).
+    url: str
+    #: The control API + /metrics + /health listener.
+    control_url: str
+    admin_token: str
+    server: BackgroundServer
+
+
+def start_gateway(engine_url: str, tokenizer: Path, data_dir: Path, model: str) -> InProcessGateway:
+    """A Gateway in front of `engine_url` on loopback, with a fresh admin token; stop it
+    with `.server.stop()`."""
+    admin = secrets.token_urlsafe(16)
+    port = free_port()
+    settings = GatewaySettings(
+        engine_urls=[engine_url],
+        model=model,
+        tokenizer=tokenizer,
+        port=port,
+        public_url=f"http://127.0.0.1:{port}",
+        data_dir=data_dir,
+        admin_token=admin,
+    )
+    agent_app, control_app = build_apps(settings)
+    server = BackgroundServer(agent_app, port=port)
+    control_url = server.add(control_app)
+    server.start()
+    return InProcessGateway(server.url, control_url, admin, server)

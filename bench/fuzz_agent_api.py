@@ -24,13 +24,12 @@ from typing import Any
 
 import httpx
 
+from bench.common import start_gateway
 from devstack.background_server import BackgroundServer
-from devstack.ports import free_port
 from devstack.scripted_engine import ScriptedEngine
 from devstack.tiny_model import ensure_tiny_model
 from stress.fuzz import LiveTarget, Tally, admin_get, fuzz, open_witness
 from stress.malformed_requests import MODEL, PROTOCOLS, engine_script
-from workers.gateway_server import GatewaySettings, build_apps
 
 
 @contextmanager
@@ -40,25 +39,12 @@ def gateway_target(
     """The scripted engine and a real Gateway in-process on loopback; yields the target
     (a session for the fuzzer's requests) and a reader of the witness session's calls."""
     engine = ScriptedEngine(model_dir / "tokenizer.json", engine_script(), model=MODEL)
-    admin = secrets.token_urlsafe(16)
-    port = free_port()
     with BackgroundServer(engine.app()) as engine_server:
-        settings = GatewaySettings(
-            engine_urls=[engine_server.url],
-            model=MODEL,
-            tokenizer=model_dir,
-            port=port,
-            public_url=f"http://127.0.0.1:{port}",
-            data_dir=data_dir,
-            admin_token=admin,
-        )
-        agent_app, control_app = build_apps(settings)
-        server = BackgroundServer(agent_app, port=port)
-        control_url = server.add(control_app)
-        server.start()
+        gateway = start_gateway(engine_server.url, model_dir, data_dir, MODEL)
+        admin, control_url = gateway.admin_token, gateway.control_url
         try:
             tag = secrets.token_hex(3)
-            witness = open_witness(server.url, control_url, admin, rollout_id=f"witness-{tag}")
+            witness = open_witness(gateway.url, control_url, admin, rollout_id=f"witness-{tag}")
             created = httpx.post(
                 f"{control_url}/sessions",
                 json={"rollout_id": f"fuzz-{tag}"},
@@ -66,10 +52,10 @@ def gateway_target(
                 timeout=30,
             )
             created.raise_for_status()
-            target = LiveTarget(server.url, control_url, admin, created.json()["token"])
+            target = LiveTarget(gateway.url, control_url, admin, created.json()["token"])
             yield target, lambda: admin_get(f"{control_url}/sessions/{witness}/trajectory", admin)
         finally:
-            server.stop()
+            gateway.server.stop()
 
 
 def main() -> None:

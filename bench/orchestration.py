@@ -41,6 +41,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 
+from bench.common import start_gateway
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.temporal_dev_server import TemporalDevServer
@@ -424,8 +425,6 @@ async def main(args: argparse.Namespace) -> list[dict]:
     model = ensure_tiny_model()
     engine = ScriptedEngine(model / "tokenizer.json", Script(default_reply="42"))
     engine_srv = BackgroundServer(engine.app()).start()
-    from tests.fixtures.gateway import start_gateway
-
     gateway = start_gateway(engine_srv.url, model, work / "gateway", "tiny")
     log = open(work / "worker.log", "wb")  # noqa: SIM115
     worker = subprocess.Popen(
