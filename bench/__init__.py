@@ -2,5 +2,6 @@
 
 Run one from the repository root as `python -m bench.<name>` (`--help` lists its options);
 `bench/README.md` says what each measures and where its current figures are written down.
-Shared helpers (percentiles, process CPU, waiting for a server) live in `bench.common`.
+Shared helpers live in `bench.common` (percentiles, process CPU, waiting for a server, an
+in-process Gateway) and `bench.conversations` (the tool conversations in each protocol).
 """

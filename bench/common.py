@@ -4,6 +4,8 @@ and a real Gateway in-process on loopback.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
 import signal
 import subprocess
@@ -37,6 +39,41 @@ def process_ticks(root: int) -> int:
         except (FileNotFoundError, ProcessLookupError):
             continue
     return total
+
+
+def process_table() -> dict[int, tuple[int, bytes]]:
+    """pid → (parent pid, command line) of every live process."""
+    table: dict[int, tuple[int, bytes]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                table[int(name)] = (ppid, f.read())
+    return table
+
+
+def sandbox_trees(table: dict[int, tuple[int, bytes]], state_dir: Path) -> set[int]:
+    """Every process of the local sandboxes under `state_dir`: the bwrap processes (their
+    command line names the state dir) and all their descendants."""
+    needle = str(state_dir).encode()
+    roots = {
+        p
+        for p, (_, cmd) in table.items()
+        if os.path.basename(cmd.split(b"\0", 1)[0]) == b"bwrap" and needle in cmd
+    }
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(p)
+    found, todo = set(), list(roots)
+    while todo:
+        p = todo.pop()
+        if p not in found:
+            found.add(p)
+            todo += children.get(p, [])
+    return found
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.common import percentile, process_ticks, stop_process, wait_healthy
-from bench.gateway_overhead import TOOL_OUTPUT, TOOLS
+from bench.conversations import TOOL_OUTPUT, TOOLS
 from devstack.ports import consecutive_free_ports, free_port
 from devstack.tiny_model import ensure_tiny_model
 

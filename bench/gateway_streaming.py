@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from bench.common import percentile, wait_healthy
-from bench.gateway_overhead import (
+from bench.conversations import (
     REGEX,
     VLLM_ARGS,
     Conversation,

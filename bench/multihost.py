@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.api.enums.v1 import EventType
 
-from bench.orchestration import process_table, sandbox_trees
+from bench.common import process_table, sandbox_trees
 from devstack.ports import free_port
 from devstack.scripted_engine import Script
 from devstack.temporal_dev_server import TemporalDevServer

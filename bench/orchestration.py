@@ -41,7 +41,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 
-from bench.common import start_gateway
+from bench.common import process_table, sandbox_trees, start_gateway
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.temporal_dev_server import TemporalDevServer
@@ -220,41 +220,6 @@ def host_tasks() -> int:
     `kernel.pid_max` caps."""
     with open("/proc/loadavg") as f:
         return int(f.read().split()[3].split("/")[1])
-
-
-def process_table() -> dict[int, tuple[int, bytes]]:
-    """pid → (parent pid, command line) of every live process."""
-    table: dict[int, tuple[int, bytes]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                table[int(name)] = (ppid, f.read())
-    return table
-
-
-def sandbox_trees(table: dict[int, tuple[int, bytes]], state_dir: Path) -> set[int]:
-    """Every process of the local sandboxes under `state_dir`: the bwrap processes (their
-    command line names the state dir) and all their descendants."""
-    needle = str(state_dir).encode()
-    roots = {
-        p
-        for p, (_, cmd) in table.items()
-        if os.path.basename(cmd.split(b"\0", 1)[0]) == b"bwrap" and needle in cmd
-    }
-    children: dict[int, list[int]] = {}
-    for p, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(p)
-    found, todo = set(), list(roots)
-    while todo:
-        p = todo.pop()
-        if p not in found:
-            found.add(p)
-            todo += children.get(p, [])
-    return found
 
 
 def pss_kib(pids: set[int]) -> int:
