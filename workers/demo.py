@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from devstack.background_server import BackgroundServer
+
 DEMO_SCRIPT_RULES = [
     ("6 times 7", "42"),
     ("capital of France", "Paris"),
@@ -71,6 +73,32 @@ async def end_orphaned_rollouts(temporal_address: str) -> int:
             continue
         ended += 1
     return ended
+
+
+def serve_gateway(
+    engine_url: str, model: str, tokenizer: Path, data_dir: Path
+) -> tuple["BackgroundServer", str, str]:
+    """A Gateway in front of `engine_url`, both listeners on loopback in a background
+    thread of this process, with a fresh admin token: (server, control API URL, token).
+    The agent API is `server.url`; `server.stop()` stops both."""
+    from devstack.background_server import BackgroundServer
+    from workers.gateway_server import GatewaySettings, build_apps
+
+    token = secrets.token_urlsafe(24)
+    port = free_port()
+    settings = GatewaySettings(
+        engine_urls=[engine_url],
+        model=model,
+        tokenizer=tokenizer,
+        port=port,
+        public_url=f"http://127.0.0.1:{port}",
+        data_dir=data_dir,
+        admin_token=token,
+    )
+    agent_app, control_app = build_apps(settings)
+    server = BackgroundServer(agent_app, port=port)
+    control_url = server.add(control_app)
+    return server.start(), control_url, token
 
 
 class DemoStack:
@@ -156,24 +184,10 @@ class DemoStack:
 
     def start_gateway(self, engine_url: str, model: str, tokenizer: Path) -> tuple[str, str]:
         """Both listeners on loopback; returns (control API URL, admin token)."""
-        from devstack.background_server import BackgroundServer
-        from workers.gateway_server import GatewaySettings, build_apps
-
-        token = secrets.token_urlsafe(24)
-        port = free_port()
-        settings = GatewaySettings(
-            engine_urls=[engine_url],
-            model=model,
-            tokenizer=tokenizer,
-            port=port,
-            public_url=f"http://127.0.0.1:{port}",
-            data_dir=self.data_dir / "gateway",
-            admin_token=token,
+        server, control_url, token = serve_gateway(
+            engine_url, model, tokenizer, self.data_dir / "gateway"
         )
-        agent_app, control_app = build_apps(settings)
-        server = BackgroundServer(agent_app, port=port)
-        control_url = server.add(control_app)
-        self.gateway_server = server.start()
+        self.gateway_server = server
         return control_url, token
 
     async def start_worker(self, gateway_url: str, admin_token: str) -> None:
