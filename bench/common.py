@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import signal
 import subprocess
 import time
@@ -16,8 +15,7 @@ from pathlib import Path
 import httpx
 
 from devstack.background_server import BackgroundServer
-from devstack.ports import free_port
-from workers.gateway_server import GatewaySettings, build_apps
+from workers.demo import serve_gateway
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -114,21 +112,7 @@ class InProcessGateway:
 
 
 def start_gateway(engine_url: str, tokenizer: Path, data_dir: Path, model: str) -> InProcessGateway:
-    """A Gateway in front of `engine_url` on loopback, with a fresh admin token; stop it
-    with `.server.stop()`."""
-    admin = secrets.token_urlsafe(16)
-    port = free_port()
-    settings = GatewaySettings(
-        engine_urls=[engine_url],
-        model=model,
-        tokenizer=tokenizer,
-        port=port,
-        public_url=f"http://127.0.0.1:{port}",
-        data_dir=data_dir,
-        admin_token=admin,
-    )
-    agent_app, control_app = build_apps(settings)
-    server = BackgroundServer(agent_app, port=port)
-    control_url = server.add(control_app)
-    server.start()
+    """A Gateway in front of `engine_url` on loopback (the demo's), with a fresh admin
+    token; stop it with `.server.stop()`."""
+    server, control_url, admin = serve_gateway(engine_url, model, tokenizer, data_dir)
     return InProcessGateway(server.url, control_url, admin, server)
