@@ -11,11 +11,12 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
-from devstack.background_server import BackgroundServer
-from workers.demo import serve_gateway
+if TYPE_CHECKING:
+    from devstack.background_server import BackgroundServer
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -113,6 +114,9 @@ class InProcessGateway:
 
 def start_gateway(engine_url: str, tokenizer: Path, data_dir: Path, model: str) -> InProcessGateway:
     """A Gateway in front of `engine_url` on loopback (the demo's), with a fresh admin
-    token; stop it with `.server.stop()`."""
+    token; stop it with `.server.stop()`. `workers.demo` loads on the first call only:
+    most benches need no in-process Gateway."""
+    from workers.demo import serve_gateway
+
     server, control_url, admin = serve_gateway(engine_url, model, tokenizer, data_dir)
     return InProcessGateway(server.url, control_url, admin, server)
