@@ -14,7 +14,7 @@ gateway's view of it (`rollout_gateway_engine_cached_prompt_tokens` ÷ prompt to
 each engine's busy fraction: `rollout_gateway_engine_busy_seconds` (time with at least
 one call in flight) ÷ the row's wall time.
 
-Run: `python bench/engine_routing.py [--rollouts 4,16] [--turns 8] [--tool-latency-s 0.5]`.
+Run: `python -m bench.engine_routing [--rollouts 4,16] [--turns 8] [--tool-latency-s 0.5]`.
 The conversations share a long system prompt and differ from their user message on, as
 agents on different tasks do.
 """
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from gateway_load import wait_healthy
 
+from bench.common import wait_healthy
 from devstack.ports import consecutive_free_ports
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer, VllmServerConfig

@@ -2,83 +2,60 @@
 
 A real Gateway (in-process on loopback, the scripted engine behind it) gets N requests per
 protocol (Chat Completions, Responses, Anthropic Messages, the control API), each a valid
-request mutated by `hypothesis` (`tests/fixtures/malformed_requests.py`: fields replaced by
+request mutated by `hypothesis` (`stress/malformed_requests.py`: fields replaced by
 arbitrary JSON, lone surrogates, NaN, deep nesting, reserved `chat_template_kwargs`, odd
 encodings, content types, methods, paths and credentials). Prints the count of each status
 per protocol, the number of 5xx replies and of errors not in the protocol's error shape
 (both must be 0), and whether a witness session's recorded calls stayed exactly as they were.
 
-Run: `python bench/fuzz_agent_api.py [--examples 10000] [--seed 0]`; exits 1 on any failure.
+Run: `python -m bench.fuzz_agent_api [--examples 10000] [--seed 0]`; exits 1 on any failure.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import sys
+import secrets
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
+import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from devstack.tiny_model import ensure_tiny_model  # noqa: E402
-from tests.fixtures.malformed_requests import (  # noqa: E402
-    PROTOCOLS,
-    FuzzRequest,
-    FuzzTarget,
-    Protocol,
-    error_shape_problem,
-    fuzz_request,
-    fuzz_target,
-)
+from bench.common import start_gateway
+from devstack.background_server import BackgroundServer
+from devstack.scripted_engine import ScriptedEngine
+from devstack.tiny_model import ensure_tiny_model
+from stress.fuzz import LiveTarget, Tally, admin_get, fuzz, open_witness
+from stress.malformed_requests import MODEL, PROTOCOLS, engine_script
 
 
-class Tally:
-    """Statuses seen for one protocol, and the first few bad replies for the report."""
-
-    def __init__(self) -> None:
-        self.statuses: collections.Counter[int] = collections.Counter()
-        self.bad_shape = 0
-        self.examples: list[str] = []
-
-    @property
-    def server_errors(self) -> int:
-        return sum(n for status, n in self.statuses.items() if status >= 500)
-
-    def note(self, what: str) -> None:
-        if len(self.examples) < 5:
-            self.examples.append(what)
-
-
-def fuzz(target: FuzzTarget, protocol: Protocol, examples: int, run_seed: int) -> Tally:
-    tally = Tally()
-
-    @seed(run_seed)
-    @settings(
-        max_examples=examples,
-        database=None,
-        deadline=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(request=fuzz_request(protocol))
-    def one(request: FuzzRequest) -> None:
-        reply = target.send(protocol, request)
-        tally.statuses[reply.status_code] += 1
-        if reply.status_code >= 500:
-            tally.note(f"{reply.status_code} for {request!r:.300}: {reply.text[:300]}")
-        elif reply.status_code >= 400:
-            problem = error_shape_problem(protocol.shape, reply)
-            if problem is not None:
-                tally.bad_shape += 1
-                tally.note(f"{reply.status_code} for {request!r:.300}: {problem}")
-
-    one()
-    return tally
+@contextmanager
+def gateway_target(
+    model_dir: Path, data_dir: Path
+) -> Iterator[tuple[LiveTarget, Callable[[], dict[str, Any]]]]:
+    """The scripted engine and a real Gateway in-process on loopback; yields the target
+    (a session for the fuzzer's requests) and a reader of the witness session's calls."""
+    engine = ScriptedEngine(model_dir / "tokenizer.json", engine_script(), model=MODEL)
+    with BackgroundServer(engine.app()) as engine_server:
+        gateway = start_gateway(engine_server.url, model_dir, data_dir, MODEL)
+        admin, control_url = gateway.admin_token, gateway.control_url
+        try:
+            tag = secrets.token_hex(3)
+            witness = open_witness(gateway.url, control_url, admin, rollout_id=f"witness-{tag}")
+            created = httpx.post(
+                f"{control_url}/sessions",
+                json={"rollout_id": f"fuzz-{tag}"},
+                headers={"Authorization": f"Bearer {admin}"},
+                timeout=30,
+            )
+            created.raise_for_status()
+            target = LiveTarget(gateway.url, control_url, admin, created.json()["token"])
+            yield target, lambda: admin_get(f"{control_url}/sessions/{witness}/trajectory", admin)
+        finally:
+            gateway.server.stop()
 
 
 def main() -> None:
@@ -92,14 +69,14 @@ def main() -> None:
     results: dict[str, tuple[Tally, float]] = {}
     with (
         tempfile.TemporaryDirectory() as data_dir,
-        fuzz_target(model_dir, Path(data_dir)) as target,
+        gateway_target(model_dir, Path(data_dir)) as (target, witness_trajectory),
     ):
-        before = target.witness_trajectory()
+        before = witness_trajectory()
         for name in args.protocols:
             started = time.perf_counter()
             tally = fuzz(target, PROTOCOLS[name], args.examples, args.seed)
             results[name] = (tally, time.perf_counter() - started)
-        witness_unchanged = target.witness_trajectory() == before
+        witness_unchanged = witness_trajectory() == before
 
     statuses = sorted({s for tally, _ in results.values() for s in tally.statuses})
     header = ["protocol", "requests", *map(str, statuses), "5xx", "bad shape", "seconds"]

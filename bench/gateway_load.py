@@ -14,7 +14,7 @@ this process — an SDK per session would cost the client more CPU than the gate
 Each session runs up to `--turns` turns; the measurement window is `--seconds` after a
 `--warmup-s` ramp, so at large K sessions do not reach the last turn (reported).
 
-Run: `python bench/gateway_load.py [--processes 1,2] [--sessions 100,500,2000]
+Run: `python -m bench.gateway_load [--processes 1,2] [--sessions 100,500,2000]
 [--shared-port] [--large-every 0 --large-chars 60000] [--tokenize-offload-chars 16384]`.
 """
 
@@ -35,58 +35,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from gateway_overhead import TOOL_OUTPUT, TOOLS
 
+from bench.common import percentile, process_ticks, stop_process, wait_healthy
+from bench.conversations import TOOL_OUTPUT, TOOLS
 from devstack.ports import consecutive_free_ports, free_port
 from devstack.tiny_model import ensure_tiny_model
 
 LARGE_LINE = "2026-12-01 00:00:00 INFO worker-{i} wrote block {j} of the build cache\n"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
-
-
-# ----------------------------------------------------------------------- processes
-
-
-def process_ticks(root: int) -> int:
-    """utime + stime (clock ticks) of `root` and all its descendants."""
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(stat[11]) + int(stat[12])
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return total
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{url}: process exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{url} did not become healthy")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # ----------------------------------------------------------------------- metrics
@@ -346,7 +301,7 @@ def run_one(
             created = asyncio.run(create_sessions(controls, sessions))
             row = asyncio.run(drive(args, created, controls, proc.pid))
         finally:
-            stop(proc)
+            stop_process(proc)
     return {"processes": processes, "sessions": sessions, **row}
 
 
@@ -389,7 +344,7 @@ def main() -> None:
                 if args.json:
                     print(json.dumps(row), flush=True)
     finally:
-        stop(engine)
+        stop_process(engine)
     print(
         f"\nengine latency {args.engine_latency_ms:g} ms, think {args.think_s:g} s (±50 %), "
         f"{args.turns} turns max, window {args.seconds:g} s, fsync {args.fsync}, "

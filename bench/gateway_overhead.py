@@ -17,7 +17,7 @@ right next to its "after", so a change is measured side by side in one run.
 With `--engine-api both` two gateways of this tree run side by side, one calling vLLM's
 `/v1/completions`, one its token-in/token-out `/inference/v1/generate`.
 
-Run: `python bench/gateway_overhead.py [--conversations 8] [--turns 40] [--fsync off]
+Run: `python -m bench.gateway_overhead [--conversations 8] [--turns 40] [--fsync off]
 [--before TREE] [--engine-api completions|generate|both]`. The tiny model never calls
 tools, so every path forces the reply format with vLLM structured outputs; each path feeds
 its own sampled replies back.
@@ -35,39 +35,22 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import percentile, wait_healthy
+from bench.conversations import (
+    VLLM_ARGS,
+    Conversation,
+    MessagesConversation,
+    ResponsesConversation,
+    new_sessions,
+)
 from devstack.ports import free_port
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer, VllmServerConfig
 from gateway.spans import SPANS
-
-REGEX = (
-    r'<think>\n[a-z]{2,6}\n</think>\n\n<tool_call>\n\{"name": "run", '
-    r'"arguments": \{"cmd": "[a-z]{2,8}"\}\}\n</tool_call>'
-)
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "run",
-            "description": "Run a shell command.",
-            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
-        },
-    }
-]
-# vLLM's own chat endpoint needs a tool parser to accept `tools` (the Gateway parses itself).
-VLLM_ARGS = [
-    "--enforce-eager",
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "hermes",
-    "--enable-scale-out",  # /inference/v1/generate, for --engine-api generate
-]
-TOOL_OUTPUT = "total 8\n-rw-r--r-- 1 root root 42 hello.py\n-rw-r--r-- 1 root root 17 notes.md\n"
 
 
 def cpu_ns(pid: int) -> int:
@@ -78,118 +61,6 @@ def cpu_ns(pid: int) -> int:
         with contextlib.suppress(FileNotFoundError):  # a thread that just ended
             total += int((task / "schedstat").read_text().split()[0])
     return total
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-class Conversation:
-    """One agent conversation in one protocol: builds each request, absorbs each reply."""
-
-    path = "/chat/completions"
-
-    def __init__(self, direct: bool = False, logprobs: bool = False) -> None:
-        self.direct = direct
-        self.logprobs = logprobs
-        self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": "You are a coding agent."},
-            {"role": "user", "content": "List the files, then inspect each one."},
-        ]
-
-    def body(self, model: str) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": self.messages,
-            "tools": TOOLS,
-            "max_tokens": 64,
-        }
-        if self.direct:  # the gateway applies the same params from its session policy
-            body.update(temperature=1.0, seed=1, structured_outputs={"regex": REGEX})
-        if self.logprobs:
-            body["logprobs"] = True
-        return body
-
-    def absorb(self, reply: dict[str, Any], turn: int) -> None:
-        message = reply["choices"][0]["message"]
-        if not message.get("tool_calls"):
-            self.messages.append({"role": "assistant", "content": message.get("content") or ""})
-            self.messages.append({"role": "user", "content": TOOL_OUTPUT})
-            return
-        call = message["tool_calls"][0]
-        self.messages.append(
-            {"role": "assistant", "content": message.get("content"), "tool_calls": [call]}
-        )
-        self.messages.append(
-            {"role": "tool", "tool_call_id": call["id"], "content": f"{TOOL_OUTPUT}turn {turn}"}
-        )
-
-
-class ResponsesConversation(Conversation):
-    """Codex-style: `store: false`, the whole item history replayed every call."""
-
-    path = "/responses"
-
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = [
-            {"role": "user", "content": "List the files, then inspect each one."}
-        ]
-
-    def body(self, model: str) -> dict[str, Any]:
-        tool = {"type": "function", **TOOLS[0]["function"]}
-        return {
-            "model": model,
-            "instructions": "You are a coding agent.",
-            "input": self.items,
-            "tools": [tool],
-            "store": False,
-            "max_output_tokens": 64,
-        }
-
-    def absorb(self, reply: dict[str, Any], turn: int) -> None:
-        self.items += reply["output"]
-        calls = [item for item in reply["output"] if item["type"] == "function_call"]
-        if calls:
-            output = f"{TOOL_OUTPUT}turn {turn}"
-            self.items.append(
-                {"type": "function_call_output", "call_id": calls[0]["call_id"], "output": output}
-            )
-        else:
-            self.items.append({"role": "user", "content": TOOL_OUTPUT})
-
-
-class MessagesConversation(Conversation):
-    """Claude-Code-style Anthropic Messages with content blocks."""
-
-    path = "/messages"
-
-    def __init__(self) -> None:
-        self.messages = [{"role": "user", "content": "List the files, then inspect each one."}]
-
-    def body(self, model: str) -> dict[str, Any]:
-        fn = TOOLS[0]["function"]
-        tool = {
-            "name": fn["name"],
-            "description": fn["description"],
-            "input_schema": fn["parameters"],
-        }
-        return {
-            "model": model,
-            "system": "You are a coding agent.",
-            "messages": self.messages,
-            "tools": [tool],
-            "max_tokens": 64,
-        }
-
-    def absorb(self, reply: dict[str, Any], turn: int) -> None:
-        self.messages.append({"role": "assistant", "content": reply["content"]})
-        uses = [block for block in reply["content"] if block["type"] == "tool_use"]
-        if uses:
-            result = {"type": "tool_result", "tool_use_id": uses[0]["id"], "content": TOOL_OUTPUT}
-            self.messages.append({"role": "user", "content": [result]})
-        else:
-            self.messages.append({"role": "user", "content": TOOL_OUTPUT})
 
 
 Spans = dict[str, tuple[float, float, float]]
@@ -293,17 +164,11 @@ class RunningGateway:
         )
         self.url = f"http://127.0.0.1:{port}"
         self.control = f"http://127.0.0.1:{control_port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{self.control}/health").status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                self.stop()
-                raise SystemExit("gateway did not start")
-            time.sleep(0.2)
+        try:
+            wait_healthy(self.control, self.process, timeout_s=60)
+        except SystemExit:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         self.process.terminate()
@@ -385,15 +250,12 @@ class ScriptedEngineProcess:
         argv = [sys.executable, "-m", "devstack.scripted_engine", "--script", str(script)]
         argv += ["--tokenizer", str(self.model_dir / "tokenizer.json"), "--model", self.model]
         self.process = subprocess.Popen([*argv, "--port", self.url.rsplit(":", 1)[1]])
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health").status_code == 200:
-                    return self
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                self.process.kill()
-                raise SystemExit("scripted engine did not start")
-            time.sleep(0.2)
+        try:
+            wait_healthy(self.url, self.process, timeout_s=60)
+        except SystemExit:
+            self.process.kill()
+            raise
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.process.terminate()
@@ -450,25 +312,6 @@ def report(rows: list[Row], conversations: int, turns: int, fsync: str) -> None:
             cells.append(f"{pair[0]:.2f}>{pair[1]:.2f}")
         cells.append(f"{totals[0]:.2f}>{totals[1]:.2f}")
         print(f"{name:<36}" + "".join(f"{c:>13}" for c in cells))
-
-
-def new_sessions(control: str, admin: str, count: int) -> list[str]:
-    tokens = []
-    for _ in range(count):
-        created = httpx.post(
-            f"{control}/sessions",
-            headers={"Authorization": f"Bearer {admin}"},
-            json={
-                "rollout_id": secrets.token_hex(4),
-                "sampling": {
-                    "temperature": 1.0,
-                    "seed": 1,
-                    "engine_extra": {"structured_outputs": {"regex": REGEX}},
-                },
-            },
-        ).json()
-        tokens.append(created["token"])
-    return tokens
 
 
 def measure(

@@ -16,7 +16,7 @@ its first event is the first reasoning character, two decode steps later. So a s
 baseline, "vLLM first text", times vLLM's own stream to its first text that is neither
 the `<think>` tag nor whitespace: the point of the reply the Gateway's first event shows.
 
-Run: `python bench/gateway_streaming.py [--conversations 4] [--turns 20]`.
+Run: `python -m bench.gateway_streaming [--conversations 4] [--turns 20]`.
 """
 
 import argparse
@@ -31,16 +31,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
-from gateway_overhead import (
+
+from bench.common import percentile, wait_healthy
+from bench.conversations import (
     REGEX,
     VLLM_ARGS,
     Conversation,
     MessagesConversation,
     ResponsesConversation,
     new_sessions,
-    percentile,
 )
-
 from devstack.ports import free_port
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer, VllmServerConfig
@@ -196,17 +196,12 @@ def start_gateway(vllm: VllmServer, model_dir: Any, admin: str) -> tuple[Any, st
         env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin),
     )
     control = f"http://127.0.0.1:{control_port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{control}/health").status_code == 200:
-                return gateway, f"http://127.0.0.1:{port}", control
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            gateway.terminate()
-            raise SystemExit("gateway did not start")
-        time.sleep(0.2)
+    try:
+        wait_healthy(control, gateway, timeout_s=60)
+    except SystemExit:
+        gateway.terminate()
+        raise
+    return gateway, f"http://127.0.0.1:{port}", control
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ once rendering only a window (`window`, see `gateway.incremental`). Prints the m
 per-call CPU (thread time) at early and late turns, and how many messages each call
 passed to the template. No engine: the "sampled" reply is the tokenized reply text.
 
-Run: `python bench/incremental_cost.py [--turns 80] [--conversations 5]`.
+Run: `python -m bench.incremental_cost [--turns 80] [--conversations 5]`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Multi-host bench on one machine: a host of the fleet dies mid-run and nothing is lost.
 
-    python bench/multihost.py --n 60
+    python -m bench.multihost --n 60
 
 Every part is its own OS process, laid out as on a fleet: the Temporal dev server; two
 engines (the scripted engine, `python -m devstack.scripted_engine`: a stand-in for vLLM,
@@ -8,7 +8,7 @@ so the answers cost no CPU here); two gateway hosts, each one `rollout gateway` 
 (both engines behind it) and one `rollout worker --role gateway-host` (own host id, own
 owner queue); three sandbox hosts, each one `rollout worker --role sandbox-host` (own
 host id, host queue and local bubblewrap state dir); one `--role orchestrator` worker.
-The rollouts run `bench/chaos_agent.py` (several Chat Completions calls with pauses).
+The rollouts run `stress/chaos_agent.py` (several Chat Completions calls with pauses).
 
 Once sandbox host `sb-0` runs its share, the bench SIGKILLs it the way a host dies: its
 worker and every process of its sandboxes. Its rollouts must re-provision on `sb-1` /
@@ -39,17 +39,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.api.enums.v1 import EventType
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.common import process_table, sandbox_trees
+from devstack.ports import free_port
+from devstack.scripted_engine import Script
+from devstack.temporal_dev_server import TemporalDevServer
+from devstack.tiny_model import ensure_tiny_model
+from schemas.client import RolloutClient
+from schemas.rollout import RUN_HARNESS, SEARCH_ATTRIBUTES
+from stress.chaos import ChaosConfig, Proc, _worker_ready, open_sessions, task_specs, wait_http
 
-from bench.chaos import ChaosConfig, Proc, _worker_ready, open_sessions, task_specs, wait_http  # noqa: E402
-from bench.orchestration import process_table, sandbox_trees  # noqa: E402
-from devstack.ports import free_port  # noqa: E402
-from devstack.scripted_engine import Script  # noqa: E402
-from devstack.temporal_dev_server import TemporalDevServer  # noqa: E402
-from devstack.tiny_model import ensure_tiny_model  # noqa: E402
-from schemas.client import RolloutClient  # noqa: E402
-from schemas.rollout import RUN_HARNESS, SEARCH_ATTRIBUTES  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 MODEL = "tiny"
 QUEUE = "multihost"

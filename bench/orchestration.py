@@ -1,6 +1,6 @@
 """Orchestration benchmark: N concurrent rollouts with a trivial agent on local sandboxes.
 
-    python bench/orchestration.py --n 100 500 1000
+    python -m bench.orchestration --n 100 500 1000
 
 Starts a Temporal dev server (WAL pragmas), a Gateway in front of the scripted engine
 (in this process), and one worker process (`--role all`, local bubblewrap sandboxes).
@@ -41,17 +41,17 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.common import process_table, sandbox_trees, start_gateway
+from devstack.background_server import BackgroundServer
+from devstack.scripted_engine import Script, ScriptedEngine
+from devstack.temporal_dev_server import TemporalDevServer
+from devstack.tiny_model import ensure_tiny_model
+from examples.make_tasks import task as make_task
+from schemas.client import RolloutClient
+from schemas.rollout import SEARCH_ATTRIBUTES
+from schemas.tasks import RolloutTask
 
-from devstack.background_server import BackgroundServer  # noqa: E402
-from devstack.scripted_engine import Script, ScriptedEngine  # noqa: E402
-from devstack.temporal_dev_server import TemporalDevServer  # noqa: E402
-from devstack.tiny_model import ensure_tiny_model  # noqa: E402
-from examples.make_tasks import task as make_task  # noqa: E402
-from schemas.client import RolloutClient  # noqa: E402
-from schemas.rollout import SEARCH_ATTRIBUTES  # noqa: E402
-from schemas.tasks import RolloutTask  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -222,41 +222,6 @@ def host_tasks() -> int:
         return int(f.read().split()[3].split("/")[1])
 
 
-def process_table() -> dict[int, tuple[int, bytes]]:
-    """pid → (parent pid, command line) of every live process."""
-    table: dict[int, tuple[int, bytes]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                table[int(name)] = (ppid, f.read())
-    return table
-
-
-def sandbox_trees(table: dict[int, tuple[int, bytes]], state_dir: Path) -> set[int]:
-    """Every process of the local sandboxes under `state_dir`: the bwrap processes (their
-    command line names the state dir) and all their descendants."""
-    needle = str(state_dir).encode()
-    roots = {
-        p
-        for p, (_, cmd) in table.items()
-        if os.path.basename(cmd.split(b"\0", 1)[0]) == b"bwrap" and needle in cmd
-    }
-    children: dict[int, list[int]] = {}
-    for p, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(p)
-    found, todo = set(), list(roots)
-    while todo:
-        p = todo.pop()
-        if p not in found:
-            found.add(p)
-            todo += children.get(p, [])
-    return found
-
-
 def pss_kib(pids: set[int]) -> int:
     total = 0
     for p in pids:
@@ -390,7 +355,7 @@ class Hold:
 
 def leftovers(state_dir: Path, gateway_dir: Path) -> dict:
     """What a finished batch must not leave behind."""
-    from bench.chaos import open_sessions
+    from stress.chaos import open_sessions
 
     return {
         "sandbox_dirs_left": len(list(state_dir.glob("lsb-*"))),
@@ -425,8 +390,6 @@ async def main(args: argparse.Namespace) -> list[dict]:
     model = ensure_tiny_model()
     engine = ScriptedEngine(model / "tokenizer.json", Script(default_reply="42"))
     engine_srv = BackgroundServer(engine.app()).start()
-    from tests.fixtures.gateway import start_gateway
-
     gateway = start_gateway(engine_srv.url, model, work / "gateway", "tiny")
     log = open(work / "worker.log", "wb")  # noqa: SIM115
     worker = subprocess.Popen(

@@ -3,7 +3,7 @@ protocol parse (resuming the session's converted history where the tree has
 `gateway.adapters.history`) and the retry digest, at an early and a late turn.
 
 Run from this tree, or against another tree to compare (its gateway package first on the
-path): `PYTHONPATH=<tree> python bench/request_parse_cost.py [--turns 3 38]`.
+path): `PYTHONPATH=<tree>:. python -P -m bench.request_parse_cost [--turns 3 38]`.
 Bodies are tool loops in each protocol; the previous turn's body is parsed first, as the
 session would have, and only the late body is timed (thread CPU, median).
 """

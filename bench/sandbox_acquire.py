@@ -1,6 +1,6 @@
 """Cold create vs warm-pool acquire latency for the docker and local backends.
 
-Usage: python bench/sandbox_acquire.py [--n-cold 20] [--n-warm 50] [--backends local,docker]
+Usage: python -m bench.sandbox_acquire [--n-cold 20] [--n-warm 50] [--backends local,docker]
                                        [--disk-mb N|none]
 
 cold  = `create()` with an empty pool (start container / bwrap + supervisor, assign).
@@ -25,18 +25,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench.common import percentile
 from sandboxes.base import GatewayChannel, ResourceLimits, SandboxSpec
 
 #: The sandboxes' resources (``--disk-mb`` changes the disk limit: its cost is at create).
 RESOURCES = ResourceLimits()
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    k = max(0, min(len(xs) - 1, round(p / 100 * (len(xs) - 1))))
-    return xs[k]
 
 
 def summary(xs: list[float]) -> dict[str, float]:
@@ -44,7 +37,7 @@ def summary(xs: list[float]) -> dict[str, float]:
     return {
         "n": len(ms),
         "p50_ms": round(statistics.median(ms), 2),
-        "p99_ms": round(pct(ms, 99), 2),
+        "p99_ms": round(percentile(ms, 0.99), 2),
         "max_ms": round(max(ms), 2),
     }
 

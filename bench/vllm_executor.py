@@ -1,6 +1,6 @@
 """vLLM CPU's CPU per call with the model in a worker process (mp) or in the engine core (uni).
 
-    python bench/vllm_executor.py [--model DIR] [--calls 40] [--prompt-len 300] [--tokens 8]
+    python -m bench.vllm_executor [--model DIR] [--calls 40] [--prompt-len 300] [--tokens 8]
 
 Starts the trainer's server (`VllmServerConfig.trainable`: float32, `--enforce-eager`) on
 the tiny model twice, once per executor, and sends the same token-ID `/v1/completions`
@@ -18,7 +18,6 @@ both cores of this box busy and takes CPU from everything else on it.
 import argparse
 import asyncio
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -26,13 +25,9 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from gateway_load import process_ticks  # noqa: E402
-
-from devstack.tiny_model import ensure_tiny_model  # noqa: E402
-from devstack.vllm_server import VllmServer, VllmServerConfig  # noqa: E402
+from bench.common import process_ticks
+from devstack.tiny_model import ensure_tiny_model
+from devstack.vllm_server import VllmServer, VllmServerConfig
 
 CONCURRENCY = (1, 4, 16)
 TICK = os.sysconf("SC_CLK_TCK")

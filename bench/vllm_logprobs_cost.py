@@ -7,7 +7,7 @@ logprobs, interleaved in one run, and prints the p50 of each and their ratio. Wh
 ratio is, a gateway that captures logprobs cannot be faster than vLLM without them by more
 than its own savings elsewhere (templating, tokenization).
 
-Run: `python bench/vllm_logprobs_cost.py [--calls 30] [--prompt-tokens 500]
+Run: `python -m bench.vllm_logprobs_cost [--calls 30] [--prompt-tokens 500]
 [--max-tokens 128]`.
 """
 

@@ -9,7 +9,7 @@ check rule (``answer.txt`` equals the reference). Then the sampled completions' 
 log-probabilities are compared with transformers float32 (``devstack.tiny_model.logprobs``
 in the vLLM venv): mean and max |difference| per token.
 
-Run: ``PYTHONPATH=. python bench/warm_heldout.py [--samples 4] [--model DIR]``.
+Run: ``python -m bench.warm_heldout [--samples 4] [--model DIR]``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the demo's stack: Temporal dev server, a worker, local bubblewrap sandboxes with
 agent inside, the Gateway (its template, parser and incremental tokenization) and vLLM
 CPU serving the warm model in float32; rewards come from the ``evaluate`` hook.
 
-Run: ``PYTHONPATH=. python bench/warm_stack.py [--tasks 32] [--samples 2]``.
+Run: ``python -m bench.warm_stack [--tasks 32] [--samples 2]``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rich.console import Console
 import workers.demo as demo
 from devstack.tiny_model.tasks import HELDOUT_SEED, write_task_files
 from devstack.tiny_model.warm import ensure_warm_model
-from devstack.vllm_server import VllmServer, VllmServerConfig, ensure_vllm_venv, venv_python
+from devstack.vllm_server import ensure_vllm_venv, venv_python
 from schemas.storage import read_table
 from schemas.tasks import load_tasks
 
@@ -37,23 +37,17 @@ def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="rollout-warm-stack-"))
     _, heldout = write_task_files(data / "tasks", seed=HELDOUT_SEED, n_heldout=args.tasks)
 
-    def start_engine(self: demo.DemoStack, engine: str) -> tuple[str, str, Path]:
-        config = VllmServerConfig(
-            model_dir=model_dir,
-            dtype="float32",
-            max_model_len=4096,
-            extra_args=["--enforce-eager"],
-            log_path=self.data_dir / "vllm.log",
-        )
-        server = VllmServer(config).start()
-        self.engine_stop.append(server.stop)
-        self.engine_label = f"vLLM CPU float32, warm model {model_dir.name}"
-        return server.url, server.model, model_dir
-
-    demo.DemoStack.start_engine = start_engine  # type: ignore[method-assign]
     console = Console()
     code = asyncio.run(
-        demo.run_demo(data, "vllm", args.samples, keep=False, console=console, tasks_file=heldout)
+        demo.run_demo(
+            data,
+            "vllm",
+            args.samples,
+            keep=False,
+            console=console,
+            tasks_file=heldout,
+            model_dir=model_dir,
+        )
     )
     kinds = {t.task_id: t.metadata["kind"] for t in load_tasks(heldout)}
     rows = read_table(str(data / "samples")).to_pylist()

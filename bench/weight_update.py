@@ -1,6 +1,6 @@
 """What a new policy costs the engine: in-place reload vs restarting vLLM.
 
-    python bench/weight_update.py --reloads 5 [--no-restart]
+    python -m bench.weight_update --reloads 5 [--no-restart]
 
 Starts vLLM CPU (float32, dev endpoints on, `--enforce-eager`) on the tiny model, then
 loads a checkpoint into it `--reloads` times through `schemas.engine_weights`
@@ -20,24 +20,20 @@ import argparse
 import asyncio
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from devstack.background_server import BackgroundServer  # noqa: E402
-from devstack.tiny_model import ensure_tiny_model  # noqa: E402
-from devstack.vllm_server import VllmServer, VllmServerConfig  # noqa: E402
-from gateway.app import GatewayApp  # noqa: E402
-from gateway.core import Gateway  # noqa: E402
-from schemas.engine_weights import VllmWeightLoader, WeightUpdate  # noqa: E402
-from schemas.policy import PolicyUpdateRecord  # noqa: E402
-from workers.gateway_server import GatewaySettings, build_gateway  # noqa: E402
+from devstack.background_server import BackgroundServer
+from devstack.tiny_model import ensure_tiny_model
+from devstack.vllm_server import VllmServer, VllmServerConfig
+from gateway.app import GatewayApp
+from gateway.core import Gateway
+from schemas.engine_weights import VllmWeightLoader, WeightUpdate
+from schemas.policy import PolicyUpdateRecord
+from workers.gateway_server import GatewaySettings, build_gateway
 
 
 async def completion(url: str, model: str, max_tokens: int) -> float:

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from devstack.background_server import BackgroundServer
+
 DEMO_SCRIPT_RULES = [
     ("6 times 7", "42"),
     ("capital of France", "Paris"),
@@ -73,6 +75,32 @@ async def end_orphaned_rollouts(temporal_address: str) -> int:
     return ended
 
 
+def serve_gateway(
+    engine_url: str, model: str, tokenizer: Path, data_dir: Path
+) -> tuple["BackgroundServer", str, str]:
+    """A Gateway in front of `engine_url`, both listeners on loopback in a background
+    thread of this process, with a fresh admin token: (server, control API URL, token).
+    The agent API is `server.url`; `server.stop()` stops both."""
+    from devstack.background_server import BackgroundServer
+    from workers.gateway_server import GatewaySettings, build_apps
+
+    token = secrets.token_urlsafe(24)
+    port = free_port()
+    settings = GatewaySettings(
+        engine_urls=[engine_url],
+        model=model,
+        tokenizer=tokenizer,
+        port=port,
+        public_url=f"http://127.0.0.1:{port}",
+        data_dir=data_dir,
+        admin_token=token,
+    )
+    agent_app, control_app = build_apps(settings)
+    server = BackgroundServer(agent_app, port=port)
+    control_url = server.add(control_app)
+    return server.start(), control_url, token
+
+
 class DemoStack:
     """Everything the demo starts, so `stop()` can take all of it down again."""
 
@@ -106,10 +134,16 @@ class DemoStack:
             )
         return self.temporal
 
-    def start_engine(self, engine: str) -> tuple[str, str, Path]:
-        """(engine URL, served model name, tokenizer dir); says clearly which engine."""
+    def start_engine(self, engine: str, model_dir: Path | None = None) -> tuple[str, str, Path]:
+        """(engine URL, served model name, tokenizer dir); says clearly which engine.
+
+        `model_dir` (vLLM only): serve that model in float32 instead of the tiny random one."""
         from devstack.tiny_model import ensure_tiny_model
 
+        if engine == "vllm" and model_dir is not None:
+            url, model = self.start_vllm(model_dir, trainable=True)
+            self.engine_label = f"vLLM CPU float32, model {model_dir.name}"
+            return url, model, model_dir
         model_dir = ensure_tiny_model()
         if engine == "vllm":
             self.console.print("engine: [bold]vLLM CPU[/] serving the tiny random model (~30 s)…")
@@ -150,24 +184,10 @@ class DemoStack:
 
     def start_gateway(self, engine_url: str, model: str, tokenizer: Path) -> tuple[str, str]:
         """Both listeners on loopback; returns (control API URL, admin token)."""
-        from devstack.background_server import BackgroundServer
-        from workers.gateway_server import GatewaySettings, build_apps
-
-        token = secrets.token_urlsafe(24)
-        port = free_port()
-        settings = GatewaySettings(
-            engine_urls=[engine_url],
-            model=model,
-            tokenizer=tokenizer,
-            port=port,
-            public_url=f"http://127.0.0.1:{port}",
-            data_dir=self.data_dir / "gateway",
-            admin_token=token,
+        server, control_url, token = serve_gateway(
+            engine_url, model, tokenizer, self.data_dir / "gateway"
         )
-        agent_app, control_app = build_apps(settings)
-        server = BackgroundServer(agent_app, port=port)
-        control_url = server.add(control_app)
-        self.gateway_server = server.start()
+        self.gateway_server = server
         return control_url, token
 
     async def start_worker(self, gateway_url: str, admin_token: str) -> None:
@@ -247,7 +267,11 @@ async def run_demo(
     keep: bool | None,
     console: "Console",
     tasks_file: Path | None = None,
+    model_dir: Path | None = None,
 ) -> int:
+    """Run `tasks_file` (default: the example tasks) on a fresh embedded stack; the exit code.
+
+    `model_dir` (engine vllm): the model to serve instead of the tiny random one."""
     from schemas.client import RolloutClient
     from schemas.tasks import load_tasks
     from workers.run_cmd import run_batch, summary_table
@@ -265,7 +289,9 @@ async def run_demo(
             f"Temporal dev server: {temporal.address}  UI: [bold]{temporal.ui_url}[/]",
             soft_wrap=True,
         )
-        engine_url, model, tokenizer = await asyncio.to_thread(stack.start_engine, engine)
+        engine_url, model, tokenizer = await asyncio.to_thread(
+            stack.start_engine, engine, model_dir
+        )
         gateway_url, token = stack.start_gateway(engine_url, model, tokenizer)
         console.print(f"gateway control API: {gateway_url}  (data: {data_dir / 'gateway'})")
         await stack.start_worker(gateway_url, token)

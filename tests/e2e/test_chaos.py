@@ -15,7 +15,7 @@ import os
 import pytest
 from rich.console import Console
 
-from bench.chaos import DEFAULT_FAULTS, ChaosConfig, Report, render, run_chaos
+from stress.chaos import DEFAULT_FAULTS, ChaosConfig, Report, render, run_chaos
 
 pytestmark = pytest.mark.e2e
 

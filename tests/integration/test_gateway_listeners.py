@@ -22,8 +22,8 @@ from activities.sandbox import gateway_channel
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from sandboxes.base import SandboxBackend, SandboxSpec
+from stress.malformed_requests import Shape, error_shape_problem
 from tests.fixtures.gateway import RunningGateway
-from tests.fixtures.malformed_requests import Shape, error_shape_problem
 
 pytestmark = pytest.mark.integration
 

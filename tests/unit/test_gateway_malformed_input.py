@@ -3,8 +3,8 @@ caller's protocol error shape (OpenAI's for Chat Completions, Responses and the 
 Anthropic's for Messages), never a 500, and no recorded call changes.
 
 The Gateway runs in-process on loopback in front of the scripted engine (see
-`tests/fixtures/malformed_requests.py`); the fuzz test at the end sends a few hundred
-generated malformed requests per protocol (`bench/fuzz_agent_api.py` sends 10,000).
+`tests/fixtures/fuzz_target.py`); the fuzz test at the end sends a few hundred
+generated malformed requests per protocol (`bench.fuzz_agent_api` sends 10,000).
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from gateway.chat_template import RESERVED_TEMPLATE_VARIABLES
 from gateway.json_text import MAX_JSON_DEPTH
-from tests.fixtures.malformed_requests import (
+from stress.malformed_requests import (
     PROTOCOLS,
     FuzzRequest,
-    FuzzTarget,
     Protocol,
     error_shape_problem,
     fuzz_request,
-    fuzz_target,
 )
+from tests.fixtures.fuzz_target import FuzzTarget, fuzz_target
 
 MAX_BODY = 2**20
 

@@ -1,0 +1,122 @@
+"""Helpers more than one bench needs: percentiles, a process tree's CPU, servers' health,
+and a real Gateway in-process on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+if TYPE_CHECKING:
+    from devstack.background_server import BackgroundServer
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank `q`-quantile (0 ≤ q ≤ 1) of `values`; 0.0 when there are none."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def process_ticks(root: int) -> int:
+    """utime + stime (clock ticks) of `root` and all its descendants."""
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(stat[11]) + int(stat[12])
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def process_table() -> dict[int, tuple[int, bytes]]:
+    """pid → (parent pid, command line) of every live process."""
+    table: dict[int, tuple[int, bytes]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                table[int(name)] = (ppid, f.read())
+    return table
+
+
+def sandbox_trees(table: dict[int, tuple[int, bytes]], state_dir: Path) -> set[int]:
+    """Every process of the local sandboxes under `state_dir`: the bwrap processes (their
+    command line names the state dir) and all their descendants."""
+    needle = str(state_dir).encode()
+    roots = {
+        p
+        for p, (_, cmd) in table.items()
+        if os.path.basename(cmd.split(b"\0", 1)[0]) == b"bwrap" and needle in cmd
+    }
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(p)
+    found, todo = set(), list(roots)
+    while todo:
+        p = todo.pop()
+        if p not in found:
+            found.add(p)
+            todo += children.get(p, [])
+    return found
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    """Until `url`/health answers 200; exits the bench if `proc` dies or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url}: process exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not become healthy")
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout_s`."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@dataclass
+class InProcessGateway:
+    """Both listeners of a real Gateway, served from a background thread of this process."""
+
+    #: The agent API listener (what session base URLs name).
+    url: str
+    #: The control API + /metrics + /health listener.
+    control_url: str
+    admin_token: str
+    server: BackgroundServer
+
+
+def start_gateway(engine_url: str, tokenizer: Path, data_dir: Path, model: str) -> InProcessGateway:
+    """A Gateway in front of `engine_url` on loopback (the demo's), with a fresh admin
+    token; stop it with `.server.stop()`. `workers.demo` loads on the first call only:
+    most benches need no in-process Gateway."""
+    from workers.demo import serve_gateway
+
+    server, control_url, admin = serve_gateway(engine_url, model, tokenizer, data_dir)
+    return InProcessGateway(server.url, control_url, admin, server)
