@@ -8,7 +8,7 @@ Real parts, each its own OS process: the Temporal dev server on a SQLite file, t
 --processes 2`, and the scripted engine (`python -m devstack.scripted_engine`, which logs
 every answer it samples to a file). Each rollout runs `bench/chaos_agent.py` in its
 sandbox: several Chat Completions calls with pauses, retried the way agent SDKs retry.
-The rollouts are submitted through the trainer client (`schemas.client.RolloutClient`).
+The rollouts are submitted through the trainer client (`rollout_client.client.RolloutClient`).
 
 While they run, the faults fire one after another, each once a share of the rollouts has
 finished: SIGKILL a worker (restarted on the same host id), one gateway process
@@ -65,7 +65,7 @@ from devstack.scripted_engine import Script, ScriptedReply, read_log  # noqa: E4
 from devstack.temporal_dev_server import TemporalDevServer  # noqa: E402
 from devstack.tiny_model import ensure_tiny_model  # noqa: E402
 from devstack.vllm_server import VllmServer  # noqa: E402
-from schemas.client import RolloutClient, RolloutOutcome  # noqa: E402
+from rollout_client.client import RolloutClient, RolloutOutcome  # noqa: E402
 from schemas.rollout import SEARCH_ATTRIBUTES  # noqa: E402
 from schemas.tasks import RolloutTask  # noqa: E402
 from tests.fixtures.malformed_requests import (  # noqa: E402

@@ -48,7 +48,7 @@ from devstack.ports import free_port  # noqa: E402
 from devstack.scripted_engine import Script  # noqa: E402
 from devstack.temporal_dev_server import TemporalDevServer  # noqa: E402
 from devstack.tiny_model import ensure_tiny_model  # noqa: E402
-from schemas.client import RolloutClient  # noqa: E402
+from rollout_client.client import RolloutClient  # noqa: E402
 from schemas.rollout import RUN_HARNESS, SEARCH_ATTRIBUTES  # noqa: E402
 
 MODEL = "tiny"

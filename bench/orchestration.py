@@ -49,7 +49,7 @@ from devstack.scripted_engine import Script, ScriptedEngine  # noqa: E402
 from devstack.temporal_dev_server import TemporalDevServer  # noqa: E402
 from devstack.tiny_model import ensure_tiny_model  # noqa: E402
 from examples.make_tasks import task as make_task  # noqa: E402
-from schemas.client import RolloutClient  # noqa: E402
+from rollout_client.client import RolloutClient  # noqa: E402
 from schemas.rollout import SEARCH_ATTRIBUTES  # noqa: E402
 from schemas.tasks import RolloutTask  # noqa: E402
 

@@ -39,9 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from schemas.client import Batch, RolloutClient, RolloutOutcome
+from rollout_client.client import Batch, RolloutClient, RolloutOutcome
+from rollout_client.policy import GatewayPolicyClient
 from schemas.engine_weights import VllmWeightLoader, WeightUpdate
-from schemas.policy import GatewayPolicyClient, PolicyUpdate, PolicyUpdateRecord
+from schemas.policy import PolicyUpdate, PolicyUpdateRecord
 from schemas.tasks import RolloutTask, load_tasks
 from schemas.training import (
     FinalEval,

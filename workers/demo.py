@@ -221,7 +221,7 @@ class DemoStack:
 def _sample_rows_table(uris: list[str], limit: int = 5) -> "Table":
     from rich.table import Table
 
-    from schemas.storage import read_many
+    from rollout_client.storage import read_many
 
     table = Table(title="a few sample rows")
     for col in ("rollout_id", "scene", "status", "reward", "prompt", "response", "trained"):
@@ -248,7 +248,7 @@ async def run_demo(
     console: "Console",
     tasks_file: Path | None = None,
 ) -> int:
-    from schemas.client import RolloutClient
+    from rollout_client.client import RolloutClient
     from schemas.tasks import load_tasks
     from workers.run_cmd import run_batch, summary_table
 
