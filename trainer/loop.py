@@ -39,8 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rollout_client.client import Batch, RolloutClient, RolloutOutcome
-from rollout_client.policy import GatewayPolicyClient
+from rollout_client import Batch, GatewayPolicyClient, RolloutClient, RolloutOutcome
 from schemas.engine_weights import VllmWeightLoader, WeightUpdate
 from schemas.policy import PolicyUpdate, PolicyUpdateRecord
 from schemas.tasks import RolloutTask, load_tasks
