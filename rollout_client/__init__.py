@@ -22,10 +22,10 @@ The request, result and sample models (`RolloutTask`, `RolloutResult`, `SampleRo
 
 Why a package of its own: `schemas` is pure data (no network, storage, crypto or
 Temporal) so every part may import it; this package holds the I/O a trainer needs and
-runs in the trainer's own environment (temporalio, pyarrow, boto3, httpx — no server
-frameworks). Of our packages it imports only `schemas`: never gateway, workers,
-activities, workflows, sandboxes, harnesses, hooks, devstack or trainer (an import
-contract says so). The workers and the collect activity use its codec, connection and
+runs in the trainer's own environment (temporalio, pyarrow, boto3, httpx, cryptography;
+no server frameworks). Of our packages it imports only `schemas`: never gateway,
+workers, activities, workflows, sandboxes, harnesses, hooks, devstack or trainer
+(import contracts say so). The workers and the collect activity use its codec, connection and
 storage modules too, so both sides agree on the wire and the file layout.
 """
 
