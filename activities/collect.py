@@ -16,9 +16,9 @@ from activities.samples import build_rows, summarize
 from activities.sandbox import with_heartbeat
 from activities.session import GatewayAccess, control_error
 from gateway.control_client import GatewayControlError
+from rollout_client.storage import write_table
 from schemas.rollout import COLLECT_TRAJECTORY, CollectRequest, SamplesSummary
-from schemas.samples import rows_to_table
-from schemas.storage import samples_uri, write_table
+from schemas.samples import rows_to_table, samples_uri
 
 
 class CollectActivities:

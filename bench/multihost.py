@@ -44,7 +44,7 @@ from devstack.ports import free_port
 from devstack.scripted_engine import Script
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
-from schemas.client import RolloutClient
+from rollout_client.client import RolloutClient
 from schemas.rollout import RUN_HARNESS, SEARCH_ATTRIBUTES
 from stress.chaos import ChaosConfig, Proc, _worker_ready, open_sessions, task_specs, wait_http
 

@@ -47,7 +47,7 @@ from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from examples.make_tasks import task as make_task
-from schemas.client import RolloutClient
+from rollout_client.client import RolloutClient
 from schemas.rollout import SEARCH_ATTRIBUTES
 from schemas.tasks import RolloutTask
 

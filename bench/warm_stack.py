@@ -23,7 +23,7 @@ import workers.demo as demo
 from devstack.tiny_model.tasks import HELDOUT_SEED, write_task_files
 from devstack.tiny_model.warm import ensure_warm_model
 from devstack.vllm_server import ensure_vllm_venv, venv_python
-from schemas.storage import read_table
+from rollout_client.storage import read_table
 from schemas.tasks import load_tasks
 
 

@@ -9,10 +9,10 @@ and transformers are used in place (no second 800 MB copy) and only the missing
 packages are installed, constrained to the versions the vLLM venv already has (pip
 sees them through the ``.pth`` and installs nothing it already satisfies).
 
-Why not our package installed into it: the trainer imports only ``schemas`` and
-``trainer`` (an import contract), so :func:`trainer_pythonpath` links exactly those two
-package directories into a small directory put on ``PYTHONPATH`` — the code that runs
-is always the code of this checkout or install, never a stale copy.
+Why not our package installed into it: the trainer imports only ``schemas``,
+``rollout_client`` and ``trainer`` (import contracts), so :func:`trainer_pythonpath`
+links exactly those package directories into a small directory put on ``PYTHONPATH`` —
+the code that runs is always the code of this checkout or install, never a stale copy.
 
 Measured on this 2-core box under load: creating the overlay took 42 s, downloads of
 temporalio, pyarrow, botocore and fonttools included (≈ 93 MB); a ready overlay is
@@ -41,7 +41,7 @@ from devstack.vllm_server import VllmVenvError, ensure_vllm_venv, venv_python
 #: What the trainer needs beyond the vLLM venv (torch, transformers, pydantic, httpx).
 TRAINER_REQUIREMENTS = ("temporalio==1.35.0", "pyarrow>=15", "matplotlib>=3.8", "boto3>=1.34")
 MARKER_NAME = ".rollout-trainer-ready.json"
-TRAINER_PACKAGES = ("schemas", "trainer")
+TRAINER_PACKAGES = ("schemas", "rollout_client", "trainer")
 
 
 class TrainerEnvMarker(BaseModel):
@@ -157,7 +157,7 @@ def trainer_python(cache_dir: Path | None = None) -> Path:
 
 
 def trainer_pythonpath(root: Path, link_dir: Path | None = None) -> Path:
-    """A directory holding links to the ``schemas`` and ``trainer`` packages only.
+    """A directory holding links to the ``TRAINER_PACKAGES`` only.
 
     ``root`` is the directory holding those packages (the caller knows where its
     ``schemas`` lives; devstack imports no product package). ``link_dir`` is (re)made
@@ -178,7 +178,7 @@ def trainer_pythonpath(root: Path, link_dir: Path | None = None) -> Path:
 
 
 def trainer_environment(pythonpath: Path) -> dict[str, str]:
-    """The environment the trainer process runs with (offline HF, our two packages)."""
+    """The environment the trainer process runs with (offline HF, our trainer packages)."""
     env = _clean_env()
     env.update(
         PYTHONPATH=str(pythonpath),

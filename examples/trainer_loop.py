@@ -19,7 +19,7 @@ from collections import defaultdict
 
 import pyarrow as pa
 
-from schemas.client import RolloutClient
+from rollout_client import RolloutClient
 from schemas.tasks import load_tasks
 
 

@@ -1,4 +1,8 @@
-"""Pydantic models and the Arrow/Parquet schema: the contracts with trainers and between parts.
+"""Pydantic models, the Arrow/Parquet schema and pure functions over them: the contracts
+with trainers and between parts.
 
-Pure data: must not import any other project package.
+Pure data: must not import any other project package, nor do I/O — no network, storage,
+crypto or Temporal (import contracts say so). The I/O that goes with these contracts
+(the trainer's client, payload codec, Temporal connection, sample storage) lives in
+`rollout_client`.
 """

@@ -1,16 +1,16 @@
-"""The Gateway's policy-update control call (`POST /policy`, `GET /policy`) and its client.
+"""The bodies of the Gateway's policy-update control call (`POST /policy`, `GET /policy`).
 
-Why here: the Gateway serves it and the trainer calls it, and `schemas` is the one
-package both may import. An update pauses new engine calls (they wait, they are not
-failed), drains the ones in flight, has every engine load the checkpoint, sets the
-version that later calls record, and resumes; with several gateway processes the one
-that gets the call pauses the others first (through their control listeners).
+Why here: the Gateway serves it and the trainer calls it (`rollout_client.policy`), and
+`schemas` is the one package both may import. An update pauses new engine calls (they
+wait, they are not failed), drains the ones in flight, has every engine load the
+checkpoint, sets the version that later calls record, and resumes; with several gateway
+processes the one that gets the call pauses the others first (through their control
+listeners).
 """
 
 from datetime import datetime
 from typing import Literal
 
-import httpx
 from pydantic import Field
 
 from schemas.base import StrictModel
@@ -82,43 +82,3 @@ class PolicyState(StrictModel):
     checkpoint: str | None
     updating: bool
     history: list[PolicyUpdateRecord]
-
-
-class PolicyUpdateError(RuntimeError):
-    """`POST /policy` failed: the status and the gateway's error message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"policy update failed ({status}): {message}")
-        self.status = status
-
-
-class GatewayPolicyClient:
-    """The trainer's side of the call: one control URL (any gateway process)."""
-
-    def __init__(
-        self, control_url: str, admin_token: str | None = None, timeout_s: float = 3600.0
-    ) -> None:
-        self.control_url = control_url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-        self.timeout_s = timeout_s
-
-    async def state(self) -> PolicyState:
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
-            reply = await client.get(f"{self.control_url}/policy")
-        if reply.status_code != 200:
-            raise PolicyUpdateError(reply.status_code, _message(reply))
-        return PolicyState.model_validate_json(reply.content)
-
-    async def update(self, update: PolicyUpdate) -> PolicyUpdateRecord:
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
-            reply = await client.post(f"{self.control_url}/policy", json=update.model_dump())
-        if reply.status_code != 200:
-            raise PolicyUpdateError(reply.status_code, _message(reply))
-        return PolicyUpdateRecord.model_validate_json(reply.content)
-
-
-def _message(reply: httpx.Response) -> str:
-    try:
-        return str(reply.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return reply.text[:500]

@@ -1,4 +1,4 @@
-"""Training-sample rows, their Arrow schema, and a Parquet writer/reader.
+"""Training-sample rows, their Arrow schema and its checks, and where a rollout's file goes.
 
 This is the contract with trainers. Every row carries full lineage so a sample can be
 traced to the policy, environment, template, reward function and harness that made it.
@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from schemas.base import StrictModel
 from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.scenes import Scene
+from schemas.tasks import check_rollout_id
 
 SCHEMA_VERSION = 2
 KNOWN_SCHEMA_VERSIONS = frozenset({1, 2})
@@ -145,11 +145,6 @@ def rows_to_table(rows: list[SampleRow]) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=SAMPLE_ARROW_SCHEMA)
 
 
-def write_samples(rows: list[SampleRow], path: Path | str, filesystem: object = None) -> None:
-    """Write rows as one Parquet file; `filesystem` is a pyarrow filesystem (e.g. S3)."""
-    pq.write_table(rows_to_table(rows), str(path), filesystem=filesystem, compression="zstd")
-
-
 def check_schema_version(schema: pa.Schema, source: str) -> None:
     """Refuse a file whose schema-version metadata is missing or unknown."""
     raw = (schema.metadata or {}).get(b"agentic_rollout.schema_version")
@@ -223,24 +218,18 @@ def conform(table: pa.Table, source: str) -> pa.Table:
     return table.cast(SAMPLE_ARROW_SCHEMA)
 
 
-def read_samples(path: Path | str, filesystem: object = None) -> pa.Table:
-    """Read one Parquet file or a directory of them; every file's schema (version tag,
-    column names and types) and every row's `schema_version` must be known, else nothing
-    is returned."""
-    dataset = pq.ParquetDataset(str(path), filesystem=filesystem)
-    versions = set()
-    for fragment in dataset.fragments:
-        check_schema(fragment.physical_schema, fragment.path)
-        versions.add(fragment.physical_schema.metadata[b"agentic_rollout.schema_version"])
-    if len(versions) <= 1:
-        return conform(dataset.read(), str(path))
-    # files of several schema versions: each is brought up to date on its own
-    return pa.concat_tables(
-        conform(pq.read_table(f.path, filesystem=dataset.filesystem), f.path)
-        for f in dataset.fragments
-    )
-
-
 def table_to_rows(table: pa.Table) -> list[SampleRow]:
     """Arrow table → validated rows (used by tests and small trainers)."""
     return [SampleRow.model_validate(r) for r in table.to_pylist()]
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def samples_uri(output: str, rollout_id: str) -> str:
+    """The one file holding a rollout's samples (`rollout_id` checked: a path part)."""
+    name = f"{check_rollout_id(rollout_id)}.parquet"
+    if is_s3(output):
+        return f"{output.rstrip('/')}/{name}"
+    return str(Path(output) / name)

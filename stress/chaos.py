@@ -8,7 +8,7 @@ Real parts, each its own OS process: the Temporal dev server on a SQLite file, t
 --processes 2`, and the scripted engine (`python -m devstack.scripted_engine`, which logs
 every answer it samples to a file). Each rollout runs `stress/chaos_agent.py` in its
 sandbox: several Chat Completions calls with pauses, retried the way agent SDKs retry.
-The rollouts are submitted through the trainer client (`schemas.client.RolloutClient`).
+The rollouts are submitted through the trainer client (`rollout_client.client.RolloutClient`).
 
 While they run, the faults fire one after another, each once a share of the rollouts has
 finished: SIGKILL a worker (restarted on the same host id), one gateway process
@@ -60,7 +60,7 @@ from devstack.scripted_engine import Script, ScriptedReply, read_log
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer
-from schemas.client import RolloutClient, RolloutOutcome
+from rollout_client.client import RolloutClient, RolloutOutcome
 from schemas.rollout import SEARCH_ATTRIBUTES
 from schemas.tasks import RolloutTask
 from stress.fuzz import LiveTarget, Tally, admin_get, fuzz, open_witness

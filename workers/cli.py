@@ -130,7 +130,7 @@ def keygen(
     out: Annotated[Path, typer.Argument(help="key file to create (mode 0600)")],
 ) -> None:
     """Create a key file for the Temporal payload codec (`--payload-key-file`)."""
-    from schemas.codec import new_key
+    from rollout_client.codec import new_key
 
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
@@ -152,7 +152,7 @@ def codec_server(
     """Decode encrypted payloads for the Temporal UI / CLI (their codec endpoint)."""
     import uvicorn
 
-    from schemas.codec import load_keys
+    from rollout_client.codec import load_keys
     from workers.codec_server import codec_app
 
     app_ = codec_app(load_keys(payload_key_file), ui_origin or ["http://localhost:8233"])

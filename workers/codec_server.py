@@ -1,6 +1,6 @@
 """`rollout codec-server`: decodes (and encodes) payloads for the Temporal UI and CLI.
 
-Why: every payload in history is encrypted (`schemas.codec`), so the UI and
+Why: every payload in history is encrypted (`rollout_client.codec`), so the UI and
 `temporal workflow show` show ciphertext. Pointed at this server (the UI's codec
 endpoint setting, `temporal server start-dev --ui-codec-endpoint URL`, or
 `temporal workflow show --codec-endpoint URL`), they show the plain payloads to
@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from temporalio.api.common.v1 import Payloads
 
-from schemas.codec import EncryptionCodec, PayloadKeyError
+from rollout_client.codec import EncryptionCodec, PayloadKeyError
 
 
 def codec_app(keys: Sequence[bytes], ui_origins: Sequence[str] = ()) -> Starlette:

@@ -241,7 +241,7 @@ class DemoStack:
 def _sample_rows_table(uris: list[str], limit: int = 5) -> "Table":
     from rich.table import Table
 
-    from schemas.storage import read_many
+    from rollout_client.storage import read_many
 
     table = Table(title="a few sample rows")
     for col in ("rollout_id", "scene", "status", "reward", "prompt", "response", "trained"):
@@ -272,7 +272,7 @@ async def run_demo(
     """Run `tasks_file` (default: the example tasks) on a fresh embedded stack; the exit code.
 
     `model_dir` (engine vllm): the model to serve instead of the tiny random one."""
-    from schemas.client import RolloutClient
+    from rollout_client.client import RolloutClient
     from schemas.tasks import load_tasks
     from workers.run_cmd import run_batch, summary_table
 

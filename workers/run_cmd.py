@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from schemas.client import Batch, RolloutClient, RolloutOutcome
-from schemas.storage import is_s3
+from rollout_client.client import Batch, RolloutClient, RolloutOutcome
+from schemas.samples import is_s3
 from schemas.tasks import RolloutTask, load_tasks
 from workers.temporal_options import (
     ApiKey,

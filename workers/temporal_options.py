@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from schemas.temporal_connection import ENV_VARS, TemporalTLS
+from rollout_client.temporal_connection import ENV_VARS, TemporalTLS
 
 TlsFlag = Annotated[
     bool,

@@ -30,7 +30,7 @@ from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
-from schemas.temporal_connection import TemporalConnectError, TemporalTLS
+from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
 from workers.gc_policy import tune_gc_for_serving
 from workers.temporal_options import (
     ApiKey,
@@ -82,7 +82,7 @@ class WorkerSettings(BaseModel):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     register_search_attributes: bool = True
     #: Keys (base64, one a line, the first encrypts) for the Temporal payload codec;
-    #: None: `ROLLOUT_PAYLOAD_KEY`, else no encryption (see `schemas.codec`).
+    #: None: `ROLLOUT_PAYLOAD_KEY`, else no encryption (see `rollout_client.codec`).
     payload_key_file: Path | None = None
 
     def has(self, role: str) -> bool:
@@ -116,8 +116,8 @@ class RolloutWorker:
         self.ready = asyncio.Event()
 
     async def connect(self) -> Client:
-        from schemas.client import connect, ensure_search_attributes
-        from schemas.codec import load_keys
+        from rollout_client.client import connect, ensure_search_attributes
+        from rollout_client.codec import load_keys
 
         s = self.settings
         if self.client is None:

@@ -5,6 +5,6 @@ Owns deterministic orchestration only. Must not import `gateway`, `sandboxes`,
 
 `workflows.rollout.RolloutWorkflow` (registered as "RolloutWorkflow") runs one rollout;
 it refers to activities by name and exchanges only the small models of
-`schemas.rollout`. GRPO groups are built by the trainer client (`schemas.client`):
+`schemas.rollout`. GRPO groups are built by the trainer client (`rollout_client.client`):
 N rollouts of one task share a `group_id`, each its own workflow (id = rollout id).
 """

@@ -38,11 +38,11 @@ from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from examples.make_tasks import task as make_task
-from schemas.client import RolloutClient
+from rollout_client.client import RolloutClient
+from rollout_client.storage import read_table
 from schemas.outcome import RolloutStatus
 from schemas.rollout import BAD_TASK_SPEC
 from schemas.samples import table_to_rows
-from schemas.storage import read_table
 from schemas.tasks import RolloutTask
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from workflows.rollout import RolloutWorkflow

@@ -28,8 +28,8 @@ from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from examples.make_tasks import task as make_task
+from rollout_client.client import RolloutClient
 from sandboxes.local import LocalBackend
-from schemas.client import RolloutClient
 from schemas.tasks import RolloutTask
 from tests.fixtures.gateway import start_gateway
 from tests.integration.test_controller import WorkerProcess

@@ -20,7 +20,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import Worker
 
 from devstack.temporal_dev_server import TemporalDevServer
-from schemas.client import RolloutClient
+from rollout_client.client import RolloutClient
 from schemas.evaluation import EvaluationResult
 from schemas.outcome import AgentResult, RolloutStatus, RunOutcome
 from schemas.rollout import (

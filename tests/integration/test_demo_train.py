@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.storage import read_table
+from rollout_client.storage import read_table
 from schemas.training import FinalEval, StepMetrics
 from tests.integration.test_trainer import STEP_LINE
 

@@ -1,5 +1,5 @@
 """Session tokens never sit in plain text in Temporal history: with a payload key, every
-payload is AES-GCM encrypted (`schemas.codec`). Real parts: the Temporal dev server, a
+payload is AES-GCM encrypted (`rollout_client.codec`). Real parts: the Temporal dev server, a
 `RolloutWorker` (role all, in this process), the Gateway in front of the scripted
 engine, a local bubblewrap sandbox and the example agent making real calls.
 """
@@ -30,8 +30,8 @@ from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from examples.make_tasks import task as make_task
-from schemas.client import RolloutClient
-from schemas.codec import PayloadKeyError, new_key, parse_key
+from rollout_client.client import RolloutClient
+from rollout_client.codec import PayloadKeyError, new_key, parse_key
 from schemas.outcome import RolloutStatus
 from schemas.rollout import CREATE_SESSION, RolloutResult, SessionRef
 from schemas.tasks import RolloutTask

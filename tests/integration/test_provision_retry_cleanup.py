@@ -30,8 +30,8 @@ from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
 from activities.sandbox import HostCapacity, SandboxActivities, SandboxBackends
 from devstack.temporal_dev_server import TemporalDevServer
+from rollout_client.client import RolloutClient, connect
 from sandboxes.base import Sandbox, SandboxBackend, SandboxSpec
-from schemas.client import RolloutClient, connect
 from schemas.outcome import AgentResult, RolloutStatus, RunOutcome
 from schemas.rollout import (
     CLOSE_SESSION,
@@ -265,7 +265,7 @@ import asyncio, os, signal, sys
 from temporalio import activity
 from temporalio.worker import Worker
 from activities.sandbox import SandboxActivities
-from schemas.client import connect
+from rollout_client.client import connect
 from schemas.rollout import PROVISION_SANDBOX, ProvisionRequest, SandboxRef
 from tests.integration.test_provision_retry_cleanup import SlowCreateBackendsForTests
 

@@ -15,7 +15,8 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from devstack.ports import free_port
-from schemas.client import RolloutClient
+from rollout_client.client import RolloutClient
+from rollout_client.storage import read_table, table_bytes
 from schemas.rollout import RolloutResult
 from schemas.samples import (
     SAMPLE_ARROW_SCHEMA,
@@ -25,7 +26,6 @@ from schemas.samples import (
     UnknownSchemaVersionError,
     rows_to_table,
 )
-from schemas.storage import read_table, table_bytes
 
 pytestmark = pytest.mark.integration
 BUCKET = "samples"

@@ -24,9 +24,9 @@ from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
-from schemas.client import RolloutClient
+from rollout_client.client import RolloutClient
+from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
 from schemas.tasks import RolloutTask
-from schemas.temporal_connection import TemporalConnectError, TemporalTLS
 from tests.fixtures.gateway import start_gateway
 from tests.fixtures.temporal_tls import Pki, TlsFrontendForTests, make_pki
 

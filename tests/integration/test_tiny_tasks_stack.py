@@ -20,7 +20,7 @@ import workers.demo as demo
 from devstack.tiny_model import ensure_tiny_model
 from devstack.tiny_model.task_agent import weather_reply
 from devstack.tiny_model.tasks import heldout_cases, write_task_files
-from schemas.storage import read_table
+from rollout_client.storage import read_table
 
 pytestmark = pytest.mark.integration
 

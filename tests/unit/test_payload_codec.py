@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 from temporalio.api.common.v1 import Payload
 
-from schemas.codec import EncryptionCodec, PayloadKeyError, key_id, load_keys, new_key, parse_key
+from rollout_client.codec import (
+    EncryptionCodec,
+    PayloadKeyError,
+    key_id,
+    load_keys,
+    new_key,
+    parse_key,
+)
 
 TOKEN = b'{"token": "s1.very-secret-token-value"}'
 

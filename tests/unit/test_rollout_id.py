@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from schemas.client import RolloutClient
+from rollout_client.client import RolloutClient
 from schemas.rollout import CollectRequest, HarnessRequest, ProvisionRequest, SessionRequest
-from schemas.storage import samples_uri
+from schemas.samples import samples_uri
 from schemas.tasks import ROLLOUT_ID_MAX, RolloutRequest, RolloutTask, load_tasks
 
 BAD_IDS = {

@@ -9,15 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
+from rollout_client.storage import read_samples, write_samples
 from schemas.outcome import RolloutStatus
 from schemas.samples import (
     SAMPLE_ARROW_SCHEMA,
     SampleRow,
     UnknownSchemaVersionError,
-    read_samples,
     rows_to_table,
     table_to_rows,
-    write_samples,
 )
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene

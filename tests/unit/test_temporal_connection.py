@@ -8,7 +8,7 @@ import pytest
 import typer
 from pydantic import ValidationError
 
-from schemas.temporal_connection import TemporalTLS, connect_failure
+from rollout_client.temporal_connection import TemporalTLS, connect_failure
 from workers.temporal_options import tls_settings
 
 

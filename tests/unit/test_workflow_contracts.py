@@ -14,7 +14,8 @@ from examples.make_tasks import example_tasks
 from examples.make_tasks import task as make_task
 from examples.trainer_loop import grpo_advantages
 from harnesses.base import rebase_url
-from schemas.client import RolloutClient
+from rollout_client.client import RolloutClient
+from rollout_client.storage import read_many, read_table, write_table
 from schemas.rollout import (
     DestroyRequest,
     ProvisionRequest,
@@ -23,8 +24,7 @@ from schemas.rollout import (
     SandboxRef,
     SessionRef,
 )
-from schemas.samples import SampleRow, UnknownSchemaVersionError, rows_to_table
-from schemas.storage import read_many, read_table, samples_uri, write_table
+from schemas.samples import SampleRow, UnknownSchemaVersionError, rows_to_table, samples_uri
 from schemas.tasks import RolloutTask, load_tasks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,7 +217,7 @@ def test_s3_storage_roundtrip(monkeypatch: pytest.MonkeyPatch) -> None:
     with mock_aws():
         import boto3
 
-        from schemas import storage
+        from rollout_client import storage
 
         storage._s3_client.cache_clear()
         boto3.client("s3").create_bucket(Bucket="samples")

@@ -20,20 +20,37 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas.samples import SAMPLE_ARROW_SCHEMA, check_schema, conform, read_samples
-from schemas.tasks import check_rollout_id
+from schemas.samples import (
+    SAMPLE_ARROW_SCHEMA,
+    SampleRow,
+    check_schema,
+    conform,
+    is_s3,
+    rows_to_table,
+)
 
 
-def is_s3(uri: str) -> bool:
-    return uri.startswith("s3://")
+def write_samples(rows: list[SampleRow], path: Path | str, filesystem: object = None) -> None:
+    """Write rows as one Parquet file; `filesystem` is a pyarrow filesystem (e.g. S3)."""
+    pq.write_table(rows_to_table(rows), str(path), filesystem=filesystem, compression="zstd")
 
 
-def samples_uri(output: str, rollout_id: str) -> str:
-    """The one file holding a rollout's samples (`rollout_id` checked: a path part)."""
-    name = f"{check_rollout_id(rollout_id)}.parquet"
-    if is_s3(output):
-        return f"{output.rstrip('/')}/{name}"
-    return str(Path(output) / name)
+def read_samples(path: Path | str, filesystem: object = None) -> pa.Table:
+    """Read one Parquet file or a directory of them; every file's schema (version tag,
+    column names and types) and every row's `schema_version` must be known, else nothing
+    is returned."""
+    dataset = pq.ParquetDataset(str(path), filesystem=filesystem)
+    versions = set()
+    for fragment in dataset.fragments:
+        check_schema(fragment.physical_schema, fragment.path)
+        versions.add(fragment.physical_schema.metadata[b"agentic_rollout.schema_version"])
+    if len(versions) <= 1:
+        return conform(dataset.read(), str(path))
+    # files of several schema versions: each is brought up to date on its own
+    return pa.concat_tables(
+        conform(pq.read_table(f.path, filesystem=dataset.filesystem), f.path)
+        for f in dataset.fragments
+    )
 
 
 def _split_s3(uri: str) -> tuple[str, str]:

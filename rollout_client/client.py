@@ -2,7 +2,7 @@
 
 The trainer talks to the Controller with the ordinary Temporal client — this module is
 a thin, typed layer over it. It refers to the workflow by name, so a trainer needs only
-`schemas` (+ temporalio, pyarrow, boto3), never the runtime.
+`rollout_client` and `schemas` (+ temporalio, pyarrow, boto3), never the runtime.
 
 Why the shapes:
 - Rollout id = workflow id = `<batch>-<task>-<sample>`: resubmitting a batch is
@@ -46,9 +46,10 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from schemas.codec import data_converter, load_keys
+from rollout_client.codec import data_converter, load_keys
+from rollout_client.storage import read_many
+from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS, connect_failure
 from schemas.rollout import SEARCH_ATTRIBUTES, RolloutResult
-from schemas.storage import read_many
 from schemas.tasks import (
     ID_PATTERN,
     RolloutRequest,
@@ -57,7 +58,6 @@ from schemas.tasks import (
     rollout_id_for,
     seed_for,
 )
-from schemas.temporal_connection import TemporalConnectError, TemporalTLS, connect_failure
 
 log = logging.getLogger("rollout.client")
 
@@ -102,7 +102,7 @@ async def connect(
     **kwargs: Any,
 ) -> Client:
     """A Temporal client with the converter every part of the system uses: pydantic JSON,
-    encrypted with `payload_keys` (default: `ROLLOUT_PAYLOAD_KEY`, see `schemas.codec`)
+    encrypted with `payload_keys` (default: `ROLLOUT_PAYLOAD_KEY`, see `rollout_client.codec`)
     — the workers' keys, or results cannot be read — and the TLS / API key settings
     `tls` (default: the `TEMPORAL_TLS_*` / `TEMPORAL_API_KEY` environment)."""
     keys = load_keys() if payload_keys is None else list(payload_keys)

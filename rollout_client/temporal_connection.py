@@ -2,7 +2,7 @@
 certificate for mTLS, server name) and an API key.
 
 Why a model of its own: the workers (`rollout worker`) and the trainer client
-(`schemas.client.RolloutClient`) must use the same settings, read from the same
+(`rollout_client.client.RolloutClient`) must use the same settings, read from the same
 environment variables as the `temporal` CLI (`TEMPORAL_TLS_SERVER_CA_CERT_PATH`, …), so
 one environment file configures all three on a host. Files are read and checked here,
 before connecting, so a typo is a precise error rather than a handshake failure.

@@ -1,0 +1,56 @@
+"""The trainer-facing SDK: everything a trainer process needs to drive rollouts.
+
+The surface (import it from here):
+
+- `connect(address, …)` → a Temporal `Client` with the system's converter (pydantic
+  JSON, payloads encrypted with `ROLLOUT_PAYLOAD_KEY`) and TLS settings;
+  `RolloutClient.connect(…)` wraps one.
+- `RolloutClient`: `submit` a batch (N samples per task = one GRPO group per task),
+  `results` (each `RolloutOutcome` once, in completion order), `counts`, `cancel` a
+  batch, `load_samples` of finished rollouts. `Batch` is what `submit` returns.
+- `TemporalTLS`, `TemporalConnectError`: TLS / mTLS / API key towards the Temporal
+  frontend, read from the `TEMPORAL_TLS_*` / `TEMPORAL_API_KEY` environment like the
+  `temporal` CLI.
+- `load_keys`, `new_key`, `parse_key`, `PayloadKeyError`: the payload encryption keys.
+- `read_table`, `read_many`, `read_samples`, `write_table`, `write_samples`: sample
+  tables in a local directory or `s3://bucket/prefix`, schema-version checked.
+- `GatewayPolicyClient`, `PolicyUpdateError`: publish a checkpoint as the new policy
+  version through the Gateway's control API (`POST /policy`).
+
+The request, result and sample models (`RolloutTask`, `RolloutResult`, `SampleRow`,
+`PolicyUpdate`, …) stay in `schemas`, the pure contracts.
+
+Why a package of its own: `schemas` is pure data (no network, storage, crypto or
+Temporal) so every part may import it; this package holds the I/O a trainer needs and
+runs in the trainer's own environment (temporalio, pyarrow, boto3, httpx, cryptography;
+no server frameworks). Of our packages it imports only `schemas`: never gateway,
+workers, activities, workflows, sandboxes, harnesses, hooks, devstack or trainer
+(import contracts say so). The workers and the collect activity use its codec, connection and
+storage modules too, so both sides agree on the wire and the file layout.
+"""
+
+from rollout_client.client import Batch, RolloutClient, RolloutOutcome, connect
+from rollout_client.codec import PayloadKeyError, load_keys, new_key, parse_key
+from rollout_client.policy import GatewayPolicyClient, PolicyUpdateError
+from rollout_client.storage import read_many, read_samples, read_table, write_samples, write_table
+from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
+
+__all__ = [
+    "Batch",
+    "GatewayPolicyClient",
+    "PayloadKeyError",
+    "PolicyUpdateError",
+    "RolloutClient",
+    "RolloutOutcome",
+    "TemporalConnectError",
+    "TemporalTLS",
+    "connect",
+    "load_keys",
+    "new_key",
+    "parse_key",
+    "read_many",
+    "read_samples",
+    "read_table",
+    "write_samples",
+    "write_table",
+]
