@@ -11,12 +11,8 @@ mkdir -p "$ROLLOUT_CACHE_DIR"
 echo "== system packages and services"
 bash scripts/install_system_deps.sh
 
-echo "== project virtual environment (.venv)"
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
-.venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q -e ".[dev]"
+echo "== project virtual environment (.venv; recreated if made for another location)"
+bash scripts/ensure_venv.sh
 
 echo "== vLLM CPU virtual environment (cached under $ROLLOUT_CACHE_DIR)"
 .venv/bin/python -c "from devstack.vllm_server import ensure_vllm_venv; print(ensure_vllm_venv())"
