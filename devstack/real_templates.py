@@ -112,9 +112,9 @@ def templates_dir() -> Path:
 
 def how_to_get_them() -> str:
     return (
-        f"fetch them with `{FETCH_COMMAND}` (writes {default_fetch_dir()}; "
-        f"--dest DIR elsewhere, --hub-url or HF_ENDPOINT for a hub mirror), "
-        f"or set {TEMPLATES_DIR_ENV} to a directory of <name>.jinja files"
+        f"run `.venv/bin/{FETCH_COMMAND}` (needs the model hub; writes "
+        f"{default_fetch_dir()}, --dest DIR elsewhere, --hub-url URL or HF_ENDPOINT for "
+        f"another hub) or set {TEMPLATES_DIR_ENV} to a directory of <name>.jinja files"
     )
 
 
@@ -127,6 +127,8 @@ def require_templates(folder: Path | None = None) -> Path:
     """The templates directory, once every manifest template is in it."""
     folder = templates_dir() if folder is None else folder
     missing = missing_templates(folder)
+    if len(missing) == len(template_sources()):
+        raise TemplatesUnavailable(f"no real chat templates in {folder}: {how_to_get_them()}")
     if missing:
         raise TemplatesUnavailable(
             f"real chat templates missing in {folder}: {', '.join(missing)}; {how_to_get_them()}"
