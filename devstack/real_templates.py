@@ -8,7 +8,7 @@ from a directory of ``<name>.jinja`` files, found in this order:
 1. ``$ROLLOUT_TEMPLATES_DIR`` when set;
 2. ``../shared/chat_templates`` beside the repository, when that directory exists;
 3. ``$ROLLOUT_CACHE_DIR/chat_templates`` (default ``~/.cache/agentic-rollout``), where
-   ``rollout templates fetch`` writes them.
+   ``rollout templates fetch`` writes them (into ``$ROLLOUT_TEMPLATES_DIR`` when set).
 
 Each source names the model repository on the Hugging Face hub, the file holding the
 template (``chat_template.jinja``, or ``tokenizer_config.json`` whose ``chat_template``
@@ -94,9 +94,15 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def default_fetch_dir() -> Path:
-    """Where ``rollout templates fetch`` writes when no ``--dest`` is given."""
+def cache_templates_dir() -> Path:
     return default_cache_dir() / "chat_templates"
+
+
+def default_fetch_dir() -> Path:
+    """Where ``rollout templates fetch`` writes when no ``--dest`` is given: the variable's
+    directory when it is set (so the tests then read what was fetched), else the cache."""
+    env = os.environ.get(TEMPLATES_DIR_ENV)
+    return Path(env).expanduser() if env else cache_templates_dir()
 
 
 def templates_dir() -> Path:
@@ -107,7 +113,7 @@ def templates_dir() -> Path:
     beside = repo_root().parent / "shared" / "chat_templates"
     if beside.is_dir():
         return beside
-    return default_fetch_dir()
+    return cache_templates_dir()
 
 
 def how_to_get_them() -> str:
@@ -134,6 +140,23 @@ def require_templates(folder: Path | None = None) -> Path:
             f"real chat templates missing in {folder}: {', '.join(missing)}; {how_to_get_them()}"
         )
     return folder
+
+
+def template_problems(folder: Path | None = None) -> list[str]:
+    """What keeps the tests from reading `folder`'s templates: one line per missing file
+    or checksum mismatch (empty when all is well)."""
+    folder = templates_dir() if folder is None else folder
+    problems: list[str] = []
+    for source in template_sources().values():
+        path = folder / source.filename
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+            continue
+        try:
+            verify(source, path.read_bytes(), str(path))
+        except TemplateChecksumError:
+            problems.append(f"{path}: sha256 differs from the manifest's {source.sha256}")
+    return problems
 
 
 def sha256_hex(data: bytes) -> str:

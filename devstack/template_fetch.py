@@ -1,10 +1,11 @@
 """Fetch the real chat templates from the model hub into a directory, checked by sha256.
 
 For each manifest entry (``devstack.real_templates``): GET
-``{hub}/{repo}/resolve/{revision}/{file}``, take the ``chat_template`` field when the file
-is ``tokenizer_config.json``, and keep the text only if its sha256 is the pinned one. A hub
-copy that differs (the repository's template moved on since) falls back to the entry's
-mirror, ``{mirror}/{repo}/{commit}/{path}`` (raw files of a git host). Files are written
+``{hub}/{repo}/resolve/{revision}/{file}`` (``$HF_TOKEN`` as bearer when set: gated
+repositories), take the ``chat_template`` field when the file is ``tokenizer_config.json``,
+and keep the text only if its sha256 is the pinned one. A hub copy that differs (the
+repository's template moved on since) falls back to the entry's mirror,
+``{mirror}/{repo}/{commit}/{path}`` (raw files of a git host). Files are written
 atomically (temp file, then rename); a file already there with the right checksum is not
 fetched again, so a rerun only completes what is missing.
 """
@@ -30,6 +31,8 @@ from devstack.real_templates import (
 DEFAULT_HUB_URL = "https://huggingface.co"
 DEFAULT_MIRROR_URL = "https://raw.githubusercontent.com"
 HUB_URL_ENV = "HF_ENDPOINT"
+HUB_TOKEN_ENV = "HF_TOKEN"
+"""Sent to the hub only (gated repositories such as meta-llama's answer 401 without it)."""
 
 
 class FetchError(RuntimeError):
@@ -85,10 +88,16 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _try(client: httpx.Client, source: TemplateSource, url: str, extract: bool) -> bytes | str:
+def _try(
+    client: httpx.Client,
+    source: TemplateSource,
+    url: str,
+    extract: bool,
+    headers: dict[str, str],
+) -> bytes | str:
     """The verified bytes, or why this URL did not give them."""
     try:
-        r = client.get(url)
+        r = client.get(url, headers=headers)
     except httpx.HTTPError as e:
         return f"{url}: {type(e).__name__}: {e}"
     if r.status_code != 200:
@@ -108,12 +117,14 @@ def fetch_one(
     if path.is_file() and sha256_hex(path.read_bytes()) == source.sha256:
         return FetchResult(name=source.name, origin="present", path=str(path))
     tried: list[str] = []
-    candidates = [("hub", hub_file_url(hub_url, source), True)]
+    token = os.environ.get(HUB_TOKEN_ENV)
+    hub_headers = {"Authorization": f"Bearer {token}"} if token else {}
+    candidates = [("hub", hub_file_url(hub_url, source), True, hub_headers)]
     mirror = mirror_file_url(mirror_url, source)
     if mirror is not None:
-        candidates.append(("mirror", mirror, False))
-    for origin, url, extract in candidates:
-        got = _try(client, source, url, extract)
+        candidates.append(("mirror", mirror, False, {}))
+    for origin, url, extract, headers in candidates:
+        got = _try(client, source, url, extract, headers)
         if isinstance(got, bytes):
             write_atomic(path, got)
             return FetchResult(name=source.name, origin=origin, path=str(path))

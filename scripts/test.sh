@@ -14,6 +14,12 @@ bash scripts/install_system_deps.sh
 echo "== project virtual environment (.venv; recreated if made for another location)"
 bash scripts/ensure_venv.sh
 
+echo "== real chat templates (third-party test data, checked by sha256; fetched if missing)"
+if ! .venv/bin/rollout templates check 2>/dev/null; then
+  .venv/bin/rollout templates fetch \
+    || echo "[test.sh] no chat templates: the tests that read them will fail" >&2
+fi
+
 echo "== vLLM CPU virtual environment (cached under $ROLLOUT_CACHE_DIR)"
 .venv/bin/python -c "from devstack.vllm_server import ensure_vllm_venv; print(ensure_vllm_venv())"
 

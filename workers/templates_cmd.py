@@ -20,7 +20,8 @@ def fetch_cmd(
     dest: Annotated[
         Path | None,
         typer.Option(
-            help="directory for <name>.jinja (default: $ROLLOUT_CACHE_DIR/chat_templates)"
+            help="directory for <name>.jinja (default: $ROLLOUT_TEMPLATES_DIR when set, "
+            "else $ROLLOUT_CACHE_DIR/chat_templates)"
         ),
     ] = None,
     hub_url: Annotated[
@@ -37,7 +38,7 @@ def fetch_cmd(
 
     The hub is tried first, then the template's mirror; files are written atomically and
     files already present with the right checksum are kept."""
-    from devstack.real_templates import TEMPLATES_DIR_ENV, default_fetch_dir
+    from devstack.real_templates import TEMPLATES_DIR_ENV, default_fetch_dir, templates_dir
     from devstack.template_fetch import FetchError, fetch_templates
 
     target = (dest or default_fetch_dir()).expanduser()
@@ -49,5 +50,21 @@ def fetch_cmd(
     for r in results:
         typer.echo(f"{r.origin:8} {r.path}")
     typer.echo(f"{len(results)} templates in {target}")
-    if dest is not None:
-        typer.echo(f"read them from there with {TEMPLATES_DIR_ENV}={target}")
+    if target.resolve() != templates_dir().resolve():
+        typer.echo(f"the tests read {templates_dir()}; set {TEMPLATES_DIR_ENV}={target}")
+
+
+@templates_app.command("check")
+def check_cmd() -> None:
+    """Say where the tests read the templates from and whether each is there and intact
+    (exit 1 if not)."""
+    from devstack.real_templates import how_to_get_them, template_problems, templates_dir
+
+    folder = templates_dir()
+    problems = template_problems(folder)
+    for line in problems:
+        typer.echo(line, err=True)
+    if problems:
+        typer.echo(how_to_get_them(), err=True)
+        raise typer.Exit(1)
+    typer.echo(f"all templates present and intact in {folder}")

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.responses import PlainTextResponse
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 from typer.testing import CliRunner
 
 from devstack.background_server import BackgroundServer
@@ -136,3 +139,59 @@ def test_no_source_with_the_pinned_bytes_fails_naming_it_and_writes_nothing(
     assert not (dest / "gpt-oss.jinja").exists()
     assert not [p for p in dest.iterdir() if p.name.startswith(".")]  # no temp file left
     assert (dest / "qwen3.jinja").is_file()  # the others were still fetched
+
+
+def test_without_dest_fetch_fills_the_directory_the_tests_read(
+    tmp_path: Path, serve: list[BackgroundServer]
+) -> None:
+    hub = _url(serve, build_hub(tmp_path / "hub"))
+    mirror = _url(serve, _empty(tmp_path))
+    folder = tmp_path / "chosen"
+    env = {"ROLLOUT_TEMPLATES_DIR": str(folder)}
+    runner = CliRunner()
+    before = runner.invoke(app, ["templates", "check"], env=env)
+    assert before.exit_code == 1 and "qwen3.jinja: missing" in before.output
+    fetched = runner.invoke(
+        app, ["templates", "fetch", "--hub-url", hub, "--mirror-url", mirror], env=env
+    )
+    assert fetched.exit_code == 0, fetched.output
+    after = runner.invoke(app, ["templates", "check"], env=env)
+    assert after.exit_code == 0 and str(folder) in after.output
+
+    (folder / "llama3.1.jinja").write_text("{{ messages }}")
+    edited = runner.invoke(app, ["templates", "check"], env=env)
+    assert edited.exit_code == 1 and "llama3.1.jinja: sha256 differs" in edited.output
+
+
+def test_hf_token_opens_gated_repositories_on_the_hub_only(
+    tmp_path: Path, serve: list[BackgroundServer]
+) -> None:
+    seen: list[tuple[str, str | None]] = []
+    files = StaticFiles(directory=build_hub(tmp_path / "hub"))
+
+    async def gated(scope: Scope, receive: Receive, send: Send) -> None:
+        auth = Headers(scope=scope).get("authorization")
+        seen.append((scope["path"], auth))
+        if scope["path"].startswith("/meta-llama/") and auth != "Bearer hf-secret":
+            await PlainTextResponse("gated", status_code=401)(scope, receive, send)
+            return
+        await files(scope, receive, send)
+
+    hub_server = BackgroundServer(gated).start()
+    serve.append(hub_server)
+    mirror = _url(serve, _empty(tmp_path))
+    runner = CliRunner()
+    args = ["templates", "fetch", "--hub-url", hub_server.url, "--mirror-url", mirror]
+    denied = runner.invoke(app, [*args, "--dest", str(tmp_path / "a")], env={"HF_TOKEN": None})
+    assert denied.exit_code == 1 and "HTTP 401" in denied.output
+    assert "llama3.1.jinja" in denied.output and "qwen3.jinja" not in denied.output
+
+    opened = runner.invoke(
+        app, [*args, "--dest", str(tmp_path / "b")], env={"HF_TOKEN": "hf-secret"}
+    )
+    assert opened.exit_code == 0, opened.output
+    assert (tmp_path / "b" / "llama3.1.jinja").is_file()
+    assert (
+        "/meta-llama/Llama-3.1-8B-Instruct/resolve/main/tokenizer_config.json",
+        "Bearer hf-secret",
+    ) in seen
