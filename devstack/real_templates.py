@@ -146,6 +146,8 @@ def template_problems(folder: Path | None = None) -> list[str]:
     """What keeps the tests from reading `folder`'s templates: one line per missing file
     or checksum mismatch (empty when all is well)."""
     folder = templates_dir() if folder is None else folder
+    if len(missing_templates(folder)) == len(template_sources()):
+        return [f"{folder}: no real chat templates"]
     problems: list[str] = []
     for source in template_sources().values():
         path = folder / source.filename

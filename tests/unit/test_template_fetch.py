@@ -150,7 +150,7 @@ def test_without_dest_fetch_fills_the_directory_the_tests_read(
     env = {"ROLLOUT_TEMPLATES_DIR": str(folder)}
     runner = CliRunner()
     before = runner.invoke(app, ["templates", "check"], env=env)
-    assert before.exit_code == 1 and "qwen3.jinja: missing" in before.output
+    assert before.exit_code == 1 and f"{folder}: no real chat templates" in before.output
     fetched = runner.invoke(
         app, ["templates", "fetch", "--hub-url", hub, "--mirror-url", mirror], env=env
     )
@@ -158,9 +158,11 @@ def test_without_dest_fetch_fills_the_directory_the_tests_read(
     after = runner.invoke(app, ["templates", "check"], env=env)
     assert after.exit_code == 0 and str(folder) in after.output
 
+    (folder / "qwen3.jinja").unlink()
     (folder / "llama3.1.jinja").write_text("{{ messages }}")
     edited = runner.invoke(app, ["templates", "check"], env=env)
     assert edited.exit_code == 1 and "llama3.1.jinja: sha256 differs" in edited.output
+    assert "qwen3.jinja: missing" in edited.output
 
 
 def test_hf_token_opens_gated_repositories_on_the_hub_only(
