@@ -10,7 +10,11 @@ What it owns:
 - ``scripted_engine``: a fake engine speaking vLLM's token API from a script;
 - ``background_server``: any ASGI app on a loopback port in a background thread;
 - ``temporal_dev_server``: ``temporal server start-dev`` on free ports, WAL on;
-- ``ports``: the one ``free_port`` helper.
+- ``ports``: the one ``free_port`` helper;
+- ``real_templates``: the real chat templates the tests read — their sources
+  (``chat_template_sources.json``: hub repository, file, revision, sha256), the directory
+  they are read from (``ROLLOUT_TEMPLATES_DIR``) and the checksum on read;
+  ``template_fetch`` downloads them (``rollout templates fetch``).
 
 Only ``workers`` (the demo, ``rollout make-tiny-model``), ``tests``, ``bench`` and
 ``examples`` import this package; the product packages (``gateway``, ``sandboxes``,

@@ -80,7 +80,7 @@ from sandboxes.supervisor_client import (
 
 INSTALL_HINT = (
     "bubblewrap is required for the local sandbox backend: run "
-    "scripts/install_system_deps.sh (apt-get install bubblewrap)"
+    "scripts/install_local_deps.sh (apt-get install bubblewrap)"
 )
 INNER_UID = 1000
 log = logging.getLogger(__name__)

@@ -111,7 +111,7 @@ def _lib() -> Any:
     except (ImportError, RuntimeError, OSError) as e:
         raise SeccompUnavailable(
             "the bwrap seccomp filter needs libseccomp (apt-get install libseccomp2, see "
-            f"scripts/install_system_deps.sh) and the pyseccomp package ({e})"
+            f"scripts/install_local_deps.sh) and the pyseccomp package ({e})"
         ) from e
     return pyseccomp
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Install and start the system services the sandbox backends need (idempotent).
+# Install and start the system services every sandbox backend and the tests need
+# (idempotent); the test command runs it.
 #
-# Why a script: CI (.ci/run) and developers must get the exact same setup —
-# docker engine (docker backend, image recipe), bubblewrap, libseccomp
-# and e2fsprogs (local backend), debootstrap (base image rootfs), iproute2 (network
-# checks in tests).
+# Why a script: CI (.ci/run) and developers must get the exact same setup — what the
+# local backend needs (scripts/install_local_deps.sh: bubblewrap, libseccomp, e2fsprogs,
+# ...), plus the docker engine (docker backend, image recipe), debootstrap, tar and zstd
+# (base image rootfs), iproute2 (network checks in tests).
 # Safe to rerun: installs only what is missing, starts dockerd only if no engine answers.
 set -euo pipefail
+
+bash "$(dirname "$0")/install_local_deps.sh"
 
 log() { echo "[install_system_deps] $*" >&2; }
 SUDO=""
@@ -14,18 +17,11 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
-command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v tar >/dev/null 2>&1 || need+=(tar)
 command -v zstd >/dev/null 2>&1 || need+=(zstd)
 dpkg -s debian-archive-keyring >/dev/null 2>&1 || need+=(debian-archive-keyring)
-command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
-# libseccomp compiles the bwrap sandboxes' seccomp filter (via pyseccomp); mkfs.ext4
-# and loop mounts give each sandbox its sized disk (resources.disk_mb).
-dpkg -s libseccomp2 >/dev/null 2>&1 || need+=(libseccomp2)
-command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
-command -v mount >/dev/null 2>&1 || need+=(mount)
 
 if [ "${#need[@]}" -gt 0 ]; then
   log "installing: ${need[*]}"
@@ -55,8 +51,4 @@ if ! docker info >/dev/null 2>&1; then
 fi
 log "docker engine: $(docker version --format '{{.Server.Version}}' 2>/dev/null)"
 
-# bubblewrap must be able to create user/net namespaces here.
-if ! bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc true 2>/dev/null; then
-  log "WARNING: bwrap cannot create namespaces on this host (check kernel.unprivileged_userns_clone / seccomp)"
-fi
 log "done"

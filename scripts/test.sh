@@ -11,12 +11,14 @@ mkdir -p "$ROLLOUT_CACHE_DIR"
 echo "== system packages and services"
 bash scripts/install_system_deps.sh
 
-echo "== project virtual environment (.venv)"
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
+echo "== project virtual environment (.venv; recreated if made for another location)"
+bash scripts/ensure_venv.sh
+
+echo "== real chat templates (third-party test data, checked by sha256; fetched if missing)"
+if ! .venv/bin/rollout templates check 2>/dev/null; then
+  .venv/bin/rollout templates fetch \
+    || echo "[test.sh] no chat templates: the tests that read them will fail" >&2
 fi
-.venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q -e ".[dev]"
 
 echo "== vLLM CPU virtual environment (cached under $ROLLOUT_CACHE_DIR)"
 .venv/bin/python -c "from devstack.vllm_server import ensure_vllm_venv; print(ensure_vllm_venv())"

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from workers.templates_cmd import templates_app
+
 
 class Fsync(StrEnum):
     group = "group"
@@ -24,6 +26,7 @@ class EngineApiChoice(StrEnum):
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agentic Rollout")
+app.add_typer(templates_app, name="templates")
 
 
 @app.command("make-tiny-model")

@@ -4,31 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
+from devstack.real_templates import template_names
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.chat_template import ChatTemplate, TemplateRenderError, ToolCallStyle
-
-
-def shared_templates_dir() -> Path:
-    root = os.environ.get("ROLLOUT_SHARED_DIR")
-    base = Path(root) if root else Path(__file__).resolve().parents[3] / "shared"
-    folder = base / "chat_templates"
-    if not folder.is_dir():
-        pytest.fail(
-            f"real chat templates not found in {folder}; set ROLLOUT_SHARED_DIR to the "
-            "directory holding chat_templates/",
-            pytrace=False,
-        )
-    return folder
+from tests.fixtures.real_templates import real_template_text
 
 
 def real(name: str, bos: str = "<s>", eos: str = "</s>") -> ChatTemplate:
-    text = (shared_templates_dir() / f"{name}.jinja").read_text()
+    text = real_template_text(name)
     return ChatTemplate(text, bos_token=bos, eos_token=eos, clock=lambda: datetime(2025, 1, 2))
 
 
@@ -199,14 +186,14 @@ def test_probe_picks_the_variant_each_real_template_needs(
 
 
 PUBLISHED_TEMPLATES = 16
-"""Real templates in ../shared/chat_templates (see its SOURCES.md); more may be added."""
+"""Real templates in the manifest (devstack/chat_template_sources.json); more may be added."""
 
 
 def test_every_real_template_renders_a_tool_conversation_after_normalisation() -> None:
-    paths = sorted(shared_templates_dir().glob("*.jinja"))
-    assert len(paths) >= PUBLISHED_TEMPLATES, [p.stem for p in paths]
-    for path in paths:
-        t = real(path.stem)
+    names = template_names()
+    assert len(names) >= PUBLISHED_TEMPLATES, names
+    for name in names:
+        t = real(name)
         messages = [
             Message(role="system", content="sys"),
             Message(role="user", content="weather?"),
@@ -214,7 +201,7 @@ def test_every_real_template_renders_a_tool_conversation_after_normalisation() -
             Message(role="tool", content="sunny", tool_call_id="call00001"),
         ]
         out = t.render(messages, [TOOL], add_generation_prompt=True)
-        assert "Paris" in out, path.stem
+        assert "Paris" in out, name
 
 
 def test_template_without_tool_calls_does_not_support_tools() -> None:

@@ -1,9 +1,9 @@
-"""The incremental path against every real chat template in ../shared/chat_templates.
+"""The incremental path against every real chat template (the manifest in devstack).
 
 The templates, families and the oracle run live in `tests/fixtures/real_templates.py`;
-a template is read in place, never copied. The planner renders windows where
-the template's probe allows it (`test_windowed_render` pins those decisions), so the
-oracle checks here cover the windowed path for those templates.
+a template is read in place and checksum-verified, never copied. The planner renders
+windows where the template's probe allows it (`test_windowed_render` pins those
+decisions), so the oracle checks here cover the windowed path for those templates.
 """
 
 from __future__ import annotations
