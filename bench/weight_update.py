@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 from devstack.background_server import BackgroundServer  # noqa: E402
 from devstack.tiny_model import ensure_tiny_model  # noqa: E402
 from devstack.vllm_server import VllmServer, VllmServerConfig  # noqa: E402
-from gateway.app import GatewayApp  # noqa: E402
-from gateway.core import Gateway  # noqa: E402
+from gateway.http.app import GatewayApp  # noqa: E402
+from gateway.sessions.core import Gateway  # noqa: E402
 from schemas.engine_weights import VllmWeightLoader, WeightUpdate  # noqa: E402
 from schemas.policy import PolicyUpdateRecord  # noqa: E402
 from workers.gateway_server import GatewaySettings, build_gateway  # noqa: E402

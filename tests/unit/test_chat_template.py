@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.canonical import Message, Tool, ToolCall
-from gateway.chat_template import ChatTemplate, TemplateRenderError, ToolCallStyle
+from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError, ToolCallStyle
 
 
 def shared_templates_dir() -> Path:

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from devstack.ports import free_port
-from gateway.engine_client import EngineClient
+from gateway.engines.vllm import EngineClient
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
@@ -487,7 +487,7 @@ async def test_calls_reuse_a_kept_alive_connection_until_it_has_idled_too_long(
 ) -> None:
     """Engines close idle connections after 5 s; the client gives them up first, so a call
     is never sent on a connection the engine is closing."""
-    monkeypatch.setattr("gateway.engine_client.KEEPALIVE_S", 0.3)
+    monkeypatch.setattr("gateway.engines.vllm.KEEPALIVE_S", 0.3)
     async with EngineClient([engine_url], MODEL, request_timeout_s=5, connect_retries=0) as ec:
         for _ in range(3):
             await ec.complete(engine_url, PROMPT, SamplingParams())

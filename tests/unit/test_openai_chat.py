@@ -16,15 +16,15 @@ import langchain_openai
 import openai
 import pytest
 
-from gateway.adapters.openai_chat import parse_chat_request
-from gateway.adapters.openai_chat_reply import (
+from gateway.canonical import CanonicalRequest, CompletionResult, ParsedOutput, ToolCall
+from gateway.errors import GatewayError, openai_error_body
+from gateway.protocols.openai_chat.reply import (
     chat_completion_body,
     chat_completion_sse,
     openai_error_response,
     sse_error_event,
 )
-from gateway.canonical import CanonicalRequest, CompletionResult, ParsedOutput, ToolCall
-from gateway.errors import GatewayError, openai_error_body
+from gateway.protocols.openai_chat.request import parse_chat_request
 from tests.fixtures.sdk_transport import openai_client
 
 ARGS_0 = json.dumps({"command": "grep -rn 'def main' src/ | head -n 20", "timeout": 30})

@@ -13,23 +13,23 @@ import httpx
 import openai
 import pytest
 
-from gateway.adapters.openai_chat_reply import openai_error_response
-from gateway.adapters.openai_responses import (
-    COMPACT_INSTRUCTION,
-    COMPACTION_SUMMARY_PREFIX,
-    is_compaction,
-    parse_responses_request,
-)
-from gateway.adapters.openai_responses_reply import (
+from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
+from gateway.errors import GatewayError
+from gateway.protocols.openai_chat.reply import openai_error_response
+from gateway.protocols.openai_responses.reply import (
     compact_body,
     output_items,
     responses_body,
     responses_sse,
     sse_failed_event,
 )
-from gateway.adapters.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
-from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
-from gateway.errors import GatewayError
+from gateway.protocols.openai_responses.request import (
+    COMPACT_INSTRUCTION,
+    COMPACTION_SUMMARY_PREFIX,
+    is_compaction,
+    parse_responses_request,
+)
+from gateway.protocols.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
 from tests.fixtures.sdk_transport import openai_client
 
 REASONING = "The user wants the file list. Run ls first — 然后再看 README。"

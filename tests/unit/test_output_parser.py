@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gateway.output_parser import HermesParser, get_parser, parser_names, tool_call_id
+from gateway.parsers.hermes import HermesParser, get_parser, parser_names, tool_call_id
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import asyncio
 
 from gateway.canonical import CompletionResult, ParsedOutput
-from gateway.retries import Answers, is_retry, request_digest
+from gateway.capture.retries import Answers, is_retry, request_digest
 
 
 def result(call_id: str) -> CompletionResult:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-import gateway.store
-from gateway.store import CallRecord, PromptRef, SegmentOpened, SessionMeta, SessionStore
-from gateway.trajectory import TrajectoryCorruptError, build_segments
+import gateway.capture.store
+from gateway.capture.store import CallRecord, PromptRef, SegmentOpened, SessionMeta, SessionStore
+from gateway.capture.trajectory import TrajectoryCorruptError, build_segments
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
 from schemas.session import SessionConfig
@@ -173,12 +173,12 @@ def test_a_corrupt_record_in_the_middle_is_reported_with_file_and_line(tmp_path:
     with open(records_file, "ab") as fh:
         fh.write(b'{"kind":"call","call":{"call_id":"glued"{"kind":"call"}\n')
     store.append("s1", call("c1", "a", [1], [2]))
-    with pytest.raises(gateway.store.CorruptRecordError) as caught:
+    with pytest.raises(gateway.capture.store.CorruptRecordError) as caught:
         store.load_records("s1")
     assert str(caught.value).startswith(f"{records_file} line 2: corrupt record")
     # A complete line that parses but is not a record is corruption too.
     records_file.write_bytes(records_file.read_bytes().replace(b'"kind":"segment"', b'"kind":1'))
-    with pytest.raises(gateway.store.CorruptRecordError, match=r"records\.jsonl line 1: "):
+    with pytest.raises(gateway.capture.store.CorruptRecordError, match=r"records\.jsonl line 1: "):
         store.load_records("s1")
 
 

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from gateway.canonical import ParsedOutput, ToolCall
-from gateway.incremental import load_tokenizer
-from gateway.output_parser import HermesParser
-from gateway.stream_parser import (
+from gateway.parsers.hermes import HermesParser
+from gateway.parsers.stream import (
     HermesSplitter,
     IncrementalDecoder,
     OutputStream,
@@ -17,6 +16,7 @@ from gateway.stream_parser import (
     TextDelta,
     ToolCallDone,
 )
+from gateway.prompt.incremental import load_tokenizer
 
 PARSER = HermesParser()
 PIECES = [

@@ -1,0 +1,5 @@
+"""Sessions: their lifetimes, the janitor that closes expired ones, scene classification
+and the session registry of a process.
+
+It must not import the HTTP app.
+"""
