@@ -47,7 +47,8 @@ class CanonicalRequest(CanonicalModel):
     `template_kwargs` are chat-template variables such as `enable_thinking`.
     """
 
-    protocol: Literal["openai_chat", "openai_responses", "anthropic_messages"]
+    protocol: str
+    """The name the protocol registered under (`gateway.protocols.registry`)."""
     path: str
     model: str
     messages: list[Message]

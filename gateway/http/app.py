@@ -30,20 +30,8 @@ from gateway.http.streaming import stream_reply
 from gateway.observability.load_metrics import EngineCollector, LoopLagMonitor
 from gateway.observability.spans import SpanMiddleware, lap
 from gateway.prompt.tokenize_pool import OffloadingTokenizer
-from gateway.protocols.anthropic_messages import (
-    reply as anthropic_messages_reply,
-)
-from gateway.protocols.anthropic_messages import (
-    request as anthropic_messages,
-)
-from gateway.protocols.openai_chat import reply as openai_chat_reply
-from gateway.protocols.openai_chat import request as openai_chat
-from gateway.protocols.openai_responses import (
-    reply as openai_responses_reply,
-)
-from gateway.protocols.openai_responses import (
-    request as openai_responses,
-)
+from gateway.protocols import registry
+from gateway.protocols.base import CountRoute, ErrorResponder, SamplingRoute
 from gateway.protocols.wire import field_error, load_object
 from gateway.sessions.core import Gateway, LiveSession
 from gateway.sessions.janitor import SessionJanitor
@@ -52,7 +40,6 @@ from schemas.session import SessionConfig, SessionList
 
 log = logging.getLogger("rollout.gateway")
 
-ErrorResponder = Callable[[GatewayError], Response]
 Handler = Callable[[Request], Awaitable[Response]]
 #: Which listener an app serves: the agent API, or the control API + /metrics + /health.
 Listener = Literal["agent", "control"]
@@ -81,11 +68,9 @@ def _require_json_content_type(request: Request) -> None:
 
 
 def error_responder_for(path: str) -> ErrorResponder:
-    """The protocol a path speaks: Anthropic under /v1/messages, else OpenAI's shape (which
-    the control API uses too)."""
-    if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return anthropic_messages_reply.anthropic_error_response
-    return openai_chat_reply.openai_error_response
+    """The error shape of the protocol a path speaks (`protocols.registry`); OpenAI's for
+    the control API and any path no protocol owns."""
+    return registry.error_response_for(path)
 
 
 class GatewayApp:
@@ -213,69 +198,38 @@ class GatewayApp:
 
     # ------------------------------------------------------------------ agent API
     async def _agent_request(
-        self, request: Request
+        self, request: Request, route: SamplingRoute
     ) -> tuple[LiveSession, CanonicalRequest, dict[str, Any]]:
         """Authenticate, read and translate an agent call with its protocol's parser."""
         session = self.gateway.authenticate(_bearer(request))
         lap("auth")
         body = await self._read_json(request)
-        path = request.url.path
-        parse = {
-            "/v1/chat/completions": openai_chat.parse_chat_request,
-            "/v1/responses": openai_responses.parse_responses_request,
-            "/v1/responses/compact": openai_responses.parse_responses_request,
-            "/v1/messages": anthropic_messages.parse_messages_request,
-        }[path]
-        canonical = parse(body, dict(request.headers), path, session.history)
+        canonical = route.parse(body, dict(request.headers), request.url.path, session.history)
         lap("body_parse")
         return session, canonical, body
 
-    async def chat_completions(self, request: Request) -> Response:
-        session, canonical, body = await self._agent_request(request)
-        if canonical.stream:
-            usage = canonical.include_usage
-            return await stream_reply(
-                self.gateway,
-                session,
-                canonical,
-                body,
-                lambda head: openai_chat_reply.ChatStreamWriter(head, usage),
-            )
-        result = await self.gateway.complete(session, canonical, body)
-        return openai_chat_reply.chat_completion_response(result, stream=False)
+    def _sampling(self, route: SamplingRoute) -> Handler:
+        """The handler of a route that samples: the whole reply, or the protocol's live
+        event stream when the request asks for one and the route streams."""
 
-    async def responses(self, request: Request) -> Response:
-        session, canonical, body = await self._agent_request(request)
-        compact = request.url.path.endswith("/compact")
-        if canonical.stream and not compact:
-            return await stream_reply(
-                self.gateway, session, canonical, body, openai_responses_reply.ResponsesStreamWriter
-            )
-        result = await self.gateway.complete(session, canonical, body)
-        if compact:
-            return openai_responses_reply.compact_response(result, canonical)
-        return openai_responses_reply.responses_response(result, stream=False)
+        async def sample(request: Request) -> Response:
+            session, canonical, body = await self._agent_request(request, route)
+            if canonical.stream and route.stream_writer is not None:
+                writer = route.stream_writer(canonical)
+                return await stream_reply(self.gateway, session, canonical, body, writer)
+            result = await self.gateway.complete(session, canonical, body)
+            return route.reply(result, canonical)
 
-    async def messages(self, request: Request) -> Response:
-        session, canonical, body = await self._agent_request(request)
-        if canonical.stream:
-            return await stream_reply(
-                self.gateway,
-                session,
-                canonical,
-                body,
-                anthropic_messages_reply.MessagesStreamWriter,
-            )
-        result = await self.gateway.complete(session, canonical, body)
-        return anthropic_messages_reply.messages_response(result, stream=False)
+        return sample
 
-    async def count_tokens(self, request: Request) -> Response:
-        self.gateway.authenticate(_bearer(request))
-        body = await self._read_json(request)
-        canonical = anthropic_messages.parse_count_tokens_request(
-            body, dict(request.headers), request.url.path
-        )
-        return anthropic_messages_reply.count_tokens_response(self.gateway.count_tokens(canonical))
+    def _counting(self, route: CountRoute) -> Handler:
+        async def count(request: Request) -> Response:
+            self.gateway.authenticate(_bearer(request))
+            body = await self._read_json(request)
+            canonical = route.parse(body, dict(request.headers), request.url.path)
+            return route.reply(self.gateway.count_tokens(canonical))
+
+        return count
 
     async def models(self, request: Request) -> Response:
         self.gateway.authenticate(_bearer(request))
@@ -327,9 +281,7 @@ class GatewayApp:
     def build(self, listener: Listener) -> Starlette:
         """The app of one listener. One route per path; each method's handler is guarded
         with the error shape of its protocol (the control API uses OpenAI's)."""
-        control = openai_chat_reply.openai_error_response
-        openai = openai_chat_reply.openai_error_response
-        anthropic = anthropic_messages_reply.anthropic_error_response
+        control = openai = registry.DEFAULT_ERROR_RESPONSE
         endpoints: list[tuple[Listener, str, Handler, ErrorResponder, str]] = [
             ("control", "/sessions", self.create_session, control, "POST"),
             ("control", "/sessions", self.list_sessions, control, "GET"),
@@ -340,13 +292,14 @@ class GatewayApp:
             ("control", "/policy", self.update_policy, control, "POST"),
             ("control", "/policy/pause", self.pause_policy, control, "POST"),
             ("control", "/policy/resume", self.resume_policy, control, "POST"),
-            ("agent", "/v1/chat/completions", self.chat_completions, openai, "POST"),
-            ("agent", "/v1/responses", self.responses, openai, "POST"),
-            ("agent", "/v1/responses/compact", self.responses, openai, "POST"),
-            ("agent", "/v1/messages", self.messages, anthropic, "POST"),
-            ("agent", "/v1/messages/count_tokens", self.count_tokens, anthropic, "POST"),
-            ("agent", "/v1/models", self.models, openai, "GET"),
         ]
+        for protocol in registry.PROTOCOLS:
+            respond = protocol.error_response
+            for route in protocol.routes:
+                endpoints.append(("agent", route.path, self._sampling(route), respond, "POST"))
+            for counted in protocol.count_routes:
+                endpoints.append(("agent", counted.path, self._counting(counted), respond, "POST"))
+        endpoints.append(("agent", "/v1/models", self.models, openai, "GET"))
         by_path: dict[str, dict[str, Handler]] = {}
         for served_on, path, handler, respond, method in endpoints:
             if served_on == listener:
@@ -362,7 +315,11 @@ class GatewayApp:
             routes=routes,
             exception_handlers={HTTPException: self._unrouted_on(listener)},
             # per-call spans of the model calls (`gateway.observability.spans`)
-            middleware=[Middleware(SpanMiddleware, metrics=self.gateway.metrics)]
+            middleware=[
+                Middleware(
+                    SpanMiddleware, metrics=self.gateway.metrics, measured=registry.span_labels()
+                )
+            ]
             if listener == "agent"
             else [],
             # the session janitor runs once per process: with the control app

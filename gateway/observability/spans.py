@@ -12,6 +12,7 @@ response and handing it to the server) and observes every span into the histogra
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -38,14 +39,6 @@ digest, template and incremental tokenization; `engine_queue`: waiting for an en
 ids to reasoning, content and tool calls; `record`: commit to the held segment and the
 append; `sync`: waiting for the group commit; `respond`: the reply in the caller's
 protocol, until its last byte is handed to the server."""
-
-PROTOCOL_OF_PATH = {
-    "/v1/chat/completions": "openai_chat",
-    "/v1/responses": "openai_responses",
-    "/v1/responses/compact": "openai_responses",
-    "/v1/messages": "anthropic_messages",
-}
-"""The agent calls that are measured (model calls; not count_tokens or /v1/models)."""
 
 
 class CallSpans:
@@ -77,15 +70,17 @@ def lap(span: str) -> None:
 
 
 class SpanMiddleware:
-    """ASGI middleware around the agent app: measures the model calls (`PROTOCOL_OF_PATH`)
-    that end in a success and observes their spans."""
+    """ASGI middleware around the agent app: measures the model calls that end in a
+    success and observes their spans. `measured`: path → label of the calls to measure
+    (the protocols' sampling routes, `gateway.protocols.registry.span_labels`)."""
 
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, measured: Mapping[str, str]) -> None:
         self.app = app
         self.metrics = metrics
+        self.measured = dict(measured)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        protocol = PROTOCOL_OF_PATH.get(scope.get("path", "")) if scope["type"] == "http" else None
+        protocol = self.measured.get(scope.get("path", "")) if scope["type"] == "http" else None
         if protocol is None:
             await self.app(scope, receive, send)
             return

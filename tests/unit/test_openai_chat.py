@@ -17,10 +17,11 @@ import openai
 import pytest
 
 from gateway.canonical import CanonicalRequest, CompletionResult, ParsedOutput, ToolCall
-from gateway.errors import GatewayError, openai_error_body
+from gateway.errors import GatewayError
 from gateway.protocols.openai_chat.reply import (
     chat_completion_body,
     chat_completion_sse,
+    openai_error_body,
     openai_error_response,
     sse_error_event,
 )

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from starlette.responses import JSONResponse, Response
 
 from gateway.canonical import CompletionResult, ToolCall
-from gateway.errors import GatewayError, openai_error_body
+from gateway.errors import GatewayError
 from gateway.protocols.sse import (
     SSE_PIECE_CHARS,
     Sent,
@@ -22,6 +22,42 @@ from gateway.protocols.sse import (
 )
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+# --- errors -----------------------------------------------------------------------------------
+
+OPENAI_ERROR_TYPES: dict[str, str] = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "not_found": "not_found_error",
+    "method_not_allowed": "invalid_request_error",
+    "conflict": "conflict_error",
+    "idempotency_mismatch": "conflict_error",
+    "too_large": "invalid_request_error",
+    "unsupported_media_type": "invalid_request_error",
+    "overloaded": "server_error",
+    "engine_unavailable": "server_error",
+    "engine_timeout": "server_error",
+    "engine_bad_reply": "server_error",
+    "storage_unavailable": "server_error",
+    "corrupt_record": "server_error",
+    "internal": "server_error",
+}
+"""Our kind → OpenAI's error `type`."""
+
+
+def openai_error_body(err: GatewayError) -> dict[str, Any]:
+    """OpenAI's error JSON: `{"error": {"message", "type", "param", "code"}}`.
+
+    `code` carries our machine kind so callers can branch without parsing messages.
+    """
+    return {
+        "error": {
+            "message": err.message,
+            "type": OPENAI_ERROR_TYPES[err.kind],
+            "param": err.param,
+            "code": err.kind,
+        }
+    }
 
 
 def completion_id(result: CompletionResult) -> str:
