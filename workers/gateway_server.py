@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 from gateway.engines.vllm import EngineApi, EngineClient, EngineRouting
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
-from gateway.parsers.hermes import get_parser
+from gateway.parsers.registry import get_parser
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
 from gateway.prompt.model_files import load_model_files

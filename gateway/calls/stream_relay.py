@@ -22,8 +22,8 @@ from typing import Any
 
 from gateway.capture.recording import PlannedCall
 from gateway.engines.vllm_wire import EngineCompletion
-from gateway.parsers.hermes import OutputParser
-from gateway.parsers.stream import OutputStream, StreamEvent
+from gateway.parsers.base import OutputParser, StreamEvent
+from gateway.parsers.stream import OutputStream
 from gateway.prompt.incremental import IncrementalTokenizer
 from gateway.protocols.sse import StreamHead
 

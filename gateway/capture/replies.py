@@ -2,7 +2,7 @@
 retry answered from the record, and a session revived after a restart."""
 
 from gateway.canonical import CompletionResult, Message, ParsedOutput
-from gateway.parsers.hermes import OutputParser
+from gateway.parsers.base import OutputParser
 from gateway.prompt.incremental import IncrementalTokenizer
 from schemas.trajectory import RecordedCall
 

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from gateway.canonical import Message, Tool
 from gateway.capture.replies import parse_output, reply_message, turn_finished
 from gateway.capture.store import CallRecord, Record, SegmentOpened
-from gateway.parsers.hermes import OutputParser
+from gateway.parsers.base import OutputParser
 from gateway.prompt.incremental import HeldSegment, IncrementalTokenizer
 from gateway.prompt.incremental.message_keys import (
     MessageKey,

@@ -20,7 +20,8 @@ from starlette.types import Receive, Scope, Send
 from gateway.calls.stream_relay import StreamAborted, StreamRelay
 from gateway.canonical import CanonicalRequest, CompletionResult
 from gateway.errors import GatewayError
-from gateway.parsers.stream import OutputStream, StreamEvent, ToolCallDone
+from gateway.parsers.base import StreamEvent, ToolCallDone
+from gateway.parsers.stream import OutputStream
 from gateway.protocols.sse import StreamHead, StreamWriter, head_of
 from gateway.sessions.core import Gateway, LiveSession
 

@@ -1,54 +1,25 @@
-"""Split sampled text into reasoning, content and tool calls, per model family.
+"""The Hermes / Qwen3 family: `<think>` reasoning and `<tool_call>` JSON blocks, parsed
+whole (`HermesParser.parse`) or while the tokens arrive (`HermesSplitter`).
 
-The Gateway keeps the sampled token IDs as the truth; this only derives what the agent sees.
-Hence parsers never raise: a malformed tool call is handed back as plain text and flagged in
-`ParsedOutput.parse_error`, so the agent (and the recorded trajectory) still sees what the
-model wrote. Tool-call IDs are derived from the call ID so a replay yields identical IDs.
+The splitter holds back whatever the rest of the output could still change: a tail that
+may be the start of a tag (`</think>`, `<tool_call>`, an end marker), whitespace (the parse
+strips each field) and a tool-call block until it has parsed as a complete call. A block
+that does not parse holds back everything after it; the finish shows it as the parse does.
+
+One case stays out of reach: an output that did not open reasoning but later closes it
+(a bare `</think>`) turns the text before it into reasoning only in hindsight; the
+writers notice that the finished parse does not extend what they sent and log it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from gateway.canonical import ParsedOutput, ToolCall
-
-
-class OutputParser(Protocol):
-    """Turns the decoded output of one engine call into a `ParsedOutput`."""
-
-    name: str
-
-    def parse(self, text: str, *, call_id: str, starts_in_reasoning: bool = False) -> ParsedOutput:
-        """`starts_in_reasoning`: the generation prompt already opened the reasoning block."""
-        ...
-
-
-_REGISTRY: dict[str, Callable[[], OutputParser]] = {}
-
-
-def register_parser(name: str, factory: Callable[[], OutputParser]) -> None:
-    """Register a parser factory under a model-family name (e.g. "qwen3")."""
-    _REGISTRY[name] = factory
-
-
-def get_parser(name: str) -> OutputParser:
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown output parser {name!r}; known: {sorted(_REGISTRY)}") from None
-    return factory()
-
-
-def parser_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def tool_call_id(call_id: str, index: int) -> str:
-    """Deterministic tool-call ID: same engine call + index → same ID on replay."""
-    return f"call_{call_id}_{index}"
+from gateway.parsers.base import StreamEvent, TextDelta, ToolCallDone, tool_call_id
 
 
 class HermesParser:
@@ -87,6 +58,9 @@ class HermesParser:
             tool_calls=calls,
             parse_error="; ".join(errors) if errors else None,
         )
+
+    def splitter(self, call_id: str, starts_in_reasoning: bool) -> HermesSplitter:
+        return HermesSplitter(self, call_id, starts_in_reasoning)
 
     def _strip_end_markers(self, text: str) -> str:
         if not self.end_markers:
@@ -205,5 +179,124 @@ def _none_if_empty(s: str) -> str | None:
     return s or None
 
 
-register_parser("qwen3", lambda: HermesParser("qwen3"))
-register_parser("hermes", lambda: HermesParser("hermes"))
+class HermesSplitter:
+    """The incremental form of `HermesParser.parse` (see the module docstring)."""
+
+    def __init__(self, parser: HermesParser, call_id: str, starts_in_reasoning: bool) -> None:
+        self.parser = parser
+        self.call_id = call_id
+        self.starts_in_reasoning = starts_in_reasoning
+        self.text = ""
+        self.pos = 0
+        self.phase: Literal["start", "reasoning", "content", "tool"] = "start"
+        self.calls = 0
+        self._pending_ws = {"reasoning": "", "content": ""}
+        self._started = {"reasoning": False, "content": False}
+        self._closes_seen = 0  # `</tool_call>` tags seen in the current block
+        self._decoder = json.JSONDecoder()
+        p = parser
+        self._reasoning_tags = (p.think_close, *p.end_markers)
+        self._content_tags = (p.call_open, *p.end_markers)
+
+    def feed(self, text: str) -> list[StreamEvent]:
+        self.text += text
+        events: list[StreamEvent] = []
+        while self._step(events):
+            pass
+        return events
+
+    def _step(self, events: list[StreamEvent]) -> bool:
+        """Advance as far as is certain; True when a phase changed (step again)."""
+        p = self.parser
+        if self.phase == "start":
+            lead = self.text.lstrip()
+            if not lead or (len(lead) < len(p.think_open) and p.think_open.startswith(lead)):
+                return False
+            if lead.startswith(p.think_open):
+                self.pos = len(self.text) - len(lead) + len(p.think_open)
+                self.phase = "reasoning"
+            else:
+                self.phase = "reasoning" if self.starts_in_reasoning else "content"
+            return True
+        rest = self.text[self.pos :]
+        if self.phase == "reasoning":
+            close = rest.find(p.think_close)
+            if close >= 0:
+                self._emit(events, "reasoning", rest[:close])
+                self.pos += close + len(p.think_close)
+                self.phase = "content"
+                return True
+            safe = _safe_length(rest, self._reasoning_tags, p.end_markers)
+            self._emit(events, "reasoning", rest[:safe])
+            self.pos += safe
+            return False
+        if self.phase == "content":
+            opening = rest.find(p.call_open)
+            if opening >= 0:
+                self._emit(events, "content", rest[:opening])
+                self.pos += opening
+                self.phase, self._closes_seen = "tool", 0
+                return True
+            safe = _safe_length(rest, self._content_tags, p.end_markers)
+            self._emit(events, "content", rest[:safe])
+            self.pos += safe
+            return False
+        return self._tool_block(events, rest)
+
+    def _tool_block(self, events: list[StreamEvent], rest: str) -> bool:
+        """A block parses only once a `</tool_call>` follows its JSON, so it is tried again
+        only when another one arrived; one that never parses holds back the rest."""
+        p = self.parser
+        closes = rest.count(p.call_close)
+        if closes == self._closes_seen:
+            return False
+        self._closes_seen = closes
+        start = self.pos + len(p.call_open)
+        while start < len(self.text) and self.text[start] in " \t\r\n":
+            start += 1
+        end, parsed, error = p._read_call(self.text, start, self._decoder)
+        if error is not None or parsed is None:
+            return False
+        name, arguments = parsed
+        call_id = tool_call_id(self.call_id, self.calls)
+        events.append(ToolCallDone(ToolCall(id=call_id, name=name, arguments=arguments)))
+        self.calls += 1
+        self.pos = end
+        self.phase = "content"
+        return True
+
+    def _emit(
+        self, events: list[StreamEvent], field: Literal["reasoning", "content"], s: str
+    ) -> None:
+        """Send `s` with the parse's strip applied: leading whitespace of the field is
+        dropped, trailing whitespace waits for text after it."""
+        if not self._started[field]:
+            s = s.lstrip()
+        text = self._pending_ws[field] + s
+        kept = text.rstrip()
+        self._pending_ws[field] = text[len(kept) :]
+        if kept:
+            self._started[field] = True
+            events.append(TextDelta(field, kept))
+
+
+def _safe_length(rest: str, tags: Sequence[str], end_markers: Sequence[str]) -> int:
+    """How much of `rest` no further text can reinterpret: not a trailing start of a tag,
+    nor trailing whitespace and end markers (the parse strips those at the end)."""
+    end = len(rest)
+    held = 0
+    for tag in tags:
+        for k in range(min(len(tag) - 1, end), held, -1):
+            if rest.endswith(tag[:k]):
+                held = k
+                break
+    end -= held
+    while True:
+        trimmed = len(rest[:end].rstrip())
+        for marker in end_markers:
+            if trimmed >= len(marker) and rest.startswith(marker, trimmed - len(marker)):
+                trimmed -= len(marker)
+                break
+        if trimmed == end:
+            return end
+        end = trimmed

@@ -43,7 +43,7 @@ from gateway.engines.vllm import EngineClient
 from gateway.errors import GatewayError
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.spans import lap
-from gateway.parsers.hermes import OutputParser
+from gateway.parsers.base import OutputParser
 from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
 from gateway.prompt.tokenize_pool import LargeEncode, deferring_large_encodes
