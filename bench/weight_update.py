@@ -3,7 +3,7 @@
     python bench/weight_update.py --reloads 5 [--no-restart]
 
 Starts vLLM CPU (float32, dev endpoints on, `--enforce-eager`) on the tiny model, then
-loads a checkpoint into it `--reloads` times through `schemas.engine_weights`
+loads a checkpoint into it `--reloads` times through `gateway.engines.vllm_weights`
 (pause → `reload_weights` → reset prefix cache → set version → resume) and reports
 pause / load / total per reload; then restarts the server on the same checkpoint (the
 fallback when in-place loading is unavailable) and reports stop and start-to-healthy
@@ -33,10 +33,10 @@ sys.path.insert(0, str(REPO))
 from devstack.background_server import BackgroundServer  # noqa: E402
 from devstack.tiny_model import ensure_tiny_model  # noqa: E402
 from devstack.vllm_server import VllmServer, VllmServerConfig  # noqa: E402
+from gateway.engines.vllm_weights import VllmWeightLoader  # noqa: E402
 from gateway.http.app import GatewayApp  # noqa: E402
 from gateway.sessions.core import Gateway  # noqa: E402
-from schemas.engine_weights import VllmWeightLoader, WeightUpdate  # noqa: E402
-from schemas.policy import PolicyUpdateRecord  # noqa: E402
+from schemas.policy import PolicyUpdateRecord, WeightUpdate  # noqa: E402
 from workers.gateway_server import GatewaySettings, build_gateway  # noqa: E402
 
 

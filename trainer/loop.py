@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gateway.engines.vllm_weights import VllmWeightLoader
 from schemas.client import Batch, RolloutClient, RolloutOutcome
-from schemas.engine_weights import VllmWeightLoader, WeightUpdate
-from schemas.policy import GatewayPolicyClient, PolicyUpdate, PolicyUpdateRecord
+from schemas.policy import GatewayPolicyClient, PolicyUpdate, PolicyUpdateRecord, WeightUpdate
 from schemas.tasks import RolloutTask, load_tasks
 from schemas.training import (
     FinalEval,

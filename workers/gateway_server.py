@@ -25,7 +25,8 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 
-from gateway.engines.vllm import EngineApi, EngineClient, EngineRouting
+from gateway.engines.routing import EngineRouter, EngineRouting
+from gateway.engines.vllm import EngineApi, VllmEngine
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
 from gateway.parsers.registry import get_parser
@@ -179,14 +180,13 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         session_janitor_interval_s=settings.session_janitor_interval_s,
         stream_abort_grace_s=settings.stream_abort_grace_s,
     )
-    engine = EngineClient(
-        settings.engine_urls,
+    vllm = VllmEngine(
         settings.model,
         request_timeout_s=settings.request_timeout_s,
         connect_retries=3,
-        routing=settings.engine_routing,
         api=settings.engine_api,
     )
+    engine = EngineRouter(settings.engine_urls, vllm, routing=settings.engine_routing)
     return Gateway(options, template, incremental, get_parser(settings.parser), engine)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from gateway.capture.recording import PlannedCall
-from gateway.engines.vllm_wire import EngineCompletion
+from gateway.engines.base import EngineCompletion
 from gateway.parsers.base import OutputParser, StreamEvent
 from gateway.parsers.stream import OutputStream
 from gateway.prompt.incremental import IncrementalTokenizer

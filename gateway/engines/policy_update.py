@@ -9,11 +9,11 @@ records the version that really sampled it.
 `PolicyUpdater` runs `POST /policy`. Engines are shared by all gateway processes, so the
 process that gets the call first pauses and drains every peer (`POST /policy/pause` on
 their control listeners), then itself, has every engine load the checkpoint
-(`schemas.engine_weights`: vLLM's in-place reload), and resumes everyone with the new
-version — or, when an engine fails to load, puts back the engines that had loaded and
-resumes everyone on the old one. Updates are serialized; a peer paused by one update
-refuses another (409) instead of deadlocking two coordinators. The history is one JSONL
-file on the shared data dir, so every process (and a restarted one) reports the same.
+(`Engine.weight_loader`; vLLM's reloads in place, `vllm_weights`), and resumes everyone
+with the new version — or, when an engine fails to load, puts back the engines that had
+loaded and resumes everyone on the old one. Updates are serialized; a peer paused by one
+update refuses another (409) instead of deadlocking two coordinators. The history is one
+JSONL file on the shared data dir, so every process (and a restarted one) reports the same.
 """
 
 import asyncio
@@ -27,15 +27,9 @@ from pathlib import Path
 
 import httpx
 
+from gateway.engines.base import WeightLoader, WeightLoadError
+from gateway.engines.vllm_weights import VllmWeightLoader, check_checkpoint
 from gateway.errors import GatewayError
-from schemas.engine_weights import (
-    VllmWeightLoader,
-    WeightLoader,
-    WeightLoadError,
-    WeightUpdate,
-    WeightUpdateReport,
-    check_checkpoint,
-)
 from schemas.policy import (
     PeerPause,
     PeerPaused,
@@ -43,6 +37,8 @@ from schemas.policy import (
     PolicyState,
     PolicyUpdate,
     PolicyUpdateRecord,
+    WeightUpdate,
+    WeightUpdateReport,
 )
 
 log = logging.getLogger("rollout.gateway")

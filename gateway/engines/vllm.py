@@ -1,9 +1,9 @@
-"""Token-ID client for vLLM: `/v1/completions`, or its token-in/token-out
+"""The vLLM engine: token ids to `/v1/completions`, or to its token-in/token-out
 `/inference/v1/generate`.
 
 The Gateway renders prompts itself and sends token IDs, so this client never sees text
 prompts. It returns the sampled output IDs and their logprobs exactly as the engine
-produced them, validated by `engine_wire`. The generate endpoint (vLLM started with
+produced them, validated by `vllm_wire`. The generate endpoint (vLLM started with
 `--enable-scale-out`) is the leaner one: vLLM neither detokenizes the sampled tokens nor
 names each logprob's token nor echoes the prompt's ids.
 """
@@ -11,18 +11,16 @@ names each logprob's token nor echoes the prompt's ids.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import aiohttp
 import orjson
 
+from gateway.engines.base import EngineCompletion, EngineModelInfo, TokenSink
+from gateway.engines.vllm_weights import VllmWeightLoader
 from gateway.engines.vllm_wire import (
-    EngineCompletion,
-    EngineModelInfo,
     VllmModelList,
     bad_reply,
     completion_reply,
@@ -41,9 +39,6 @@ _PATHS: dict[EngineApi, str] = {
     "completions": "/v1/completions",
     "generate": "/inference/v1/generate",
 }
-
-TokenSink = Callable[[list[int], list[float]], None]
-"""Receives each stream chunk's sampled ids and their logprobs, in order."""
 
 ENGINE_UNAVAILABLE_RETRY_AFTER_S = 5.0
 """Retry-After suggested to agents when no engine connection could be made."""
@@ -140,59 +135,15 @@ def _status_error(url: str, status: int, body: bytes, retry_after: str | None) -
     return GatewayError("engine_bad_reply", f"engine at {url} answered HTTP {status}: {message}")
 
 
-class EngineStats:
-    """What one engine did for this gateway process: calls in flight, calls, busy time
-    (seconds with at least one call in flight) and prompt tokens sent / found cached. The
-    gateway's /metrics reports them per engine, so a fleet shows an idle or hot engine."""
-
-    def __init__(self) -> None:
-        self.inflight = 0
-        self.calls = 0
-        self.failed = 0
-        self.prompt_tokens = 0
-        self.cached_prompt_tokens = 0
-        self._busy_s = 0.0
-        self._busy_since = 0.0
-
-    def started(self) -> None:
-        if self.inflight == 0:
-            self._busy_since = time.monotonic()
-        self.inflight += 1
-
-    def finished(self, completion: EngineCompletion | None) -> None:
-        self.inflight -= 1
-        if self.inflight == 0:
-            self._busy_s += time.monotonic() - self._busy_since
-        if completion is None:
-            self.failed += 1
-            return
-        self.calls += 1
-        self.prompt_tokens += completion.prompt_tokens
-        self.cached_prompt_tokens += completion.cached_prompt_tokens
-
-    def busy_seconds(self) -> float:
-        """Busy time so far, the current busy stretch included."""
-        current = time.monotonic() - self._busy_since if self.inflight else 0.0
-        return self._busy_s + current
-
-
-#: How calls pick an engine: `sticky` keeps a session on the engine it was assigned
-#: (least-loaded at creation), so its growing prefix hits that engine's prefix cache;
-#: `round_robin` sends each call to the next engine (only to compare the two).
-EngineRouting = Literal["sticky", "round_robin"]
-
-
-class EngineClient:
-    """Talks to one or more vLLM servers serving the same model.
-
-    Sessions are sticky: a session keeps its engine URL so its growing prefix hits that
-    engine's prefix cache. Only failures where the request cannot have reached the engine
-    (connect errors) are retried, and on the same URL, to keep that stickiness.
+class VllmEngine:
+    """Talks to vLLM servers serving the same model (an `Engine`); the URL of each call
+    says which (`routing` picks it). Only failures where the request cannot have reached
+    the engine (connect errors) are retried, and on the same URL, to keep a session on
+    the engine whose prefix cache holds its history.
     """
 
     def __init__(
         self,
-        urls: list[str],
         model: str,
         *,
         request_timeout_s: float,
@@ -200,14 +151,10 @@ class EngineClient:
         connect_timeout_s: float = 5.0,
         retry_backoff_s: float = 0.2,
         logprobs: int = 1,
-        routing: EngineRouting = "sticky",
         api: EngineApi = "completions",
     ) -> None:
-        if not urls:
-            raise ValueError("EngineClient needs at least one engine URL")
         if connect_retries < 0:
             raise ValueError("connect_retries must be >= 0")
-        self.urls = [u.rstrip("/") for u in urls]
         self.model = model
         self.connect_retries = connect_retries
         self.retry_backoff_s = retry_backoff_s
@@ -222,32 +169,6 @@ class EngineClient:
         )
         self._http: aiohttp.ClientSession | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
-        self._session_url: dict[str, str] = {}
-        self._load: dict[str, int] = dict.fromkeys(self.urls, 0)
-        self.routing = routing
-        self._next = itertools.cycle(self.urls)
-        self.stats: dict[str, EngineStats] = {u: EngineStats() for u in self.urls}
-
-    # --- session placement ----------------------------------------------------------------
-
-    def assign(self, session_id: str) -> str:
-        """The engine URL for a session: its existing one, else the least-loaded (ties by order)."""
-        url = self._session_url.get(session_id)
-        if url is not None:
-            return url
-        url = min(self.urls, key=lambda u: self._load[u])  # min() keeps the first on ties
-        self._session_url[session_id] = url
-        self._load[url] += 1
-        return url
-
-    def release(self, session_id: str) -> None:
-        """Forget a session's placement; idempotent."""
-        url = self._session_url.pop(session_id, None)
-        if url is not None:
-            self._load[url] -= 1
-
-    def sessions_per_url(self) -> dict[str, int]:
-        return dict(self._load)
 
     # --- HTTP -----------------------------------------------------------------------------
 
@@ -359,56 +280,21 @@ class EngineClient:
     async def complete(
         self, url: str, prompt_ids: list[int], sampling: SamplingParams
     ) -> EngineCompletion:
-        """Sample a continuation of `prompt_ids` on engine `url` (the session's; the next
-        engine instead under `round_robin` routing)."""
-        url = self._route(url)
-        stats = self._stats_for(url)
-        stats.started()
-        completion: EngineCompletion | None = None
-        try:
-            # orjson and pydantic's own JSON parser: both ends scale with the prompt (vLLM
-            # echoes the prompt ids), so the slower stdlib `json` would grow with the session.
-            payload = orjson.dumps(self.build_payload(prompt_ids, sampling))
-            resp = await self._send("POST", url, self._path, payload)
-            content = await self._read(url, resp)
-            reply = completion_reply(url, content, generate=self.api == "generate")
-            completion = extract_completion(url, prompt_ids, reply)
-            return completion
-        finally:
-            stats.finished(completion)
-
-    def _route(self, url: str) -> str:
-        return next(self._next) if self.routing == "round_robin" else url.rstrip("/")
-
-    def _stats_for(self, url: str) -> EngineStats:
-        stats = self.stats.get(url)
-        if stats is None:  # an engine this process was not started with (old session meta)
-            stats = self.stats[url] = EngineStats()
-        return stats
+        """Sample a continuation of `prompt_ids` on engine `url`."""
+        # orjson and pydantic's own JSON parser: both ends scale with the prompt (vLLM
+        # echoes the prompt ids), so the slower stdlib `json` would grow with the session.
+        payload = orjson.dumps(self.build_payload(prompt_ids, sampling))
+        resp = await self._send("POST", url, self._path, payload)
+        content = await self._read(url, resp)
+        reply = completion_reply(url, content, generate=self.api == "generate")
+        return extract_completion(url, prompt_ids, reply)
 
     async def stream(
-        self,
-        url: str,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        on_tokens: TokenSink,
+        self, url: str, prompt_ids: list[int], sampling: SamplingParams, on_tokens: TokenSink
     ) -> EngineCompletion:
         """Sample like `complete`, but on vLLM's stream: `on_tokens(ids, logprobs)` gets each
         chunk's sampled ids as they arrive. The result is validated exactly as `complete`'s
         (the chunks are merged into one reply first), so both paths record the same."""
-        url = self._route(url)
-        stats = self._stats_for(url)
-        stats.started()
-        completion: EngineCompletion | None = None
-        try:
-            completion = await self._stream(url, prompt_ids, sampling, on_tokens)
-            return completion
-        finally:
-            stats.finished(completion)
-
-    async def _stream(
-        self, url: str, prompt_ids: list[int], sampling: SamplingParams, on_tokens: TokenSink
-    ) -> EngineCompletion:
         payload = self.build_payload(prompt_ids, sampling)
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
@@ -445,12 +331,10 @@ class EngineClient:
         served = [c.id for c in listing.data]
         raise bad_reply(url, f"model {self.model!r} is not served (engine serves {served})")
 
+    def weight_loader(self, url: str) -> VllmWeightLoader:
+        """In-place reload through vLLM's dev endpoints (`vllm_weights`)."""
+        return VllmWeightLoader(url)
+
     async def aclose(self) -> None:
         if self._http is not None and not self._http.closed:
             await self._http.close()
-
-    async def __aenter__(self) -> EngineClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()

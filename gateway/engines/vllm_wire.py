@@ -10,45 +10,15 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from gateway.engines.base import EngineCompletion
 from gateway.errors import GatewayError
 from gateway.protocols.wire import ReplyWire, validation_summary
 
 _Wire = TypeVar("_Wire", bound=ReplyWire)
-
-
-class EngineCompletion(BaseModel):
-    """One validated engine completion: `output_ids[i]` was sampled with `output_logprobs[i]`.
-
-    `text` is the engine's own detokenization (special tokens kept; empty from the generate
-    endpoint); informational only — the Gateway decodes `output_ids` itself. `stop_reason`
-    is vLLM's: the stop token ID or stop string that ended generation, or None for EOS /
-    length.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    url: str
-    output_ids: list[int]
-    output_logprobs: list[float]
-    text: str
-    finish_reason: Literal["stop", "length"]
-    stop_reason: int | str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_prompt_tokens: int
-
-
-class EngineModelInfo(BaseModel):
-    """What `/v1/models` says about the served model."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str
-    max_model_len: int
 
 
 # --- vLLM wire models (validation of external input) ------------------------------------

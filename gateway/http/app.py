@@ -88,7 +88,12 @@ class GatewayApp:
         self.max_body_bytes = max_body_bytes
         #: `peers`: the other gateway processes' control URLs (paused by an update here)
         self.policy = PolicyUpdater(
-            gateway.policy, gateway.engine.urls, gateway.options.data_dir, peers, admin_token
+            gateway.policy,
+            gateway.engine.urls,
+            gateway.options.data_dir,
+            peers,
+            admin_token,
+            loader=gateway.engine.weight_loader,
         )
         registry = gateway.metrics.registry
         registry.register(EngineCollector(gateway.engine, gateway.incremental.tokenizer))

@@ -3,7 +3,7 @@ engine does for it, and how many texts were tokenized off the loop.
 
 Event-loop lag is what every call on the process pays for work done inline (parsing,
 templating, tokenizing): a task that asks to wake after `interval_s` and notes how much
-later it woke. The per-engine figures come from `EngineClient.stats`, read at scrape time.
+later it woke. The per-engine figures come from `EngineRouter.stats`, read at scrape time.
 """
 
 import asyncio
@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.engines.vllm import EngineClient
+from gateway.engines.routing import EngineRouter
 from gateway.prompt.incremental import Tokenizer
 from gateway.prompt.tokenize_pool import OffloadingTokenizer
 
@@ -43,7 +43,7 @@ class LoopLagMonitor:
 class EngineCollector(Collector):
     """Per-engine gauges and counters of one gateway process, labelled by engine URL."""
 
-    def __init__(self, engine: EngineClient, tokenizer: Tokenizer) -> None:
+    def __init__(self, engine: EngineRouter, tokenizer: Tokenizer) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
 

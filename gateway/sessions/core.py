@@ -39,7 +39,7 @@ from gateway.capture.store import (
 )
 from gateway.capture.trajectory import TrajectoryCorruptError, build_segments, recorded_calls
 from gateway.engines.policy_update import PolicyGate
-from gateway.engines.vllm import EngineClient
+from gateway.engines.routing import EngineRouter
 from gateway.errors import GatewayError
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.spans import lap
@@ -161,7 +161,7 @@ class Gateway:
         template: ChatTemplate,
         incremental: IncrementalTokenizer,
         parser: OutputParser,
-        engine: EngineClient,
+        engine: EngineRouter,
         metrics: GatewayMetrics | None = None,
     ) -> None:
         self.options = options

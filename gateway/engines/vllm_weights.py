@@ -1,8 +1,8 @@
-"""Loading a new policy checkpoint into a running engine: the interface and vLLM's.
+"""Loading a new policy checkpoint into a running vLLM engine, in place.
 
-Why here: the trainer uses it today (it loads each new policy into the engines itself)
-and the Gateway's policy-update endpoint will use it later (pause, drain, load, resume);
-`schemas` is the one package both may import.
+The Gateway's policy update (`policy_update`: pause, drain, load, resume) uses it, and so
+does the trainer when it runs without a gateway: it imports this module alone, so it
+imports nothing heavier than httpx (and `base`, pydantic only).
 
 What vLLM 0.32 offers (read from its source): with `VLLM_SERVER_DEV_MODE=1` the server
 mounts `/pause` (`mode=wait` lets in-flight requests finish, `keep` freezes them, `abort`
@@ -22,40 +22,11 @@ import json
 import struct
 import time
 from pathlib import Path
-from typing import Literal, Protocol
 
 import httpx
-from pydantic import Field
 
-from schemas.base import StrictModel
-
-PauseMode = Literal["wait", "keep", "abort"]
-
-
-class WeightUpdate(StrictModel):
-    policy_version: str = Field(min_length=1, max_length=256)
-    checkpoint: str = Field(min_length=1, description="model directory the engine can read")
-
-
-class WeightUpdateReport(StrictModel):
-    engine: str
-    policy_version: str
-    method: Literal["reload", "restart"]
-    pause_s: float
-    load_s: float
-    total_s: float
-
-
-class WeightLoadError(RuntimeError):
-    """The engine did not load the checkpoint (it keeps serving its previous weights)."""
-
-
-class WeightLoader(Protocol):
-    """One engine that can switch its weights to a new checkpoint."""
-
-    async def current_version(self) -> str | None: ...
-
-    async def load(self, update: WeightUpdate) -> WeightUpdateReport: ...
+from gateway.engines.base import WeightLoadError
+from schemas.policy import PauseMode, WeightUpdate, WeightUpdateReport
 
 
 def check_checkpoint(path: str) -> None:
