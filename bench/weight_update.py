@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO))
 from devstack.background_server import BackgroundServer  # noqa: E402
 from devstack.tiny_model import ensure_tiny_model  # noqa: E402
 from devstack.vllm_server import VllmServer, VllmServerConfig  # noqa: E402
+from gateway.calls.pipeline import Gateway  # noqa: E402
 from gateway.engines.vllm_weights import VllmWeightLoader  # noqa: E402
 from gateway.http.app import GatewayApp  # noqa: E402
-from gateway.sessions.core import Gateway  # noqa: E402
 from schemas.policy import PolicyUpdateRecord, WeightUpdate  # noqa: E402
 from workers.gateway_server import GatewaySettings, build_gateway  # noqa: E402
 

@@ -25,16 +25,17 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 
+from gateway.calls.pipeline import Gateway
 from gateway.engines.routing import EngineRouter, EngineRouting
 from gateway.engines.vllm import EngineApi, VllmEngine
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
+from gateway.options import GatewayOptions
 from gateway.parsers.registry import get_parser
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
 from gateway.prompt.model_files import load_model_files
 from gateway.prompt.tokenize_pool import OffloadingTokenizer
-from gateway.sessions.core import Gateway, GatewayOptions
 from workers.gc_policy import tune_gc_for_serving
 
 log = logging.getLogger("rollout.gateway")

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.calls.pipeline import Gateway
 from gateway.canonical import CanonicalRequest
 from gateway.engines.policy_update import PolicyUpdater
 from gateway.errors import GatewayError
@@ -33,8 +34,8 @@ from gateway.prompt.tokenize_pool import OffloadingTokenizer
 from gateway.protocols import registry
 from gateway.protocols.base import CountRoute, ErrorResponder, SamplingRoute
 from gateway.protocols.wire import field_error, load_object
-from gateway.sessions.core import Gateway, LiveSession
 from gateway.sessions.janitor import SessionJanitor
+from gateway.sessions.live import LiveSession
 from schemas.policy import PeerPause, PeerResume, PolicyUpdate
 from schemas.session import SessionConfig, SessionList
 

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 from prometheus_client import Counter
 
+from gateway.calls.pipeline import Gateway
 from gateway.errors import GatewayError
-from gateway.sessions.core import Gateway
 
 log = logging.getLogger("rollout.gateway")
 

@@ -17,13 +17,14 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from gateway.calls.pipeline import Gateway
 from gateway.calls.stream_relay import StreamAborted, StreamRelay
 from gateway.canonical import CanonicalRequest, CompletionResult
 from gateway.errors import GatewayError
 from gateway.parsers.base import StreamEvent, ToolCallDone
 from gateway.parsers.stream import OutputStream
 from gateway.protocols.sse import StreamHead, StreamWriter, head_of
-from gateway.sessions.core import Gateway, LiveSession
+from gateway.sessions.live import LiveSession
 
 log = logging.getLogger("rollout.gateway")
 

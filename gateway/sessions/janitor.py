@@ -12,14 +12,14 @@ import logging
 import time
 
 from gateway.capture.store import SessionMeta
-from gateway.sessions.core import Gateway
 from gateway.sessions.lifetime import expiry
+from gateway.sessions.service import SessionService
 
 log = logging.getLogger("rollout.gateway")
 
 
 class SessionJanitor:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: SessionService) -> None:
         self.gateway = gateway
         self._closed_seen: set[str] = set()  # closed is final: never looked at again
         self._metas: dict[str, SessionMeta] = {}  # meta.json never changes
