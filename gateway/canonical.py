@@ -71,7 +71,7 @@ class ParsedOutput(CanonicalModel):
     parse_error: str | None = None
 
 
-class CompletionResult(CanonicalModel):
+class Reply(CanonicalModel):
     """One finished call, ready for an adapter to render in its protocol."""
 
     call_id: str

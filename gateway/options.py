@@ -27,8 +27,8 @@ class GatewayOptions(BaseModel):
     it is written (survives a gateway crash, not a machine crash)."""
     fsync_interval_ms: float = Field(default=5.0, gt=0)
     """Group commit starts a batch at most this often."""
-    session_janitor_interval_s: float = Field(default=30.0, ge=0)
-    """How often the session janitor closes sessions past their TTL (0: never; calls to
+    session_reaper_interval_s: float = Field(default=30.0, ge=0)
+    """How often the session reaper closes sessions past their TTL (0: never; calls to
     an expired session are refused all the same)."""
     stream_abort_grace_s: float = Field(default=2.0, ge=0)
     """How long a streamed call whose client left keeps sampling before the engine request

@@ -73,7 +73,7 @@ class GatewaySettings(BaseModel):
     max_body_bytes: int = 32 * 2**20
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
-    session_janitor_interval_s: float = Field(default=30.0, ge=0)
+    session_reaper_interval_s: float = Field(default=30.0, ge=0)
     stream_abort_grace_s: float = Field(default=2.0, ge=0)
     #: The other processes' control URLs (set by `serve` for N processes): a policy
     #: update on any process pauses them all, as they share the engines.
@@ -178,7 +178,7 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         context_window=window,
         fsync=settings.fsync,
         fsync_interval_ms=settings.fsync_interval_ms,
-        session_janitor_interval_s=settings.session_janitor_interval_s,
+        session_reaper_interval_s=settings.session_reaper_interval_s,
         stream_abort_grace_s=settings.stream_abort_grace_s,
     )
     vllm = VllmEngine(

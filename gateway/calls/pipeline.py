@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.calls.stream_relay import StreamAborted, StreamRelay
-from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput
+from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply
 from gateway.capture.recording import PlannedCall, reuse_of
-from gateway.capture.replies import completion_of, parse_output, reply_message
+from gateway.capture.replies import parse_output, reply_message, reply_of
 from gateway.capture.retries import is_retry, request_digest
-from gateway.capture.store import CallRecord, CorruptRecordError, Record
+from gateway.capture.store import CallEntry, CorruptRecordError, Entry
 from gateway.engines.base import EngineCompletion
 from gateway.engines.policy_update import PolicyGate
 from gateway.engines.routing import EngineRouter
@@ -65,7 +65,7 @@ class Gateway(SessionService):
         request: CanonicalRequest,
         raw_request: dict[str, Any],
         relay: StreamRelay | None = None,
-    ) -> CompletionResult:
+    ) -> Reply:
         """One agent call. A retry (`retries.is_retry`) of a body this session answered
         gets that answer again, same call id, nothing sampled or recorded; if the original
         is still running, once it finishes (see `retries` for why only declared retries).
@@ -73,22 +73,22 @@ class Gateway(SessionService):
         (an answered retry never reaches it: the caller replays the result)."""
         digest = request_digest(request.path, raw_request)
         if is_retry(request.headers):
-            answer = await session.answers.answer_for(digest)
+            answer = await session.replies.reply_for(digest)
             if answer is not None:
                 self.metrics.retries_answered.inc()
-                if isinstance(answer, CompletionResult):
+                if isinstance(answer, Reply):
                     return answer
-                return await self._recorded_answer(session, answer, request)
-        with session.answers.answering(digest) as inflight:
+                return await self._recorded_reply(session, answer, request)
+        with session.replies.replying(digest) as inflight:
             if relay is not None:
                 relay.wanted_by_retry = inflight.awaited
             result = await self._sample(session, request, raw_request, digest, relay)
             inflight.answer.set_result(result)
         return result
 
-    async def _recorded_answer(
+    async def _recorded_reply(
         self, session: LiveSession, call_id: str, request: CanonicalRequest
-    ) -> CompletionResult:
+    ) -> Reply:
         """The answer of a recorded call, read back from the session's records."""
         session_id = session.meta.session_id
         try:
@@ -96,12 +96,12 @@ class Gateway(SessionService):
         except CorruptRecordError as exc:
             raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
         for record in records:
-            if isinstance(record, CallRecord) and record.call.call_id == call_id:
+            if isinstance(record, CallEntry) and record.call.call_id == call_id:
                 call = record.call
                 parsed = parse_output(
                     self.incremental, self.parser, call_id, call.prompt_ids, call.output_ids
                 )
-                return completion_of(call, parsed, request.model or self.options.model_name)
+                return reply_of(call, parsed, request.model or self.options.model_name)
         raise GatewayError("corrupt_record", f"session {session_id}: call {call_id} is lost")
 
     async def _sample(
@@ -111,7 +111,7 @@ class Gateway(SessionService):
         raw_request: dict[str, Any],
         digest: str,
         relay: StreamRelay | None = None,
-    ) -> CompletionResult:
+    ) -> Reply:
         """A call that samples, step by step; each step closes its span (`lap`)."""
         planned = await self._plan_call(session, request, raw_request, digest)
         lap("plan")
@@ -130,7 +130,7 @@ class Gateway(SessionService):
         await self._synced(synced)
         lap("sync")
         self._count(request, planned.scene, call, planned.plan)
-        return completion_of(call, parsed, request.model or self.options.model_name)
+        return reply_of(call, parsed, request.model or self.options.model_name)
 
     async def _plan_call(
         self,
@@ -224,7 +224,7 @@ class Gateway(SessionService):
                 reply,
                 finished_with_eot=completion.finish_reason != "length",
             )
-            records: list[Record] = []
+            records: list[Entry] = []
             if segment.segment_id not in session.segment_scenes:
                 records.append(session.open_segment(segment, planned.scene))
             conflict = segment.segment_id != plan.segment_id
@@ -251,7 +251,7 @@ class Gateway(SessionService):
                 raise
             session.last_call[segment.segment_id] = planned.call_id
             session.calls += 1
-            session.answers.recorded(planned.digest, planned.call_id)
+            session.replies.recorded(planned.digest, planned.call_id)
         return call, synced
 
     async def _plan(self, candidates: list[HeldSegment], request: CanonicalRequest) -> PromptPlan:
@@ -330,7 +330,7 @@ class Gateway(SessionService):
             self.metrics.engine_inflight.dec()
             self._engine_slots.release()
 
-    def _append(self, session: LiveSession, records: list[Record]) -> Future[None]:
+    def _append(self, session: LiveSession, records: list[Entry]) -> Future[None]:
         """Append a call's records; nothing is written when this raises."""
         try:
             return self.store.append(session.meta.session_id, *records)

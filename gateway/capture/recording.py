@@ -1,5 +1,5 @@
 """What one agent call leaves on disk: its `RecordedCall` (the trajectory's view) inside a
-durable `CallRecord` whose size follows what is new in the call, not the whole history."""
+durable `CallEntry` whose size follows what is new in the call, not the whole history."""
 
 import time
 from collections.abc import Mapping
@@ -12,7 +12,7 @@ import pydantic_core
 from pydantic_core import PydanticSerializationError
 
 from gateway.canonical import CanonicalRequest
-from gateway.capture.store import CallRecord, PromptRef, SessionMeta
+from gateway.capture.store import CallEntry, PromptRef, SessionMeta
 from gateway.errors import GatewayError
 from gateway.prompt.incremental import PromptPlan
 from schemas.sampling import SamplingParams
@@ -130,16 +130,16 @@ class PlannedCall:
                 param=where,
             ) from exc
 
-    def durable_record(self, call: RecordedCall) -> CallRecord:
+    def durable_record(self, call: RecordedCall) -> CallEntry:
         """What the store appends for `call`: the request parts that are new, and only the
         prompt tokens past the held ones when it extends an earlier call."""
         raw, normalized = self.stored_request
         if self.reuse.messages == 0 or self.reuse.after_call is None:
-            return CallRecord(
+            return CallEntry(
                 call=call, request=raw, normalized=normalized, request_digest=self.digest
             )
         tail = call.model_copy(update={"prompt_ids": call.prompt_ids[self.reuse.tokens :]})
-        return CallRecord(
+        return CallEntry(
             call=tail,
             request=raw,
             normalized=normalized,

@@ -1,7 +1,7 @@
 """What a call answered, derived from its sampled ids alone: the same for a live call, a
 retry answered from the record, and a session revived after a restart."""
 
-from gateway.canonical import CompletionResult, Message, ParsedOutput
+from gateway.canonical import Message, ParsedOutput, Reply
 from gateway.parsers.base import OutputParser
 from gateway.prompt.incremental import IncrementalTokenizer
 from schemas.trajectory import RecordedCall
@@ -37,10 +37,10 @@ def turn_finished(finish_reason: str | None) -> bool:
     return finish_reason != "length"
 
 
-def completion_of(call: RecordedCall, parsed: ParsedOutput, model: str) -> CompletionResult:
+def reply_of(call: RecordedCall, parsed: ParsedOutput, model: str) -> Reply:
     """The result adapters render for a recorded ok call."""
     finish = "stop" if turn_finished(call.finish_reason) else "length"
-    return CompletionResult(
+    return Reply(
         call_id=call.call_id,
         model=model,
         created=int(call.started_at.timestamp()),

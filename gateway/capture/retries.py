@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from gateway.canonical import CompletionResult
+from gateway.canonical import Reply
 
 RETRY_HEADER = "x-stainless-retry-count"
 
@@ -58,14 +58,14 @@ def is_retry(headers: Mapping[str, str]) -> bool:
 class InFlight:
     """A call answering a digest, while it runs."""
 
-    answer: asyncio.Future[CompletionResult | None]
+    answer: asyncio.Future[Reply | None]
     """Set to the call's result when it finishes (None: it ended without one)."""
     awaited: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once a retry waits for this answer: a streamed call whose own client left
     then samples to the end (`StreamRelay`), as the retry's client still wants it."""
 
 
-class Answers:
+class RetryReplies:
     """A session's answered request bodies (digest → call id) and those being answered.
 
     Not thread-safe: used from the gateway's event loop only.
@@ -80,7 +80,7 @@ class Answers:
         self._answered[digest] = call_id
 
     @contextmanager
-    def answering(self, digest: str) -> Iterator[InFlight]:
+    def replying(self, digest: str) -> Iterator[InFlight]:
         """While a call for `digest` runs, retries wait for it: set the yielded answer's
         result; if the call ends without one, waiters get None."""
         inflight = InFlight(asyncio.get_running_loop().create_future())
@@ -93,7 +93,7 @@ class Answers:
             if self._inflight.get(digest) is inflight:
                 del self._inflight[digest]
 
-    async def answer_for(self, digest: str) -> CompletionResult | str | None:
+    async def reply_for(self, digest: str) -> Reply | str | None:
         """The answer to a retry of `digest`: the in-flight call's result once it finishes,
         else the id of the recorded call answering it (None: never answered, sample it)."""
         inflight = self._inflight.get(digest)

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from gateway.canonical import Message, Tool
 from gateway.capture.replies import parse_output, reply_message, turn_finished
-from gateway.capture.store import CallRecord, Record, SegmentOpened
+from gateway.capture.store import CallEntry, Entry, SegmentOpened
 from gateway.parsers.base import OutputParser
 from gateway.prompt.incremental import HeldSegment, IncrementalTokenizer
 from gateway.prompt.incremental.message_keys import (
@@ -66,7 +66,7 @@ class _Unrebuildable(ValueError):
 
 
 def revive(
-    records: list[Record], incremental: IncrementalTokenizer, parser: OutputParser
+    records: list[Entry], incremental: IncrementalTokenizer, parser: OutputParser
 ) -> RevivedState:
     """Rebuild a session's live state from its records (in file order)."""
     state = RevivedState()
@@ -125,7 +125,7 @@ def revive(
     return state
 
 
-def _request_of(record: CallRecord, after: dict[str, _After]) -> _After:
+def _request_of(record: CallEntry, after: dict[str, _After]) -> _After:
     """A recorded call's request: its messages (and their keys), tools hash, and the
     internal markers of the held prompt it reused (0 when it reused none)."""
     stored: dict[str, Any] = record.normalized

@@ -59,7 +59,7 @@ class PromptRef(BaseModel):
     length: int = Field(ge=0)
 
 
-class CallRecord(BaseModel):
+class CallEntry(BaseModel):
     """A finished call plus what the agent sent, raw and normalized."""
 
     model_config = ConfigDict(extra="forbid")
@@ -81,7 +81,9 @@ class CallRecord(BaseModel):
         return self._prompt_source
 
 
-Record = SegmentOpened | CallRecord
+Entry = SegmentOpened | CallEntry
+"""One line of a session's `records.jsonl`: a segment opened, or a call's entry (the
+`RecordedCall` and what the agent sent)."""
 
 
 Durability = Literal["group", "off"]
@@ -163,7 +165,7 @@ class SessionStore:
         with self._lock:
             self._tail_checked.add(meta.session_id)
 
-    def append(self, session_id: str, *records: Record) -> Future[None]:
+    def append(self, session_id: str, *records: Entry) -> Future[None]:
         """Append records as one write; returns a future done once they are durable.
 
         Records are serialised before the file is touched (an unencodable one raises
@@ -224,7 +226,7 @@ class SessionStore:
     def load_meta(self, session_id: str) -> SessionMeta:
         return SessionMeta.model_validate_json((self._dir(session_id) / "meta.json").read_text())
 
-    def load_records(self, session_id: str) -> list[Record]:
+    def load_records(self, session_id: str) -> list[Entry]:
         """Read back every complete record; raises `CorruptRecordError` (file and line) on
         a complete line that does not read back.
 
@@ -232,7 +234,7 @@ class SessionStore:
         never acknowledged, so ignored here and cut off before the next append. Prompt
         references are expanded, so every returned call has its full `prompt_ids`.
         """
-        records: list[Record] = []
+        records: list[Entry] = []
         sequences: dict[str, list[int]] = {}
         path = self._dir(session_id) / "records.jsonl"
         complete, newline, _torn = path.read_bytes().rpartition(b"\n")
@@ -249,14 +251,14 @@ class SessionStore:
         return sorted(p.name for p in self.root.iterdir() if (p / "meta.json").is_file())
 
 
-def _parse(line: bytes, sequences: dict[str, list[int]]) -> Record:
+def _parse(line: bytes, sequences: dict[str, list[int]]) -> Entry:
     """One line → its record; `sequences` (call id → prompt+output) expands prompt refs."""
     data = json.loads(line)
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     if data.get("kind") == "segment":
         return SegmentOpened.model_validate(data)
-    record = CallRecord.model_validate(data)
+    record = CallEntry.model_validate(data)
     call = record.call
     if record.prompt_ref is not None:
         ref = record.prompt_ref

@@ -8,7 +8,7 @@ Because this needs nothing but the records, a restarted gateway serves the same 
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.capture.store import CallRecord, Record, SegmentOpened
+from gateway.capture.store import CallEntry, Entry, SegmentOpened
 from schemas.scenes import Scene
 from schemas.trajectory import CallStatus, RecordedCall, Segment
 
@@ -57,13 +57,13 @@ class _Acc(BaseModel):
         self.call_ids.append(call.call_id)
 
 
-def build_segments(records: list[Record], trainable: set[Scene]) -> list[Segment]:
+def build_segments(records: list[Entry], trainable: set[Scene]) -> list[Segment]:
     """Segments in opening order; failed calls are skipped (they sampled nothing)."""
     accs: dict[str, _Acc] = {}
     for record in records:
         if isinstance(record, SegmentOpened):
             accs.setdefault(record.segment_id, _Acc(opened=record))
-        elif isinstance(record, CallRecord) and record.call.status == CallStatus.ok:
+        elif isinstance(record, CallEntry) and record.call.status == CallStatus.ok:
             acc = accs.get(record.call.segment_id)
             if acc is None:
                 raise TrajectoryCorruptError(
@@ -93,5 +93,5 @@ def build_segments(records: list[Record], trainable: set[Scene]) -> list[Segment
     return segments
 
 
-def recorded_calls(records: list[Record]) -> list[RecordedCall]:
-    return [r.call for r in records if isinstance(r, CallRecord)]
+def recorded_calls(records: list[Entry]) -> list[RecordedCall]:
+    return [r.call for r in records if isinstance(r, CallEntry)]

@@ -34,8 +34,8 @@ from gateway.prompt.tokenize_pool import OffloadingTokenizer
 from gateway.protocols import registry
 from gateway.protocols.base import CountRoute, ErrorResponder, SamplingRoute
 from gateway.protocols.wire import field_error, load_object
-from gateway.sessions.janitor import SessionJanitor
 from gateway.sessions.live import LiveSession
+from gateway.sessions.reaper import SessionReaper
 from schemas.policy import PeerPause, PeerResume, PolicyUpdate
 from schemas.session import SessionConfig, SessionList
 
@@ -328,16 +328,16 @@ class GatewayApp:
             ]
             if listener == "agent"
             else [],
-            # the session janitor runs once per process: with the control app
+            # the session reaper runs once per process: with the control app
             lifespan=self._lifespan if listener == "control" else None,
         )
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """What runs as long as the app serves: the session janitor, the loop-lag probe;
+        """What runs as long as the app serves: the session reaper, the loop-lag probe;
         the tokenizer pool (if one was started) and the engine connections stop with it."""
         tasks = [
-            asyncio.create_task(SessionJanitor(self.gateway).run()),
+            asyncio.create_task(SessionReaper(self.gateway).run()),
             asyncio.create_task(self.loop_lag.run()),
         ]
         try:

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.calls.pipeline import Gateway
 from gateway.calls.stream_relay import StreamAborted, StreamRelay
-from gateway.canonical import CanonicalRequest, CompletionResult
+from gateway.canonical import CanonicalRequest, Reply
 from gateway.errors import GatewayError
 from gateway.parsers.base import StreamEvent, ToolCallDone
 from gateway.parsers.stream import OutputStream
@@ -30,7 +30,7 @@ log = logging.getLogger("rollout.gateway")
 
 WriterFactory = Callable[[StreamHead], StreamWriter]
 
-_running: set[asyncio.Task[CompletionResult]] = set()
+_running: set[asyncio.Task[Reply]] = set()
 """Calls whose response may be gone: held here so they finish (and record) regardless."""
 
 
@@ -61,9 +61,7 @@ async def stream_reply(
     return RelayResponse(_live(relay, call, writer_for), relay)
 
 
-async def _replayed(
-    gateway: Gateway, writer: StreamWriter, result: CompletionResult
-) -> AsyncGenerator[bytes]:
+async def _replayed(gateway: Gateway, writer: StreamWriter, result: Reply) -> AsyncGenerator[bytes]:
     """A finished call (a retry's answer) streamed as its tokens would be, one at a time,
     so a retry reads like the stream it missed."""
     text = gateway.incremental.tokenizer.decode(result.output_ids)
@@ -88,7 +86,7 @@ def _frames(writer: StreamWriter, event: StreamEvent) -> list[bytes]:
 
 
 async def _live(
-    relay: StreamRelay, call: asyncio.Task[CompletionResult], writer_for: WriterFactory
+    relay: StreamRelay, call: asyncio.Task[Reply], writer_for: WriterFactory
 ) -> AsyncGenerator[bytes]:
     """The events of a call in flight, then its finish (or in-stream error)."""
     assert relay.head is not None  # flowing implies planned

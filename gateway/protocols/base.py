@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from gateway.canonical import CanonicalRequest, CompletionResult
+from gateway.canonical import CanonicalRequest, Reply
 from gateway.errors import GatewayError
 from gateway.protocols.history import HistoryCache
 from gateway.protocols.sse import StreamHead, StreamWriter
@@ -39,7 +39,7 @@ class SamplingRoute:
 
     path: str
     parse: ParseRequest
-    reply: Callable[[CompletionResult, CanonicalRequest], Response]
+    reply: Callable[[Reply, CanonicalRequest], Response]
     stream_writer: Callable[[CanonicalRequest], WriterFactory] | None = None
 
 

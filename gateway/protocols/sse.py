@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from starlette.responses import StreamingResponse
 
-from gateway.canonical import CompletionResult, ParsedOutput, ToolCall
+from gateway.canonical import ParsedOutput, Reply, ToolCall
 from gateway.errors import GatewayError
 
 log = logging.getLogger("rollout.gateway")
@@ -63,7 +63,7 @@ class StreamHead:
     cached_prompt_tokens: int
 
 
-def head_of(result: CompletionResult) -> StreamHead:
+def head_of(result: Reply) -> StreamHead:
     return StreamHead(
         result.call_id,
         result.model,
@@ -111,7 +111,7 @@ class StreamWriter(Protocol):
 
     def tool_call(self, call: ToolCall) -> list[bytes]: ...
 
-    def finish(self, result: CompletionResult) -> list[bytes]:
+    def finish(self, result: Reply) -> list[bytes]:
         """The rest of the output and the closing events (usage, stop reason)."""
         ...
 
@@ -121,7 +121,7 @@ class StreamWriter(Protocol):
 
 
 def replay(
-    writer: StreamWriter, result: CompletionResult, piece_chars: int = SSE_PIECE_CHARS
+    writer: StreamWriter, result: Reply, piece_chars: int = SSE_PIECE_CHARS
 ) -> Iterator[bytes]:
     """A finished result as a stream, written like a live one."""
     yield from writer.start()

@@ -2,7 +2,7 @@
 
 Why: a rollout whose workflow was terminated or timed out never closes its session, so
 its token would stay valid and its held tokens stay in memory for good. The TTLs bound
-both; the core refuses calls past them and the session janitor closes such sessions.
+both; the core refuses calls past them and the session reaper closes such sessions.
 """
 
 from dataclasses import dataclass

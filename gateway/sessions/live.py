@@ -6,7 +6,7 @@ import hashlib
 import time
 from collections.abc import Callable
 
-from gateway.capture.retries import Answers
+from gateway.capture.retries import RetryReplies
 from gateway.capture.store import SegmentOpened, SessionMeta
 from gateway.prompt.incremental import HeldSegment, PromptPlan
 from gateway.protocols.history import HistoryCache
@@ -23,7 +23,7 @@ class LiveSession:
         self.last_call: dict[str, str] = {}
         self.calls = 0
         self.failed_calls = 0
-        self.answers = Answers()
+        self.replies = RetryReplies()
         self.history: HistoryCache | None = HistoryCache()
         """The request history already converted (None: convert every request in full)."""
         self.lock = asyncio.Lock()

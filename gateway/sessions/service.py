@@ -12,7 +12,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-from gateway.capture.retries import Answers
+from gateway.capture.retries import RetryReplies
 from gateway.capture.revival import revive
 from gateway.capture.store import CorruptRecordError, SessionMeta, SessionStore
 from gateway.capture.trajectory import TrajectoryCorruptError, build_segments, recorded_calls
@@ -123,7 +123,7 @@ class SessionService:
         live.segment_scenes = state.segment_scenes
         live.last_call = state.last_call
         live.calls, live.failed_calls = state.calls, state.failed_calls
-        live.answers = Answers(state.answered)
+        live.replies = RetryReplies(state.answered)
         self.sessions[session_id] = live
         self.engine.assign(session_id)
         self.metrics.sessions_open.inc()
@@ -173,7 +173,7 @@ class SessionService:
 
     def close_session(self, session_id: str, reason: str | None = None) -> None:
         """Idempotent; a session owned by another process is closed through its marker
-        (that process lets go of it on its next call or janitor pass)."""
+        (that process lets go of it on its next call or reaper pass)."""
         if not self.store.exists(session_id):
             raise GatewayError("not_found", f"session {session_id} does not exist")
         self.store.mark_closed(session_id, reason)
@@ -217,7 +217,7 @@ class SessionService:
         return GatewayError("conflict", f"session {session_id} is closed{detail}")
 
     def list_sessions(self) -> list[SessionListing]:
-        """Open sessions on the data dir (every process's): for janitors. Reads files only,
+        """Open sessions on the data dir (every process's): for reapers. Reads files only,
         so it may run in a thread."""
         listing: list[SessionListing] = []
         for session_id in self.store.session_ids():

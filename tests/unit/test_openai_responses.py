@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
+from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply, ToolCall
 from gateway.errors import GatewayError
 from gateway.protocols.openai_chat.reply import openai_error_response
 from gateway.protocols.openai_responses.reply import (
@@ -49,8 +49,8 @@ def make_result(
     tool_calls: list[ToolCall] | None = None,
     finish_reason: str = "stop",
     call_id: str = "abc123",
-) -> CompletionResult:
-    return CompletionResult(
+) -> Reply:
+    return Reply(
         call_id=call_id,
         model="tiny-model",
         created=1_700_000_000,
@@ -599,9 +599,7 @@ def test_sse_incomplete_terminal_event() -> None:
 # --- through the official SDK -------------------------------------------------------------------
 
 
-def sdk_client(
-    result: CompletionResult, seen: list[CanonicalRequest] | None = None
-) -> openai.OpenAI:
+def sdk_client(result: Reply, seen: list[CanonicalRequest] | None = None) -> openai.OpenAI:
     """An OpenAI client whose transport runs our adapter on each request."""
 
     def handler(request: httpx.Request) -> httpx.Response:

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from gateway import json_text
-from gateway.canonical import CompletionResult, ToolCall
+from gateway.canonical import Reply, ToolCall
 from gateway.errors import GatewayError
 from gateway.protocols.opaque_token import encode_token
 from gateway.protocols.sse import (
@@ -90,16 +90,16 @@ def count_tokens_body(input_tokens: int) -> dict[str, Any]:
 # --- replies ----------------------------------------------------------------------------------
 
 
-def message_id(result: CompletionResult) -> str:
+def message_id(result: Reply) -> str:
     return f"msg_{result.call_id}"
 
 
-def thinking_signature(result: CompletionResult) -> str:
+def thinking_signature(result: Reply) -> str:
     """Deterministic in the call; carries the reasoning so a verbatim echo restores it."""
     return encode_token("thinking", result.call_id, result.output.reasoning or "")
 
 
-def stop_reason(result: CompletionResult, stop_sequence: str | None = None) -> str:
+def stop_reason(result: Reply, stop_sequence: str | None = None) -> str:
     if result.output.tool_calls:
         return "tool_use"
     if result.finish_reason == "length":
@@ -107,7 +107,7 @@ def stop_reason(result: CompletionResult, stop_sequence: str | None = None) -> s
     return "stop_sequence" if stop_sequence is not None else "end_turn"
 
 
-def _usage(result: CompletionResult) -> dict[str, int]:
+def _usage(result: Reply) -> dict[str, int]:
     """Cached prompt tokens are reported as cache reads, as Anthropic does (input excludes
     them), so Claude Code's context sum input + cache_read + output stays right."""
     return {
@@ -131,7 +131,7 @@ def _tool_input(tc: ToolCall) -> tuple[dict[str, Any], str]:
     return wrapped, json.dumps(wrapped, ensure_ascii=False)
 
 
-def content_blocks(result: CompletionResult, include_thinking: bool = True) -> list[dict[str, Any]]:
+def content_blocks(result: Reply, include_thinking: bool = True) -> list[dict[str, Any]]:
     """thinking, text, tool_use — in that order; an otherwise empty reply gets one empty
     text block."""
     out = result.output
@@ -152,7 +152,7 @@ def content_blocks(result: CompletionResult, include_thinking: bool = True) -> l
 
 
 def messages_body(
-    result: CompletionResult, *, include_thinking: bool = True, stop_sequence: str | None = None
+    result: Reply, *, include_thinking: bool = True, stop_sequence: str | None = None
 ) -> dict[str, Any]:
     """Non-stream `message` object. `stop_sequence`: the stop string that ended generation,
     if known (makes `stop_reason` `stop_sequence`)."""
@@ -266,7 +266,7 @@ class MessagesStreamWriter:
         self.sent.tool_calls.append(call)  # sent at the finish, after the text
         return []
 
-    def finish(self, result: CompletionResult) -> list[bytes]:
+    def finish(self, result: Reply) -> list[bytes]:
         held, self.sent.tool_calls = self.sent.tool_calls, []
         if held != result.output.tool_calls[: len(held)]:
             log.warning(
@@ -309,7 +309,7 @@ class MessagesStreamWriter:
 
 
 def messages_sse(
-    result: CompletionResult,
+    result: Reply,
     *,
     include_thinking: bool = True,
     stop_sequence: str | None = None,
@@ -323,7 +323,7 @@ def messages_sse(
 
 
 def messages_response(
-    result: CompletionResult,
+    result: Reply,
     *,
     stream: bool,
     include_thinking: bool = True,

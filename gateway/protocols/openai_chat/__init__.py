@@ -1,5 +1,5 @@
 """OpenAI Chat Completions: `request` (wire models → `CanonicalRequest`) and `reply`
-(a `CompletionResult` as a `chat.completion`, its chunk stream and OpenAI-shaped errors)."""
+(a `Reply` as a `chat.completion`, its chunk stream and OpenAI-shaped errors)."""
 
 from gateway.protocols.base import SamplingRoute, WireProtocol
 from gateway.protocols.openai_chat import reply, request

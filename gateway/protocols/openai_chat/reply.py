@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from starlette.responses import JSONResponse, Response
 
-from gateway.canonical import CompletionResult, ToolCall
+from gateway.canonical import Reply, ToolCall
 from gateway.errors import GatewayError
 from gateway.protocols.sse import (
     SSE_PIECE_CHARS,
@@ -60,15 +60,15 @@ def openai_error_body(err: GatewayError) -> dict[str, Any]:
     }
 
 
-def completion_id(result: CompletionResult) -> str:
+def completion_id(result: Reply) -> str:
     return f"chatcmpl-{result.call_id}"
 
 
-def _finish_reason(result: CompletionResult) -> Literal["stop", "length", "tool_calls"]:
+def _finish_reason(result: Reply) -> Literal["stop", "length", "tool_calls"]:
     return "tool_calls" if result.output.tool_calls else result.finish_reason
 
 
-def _usage(result: CompletionResult) -> dict[str, Any]:
+def _usage(result: Reply) -> dict[str, Any]:
     return {
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
@@ -85,9 +85,7 @@ def _wire_tool_call(tc: ToolCall) -> dict[str, Any]:
     }
 
 
-def chat_completion_body(
-    result: CompletionResult, include_reasoning: bool = True
-) -> dict[str, Any]:
+def chat_completion_body(result: Reply, include_reasoning: bool = True) -> dict[str, Any]:
     """Non-stream `chat.completion` object.
 
     Reasoning goes out under both `reasoning` (current vLLM) and `reasoning_content` (older
@@ -177,7 +175,7 @@ class ChatStreamWriter:
             )
         return frames
 
-    def finish(self, result: CompletionResult) -> list[bytes]:
+    def finish(self, result: Reply) -> list[bytes]:
         reasoning, content, calls = self.sent.rest(result.output, result.call_id)
         frames = self.reasoning(reasoning) if reasoning else []
         if content:
@@ -195,7 +193,7 @@ class ChatStreamWriter:
 
 
 def chat_completion_sse(
-    result: CompletionResult,
+    result: Reply,
     include_usage: bool,
     *,
     include_reasoning: bool = True,
@@ -219,7 +217,7 @@ def openai_error_response(err: GatewayError) -> JSONResponse:
 
 
 def chat_completion_response(
-    result: CompletionResult,
+    result: Reply,
     *,
     stream: bool,
     include_usage: bool = False,

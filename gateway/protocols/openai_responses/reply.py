@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from gateway.canonical import CanonicalRequest, CompletionResult, ToolCall
+from gateway.canonical import CanonicalRequest, Reply, ToolCall
 from gateway.errors import GatewayError
 from gateway.protocols.opaque_token import encode_token
 from gateway.protocols.openai_responses.request import (
@@ -34,15 +34,15 @@ from gateway.protocols.sse import (
 )
 
 
-def response_id(result: CompletionResult) -> str:
+def response_id(result: Reply) -> str:
     return f"resp_{result.call_id}"
 
 
-def _incomplete(result: CompletionResult) -> bool:
+def _incomplete(result: Reply) -> bool:
     return result.finish_reason == "length" and not result.output.tool_calls
 
 
-def _usage(result: CompletionResult) -> dict[str, Any]:
+def _usage(result: Reply) -> dict[str, Any]:
     return {
         "input_tokens": result.prompt_tokens,
         "input_tokens_details": {"cached_tokens": result.cached_prompt_tokens},
@@ -63,7 +63,7 @@ def _reasoning_item(call_id: str, text: str) -> dict[str, Any]:
     }
 
 
-def _message_item(result: CompletionResult, text: str) -> dict[str, Any]:
+def _message_item(result: Reply, text: str) -> dict[str, Any]:
     return {
         "type": "message",
         "id": f"msg_{result.call_id}",
@@ -77,7 +77,7 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _function_call_item(result: CompletionResult, index: int, tc: ToolCall) -> dict[str, Any]:
+def _function_call_item(result: Reply, index: int, tc: ToolCall) -> dict[str, Any]:
     namespace, sep, name = tc.name.partition(NAMESPACE_SEP)
     item: dict[str, Any] = {
         "type": "function_call",
@@ -92,7 +92,7 @@ def _function_call_item(result: CompletionResult, index: int, tc: ToolCall) -> d
     return item
 
 
-def output_items(result: CompletionResult) -> list[dict[str, Any]]:
+def output_items(result: Reply) -> list[dict[str, Any]]:
     """Completed output items in protocol order: reasoning, message, function calls."""
     out = result.output
     items: list[dict[str, Any]] = []
@@ -129,7 +129,7 @@ def _response(
     }
 
 
-def responses_body(result: CompletionResult) -> dict[str, Any]:
+def responses_body(result: Reply) -> dict[str, Any]:
     """Non-stream `response` object; a length stop is `incomplete` (max_output_tokens)."""
     status = "incomplete" if _incomplete(result) else "completed"
     return _response(head_of(result), status, output_items(result), _usage(result))
@@ -260,7 +260,7 @@ class ResponsesStreamWriter:
         self.sent.tool_calls.append(call)  # sent at the finish, after the message
         return []
 
-    def finish(self, result: CompletionResult) -> list[bytes]:
+    def finish(self, result: Reply) -> list[bytes]:
         held = len(self.sent.tool_calls)
         self.sent.tool_calls, calls_held = [], self.sent.tool_calls
         reasoning, content, _ = self.sent.rest(
@@ -323,9 +323,7 @@ class ResponsesStreamWriter:
         return [frame]
 
 
-def responses_sse(
-    result: CompletionResult, *, piece_chars: int = SSE_PIECE_CHARS
-) -> Iterator[bytes]:
+def responses_sse(result: Reply, *, piece_chars: int = SSE_PIECE_CHARS) -> Iterator[bytes]:
     """Re-emit a complete result as the Responses event stream."""
     return replay(ResponsesStreamWriter(head_of(result)), result, piece_chars)
 
@@ -354,7 +352,7 @@ def sse_failed_event(
     )
 
 
-def compact_body(result: CompletionResult, request: CanonicalRequest) -> dict[str, Any]:
+def compact_body(result: Reply, request: CanonicalRequest) -> dict[str, Any]:
     """`/responses/compact` reply: the request's user messages, then one `compaction` item
     whose opaque content is our summary (read back when it returns as input).
 
@@ -396,12 +394,12 @@ def compact_body(result: CompletionResult, request: CanonicalRequest) -> dict[st
     }
 
 
-def responses_response(result: CompletionResult, *, stream: bool) -> Response:
+def responses_response(result: Reply, *, stream: bool) -> Response:
     """Starlette response for a finished `/v1/responses` call, streamed or not."""
     if stream:
         return event_stream_response(responses_sse(result))
     return JSONResponse(responses_body(result))
 
 
-def compact_response(result: CompletionResult, request: CanonicalRequest) -> Response:
+def compact_response(result: Reply, request: CanonicalRequest) -> Response:
     return JSONResponse(compact_body(result, request))

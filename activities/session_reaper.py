@@ -1,4 +1,4 @@
-"""Worker-side session janitor: close gateway sessions whose workflow run has ended.
+"""Worker-side session reaper: close gateway sessions whose workflow run has ended.
 
 Why: a terminated workflow (or one past an execution timeout) never runs its `finally`,
 so its session would stay open, token valid, until its TTL. Each rollout session names
@@ -18,7 +18,7 @@ from activities.session import WORKFLOW_ID, WORKFLOW_NAMESPACE, WORKFLOW_RUN_ID,
 from gateway.control_client import GatewayControlError
 from schemas.session import SessionListing
 
-log = logging.getLogger("rollout.janitor")
+log = logging.getLogger("rollout.reaper")
 
 
 async def close_orphan_sessions(client: Client, access: GatewayAccess) -> list[str]:
@@ -30,7 +30,7 @@ async def close_orphan_sessions(client: Client, access: GatewayAccess) -> list[s
         try:
             listing = await gateway.list_sessions()
         except (GatewayControlError, httpx.HTTPError) as exc:
-            log.warning("janitor: cannot list sessions of %s: %r", url, exc)
+            log.warning("reaper: cannot list sessions of %s: %r", url, exc)
             continue
         for session in listing.sessions:
             if session.session_id in seen:
@@ -43,14 +43,14 @@ async def close_orphan_sessions(client: Client, access: GatewayAccess) -> list[s
                 await gateway.close_session(session.session_id)
             except GatewayControlError as exc:
                 if exc.status != 404:  # 404: gone already, which is what we want
-                    log.warning("janitor: cannot close session %s: %s", session.session_id, exc)
+                    log.warning("reaper: cannot close session %s: %s", session.session_id, exc)
                     continue
             except httpx.HTTPError as exc:
-                log.warning("janitor: cannot close session %s: %r", session.session_id, exc)
+                log.warning("reaper: cannot close session %s: %r", session.session_id, exc)
                 continue
             closed.append(session.session_id)
     if closed:
-        log.info("janitor closed %d session(s) of ended rollouts: %s", len(closed), closed)
+        log.info("reaper closed %d session(s) of ended rollouts: %s", len(closed), closed)
     return closed
 
 

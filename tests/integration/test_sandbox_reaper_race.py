@@ -1,6 +1,6 @@
-"""The host janitor against a provision running at the same time (found by `bench/chaos.py`).
+"""The host reaper against a provision running at the same time (found by `bench/chaos.py`).
 
-The janitor lists this host's sandboxes, looks each rollout up in Temporal (slow), then
+The reaper lists this host's sandboxes, looks each rollout up in Temporal (slow), then
 reaps. A sandbox provisioned in between belongs to a rollout it never looked up: reaping
 it killed a running agent ("sandbox supervisor went away during exec") or failed the
 provision, costing the rollout an attempt.
@@ -21,9 +21,9 @@ from tests.fixtures.sandboxes import require_bwrap
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
 
-class LocalBackendProvisionedDuringJanitor(LocalBackend):
+class LocalBackendProvisionedDuringReaper(LocalBackend):
     """The real local backend; right after its first listing, a sandbox for another rollout
-    is created, as a provision on this host does while the janitor is busy in Temporal."""
+    is created, as a provision on this host does while the reaper is busy in Temporal."""
 
     late: Any = None
 
@@ -44,11 +44,11 @@ class OneBackend:
         return [self.backend]
 
 
-async def test_janitor_keeps_a_sandbox_provisioned_during_its_pass(
+async def test_reaper_keeps_a_sandbox_provisioned_during_its_pass(
     temporal_server: TemporalDevServer, sandbox_state_dir: Path, sandbox_base_image: Any
 ) -> None:
     require_bwrap()
-    backend = LocalBackendProvisionedDuringJanitor(
+    backend = LocalBackendProvisionedDuringReaper(
         state_dir=sandbox_state_dir / "race", rootfs=sandbox_base_image.rootfs
     )
     orphan = await backend.create(SandboxSpec(rollout_id="rollout-that-never-ran"))

@@ -1,12 +1,12 @@
-"""Janitor: destroy sandboxes whose rollout is gone, across backends.
+"""Reaper: destroy sandboxes whose rollout is gone, across backends.
 
 Why: a terminated workflow or a crashed worker never runs the code that would
 destroy its sandbox, so sandboxes can outlive their rollout. Every sandbox carries
 its rollout id (docker label / state file, local state file, E2B metadata); the
-janitor destroys those whose rollout is not in `active_rollout_ids`, whose TTL
+reaper destroys those whose rollout is not in `active_rollout_ids`, whose TTL
 (`SandboxSpec.timeout_s`) passed, and unassigned warm-pool blanks whose owning
 process is dead.
-The CLI (`rollout janitor`) passes the ids of running workflows.
+The CLI (`rollout reaper`) passes the ids of running workflows.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ async def reap(
     """Reap on each backend; returns {backend: reaped sandbox ids | "unavailable: …"}.
 
     A backend whose runtime is missing (no docker engine, no E2B key) is reported,
-    not fatal: the janitor must still clean the others.
+    not fatal: the reaper must still clean the others.
     """
     active = frozenset(active_rollout_ids)
     out: dict[str, list[str] | str] = {}
@@ -43,7 +43,7 @@ async def reap(
             out[name] = await backend.reap(active)
         except BackendUnavailable as e:
             out[name] = f"unavailable: {e}"
-            log.warning("janitor: %s backend unavailable: %s", name, e)
+            log.warning("reaper: %s backend unavailable: %s", name, e)
         finally:
             if backend is not None and not isinstance(b, SandboxBackend):
                 await backend.close()

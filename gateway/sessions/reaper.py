@@ -1,4 +1,4 @@
-"""The session janitor: closes sessions past their TTL without waiting for a call.
+"""The session reaper: closes sessions past their TTL without waiting for a call.
 
 Why: the agent of a terminated or timed-out rollout never calls again, so the TTL check on
 each call alone would leave its session open (token valid, state in memory) for good. One
@@ -18,22 +18,22 @@ from gateway.sessions.service import SessionService
 log = logging.getLogger("rollout.gateway")
 
 
-class SessionJanitor:
+class SessionReaper:
     def __init__(self, gateway: SessionService) -> None:
         self.gateway = gateway
         self._closed_seen: set[str] = set()  # closed is final: never looked at again
         self._metas: dict[str, SessionMeta] = {}  # meta.json never changes
 
     async def run(self) -> None:
-        """Sweep every `session_janitor_interval_s` until cancelled (0: never)."""
-        interval = self.gateway.options.session_janitor_interval_s
+        """Sweep every `session_reaper_interval_s` until cancelled (0: never)."""
+        interval = self.gateway.options.session_reaper_interval_s
         if interval <= 0:
             return
         while True:
             try:
                 await self.sweep()
-            except Exception:  # the janitor must never stop for good on one bad pass
-                log.exception("session janitor pass failed")
+            except Exception:  # the reaper must never stop for good on one bad pass
+                log.exception("session reaper pass failed")
             await asyncio.sleep(interval)
 
     async def sweep(self) -> list[str]:
@@ -54,7 +54,7 @@ class SessionJanitor:
                     continue
                 last = max(live.last_active, store.last_write(session_id))
             except OSError as exc:
-                log.warning("session janitor: session %s: %s", session_id, exc)
+                log.warning("session reaper: session %s: %s", session_id, exc)
                 continue
             why = expiry(live.meta, last, now)
             if why is not None:
@@ -79,7 +79,7 @@ class SessionJanitor:
                     meta = self._metas[session_id] = store.load_meta(session_id)
                 found.append((meta, store.last_write(session_id)))
             except (OSError, ValueError) as exc:
-                log.warning("session janitor: session %s: %s", session_id, exc)
+                log.warning("session reaper: session %s: %s", session_id, exc)
         return found
 
     def _sweep_disk(self, on_disk: list[tuple[SessionMeta, float]]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Warm pools, the janitor, and backend-specific details (rootfs choice, image id)."""
+"""Warm pools, the reaper, and backend-specific details (rootfs choice, image id)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sandboxes import janitor
+from sandboxes import reaper
 from sandboxes.base import SandboxSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -36,7 +36,7 @@ async def test_warm_pool_acquire_is_fast_and_refills(sandbox_backend: Any) -> No
         assert sb.handle.rollout_id == spec.rollout_id
         assert (await sb.exec(["echo", "warm"])).stdout == "warm\n"
         assert sb.env["AGENTIC_ROLLOUT_ID"] == spec.rollout_id
-        # The janitor sees the assignment (state file) even though pooled containers
+        # The reaper sees the assignment (state file) even though pooled containers
         # could not be labelled with it at creation.
         listed = {h.sandbox_id: h.rollout_id for h in await sandbox_backend.list()}
         assert listed[sb.handle.sandbox_id] == spec.rollout_id
@@ -49,9 +49,7 @@ async def test_warm_pool_acquire_is_fast_and_refills(sandbox_backend: Any) -> No
     assert [h for h in await sandbox_backend.list() if not h.rollout_id] == []
 
 
-async def test_janitor_reaps_only_inactive_rollouts(
-    local_backend: Any, docker_backend: Any
-) -> None:
+async def test_reaper_reaps_only_inactive_rollouts(local_backend: Any, docker_backend: Any) -> None:
     keep_l, gone_l, keep_d, gone_d = rid(), rid(), rid(), rid()
     sbs = [
         await local_backend.create(SandboxSpec(rollout_id=keep_l)),
@@ -62,7 +60,7 @@ async def test_janitor_reaps_only_inactive_rollouts(
     expired = await local_backend.create(SandboxSpec(rollout_id=rid(), timeout_s=0.01))
     await asyncio.sleep(0.05)
     active = {keep_l, keep_d, expired.handle.rollout_id}
-    res = await janitor.reap(active, backends=[local_backend, docker_backend])
+    res = await reaper.reap(active, backends=[local_backend, docker_backend])
     assert sorted(res["local"]) == sorted([sbs[1].handle.sandbox_id, expired.handle.sandbox_id])
     assert res["docker"] == [sbs[3].handle.sandbox_id]
     left = {h.rollout_id for b in (local_backend, docker_backend) for h in await b.list()}
@@ -72,7 +70,7 @@ async def test_janitor_reaps_only_inactive_rollouts(
         await sb.destroy()
 
 
-async def test_janitor_reaps_blanks_of_a_dead_owner(local_backend: Any) -> None:
+async def test_reaper_reaps_blanks_of_a_dead_owner(local_backend: Any) -> None:
     """A worker that crashed with a filled pool leaves blanks: they are reaped."""
     sb = await local_backend.create(SandboxSpec(rollout_id=rid()))
     sdir = Path(sb.handle.details["state_dir"])
@@ -87,8 +85,8 @@ async def test_janitor_reaps_blanks_of_a_dead_owner(local_backend: Any) -> None:
     await live_blank.destroy()
 
 
-async def test_janitor_reports_unavailable_backend() -> None:
-    res = await janitor.reap(set(), backends=["e2b"], config={"e2b": {"api_key": ""}})
+async def test_reaper_reports_unavailable_backend() -> None:
+    res = await reaper.reap(set(), backends=["e2b"], config={"e2b": {"api_key": ""}})
     assert isinstance(res["e2b"], str) and res["e2b"].startswith("unavailable")
 
 
