@@ -1,7 +1,9 @@
-"""Protocol adapters: each translates one client protocol into `CanonicalRequest` and a
+"""Wire protocols: each translates one client protocol into `CanonicalRequest` and a
 `Reply` back into that protocol's reply, stream and error shapes.
 
-Per protocol, `<protocol>.py` holds the request models and their conversion and
-`<protocol>_reply.py` the replies; `wire.py`, `sse.py` and `opaque_token.py` hold what the
-protocols share.
+One folder per protocol (`request.py`, `reply.py`, and its `__init__.py` declaring a
+`base.WireProtocol`: routes, error shape, span label), listed in `registry.PROTOCOLS`;
+`wire`, `sse`, `history` and `opaque_token` hold what the protocols share.
+
+It must not import the HTTP app, calls, sessions, capture, engines or parsers.
 """
