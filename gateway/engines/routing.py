@@ -9,7 +9,8 @@ on the engine that served it (`stats`), whatever the implementation.
 from __future__ import annotations
 
 import itertools
-from typing import Literal
+from collections.abc import Coroutine
+from typing import Any, Literal
 
 from gateway.engines.base import (
     Engine,
@@ -82,25 +83,24 @@ class EngineRouter:
     ) -> EngineCompletion:
         """Sample on engine `url` (the session's; the next engine under `round_robin`)."""
         url = self.route(url)
-        stats = self.stats_for(url)
-        stats.started()
-        completion: EngineCompletion | None = None
-        try:
-            completion = await self.engine.complete(url, prompt_ids, sampling)
-            return completion
-        finally:
-            stats.finished(completion)
+        return await self._counted(url, self.engine.complete(url, prompt_ids, sampling))
 
     async def stream(
         self, url: str, prompt_ids: list[int], sampling: SamplingParams, on_tokens: TokenSink
     ) -> EngineCompletion:
         """Sample like `complete`, on the engine's stream (see `Engine.stream`)."""
         url = self.route(url)
+        return await self._counted(url, self.engine.stream(url, prompt_ids, sampling, on_tokens))
+
+    async def _counted(
+        self, url: str, call: Coroutine[Any, Any, EngineCompletion]
+    ) -> EngineCompletion:
+        """Run one engine call, counted in `url`'s stats (in flight, busy, done or failed)."""
         stats = self.stats_for(url)
         stats.started()
         completion: EngineCompletion | None = None
         try:
-            completion = await self.engine.stream(url, prompt_ids, sampling, on_tokens)
+            completion = await call
             return completion
         finally:
             stats.finished(completion)
