@@ -12,7 +12,8 @@ def test_pythonpath_links_only_the_trainer_packages_and_is_remade(tmp_path: Path
     for _ in range(2):  # a rerun replaces the links of a killed run
         made = trainer_pythonpath(REPO, target)
         assert made == target
-        assert sorted(p.name for p in made.iterdir()) == ["gateway", "schemas", "trainer"]
+        tops = sorted({name.split("/")[0] for name in TRAINER_PACKAGES})
+        assert sorted(p.name for p in made.iterdir()) == tops
         assert sorted(p.name for p in (made / "gateway").iterdir()) == ["__init__.py", "engines"]
         assert (made / "gateway" / "engines").resolve() == REPO / "gateway" / "engines"
         assert "gateway/engines" in TRAINER_PACKAGES
