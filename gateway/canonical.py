@@ -1,7 +1,8 @@
-"""The one canonical request/result form every protocol adapter converts to and from.
+"""The one canonical request and reply every wire protocol converts to and from.
 
-Adapters (Chat Completions, Responses, Messages) only translate; the Gateway core —
-templating, incremental tokenization, engine calls, recording — sees nothing else.
+The protocols (`gateway.protocols`: Chat Completions, Responses, Messages) only
+translate; the Gateway core — templating, incremental tokenization, engine calls,
+recording — sees nothing else.
 """
 
 from typing import Any, Literal
@@ -72,7 +73,7 @@ class ParsedOutput(CanonicalModel):
 
 
 class Reply(CanonicalModel):
-    """One finished call, ready for an adapter to render in its protocol."""
+    """What the gateway sends back for one finished call, for its protocol to render."""
 
     call_id: str
     model: str

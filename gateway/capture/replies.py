@@ -38,7 +38,7 @@ def turn_finished(finish_reason: str | None) -> bool:
 
 
 def reply_of(call: RecordedCall, parsed: ParsedOutput, model: str) -> Reply:
-    """The result adapters render for a recorded ok call."""
+    """The reply protocols render for a recorded ok call."""
     finish = "stop" if turn_finished(call.finish_reason) else "length"
     return Reply(
         call_id=call.call_id,

@@ -404,7 +404,7 @@ def parse_messages_request(
 ) -> CanonicalRequest:
     """Validate a `/v1/messages` request (`?beta=true` in `path` is fine) and convert it;
     raises GatewayError(400) naming the field path. With the session's `history`, messages
-    it already converted are taken from there (see `adapters.history`); a request that
+    it already converted are taken from there (see `protocols.history`); a request that
     fails that way goes through the full path, whose error names the whole body's field."""
     return _parse(MessagesRequest, body, headers, path, history)
 

@@ -141,7 +141,7 @@ def parse_chat_request(
     """Validate a Chat Completions request and convert it; raises GatewayError(400).
 
     With the session's `history`, messages it already converted are taken from there and
-    only the new ones are validated (see `adapters.history`); a request that fails that
+    only the new ones are validated (see `protocols.history`); a request that fails that
     way goes through the full path, whose error names the field in the whole body.
     """
     data = load_object(body)

@@ -446,7 +446,7 @@ def parse_responses_request(
 
     Raises GatewayError(400) naming the field path. A compact-endpoint request is never
     streamed and gets `COMPACT_INSTRUCTION` appended. With the session's `history`, input
-    items it already converted are taken from there (see `adapters.history`); a request
+    items it already converted are taken from there (see `protocols.history`); a request
     that fails that way goes through the full path, whose error names the whole body's
     field.
     """
