@@ -1,4 +1,4 @@
-"""provision_sandbox and destroy_sandbox (sandbox-host role), plus the host janitor.
+"""provision_sandbox and destroy_sandbox (sandbox-host role), plus the host reaper.
 
 Affinity: provision runs on the shared sandbox queue, so whichever host takes it
 creates the sandbox; it returns this host's own queue, and every later activity for the
@@ -155,7 +155,7 @@ class HostCapacity(CustomSlotSupplier):
     Why a slot supplier and not a wait inside the activity: the task then stays in the
     shared queue, where a host with room picks it up, and no timeout ticks meanwhile.
     `live` counts sandboxes provisioned here and not yet destroyed (re-synced from the
-    backend by the janitor, which also catches sandboxes whose destroy never came).
+    backend by the reaper, which also catches sandboxes whose destroy never came).
     """
 
     def __init__(self, max_live: int, max_provisions: int) -> None:
@@ -374,7 +374,7 @@ async def reap_orphans(
         try:
             handles = await backend.list()
         except SandboxError as exc:
-            log.warning("janitor: cannot list %s sandboxes: %s", backend.name, exc)
+            log.warning("reaper: cannot list %s sandboxes: %s", backend.name, exc)
             continue
         checked = frozenset(h.rollout_id for h in handles if h.rollout_id)
         active: set[str] = set()
@@ -386,11 +386,11 @@ async def reap_orphans(
             reaped += await backend.reap(active, checked=checked)
             live += len([h for h in await backend.list() if h.rollout_id])
         except SandboxError as exc:
-            log.warning("janitor: reap on %s failed: %s", backend.name, exc)
+            log.warning("reaper: reap on %s failed: %s", backend.name, exc)
     if capacity is not None:
         capacity.set_live(live)
     if reaped:
-        log.info("janitor reaped %d sandbox(es): %s", len(reaped), reaped)
+        log.info("reaper reaped %d sandbox(es): %s", len(reaped), reaped)
     return reaped
 
 

@@ -31,7 +31,7 @@ from schemas.session import MAX_TTL_S, SessionConfig
 
 log = logging.getLogger("rollout.activities.session")
 
-#: Session metadata naming the workflow run that owns a session (read by the janitor).
+#: Session metadata naming the workflow run that owns a session (read by the reaper).
 WORKFLOW_ID, WORKFLOW_RUN_ID, WORKFLOW_NAMESPACE = (
     "workflow_id",
     "workflow_run_id",

@@ -7,7 +7,7 @@ gateway` process in front of the same vLLM), in each protocol. Prints the p50/p9
 ratios against both vLLM baselines, the Gateway process's CPU time per call at the first
 turns vs the last turns of long conversations (it must stay flat: only new content is
 parsed and tokenized), and where each millisecond of a gateway call goes: the mean of
-each per-call span from the gateway's `/metrics` (`gateway.spans`), and what is left
+each per-call span from the gateway's `/metrics` (`gateway.observability.spans`), and what is left
 outside the app (HTTP server, network, client) as client latency minus the spans' sum.
 
 With `--before TREE` the same paths also run through a gateway started from another
@@ -50,7 +50,7 @@ from bench.conversations import (
 from devstack.ports import free_port
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer, VllmServerConfig
-from gateway.spans import SPANS
+from gateway.observability.spans import SPANS
 
 
 def cpu_ns(pid: int) -> int:
@@ -68,7 +68,7 @@ Spans = dict[str, tuple[float, float, float]]
 
 
 def scrape_spans(control: str, admin: str) -> Spans:
-    """The gateway's per-call span histograms (`gateway.spans`) as they stand now."""
+    """The gateway's per-call span histograms (`gateway.observability.spans`) as they stand now."""
     text = httpx.get(f"{control}/metrics", headers={"Authorization": f"Bearer {admin}"}).text
     sums: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):

@@ -2,7 +2,7 @@
 
 Drives long tool-loop conversations with the tiny model's template and tokenizer through
 `IncrementalTokenizer`, once rendering the whole conversation on every call (`full`) and
-once rendering only a window (`window`, see `gateway.incremental`). Prints the mean
+once rendering only a window (`window`, see `gateway.prompt.incremental`). Prints the mean
 per-call CPU (thread time) at early and late turns, and how many messages each call
 passed to the template. No engine: the "sampled" reply is the tokenized reply text.
 
@@ -19,8 +19,8 @@ from typing import Any
 
 from devstack.tiny_model import IM_END, chat_template_text, ensure_tiny_model
 from gateway.canonical import Message, Tool, ToolCall
-from gateway.chat_template import ChatTemplate
-from gateway.incremental import HeldSegment, IncrementalTokenizer, load_tokenizer
+from gateway.prompt.chat_template import ChatTemplate
+from gateway.prompt.incremental import HeldSegment, IncrementalTokenizer, load_tokenizer
 
 TOOLS = [
     Tool(

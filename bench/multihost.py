@@ -14,7 +14,7 @@ Once sandbox host `sb-0` runs its share, the bench SIGKILLs it the way a host di
 worker and every process of its sandboxes. Its rollouts must re-provision on `sb-1` /
 `sb-2` (the run's heartbeat times out, the workflow starts a new attempt); the bench
 reports the time from the kill to each one running again on another host. When all are
-done, `sb-0` comes back (same host id and state dir) and its janitor reaps what the
+done, `sb-0` comes back (same host id and state dir) and its reaper reaps what the
 crash left; then the bench counts what is left: sandbox dirs, sandbox processes, loop
 mounts, open gateway sessions.
 """
@@ -65,7 +65,7 @@ class MultiHostConfig(BaseModel):
     pause_s: float = Field(default=1.0, ge=0)
     max_sandboxes: int = Field(default=8, ge=1, description="per sandbox host")
     heartbeat_s: float = Field(default=10.0, gt=0, description="dead host detection")
-    janitor_interval_s: float = Field(default=10.0, gt=0)
+    reaper_interval_s: float = Field(default=10.0, gt=0)
     deadline_s: float = Field(default=900.0, gt=0)
 
 
@@ -136,7 +136,7 @@ async def start_fleet(config: MultiHostConfig, work: Path) -> Fleet:
             ]
             argv += ["--model", MODEL, "--tokenizer", str(model), "--port", str(port)]
             argv += ["--control-port", str(control), "--data-dir", str(data)]
-            argv += ["--session-janitor-interval-s", str(config.janitor_interval_s)]
+            argv += ["--session-reaper-interval-s", str(config.reaper_interval_s)]
             ready = lambda p, _o, u=control_url: wait_http(u + "/health", p.alive)  # noqa: E731
             gateway = Proc(f"{host}-gateway", argv, work / f"{host}-gateway.log", env, ready)
             gateway.start()
@@ -146,7 +146,7 @@ async def start_fleet(config: MultiHostConfig, work: Path) -> Fleet:
                 f"{host}-worker",
                 ["--role=gateway-host", f"--host-id={host}", f"--gateway={control_url}",
                  f"--admin-token={admin}", f"--data-dir={work / f'{host}-worker'}",
-                 f"--janitor-interval-s={config.janitor_interval_s}"],
+                 f"--reaper-interval-s={config.reaper_interval_s}"],
                 work, env,
             )  # fmt: skip
             gw_worker.start()
@@ -159,7 +159,7 @@ async def start_fleet(config: MultiHostConfig, work: Path) -> Fleet:
                 ["--role=sandbox-host", f"--host-id={host}", f"--admin-token={admin}",
                  f"--sandbox-state-dir={state}", f"--data-dir={work / f'{host}-worker'}",
                  f"--max-sandboxes={config.max_sandboxes}", "--max-provisions=4",
-                 "--count-calls-every-s=5", f"--janitor-interval-s={config.janitor_interval_s}"],
+                 "--count-calls-every-s=5", f"--reaper-interval-s={config.reaper_interval_s}"],
                 work, env,
             )  # fmt: skip
             sb_worker.start()
@@ -295,9 +295,9 @@ async def _run(config: MultiHostConfig, fleet: Fleet) -> dict[str, Any]:
         host = await final_host(client, rid)
         spread[host] = spread.get(host, 0) + 1
 
-    # The host comes back: same host id and state dir; its janitor reaps the crash's leftovers.
+    # The host comes back: same host id and state dir; its reaper reaps the crash's leftovers.
     fleet.sandbox_workers[VICTIM].start()
-    await asyncio.sleep(config.janitor_interval_s * 2 + 5)
+    await asyncio.sleep(config.reaper_interval_s * 2 + 5)
     table = process_table()
     return {
         "n": len(ids),

@@ -408,7 +408,7 @@ async def main(args: argparse.Namespace) -> list[dict]:
             f"--max-sandboxes={args.max_sandboxes}",
             f"--max-provisions={args.max_provisions}",
             "--count-calls-every-s=0",
-            "--janitor-interval-s=0",
+            "--reaper-interval-s=0",
             "--log-level=WARNING",
         ],
         stdout=log,

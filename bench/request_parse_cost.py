@@ -1,6 +1,6 @@
 """CPU per call of what grows with the history an agent resends: the body's JSON, the
 protocol parse (resuming the session's converted history where the tree has
-`gateway.adapters.history`) and the retry digest, at an early and a late turn.
+`gateway.protocols.history`) and the retry digest, at an early and a late turn.
 
 Run from this tree, or against another tree to compare (its gateway package first on the
 path): `PYTHONPATH=<tree>:. python -P -m bench.request_parse_cost [--turns 3 38]`.
@@ -17,12 +17,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.adapters import anthropic_messages, openai_chat, openai_responses
-from gateway.adapters.wire import load_object
-from gateway.retries import request_digest
+from gateway.capture.retries import request_digest
+from gateway.protocols.anthropic_messages import request as anthropic_messages
+from gateway.protocols.openai_chat import request as openai_chat
+from gateway.protocols.openai_responses import request as openai_responses
+from gateway.protocols.wire import load_object
 
 try:
-    from gateway.adapters.history import HistoryCache
+    from gateway.protocols.history import HistoryCache
 except ImportError:  # a tree from before the history cache
     HistoryCache = None  # type: ignore[assignment,misc]
 

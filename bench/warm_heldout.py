@@ -40,7 +40,7 @@ from devstack.tiny_model.tasks import (
 )
 from devstack.tiny_model.warm import ensure_warm_model, subprocess_env
 from devstack.vllm_server import VllmServer, VllmServerConfig, ensure_vllm_venv, venv_python
-from gateway.output_parser import HermesParser
+from gateway.parsers.hermes import HermesParser
 
 MAX_TURNS = 3
 

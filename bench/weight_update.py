@@ -3,7 +3,7 @@
     python -m bench.weight_update --reloads 5 [--no-restart]
 
 Starts vLLM CPU (float32, dev endpoints on, `--enforce-eager`) on the tiny model, then
-loads a checkpoint into it `--reloads` times through `schemas.engine_weights`
+loads a checkpoint into it `--reloads` times through `gateway.engines.vllm_weights`
 (pause → `reload_weights` → reset prefix cache → set version → resume) and reports
 pause / load / total per reload; then restarts the server on the same checkpoint (the
 fallback when in-place loading is unavailable) and reports stop and start-to-healthy
@@ -29,10 +29,10 @@ import httpx
 from devstack.background_server import BackgroundServer
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer, VllmServerConfig
-from gateway.app import GatewayApp
-from gateway.core import Gateway
-from schemas.engine_weights import VllmWeightLoader, WeightUpdate
-from schemas.policy import PolicyUpdateRecord
+from gateway.calls.pipeline import Gateway
+from gateway.engines.vllm_weights import VllmWeightLoader
+from gateway.http.app import GatewayApp
+from schemas.policy import PolicyUpdateRecord, WeightUpdate
 from workers.gateway_server import GatewaySettings, build_gateway
 
 

@@ -35,7 +35,7 @@ class BackgroundServer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        # lifespan: apps start their background tasks (the gateway's session janitor) with it
+        # lifespan: apps start their background tasks (the gateway's session reaper) with it
         config = uvicorn.Config(app, log_level="warning", lifespan="auto", timeout_keep_alive=30)
         self._listeners.append((uvicorn.Server(config), sock))
         return int(sock.getsockname()[1])

@@ -10,8 +10,10 @@ packages are installed, constrained to the versions the vLLM venv already has (p
 sees them through the ``.pth`` and installs nothing it already satisfies).
 
 Why not our package installed into it: the trainer imports only ``schemas``,
-``rollout_client`` and ``trainer`` (import contracts), so :func:`trainer_pythonpath`
-links exactly those package directories into a small directory put on ``PYTHONPATH`` —
+``rollout_client``, ``trainer`` and the gateway's vLLM weight loader
+(``gateway.engines.vllm_weights``, when it loads weights without a gateway; import
+contracts), so :func:`trainer_pythonpath` links exactly those package directories into a
+small directory put on ``PYTHONPATH`` — ``gateway`` there holds only its ``engines`` — so
 the code that runs is always the code of this checkout or install, never a stale copy.
 
 Measured on this 2-core box under load: creating the overlay took 42 s, downloads of
@@ -41,7 +43,9 @@ from devstack.vllm_server import VllmVenvError, ensure_vllm_venv, venv_python
 #: What the trainer needs beyond the vLLM venv (torch, transformers, pydantic, httpx).
 TRAINER_REQUIREMENTS = ("temporalio==1.35.0", "pyarrow>=15", "matplotlib>=3.8", "boto3>=1.34")
 MARKER_NAME = ".rollout-trainer-ready.json"
-TRAINER_PACKAGES = ("schemas", "rollout_client", "trainer")
+TRAINER_PACKAGES = ("schemas", "rollout_client", "trainer", "gateway/engines")
+"""Package directories the trainer imports; a nested one comes with only its parents'
+``__init__.py``."""
 
 
 class TrainerEnvMarker(BaseModel):
@@ -173,6 +177,12 @@ def trainer_pythonpath(root: Path, link_dir: Path | None = None) -> Path:
         target = root / name
         if not target.is_dir():
             raise FileNotFoundError(f"package {name!r} not found under {root}")
+        *parents, _ = Path(name).parts
+        for depth in range(1, len(parents) + 1):  # `gateway/` with its __init__.py only
+            parent = Path(*parents[:depth])
+            if not (link_dir / parent).is_dir():
+                (link_dir / parent).mkdir()
+                (link_dir / parent / "__init__.py").symlink_to(root / parent / "__init__.py")
         (link_dir / name).symlink_to(target, target_is_directory=True)
     return link_dir
 

@@ -1,7 +1,8 @@
-"""The one canonical request/result form every protocol adapter converts to and from.
+"""The one canonical request and reply every wire protocol converts to and from.
 
-Adapters (Chat Completions, Responses, Messages) only translate; the Gateway core —
-templating, incremental tokenization, engine calls, recording — sees nothing else.
+The protocols (`gateway.protocols`: Chat Completions, Responses, Messages) only
+translate; the Gateway core — templating, incremental tokenization, engine calls,
+recording — sees nothing else.
 """
 
 from typing import Any, Literal
@@ -47,7 +48,8 @@ class CanonicalRequest(CanonicalModel):
     `template_kwargs` are chat-template variables such as `enable_thinking`.
     """
 
-    protocol: Literal["openai_chat", "openai_responses", "anthropic_messages"]
+    protocol: str
+    """The name the protocol registered under (`gateway.protocols.registry`)."""
     path: str
     model: str
     messages: list[Message]
@@ -70,8 +72,8 @@ class ParsedOutput(CanonicalModel):
     parse_error: str | None = None
 
 
-class CompletionResult(CanonicalModel):
-    """One finished call, ready for an adapter to render in its protocol."""
+class Reply(CanonicalModel):
+    """What the gateway sends back for one finished call, for its protocol to render."""
 
     call_id: str
     model: str

@@ -1,15 +1,16 @@
 """Gateway errors: one exception type, rendered in each caller's own protocol shape.
 
 Every failure the agent can see is a `GatewayError` with a machine `kind`; the HTTP status
-and each protocol's error `type` come from tables keyed by that kind, so adding a protocol
-(e.g. Anthropic Messages) is one more table column plus one body function.
+comes from the table here, keyed by that kind. Each protocol renders it in its own shape
+with its own kind → error `type` table (`gateway.protocols.<name>.reply`), so adding a
+protocol touches nothing here.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 ErrorKind = Literal[
     "invalid_request",
@@ -32,28 +33,27 @@ ErrorKind = Literal[
 
 @dataclass(frozen=True)
 class KindSpec:
-    """Per-kind defaults: HTTP status and the OpenAI error `type` string."""
+    """Per-kind defaults: the HTTP status."""
 
     status: int
-    openai_type: str
 
 
 KINDS: dict[str, KindSpec] = {
-    "invalid_request": KindSpec(400, "invalid_request_error"),
-    "authentication": KindSpec(401, "authentication_error"),
-    "not_found": KindSpec(404, "not_found_error"),
-    "method_not_allowed": KindSpec(405, "invalid_request_error"),
-    "conflict": KindSpec(409, "conflict_error"),
-    "idempotency_mismatch": KindSpec(409, "conflict_error"),
-    "too_large": KindSpec(413, "invalid_request_error"),
-    "unsupported_media_type": KindSpec(415, "invalid_request_error"),
-    "overloaded": KindSpec(503, "server_error"),
-    "engine_unavailable": KindSpec(503, "server_error"),
-    "engine_timeout": KindSpec(504, "server_error"),
-    "engine_bad_reply": KindSpec(502, "server_error"),
-    "storage_unavailable": KindSpec(503, "server_error"),
-    "corrupt_record": KindSpec(500, "server_error"),
-    "internal": KindSpec(500, "server_error"),
+    "invalid_request": KindSpec(400),
+    "authentication": KindSpec(401),
+    "not_found": KindSpec(404),
+    "method_not_allowed": KindSpec(405),
+    "conflict": KindSpec(409),
+    "idempotency_mismatch": KindSpec(409),
+    "too_large": KindSpec(413),
+    "unsupported_media_type": KindSpec(415),
+    "overloaded": KindSpec(503),
+    "engine_unavailable": KindSpec(503),
+    "engine_timeout": KindSpec(504),
+    "engine_bad_reply": KindSpec(502),
+    "storage_unavailable": KindSpec(503),
+    "corrupt_record": KindSpec(500),
+    "internal": KindSpec(500),
 }
 """Kind → defaults. `overloaded` may be raised as 429 or 503 (explicit `status`).
 `conflict` is a state that may pass (closed, served elsewhere); `idempotency_mismatch` (a
@@ -99,18 +99,3 @@ class GatewayError(Exception):
 
     def __repr__(self) -> str:
         return f"GatewayError({self.status} {self.kind}: {self.message!r}, param={self.param!r})"
-
-
-def openai_error_body(err: GatewayError) -> dict[str, Any]:
-    """OpenAI's error JSON: `{"error": {"message", "type", "param", "code"}}`.
-
-    `code` carries our machine kind so callers can branch without parsing messages.
-    """
-    return {
-        "error": {
-            "message": err.message,
-            "type": KINDS[err.kind].openai_type,
-            "param": err.param,
-            "code": err.kind,
-        }
-    }

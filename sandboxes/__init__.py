@@ -17,6 +17,6 @@ Modules:
   cgroups            cgroup limits, kills and OOM counts
   gateway_channel    host side of the Gateway channel (Unix socket bridge)
   pool               warm pool of blank sandboxes
-  janitor            reaping across backends
+  reaper             reaping across backends
   images, image/     the base-image recipe
 """

@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 #: Label/tag carrying the rollout id on every sandbox (docker label, E2B metadata,
-#: local state file). The janitor reaps by it.
+#: local state file). The reaper reaps by it.
 ROLLOUT_LABEL = "agentic-rollout.rollout-id"
 #: Label/tag marking a sandbox as made by these backends: listing and reaping never
 #: touch anything else on the same engine or account.
@@ -138,7 +138,7 @@ class SandboxSpec(BaseModel):
     #: Local backend only: explicit rootfs directory (overrides `image`).
     rootfs: str | None = None
     resources: ResourceLimits = Field(default_factory=ResourceLimits)
-    #: Lifetime of the sandbox (seconds). Enforced by the backend's TTL / the janitor.
+    #: Lifetime of the sandbox (seconds). Enforced by the backend's TTL / the reaper.
     timeout_s: float = 3600.0
     env: dict[str, str] = Field(default_factory=dict)
     files: list[SandboxFile] = Field(default_factory=list)
@@ -406,7 +406,7 @@ class SandboxBackend(abc.ABC):
 
     @abc.abstractmethod
     async def list(self) -> list[SandboxHandle]:
-        """Sandboxes of this backend owned by this host (for the janitor)."""
+        """Sandboxes of this backend owned by this host (for the reaper)."""
 
     async def reap(
         self,
@@ -416,7 +416,7 @@ class SandboxBackend(abc.ABC):
         """Destroy sandboxes whose rollout is not active; returns reaped sandbox ids.
 
         `checked`: the rollout ids the caller looked up; a sandbox of any other rollout was
-        created since (a provision racing the janitor) and is kept. None: all were."""
+        created since (a provision racing the reaper) and is kept. None: all were."""
         reaped: list[str] = []
         for h in await self.list():
             if unchecked(h, checked):
@@ -432,7 +432,7 @@ class SandboxBackend(abc.ABC):
 
 
 def unchecked(handle: SandboxHandle, checked: frozenset[str] | None) -> bool:
-    """A rollout's sandbox the janitor did not look up (it appeared after its listing)."""
+    """A rollout's sandbox the reaper did not look up (it appeared after its listing)."""
     return checked is not None and bool(handle.rollout_id) and handle.rollout_id not in checked
 
 

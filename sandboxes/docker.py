@@ -17,7 +17,7 @@ Warm pool: blank containers (started, supervisor ready) per (image, workdir,
 resources). Labels are immutable, so a pooled container's rollout id is recorded in
 its state dir (handle.json) at acquire time and the container is renamed to carry it
 in the background; cold-created containers carry the rollout-id label directly. The
-janitor reads both. Create, the warm pool, attach, destroy and reap are shared with
+reaper reads both. Create, the warm pool, attach, destroy and reap are shared with
 the local backend (`supervised`); this module says how a container starts, stops and
 is listed.
 """

@@ -2,7 +2,7 @@
 
 Mapping: `SandboxSpec.image` → E2B template; `timeout_s` → the sandbox's own TTL
 (E2B kills it even if every worker dies, so cleanup does not depend on us); rollout
-id and labels → sandbox metadata (the janitor lists by it); exec → `commands.run`
+id and labels → sandbox metadata (the reaper lists by it); exec → `commands.run`
 in the background + wait, killed on timeout/cancel; files → tar uploaded/downloaded
 with `files.write`/`files.read` and unpacked with `tar` in the sandbox.
 

@@ -4,7 +4,7 @@ Why on disk: a worker can die without running any cleanup (SIGKILL, Temporal
 termination), so every sandbox made on this host leaves enough behind for another
 process to find and destroy it: a per-sandbox state dir under `state_root`, the
 owning process as ``host:pid:starttime`` (pid reuse cannot fake it) and a
-``by-rollout`` link per rollout id. `should_reap` is the janitor's rule over that.
+``by-rollout`` link per rollout id. `should_reap` is the reaper's rule over that.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def rollout_key(rollout_id: str) -> str:
 
 
 def should_reap(h: SandboxHandle, active: set[str] | frozenset[str]) -> bool:
-    """The janitor's rule: an inactive or expired rollout, or a blank whose owner died."""
+    """The reaper's rule: an inactive or expired rollout, or a blank whose owner died."""
     if h.rollout_id:
         if h.rollout_id not in active:
             return True

@@ -18,7 +18,7 @@ otherwise the host's /usr, /etc… read-only (``"host-readonly"``).
 
 Processes: a long-lived in-sandbox supervisor (`supervisor.py`) runs commands and
 moves files over a Unix socket in the state dir. State (handle.json, pids.json,
-owner) lives in ``<state>/local/<sandbox_id>/`` so the janitor can find and destroy
+owner) lives in ``<state>/local/<sandbox_id>/`` so the reaper can find and destroy
 sandboxes left by a crashed worker. Create, the warm pool, attach, destroy and reap
 are shared with the docker backend (`supervised`); this module says how a bubblewrap
 sandbox starts, stops and is listed.
@@ -360,7 +360,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 "AR_CGROUPS": " ".join(cg),
             }
             # The cgroups hold every process of the sandbox: recorded before it starts,
-            # so a worker killed from here on leaves nothing the janitor cannot kill.
+            # so a worker killed from here on leaves nothing the reaper cannot kill.
             (sdir / "pids.json").write_text(json.dumps({"cgroups": cg}))
             log = open(sdir / "bwrap.log", "wb")  # noqa: SIM115
             try:

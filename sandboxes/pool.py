@@ -57,7 +57,7 @@ class WarmPool(Generic[T]):
         return len(self._idle.get(key, ()))
 
     def idle_items(self) -> list[T]:
-        """Every ready blank, across keys (the janitor must not reap these)."""
+        """Every ready blank, across keys (the reaper must not reap these)."""
         return [item for q in self._idle.values() for item in q]
 
     def refill(self, key: Hashable) -> None:

@@ -302,7 +302,7 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
     async def _bind_rollout(self, sb: SB, spec: SandboxSpec) -> None:
         """Open the Gateway channel, record the rollout in the handle and link it.
 
-        The handle and its handle.json (read by attach and the janitor) get the
+        The handle and its handle.json (read by attach and the reaper) get the
         rollout id, env and expiry; ``by-rollout/<key>`` points at the state dir so a
         retried create finds and replaces this sandbox.
         """

@@ -14,7 +14,26 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.base import StrictModel
-from schemas.engine_weights import WeightUpdateReport
+
+PauseMode = Literal["wait", "keep", "abort"]
+"""How an engine pauses for a weight load: `wait` lets in-flight requests finish, `keep`
+freezes them, `abort` drops them."""
+
+
+class WeightUpdate(StrictModel):
+    """One engine's switch to a checkpoint (the engine-side part of a policy update)."""
+
+    policy_version: str = Field(min_length=1, max_length=256)
+    checkpoint: str = Field(min_length=1, description="model directory the engine can read")
+
+
+class WeightUpdateReport(StrictModel):
+    engine: str
+    policy_version: str
+    method: Literal["reload", "restart"]
+    pause_s: float
+    load_s: float
+    total_s: float
 
 
 class PolicyUpdate(StrictModel):

@@ -63,7 +63,7 @@ class SessionCreated(StrictModel):
 
 
 class SessionListing(StrictModel):
-    """One entry of `GET /sessions`: enough for a janitor to decide whether its rollout
+    """One entry of `GET /sessions`: enough for a reaper to decide whether its rollout
     still runs (`metadata` carries the workflow ids of a rollout's session)."""
 
     session_id: str

@@ -32,7 +32,9 @@ class RecordedCall(StrictModel):
     call_id: str
     segment_id: str
     scene: Scene
-    protocol: Literal["openai_chat", "openai_responses", "anthropic_messages"]
+    protocol: str = Field(min_length=1)
+    """The wire protocol of the call, by the name it is registered under in the Gateway
+    (`openai_chat`, `openai_responses`, `anthropic_messages`, ...)."""
     path: str
     status: CallStatus
     match: MatchKind

@@ -19,7 +19,7 @@ requests to the live gateway, whose witness sessions must not change.
 Then it checks, from the trainer's side and from the files the parts left behind:
 rollouts lost, duplicated samples, samples whose tokens differ from what the engine
 sampled (token-exact against the engine's log), sandboxes and sessions left after the
-janitors' next pass, and the fuzz tally.
+reapers' next pass, and the fuzz tally.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class ChaosConfig(BaseModel):
     max_sandboxes: int = Field(default=8, ge=1, description="per worker")
     down_s: float = Field(default=3.0, ge=0, description="how long a killed part stays down")
     heartbeat_s: float = Field(default=10.0, gt=0, description="dead worker detection")
-    janitor_interval_s: float = Field(default=10.0, gt=0)
+    reaper_interval_s: float = Field(default=10.0, gt=0)
     deadline_s: float = Field(default=1800.0, gt=0, description="rollouts not done by then: lost")
     work_dir: Path | None = None
     keep: bool = Field(default=False, description="keep the work dir")
@@ -468,8 +468,8 @@ async def start_stack(config: ChaosConfig, work: Path) -> Stack:
                 str(base + 2),
                 "--processes",
                 "2",
-                "--session-janitor-interval-s",
-                str(config.janitor_interval_s),
+                "--session-reaper-interval-s",
+                str(config.reaper_interval_s),
                 "--data-dir",
                 str(gateway_dir),
             ],
@@ -504,7 +504,7 @@ async def start_stack(config: ChaosConfig, work: Path) -> Stack:
                     "--max-provisions=4",
                     "--graceful-shutdown-s=5",
                     "--count-calls-every-s=5",
-                    f"--janitor-interval-s={config.janitor_interval_s}",
+                    f"--reaper-interval-s={config.reaper_interval_s}",
                     "--log-level=INFO",
                 ],
                 work / f"worker-{index}.log",
@@ -1002,8 +1002,8 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
             missing += config.turns - turns[rid]
             details.append(f"{rid}: {turns[rid]} of {config.turns} turns in its samples")
 
-    # --- what is left after the janitors' next pass
-    await asyncio.sleep(config.janitor_interval_s * 1.5 + 2)
+    # --- what is left after the reapers' next pass
+    await asyncio.sleep(config.reaper_interval_s * 1.5 + 2)
     sandboxes_left = sum(len(list(d.glob("lsb-*"))) for d in stack.sandbox_dirs)
     worker_pids = {w.proc.pid for w in stack.workers if w.proc is not None}
     processes_left = sandbox_processes(stack.sandbox_dirs, worker_pids)
@@ -1077,7 +1077,7 @@ def render(report: Report, console: Console) -> None:
         ("samples duplicated", str(report.duplicated), "0"),
         ("samples whose tokens differ from the engine's", str(report.tokens_differ), "0"),
         ("turns missing from samples", str(report.turns_missing), "0"),
-        ("sandboxes left after the janitors' pass", str(report.sandboxes_left), "0"),
+        ("sandboxes left after the reapers' pass", str(report.sandboxes_left), "0"),
         ("sandbox processes left", str(report.sandbox_processes_left), "0"),
         ("sessions left open", str(report.sessions_left), "0"),
         ("fuzz requests per protocol",

@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gateway.engines.vllm_weights import VllmWeightLoader
 from rollout_client import Batch, GatewayPolicyClient, RolloutClient, RolloutOutcome
-from schemas.engine_weights import VllmWeightLoader, WeightUpdate
-from schemas.policy import PolicyUpdate, PolicyUpdateRecord
+from schemas.policy import PolicyUpdate, PolicyUpdateRecord, WeightUpdate
 from schemas.tasks import RolloutTask, load_tasks
 from schemas.training import (
     FinalEval,

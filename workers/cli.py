@@ -77,7 +77,7 @@ def gateway(
     fsync_interval_ms: Annotated[
         float, typer.Option(min=0.001, max=1000, help="group commit: ms between fsync batches")
     ] = 5.0,
-    session_janitor_interval_s: Annotated[
+    session_reaper_interval_s: Annotated[
         float, typer.Option(min=0, help="s between closing sessions past their TTL (0: off)")
     ] = 30.0,
     stream_abort_grace_s: Annotated[
@@ -119,7 +119,7 @@ def gateway(
         context_window=context_window,
         fsync=fsync.value,
         fsync_interval_ms=fsync_interval_ms,
-        session_janitor_interval_s=session_janitor_interval_s,
+        session_reaper_interval_s=session_reaper_interval_s,
         stream_abort_grace_s=stream_abort_grace_s,
         tokenize_offload_chars=tokenize_offload_chars,
         engine_routing=engine_routing.value.replace("-", "_"),

@@ -205,7 +205,7 @@ class DemoStack:
             data_dir=self.data_dir / "worker",
             max_sandboxes=16,
             graceful_shutdown_s=5,
-            janitor_interval_s=0,
+            reaper_interval_s=0,
         )
         worker = RolloutWorker(settings)
         self.worker = worker

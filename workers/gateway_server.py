@@ -25,15 +25,17 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 
-from gateway.app import GatewayApp, error_responder_for
-from gateway.chat_template import ChatTemplate
-from gateway.core import Gateway, GatewayOptions
-from gateway.engine_client import EngineApi, EngineClient, EngineRouting
-from gateway.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
-from gateway.model_files import load_model_files
-from gateway.output_parser import get_parser
-from gateway.owner_forwarding import OwnerForwarder
-from gateway.tokenize_pool import OffloadingTokenizer
+from gateway.calls.pipeline import Gateway
+from gateway.engines.routing import EngineRouter, EngineRouting
+from gateway.engines.vllm import EngineApi, VllmEngine
+from gateway.http.app import GatewayApp, error_responder_for
+from gateway.http.owner_forwarding import OwnerForwarder
+from gateway.options import GatewayOptions
+from gateway.parsers.registry import get_parser
+from gateway.prompt.chat_template import ChatTemplate
+from gateway.prompt.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
+from gateway.prompt.model_files import load_model_files
+from gateway.prompt.tokenize_pool import OffloadingTokenizer
 from workers.gc_policy import tune_gc_for_serving
 
 log = logging.getLogger("rollout.gateway")
@@ -57,7 +59,7 @@ class GatewaySettings(BaseModel):
     control_port: int = Field(default=8800, ge=0, le=65535)
     #: One agent address for all processes (SO_REUSEPORT on `host`): session base URLs
     #: name it, and a call that lands on a process not owning its session is relayed to
-    #: the owner's own port (gateway/owner_forwarding.py). None: each process's own port.
+    #: the owner's own port (gateway/http/owner_forwarding.py). None: each process's own port.
     shared_port: int | None = Field(default=None, ge=1, le=65535)
     public_url: str | None = None
     #: Set by the supervisor for its children: the advertised URL (`public_url` of the
@@ -71,13 +73,13 @@ class GatewaySettings(BaseModel):
     max_body_bytes: int = 32 * 2**20
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
-    session_janitor_interval_s: float = Field(default=30.0, ge=0)
+    session_reaper_interval_s: float = Field(default=30.0, ge=0)
     stream_abort_grace_s: float = Field(default=2.0, ge=0)
     #: The other processes' control URLs (set by `serve` for N processes): a policy
     #: update on any process pauses them all, as they share the engines.
     peer_control_urls: list[str] = Field(default_factory=list)
     #: New text of at least this many characters is tokenized in a worker process, off
-    #: the event loop (0: always inline); see gateway/tokenize_pool.py.
+    #: the event loop (0: always inline); see gateway/prompt/tokenize_pool.py.
     tokenize_offload_chars: int = Field(default=16384, ge=0)
     tokenize_workers: int = Field(default=1, ge=1)
     engine_routing: EngineRouting = "sticky"
@@ -176,17 +178,16 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         context_window=window,
         fsync=settings.fsync,
         fsync_interval_ms=settings.fsync_interval_ms,
-        session_janitor_interval_s=settings.session_janitor_interval_s,
+        session_reaper_interval_s=settings.session_reaper_interval_s,
         stream_abort_grace_s=settings.stream_abort_grace_s,
     )
-    engine = EngineClient(
-        settings.engine_urls,
+    vllm = VllmEngine(
         settings.model,
         request_timeout_s=settings.request_timeout_s,
         connect_retries=3,
-        routing=settings.engine_routing,
         api=settings.engine_api,
     )
+    engine = EngineRouter(settings.engine_urls, vllm, routing=settings.engine_routing)
     return Gateway(options, template, incremental, get_parser(settings.parser), engine)
 
 

@@ -3,11 +3,11 @@
 Roles (see `schemas.rollout.QueueNames` for the queues):
 - orchestrator: runs `RolloutWorkflow` (deterministic, cheap; scale by processes);
 - sandbox-host: provisions sandboxes from the shared sandbox queue and runs everything
-  that touches them (run_harness, destroy) on this host's own queue; a janitor reaps
+  that touches them (run_harness, destroy) on this host's own queue; a reaper reaps
   sandboxes whose rollout is gone;
 - gateway-host: next to the gateway processes, creates sessions and collects/closes
   them on its own queue, so trajectories are read locally and samples written from here;
-  a janitor closes sessions whose workflow run has ended;
+  a reaper closes sessions whose workflow run has ended;
 - all: everything in one process (the embedded default, tests, the demo).
 
 Why explicit slot limits: the SDK default (100 per kind) is both too small for
@@ -77,7 +77,7 @@ class WorkerSettings(BaseModel):
     max_workflow_tasks: int = Field(default=200, ge=1)
     max_cached_workflows: int = Field(default=5000, ge=1)
     graceful_shutdown_s: float = Field(default=30.0, ge=0)
-    janitor_interval_s: float = Field(default=300.0, ge=0, description="0: only at start")
+    reaper_interval_s: float = Field(default=300.0, ge=0, description="0: only at start")
     count_calls_every_s: float = Field(default=30.0, ge=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     register_search_attributes: bool = True
@@ -231,30 +231,30 @@ class RolloutWorker:
             )
         return workers
 
-    async def _janitor(self, client: Client) -> None:
+    async def _reaper(self, client: Client) -> None:
         from activities.sandbox import reap_orphans
-        from activities.session_janitor import close_orphan_sessions
+        from activities.session_reaper import close_orphan_sessions
 
         if self._backends is None and self._gateway_access is None:
             return
         for name in self.settings.sandbox_backends if self._backends is not None else ():
             with contextlib.suppress(Exception):
-                self._backends.get(name)  # instantiate so the janitor sees it
+                self._backends.get(name)  # instantiate so the reaper sees it
         while True:
-            # the janitor must never take the worker down
+            # the reaper must never take the worker down
             if self._backends is not None:
                 try:
                     await reap_orphans(client, self._backends, self._capacity)
                 except Exception as exc:
-                    log.warning("janitor pass failed: %r", exc)
+                    log.warning("reaper pass failed: %r", exc)
             if self._gateway_access is not None:
                 try:
                     await close_orphan_sessions(client, self._gateway_access)
                 except Exception as exc:
-                    log.warning("session janitor pass failed: %r", exc)
-            if self.settings.janitor_interval_s <= 0:
+                    log.warning("session reaper pass failed: %r", exc)
+            if self.settings.reaper_interval_s <= 0:
                 return
-            await asyncio.sleep(self.settings.janitor_interval_s)
+            await asyncio.sleep(self.settings.reaper_interval_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -265,7 +265,7 @@ class RolloutWorker:
         if not self.workers:
             raise RuntimeError(f"role {self.settings.role!r} runs no worker")
         runs = [asyncio.ensure_future(w.run()) for w in self.workers]
-        janitor = asyncio.ensure_future(self._janitor(client))
+        reaper = asyncio.ensure_future(self._reaper(client))
         self.ready.set()
         log.info(
             "worker up: role=%s queue=%s host=%s (%d workers), Temporal %s over %s",
@@ -283,12 +283,12 @@ class RolloutWorker:
                 if task is not stopper and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
         finally:
-            janitor.cancel()
+            reaper.cancel()
             stopper.cancel()
             # Graceful: stop polling, let running activities finish (up to the timeout),
             # then cancel them; the workflow retries what was handed back.
             await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
-            await asyncio.gather(*runs, janitor, return_exceptions=True)
+            await asyncio.gather(*runs, reaper, return_exceptions=True)
             for close in self._closers:
                 with contextlib.suppress(Exception):
                     await close()
@@ -329,7 +329,7 @@ def worker_cmd(
     ] = None,
     backends: Annotated[str, typer.Option(help="sandbox backends offered here")] = "local",
     sandbox_state_dir: Annotated[
-        Path | None, typer.Option(help="local backend state dir (janitor scope)")
+        Path | None, typer.Option(help="local backend state dir (reaper scope)")
     ] = None,
     data_dir: Annotated[Path, typer.Option(help="artifacts and worker state")] = Path(
         "./data/worker"
@@ -342,7 +342,7 @@ def worker_cmd(
     count_calls_every_s: Annotated[
         float, typer.Option(help="poll the session's call count for heartbeats (0: off)")
     ] = 30.0,
-    janitor_interval_s: Annotated[float, typer.Option(help="0: reap only at start")] = 300.0,
+    reaper_interval_s: Annotated[float, typer.Option(help="0: reap only at start")] = 300.0,
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port")] = None,
     payload_key_file: Annotated[
         Path | None,
@@ -386,7 +386,7 @@ def worker_cmd(
         max_workflow_tasks=max_workflow_tasks,
         graceful_shutdown_s=graceful_shutdown_s,
         count_calls_every_s=count_calls_every_s,
-        janitor_interval_s=janitor_interval_s,
+        reaper_interval_s=reaper_interval_s,
         metrics_port=metrics_port,
         payload_key_file=payload_key_file,
     )

@@ -171,7 +171,7 @@ class RolloutWorkflow:
         queues = QueueNames(base=workflow.info().task_queue)
         started = workflow.now()
         deadline = started + timedelta(seconds=task.budget.total_s)
-        # A host that does not pick up its queue within this is gone: its janitor reaps.
+        # A host that does not pick up its queue within this is gone: its reaper reaps.
         self._cleanup_wait = timedelta(seconds=task.budget.host_queue_wait_s)
         # Every step heartbeats: a worker that dies mid-step is seen within this, not
         # after the step's whole start-to-close timeout (minutes for collect and destroy).
@@ -546,7 +546,7 @@ class RolloutWorkflow:
             if not t.cancelled() and t.exception() is not None
         ]
         if leaked:
-            self._last_error = "cleanup failed (janitor will reap): " + "; ".join(leaked)
+            self._last_error = "cleanup failed (reaper will reap): " + "; ".join(leaked)
             workflow.logger.error(self._last_error)
         status = result.status.value if result else final.value
         extra = [STATUS.value_set(status)]

@@ -38,7 +38,7 @@ def report() -> Report:
         pause_s=0.3,
         max_sandboxes=6,
         heartbeat_s=5,
-        janitor_interval_s=5,
+        reaper_interval_s=5,
         deadline_s=600,
     )  # its own work dir under /tmp: the sandbox uid must traverse it (pytest's is 0700)
     result = asyncio.run(run_chaos(config))

@@ -557,11 +557,11 @@ async def test_rollout_run_command(stack: Stack) -> None:
     assert read_table(str(samples)).num_rows == 8  # the manifest does not confuse readers
 
 
-async def test_janitor_reaps_sandboxes_of_finished_rollouts(
+async def test_reaper_reaps_sandboxes_of_finished_rollouts(
     stack: Stack, client: RolloutClient
 ) -> None:
     """A sandbox whose rollout is not running (here: never existed; in production a
-    terminated rollout, whose `finally` never ran) is destroyed by the host janitor;
+    terminated rollout, whose `finally` never ran) is destroyed by the host reaper;
     a sandbox of a running rollout is kept."""
     from activities.sandbox import SandboxBackends, reap_orphans
     from sandboxes.base import SandboxSpec
@@ -620,15 +620,15 @@ async def test_rerun_of_a_cancelled_rollout_gets_a_new_session(
     await wait_until(lambda: stack.sandboxes_left() == [], 30, "no sandbox left")
 
 
-async def test_worker_janitor_closes_sessions_of_terminated_rollouts(
+async def test_worker_reaper_closes_sessions_of_terminated_rollouts(
     stack: Stack, client: RolloutClient
 ) -> None:
     """A terminated rollout never runs its `finally`: its session stays open (token
-    valid) until the worker janitor's next pass sees that its workflow run is not
+    valid) until the worker reaper's next pass sees that its workflow run is not
     running and closes it. The session of a running rollout is kept."""
     from activities.sandbox import SandboxBackends, reap_orphans
     from activities.session import GatewayAccess
-    from activities.session_janitor import close_orphan_sessions
+    from activities.session_reaper import close_orphan_sessions
 
     alive = make_task("alive2", "What is 6 times 7?", "42", turns=2, sleep_s=10)
     doomed = make_task("doomed", "What is 6 times 7?", "42", turns=2, sleep_s=30)
@@ -653,7 +653,7 @@ async def test_worker_janitor_closes_sessions_of_terminated_rollouts(
     assert stack.session_closed(doomed_session)
     assert not stack.session_closed(alive_session)
     assert (await client.outcome(rid_alive)).ok
-    # The doomed rollout's sandbox is the sandbox janitor's (its pass of the same loop).
+    # The doomed rollout's sandbox is the sandbox reaper's (its pass of the same loop).
     backends = SandboxBackends({"local": {"state_dir": str(stack.sandbox_state)}})
     backends.get("local")
     try:

@@ -192,7 +192,7 @@ async def test_dead_host_reprovisions_on_a_live_one(env: tuple[RolloutClient, Fa
     """Attempt 1's sandbox lands on a host nobody serves: run_harness times out on
     SCHEDULE_TO_START (non-retryable by design), the workflow closes that session,
     re-provisions and finishes on the live host; the dead sandbox's destroy also times
-    out (left to that host's janitor) without blocking the result for long."""
+    out (left to that host's reaper) without blocking the result for long."""
     client, fakes = env
     fakes.hosts_for_attempt = {1: DEAD}
     handle = await start(client, task())

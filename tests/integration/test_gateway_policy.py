@@ -32,7 +32,7 @@ from devstack.background_server import BackgroundServer
 from devstack.ports import consecutive_free_ports
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.vllm_server import VllmServer, VllmServerConfig
-from schemas.engine_weights import tensor_shapes
+from gateway.engines.vllm_weights import tensor_shapes
 from schemas.policy import PolicyState, PolicyUpdateRecord
 from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
 

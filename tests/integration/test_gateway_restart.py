@@ -253,7 +253,7 @@ def held_state(live: Any) -> dict[str, Any]:
         "scenes": live.segment_scenes,
         "last_call": live.last_call,
         "counts": (live.calls, live.failed_calls),
-        "answered": live.answers._answered,
+        "answered": live.replies._answered,
     }
 
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.spans import SPANS
+from gateway.observability.spans import SPANS
 from tests.fixtures.gateway import scripted_gateway
 
 pytestmark = pytest.mark.integration

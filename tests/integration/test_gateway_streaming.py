@@ -350,7 +350,7 @@ def test_a_retry_sent_after_the_client_left_gets_the_whole_answer_sampled_once(
 def _retry_waits(gw: RunningGateway, session_id: str) -> bool:
     """Has a retry attached to the session's call in flight (`retries.InFlight.awaited`)?"""
     live = gw.gateway.sessions[session_id]
-    return any(f.awaited.is_set() for f in live.answers._inflight.values())
+    return any(f.awaited.is_set() for f in live.replies._inflight.values())
 
 
 def test_an_engine_failure_mid_stream_is_an_in_stream_error_and_recorded(

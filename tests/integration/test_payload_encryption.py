@@ -85,7 +85,7 @@ async def stack(
         gateway_admin_token=gateway.admin_token,
         backend_config={"local": {"state_dir": str(work / "sandboxes")}},
         data_dir=work / "worker",
-        janitor_interval_s=0,
+        reaper_interval_s=0,
         payload_key_file=work / "payload.key",
     )
     worker = RolloutWorker(settings)

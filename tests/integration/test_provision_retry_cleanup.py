@@ -254,7 +254,7 @@ async def test_provision_retried_on_another_host_leaves_no_sandbox_behind(
             if attrs.activity_type.name == DESTROY_SANDBOX:
                 destroyed_on.append(attrs.task_queue.name)
     # host-a's sandbox was destroyed on host-a's queue (right after the provision), then
-    # host-b's on host-b's; neither is left to a janitor or a TTL.
+    # host-b's on host-b's; neither is left to a reaper or a TTL.
     q = QueueNames(base=client.task_queue)
     assert destroyed_on == [q.host("host-a"), q.host("host-b")]
     assert [h for b in backends.values() for h in await b.get("local").list()] == []

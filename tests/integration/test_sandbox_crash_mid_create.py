@@ -1,6 +1,6 @@
 """A worker SIGKILLed while its local sandbox is starting leaves nothing running once the
-next worker's janitor has passed (found by `bench/chaos.py`: bwrap trees of sandboxes
-whose state dir the janitor had already removed kept running for good)."""
+next worker's reaper has passed (found by `bench/chaos.py`: bwrap trees of sandboxes
+whose state dir the reaper had already removed kept running for good)."""
 
 import asyncio
 import contextlib
@@ -53,7 +53,7 @@ def processes_naming(path: Path) -> list[int]:
     return found
 
 
-async def test_janitor_kills_a_sandbox_whose_worker_died_while_it_started(
+async def test_reaper_kills_a_sandbox_whose_worker_died_while_it_started(
     sandbox_state_dir: Path, sandbox_base_image: Any
 ) -> None:
     require_bwrap()

@@ -1,5 +1,5 @@
 """Session lifetime: a session past its idle or absolute TTL is refused with a clear 409
-and closed, by the next call or by the gateway's janitor without any call, also after a
+and closed, by the next call or by the gateway's reaper without any call, also after a
 restart (an expired session is never revived); its recorded calls stay intact. Real
 Gateway over HTTP (official OpenAI SDK) in front of the scripted engine."""
 
@@ -75,8 +75,8 @@ def open_sessions(gw: RunningGateway) -> list[str]:
 def test_call_past_idle_ttl_is_409_and_trajectory_intact(
     scripted: BackgroundServer, tiny_model_dir: Path, gateway_factory: Any
 ) -> None:
-    """No janitor here: the call itself finds the session expired, closes it and says so."""
-    gw = gateway_factory(scripted.url, tiny_model_dir, MODEL, session_janitor_interval_s=0)
+    """No reaper here: the call itself finds the session expired, closes it and says so."""
+    gw = gateway_factory(scripted.url, tiny_model_dir, MODEL, session_reaper_interval_s=0)
     session = gw.create_session(idle_ttl_s=1.0)
     client = agent(session)
     first = client.chat.completions.create(model=MODEL, messages=HI)  # type: ignore[arg-type]
@@ -98,18 +98,18 @@ def test_call_past_idle_ttl_is_409_and_trajectory_intact(
     assert "is closed (expired: no call for" in again.value.body["message"]  # type: ignore[index]
 
 
-def test_janitor_closes_expired_session_without_a_call(
+def test_reaper_closes_expired_session_without_a_call(
     scripted: BackgroundServer, tiny_model_dir: Path, gateway_factory: Any
 ) -> None:
-    """The janitor started with the app closes an idle session nobody calls any more (a
+    """The reaper started with the app closes an idle session nobody calls any more (a
     terminated rollout's agent) and leaves a session within its TTL open."""
-    gw = gateway_factory(scripted.url, tiny_model_dir, MODEL, session_janitor_interval_s=0.2)
+    gw = gateway_factory(scripted.url, tiny_model_dir, MODEL, session_reaper_interval_s=0.2)
     idle = gw.create_session(idle_ttl_s=1.0)
     kept = gw.create_session(idle_ttl_s=3600.0, absolute_ttl_s=7200.0)
     agent(idle).chat.completions.create(model=MODEL, messages=HI)  # type: ignore[arg-type]
     assert sorted(open_sessions(gw)) == sorted([idle["session_id"], kept["session_id"]])
 
-    wait_until(lambda: summary(gw, idle["session_id"])["closed"], 30, "the janitor to close it")
+    wait_until(lambda: summary(gw, idle["session_id"])["closed"], 30, "the reaper to close it")
     assert idle["session_id"] not in gw.gateway.sessions
     assert expired_count(gw, "idle") == 1.0
     assert open_sessions(gw) == [kept["session_id"]]
@@ -125,8 +125,8 @@ def test_absolute_ttl_counts_from_creation_across_a_restart(
 ) -> None:
     """A session that outlived its absolute TTL while its gateway was down stays closed:
     a restarted process neither serves it to its agent nor revives it for a retried
-    create, and its janitor closes the ones nobody asks for."""
-    gw = gateway_factory(scripted.url, tiny_model_dir, MODEL, session_janitor_interval_s=0)
+    create, and its reaper closes the ones nobody asks for."""
+    gw = gateway_factory(scripted.url, tiny_model_dir, MODEL, session_reaper_interval_s=0)
     asked = gw.create_session(absolute_ttl_s=1.0, idempotency_key="asked")
     ignored = gw.create_session(absolute_ttl_s=1.0, idempotency_key="ignored")
     for session in (asked, ignored):
@@ -137,7 +137,7 @@ def test_absolute_ttl_counts_from_creation_across_a_restart(
 
     restarted = gateway_factory(
         scripted.url, tiny_model_dir, MODEL, data_dir=data_dir, public_url=gw.url,
-        session_janitor_interval_s=0,
+        session_reaper_interval_s=0,
     )  # fmt: skip
     with pytest.raises(openai.ConflictError) as err:
         agent(asked, restarted.url).chat.completions.create(model=MODEL, messages=HI)  # type: ignore[arg-type]
@@ -154,12 +154,12 @@ def test_absolute_ttl_counts_from_creation_across_a_restart(
     assert len(restarted.trajectory(asked["session_id"])["calls"]) == 1
     restarted.server.stop()
 
-    # The next process's janitor closes the one nobody called, from the files alone.
+    # The next process's reaper closes the one nobody called, from the files alone.
     third = gateway_factory(
         scripted.url, tiny_model_dir, MODEL, data_dir=data_dir, public_url=gw.url,
-        session_janitor_interval_s=0.2,
+        session_reaper_interval_s=0.2,
     )  # fmt: skip
-    wait_until(lambda: summary(third, ignored["session_id"])["closed"], 30, "the janitor")
+    wait_until(lambda: summary(third, ignored["session_id"])["closed"], 30, "the reaper")
     assert open_sessions(third) == []
     assert expired_count(third, "absolute") == 1.0
     assert len(third.trajectory(ignored["session_id"])["calls"]) == 1

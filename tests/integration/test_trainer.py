@@ -24,8 +24,10 @@ import pytest
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.vllm_server import VllmServer, VllmServerConfig
 from examples.make_tasks import task as make_task
+from gateway.engines.base import WeightLoadError
+from gateway.engines.vllm_weights import VllmWeightLoader
 from rollout_client.storage import read_samples
-from schemas.engine_weights import VllmWeightLoader, WeightLoadError, WeightUpdate
+from schemas.policy import WeightUpdate
 from schemas.training import FinalEval, StepMetrics
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.trainer import TrainerPython

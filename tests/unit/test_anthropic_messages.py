@@ -14,12 +14,9 @@ import anthropic
 import httpx2
 import pytest
 
-from gateway.adapters.anthropic_messages import (
-    BILLING_HEADER,
-    parse_count_tokens_request,
-    parse_messages_request,
-)
-from gateway.adapters.anthropic_messages_reply import (
+from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply, ToolCall
+from gateway.errors import KINDS, GatewayError
+from gateway.protocols.anthropic_messages.reply import (
     ANTHROPIC_ERRORS,
     anthropic_error_body,
     anthropic_error_response,
@@ -30,9 +27,12 @@ from gateway.adapters.anthropic_messages_reply import (
     sse_error_event,
     thinking_signature,
 )
-from gateway.adapters.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
-from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
-from gateway.errors import KINDS, GatewayError
+from gateway.protocols.anthropic_messages.request import (
+    BILLING_HEADER,
+    parse_count_tokens_request,
+    parse_messages_request,
+)
+from gateway.protocols.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
 from tests.fixtures.sdk_transport import anthropic_client
 
 REASONING = "I should list the files first, then read 说明文件 carefully."
@@ -52,8 +52,8 @@ def make_result(
     tool_calls: list[ToolCall] | None = None,
     finish_reason: str = "stop",
     call_id: str = "abc123",
-) -> CompletionResult:
-    return CompletionResult(
+) -> Reply:
+    return Reply(
         call_id=call_id,
         model="tiny-model",
         created=1_700_000_000,
@@ -144,7 +144,7 @@ def claude_code_body(
     }
 
 
-def assistant_echo(result: CompletionResult) -> dict[str, Any]:
+def assistant_echo(result: Reply) -> dict[str, Any]:
     return {"role": "assistant", "content": messages_body(result)["content"]}
 
 
@@ -614,7 +614,7 @@ def test_sse_framing_and_order() -> None:
 
 
 def sdk_client(
-    result: CompletionResult,
+    result: Reply,
     seen: list[CanonicalRequest] | None = None,
     raw_paths: list[str] | None = None,
     **render: Any,

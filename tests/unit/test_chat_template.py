@@ -10,7 +10,7 @@ import pytest
 
 from devstack.real_templates import template_names
 from gateway.canonical import Message, Tool, ToolCall
-from gateway.chat_template import ChatTemplate, TemplateRenderError, ToolCallStyle
+from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError, ToolCallStyle
 from tests.fixtures.real_templates import real_template_text
 
 

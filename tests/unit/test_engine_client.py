@@ -1,4 +1,5 @@
-"""EngineClient: payload, reply validation and error mapping, against scripted fakes."""
+"""The vLLM engine behind the router: payload, reply validation, error mapping, session
+placement, routing and per-engine stats, against scripted fakes."""
 
 from __future__ import annotations
 
@@ -18,12 +19,20 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from devstack.ports import free_port
-from gateway.engine_client import EngineClient
+from gateway.engines.routing import EngineRouter, EngineRouting
+from gateway.engines.vllm import VllmEngine
 from gateway.errors import GatewayError
 from schemas.sampling import SamplingParams
 
 MODEL = "tiny"
 PROMPT = [1, 2, 3, 4]
+
+
+def vllm_engines(
+    urls: list[str], model: str, *, routing: EngineRouting = "sticky", **options: Any
+) -> EngineRouter:
+    """The router in front of the vLLM engine, as a gateway process builds them."""
+    return EngineRouter(urls, VllmEngine(model, **options), routing=routing)
 
 
 class FakeVllmForTests:
@@ -106,8 +115,8 @@ def engine_url(fake: FakeVllmForTests) -> Iterator[str]:
 
 
 @pytest.fixture
-async def client(engine_url: str) -> AsyncIterator[EngineClient]:
-    ec = EngineClient([engine_url], MODEL, request_timeout_s=5, connect_retries=2)
+async def client(engine_url: str) -> AsyncIterator[EngineRouter]:
+    ec = vllm_engines([engine_url], MODEL, request_timeout_s=5, connect_retries=2)
     yield ec
     await ec.aclose()
 
@@ -122,7 +131,7 @@ async def expect_error(coro: Any, status: int, kind: str) -> GatewayError:
 # --- success -----------------------------------------------------------------------------
 
 
-async def test_success_payload_and_mapping(client: EngineClient, fake: FakeVllmForTests) -> None:
+async def test_success_payload_and_mapping(client: EngineRouter, fake: FakeVllmForTests) -> None:
     sampling = SamplingParams(
         temperature=0.7, max_tokens=64, seed=3, stop=["</s>"], engine_extra={"ignore_eos": True}
     )
@@ -149,7 +158,7 @@ async def test_success_payload_and_mapping(client: EngineClient, fake: FakeVllmF
     assert "gzip" not in fake.headers[0].get("accept-encoding", "")  # replies stay plain
 
 
-async def test_stop_reason_and_length(client: EngineClient, fake: FakeVllmForTests) -> None:
+async def test_stop_reason_and_length(client: EngineRouter, fake: FakeVllmForTests) -> None:
     fake.scripted.append(JSONResponse(fake.good_reply(PROMPT, [5], stop_reason=151645)))
     res = await client.complete(client.urls[0], PROMPT, SamplingParams())
     assert res.stop_reason == 151645
@@ -159,7 +168,7 @@ async def test_stop_reason_and_length(client: EngineClient, fake: FakeVllmForTes
 
 
 async def test_usage_and_optional_fields_absent(
-    client: EngineClient, fake: FakeVllmForTests
+    client: EngineRouter, fake: FakeVllmForTests
 ) -> None:
     reply = fake.good_reply(PROMPT, [5])
     del reply["usage"]
@@ -170,7 +179,7 @@ async def test_usage_and_optional_fields_absent(
     assert res.output_ids == [5] and res.cached_prompt_tokens == 0
 
 
-async def test_model_info(client: EngineClient, fake: FakeVllmForTests) -> None:
+async def test_model_info(client: EngineRouter, fake: FakeVllmForTests) -> None:
     info = await client.model_info(client.urls[0])
     assert (info.id, info.max_model_len) == (MODEL, 4096)
     fake.scripted.append(JSONResponse({"data": [{"id": "other", "max_model_len": 10}]}))
@@ -214,7 +223,7 @@ def _mutations() -> list[tuple[str, Any]]:
 
 @pytest.mark.parametrize(("label", "mutate"), _mutations(), ids=[m[0] for m in _mutations()])
 async def test_malformed_reply_is_502(
-    client: EngineClient, fake: FakeVllmForTests, label: str, mutate: Any
+    client: EngineRouter, fake: FakeVllmForTests, label: str, mutate: Any
 ) -> None:
     reply = fake.good_reply(PROMPT, [7, 8, 9])
     mutate(reply)
@@ -225,7 +234,7 @@ async def test_malformed_reply_is_502(
     assert "malformed" in err.message
 
 
-async def test_non_json_reply_is_502(client: EngineClient, fake: FakeVllmForTests) -> None:
+async def test_non_json_reply_is_502(client: EngineRouter, fake: FakeVllmForTests) -> None:
     fake.scripted.append(PlainTextResponse("<html>gateway</html>"))
     await expect_error(
         client.complete(client.urls[0], PROMPT, SamplingParams()), 502, "engine_bad_reply"
@@ -235,7 +244,7 @@ async def test_non_json_reply_is_502(client: EngineClient, fake: FakeVllmForTest
 # --- engine HTTP errors ---------------------------------------------------------------------
 
 
-async def test_engine_400_passes_message(client: EngineClient, fake: FakeVllmForTests) -> None:
+async def test_engine_400_passes_message(client: EngineRouter, fake: FakeVllmForTests) -> None:
     msg = "This model's maximum context length is 4096 tokens. However, you requested 5000."
     fake.scripted.append(
         JSONResponse({"error": {"message": msg, "type": "BadRequestError", "code": 400}}, 400)
@@ -263,7 +272,7 @@ async def test_engine_400_passes_message(client: EngineClient, fake: FakeVllmFor
     ],
 )
 async def test_engine_status_mapping(
-    client: EngineClient,
+    client: EngineRouter,
     fake: FakeVllmForTests,
     status: int,
     headers: dict[str, str],
@@ -283,7 +292,7 @@ async def test_engine_status_mapping(
 
 
 async def test_connect_refused_is_503_after_retries() -> None:
-    async with EngineClient(
+    async with vllm_engines(
         [f"http://127.0.0.1:{free_port()}"],
         MODEL,
         request_timeout_s=5,
@@ -313,7 +322,7 @@ async def test_connect_error_then_success_retries_same_url(fake: FakeVllmForTest
     thread = threading.Thread(target=serve_later, daemon=True)
     thread.start()
     try:
-        async with EngineClient(
+        async with vllm_engines(
             [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{port}"],
             MODEL,
             request_timeout_s=5,
@@ -353,7 +362,7 @@ async def test_dropped_connection_is_not_retried() -> None:
 
     async with (
         raw_server(hang_up) as url,
-        EngineClient([url], MODEL, request_timeout_s=5, connect_retries=3) as ec,
+        vllm_engines([url], MODEL, request_timeout_s=5, connect_retries=3) as ec,
     ):
         await expect_error(ec.complete(url, PROMPT, SamplingParams()), 503, "engine_unavailable")
     assert connections == 1
@@ -369,7 +378,7 @@ async def test_read_timeout_is_504() -> None:
 
     async with (
         raw_server(silent) as url,
-        EngineClient([url], MODEL, request_timeout_s=0.3, connect_retries=2) as ec,
+        vllm_engines([url], MODEL, request_timeout_s=0.3, connect_retries=2) as ec,
     ):
         start = time.monotonic()
         await expect_error(ec.complete(url, PROMPT, SamplingParams()), 504, "engine_timeout")
@@ -397,7 +406,7 @@ def serve_on_loopback(app: Any, port: int | None = None) -> Iterator[str]:
 
 async def test_real_http_round_trip(fake: FakeVllmForTests) -> None:
     with serve_on_loopback(fake.app) as url:
-        async with EngineClient([url], MODEL, request_timeout_s=5, connect_retries=0) as ec:
+        async with vllm_engines([url], MODEL, request_timeout_s=5, connect_retries=0) as ec:
             res = await ec.complete(url, PROMPT, SamplingParams(top_k=20))
             info = await ec.model_info(url)
     assert res.output_ids == [7, 8, 9] and info.max_model_len == 4096
@@ -408,7 +417,7 @@ async def test_real_http_round_trip(fake: FakeVllmForTests) -> None:
 
 
 def test_assign_least_loaded_sticky_and_release() -> None:
-    ec = EngineClient(["http://a", "http://b/"], MODEL, request_timeout_s=1, connect_retries=0)
+    ec = vllm_engines(["http://a", "http://b/"], MODEL, request_timeout_s=1, connect_retries=0)
     assert ec.assign("s1") == "http://a"  # tie → first
     assert ec.assign("s2") == "http://b"
     assert ec.assign("s3") == "http://a"
@@ -423,9 +432,9 @@ def test_assign_least_loaded_sticky_and_release() -> None:
 
 def test_constructor_validation() -> None:
     with pytest.raises(ValueError):
-        EngineClient([], MODEL, request_timeout_s=1, connect_retries=0)
+        vllm_engines([], MODEL, request_timeout_s=1, connect_retries=0)
     with pytest.raises(ValueError):
-        EngineClient(["http://a"], MODEL, request_timeout_s=1, connect_retries=-1)
+        vllm_engines(["http://a"], MODEL, request_timeout_s=1, connect_retries=-1)
 
 
 # --- routing and per-engine stats -----------------------------------------------------------
@@ -442,7 +451,7 @@ async def test_sticky_routing_keeps_a_session_on_its_engine_and_counts_per_engin
     two_engines: tuple[list[FakeVllmForTests], list[str]],
 ) -> None:
     fakes, urls = two_engines
-    async with EngineClient(urls, MODEL, request_timeout_s=5, connect_retries=0) as ec:
+    async with vllm_engines(urls, MODEL, request_timeout_s=5, connect_retries=0) as ec:
         url = ec.assign("s1")
         for _ in range(3):
             await ec.complete(url, PROMPT, SamplingParams())
@@ -461,7 +470,7 @@ async def test_round_robin_routing_sends_each_call_to_the_next_engine(
     """Only to compare with sticky routing (bench/engine_routing.py): the session's own
     engine is ignored, calls alternate."""
     fakes, urls = two_engines
-    async with EngineClient(
+    async with vllm_engines(
         urls, MODEL, request_timeout_s=5, connect_retries=0, routing="round_robin"
     ) as ec:
         url = ec.assign("s1")
@@ -472,7 +481,7 @@ async def test_round_robin_routing_sends_each_call_to_the_next_engine(
 
 
 async def test_a_failed_call_is_counted_as_failed_and_leaves_nothing_in_flight(
-    client: EngineClient, fake: FakeVllmForTests
+    client: EngineRouter, fake: FakeVllmForTests
 ) -> None:
     fake.scripted.append(JSONResponse({"error": {"message": "boom"}}, 500))
     await expect_error(
@@ -487,8 +496,8 @@ async def test_calls_reuse_a_kept_alive_connection_until_it_has_idled_too_long(
 ) -> None:
     """Engines close idle connections after 5 s; the client gives them up first, so a call
     is never sent on a connection the engine is closing."""
-    monkeypatch.setattr("gateway.engine_client.KEEPALIVE_S", 0.3)
-    async with EngineClient([engine_url], MODEL, request_timeout_s=5, connect_retries=0) as ec:
+    monkeypatch.setattr("gateway.engines.vllm.KEEPALIVE_S", 0.3)
+    async with vllm_engines([engine_url], MODEL, request_timeout_s=5, connect_retries=0) as ec:
         for _ in range(3):
             await ec.complete(engine_url, PROMPT, SamplingParams())
         await asyncio.sleep(0.6)
@@ -525,7 +534,7 @@ def stream_chunks(prompt: list[int], output: list[int]) -> list[dict[str, Any]]:
 
 
 async def test_stream_hands_over_each_chunk_and_validates_like_complete(
-    client: EngineClient, fake: FakeVllmForTests
+    client: EngineRouter, fake: FakeVllmForTests
 ) -> None:
     fake.scripted.append(sse(*stream_chunks(PROMPT, [7, 8, 9])))
     seen: list[tuple[list[int], list[float]]] = []
@@ -556,7 +565,7 @@ async def test_stream_hands_over_each_chunk_and_validates_like_complete(
     ],
 )
 async def test_malformed_stream_is_502(
-    client: EngineClient, fake: FakeVllmForTests, label: str, reply: Response
+    client: EngineRouter, fake: FakeVllmForTests, label: str, reply: Response
 ) -> None:
     fake.scripted.append(reply)
     await expect_error(
@@ -567,7 +576,7 @@ async def test_malformed_stream_is_502(
 
 
 async def test_stream_refused_up_front_keeps_its_status(
-    client: EngineClient, fake: FakeVllmForTests
+    client: EngineRouter, fake: FakeVllmForTests
 ) -> None:
     fake.scripted.append(JSONResponse({"error": {"message": "too long", "code": 400}}, 400))
     err = await expect_error(
@@ -579,7 +588,7 @@ async def test_stream_refused_up_front_keeps_its_status(
 
 
 async def test_a_stream_line_longer_than_any_read_buffer(
-    client: EngineClient, fake: FakeVllmForTests
+    client: EngineRouter, fake: FakeVllmForTests
 ) -> None:
     """vLLM's first stream chunk echoes the whole prompt's ids: one line of ~250 KB here."""
     prompt = list(range(40_000))
@@ -618,14 +627,14 @@ def generate_reply(output: list[int], **choice: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def gen_client(engine_url: str) -> AsyncIterator[EngineClient]:
-    ec = EngineClient([engine_url], MODEL, request_timeout_s=5, connect_retries=0, api="generate")
+async def gen_client(engine_url: str) -> AsyncIterator[EngineRouter]:
+    ec = vllm_engines([engine_url], MODEL, request_timeout_s=5, connect_retries=0, api="generate")
     yield ec
     await ec.aclose()
 
 
 async def test_generate_payload_and_mapping(
-    gen_client: EngineClient, fake: FakeVllmForTests
+    gen_client: EngineRouter, fake: FakeVllmForTests
 ) -> None:
     """Sampling fields and `engine_extra` go in `sampling_params`; vLLM detokenizes only
     when stop strings need the text."""
@@ -676,7 +685,7 @@ async def test_generate_payload_and_mapping(
     ],
 )
 async def test_malformed_generate_reply_is_502(
-    gen_client: EngineClient, fake: FakeVllmForTests, label: str, reply: Any, says: str
+    gen_client: EngineRouter, fake: FakeVllmForTests, label: str, reply: Any, says: str
 ) -> None:
     fake.scripted.append(JSONResponse(reply))
     err = await expect_error(
@@ -686,7 +695,7 @@ async def test_malformed_generate_reply_is_502(
 
 
 async def test_generate_stream_hands_over_each_chunk_and_validates_like_complete(
-    gen_client: EngineClient, fake: FakeVllmForTests
+    gen_client: EngineRouter, fake: FakeVllmForTests
 ) -> None:
     whole = generate_reply([7, 8, 9])
     chunks = []

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from gateway.chat_template import RESERVED_TEMPLATE_VARIABLES
 from gateway.json_text import MAX_JSON_DEPTH
+from gateway.prompt.chat_template import RESERVED_TEMPLATE_VARIABLES
 from stress.malformed_requests import (
     PROTOCOLS,
     FuzzRequest,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.canonical import CanonicalRequest, Message, Tool
-from gateway.scenes import classify
+from gateway.sessions.scenes import classify
 from harnesses.claude_code import COMPACTION_MARKER as CC_COMPACT
 from harnesses.codex import COMPACTION_MARKER as CODEX_COMPACT
 from harnesses.hermes import COMPACTION_MARKER as HERMES_COMPACT

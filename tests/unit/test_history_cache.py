@@ -1,4 +1,4 @@
-"""The session history cache (`gateway.adapters.history`): a request that extends one the
+"""The session history cache (`gateway.protocols.history`): a request that extends one the
 session already sent converts only its new items, and the result is the same canonical
 request (byte for byte) as the full conversion; anything else falls back to the full path."""
 
@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
-from gateway.adapters import anthropic_messages, openai_chat, openai_responses
-from gateway.adapters.history import HistoryCache
 from gateway.canonical import CanonicalRequest
 from gateway.errors import GatewayError
+from gateway.protocols.anthropic_messages import request as anthropic_messages
+from gateway.protocols.history import HistoryCache
+from gateway.protocols.openai_chat import request as openai_chat
+from gateway.protocols.openai_responses import request as openai_responses
 
 Parse = Callable[..., CanonicalRequest]
 

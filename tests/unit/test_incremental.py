@@ -17,12 +17,12 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gateway.canonical import Message, Tool, ToolCall
-from gateway.chat_template import ChatTemplate
-from gateway.incremental.held_segments import HeldSegment
-from gateway.incremental.message_keys import hash_template_kwargs, hash_tools
-from gateway.incremental.normalisers import DEFAULT_NORMALISERS
-from gateway.incremental.planner import IncrementalTokenizer, PromptPlan
-from gateway.incremental.tokenizer_adapter import TokenizersAdapter, load_tokenizer
+from gateway.prompt.chat_template import ChatTemplate
+from gateway.prompt.incremental.held_segments import HeldSegment
+from gateway.prompt.incremental.message_keys import hash_template_kwargs, hash_tools
+from gateway.prompt.incremental.normalisers import DEFAULT_NORMALISERS
+from gateway.prompt.incremental.planner import IncrementalTokenizer, PromptPlan
+from gateway.prompt.incremental.tokenizer_adapter import TokenizersAdapter, load_tokenizer
 from schemas.trajectory import MatchKind
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from devstack.tiny_model import ensure_tiny_model
-from gateway.model_files import ModelFilesError, load_model_files
+from gateway.prompt.model_files import ModelFilesError, load_model_files
 
 
 @pytest.fixture

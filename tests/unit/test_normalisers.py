@@ -3,7 +3,7 @@
 import pytest
 
 from gateway.canonical import Message, ToolCall
-from gateway.incremental.normalisers import DEFAULT_NORMALISERS, forgive
+from gateway.prompt.incremental.normalisers import DEFAULT_NORMALISERS, forgive
 
 CALL = ToolCall(id="call_1", name="run", arguments='{"cmd": "ls", "cwd": "/"}')
 HELD = Message(role="assistant", content="Listing.", reasoning="look first", tool_calls=[CALL])

@@ -16,15 +16,16 @@ import langchain_openai
 import openai
 import pytest
 
-from gateway.adapters.openai_chat import parse_chat_request
-from gateway.adapters.openai_chat_reply import (
+from gateway.canonical import CanonicalRequest, ParsedOutput, Reply, ToolCall
+from gateway.errors import GatewayError
+from gateway.protocols.openai_chat.reply import (
     chat_completion_body,
     chat_completion_sse,
+    openai_error_body,
     openai_error_response,
     sse_error_event,
 )
-from gateway.canonical import CanonicalRequest, CompletionResult, ParsedOutput, ToolCall
-from gateway.errors import GatewayError, openai_error_body
+from gateway.protocols.openai_chat.request import parse_chat_request
 from tests.fixtures.sdk_transport import openai_client
 
 ARGS_0 = json.dumps({"command": "grep -rn 'def main' src/ | head -n 20", "timeout": 30})
@@ -39,8 +40,8 @@ def make_result(
     reasoning: str | None = REASONING,
     tool_calls: list[ToolCall] | None = None,
     finish_reason: str = "stop",
-) -> CompletionResult:
-    return CompletionResult(
+) -> Reply:
+    return Reply(
         call_id="abc123",
         model="tiny-model",
         created=1_700_000_000,
@@ -333,7 +334,7 @@ def test_sse_without_usage_has_no_usage_key() -> None:
 # --- through the official SDK --------------------------------------------------------------------
 
 
-def sdk_client(result: CompletionResult, seen: list[CanonicalRequest]) -> openai.OpenAI:
+def sdk_client(result: Reply, seen: list[CanonicalRequest]) -> openai.OpenAI:
     """An OpenAI client whose transport runs our adapter on each request."""
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -521,7 +522,7 @@ def test_error_body_shape() -> None:
 # --- LangChain's ChatOpenAI ---------------------------------------------------------------------
 
 
-def _langchain_model(result: CompletionResult, seen: list[CanonicalRequest], **kw: Any) -> Any:
+def _langchain_model(result: Reply, seen: list[CanonicalRequest], **kw: Any) -> Any:
     client = sdk_client(result, seen)
     return langchain_openai.ChatOpenAI(
         model="tiny-model",

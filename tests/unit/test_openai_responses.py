@@ -13,23 +13,23 @@ import httpx
 import openai
 import pytest
 
-from gateway.adapters.openai_chat_reply import openai_error_response
-from gateway.adapters.openai_responses import (
-    COMPACT_INSTRUCTION,
-    COMPACTION_SUMMARY_PREFIX,
-    is_compaction,
-    parse_responses_request,
-)
-from gateway.adapters.openai_responses_reply import (
+from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply, ToolCall
+from gateway.errors import GatewayError
+from gateway.protocols.openai_chat.reply import openai_error_response
+from gateway.protocols.openai_responses.reply import (
     compact_body,
     output_items,
     responses_body,
     responses_sse,
     sse_failed_event,
 )
-from gateway.adapters.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
-from gateway.canonical import CanonicalRequest, CompletionResult, Message, ParsedOutput, ToolCall
-from gateway.errors import GatewayError
+from gateway.protocols.openai_responses.request import (
+    COMPACT_INSTRUCTION,
+    COMPACTION_SUMMARY_PREFIX,
+    is_compaction,
+    parse_responses_request,
+)
+from gateway.protocols.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
 from tests.fixtures.sdk_transport import openai_client
 
 REASONING = "The user wants the file list. Run ls first — 然后再看 README。"
@@ -49,8 +49,8 @@ def make_result(
     tool_calls: list[ToolCall] | None = None,
     finish_reason: str = "stop",
     call_id: str = "abc123",
-) -> CompletionResult:
-    return CompletionResult(
+) -> Reply:
+    return Reply(
         call_id=call_id,
         model="tiny-model",
         created=1_700_000_000,
@@ -599,9 +599,7 @@ def test_sse_incomplete_terminal_event() -> None:
 # --- through the official SDK -------------------------------------------------------------------
 
 
-def sdk_client(
-    result: CompletionResult, seen: list[CanonicalRequest] | None = None
-) -> openai.OpenAI:
+def sdk_client(result: Reply, seen: list[CanonicalRequest] | None = None) -> openai.OpenAI:
     """An OpenAI client whose transport runs our adapter on each request."""
 
     def handler(request: httpx.Request) -> httpx.Response:

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from gateway.output_parser import HermesParser, get_parser, parser_names, tool_call_id
+from gateway.parsers.base import tool_call_id
+from gateway.parsers.hermes import HermesParser
+from gateway.parsers.registry import get_parser, parser_names
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from devstack.background_server import BackgroundServer
+from gateway.engines.policy_update import PolicyGate, PolicyUpdater
 from gateway.errors import GatewayError
-from gateway.policy_update import PolicyGate, PolicyUpdater
 from schemas.policy import PeerPause, PeerResume, PolicyUpdate
 
 

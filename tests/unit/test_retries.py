@@ -2,12 +2,12 @@
 
 import asyncio
 
-from gateway.canonical import CompletionResult, ParsedOutput
-from gateway.retries import Answers, is_retry, request_digest
+from gateway.canonical import ParsedOutput, Reply
+from gateway.capture.retries import RetryReplies, is_retry, request_digest
 
 
-def result(call_id: str) -> CompletionResult:
-    return CompletionResult(
+def result(call_id: str) -> Reply:
+    return Reply(
         call_id=call_id,
         model="m",
         created=0,
@@ -50,22 +50,22 @@ def test_the_digest_is_of_the_body_on_its_path() -> None:
 
 def test_a_retry_waits_for_the_call_in_flight() -> None:
     async def scenario() -> None:
-        answers = Answers({"old": "c0"})
-        assert await answers.answer_for("old") == "c0"
-        assert await answers.answer_for("new") is None
-        with answers.answering("new") as inflight:
+        answers = RetryReplies({"old": "c0"})
+        assert await answers.reply_for("old") == "c0"
+        assert await answers.reply_for("new") is None
+        with answers.replying("new") as inflight:
             assert not inflight.awaited.is_set()
-            waiter = asyncio.ensure_future(answers.answer_for("new"))
+            waiter = asyncio.ensure_future(answers.reply_for("new"))
             await asyncio.sleep(0)
             assert not waiter.done()
             assert inflight.awaited.is_set(), "a streamed original now samples to the end"
             answers.recorded("new", "c1")
             inflight.answer.set_result(result("c1"))
         assert (await waiter).call_id == "c1"  # type: ignore[union-attr]
-        assert await answers.answer_for("new") == "c1"
+        assert await answers.reply_for("new") == "c1"
 
-        with answers.answering("failing"):
-            waiter = asyncio.ensure_future(answers.answer_for("failing"))
+        with answers.replying("failing"):
+            waiter = asyncio.ensure_future(answers.reply_for("failing"))
             await asyncio.sleep(0)
         assert await waiter is None, "the original failed: the retry is sampled"
 

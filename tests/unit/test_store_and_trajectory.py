@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-import gateway.store
-from gateway.store import CallRecord, PromptRef, SegmentOpened, SessionMeta, SessionStore
-from gateway.trajectory import TrajectoryCorruptError, build_segments
+import gateway.capture.store
+from gateway.capture.store import CallEntry, PromptRef, SegmentOpened, SessionMeta, SessionStore
+from gateway.capture.trajectory import TrajectoryCorruptError, build_segments
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
 from schemas.session import SessionConfig
 from schemas.trajectory import CallStatus, MatchKind, RecordedCall
 
 
-def call(call_id: str, segment: str, prompt: list[int], out: list[int], **kw: object) -> CallRecord:
+def call(call_id: str, segment: str, prompt: list[int], out: list[int], **kw: object) -> CallEntry:
     data: dict[str, object] = {
         "call_id": call_id,
         "segment_id": segment,
@@ -38,7 +38,7 @@ def call(call_id: str, segment: str, prompt: list[int], out: list[int], **kw: ob
         "duration_s": 0.01,
     }
     data.update(kw)
-    return CallRecord(call=RecordedCall.model_validate(data))
+    return CallEntry(call=RecordedCall.model_validate(data))
 
 
 def test_segment_is_prompt_then_new_parts_and_sampled_tokens() -> None:
@@ -99,7 +99,7 @@ def test_store_round_trip_survives_a_torn_last_line(tmp_path) -> None:
     reopened = SessionStore(tmp_path)
     assert reopened.load_meta("s1") == meta
     records = reopened.load_records("s1")
-    assert [type(r).__name__ for r in records] == ["SegmentOpened", "CallRecord"]
+    assert [type(r).__name__ for r in records] == ["SegmentOpened", "CallEntry"]
     assert not reopened.is_closed("s1")
     reopened.mark_closed("s1")
     assert reopened.is_closed("s1")
@@ -173,12 +173,12 @@ def test_a_corrupt_record_in_the_middle_is_reported_with_file_and_line(tmp_path:
     with open(records_file, "ab") as fh:
         fh.write(b'{"kind":"call","call":{"call_id":"glued"{"kind":"call"}\n')
     store.append("s1", call("c1", "a", [1], [2]))
-    with pytest.raises(gateway.store.CorruptRecordError) as caught:
+    with pytest.raises(gateway.capture.store.CorruptRecordError) as caught:
         store.load_records("s1")
     assert str(caught.value).startswith(f"{records_file} line 2: corrupt record")
     # A complete line that parses but is not a record is corruption too.
     records_file.write_bytes(records_file.read_bytes().replace(b'"kind":"segment"', b'"kind":1'))
-    with pytest.raises(gateway.store.CorruptRecordError, match=r"records\.jsonl line 1: "):
+    with pytest.raises(gateway.capture.store.CorruptRecordError, match=r"records\.jsonl line 1: "):
         store.load_records("s1")
 
 
@@ -213,7 +213,7 @@ def test_a_failed_append_writes_nothing(tmp_path: Path, monkeypatch: pytest.Monk
         store.append("s1", call("c1", "a", [1], [2], error="\ud800"))
     assert records_file.read_bytes() == before
     store.append("s1", call("c1", "a", [1], [2])).result(timeout=5)
-    assert [type(r).__name__ for r in store.load_records("s1")] == ["SegmentOpened", "CallRecord"]
+    assert [type(r).__name__ for r in store.load_records("s1")] == ["SegmentOpened", "CallEntry"]
 
 
 def test_group_commit_syncs_before_acknowledging_and_off_never_syncs(

@@ -7,16 +7,10 @@ from pathlib import Path
 import pytest
 
 from gateway.canonical import ParsedOutput, ToolCall
-from gateway.incremental import load_tokenizer
-from gateway.output_parser import HermesParser
-from gateway.stream_parser import (
-    HermesSplitter,
-    IncrementalDecoder,
-    OutputStream,
-    StreamEvent,
-    TextDelta,
-    ToolCallDone,
-)
+from gateway.parsers.base import StreamEvent, TextDelta, ToolCallDone
+from gateway.parsers.hermes import HermesParser, HermesSplitter
+from gateway.parsers.stream import IncrementalDecoder, OutputStream
+from gateway.prompt.incremental import load_tokenizer
 
 PARSER = HermesParser()
 PIECES = [
@@ -146,3 +140,21 @@ def test_output_stream_from_token_ids(tokenizer) -> None:
     for token in ids:
         events += output.feed([token])
     assert streamed(events) == PARSER.parse(text, call_id="c1")
+
+
+class WholeOnly:
+    """A family with no incremental form: its parse, and no splitter."""
+
+    name = "whole-only"
+
+    def parse(self, text: str, *, call_id: str, starts_in_reasoning: bool = False):
+        return PARSER.parse(text, call_id=call_id, starts_in_reasoning=starts_in_reasoning)
+
+    def splitter(self, call_id: str, starts_in_reasoning: bool) -> None:
+        return None
+
+
+def test_a_family_without_a_splitter_streams_nothing_before_the_finish(tokenizer) -> None:
+    ids = tokenizer.encode("The answer is 42.<|im_end|>")
+    output = OutputStream(tokenizer, WholeOnly(), "c1", starts_in_reasoning=False)
+    assert [event for token in ids for event in output.feed([token])] == []

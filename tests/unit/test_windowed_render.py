@@ -18,9 +18,9 @@ import pytest
 
 from devstack.tiny_model import chat_template_text
 from gateway.canonical import Message, Tool, ToolCall
-from gateway.chat_template import ChatTemplate, TemplateRenderError
-from gateway.incremental import HeldSegment, IncrementalTokenizer
-from gateway.incremental.window import WINDOW_HEADS
+from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
+from gateway.prompt.incremental import HeldSegment, IncrementalTokenizer
+from gateway.prompt.incremental.window import WINDOW_HEADS
 from schemas.trajectory import MatchKind
 from tests.fixtures.real_templates import (
     FAMILIES,

@@ -1,0 +1,405 @@
+"""The call pipeline: one protocol-independent path for every agent call.
+
+prepare prompt (held tokens + new part) → engine (token IDs in, sampled IDs out) → parse →
+commit to the held segment → append the record to disk (undoing the commit if that fails)
+→ wait for its group commit → hand the result to the protocol's reply.
+Protocols only translate; everything that makes trajectories exact lives here.
+"""
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from concurrent.futures import Future
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.calls.stream_relay import StreamAborted, StreamRelay
+from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply
+from gateway.capture.recording import PlannedCall, reuse_of
+from gateway.capture.replies import parse_output, reply_message, reply_of
+from gateway.capture.retries import is_retry, request_digest
+from gateway.capture.store import CallEntry, CorruptRecordError, Entry
+from gateway.engines.base import EngineCompletion
+from gateway.engines.policy_update import PolicyGate
+from gateway.engines.routing import EngineRouter
+from gateway.errors import GatewayError
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.spans import lap
+from gateway.options import GatewayOptions
+from gateway.parsers.base import OutputParser
+from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
+from gateway.prompt.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
+from gateway.prompt.tokenize_pool import LargeEncode, deferring_large_encodes
+from gateway.sessions.live import LiveSession
+from gateway.sessions.scenes import classify
+from gateway.sessions.service import SessionService
+from schemas.sampling import SamplingParams
+from schemas.scenes import Scene
+from schemas.trajectory import CallStatus, MatchKind, RecordedCall
+
+log = logging.getLogger("rollout.gateway")
+
+
+class Gateway(SessionService):
+    """The Gateway core: its sessions (`SessionService`) and the calls made in them."""
+
+    def __init__(
+        self,
+        options: GatewayOptions,
+        template: ChatTemplate,
+        incremental: IncrementalTokenizer,
+        parser: OutputParser,
+        engine: EngineRouter,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        super().__init__(options, template, incremental, parser, engine, metrics)
+        self._engine_slots = asyncio.Semaphore(options.max_inflight_engine_calls)
+        self.policy = PolicyGate()  # a policy update holds engine calls here (policy_update)
+        self._waiting = 0
+
+    async def complete(
+        self,
+        session: LiveSession,
+        request: CanonicalRequest,
+        raw_request: dict[str, Any],
+        relay: StreamRelay | None = None,
+    ) -> Reply:
+        """One agent call. A retry (`retries.is_retry`) of a body this session answered
+        gets that answer again, same call id, nothing sampled or recorded; if the original
+        is still running, once it finishes (see `retries` for why only declared retries).
+        With a `relay` the engine streams and the relay sees the tokens as they arrive
+        (an answered retry never reaches it: the caller replays the result)."""
+        digest = request_digest(request.path, raw_request)
+        if is_retry(request.headers):
+            answer = await session.replies.reply_for(digest)
+            if answer is not None:
+                self.metrics.retries_answered.inc()
+                if isinstance(answer, Reply):
+                    return answer
+                return await self._recorded_reply(session, answer, request)
+        with session.replies.replying(digest) as inflight:
+            if relay is not None:
+                relay.wanted_by_retry = inflight.awaited
+            result = await self._sample(session, request, raw_request, digest, relay)
+            inflight.answer.set_result(result)
+        return result
+
+    async def _recorded_reply(
+        self, session: LiveSession, call_id: str, request: CanonicalRequest
+    ) -> Reply:
+        """The answer of a recorded call, read back from the session's records."""
+        session_id = session.meta.session_id
+        try:
+            records = await asyncio.to_thread(self.store.load_records, session_id)
+        except CorruptRecordError as exc:
+            raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
+        for record in records:
+            if isinstance(record, CallEntry) and record.call.call_id == call_id:
+                call = record.call
+                parsed = parse_output(
+                    self.incremental, self.parser, call_id, call.prompt_ids, call.output_ids
+                )
+                return reply_of(call, parsed, request.model or self.options.model_name)
+        raise GatewayError("corrupt_record", f"session {session_id}: call {call_id} is lost")
+
+    async def _sample(
+        self,
+        session: LiveSession,
+        request: CanonicalRequest,
+        raw_request: dict[str, Any],
+        digest: str,
+        relay: StreamRelay | None = None,
+    ) -> Reply:
+        """A call that samples, step by step; each step closes its span (`lap`)."""
+        planned = await self._plan_call(session, request, raw_request, digest)
+        lap("plan")
+        if relay is not None:
+            relay.started(planned, request.model or self.options.model_name)
+        planned, completion = await self._sample_on_engine(session, planned, relay)
+        lap("engine")
+        prompt_ids = planned.plan.prompt_ids
+        parsed = parse_output(
+            self.incremental, self.parser, planned.call_id, prompt_ids, completion.output_ids
+        )
+        reply = reply_message(parsed)
+        lap("output_parse")
+        call, synced = await self._record_call(session, planned, completion, parsed, reply)
+        lap("record")
+        await self._synced(synced)
+        lap("sync")
+        self._count(request, planned.scene, call, planned.plan)
+        return reply_of(call, parsed, request.model or self.options.model_name)
+
+    async def _plan_call(
+        self,
+        session: LiveSession,
+        request: CanonicalRequest,
+        raw_request: dict[str, Any],
+        digest: str,
+    ) -> PlannedCall:
+        """Classify the call's scene, plan its prompt on the session's held segments (under
+        the session lock) and fix its sampling: everything known before the engine runs."""
+        config = session.meta.config
+        scene = classify(request, config.scenes)
+        started_at = datetime.now(UTC)
+        wall0 = time.perf_counter()
+        async with session.lock:
+            cpu0 = time.process_time()
+            try:
+                # A call extends only segments of its own scene: a compaction that happens
+                # to append to the main conversation still opens its own linked segment.
+                candidates = [
+                    h for h in session.held if session.segment_scenes.get(h.segment_id) is scene
+                ]
+                plan = await self._plan(candidates, request)
+            except TemplateRenderError as exc:
+                raise GatewayError("invalid_request", f"chat template: {exc}") from exc
+            self.metrics.prepare_seconds.observe(time.process_time() - cpu0)
+            reuse = reuse_of(plan, session.last_call)
+        planned = PlannedCall(
+            meta=session.meta,
+            request=request,
+            raw_request=raw_request,
+            plan=plan,
+            reuse=reuse,
+            scene=scene,
+            sampling=self._sampling_for(config.sampling, request.sampling, len(plan.prompt_ids)),
+            call_id=uuid.uuid4().hex[:24],
+            started_at=started_at,
+            wall_start=wall0,
+            digest=digest,
+        )
+        planned.check_storable()
+        return planned
+
+    async def _sample_on_engine(
+        self, session: LiveSession, planned: PlannedCall, relay: StreamRelay | None
+    ) -> tuple[PlannedCall, EngineCompletion]:
+        """The engine call, admitted by the policy gate (which names the policy version that
+        samples it). A call that fails, or whose stream the client left, is recorded as
+        such before its error goes on."""
+        try:
+            async with self.policy.admitted() as version:  # waits while weights change
+                planned = dataclasses.replace(planned, policy_version=version)
+                completion = await self._call_engine(
+                    session, planned.plan.prompt_ids, planned.sampling, relay
+                )
+        except GatewayError as err:
+            partial = (relay.output_ids, relay.output_logprobs) if relay else ([], [])
+            await self._record_failure(session, planned, err, *partial)
+            raise
+        except StreamAborted as aborted:
+            await self._record_failure(
+                session,
+                planned,
+                aborted,
+                aborted.output_ids,
+                aborted.output_logprobs,
+                CallStatus.cancelled,
+            )
+            raise
+        return planned, completion
+
+    async def _record_call(
+        self,
+        session: LiveSession,
+        planned: PlannedCall,
+        completion: EngineCompletion,
+        parsed: ParsedOutput,
+        reply: Message,
+    ) -> tuple[RecordedCall, Future[None]]:
+        """Commit the sampled ids to the session's held segment and append the call's records
+        (under the session lock); memory is put back if the append fails. Returns the
+        recorded call and the future of its group commit."""
+        plan = planned.plan
+        async with session.lock:
+            undo = session.checkpoint(plan)
+            segment = self.incremental.commit(
+                session.held,
+                plan,
+                completion.output_ids,
+                completion.output_logprobs,
+                reply,
+                finished_with_eot=completion.finish_reason != "length",
+            )
+            records: list[Entry] = []
+            if segment.segment_id not in session.segment_scenes:
+                records.append(session.open_segment(segment, planned.scene))
+            conflict = segment.segment_id != plan.segment_id
+            call = planned.recorded_call(
+                segment_id=segment.segment_id,
+                status=CallStatus.ok,
+                match=MatchKind.fork if conflict else plan.kind,
+                output_ids=completion.output_ids,
+                output_logprobs=completion.output_logprobs,
+                finish_reason=completion.finish_reason,
+                parse_error=parsed.parse_error,
+                drift=plan.drift,
+                fork_reason=(
+                    "a concurrent call extended the same segment first"
+                    if conflict
+                    else plan.fork_reason
+                ),
+            )
+            records.append(planned.durable_record(call))
+            try:
+                synced = self._append(session, records)
+            except Exception:
+                undo()  # memory agrees with the file again: the call never happened
+                raise
+            session.last_call[segment.segment_id] = planned.call_id
+            session.calls += 1
+            session.replies.recorded(planned.digest, planned.call_id)
+        return call, synced
+
+    async def _plan(self, candidates: list[HeldSegment], request: CanonicalRequest) -> PromptPlan:
+        """`prepare`, with large new content tokenized off the event loop: the planner asks
+        for it by raising `LargeEncode`, and plans again once the ids are ready (see
+        `tokenize_pool`). Identical text whose ids another call took is encoded inline."""
+        offloaded: set[str] = set()
+        args = (candidates, request.messages, request.tools, request.template_kwargs)
+        while True:
+            try:
+                with deferring_large_encodes():
+                    return self.incremental.prepare(*args)
+            except LargeEncode as large:
+                if large.text in offloaded:
+                    return self.incremental.prepare(*args)
+                offloaded.add(large.text)
+                try:
+                    await large.run()
+                except BaseException:
+                    large.owner.forget(large.text)
+                    raise
+
+    def count_tokens(self, request: CanonicalRequest) -> int:
+        """Exact prompt length of a request under our template and tokenizer."""
+        try:
+            text = self.template.render(
+                request.messages,
+                request.tools,
+                add_generation_prompt=True,
+                **request.template_kwargs,
+            )
+        except TemplateRenderError as exc:
+            raise GatewayError("invalid_request", f"chat template: {exc}") from exc
+        return len(self.incremental.tokenizer.encode(text))
+
+    # ------------------------------------------------------------------ helpers
+    def _sampling_for(
+        self, policy: SamplingParams, requested: SamplingParams, prompt_len: int
+    ) -> SamplingParams:
+        room = self.options.context_window - prompt_len
+        if room < 1:
+            raise GatewayError(
+                "invalid_request",
+                f"prompt is {prompt_len} tokens; the context window is "
+                f"{self.options.context_window}",
+                param="messages",
+            )
+        used = policy.merged_over(requested)
+        cap = min(used.max_tokens or self.options.default_max_tokens, room)
+        return used.model_copy(update={"max_tokens": cap})
+
+    async def _call_engine(
+        self,
+        session: LiveSession,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        relay: StreamRelay | None = None,
+    ) -> EngineCompletion:
+        if self._waiting >= self.options.max_queued_engine_calls:
+            raise GatewayError("overloaded", "gateway queue is full", status=429, retry_after=1.0)
+        self._waiting += 1
+        try:
+            await self._engine_slots.acquire()
+        finally:
+            self._waiting -= 1
+        lap("engine_queue")
+        self.metrics.engine_inflight.inc()
+        try:
+            url = session.meta.engine_url
+            if relay is not None:
+                return await relay.run(
+                    self.engine.stream(url, prompt_ids, sampling, relay.on_tokens)
+                )
+            return await self.engine.complete(url, prompt_ids, sampling)
+        finally:
+            self.metrics.engine_inflight.dec()
+            self._engine_slots.release()
+
+    def _append(self, session: LiveSession, records: list[Entry]) -> Future[None]:
+        """Append a call's records; nothing is written when this raises."""
+        try:
+            return self.store.append(session.meta.session_id, *records)
+        except OSError as exc:
+            log.error("session %s: could not append: %s", session.meta.session_id, exc)
+            raise GatewayError(
+                "storage_unavailable",
+                f"the gateway could not record this call ({exc.strerror or exc}); "
+                "nothing was recorded, retry later",
+                retry_after=1.0,
+            ) from exc
+
+    async def _synced(self, synced: Future[None]) -> None:
+        """Wait until the batch holding a call's records is on disk (group commit)."""
+        try:
+            if not synced.done():
+                await asyncio.wrap_future(synced)
+            synced.result()
+        except OSError as exc:
+            # The record stays written (memory and file agree); only its durability is unknown.
+            raise GatewayError(
+                "storage_unavailable",
+                f"the gateway could not sync this call to disk ({exc.strerror or exc}); "
+                "retry later",
+                retry_after=1.0,
+            ) from exc
+
+    async def _record_failure(
+        self,
+        session: LiveSession,
+        planned: PlannedCall,
+        err: GatewayError | StreamAborted,
+        output_ids: list[int] | None = None,
+        output_logprobs: list[float] | None = None,
+        status: CallStatus = CallStatus.engine_error,
+    ) -> None:
+        """Record a call that sampled no reply: an engine failure, or a stream the client
+        closed (`cancelled`, with the tokens sampled before it). No segment holds its
+        tokens, so no trajectory trains on them; the record keeps them for inspection."""
+        plan = planned.plan
+        what = (
+            str(err)
+            if isinstance(err, StreamAborted)
+            else f"{err.status} {err.kind}: {err.message}"
+        )
+        call = planned.recorded_call(
+            segment_id=plan.segment_id,
+            status=status,
+            match=plan.kind,
+            output_ids=output_ids or [],
+            output_logprobs=output_logprobs or [],
+            error=what,
+            fork_reason=plan.fork_reason,
+        )
+        async with session.lock:
+            synced = self._append(session, [planned.durable_record(call)])
+            session.calls += 1
+            session.failed_calls += 1
+        await self._synced(synced)
+        self.metrics.calls.labels(
+            planned.request.protocol, planned.scene.value, call.status.value, plan.kind
+        ).inc()
+
+    def _count(
+        self, request: CanonicalRequest, scene: Scene, call: RecordedCall, plan: PromptPlan
+    ) -> None:
+        m = self.metrics
+        m.calls.labels(request.protocol, scene.value, call.status.value, call.match.value).inc()
+        m.new_prompt_tokens.inc(plan.new_token_count)
+        m.reused_prompt_tokens.inc(plan.base_length)
+        m.sampled_tokens.inc(len(call.output_ids))
+        m.call_seconds.labels(request.protocol).observe(call.duration_s)

@@ -1,0 +1,196 @@
+"""What one agent call leaves on disk: its `RecordedCall` (the trajectory's view) inside a
+durable `CallEntry` whose size follows what is new in the call, not the whole history."""
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+import pydantic_core
+from pydantic_core import PydanticSerializationError
+
+from gateway.canonical import CanonicalRequest
+from gateway.capture.store import CallEntry, PromptRef, SessionMeta
+from gateway.errors import GatewayError
+from gateway.prompt.incremental import PromptPlan
+from schemas.sampling import SamplingParams
+from schemas.scenes import Scene
+from schemas.trajectory import CallStatus, MatchKind, RecordedCall
+
+HISTORY_FIELDS = frozenset({"messages", "input", "system", "instructions", "tools"})
+"""Request fields that repeat the conversation; stored in full only when a segment opens."""
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a planned call takes from a held segment, captured when it is planned."""
+
+    messages: int = 0
+    tokens: int = 0
+    after_call: str | None = None
+    echoed: tuple[int, ...] = ()
+    """Held messages the client echoed differently (a realign): the record keeps the echo,
+    which the held segment takes on, so a restart can rebuild the segment exactly."""
+
+
+def reuse_of(plan: PromptPlan, last_call: Mapping[str, str]) -> Reuse:
+    """What `plan` reuses; `last_call` maps each held segment to its latest call."""
+    if plan.kind is MatchKind.fork or plan.segment is None:
+        return Reuse()
+    held = plan.segment.message_keys
+    echoed = (
+        tuple(i for i, key in enumerate(held) if key != plan.message_keys[i])
+        if plan.kind is MatchKind.realign
+        else ()
+    )
+    return Reuse(
+        len(plan.segment.messages), plan.base_length, last_call.get(plan.segment_id), echoed
+    )
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One agent call once its prompt is planned: what its record holds whatever the outcome."""
+
+    meta: SessionMeta
+    request: CanonicalRequest
+    raw_request: dict[str, Any]
+    plan: PromptPlan
+    reuse: Reuse
+    scene: Scene
+    sampling: SamplingParams
+    call_id: str
+    started_at: datetime
+    wall_start: float
+    """`time.perf_counter()` when the call arrived."""
+    digest: str | None = None
+    """The request body's digest (`retries.request_digest`), kept in the record."""
+    policy_version: str | None = None
+    """The version the gateway served when the engine call was admitted (set by a policy
+    update); None: the session's label, as no update has named one."""
+
+    def recorded_call(
+        self,
+        *,
+        segment_id: str,
+        status: CallStatus,
+        match: MatchKind,
+        output_ids: list[int],
+        output_logprobs: list[float],
+        fork_reason: str | None,
+        finish_reason: str | None = None,
+        parse_error: str | None = None,
+        drift: list[str] | None = None,
+        error: str | None = None,
+    ) -> RecordedCall:
+        """The call as recorded in the trajectory, with the outcome-specific fields given."""
+        meta = self.meta
+        return RecordedCall(
+            call_id=self.call_id,
+            segment_id=segment_id,
+            scene=self.scene,
+            protocol=self.request.protocol,
+            path=self.request.path,
+            status=status,
+            match=match,
+            prompt_ids=self.plan.prompt_ids,
+            output_ids=output_ids,
+            output_logprobs=output_logprobs,
+            new_prompt_tokens=self.plan.new_token_count,
+            finish_reason=finish_reason,
+            sampling=self.sampling,
+            policy_version=self.policy_version or meta.config.policy_version,
+            engine_url=meta.engine_url,
+            started_at=self.started_at,
+            duration_s=time.perf_counter() - self.wall_start,
+            error=error,
+            parse_error=parse_error,
+            drift=drift or [],
+            fork_reason=fork_reason,
+        )
+
+    @cached_property
+    def stored_request(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The (raw, normalized) request parts the call's record keeps (`_stored_request`)."""
+        return _stored_request(self.raw_request, self.request, self.reuse)
+
+    def check_storable(self) -> None:
+        """Refuse, as a 400 naming the field, a request whose record could not be written
+        (a lone surrogate has no UTF-8 encoding) before the engine or the session sees it."""
+        try:
+            pydantic_core.to_json(self.stored_request)
+        except PydanticSerializationError as exc:
+            raw, normalized = self.stored_request
+            where = unencodable_path(raw) or unencodable_path(normalized) or "request"
+            raise GatewayError(
+                "invalid_request",
+                f"{where}: text that cannot be encoded as UTF-8 (a lone surrogate?)",
+                param=where,
+            ) from exc
+
+    def durable_record(self, call: RecordedCall) -> CallEntry:
+        """What the store appends for `call`: the request parts that are new, and only the
+        prompt tokens past the held ones when it extends an earlier call."""
+        raw, normalized = self.stored_request
+        if self.reuse.messages == 0 or self.reuse.after_call is None:
+            return CallEntry(
+                call=call, request=raw, normalized=normalized, request_digest=self.digest
+            )
+        tail = call.model_copy(update={"prompt_ids": call.prompt_ids[self.reuse.tokens :]})
+        return CallEntry(
+            call=tail,
+            request=raw,
+            normalized=normalized,
+            prompt_ref=PromptRef(call_id=self.reuse.after_call, length=self.reuse.tokens),
+            request_digest=self.digest,
+        )
+
+
+def _stored_request(
+    raw: dict[str, Any], request: CanonicalRequest, reuse: Reuse
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request parts a call's record keeps, with a size proportional to what is new.
+
+    Agents resend the whole history on every call, and every prompt repeats the held
+    tokens; storing either each time would make the capture quadratic. A call that
+    extends a held segment keeps the request envelope (sampling, flags, headers) and only
+    the messages past the held prefix (plus, as `echoed_history`, held ones it echoed
+    differently); its record also keeps only the prompt tokens past the held ones, with a
+    reference to the call whose prompt+output they continue. The store expands the
+    reference on load, so readers always see complete `prompt_ids`.
+    """
+    if reuse.messages == 0:
+        return raw, request.model_dump()
+    envelope = {k: v for k, v in raw.items() if k not in HISTORY_FIELDS}
+    normalized = request.model_dump(exclude={"messages", "tools"})
+    normalized["history_messages"] = reuse.messages
+    normalized["new_messages"] = [m.model_dump() for m in request.messages[reuse.messages :]]
+    if reuse.echoed:
+        normalized["echoed_history"] = [
+            {"index": i, "message": request.messages[i].model_dump()} for i in reuse.echoed
+        ]
+    return envelope, normalized
+
+
+def unencodable_path(value: Any, path: str = "") -> str | None:
+    """Path (`messages[2].content`) of the first string in `value` with no UTF-8 encoding."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return path or "(root)"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            found = unencodable_path(key, here) or unencodable_path(item, here)
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = unencodable_path(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None

@@ -1,0 +1,54 @@
+"""What a call answered, derived from its sampled ids alone: the same for a live call, a
+retry answered from the record, and a session revived after a restart."""
+
+from gateway.canonical import Message, ParsedOutput, Reply
+from gateway.parsers.base import OutputParser
+from gateway.prompt.incremental import IncrementalTokenizer
+from schemas.trajectory import RecordedCall
+
+
+def parse_output(
+    incremental: IncrementalTokenizer,
+    parser: OutputParser,
+    call_id: str,
+    prompt_ids: list[int],
+    output_ids: list[int],
+) -> ParsedOutput:
+    """The agent's view of sampled ids (deterministic: tool-call ids derive from the call id)."""
+    return parser.parse(
+        incremental.tokenizer.decode(output_ids),
+        call_id=call_id,
+        starts_in_reasoning=incremental.prompt_opens_reasoning(prompt_ids),
+    )
+
+
+def reply_message(parsed: ParsedOutput) -> Message:
+    """Our reply as the held segment keeps it (reasoning included)."""
+    return Message(
+        role="assistant",
+        content=parsed.content,
+        reasoning=parsed.reasoning,
+        tool_calls=parsed.tool_calls,
+    )
+
+
+def turn_finished(finish_reason: str | None) -> bool:
+    """Did the engine stop on its own (not cut at `max_tokens`)?"""
+    return finish_reason != "length"
+
+
+def reply_of(call: RecordedCall, parsed: ParsedOutput, model: str) -> Reply:
+    """The reply protocols render for a recorded ok call."""
+    finish = "stop" if turn_finished(call.finish_reason) else "length"
+    return Reply(
+        call_id=call.call_id,
+        model=model,
+        created=int(call.started_at.timestamp()),
+        output=parsed,
+        finish_reason="tool_calls" if parsed.tool_calls and finish == "stop" else finish,
+        prompt_tokens=len(call.prompt_ids),
+        completion_tokens=len(call.output_ids),
+        cached_prompt_tokens=len(call.prompt_ids) - call.new_prompt_tokens,
+        output_ids=call.output_ids,
+        output_logprobs=call.output_logprobs,
+    )

@@ -1,0 +1,106 @@
+"""Retries are not new turns: a request an agent SDK sends again gets the answer it missed.
+
+Agent SDKs (openai and anthropic, Python and TypeScript) retry a request that timed out or
+got a 5xx, with the same body and `x-stainless-retry-count: N` (0 on the first attempt).
+Sampling such a retry again would record a second answer to one turn and fork the segment;
+instead the session answers it with the call it already recorded for that body (the call
+still in flight, when the client gave up on it before it finished).
+
+Only a request that says it is a retry (count >= 1) is answered this way. An identical body
+without that header is sampled again: an agent may re-ask on purpose (resampling a reply it
+rejected, best-of-n), and replaying the earlier answer would silently change what the policy
+is seen to do; a missed retry of a client that sends no header costs only an extra recorded
+sample on its own segment, which is still a true sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.canonical import Reply
+
+RETRY_HEADER = "x-stainless-retry-count"
+
+
+def request_digest(path: str, body: Mapping[str, Any]) -> str:
+    """Digest of a request body (as parsed JSON, keys sorted) on a path.
+
+    Every call computes it over the whole resent history, so it is encoded with orjson
+    (about 8x faster than `json`); integers past 64 bits, which orjson refuses, take the
+    stdlib encoder. Digests recorded before this encoding (stdlib `json`, ASCII-escaped)
+    differ for the same body: a retry of such a call after an upgrade is sampled again,
+    which costs one extra true sample, as any missed retry (see the module docstring).
+    """
+    try:
+        text = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(path.encode() + b"\n" + text).hexdigest()
+
+
+def is_retry(headers: Mapping[str, str]) -> bool:
+    """Does the client say this request is a retry (`x-stainless-retry-count` >= 1)?"""
+    for name, value in headers.items():
+        if name.lower() == RETRY_HEADER:
+            return value.strip().isdigit() and int(value) >= 1
+    return False
+
+
+@dataclass
+class InFlight:
+    """A call answering a digest, while it runs."""
+
+    answer: asyncio.Future[Reply | None]
+    """Set to the call's result when it finishes (None: it ended without one)."""
+    awaited: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a retry waits for this answer: a streamed call whose own client left
+    then samples to the end (`StreamRelay`), as the retry's client still wants it."""
+
+
+class RetryReplies:
+    """A session's answered request bodies (digest → call id) and those being answered.
+
+    Not thread-safe: used from the gateway's event loop only.
+    """
+
+    def __init__(self, answered: Mapping[str, str] | None = None) -> None:
+        self._answered: dict[str, str] = dict(answered or {})
+        self._inflight: dict[str, InFlight] = {}
+
+    def recorded(self, digest: str, call_id: str) -> None:
+        """The call answering `digest` is on record (written; the latest such call wins)."""
+        self._answered[digest] = call_id
+
+    @contextmanager
+    def replying(self, digest: str) -> Iterator[InFlight]:
+        """While a call for `digest` runs, retries wait for it: set the yielded answer's
+        result; if the call ends without one, waiters get None."""
+        inflight = InFlight(asyncio.get_running_loop().create_future())
+        self._inflight[digest] = inflight
+        try:
+            yield inflight
+        finally:
+            if not inflight.answer.done():
+                inflight.answer.set_result(None)
+            if self._inflight.get(digest) is inflight:
+                del self._inflight[digest]
+
+    async def reply_for(self, digest: str) -> Reply | str | None:
+        """The answer to a retry of `digest`: the in-flight call's result once it finishes,
+        else the id of the recorded call answering it (None: never answered, sample it)."""
+        inflight = self._inflight.get(digest)
+        if inflight is not None:
+            inflight.awaited.set()
+            await asyncio.wait({inflight.answer})  # a retry that gives up does not cancel it
+            result = inflight.answer.result()
+            if result is not None:
+                return result
+        return self._answered.get(digest)

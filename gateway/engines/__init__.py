@@ -1,0 +1,9 @@
+"""Engines: the `Engine` protocol (`base`), the vLLM implementation (`vllm`, its reply
+shapes `vllm_wire`, its weight loading `vllm_weights`), session placement and routing
+(`routing`), per-engine stats (`stats`) and policy updates (`policy_update`: pause, drain,
+load weights, resume).
+
+It must not import the HTTP app, calls, sessions, capture, observability or parsers; and
+`base` and `vllm_weights` import nothing heavier than pydantic and httpx (the trainer
+imports `vllm_weights` in its own environment).
+"""

@@ -1,0 +1,95 @@
+"""What the Gateway needs of an engine, whatever serves the model: the `Engine` protocol
+(sample a continuation of token ids, whole or streamed; describe the served model; load
+new weights) and the engine-independent shapes it returns.
+
+The Gateway renders prompts itself and sends token ids, so an engine never sees text
+prompts; it returns the sampled ids and their logprobs exactly as sampled. vLLM is the one
+implementation (`vllm`, `vllm_wire`, `vllm_weights`); routing sessions across engines and
+counting per engine are `routing` and `stats`, apart from any engine.
+
+Light on purpose (pydantic and schemas only): the trainer imports `vllm_weights`, which
+imports this module, in its own environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from schemas.policy import WeightUpdate, WeightUpdateReport
+from schemas.sampling import SamplingParams
+
+TokenSink = Callable[[list[int], list[float]], None]
+"""Receives each stream chunk's sampled ids and their logprobs, in order."""
+
+
+class EngineCompletion(BaseModel):
+    """One validated engine completion: `output_ids[i]` was sampled with `output_logprobs[i]`.
+
+    `text` is the engine's own detokenization (special tokens kept; empty from the generate
+    endpoint); informational only — the Gateway decodes `output_ids` itself. `stop_reason`
+    is vLLM's: the stop token ID or stop string that ended generation, or None for EOS /
+    length.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    output_ids: list[int]
+    output_logprobs: list[float]
+    text: str
+    finish_reason: Literal["stop", "length"]
+    stop_reason: int | str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+
+
+class EngineModelInfo(BaseModel):
+    """What `/v1/models` says about the served model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    max_model_len: int
+
+
+class WeightLoadError(RuntimeError):
+    """The engine did not load the checkpoint (it keeps serving its previous weights)."""
+
+
+class WeightLoader(Protocol):
+    """One engine that can switch its weights to a new checkpoint."""
+
+    async def current_version(self) -> str | None: ...
+
+    async def load(self, update: WeightUpdate) -> WeightUpdateReport: ...
+
+
+class Engine(Protocol):
+    """Engines serving one model, addressed by URL (a session's engine, `routing`)."""
+
+    async def complete(
+        self, url: str, prompt_ids: list[int], sampling: SamplingParams
+    ) -> EngineCompletion:
+        """Sample a continuation of `prompt_ids` on engine `url`."""
+        ...
+
+    async def stream(
+        self, url: str, prompt_ids: list[int], sampling: SamplingParams, on_tokens: TokenSink
+    ) -> EngineCompletion:
+        """Sample like `complete`; `on_tokens` gets each chunk's ids as they arrive. The
+        result is validated exactly as `complete`'s, so both paths record the same."""
+        ...
+
+    async def model_info(self, url: str) -> EngineModelInfo:
+        """The served model's id and context window."""
+        ...
+
+    def weight_loader(self, url: str) -> WeightLoader:
+        """What loads new weights into engine `url` (a policy update)."""
+        ...
+
+    async def aclose(self) -> None: ...

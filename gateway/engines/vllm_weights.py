@@ -1,0 +1,149 @@
+"""Loading a new policy checkpoint into a running vLLM engine, in place.
+
+The Gateway's policy update (`policy_update`: pause, drain, load, resume) uses it, and so
+does the trainer when it runs without a gateway: it imports this module alone, so it
+imports nothing heavier than httpx (and `base`, pydantic only).
+
+What vLLM 0.32 offers (read from its source): with `VLLM_SERVER_DEV_MODE=1` the server
+mounts `/pause` (`mode=wait` lets in-flight requests finish, `keep` freezes them, `abort`
+drops them; new requests queue until `/resume`), `/collective_rpc` (runs a worker
+method; the worker's `reload_weights(weights_path=DIR)` reloads every parameter in
+place from a checkpoint directory), `/reset_prefix_cache`, `/update_weight_version` and
+`/weight_info`. Sleep/wake are no-ops on the CPU worker (it logs "not supported"), and
+the NCCL/IPC weight-transfer engines need a GPU, so in-place reload from disk is the
+path here; restarting the engine is the fallback (`devstack.vllm_server`).
+
+A reload that fails inside vLLM 0.32 kills its engine core (EngineDeadError: every later
+request fails), so a checkpoint is checked against the model the engine serves — tensor
+names and shapes, read from the safetensors headers — before the engine is touched.
+"""
+
+import json
+import struct
+import time
+from pathlib import Path
+
+import httpx
+
+from gateway.engines.base import WeightLoadError
+from schemas.policy import PauseMode, WeightUpdate, WeightUpdateReport
+
+
+def check_checkpoint(path: str) -> None:
+    """Refuse an obviously unusable checkpoint before the engine pauses for it."""
+    root = Path(path)
+    if not (root / "config.json").is_file():
+        raise WeightLoadError(f"{path}: no config.json")
+    if not any(root.glob("*.safetensors")):
+        raise WeightLoadError(f"{path}: no *.safetensors weights")
+
+
+def tensor_shapes(model_dir: str | Path) -> dict[str, list[int]]:
+    """Name → shape of every tensor in a directory's `*.safetensors` (headers only)."""
+    shapes: dict[str, list[int]] = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(path, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            if size > 100 * 2**20:
+                raise WeightLoadError(f"{path}: safetensors header of {size} bytes")
+            try:
+                header = json.loads(fh.read(size))
+            except ValueError as exc:
+                raise WeightLoadError(f"{path}: unreadable safetensors header") from exc
+        for name, entry in header.items():
+            if name != "__metadata__":
+                shapes[name] = list(entry["shape"])
+    return shapes
+
+
+def check_compatible(checkpoint: str | Path, served: str | Path) -> None:
+    """Refuse a checkpoint the served model cannot take: a tensor of the served model
+    missing, or one with another shape. Extra tensors pass (a trainer may store a tied
+    head explicitly)."""
+    new, old = tensor_shapes(checkpoint), tensor_shapes(served)
+    missing = sorted(set(old) - set(new))
+    wrong = [
+        f"{n} {new[n]} (serves {old[n]})" for n in sorted(old) if n in new and new[n] != old[n]
+    ]
+    problems = ([f"missing {', '.join(missing[:5])}"] if missing else []) + (
+        [f"shape of {', '.join(wrong[:5])}"] if wrong else []
+    )
+    if problems:
+        raise WeightLoadError(
+            f"{checkpoint} does not fit the served model {served}: " + "; ".join(problems)
+        )
+
+
+class VllmWeightLoader:
+    """In-place reload through vLLM's dev endpoints (server started with
+    `VLLM_SERVER_DEV_MODE=1`); the engine always resumes, also when loading fails."""
+
+    def __init__(
+        self, base_url: str, pause_mode: PauseMode = "wait", timeout_s: float = 600.0
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.pause_mode = pause_mode
+        self.timeout_s = timeout_s
+
+    async def _post(self, client: httpx.AsyncClient, path: str, **kwargs: object) -> httpx.Response:
+        reply = await client.post(f"{self.base_url}{path}", **kwargs)  # type: ignore[arg-type]
+        if reply.status_code == 404:
+            raise WeightLoadError(
+                f"{self.base_url}{path}: 404 — start vLLM with VLLM_SERVER_DEV_MODE=1"
+            )
+        if reply.status_code >= 400:
+            raise WeightLoadError(f"{self.base_url}{path}: {reply.status_code} {reply.text[:500]}")
+        return reply
+
+    async def current_version(self) -> str | None:
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            reply = await client.get(f"{self.base_url}/weight_info")
+            if reply.status_code != 200:
+                return None
+            return reply.json().get("weight_version")
+
+    async def served_model_dir(self, client: httpx.AsyncClient) -> Path | None:
+        """The directory the engine was started from (`root` in /v1/models), when this
+        host can read it; None for a remote engine."""
+        reply = await client.get(f"{self.base_url}/v1/models")
+        if reply.status_code != 200:
+            raise WeightLoadError(f"{self.base_url}/v1/models: {reply.status_code}")
+        for card in reply.json().get("data", []):
+            root = card.get("root") if isinstance(card, dict) else None
+            if isinstance(root, str) and any(Path(root).glob("*.safetensors")):
+                return Path(root)
+        return None
+
+    async def load(self, update: WeightUpdate) -> WeightUpdateReport:
+        check_checkpoint(update.checkpoint)
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            served = await self.served_model_dir(client)
+            if served is not None:
+                check_compatible(update.checkpoint, served)
+            await self._post(client, "/pause", params={"mode": self.pause_mode})
+            paused = time.monotonic()
+            try:
+                await self._post(
+                    client,
+                    "/collective_rpc",
+                    json={
+                        "method": "reload_weights",
+                        "kwargs": {"weights_path": str(update.checkpoint)},
+                    },
+                )
+                await self._post(client, "/reset_prefix_cache")
+                await self._post(
+                    client, "/update_weight_version", json={"new_version": update.policy_version}
+                )
+            finally:
+                loaded = time.monotonic()
+                await self._post(client, "/resume")
+        return WeightUpdateReport(
+            engine=self.base_url,
+            policy_version=update.policy_version,
+            method="reload",
+            pause_s=round(paused - started, 4),
+            load_s=round(loaded - paused, 4),
+            total_s=round(time.monotonic() - started, 4),
+        )

@@ -1,0 +1,363 @@
+"""The Gateway's HTTP surface, as two listeners: the agent API (session token) that
+sandboxes reach, and the control API (admin token) with /metrics and /health that only
+workers and trainers reach. A sandbox's bridge points at the agent listener, so no agent
+can call the control API or read metrics, whatever the admin-token policy.
+
+Every error leaves in the caller's protocol shape with a meaningful status; nothing an
+agent can send yields a bare 500, and a failed request never touches recorded calls.
+"""
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.calls.pipeline import Gateway
+from gateway.canonical import CanonicalRequest
+from gateway.engines.policy_update import PolicyUpdater
+from gateway.errors import GatewayError
+from gateway.http.streaming import stream_reply
+from gateway.observability.load_metrics import EngineCollector, LoopLagMonitor
+from gateway.observability.spans import SpanMiddleware, lap
+from gateway.prompt.tokenize_pool import OffloadingTokenizer
+from gateway.protocols import registry
+from gateway.protocols.base import CountRoute, ErrorResponder, SamplingRoute
+from gateway.protocols.wire import field_error, load_object
+from gateway.sessions.live import LiveSession
+from gateway.sessions.reaper import SessionReaper
+from schemas.policy import PeerPause, PeerResume, PolicyUpdate
+from schemas.session import SessionConfig, SessionList
+
+log = logging.getLogger("rollout.gateway")
+
+Handler = Callable[[Request], Awaitable[Response]]
+#: Which listener an app serves: the agent API, or the control API + /metrics + /health.
+Listener = Literal["agent", "control"]
+
+
+def _bearer(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def _require_json_content_type(request: Request) -> None:
+    """Bodies are JSON: `application/json` (or a `+json` type), else 415. A form post or
+    text/plain is refused rather than guessed at."""
+    given = request.headers.get("content-type", "")
+    media_type = given.split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        shown = repr(given) if given else "none"
+        raise GatewayError(
+            "unsupported_media_type",
+            f"Content-Type must be application/json (got {shown})",
+        )
+
+
+def error_responder_for(path: str) -> ErrorResponder:
+    """The error shape of the protocol a path speaks (`protocols.registry`); OpenAI's for
+    the control API and any path no protocol owns."""
+    return registry.error_response_for(path)
+
+
+class GatewayApp:
+    """Builds the Starlette app around one `Gateway` core."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        admin_token: str | None,
+        max_body_bytes: int = 32 * 2**20,
+        peers: list[str] | None = None,
+    ) -> None:
+        self.gateway = gateway
+        self.admin_token = admin_token
+        self.max_body_bytes = max_body_bytes
+        #: `peers`: the other gateway processes' control URLs (paused by an update here)
+        self.policy = PolicyUpdater(
+            gateway.policy,
+            gateway.engine.urls,
+            gateway.options.data_dir,
+            peers,
+            admin_token,
+            loader=gateway.engine.weight_loader,
+        )
+        registry = gateway.metrics.registry
+        registry.register(EngineCollector(gateway.engine, gateway.incremental.tokenizer))
+        self.loop_lag = LoopLagMonitor(registry)
+
+    # ------------------------------------------------------------------ plumbing
+    async def _read_json(self, request: Request) -> dict[str, Any]:
+        _require_json_content_type(request)
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise GatewayError(
+                "too_large", f"body is {declared} bytes; the limit is {self.max_body_bytes}"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise GatewayError("too_large", f"body exceeds {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+        lap("body_read")
+        return load_object(b"".join(chunks))
+
+    def _guard(self, handler: Handler, respond: ErrorResponder) -> Handler:
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except GatewayError as err:
+                err_out = err
+            except ValidationError as exc:
+                err_out = field_error(exc)
+            except Exception:  # the last line of defence: never a bare 500 page
+                log.exception("unhandled error on %s %s", request.method, request.url.path)
+                err_out = GatewayError("internal", "internal gateway error (see gateway log)")
+            self.gateway.metrics.errors.labels(str(err_out.status), err_out.kind).inc()
+            return respond(err_out)
+
+        return guarded
+
+    def _require_admin(self, request: Request) -> None:
+        if self.admin_token is None:
+            return  # --insecure-dev: the control listener is bound to loopback
+        given = _bearer(request) or ""
+        if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
+            raise GatewayError("authentication", "admin token required for the control API")
+
+    # ------------------------------------------------------------------ control API
+    async def create_session(self, request: Request) -> Response:
+        self._require_admin(request)
+        config = SessionConfig.model_validate(await self._read_json(request))
+        reply, created = self.gateway.create_session(config)
+        return JSONResponse(reply.model_dump(), status_code=201 if created else 200)
+
+    async def list_sessions(self, request: Request) -> Response:
+        self._require_admin(request)
+        listing = await asyncio.to_thread(self.gateway.list_sessions)  # reads many files
+        return Response(
+            SessionList(sessions=listing).model_dump_json(), media_type="application/json"
+        )
+
+    async def get_session(self, request: Request) -> Response:
+        self._require_admin(request)
+        summary = self.gateway.summary(request.path_params["session_id"])
+        return Response(summary.model_dump_json(), media_type="application/json")
+
+    async def get_trajectory(self, request: Request) -> Response:
+        self._require_admin(request)
+        trajectory = self.gateway.trajectory(request.path_params["session_id"])
+        return Response(trajectory.model_dump_json(), media_type="application/json")
+
+    async def delete_session(self, request: Request) -> Response:
+        self._require_admin(request)
+        session_id = request.path_params["session_id"]
+        self.gateway.close_session(session_id)
+        return JSONResponse({"session_id": session_id, "closed": True})
+
+    async def get_policy(self, request: Request) -> Response:
+        self._require_admin(request)
+        state = await asyncio.to_thread(self.policy.state)  # reads the history file
+        return Response(state.model_dump_json(), media_type="application/json")
+
+    async def update_policy(self, request: Request) -> Response:
+        """Pause, drain, load into every engine, set the version, resume (`policy_update`)."""
+        self._require_admin(request)
+        update = PolicyUpdate.model_validate(await self._read_json(request))
+        done = await self.policy.update(update)
+        return Response(done.model_dump_json(), media_type="application/json")
+
+    async def pause_policy(self, request: Request) -> Response:
+        self._require_admin(request)
+        pause = PeerPause.model_validate(await self._read_json(request))
+        paused = await self.policy.pause_for_peer(pause)
+        return Response(paused.model_dump_json(), media_type="application/json")
+
+    async def resume_policy(self, request: Request) -> Response:
+        self._require_admin(request)
+        self.policy.resume_for_peer(PeerResume.model_validate(await self._read_json(request)))
+        return JSONResponse({"resumed": True, "policy_version": self.gateway.policy.version})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "sessions": len(self.gateway.sessions)})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(
+            generate_latest(self.gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
+    # ------------------------------------------------------------------ agent API
+    async def _agent_request(
+        self, request: Request, route: SamplingRoute
+    ) -> tuple[LiveSession, CanonicalRequest, dict[str, Any]]:
+        """Authenticate, read and translate an agent call with its protocol's parser."""
+        session = self.gateway.authenticate(_bearer(request))
+        lap("auth")
+        body = await self._read_json(request)
+        canonical = route.parse(body, dict(request.headers), request.url.path, session.history)
+        lap("body_parse")
+        return session, canonical, body
+
+    def _sampling(self, route: SamplingRoute) -> Handler:
+        """The handler of a route that samples: the whole reply, or the protocol's live
+        event stream when the request asks for one and the route streams."""
+
+        async def sample(request: Request) -> Response:
+            session, canonical, body = await self._agent_request(request, route)
+            if canonical.stream and route.stream_writer is not None:
+                writer = route.stream_writer(canonical)
+                return await stream_reply(self.gateway, session, canonical, body, writer)
+            result = await self.gateway.complete(session, canonical, body)
+            return route.reply(result, canonical)
+
+        return sample
+
+    def _counting(self, route: CountRoute) -> Handler:
+        async def count(request: Request) -> Response:
+            self.gateway.authenticate(_bearer(request))
+            body = await self._read_json(request)
+            canonical = route.parse(body, dict(request.headers), request.url.path)
+            return route.reply(self.gateway.count_tokens(canonical))
+
+        return count
+
+    async def models(self, request: Request) -> Response:
+        self.gateway.authenticate(_bearer(request))
+        opts = self.gateway.options
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": opts.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "agentic-rollout",
+                        "max_model_len": opts.context_window,
+                    }
+                ],
+            }
+        )
+
+    def _unrouted_on(
+        self, listener: Listener
+    ) -> Callable[[Request, Exception], Awaitable[Response]]:
+        """Unknown paths and methods (Starlette's routing errors) as JSON errors in the
+        protocol the path speaks, with `Allow` on a 405. The other listener's paths are
+        unknown here too: a plain 404 that names this listener."""
+
+        async def unrouted(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, HTTPException)
+            where = f"{request.method} {request.url.path}"
+            if exc.status_code == 404:
+                err = GatewayError("not_found", f"No such endpoint on the {listener} API: {where}")
+            elif exc.status_code == 405:
+                allow = (exc.headers or {}).get("Allow")
+                err = GatewayError(
+                    "method_not_allowed",
+                    f"Method {request.method} is not allowed on {request.url.path}"
+                    + (f"; allowed: {allow}" if allow else ""),
+                    allow=allow,
+                )
+            else:
+                err = GatewayError(
+                    "invalid_request", f"{where}: {exc.detail}", status=exc.status_code
+                )
+            self.gateway.metrics.errors.labels(str(err.status), err.kind).inc()
+            return error_responder_for(request.url.path)(err)
+
+        return unrouted
+
+    def build(self, listener: Listener) -> Starlette:
+        """The app of one listener. One route per path; each method's handler is guarded
+        with the error shape of its protocol (the control API uses OpenAI's)."""
+        control = openai = registry.DEFAULT_ERROR_RESPONSE
+        endpoints: list[tuple[Listener, str, Handler, ErrorResponder, str]] = [
+            ("control", "/sessions", self.create_session, control, "POST"),
+            ("control", "/sessions", self.list_sessions, control, "GET"),
+            ("control", "/sessions/{session_id}/trajectory", self.get_trajectory, control, "GET"),
+            ("control", "/sessions/{session_id}", self.delete_session, control, "DELETE"),
+            ("control", "/sessions/{session_id}", self.get_session, control, "GET"),
+            ("control", "/policy", self.get_policy, control, "GET"),
+            ("control", "/policy", self.update_policy, control, "POST"),
+            ("control", "/policy/pause", self.pause_policy, control, "POST"),
+            ("control", "/policy/resume", self.resume_policy, control, "POST"),
+        ]
+        for protocol in registry.PROTOCOLS:
+            respond = protocol.error_response
+            for route in protocol.routes:
+                endpoints.append(("agent", route.path, self._sampling(route), respond, "POST"))
+            for counted in protocol.count_routes:
+                endpoints.append(("agent", counted.path, self._counting(counted), respond, "POST"))
+        endpoints.append(("agent", "/v1/models", self.models, openai, "GET"))
+        by_path: dict[str, dict[str, Handler]] = {}
+        for served_on, path, handler, respond, method in endpoints:
+            if served_on == listener:
+                by_path.setdefault(path, {})[method] = self._guard(handler, respond)
+        if listener == "control":
+            by_path["/health"] = {"GET": self.health}
+            by_path["/metrics"] = {"GET": self.metrics}
+        routes = [
+            Route(path, _by_method(handlers), methods=list(handlers))
+            for path, handlers in by_path.items()
+        ]
+        return Starlette(
+            routes=routes,
+            exception_handlers={HTTPException: self._unrouted_on(listener)},
+            # per-call spans of the model calls (`gateway.observability.spans`)
+            middleware=[
+                Middleware(
+                    SpanMiddleware, metrics=self.gateway.metrics, measured=registry.span_labels()
+                )
+            ]
+            if listener == "agent"
+            else [],
+            # the session reaper runs once per process: with the control app
+            lifespan=self._lifespan if listener == "control" else None,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """What runs as long as the app serves: the session reaper, the loop-lag probe;
+        the tokenizer pool (if one was started) and the engine connections stop with it."""
+        tasks = [
+            asyncio.create_task(SessionReaper(self.gateway).run()),
+            asyncio.create_task(self.loop_lag.run()),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await self.gateway.engine.aclose()
+            tokenizer = self.gateway.incremental.tokenizer
+            if isinstance(tokenizer, OffloadingTokenizer):
+                await asyncio.to_thread(tokenizer.close)
+
+
+def _by_method(handlers: dict[str, Handler]) -> Handler:
+    """One endpoint for several methods of a path, so a 405 lists them all in `Allow`."""
+
+    async def endpoint(request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        return await handlers[method](request)
+
+    return endpoint

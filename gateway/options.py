@@ -1,0 +1,36 @@
+"""Settings of one gateway process that its sessions and its call pipeline read."""
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.capture.store import Durability
+
+
+class GatewayOptions(BaseModel):
+    """Settings of one gateway process that the core needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str
+    public_url: str
+    advertised_url: str | None = None
+    """The one address agents are given when processes share a port (`owner_forwarding`);
+    None: this process's own `public_url`, which always identifies the owner."""
+    data_dir: Path
+    context_window: int
+    default_max_tokens: int = 4096
+    max_inflight_engine_calls: int = 256
+    max_queued_engine_calls: int = 4096
+    fsync: Durability = "group"
+    """`group`: a call is answered only once its record is fsynced (batched); `off`: once
+    it is written (survives a gateway crash, not a machine crash)."""
+    fsync_interval_ms: float = Field(default=5.0, gt=0)
+    """Group commit starts a batch at most this often."""
+    session_reaper_interval_s: float = Field(default=30.0, ge=0)
+    """How often the session reaper closes sessions past their TTL (0: never; calls to
+    an expired session are refused all the same)."""
+    stream_abort_grace_s: float = Field(default=2.0, ge=0)
+    """How long a streamed call whose client left keeps sampling before the engine request
+    is cancelled: an SDK that timed out resends within a second, and that retry then
+    gets this call's answer instead of a second sample (see `stream_relay`)."""
