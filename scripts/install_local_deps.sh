@@ -6,13 +6,15 @@
 # the vLLM engine's virtual environments). No docker: that is the docker backend's and
 # the test command's (scripts/install_system_deps.sh).
 # Safe to rerun: installs only what is missing.
+#
+#   scripts/install_local_deps.sh [PACKAGE ...]   # also install these (one apt-get run)
 set -euo pipefail
 
 log() { echo "[install_local_deps] $*" >&2; }
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 
-need=()
+need=("$@")
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 dpkg -s libseccomp2 >/dev/null 2>&1 || need+=(libseccomp2)
 command -v prlimit >/dev/null 2>&1 || need+=(util-linux)

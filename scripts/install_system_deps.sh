@@ -9,8 +9,6 @@
 # Safe to rerun: installs only what is missing, starts dockerd only if no engine answers.
 set -euo pipefail
 
-bash "$(dirname "$0")/install_local_deps.sh"
-
 log() { echo "[install_system_deps] $*" >&2; }
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
@@ -23,14 +21,7 @@ command -v tar >/dev/null 2>&1 || need+=(tar)
 command -v zstd >/dev/null 2>&1 || need+=(zstd)
 dpkg -s debian-archive-keyring >/dev/null 2>&1 || need+=(debian-archive-keyring)
 
-if [ "${#need[@]}" -gt 0 ]; then
-  log "installing: ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-else
-  log "all packages present"
-fi
+bash "$(dirname "$0")/install_local_deps.sh" ${need[@]+"${need[@]}"}
 
 # Start a docker engine if none answers. Logs go to a file so CI can show them.
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/dockerd.log}"
