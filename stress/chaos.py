@@ -61,6 +61,7 @@ from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer
 from rollout_client.client import RolloutClient, RolloutOutcome
+from sandboxes.supervised import RUN_DIR
 from schemas.rollout import SEARCH_ATTRIBUTES
 from schemas.tasks import RolloutTask
 from stress.fuzz import LiveTarget, Tally, admin_get, fuzz, open_witness
@@ -71,6 +72,9 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL = "tiny"
 TASK_QUEUE = "chaos"
 AGENT_PATH = "/home/agent/chaos_agent.py"
+#: A held agent's last call waits for this file; it is put in every sandbox's run dir
+#: (`<state>/lsb-*/run` on the host) once the last fault has fired.
+RELEASE_NAME = "chaos-release"
 #: What the gateway answers while the engine is away: its own kinds, and `overloaded`
 #: (OpenAI code; Anthropic type `overloaded_error`) when the engine answers 503.
 ENGINE_ERRORS = {
@@ -106,6 +110,13 @@ class ChaosConfig(BaseModel):
     turns: int = Field(default=4, ge=1, description="agent calls per rollout")
     pause_s: float = Field(default=0.5, ge=0, description="agent pause before each call")
     agent_retries: int = Field(default=12, ge=0, description="SDK-style retries per call")
+    held_tasks: int = Field(
+        default=0,
+        ge=0,
+        description="tasks whose agents hold their last call until every fault has fired: "
+        "work in flight for each fault however fast the rest goes (keep their rollouts "
+        "under half of n and of the sandbox slots)",
+    )
     workers: int = Field(default=2, ge=1)
     max_sandboxes: int = Field(default=8, ge=1, description="per worker")
     down_s: float = Field(default=3.0, ge=0, description="how long a killed part stays down")
@@ -392,7 +403,12 @@ def task_specs(config: ChaosConfig) -> list[RolloutTask]:
                                 "AGENT_TURNS": str(config.turns),
                                 "AGENT_SLEEP_S": str(config.pause_s),
                                 "AGENT_MAX_RETRIES": str(config.agent_retries),
-                            },
+                            }
+                            | (
+                                {"AGENT_HOLD_FILE": f"{RUN_DIR}/{RELEASE_NAME}"}
+                                if index < config.held_tasks
+                                else {}
+                            ),
                         },
                         "budget_s": 600,
                     },
@@ -633,6 +649,23 @@ class Faults:
                 note=note,
             )
         )
+
+
+async def release_held(
+    stack: Stack, injector: asyncio.Future[None], follower: asyncio.Future[None]
+) -> None:
+    """Once the faults are done, let the held agents make their last call: the release
+    file in every sandbox's run dir, again every half second for sandboxes started later
+    (retried attempts) until the batch is done."""
+    if not stack.config.held_tasks:
+        return
+    await asyncio.wait([injector])  # fired them all (or stopped): release either way
+    while not follower.done():
+        for state in stack.sandbox_dirs:
+            for run in state.glob("lsb-*/run"):
+                with contextlib.suppress(OSError):
+                    (run / RELEASE_NAME).touch()
+        await asyncio.sleep(0.5)
 
 
 class Progress:
@@ -917,6 +950,7 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     deadline = t0 + config.deadline_s
     follower = asyncio.ensure_future(progress.follow(client, batch.batch_id, len(ids), deadline))
     injector = asyncio.ensure_future(faults.run(progress))
+    releaser = asyncio.ensure_future(release_held(stack, injector, follower))
     last = -1
     while not follower.done():
         await asyncio.sleep(2)
@@ -924,6 +958,7 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
             last = progress.done
             console.log(f"{progress.done}/{len(ids)} done; faults fired: {len(faults.records)}")
     await injector
+    await releaser
     wall = time.monotonic() - t0
     if fuzz_thread is not None:
         await asyncio.to_thread(fuzz_thread.join)

@@ -7,8 +7,10 @@ retries (connection refused or reset, timeout, 408/409/429/5xx) is sent again un
 agent rides out a gateway or engine restart instead of dying. Any other error ends it.
 
 Env: AGENT_TURNS (default 4), AGENT_SLEEP_S (pause before each call, default 0.5),
-AGENT_MAX_RETRIES (default 12), AGENT_MAX_TOKENS (default 32). Writes its last answer to
-answer.txt and each answer it received to answers.jsonl.
+AGENT_MAX_RETRIES (default 12), AGENT_MAX_TOKENS (default 32), AGENT_HOLD_FILE (if set:
+before its last call, wait until that file exists, so the conversation stays open for as
+long as the run wants). Writes its last answer to answer.txt and each answer it received
+to answers.jsonl.
 """
 
 import json
@@ -57,6 +59,7 @@ def main() -> None:
     pause = float(os.environ.get("AGENT_SLEEP_S", "0.5"))
     max_retries = int(os.environ.get("AGENT_MAX_RETRIES", "12"))
     max_tokens = int(os.environ.get("AGENT_MAX_TOKENS", "32"))
+    hold = os.environ.get("AGENT_HOLD_FILE")
     messages = [
         {"role": "system", "content": "You are a careful agent. Answer briefly."},
         {"role": "user", "content": prompt},
@@ -64,6 +67,10 @@ def main() -> None:
     answer = ""
     with open("answers.jsonl", "a") as log:
         for turn in range(turns):
+            if hold and turn == turns - 1 and not os.path.exists(hold):
+                print(f"holding until {hold} exists", flush=True)
+                while not os.path.exists(hold):
+                    time.sleep(0.2)
             time.sleep(pause)
             body = {"model": model, "messages": messages, "max_tokens": max_tokens}
             answer = call(base, key, body, max_retries)

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -36,6 +37,7 @@ from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
 from gateway.prompt.model_files import load_model_files
 from gateway.prompt.tokenize_pool import OffloadingTokenizer
+from gateway.sessions.lifetime import Clock
 from workers.gc_policy import tune_gc_for_serving
 
 log = logging.getLogger("rollout.gateway")
@@ -145,8 +147,9 @@ def engine_context_window(url: str, model: str) -> int | None:
     return None
 
 
-def build_gateway(settings: GatewaySettings) -> Gateway:
-    """The Gateway core from settings: model files, template, tokenizer, engine client."""
+def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gateway:
+    """The Gateway core from settings: model files, template, tokenizer, engine client;
+    `clock` is its session time (tests move it forward to pass a TTL)."""
     files = load_model_files(settings.tokenizer, settings.chat_template)
     template = ChatTemplate(
         files.chat_template, bos_token=files.bos_token, eos_token=files.eos_token
@@ -188,7 +191,8 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         api=settings.engine_api,
     )
     engine = EngineRouter(settings.engine_urls, vllm, routing=settings.engine_routing)
-    return Gateway(options, template, incremental, get_parser(settings.parser), engine)
+    parser = get_parser(settings.parser)
+    return Gateway(options, template, incremental, parser, engine, clock=clock)
 
 
 def build_apps(settings: GatewaySettings) -> tuple[Starlette, Starlette]:

@@ -32,6 +32,7 @@ from gateway.parsers.base import OutputParser
 from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
 from gateway.prompt.tokenize_pool import LargeEncode, deferring_large_encodes
+from gateway.sessions.lifetime import Clock
 from gateway.sessions.live import LiveSession
 from gateway.sessions.scenes import classify
 from gateway.sessions.service import SessionService
@@ -53,8 +54,9 @@ class Gateway(SessionService):
         parser: OutputParser,
         engine: EngineRouter,
         metrics: GatewayMetrics | None = None,
+        clock: Clock = time.time,
     ) -> None:
-        super().__init__(options, template, incremental, parser, engine, metrics)
+        super().__init__(options, template, incremental, parser, engine, metrics, clock)
         self._engine_slots = asyncio.Semaphore(options.max_inflight_engine_calls)
         self.policy = PolicyGate()  # a policy update holds engine calls here (policy_update)
         self._waiting = 0

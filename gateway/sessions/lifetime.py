@@ -5,12 +5,17 @@ its token would stay valid and its held tokens stay in memory for good. The TTLs
 both; the core refuses calls past them and the session reaper closes such sessions.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from gateway.capture.store import SessionMeta
 
 ExpiryKind = Literal["idle", "absolute"]
+
+#: Wall-clock seconds (`time.time` in service). The gateway reads session time through one,
+#: so a test can move it forward instead of sleeping past a TTL and racing its own calls.
+Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ counters, the answers a retry may get again and its converted history."""
 
 import asyncio
 import hashlib
-import time
 from collections.abc import Callable
 
 from gateway.capture.retries import RetryReplies
@@ -16,7 +15,7 @@ from schemas.scenes import Scene
 class LiveSession:
     """In-memory state of a session owned by this process."""
 
-    def __init__(self, meta: SessionMeta) -> None:
+    def __init__(self, meta: SessionMeta, now: float) -> None:
         self.meta = meta
         self.held: list[HeldSegment] = []
         self.segment_scenes: dict[str, Scene] = {}
@@ -28,7 +27,7 @@ class LiveSession:
         """The request history already converted (None: convert every request in full)."""
         self.lock = asyncio.Lock()
         self.closed = False
-        self.last_active = time.time()  # wall clock, like created_at and file mtimes
+        self.last_active = now  # wall clock, like created_at and file mtimes
 
     def checkpoint(self, plan: PromptPlan) -> Callable[[], None]:
         """An undo for committing `plan`: drops the segments it adds and restores the one it

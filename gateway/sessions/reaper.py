@@ -9,7 +9,6 @@ disk by a process that is gone (so a later restart cannot revive them).
 
 import asyncio
 import logging
-import time
 
 from gateway.capture.store import SessionMeta
 from gateway.sessions.lifetime import expiry
@@ -46,7 +45,7 @@ class SessionReaper:
     def _sweep_live(self) -> list[str]:
         gateway, store = self.gateway, self.gateway.store
         closed: list[str] = []
-        now = time.time()
+        now = self.gateway.clock()
         for session_id, live in list(gateway.sessions.items()):
             try:
                 if live.closed or store.is_closed(session_id):
@@ -86,7 +85,7 @@ class SessionReaper:
         """Expire sessions no process holds here. Another live process may hold one and
         know of a call still in flight, so for those only the absolute TTL counts here."""
         closed: list[str] = []
-        now = time.time()
+        now = self.gateway.clock()
         ours = (None, self.gateway.options.public_url)
         for meta, last_write in on_disk:
             session_id = meta.session_id

@@ -23,7 +23,7 @@ from gateway.options import GatewayOptions
 from gateway.parsers.base import OutputParser
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental import IncrementalTokenizer
-from gateway.sessions.lifetime import Expiry, expiry
+from gateway.sessions.lifetime import Clock, Expiry, expiry
 from gateway.sessions.live import LiveSession, hash_token
 from schemas.session import SessionConfig, SessionCreated, SessionListing, SessionSummary
 from schemas.trajectory import CallStatus, Trajectory
@@ -42,8 +42,11 @@ class SessionService:
         parser: OutputParser,
         engine: EngineRouter,
         metrics: GatewayMetrics | None = None,
+        clock: Clock = time.time,
     ) -> None:
         self.options = options
+        self.clock = clock
+        """Session time (creation, last use, TTL checks; the reaper's too)."""
         self.template = template
         self.incremental = incremental
         self.parser = parser
@@ -72,11 +75,11 @@ class SessionService:
             token_sha256=hash_token(token),
             engine_url=self.engine.assign(session_id),
             prompt_template_version=self.template.version,
-            created_at=datetime.now(UTC),
+            created_at=datetime.fromtimestamp(self.clock(), UTC),
             owner_url=self.options.public_url,
         )
         self.store.create(meta)
-        self.sessions[session_id] = LiveSession(meta)
+        self.sessions[session_id] = LiveSession(meta, self.clock())
         self.metrics.sessions_open.inc()
         return self._created_reply(session_id, token), True
 
@@ -118,7 +121,7 @@ class SessionService:
             state = revive(self.store.load_records(session_id), self.incremental, self.parser)
         except CorruptRecordError as exc:
             raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
-        live = LiveSession(meta)
+        live = LiveSession(meta, self.clock())
         live.held = state.held
         live.segment_scenes = state.segment_scenes
         live.last_call = state.last_call
@@ -196,7 +199,7 @@ class SessionService:
 
     def check_lifetime(self, meta: SessionMeta, live: LiveSession | None = None) -> None:
         """409 (and the session closed) once a TTL ran out; else note the session in use."""
-        now = time.time()
+        now = self.clock()
         last = self.store.last_write(meta.session_id)
         if live is not None:
             last = max(last, live.last_active)
