@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,15 @@ from stress.malformed_requests import (
 
 class Target(Interface):
     """What `fuzz` sends through: a Gateway in-process or a live one by URL."""
+
+    def _client(self) -> httpx.Client:
+        """One client per sending thread: the fuzz loops of several protocols send at once,
+        and with one pool shared by all of them a request once failed on the client side
+        with EBADF (counted as a server error) long after every fault had passed."""
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = httpx.Client(timeout=60)
+        return client
 
     def send(self, protocol: Protocol, request: FuzzRequest) -> httpx.Response: ...
 
@@ -95,17 +105,26 @@ class LiveTarget:
         self.control_url = control_url
         self.admin = admin
         self.token = token
-        self.http = httpx.Client(timeout=60)
+        self._local = threading.local()
         self.server_errors: list[ServerError] = []
         self.transport_errors = 0
         self.sent_at: list[float] = []
+
+    def _client(self) -> httpx.Client:
+        """One client per sending thread: the fuzz loops of several protocols send at once,
+        and with one pool shared by all of them a request once failed on the client side
+        with EBADF (counted as a server error) long after every fault had passed."""
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = httpx.Client(timeout=60)
+        return client
 
     def send(self, protocol: Protocol, request: FuzzRequest) -> httpx.Response:
         headers = request.headers(self.admin if protocol.control else self.token)
         base = self.control_url if protocol.control else self.agent_url
         self.sent_at.append(time.monotonic())
         try:
-            reply = self.http.request(
+            reply = self._client().request(
                 request.method, base + request.path, content=request.content, headers=headers
             )
         except httpx.HTTPError as exc:
