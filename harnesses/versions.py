@@ -3,8 +3,9 @@
 Why a dependency-free module: `scripts/install_agents.sh` (and the sandbox image recipe)
 read these pins by running this file with any `python3`, without importing the project
 package. Run `python3 harnesses/versions.py` to print them as `KEY=VALUE` shell lines.
-The versions are the ones whose wire behaviour was captured in
-`shared/research/protocols-and-agents.md`; bumping one means re-checking that doc's facts.
+The harnesses and their scene profiles were written against these releases' wire
+behaviour; bumping one means re-checking it: the e2e tests run the real CLIs through the
+Gateway, and `tests/unit/test_harness_scenes.py` holds the request shapes they send.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Unit tests: each harness's scene profile is valid data and classifies the requests its
-agent really sends (shapes from shared/research/protocols-and-agents.md captures) into
+agent really sends (shapes captured from the pinned CLIs' traffic) into
 the right scene when the Gateway's classifier applies it."""
 
 from __future__ import annotations

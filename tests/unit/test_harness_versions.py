@@ -1,9 +1,8 @@
 """Unit test: agent version pins agree everywhere they are written down.
 
-The harnesses were written against these releases (their wire behaviour is in
-shared/research/protocols-and-agents.md); the sandbox image recipe and
-scripts/install_agents.sh must install exactly these, or harness config facts may not
-hold. `harnesses/versions.py` is the source; this catches a bump made in one place only.
+The harnesses were written against these releases' wire behaviour; the sandbox image
+recipe and scripts/install_agents.sh must install exactly these, or harness config facts
+may not hold. `harnesses/versions.py` is the source; this catches a bump made in one place only.
 """
 
 from __future__ import annotations
