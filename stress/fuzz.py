@@ -31,15 +31,6 @@ from stress.malformed_requests import (
 class Target(Interface):
     """What `fuzz` sends through: a Gateway in-process or a live one by URL."""
 
-    def _client(self) -> httpx.Client:
-        """One client per sending thread: the fuzz loops of several protocols send at once,
-        and with one pool shared by all of them a request once failed on the client side
-        with EBADF (counted as a server error) long after every fault had passed."""
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = httpx.Client(timeout=60)
-        return client
-
     def send(self, protocol: Protocol, request: FuzzRequest) -> httpx.Response: ...
 
 
