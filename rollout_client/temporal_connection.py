@@ -116,6 +116,10 @@ class TemporalTLS(BaseModel):
         return "TLS with " + ", ".join(parts)
 
 
+_HANG_UPS = ("ConnectionReset", "connection closed", "BrokenPipe", "broken pipe")
+"""How the SDK words a peer that hung up on an established connection."""
+
+
 def connect_failure(address: str, tls: TemporalTLS, exc: BaseException) -> str:
     """Why a connect failed, in the settings' own terms, followed by the SDK's text."""
     raw = str(exc)
@@ -134,8 +138,9 @@ def connect_failure(address: str, tls: TemporalTLS, exc: BaseException) -> str:
     elif tls.enabled and (
         "close_notify" in raw
         or "UnexpectedEof" in raw
-        # the same refusal when the server's reset or close overtakes its TLS alert
-        or ("after connection" in raw and ("ConnectionReset" in raw or "connection closed" in raw))
+        # the same refusal when the server's reset, close or a write into the closed
+        # socket overtakes its TLS alert
+        or ("after connection" in raw and any(s in raw for s in _HANG_UPS))
     ):
         why = (
             "the server ended the TLS session right after the handshake: it wants a client "

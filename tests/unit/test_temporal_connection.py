@@ -81,13 +81,17 @@ def test_an_unknown_issuer_names_the_ca_option(tmp_path: Path) -> None:
 def test_a_reset_right_after_the_handshake_asks_for_a_client_certificate(tmp_path: Path) -> None:
     """An mTLS server refuses a client without a cert after the TLS 1.3 handshake: the
     client sees its alert (close_notify / UnexpectedEof) or, when the reset or the close
-    wins, a reset or a cancelled call on a closed connection."""
+    wins, a reset, a broken pipe or a cancelled call on a closed connection."""
     tls = TemporalTLS(tls_ca=pem(tmp_path, "ca.pem"))
     for raw in (
         "Failed client connect: `get_system_info` call error after connection: Status { "
         'code: Unknown, message: "transport error", source: Some(tonic::transport::Error('
         "Transport, hyper::Error(Io, Kind(ConnectionReset)))) }",
         "Failed client connect: … peer closed connection without sending TLS close_notify",
+        "Failed client connect: `get_system_info` call error after connection: Status { "
+        'code: Unknown, message: "transport error", source: Some(tonic::transport::Error('
+        'Transport, hyper::Error(Io, Custom { kind: BrokenPipe, error: "stream closed '
+        'because of a broken pipe" }))) }',
         "Failed client connect: `get_system_info` call error after connection: Status { "
         'code: Cancelled, message: "operation was canceled", source: Some(tonic::transport::'
         'Error(Transport, hyper::Error(Canceled, "connection closed"))) }',
