@@ -9,10 +9,10 @@ turn's tool calls in one `<minimax:tool_call>` block, one `<invoke>` per call:
 
 The template writes a string value as it is and any other value as JSON, so each value is
 read back by the request's schema (`typed_arguments`); strings stay verbatim. Names may be
-quoted with `"` or `'`. Whitespace between the tags is allowed; any other text there, an
-unclosed `<parameter>` or a block without an `<invoke>` makes the block malformed (vLLM
-skips stray text and ends an unclosed parameter at the next one). A block ends at its
-first closing marker (`xml_calls`).
+quoted with `"` or `'`, or not at all. Whitespace between the tags is allowed; any other
+text there, an unclosed `<parameter>` or a block without an `<invoke>` makes the block
+malformed (vLLM skips stray text and ends an unclosed parameter at the next one). A block
+ends at its first closing marker (`xml_calls`).
 
 The generation prompt always opens `<think>` (the template has no switch to turn thinking
 off), so the model continues inside reasoning; a tool call that starts inside reasoning
@@ -32,9 +32,10 @@ __all__ = ["MINIMAX_END_MARKERS", "MinimaxParser"]
 MINIMAX_END_MARKERS = ("[e~[",)
 """The end of every message (the tokenizer's eos), after a tool call or an answer."""
 
-_INVOKE = re.compile(r"""<invoke\s+name\s*=\s*(?:"([^"<>]*)"|'([^'<>]*)')\s*>""")
+_QUOTED = r"""(?:"([^"<>]*)"|'([^'<>]*)'|([^\s"'<>]+))"""
+_INVOKE = re.compile(rf"<invoke\s+name\s*=\s*{_QUOTED}\s*>")
 _INVOKE_CLOSE = "</invoke>"
-_PARAMETER = re.compile(r"""<parameter\s+name\s*=\s*(?:"([^"<>]*)"|'([^'<>]*)')\s*>""")
+_PARAMETER = re.compile(rf"<parameter\s+name\s*=\s*{_QUOTED}\s*>")
 _PARAMETER_CLOSE = "</parameter>"
 _NAME = re.compile(r"[^\s<>]+")
 
@@ -80,7 +81,8 @@ class MinimaxParser(FirstCloseParser):
 
 
 def _quoted(match: re.Match[str]) -> str:
-    return (match.group(1) if match.group(1) is not None else match.group(2)).strip()
+    """The name attribute's value, whichever way it was quoted."""
+    return next((g for g in match.groups() if g is not None), "").strip()
 
 
 def _read_parameters(text: str, name: str) -> dict[str, str] | str:

@@ -97,7 +97,7 @@ def test_several_invokes_in_one_block_and_a_second_block() -> None:
         "Three calls.</think>\n"
         + block(invoke("search", query="a"), invoke("now", quote="'"))
         + "\n"
-        + block(invoke("search", query="b"))
+        + block("<invoke name=search>\n<parameter name=query>b</parameter>\n</invoke>\n")
         + "[e~["
     )
     out = parse(text)
