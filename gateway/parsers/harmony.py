@@ -4,12 +4,12 @@ After the generation prompt `<|start|>assistant` the model writes one or more me
 each a header, `<|message|>`, a body and a terminator (`<|end|>`, `<|call|>`, `<|return|>`):
 
     <|channel|>analysis<|message|>thinking<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.F <|constrain|>json<|message|>{…}<|call|>
     <|start|>assistant<|channel|>final<|message|>answer<|return|>
 
 The header holds the channel, optionally a recipient (`to=…`, before or after the channel)
 and a content type (`<|constrain|>json`, or a bare `json` as the chat template writes it).
-A message to `functions.NAME` is a tool call whose body is its JSON arguments, kept as
+A message to `functions.F` is a tool call whose body is its JSON arguments, kept as
 written; otherwise `analysis` is reasoning and `final` or recipient-less `commentary`
 (a preamble) is content. Messages of one field are joined by a newline; bodies are kept
 as written (the template renders them back verbatim).
@@ -55,10 +55,6 @@ END_MARKERS = (CALL, RETURN, END_OF_TEXT)
 answer, `<|endoftext|>` as the tokenizer's own end of sequence."""
 
 _TERMINATORS = (END, CALL, RETURN, END_OF_TEXT)
-# `<|start|>` inside a body: the model began a new message without closing the last one.
-_BODY_STOPS = (*_TERMINATORS, START)
-_HEADER_STOPS = (MESSAGE, *_TERMINATORS, START)
-_LONGEST = max(len(m) for m in _HEADER_STOPS)
 
 _ASSISTANT = "assistant"
 _FUNCTIONS = "functions."
@@ -100,19 +96,24 @@ class HarmonyParser:
         self.name = name
 
     def parse(self, text: str, ctx: ParseContext) -> ParsedOutput:
-        machine = _Machine(ctx)
+        machine = _Machine(ctx, self._terminators())
         machine.feed(text)
         return machine.finish()
 
     def splitter(self, ctx: ParseContext) -> HarmonySplitter:
-        return HarmonySplitter(ctx)
+        return HarmonySplitter(_Machine(ctx, self._terminators()))
+
+    def _terminators(self) -> tuple[str, ...]:
+        """What closes a message: harmony's own markers and any end-of-turn marker the
+        served model adds (its generation config's stop tokens)."""
+        return tuple(dict.fromkeys((*_TERMINATORS, *(m for m in self.end_markers if m))))
 
 
 class HarmonySplitter:
     """The incremental form of `HarmonyParser.parse`: decoded text in, stream events out."""
 
-    def __init__(self, ctx: ParseContext) -> None:
-        self._machine = _Machine(ctx)
+    def __init__(self, machine: _Machine) -> None:
+        self._machine = machine
 
     def feed(self, text: str) -> list[StreamEvent]:
         return self._machine.feed(text)
@@ -121,8 +122,14 @@ class HarmonySplitter:
 class _Machine:
     """Reads messages off the text as far as is certain; `finish` settles the rest."""
 
-    def __init__(self, ctx: ParseContext) -> None:
+    def __init__(self, ctx: ParseContext, terminators: tuple[str, ...]) -> None:
         self.ctx = ctx
+        # `<|start|>` inside a body: the model began a new message without closing the last.
+        # Longest first: of two markers found at one index, the longer one is meant.
+        by_length = sorted(terminators, key=len, reverse=True)
+        self.body_stops = (*by_length, START)
+        self.header_stops = (MESSAGE, *by_length, START)
+        self.longest = max(len(m) for m in self.header_stops)
         self.buf = ""  # text not yet consumed
         self.scan = 0  # a header's stop markers cannot start before this index of `buf`
         self.ordinal = 0
@@ -170,9 +177,9 @@ class _Machine:
         if not buf or (len(buf) < len(START) and START.startswith(buf)):
             return False
         lo = max(self.scan, len(START) if buf.startswith(START) else 0)
-        at, stop = _earliest(buf, _HEADER_STOPS, lo)
+        at, stop = _earliest(buf, self.header_stops, lo)
         if stop is None:
-            self.scan = max(lo, len(buf) - _LONGEST + 1)
+            self.scan = max(lo, len(buf) - self.longest + 1)
             return False
         header = buf[:at]
         self.scan = 0
@@ -205,7 +212,9 @@ class _Machine:
         if recipient is not None:
             name = _function_name(recipient)
             if name is None:
-                return _Message("bad", raw, n, error=f"message {n}: to {recipient!r}, not a function")
+                return _Message(
+                    "bad", raw, n, error=f"message {n}: to {recipient!r}, not a function"
+                )
             return _Message("tool", raw, n, name=name)
         if channel == "analysis":
             return _Message("reasoning", raw, n)
@@ -220,9 +229,9 @@ class _Machine:
     def _body(self) -> bool:
         """Read the body as far as is certain; True when its message ended (step again)."""
         buf = self.buf
-        at, stop = _earliest(buf, _BODY_STOPS, 0)
+        at, stop = _earliest(buf, self.body_stops, 0)
         if stop is None:
-            safe = len(buf) - _held(buf, _BODY_STOPS)
+            safe = len(buf) - _held(buf, self.body_stops, self.longest)
             self._take(buf[:safe])
             self.buf = buf[safe:]
             return False
@@ -258,7 +267,9 @@ class _Machine:
             where = "cut off, " if cut else ""
             self._bad_text(msg.raw + body, f"message {msg.ordinal}: tool call {where}{problem}")
             return
-        call = ToolCall(id=tool_call_id(self.ctx.call_id, len(self.calls)), name=msg.name, arguments=arguments)
+        call = ToolCall(
+            id=tool_call_id(self.ctx.call_id, len(self.calls)), name=msg.name, arguments=arguments
+        )
         self.calls.append(call)
         self._events.append(ToolCallDone(call))
 
@@ -353,7 +364,7 @@ def _short(exc: ValueError) -> str:
 
 
 def _earliest(text: str, markers: tuple[str, ...], start: int) -> tuple[int, str | None]:
-    """The first marker at or after `start` (markers are never prefixes of each other)."""
+    """The first marker at or after `start` (at one index, the first listed)."""
     best, found = len(text), None
     for marker in markers:
         at = text.find(marker, start, best + len(marker))
@@ -362,12 +373,10 @@ def _earliest(text: str, markers: tuple[str, ...], start: int) -> tuple[int, str
     return best, found
 
 
-def _held(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the tail of `text` that may be the start of a marker."""
-    at = text.find("<", max(0, len(text) - _LONGEST + 1))
-    while at >= 0:
+def _held(text: str, markers: tuple[str, ...], longest: int) -> int:
+    """Length of the longest tail of `text` that may be the start of a marker."""
+    for at in range(max(0, len(text) - longest + 1), len(text)):
         tail = text[at:]
         if any(m.startswith(tail) for m in markers):
             return len(text) - at
-        at = text.find("<", at + 1)
     return 0

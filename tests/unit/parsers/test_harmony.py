@@ -16,7 +16,7 @@ from gateway.parsers.base import ParseContext, TextDelta, ToolCallDone, tool_cal
 from gateway.parsers.harmony import END_MARKERS, HarmonyParser
 from gateway.prompt.chat_template import TemplateRenderError
 from tests.fixtures.real_templates import load
-from tests.unit.parsers.conformance import assert_stream_matches_parse
+from tests.unit.parsers.conformance import assert_streams_like_whole
 
 CALL_ID = "hx1"
 PARSER = HarmonyParser()
@@ -43,14 +43,21 @@ def tool(name: str, args: str, *, opened: bool = True, constrain: bool = True) -
 
 
 def parse(text: str, context: ParseContext | None = None) -> ParsedOutput:
-    """The whole parse, checked against the stream for every chunking first."""
+    """The whole parse, checked against the stream for every chunking first. Once a
+    terminator has closed the output, nothing is left to hold back: the stream showed it
+    all (the finish adds only the parse note)."""
     context = context or ctx()
-    assert_stream_matches_parse(PARSER, text, context)
-    return PARSER.parse(text, context)
+    streamed = assert_streams_like_whole(PARSER, text, context)
+    whole = PARSER.parse(text, context)
+    if text.endswith(("<|end|>", "<|call|>", "<|return|>")):
+        assert streamed == whole.model_copy(update={"parse_error": None})
+    return whole
 
 
 def calls(*pairs: tuple[str, str]) -> list[ToolCall]:
-    return [ToolCall(id=tool_call_id(CALL_ID, i), name=n, arguments=a) for i, (n, a) in enumerate(pairs)]
+    return [
+        ToolCall(id=tool_call_id(CALL_ID, i), name=n, arguments=a) for i, (n, a) in enumerate(pairs)
+    ]
 
 
 # -- whole output ---------------------------------------------------------------------
@@ -143,7 +150,8 @@ def test_recipient_after_the_channel(constrain: bool) -> None:
 
 def test_tool_call_on_the_analysis_channel_is_still_a_call() -> None:
     """The recipient decides, whatever the channel (as vLLM does)."""
-    text = '<|channel|>analysis to=functions.get_time <|constrain|>json<|message|>{"tz": "UTC"}<|call|>'
+    head = "<|channel|>analysis to=functions.get_time <|constrain|>json<|message|>"
+    text = head + '{"tz": "UTC"}<|call|>'
     out = parse(text)
     assert out.reasoning is None
     assert out.tool_calls == calls(("get_time", '{"tz": "UTC"}'))
@@ -180,6 +188,26 @@ def test_reasoning_started_by_the_prompt() -> None:
 def test_known_tool_names_are_accepted_when_the_request_lists_tools() -> None:
     out = parse(tool("get_weather", '{"city": "Quito"}', opened=False), ctx(tools=TOOLS))
     assert out.tool_calls == calls(("get_weather", '{"city": "Quito"}'))
+
+
+def test_non_ascii_arguments_stay_unescaped() -> None:
+    out = parse(tool("get_weather", '{"city": "Zürich"}', opened=False))
+    assert out.tool_calls == calls(("get_weather", '{"city": "Zürich"}'))
+
+
+def test_end_of_text_after_the_return_adds_nothing() -> None:
+    out = parse(final("bye", opened=False) + "<|endoftext|>")
+    assert out == ParsedOutput(content="bye")
+
+
+def test_a_served_model_s_own_end_marker_closes_a_message() -> None:
+    """`parser_for_model` adds the model's stop tokens to `end_markers`."""
+    parser = HarmonyParser()
+    parser.end_markers = (*parser.end_markers, "<|eot|>")
+    text = "<|channel|>final<|message|>short<|eot|>"
+    assert_streams_like_whole(parser, text, ctx())
+    assert parser.parse(text, ctx()) == ParsedOutput(content="short")
+    assert PARSER.parse(text, ctx()).content == "short<|eot|>"
 
 
 def test_end_markers() -> None:
@@ -286,7 +314,9 @@ def test_cut_in_analysis_is_reasoning() -> None:
 
 
 def test_cut_in_final_is_content() -> None:
-    out = parse(analysis("ok", opened=False) + "<|start|>assistant<|channel|>final<|message|>The ans")
+    out = parse(
+        analysis("ok", opened=False) + "<|start|>assistant<|channel|>final<|message|>The ans"
+    )
     assert out == ParsedOutput(reasoning="ok", content="The ans")
 
 
@@ -366,7 +396,11 @@ def test_a_second_message_of_a_field_starts_with_the_newline() -> None:
 
 TEMPLATE_TOOLS = [
     Tool(name="get_weather", description="Current weather.", parameters=WEATHER),
-    Tool(name="get_time", description="Current time.", parameters={"type": "object", "properties": {}}),
+    Tool(
+        name="get_time",
+        description="Current time.",
+        parameters={"type": "object", "properties": {}},
+    ),
 ]
 QUESTION = Message(role="user", content="Weather in Paris?")
 
@@ -401,7 +435,9 @@ def tool_result(parsed: ParsedOutput) -> Message:
     return Message(role="tool", content="18 C, clear", tool_call_id=parsed.tool_calls[0].id)
 
 
-@pytest.mark.parametrize("args", ['{"city": "Paris"}', '{"city":"Paris"}'], ids=["spaced", "compact"])
+@pytest.mark.parametrize(
+    "args", ['{"city": "Paris"}', '{"city":"Paris"}'], ids=["spaced", "compact"]
+)
 def test_a_tool_call_echo_parses_back_to_the_same_call_and_reasoning(args: str) -> None:
     sampled = analysis("I should call the weather tool.", opened=False) + tool("get_weather", args)
     parsed = PARSER.parse(sampled, ctx())
