@@ -130,6 +130,7 @@ class _Machine:
         self.body_stops = (*by_length, START)
         self.header_stops = (MESSAGE, *by_length, START)
         self.longest = max(len(m) for m in self.header_stops)
+        self.heads = frozenset(m[0] for m in self.body_stops)
         self.buf = ""  # text not yet consumed
         self.scan = 0  # a header's stop markers cannot start before this index of `buf`
         self.ordinal = 0
@@ -231,7 +232,7 @@ class _Machine:
         buf = self.buf
         at, stop = _earliest(buf, self.body_stops, 0)
         if stop is None:
-            safe = len(buf) - _held(buf, self.body_stops, self.longest)
+            safe = len(buf) - _held(buf, self.body_stops, self.heads, self.longest)
             self._take(buf[:safe])
             self.buf = buf[safe:]
             return False
@@ -373,10 +374,10 @@ def _earliest(text: str, markers: tuple[str, ...], start: int) -> tuple[int, str
     return best, found
 
 
-def _held(text: str, markers: tuple[str, ...], longest: int) -> int:
-    """Length of the longest tail of `text` that may be the start of a marker."""
+def _held(text: str, markers: tuple[str, ...], heads: frozenset[str], longest: int) -> int:
+    """Length of the longest tail of `text` that may be the start of a marker (`heads`:
+    the markers' first characters, to skip the rest cheaply)."""
     for at in range(max(0, len(text) - longest + 1), len(text)):
-        tail = text[at:]
-        if any(m.startswith(tail) for m in markers):
+        if text[at] in heads and any(m.startswith(text[at:]) for m in markers):
             return len(text) - at
     return 0

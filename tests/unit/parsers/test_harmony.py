@@ -8,6 +8,7 @@ template and parse what it wrote.
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -390,6 +391,25 @@ def test_a_second_message_of_a_field_starts_with_the_newline() -> None:
     splitter.feed(analysis("one", opened=False))
     events = splitter.feed("<|start|>assistant<|channel|>analysis<|message|>two")
     assert events == [TextDelta("reasoning", "\ntwo")]
+
+
+PIECES = (
+    "<|start|>", "assistant", "<|channel|>", "analysis", "final", "commentary", "junk",
+    " to=functions.get_time", " to=python", "to=functions.f", "<|constrain|>", "json", " ",
+    "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|endoftext|>", '{"tz": "UTC"}',
+    "{", "}", "text", "\n", "<", "|", "<|",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_any_sequence_of_harmony_pieces_streams_like_the_whole(seed: int) -> None:
+    """Well-formed or not, every chunking shows only a start of the whole parse, and once
+    a terminator ends the text the stream has shown all of it."""
+    rng = random.Random(seed)
+    for _ in range(60):
+        text = "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 16)))
+        context = ctx(starts_in_reasoning=rng.random() < 0.2)
+        parse(text, context)
 
 
 # -- echo through the real template -----------------------------------------------------
