@@ -142,9 +142,11 @@ def test_recipient_before_the_channel(opened: bool, ctype: str) -> None:
     assert out.tool_calls == calls(("get_weather", '{"city": "Lima"}'))
 
 
-@pytest.mark.parametrize("constrain", [True, False], ids=["constrain", "no-constrain"])
-def test_recipient_after_the_channel(constrain: bool) -> None:
-    out = parse(tool("get_weather", '{"city": "Kyiv"}', opened=False, constrain=constrain))
+@pytest.mark.parametrize("ctype", ["", " json", " <|constrain|>json", "<|constrain|>json"])
+def test_recipient_after_the_channel(ctype: str) -> None:
+    """The model writes `<|constrain|>json`; harmony's own renderer a bare ` json`."""
+    text = f"<|channel|>commentary to=functions.get_weather{ctype}<|message|>"
+    out = parse(text + '{"city": "Kyiv"}<|call|>')
     assert out.parse_error is None
     assert out.tool_calls == calls(("get_weather", '{"city": "Kyiv"}'))
 
@@ -505,3 +507,14 @@ def test_the_template_refuses_a_preamble_and_reasoning_together() -> None:
     template, _ = load("gpt-oss")
     with pytest.raises(TemplateRenderError, match="both content and thinking"):
         template.render([QUESTION, echo(parsed), tool_result(parsed)], TEMPLATE_TOOLS)
+
+
+def test_the_template_s_training_rendering_of_a_reply_parses_back_to_it() -> None:
+    """A last assistant turn without a generation prompt is rendered as the model is
+    trained to sample it: its analysis, then the final answer closed by `<|return|>`."""
+    reply = ParsedOutput(reasoning="Short question.", content="Paris.")
+    template, _ = load("gpt-oss")
+    prompt = template.render([QUESTION], TEMPLATE_TOOLS)
+    full = template.render([QUESTION, echo(reply)], TEMPLATE_TOOLS, add_generation_prompt=False)
+    assert full.startswith(prompt) and full.endswith("<|return|>")
+    assert parse(full[len(prompt) :]) == reply
