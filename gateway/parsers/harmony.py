@@ -29,6 +29,15 @@ Malformed messages never raise and are never dropped: a header without `<|messag
 unknown or missing channel, a message to a recipient that is not a function (a built-in
 tool such as `python`), a role other than the assistant, or arguments that are not a JSON
 object come back as content, spelled as sampled, with `parse_error` saying why.
+
+Where vLLM (its harmony parser over `openai_harmony`) differs, on purpose: it re-serialises
+arguments (`json.dumps(json.loads(…))`) and passes broken ones on as a call, where we keep
+them as written or answer with content; it silently drops messages to built-in tools,
+unknown channels and other roles; harmony reads a lone bare header word as a recipient
+(so `commentary json` would call a function named `json`), where we read it as the
+content type; and its stream joins messages without the newline its whole parse puts
+between them. We parse the decoded text, not token ids: `openai_harmony` loads its
+encoding over the network.
 """
 
 from __future__ import annotations
