@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from devstack.family_output import assistant_output
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
 from gateway.parsers.qwen3_coder import Qwen3CoderParser, qwen3_5, qwen3_coder
@@ -363,22 +364,23 @@ ECHOED_CALLS = [
 
 
 @pytest.mark.parametrize(
-    ("template", "parser"), [("qwen3-coder", CODER), ("qwen3.5", QWEN35)], ids=["coder", "3.5"]
+    ("template", "parser", "thinking"),
+    [("qwen3-coder", CODER, None), ("qwen3.5", QWEN35, True), ("qwen3.5", QWEN35, False)],
+    ids=["coder", "3.5", "3.5-thinking-off"],
 )
 @pytest.mark.parametrize("content", ["", "I will tune it, then write notes."])
 def test_a_call_rendered_by_the_real_template_parses_back_to_itself(
-    template: str, parser: Qwen3CoderParser, content: str
+    template: str, parser: Qwen3CoderParser, thinking: bool | None, content: str
 ) -> None:
     chat, _ = load(template)
+    kwargs = {} if thinking is None else {"enable_thinking": thinking}
     history = [Message(role="user", content="Set it up.")]
-    reasoning = "Tuning first." if parser.reasoning_tags else None
+    reasoning = "Tuning first." if thinking else None
     reply = Message(role="assistant", content=content, reasoning=reasoning, tool_calls=ECHOED_CALLS)
-    prompt = chat.render(history, TOOLS, add_generation_prompt=True)
-    rendered = chat.render([*history, reply], TOOLS, add_generation_prompt=False)
-    assert rendered.startswith(prompt)
-    sampled = rendered[len(prompt) :]
+    sampled = assistant_output(chat, history, reply, TOOLS, kwargs)
+    prompt = chat.render(history, TOOLS, add_generation_prompt=True, **kwargs)
     c = ParseContext("c9", prompt.endswith("<think>\n"), SCHEMAS)
-    assert c.starts_in_reasoning == (parser.reasoning_tags is not None)
+    assert c.starts_in_reasoning == bool(thinking)
 
     out = parser.parse(sampled, c)
     assert out.parse_error is None
