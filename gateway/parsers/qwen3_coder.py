@@ -10,7 +10,8 @@
 
 Qwen3.5 also reasons in `<think>…</think>`; its generation prompt opens the block, so the
 output usually starts inside it, and the model may open a tool call before closing its
-thoughts: the call ends the reasoning and reaches the agent. Qwen3-Coder does not reason.
+thoughts: the call ends the reasoning and reaches the agent (a `</think>` it writes later
+is dropped from the content). Qwen3-Coder does not reason.
 
 Every value is written as text. The chat templates render a string raw and anything else
 with `tojson` (mappings, lists) or Python's `str` (`True`, `None`, `3`), each between a
@@ -54,6 +55,9 @@ class Qwen3CoderParser(TaggedParser):
     def __init__(self, name: str = "qwen3.5", *, reasoning: bool = True) -> None:
         self.name = name
         self.reasoning_tags = ("<think>", "</think>") if reasoning else None
+        # A model that called a tool from inside its reasoning may close the block after
+        # the call: that closing tag is markup, not content.
+        self.wrappers = ("</think>",) if reasoning else ()
 
     def decode_block(self, body: str, ctx: ParseContext, first_index: int) -> list[ToolCall] | str:
         calls: list[ToolCall] = []

@@ -186,6 +186,15 @@ def test_a_call_opened_inside_reasoning_ends_it_and_reaches_the_agent() -> None:
     assert shown.reasoning == "I need the listing first."
 
 
+def test_a_reasoning_close_after_a_call_from_inside_reasoning_is_not_content() -> None:
+    text = "Need the files.\n" + call("run_shell", {"command": "ls"}) + "\n</think>\n\nOn it."
+    c = ctx(starts_in_reasoning=True)
+    out = QWEN35.parse(text + "<|im_end|>", c)
+    assert (out.reasoning, out.content) == ("Need the files.", "On it.")
+    assert [t.name for t in out.tool_calls] == ["run_shell"]
+    assert_streams_like_whole(QWEN35, text, c)
+
+
 def test_every_schema_type_is_typed() -> None:
     params = {
         "retries": "3",
