@@ -1,4 +1,5 @@
-"""The Qwen3-Coder / Qwen3.5 family: XML-like tool calls, one `<tool_call>` block per call.
+"""The Qwen3-Coder / Qwen3.5 family: XML-like tool calls, a `<tool_call>` block per call
+(a block holding several functions is several calls).
 
     <tool_call>
     <function=NAME>
@@ -22,8 +23,10 @@ The templates print a null as `None`; where the schema admits null and not a str
 spelling reads as null too.
 
 The body of a block is read strictly: only whitespace may sit between the tags, every tag
-must be closed, a function and each parameter must be named. Anything else is not a call:
-the block stays content with a parse note, as for every family.
+must be closed, a function and each parameter must be named, each value must fit its type.
+A value runs to its `</parameter>`, so tag text inside it is its own, except a tag that
+starts a line: that is the model moving on without closing the parameter. Anything else
+is not a call: the block stays content with a parse note, as for every family.
 """
 
 from __future__ import annotations
