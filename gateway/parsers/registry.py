@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from gateway.parsers.base import OutputParser
 from gateway.parsers.hermes import HermesParser
+from gateway.parsers.qwen3_coder import qwen3_5, qwen3_coder
 from gateway.parsers.selection import ParserSelectionError, detect_family, family_for
 
 FAMILIES: dict[str, Callable[[], OutputParser]] = {
@@ -19,6 +20,8 @@ FAMILIES: dict[str, Callable[[], OutputParser]] = {
     "qwen3": lambda: HermesParser("qwen3"),
     "qwq-32b": lambda: HermesParser("qwq-32b"),
     "qwen2.5": lambda: HermesParser("qwen2.5"),
+    "qwen3-coder": qwen3_coder,
+    "qwen3.5": qwen3_5,
 }
 """Family name (a chat template's name) → factory of a fresh parser."""
 
