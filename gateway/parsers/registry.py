@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gateway.parsers.base import OutputParser
+from gateway.parsers.harmony import HarmonyParser
 from gateway.parsers.hermes import HermesParser
 from gateway.parsers.qwen3_coder import qwen3_5, qwen3_coder
 from gateway.parsers.selection import ParserSelectionError, detect_family, family_for
@@ -22,6 +23,7 @@ FAMILIES: dict[str, Callable[[], OutputParser]] = {
     "qwen2.5": lambda: HermesParser("qwen2.5"),
     "qwen3-coder": qwen3_coder,
     "qwen3.5": qwen3_5,
+    "gpt-oss": HarmonyParser,
 }
 """Family name (a chat template's name) → factory of a fresh parser."""
 
