@@ -12,6 +12,11 @@ The section tokens are wrappers (dropped), each call is one block, and the argum
 kept as written: both templates concatenate the argument text into the prompt as it is,
 so an echo of the same text re-renders what the model sampled. A tool call written
 inside the reasoning stays reasoning, as in vLLM (its reasoning parser runs first).
+
+Unlike vLLM, a call without a separator, with a name holding spaces, with arguments that
+are not a JSON object, or that never closes stays visible as content with a parse note
+(vLLM drops a call it cannot split and passes the others on unchecked); empty arguments
+are `{}`.
 """
 
 from __future__ import annotations

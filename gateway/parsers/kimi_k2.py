@@ -10,6 +10,12 @@ calls (Thinking: by that id; Instruct: by a `functions.NAME:N` it rebuilds) and 
 results as `## Return of <id>`, so any other id would change what the next prompt shows.
 The section tokens are wrappers (dropped); each call is one block. The Thinking model may
 open the section before closing its thoughts: that ends the reasoning, as in vLLM.
+
+Unlike vLLM, a call whose id is not `functions.NAME:N`, whose arguments are not a JSON
+object or that never closes stays visible as content with a parse note (vLLM drops a call
+it cannot split and passes the others on unchecked); arguments keep their whitespace;
+output of the Thinking model that opens no `<think>` is content (vLLM: reasoning); text
+after the section is content (vLLM drops it).
 """
 
 from __future__ import annotations
