@@ -8,16 +8,18 @@
   the `[TOOL_CALLS]NAME[ARGS]{…}` part repeated per call; a call written before
   `[/THINK]` ends the reasoning. Arguments are kept as the model wrote them.
 
-Each `[TOOL_CALLS]` opens a block that ends where the next one opens or at the end of the
-output. So a stream sends a call as soon as the next `[TOOL_CALLS]` arrives, and the last
-one at the finish (nothing else can tell that its JSON is complete: the model might still
-write text after it, which would make the block malformed). A block that does not decode
-is content with a parse note; the blocks around it still count.
+Each `[TOOL_CALLS]` opens a block that ends where the next one opens outside a JSON
+string (an argument may quote the marker), or at the end of the output. So a stream sends
+a call as soon as the next `[TOOL_CALLS]` arrives, and the last one at the finish (nothing
+else can tell that its JSON is complete: the model might still write text after it, which
+would make the block malformed). A block that does not decode is content with a parse
+note; the blocks around it still count.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from gateway.canonical import ToolCall
@@ -32,7 +34,8 @@ _DECODER = json.JSONDecoder()
 
 
 class _MistralParser(TaggedParser):
-    """`[TOOL_CALLS]` blocks that run to the next `[TOOL_CALLS]` or the end."""
+    """`[TOOL_CALLS]` blocks that run to the next `[TOOL_CALLS]` outside a JSON string, or
+    to the end of the output."""
 
     block_open = TOOL_CALLS
     block_close = None
@@ -44,33 +47,62 @@ class _MistralParser(TaggedParser):
     def read_block(
         self, text: str, body_start: int, ctx: ParseContext, first_index: int
     ) -> tuple[int, list[ToolCall] | str]:
-        end = text.find(self.block_open, body_start)
+        end = MarkerScan(self.block_open, body_start).find(text)
         end = len(text) if end < 0 else end
         return end, self._checked(text[body_start:end], ctx, first_index)
 
     def splitter(self, ctx: ParseContext) -> TaggedSplitter:
-        return _NextOpenSplitter(self, ctx)
+        return _NextMarkerSplitter(self, ctx)
 
 
-class _NextOpenSplitter(TaggedSplitter):
-    """Decides a block once the next `[TOOL_CALLS]` shows where it ends."""
+class MarkerScan:
+    """Finds a marker outside JSON strings, resumably: a stream scans each character once
+    (a marker inside an argument's string does not end the block)."""
 
-    _scanned = 0  # how far into the current block the next opener was looked for
+    def __init__(self, marker: str, start: int) -> None:
+        self.marker = marker
+        self.pos = start
+        self.in_string = False
+        self._tokens = re.compile(r'\\.|"|' + re.escape(marker), re.DOTALL)
+
+    def find(self, text: str) -> int:
+        """Index of the marker in `text` (which only grows between calls), or -1."""
+        resume = self.pos
+        for match in self._tokens.finditer(text, self.pos):
+            token = match.group()
+            if token == '"':
+                self.in_string = not self.in_string
+            elif token == self.marker and not self.in_string:
+                self.pos = match.start()
+                return self.pos
+            resume = match.end()
+        # Rescan the tail next time: a marker or an escape may be cut at the end.
+        self.pos = max(resume, len(text) - len(self.marker) + 1, self.pos)
+        return -1
+
+
+class _NextMarkerSplitter(TaggedSplitter):
+    """Decides a block once the next `[TOOL_CALLS]` shows where it ends: its calls, or
+    (not decoding) its text as content."""
+
+    _scan: MarkerScan | None = None
 
     def _block(self, events: list[StreamEvent], rest: str) -> bool:
         p = self.parser
-        start = max(len(p.block_open), self._scanned - len(p.block_open) + 1)
-        self._scanned = len(rest)
-        if rest.find(p.block_open, start) < 0:
+        body_start = self.pos + len(p.block_open)
+        if self._scan is None:
+            self._scan = MarkerScan(p.block_open, body_start)
+        end = self._scan.find(self.text)
+        if end < 0:
             return False
-        self._scanned = 0
-        end, decoded = p.read_block(self.text, self.pos + len(p.block_open), self.ctx, self.calls)
+        self._scan = None
+        decoded = p._checked(self.text[body_start:end], self.ctx, self.calls)
         if isinstance(decoded, str):
-            return False  # the rest is held back; the finish shows it as the parse does
-        events += [ToolCallDone(call) for call in decoded]
-        self.calls += len(decoded)
-        self.pos = end
-        self.phase = "content"
+            self._emit(events, "content", self.text[self.pos : end])
+        else:
+            events += [ToolCallDone(call) for call in decoded]
+            self.calls += len(decoded)
+        self.pos, self.phase = end, "content"
         return True
 
 

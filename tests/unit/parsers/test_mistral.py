@@ -101,6 +101,18 @@ def test_nemo_a_second_marker_opens_another_block(nemo: MistralNemoParser) -> No
     assert [c.id for c in out.tool_calls] == [alnum_call_id("t", 0), alnum_call_id("t", 1)]
 
 
+def test_a_marker_inside_a_json_string_does_not_end_the_block(
+    nemo: MistralNemoParser, ministral: MinistralParser
+) -> None:
+    text = '[TOOL_CALLS][{"name": "search", "arguments": {"q": "say [TOOL_CALLS] twice"}}]'
+    out = nemo.parse(text + '[TOOL_CALLS][{"name": "search"}]', ctx())
+    assert as_calls(out) == [("search", {"q": "say [TOOL_CALLS] twice"}), ("search", {})]
+    text = '[TOOL_CALLS]search[ARGS]{"q": "[TOOL_CALLS]x[ARGS]{}"}[TOOL_CALLS]search[ARGS]{}'
+    out = ministral.parse(text, ctx())
+    assert as_calls(out) == [("search", {"q": "[TOOL_CALLS]x[ARGS]{}"}), ("search", {})]
+    assert out.parse_error is None and out.content is None
+
+
 @pytest.mark.parametrize(
     ("block", "reason"),
     [
@@ -237,6 +249,9 @@ MINISTRAL_TEXTS = [
     '[THINK]hmm [TOOL_CALLS]search[ARGS]{"q": 1}[TOOL_CALLS]search[ARGS]{}</s>',
     'Text first [TOOL_CALLS]search[ARGS]{"q": "}[TOOL_CALLS]"}</s>',
     '[TOOL_CALLS]search[ARGS]{"q": [TOOL_CALLS]search[ARGS]{"q": 3}</s>',
+    '[TOOL_CALLS]search[ARGS]{"q": "[TOOL_CALLS]x[ARGS]{}"}[TOOL_CALLS]search[ARGS]{}</s>',
+    '[TOOL_CALLS]search[ARGS]{"q": 1}[TOOL_CALLS]search[ARGS]{"q":[TOOL_CALLS]bad[TOOL_CALLS]'
+    'search[ARGS]{"q": 4}</s>',
     "[THINK]never closed [/THI",
     "  \n[THINK]\n\n[/THINK]\n\nok",
     "plain answer with [THINK] in the middle</s>",
@@ -254,6 +269,18 @@ def test_a_call_streams_once_the_next_marker_arrives(ministral: MinistralParser)
     shown = assert_streams_like_whole(ministral, text, ctx())
     # The last call waits for the finish: text after its JSON would make it malformed.
     assert shown == ParsedOutput(reasoning="r", tool_calls=whole.tool_calls[:1])
+
+
+def test_a_block_that_does_not_decode_streams_as_content(ministral: MinistralParser) -> None:
+    bad = '[TOOL_CALLS]search[ARGS]{"q": oops}'
+    text = (
+        '[TOOL_CALLS]search[ARGS]{"q": 1}' + bad + '[TOOL_CALLS]search[ARGS]{"q": 3}'
+        '[TOOL_CALLS]search[ARGS]{"q": 4}</s>'
+    )
+    whole = ministral.parse(text, ctx())
+    assert whole.content == bad and len(whole.tool_calls) == 3
+    shown = assert_streams_like_whole(ministral, text, ctx())
+    assert shown == ParsedOutput(content=bad, tool_calls=whole.tool_calls[:2])
 
 
 # -- round trip through the real templates ----------------------------------------------------
