@@ -3,7 +3,7 @@
 - Mistral-Nemo (tokenizer before v11): `content[TOOL_CALLS][{"name": …, "arguments": {…},
   "id": …}, …]</s>`. Its chat template refuses any call id but 9 alphanumerics, so an id
   the model wrote in that shape is kept (the echo then re-renders what it sampled) and any
-  other call gets one derived from the call ID (`base.alnum_call_id`).
+  other call (or a repeated id) gets one derived from the call ID (`base.alnum_call_id`).
 - Ministral 3 reasoning (v13): `[THINK]reasoning[/THINK]content[TOOL_CALLS]NAME[ARGS]{json}`,
   the `[TOOL_CALLS]NAME[ARGS]{…}` part repeated per call; a call written before
   `[/THINK]` ends the reasoning. Arguments are kept as the model wrote them.
@@ -133,7 +133,8 @@ class MistralNemoParser(_MistralParser):
             arguments = _arguments_text(name, item.get("arguments"))
             index = first_index + len(calls)
             written = item.get("id")
-            call_id = written if _is_mistral_id(written) else alnum_call_id(ctx.call_id, index)
+            fits = _is_mistral_id(written) and all(c.id != written for c in calls)
+            call_id = written if fits else alnum_call_id(ctx.call_id, index)
             calls.append(ToolCall(id=call_id, name=name, arguments=arguments))
         return calls
 

@@ -60,12 +60,16 @@ def test_nemo_ids_are_derived_when_missing_or_unfit(nemo: MistralNemoParser) -> 
     text = (
         '[TOOL_CALLS][{"name": "search", "arguments": {"q": "a"}}, '
         '{"name": "search", "arguments": {"q": "b"}, "id": "short"}, '
-        '{"name": "search", "arguments": {"q": "c"}, "id": "call-0001"}]'
+        '{"name": "search", "arguments": {"q": "c"}, "id": "call-0001"}, '
+        '{"name": "search", "arguments": {"q": "d"}, "id": 123456789}, '
+        '{"name": "search", "arguments": {"q": "e"}, "id": "Twice0001"}, '
+        '{"name": "search", "arguments": {"q": "f"}, "id": "Twice0001"}]'
     )
     out = nemo.parse(text, ctx("abc"))
-    assert [c.id for c in out.tool_calls] == [alnum_call_id("abc", i) for i in range(3)]
+    derived = [alnum_call_id("abc", i) for i in range(6)]
+    assert [c.id for c in out.tool_calls] == [*derived[:4], "Twice0001", derived[5]]
     assert all(is_mistral_id(c.id) for c in out.tool_calls)
-    assert as_calls(out) == [("search", {"q": q}) for q in "abc"]
+    assert as_calls(out) == [("search", {"q": q}) for q in "abcdef"]
     assert nemo.parse(text, ctx("abc")) == out  # a replay yields the same ids
 
 
