@@ -6,16 +6,17 @@ sometimes after `<|python_tag|>`; Llama 3.2 prompted the pythonic way answers
 `[f(a=1), g(b="x")]` instead (`PythonicParser`). The turn ends `<|eot_id|>`, or
 `<|eom_id|>` when the model expects a tool result.
 
-So an output is read as calls in two cases only: it starts (after whitespace) with the
-format's opening character, or it reaches `<|python_tag|>`, whose text before it is
-content. Either way the calls run to the end of the output and must all decode, or the
-whole run is content with a parse note. An output that starts like JSON but is no call
-(`{"answer": 42}`, a JSON reply) is plain content without a note.
+So an output is read as calls in two cases only: it starts (after whitespace) like a call
+in the format (`{` with a call's keys, `[name(`), or it reaches `<|python_tag|>`, whose
+text before it is content. Either way the calls run to the end of the output and must all
+decode, or the whole run is content with a parse note. An output that starts like JSON
+but is no call (`{"answer": 42}`, a JSON reply) is plain content without a note.
 
 Streaming: nothing marks where such a run ends, and one stray character at its end turns
-every call back into content, so the splitter holds back an output from its opening
-character (or `<|python_tag|>`) to the finish, where the whole parse decides. Text that
-starts any other way streams as it arrives.
+every call back into content, so the splitter holds back an output that may be a call to
+the finish, where the whole parse decides: from `<|python_tag|>` on, and a whole output
+starting with `{` (whether its first object has a call's keys is known only once it is
+complete) or with `[name(`. Text that starts any other way streams as it arrives.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import ast
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 from gateway.canonical import ParsedOutput, ToolCall
 from gateway.parsers.base import ParseContext, StreamEvent, tool_call_id
@@ -53,15 +54,21 @@ class _WholeMessageParser(TaggedParser):
     def looks_like_call(self, body: str) -> bool:
         """Whether an output starting with `opening` means to call a tool: its first item
         has a call's shape (or, cut short, starts like one). Any other such output is
-        content the model meant as text, and is not decoded at all."""
+        content the model meant as text (read like an output that starts otherwise)."""
         raise NotImplementedError
+
+    def prospect(self, lead: str) -> Literal["call", "text", "open"]:
+        """What a stream can tell from an output's start (`lead`, starting with `opening`):
+        "text" when no output starting so looks like a call (it may stream), "open" when
+        more text may tell, "call" when only the finished output can (it is held)."""
+        return "call"
 
     def parse(self, text: str, ctx: ParseContext) -> ParsedOutput:
         body = self.strip_end_markers(text).strip()
         if not body.startswith(self.opening):
             return super().parse(text, ctx)
         if not self.looks_like_call(body):
-            return ParsedOutput(content=body)
+            return super().parse(text, ctx)
         decoded = self._checked(body, ctx, 0)
         if isinstance(decoded, str):
             return ParsedOutput(content=body, parse_error=f"tool call: {decoded}")
@@ -72,27 +79,32 @@ class _WholeMessageParser(TaggedParser):
 
 
 class WholeMessageSplitter:
-    """Holds an output that starts with the format's opening character to the finish;
-    any other output goes to the tagged splitter (which holds a `<|python_tag|>` run)."""
+    """Holds an output that starts with the format's opening character to the finish,
+    unless its start already rules out a call; any other output goes to the tagged
+    splitter (which holds a `<|python_tag|>` run)."""
 
     def __init__(self, parser: _WholeMessageParser, ctx: ParseContext) -> None:
-        self.opening = parser.opening
+        self.parser = parser
         self.inner = TaggedSplitter(parser, ctx)
         self.lead = ""
-        self.mode: str = "undecided"
+        self.mode: Literal["undecided", "held", "tagged"] = "undecided"
 
     def feed(self, text: str) -> list[StreamEvent]:
-        if self.mode == "held":
-            return []
         if self.mode == "tagged":
             return self.inner.feed(text)
+        if self.mode == "held":
+            return []
         self.lead += text
         stripped = self.lead.lstrip()
         if not stripped:
             return []
-        if stripped.startswith(self.opening):
-            self.mode = "held"
-            return []
+        if stripped.startswith(self.parser.opening):
+            prospect = self.parser.prospect(stripped)
+            if prospect == "open":
+                return []
+            if prospect == "call":
+                self.mode = "held"
+                return []
         self.mode = "tagged"
         return self.inner.feed(self.lead)
 
@@ -177,8 +189,14 @@ class PythonicParser(_WholeMessageParser):
     def looks_like_call(self, body: str) -> bool:
         return _PYTHONIC_CALL_START.match(body) is not None
 
+    def prospect(self, lead: str) -> Literal["call", "text", "open"]:
+        if self.looks_like_call(lead):
+            return "call"
+        return "open" if _PYTHONIC_CALL_PREFIX.fullmatch(lead) else "text"
+
 
 _PYTHONIC_CALL_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\(")
+_PYTHONIC_CALL_PREFIX = re.compile(r"\[\s*(?:[A-Za-z_][\w.]*)?")
 
 _JSON_NAMES: dict[str, Any] = {"true": True, "false": False, "null": None}
 

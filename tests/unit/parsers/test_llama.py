@@ -240,6 +240,7 @@ JSON_TEXTS = [
     '<|python_tag|>{"name": "search", "parameters": {"q": "<|python_tag|>"}}<|eom_id|>',
     'I will search.<|python_tag|>{"name": "search", "parameters": {}}',
     '{"answer": 42}<|eot_id|>',
+    '{"answer": 42}<|python_tag|>{"name": "search", "parameters": {}}<|eom_id|>',
     '{"name": "get_weather", "parameters": {"city": "Rome"}} Done.<|eot_id|>',
     "<|python_tag|>print(1)<|eom_id|>",
     "Use <|python_ta and more text",
@@ -255,6 +256,9 @@ def test_llama_streams_like_whole(llama: LlamaJsonParser, text: str) -> None:
 PYTHONIC_TEXTS = [
     "[get_weather(city='Paris'), search(q='x; y')]<|eot_id|>",
     "[see the docs](https://x.y) for more.<|eot_id|>",
+    " [ search.v2 (q=1)]",
+    "[1, 2]<|python_tag|>[search(q='a')]<|eom_id|>",
+    "[<|eot_id|>",
     "Sure.<|python_tag|>[search(q='a')]",
     "[search(q='x')",
     "Plain words.",
@@ -266,9 +270,23 @@ def test_pythonic_streams_like_whole(pythonic: PythonicParser, text: str) -> Non
     assert_streams_like_whole(pythonic, text, ctx())
 
 
-def test_plain_text_streams_before_the_finish(llama: LlamaJsonParser) -> None:
+def test_plain_text_streams_before_the_finish(
+    llama: LlamaJsonParser, pythonic: PythonicParser
+) -> None:
     shown = assert_streams_like_whole(llama, "The answer is 4, not 5.<|eot_id|>", ctx())
     assert shown.content == "The answer is 4, not 5."
+    # A bracket that cannot open a call any more streams too.
+    text = "[the docs](https://x.y) say so.<|eot_id|>"
+    assert assert_streams_like_whole(pythonic, text, ctx()).content == text[:-10]
+
+
+def test_content_that_is_no_call_before_python_tag(
+    llama: LlamaJsonParser, pythonic: PythonicParser
+) -> None:
+    out = llama.parse('{"answer": 42}<|python_tag|>{"name": "search", "parameters": {}}', ctx())
+    assert out.content == '{"answer": 42}' and as_calls(out) == [("search", {})]
+    out = pythonic.parse("[1, 2]<|python_tag|>[search(q='a')]", ctx())
+    assert out.content == "[1, 2]" and as_calls(out) == [("search", {"q": "a"})]
 
 
 def test_a_call_is_held_to_the_finish(llama: LlamaJsonParser) -> None:
