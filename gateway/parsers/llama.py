@@ -110,7 +110,8 @@ class WholeMessageSplitter:
 
 
 class LlamaJsonParser(_WholeMessageParser):
-    """`[<|python_tag|>]{"name": …, "parameters"|"arguments": {…}}[; {…}]…`"""
+    """`[<|python_tag|>]{"name": …, "parameters"|"arguments": {…}}[; {…}]…` (a trailing
+    `;` is allowed, and so is whitespace alone between calls)."""
 
     def decode_block(self, body: str, ctx: ParseContext, first_index: int) -> list[ToolCall] | str:
         calls: list[ToolCall] = []
@@ -133,11 +134,10 @@ class LlamaJsonParser(_WholeMessageParser):
             pos = _skip_ws(body, end)
             if pos < len(body) and body[pos] == ";":
                 pos = _skip_ws(body, pos + 1)
-                if pos < len(body):
-                    continue
             if pos == len(body):
                 return calls
-            return f"unexpected text after call {number}"
+            if body[pos] != "{":  # calls on their own lines, no `;`, are seen too
+                return f"unexpected text after call {number}"
 
     def looks_like_call(self, body: str) -> bool:
         try:

@@ -90,6 +90,11 @@ def test_several_calls_joined_by_semicolons(llama: LlamaJsonParser) -> None:
     assert out.content is None and out.parse_error is None
 
 
+def test_calls_on_separate_lines_without_semicolons(llama: LlamaJsonParser) -> None:
+    text = '{"name": "search", "parameters": {"q": 1}}\n{"name": "search", "parameters": {}}'
+    assert as_calls(llama.parse(text, ctx())) == [("search", {"q": 1}), ("search", {})]
+
+
 def test_unknown_keys_beside_the_call_are_ignored(llama: LlamaJsonParser) -> None:
     text = '{"type": "function", "name": "search", "parameters": {"q": "a"}, "note": 1}'
     assert as_calls(llama.parse(text, ctx())) == [("search", {"q": "a"})]
@@ -132,7 +137,7 @@ def test_json_that_is_not_a_call_is_content_without_a_note(
             '{"name": "search", "parameters": {}}; {"name": "search", "parameters": {"q": }}',
             "call 2: invalid JSON",
         ),
-        ('{"name": "search", "parameters": {}}; 42', "not an object"),
+        ('{"name": "search", "parameters": {}}; 42', "unexpected text after call 1"),
         ('{"name": "search", "parameters": {}, "arguments": {}}', "both"),
         ('{"name": "search", "parameters": [1]}', "not an object"),
         ('{"name": "rm_rf", "parameters": {}}', "unknown tool 'rm_rf'"),
