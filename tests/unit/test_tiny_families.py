@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from devstack.real_templates import template_names
 from devstack.tiny_families import (
     UnknownFamily,
+    build_family_model,
     ensure_family_model,
     family_fingerprint,
     family_names,
@@ -88,6 +89,24 @@ def test_the_cli_stops_on_an_unknown_family_listing_the_names(tmp_path: Path) ->
     assert result.exit_code == 2
     assert "glm-4.7-flash" in result.output and "mistral-nemo" in result.output
     assert not (tmp_path / "m" / "model.safetensors").exists()
+
+
+def test_the_cli_says_how_to_get_missing_templates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROLLOUT_TEMPLATES_DIR", str(tmp_path / "none"))
+    args = ["make-tiny-model", str(tmp_path / "m"), "--family", "gpt-oss"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "ROLLOUT_TEMPLATES_DIR" in result.output and "templates fetch" in result.output
+
+
+def test_a_family_build_is_byte_identical_every_time(
+    built: dict[str, Path], tmp_path: Path
+) -> None:
+    info = build_family_model(tmp_path / "again", "gpt-oss")
+    for name, digest in info.files.items():
+        assert digest.path.read_bytes() == (built["gpt-oss"] / name).read_bytes(), name
 
 
 @pytest.mark.parametrize("name", FAMILIES)
