@@ -58,3 +58,15 @@ def test_reset_forgets_replies_and_used_rules(tiny_model_dir: Path) -> None:
         e.reset(Script(default_reply="new"))
         client.post("/v1/completions", json={"prompt": [5]})
     assert e.script.default_reply == "new" and [r.rule for r in e.replies] == [None]
+
+
+def test_without_an_eos_token_the_reply_ends_with_its_own_marker(tiny_model_dir: Path) -> None:
+    e = ScriptedEngine(
+        tiny_model_dir / "tokenizer.json", Script(default_reply="done<|im_end|>"), eos_token=None
+    )
+    with TestClient(e.app()) as client:
+        body = client.post("/v1/completions", json={"prompt": [5], "max_tokens": 64}).json()
+    (reply,) = e.replies
+    assert body["choices"][0]["token_ids"] == reply.output_ids
+    assert e.tokenizer.decode(reply.output_ids, skip_special_tokens=False) == "done<|im_end|>"
+    assert reply.finish_reason == "stop"
