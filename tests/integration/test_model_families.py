@@ -1,0 +1,545 @@
+"""Every shipped model family through the real Gateway: a three-turn tool conversation on
+the family's tiny model (its tokenizer, its real chat template, its end-of-turn ids) in
+front of the scripted engine (a FAKE LLM) writing that family's own output format, driven
+by the official `openai` and `anthropic` SDKs on Chat Completions, Responses and Anthropic
+Messages, whole and streamed.
+
+Each conversation checks what an agent and a trainer rely on:
+- the agent gets real tool calls (the name, arguments typed by the tool's schema) and the
+  reasoning in its protocol's shape, and a tool-call turn ends as one (`tool_calls`,
+  `tool_use`, function-call items) while the answer ends as a stop;
+- the agent echoes the calls and results as agents do (Chat: verbatim with the reasoning,
+  or the arguments re-serialised and the reasoning dropped; Responses: items replayed;
+  Messages: content blocks replayed);
+- the session is ONE trainable segment whose sampled tokens are exactly the ids the engine
+  returned, and every prompt the engine got continues the tokens held before it. A
+  template that cannot continue a conversation (`EXPECTED_FORKS`) forks exactly where
+  documented, and nowhere else.
+
+What the engine writes is the family's real template's rendering of each assistant message
+(`devstack.family_output`), cut at the family's end-of-turn marker, so no format is
+written by hand here. Where a template never shows the text a model writes (it drops the
+reasoning, or renders a lone call differently from the prompt it then continues), the
+rendering is taken in the shortest history that shows the message, and a dropped
+reasoning block is written back in the family's own tags.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from devstack.background_server import BackgroundServer
+from devstack.family_output import NotAContinuation, assistant_output
+from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
+from devstack.tiny_families import ensure_family_model, family_names, served_model_name
+from gateway.canonical import Message, Tool, ToolCall
+from gateway.parsers.registry import FAMILIES as REGISTERED
+from gateway.parsers.registry import get_parser
+from gateway.prompt.chat_template import ChatTemplate
+from gateway.prompt.model_files import load_model_files
+from tests.fixtures.gateway import RunningGateway, start_gateway
+from tests.fixtures.real_templates import EXPECTED_FORKS, real_templates_dir
+from tests.fixtures.real_templates import FAMILIES as TEMPLATE_STOPS
+
+pytestmark = pytest.mark.integration
+
+SYSTEM = "You are a careful weather agent."
+QUESTION = "What is the weather in Paris and Tokyo?"
+PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
+TOOL = Tool(name="get_weather", description="Forecast for a city.", parameters=PARAMETERS)
+CALLS: list[dict[str, Any]] = [{"city": "Paris", "days": 3}, {"city": "Tokyo", "days": 2}]
+RESULTS = ["Paris: sunny, 21C", "Tokyo: rainy, 17C"]
+THOUGHTS = ["I should look up Paris first.", "Now Tokyo.", "Both forecasts are in."]
+ANSWER = "Paris is sunny (21C); Tokyo is rainy (17C)."
+MAX_TOKENS = 512
+
+CHAT_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {"name": TOOL.name, "description": TOOL.description, "parameters": PARAMETERS},
+    }
+]
+RESPONSES_TOOLS: list[Any] = [{"type": "function", **CHAT_TOOLS[0]["function"]}]
+MESSAGES_TOOLS: list[Any] = [
+    {"name": TOOL.name, "description": TOOL.description, "input_schema": PARAMETERS}
+]
+
+
+# -- what the family's model writes ------------------------------------------------------
+
+
+def _canonical_call_id(family: str, turn: int) -> str:
+    """Ids the templates can render: Kimi's `functions.NAME:N`, and 9 alphanumerics
+    elsewhere (Mistral-Nemo's template refuses any other)."""
+    if family.startswith("kimi-k2"):
+        return f"functions.{TOOL.name}:{turn}"
+    return f"call0000{turn + 1}"
+
+
+def _model_messages(family: str) -> list[Message]:
+    """The conversation as the model wrote it: system, question, then per turn the
+    assistant message and (after a call) its tool result."""
+    messages = [Message(role="system", content=SYSTEM), Message(role="user", content=QUESTION)]
+    for turn, (arguments, result) in enumerate(zip(CALLS, RESULTS, strict=True)):
+        call = ToolCall(
+            id=_canonical_call_id(family, turn), name=TOOL.name, arguments=json.dumps(arguments)
+        )
+        messages += [
+            Message(role="assistant", content="", reasoning=THOUGHTS[turn], tool_calls=[call]),
+            Message(role="tool", content=result, tool_call_id=call.id),
+        ]
+    return [*messages, Message(role="assistant", content=ANSWER, reasoning=THOUGHTS[2])]
+
+
+def _rendered(
+    template: ChatTemplate, history: list[Message], reply: Message, opener: str | None
+) -> str:
+    """The template's text for `reply`, in the first history that renders it as the
+    continuation of its prompt: the real one; the one the template shows (no system
+    prompt, no earlier reasoning); the question alone."""
+    shown = [m.model_copy(update={"reasoning": None}) for m in history if m.role != "system"]
+    contexts = (history, shown, [Message(role="user", content=QUESTION)])
+    for context in contexts:
+        try:
+            return assistant_output(template, context, reply, [TOOL])
+        except NotAContinuation:
+            continue
+    # The generation prompt opens a reasoning block (`opener`) the rendered history never
+    # shows (DeepSeek-R1 distills, QwQ): the message's rendering continues the prompt
+    # without it.
+    prompt = template.render(contexts[2], [TOOL], add_generation_prompt=True).rstrip()
+    full = template.render([*contexts[2], reply], [TOOL], add_generation_prompt=False)
+    assert opener is not None and prompt.endswith(opener), f"no rendering of {reply}"
+    head = prompt.removesuffix(opener)
+    assert full.startswith(head), f"no rendering of {reply} continues its prompt"
+    return full[len(head) :]
+
+
+def _with_reasoning(text: str, reasoning: str, tags: tuple[str, str], opener: str) -> str:
+    """Write a reasoning block the template dropped back into the model's text, in the
+    family's tags as its first generation prompt opens them (`opener`, e.g. `<think>\n`):
+    inside the block the prompt opened, in an empty block the template left, or in front."""
+    start, end = tags
+    block = (
+        f"{start}\n{reasoning}\n{end}\n\n" if opener.endswith("\n") else f"{start}{reasoning}{end}"
+    )
+    if text.startswith(f"{start}{end}"):
+        return block + text.removeprefix(f"{start}{end}").lstrip()
+    return block + text
+
+
+@dataclass(frozen=True)
+class FamilyScript:
+    """What the engine answers on each turn, and what the agent should get from it."""
+
+    replies: list[str]
+    reasoning: list[str | None]
+    """Per turn, the reasoning the model wrote (None: the family writes none)."""
+    call_ids: list[str | None]
+    """Per tool-call turn, the id the model wrote in its text (Kimi, Mistral-Nemo)."""
+
+
+def family_script(family: str, model_dir: Path) -> FamilyScript:
+    files = load_model_files(model_dir)
+    template = ChatTemplate(
+        files.chat_template, bos_token=files.bos_token, eos_token=files.eos_token
+    )
+    tags = get_parser(family).reasoning_tags
+    ends = re.compile("|".join(re.escape(m) for m in files.end_of_turn))
+    stops = TEMPLATE_STOPS[family]
+    messages = _model_messages(family)
+    replies: list[str] = []
+    reasoning: list[str | None] = []
+    call_ids: list[str | None] = []
+    first_prompt = template.render(messages[:2], [TOOL], add_generation_prompt=True)
+    # The family reasons when its template has reasoning tags and its first generation
+    # prompt does not switch thinking off (DeepSeek-V3.1 closes the block at once).
+    reasons = (
+        tags is not None
+        and tags[0] in files.chat_template
+        and not first_prompt.rstrip().endswith(tags[1])
+    )
+    for at, reply in enumerate(messages):
+        if reply.role != "assistant":
+            continue
+        history = messages[:at]
+        text = _rendered(template, history, reply, tags[0] if tags else None)
+        prompt = template.render(history, [TOOL], add_generation_prompt=True)
+        thought = reply.reasoning or ""
+        if reasons and thought not in text:
+            assert tags is not None
+            if prompt.rstrip().endswith(tags[0]):  # the block is open: the model closes it
+                text = f"{thought}\n{tags[1]}\n\n{text}"
+            else:
+                opener = first_prompt[first_prompt.rfind(tags[0]) :]
+                text = _with_reasoning(text, thought, tags, opener)
+        nonce = json.loads(reply.tool_calls[0].arguments)["city"] if reply.tool_calls else ANSWER
+        marker = ends.search(text, text.rindex(nonce))
+        if marker is not None:
+            text = text[: marker.end()]
+        else:  # the template closes the turn only with the next message's header
+            text += stops.stop_tool if reply.tool_calls else stops.stop_answer
+        replies.append(text)
+        reasoning.append(thought if thought in text else None)
+        if reply.tool_calls:
+            call_id = reply.tool_calls[0].id
+            call_ids.append(call_id if call_id in text else None)
+    return FamilyScript(replies, reasoning, call_ids)
+
+
+# -- one engine and one Gateway per family ------------------------------------------------
+
+
+@dataclass
+class FamilyStack:
+    family: str
+    model: str
+    engine: ScriptedEngine
+    gateway: RunningGateway
+    script: FamilyScript
+    forks: dict[int, str] = field(default_factory=dict)
+    session_id: str = ""
+
+    def start_conversation(self) -> dict[str, Any]:
+        """A fresh session, and the engine set to answer its three turns in order (each
+        later turn only once the previous tool result is in the prompt)."""
+        rules = [ScriptRule(reply=self.script.replies[0])]
+        rules += [
+            ScriptRule(reply=reply, when_contains=result)
+            for reply, result in zip(self.script.replies[1:], RESULTS, strict=True)
+        ]
+        self.engine.reset(Script(rules=rules, default_reply="UNSCRIPTED"))
+        session = self.gateway.create_session()
+        self.session_id = session["session_id"]
+        return session
+
+
+@pytest.fixture(scope="module", params=family_names())
+def stack(request: pytest.FixtureRequest, tmp_path_factory: Any) -> Iterator[FamilyStack]:
+    family: str = request.param
+    if family not in REGISTERED:
+        pytest.skip(f"{family}: no output parser registered for this family yet")
+    real_templates_dir()
+    model_dir = ensure_family_model(family)
+    model = served_model_name(family)
+    engine = ScriptedEngine(model_dir / "tokenizer.json", Script(), eos_token=None, model=model)
+    script = family_script(family, model_dir)
+    with BackgroundServer(engine.app()) as server:
+        data_dir = tmp_path_factory.mktemp(f"gateway-{family}")
+        gateway = start_gateway(server.url, model_dir, data_dir, model)
+        try:
+            yield FamilyStack(
+                family, model, engine, gateway, script, EXPECTED_FORKS.get(family, {})
+            )
+        finally:
+            gateway.server.stop()
+
+
+# -- what the agent saw -------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """One reply in protocol-neutral terms."""
+
+    reasoning: str | None
+    content: str | None
+    calls: list[tuple[str, str, Any]]
+    """(id, name, arguments as the agent reads them)."""
+    end: str
+    """"tool_calls" or "stop", from the protocol's own signal."""
+    shape: list[str]
+    """The protocol's parts in order (blocks, items; Chat: its fields present)."""
+
+
+def chat_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[Seen]:
+    session = stack.start_conversation()
+    client = openai.OpenAI(
+        base_url=session["openai_base_url"], api_key=session["token"], max_retries=0
+    )
+    messages: list[Any] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+    ]
+    seen: list[Seen] = []
+    for turn in range(3):
+        kwargs: dict[str, Any] = {
+            "model": stack.model,
+            "messages": messages,
+            "tools": CHAT_TOOLS,
+            "max_tokens": MAX_TOKENS,
+        }
+        if stream:
+            with client.chat.completions.stream(**kwargs) as events:
+                for _ in events:
+                    pass
+                completion = events.get_final_completion()
+        else:
+            completion = client.chat.completions.create(**kwargs)
+        choice = completion.choices[0]
+        message = choice.message
+        reasoning = (message.model_extra or {}).get("reasoning_content")
+        calls = message.tool_calls or []
+        seen.append(
+            Seen(
+                reasoning,
+                message.content,
+                [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls],  # type: ignore[union-attr]
+                choice.finish_reason,
+                [
+                    name
+                    for name, value in (
+                        ("reasoning", reasoning),
+                        ("content", message.content),
+                        ("tool_calls", calls),
+                    )
+                    if value
+                ],
+            )
+        )
+        if not calls:
+            break
+        echoed: dict[str, Any] = {"role": "assistant", "content": message.content, "tool_calls": []}
+        for call in calls:
+            arguments = call.function.arguments  # type: ignore[union-attr]
+            if echo == "reserialised":
+                arguments = json.dumps(json.loads(arguments), separators=(",", ":"))
+            echoed["tool_calls"].append(
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": arguments},  # type: ignore[union-attr]
+                }
+            )
+        if echo == "verbatim" and reasoning:
+            echoed["reasoning_content"] = reasoning
+        messages.append(echoed)
+        messages += [
+            {"role": "tool", "tool_call_id": call.id, "content": RESULTS[turn]} for call in calls
+        ]
+    return seen
+
+
+def responses_conversation(stack: FamilyStack, stream: bool) -> list[Seen]:
+    session = stack.start_conversation()
+    client = openai.OpenAI(
+        base_url=session["openai_base_url"], api_key=session["token"], max_retries=0
+    )
+    items: list[Any] = [{"role": "user", "content": QUESTION}]
+    seen: list[Seen] = []
+    for turn in range(3):
+        kwargs: dict[str, Any] = {
+            "model": stack.model,
+            "instructions": SYSTEM,
+            "input": items,
+            "tools": RESPONSES_TOOLS,
+            "store": False,
+            "include": ["reasoning.encrypted_content"],
+            "max_output_tokens": MAX_TOKENS,
+        }
+        deltas: dict[str, str] = {"reasoning": "", "content": ""}
+        arguments_done: list[str] = []
+        if stream:
+            with client.responses.stream(**kwargs) as events:
+                for event in events:
+                    if event.type == "response.reasoning_text.delta":
+                        deltas["reasoning"] += event.delta
+                    elif event.type == "response.output_text.delta":
+                        deltas["content"] += event.delta
+                    elif event.type == "response.function_call_arguments.done":
+                        arguments_done.append(event.arguments)
+                response = events.get_final_response()
+        else:
+            response = client.responses.create(**kwargs)
+        assert response.status == "completed"
+        reasoning = "".join(
+            part.text
+            for item in response.output
+            if item.type == "reasoning"
+            for part in item.content or []
+        )
+        content = "".join(
+            part.text
+            for item in response.output
+            if item.type == "message"
+            for part in item.content
+            if part.type == "output_text"
+        )
+        calls = [item for item in response.output if item.type == "function_call"]
+        if stream:  # what the events showed is the response they completed
+            assert deltas == {"reasoning": reasoning, "content": content}
+            assert arguments_done == [call.arguments for call in calls]
+        seen.append(
+            Seen(
+                reasoning or None,
+                content or None,
+                [(c.call_id, c.name, json.loads(c.arguments)) for c in calls],
+                "tool_calls" if calls else "stop",
+                [item.type for item in response.output],
+            )
+        )
+        if not calls:
+            break
+        # Codex replays the whole history itself, reasoning items verbatim.
+        items += [item.model_dump(exclude_none=True) for item in response.output]
+        items += [
+            {"type": "function_call_output", "call_id": c.call_id, "output": RESULTS[turn]}
+            for c in calls
+        ]
+    return seen
+
+
+def messages_conversation(stack: FamilyStack, stream: bool) -> list[Seen]:
+    session = stack.start_conversation()
+    client = anthropic.Anthropic(
+        base_url=session["anthropic_base_url"], api_key=session["token"], max_retries=0
+    )
+    messages: list[Any] = [{"role": "user", "content": QUESTION}]
+    seen: list[Seen] = []
+    for turn in range(3):
+        kwargs: dict[str, Any] = {
+            "model": stack.model,
+            "max_tokens": MAX_TOKENS,
+            "system": [{"type": "text", "text": SYSTEM}],
+            "messages": messages,
+            "tools": MESSAGES_TOOLS,
+        }
+        if stream:
+            with client.messages.stream(**kwargs) as events:
+                message = events.get_final_message()
+        else:
+            message = client.messages.create(**kwargs)
+        blocks = message.content
+        calls = [b for b in blocks if b.type == "tool_use"]
+        assert message.stop_reason in ("tool_use", "end_turn"), message.stop_reason
+        seen.append(
+            Seen(
+                "".join(b.thinking for b in blocks if b.type == "thinking") or None,
+                "".join(b.text for b in blocks if b.type == "text") or None,
+                [(b.id, b.name, b.input) for b in calls],
+                "tool_calls" if message.stop_reason == "tool_use" else "stop",
+                [b.type for b in blocks],
+            )
+        )
+        if not calls:
+            break
+        # Claude Code sends the content blocks back as they came, signatures included.
+        messages.append(
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in blocks]}
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": b.id, "content": RESULTS[turn]}
+                    for b in calls
+                ],
+            }
+        )
+    return seen
+
+
+# -- the checks ---------------------------------------------------------------------------
+
+SHAPES: dict[str, tuple[str, str, str]] = {
+    # protocol: (reasoning part, content part, call part)
+    "chat": ("reasoning", "content", "tool_calls"),
+    "responses": ("reasoning", "message", "function_call"),
+    "messages": ("thinking", "text", "tool_use"),
+}
+
+
+def assert_agent_saw_the_model(stack: FamilyStack, protocol: str, seen: list[Seen]) -> None:
+    script = stack.script
+    assert len(seen) == 3, f"the conversation stopped after {len(seen)} turns: {seen[-1]}"
+    reasoning_part, content_part, call_part = SHAPES[protocol]
+    for turn, got in enumerate(seen):
+        thought = script.reasoning[turn]
+        assert (got.reasoning or "").strip() == (thought or ""), (turn, got)
+        calls = [(name, arguments) for _, name, arguments in got.calls]
+        if turn < 2:
+            assert calls == [(TOOL.name, CALLS[turn])], (turn, got)
+            assert not (got.content or "").strip(), (turn, got)
+            assert got.end == "tool_calls", (turn, got)
+            if script.call_ids[turn] is not None:  # the model wrote the id: it is kept
+                assert got.calls[0][0] == script.call_ids[turn]
+        else:
+            assert calls == [], got
+            assert (got.content or "").strip() == ANSWER, got
+            assert got.end == "stop", got
+        expected_shape = [reasoning_part] if thought else []
+        expected_shape += [call_part] if turn < 2 else [content_part]
+        assert got.shape == expected_shape, (turn, got.shape)
+
+
+def assert_one_token_exact_segment(stack: FamilyStack, session_id: str) -> None:
+    """One trainable segment per conversation (or exactly the documented forks), whose
+    sampled tokens are the engine's, each prompt continuing the tokens held before it."""
+    replies = stack.engine.replies
+    assert [r.rule for r in replies] == [0, 1, 2], "the engine answered out of script"
+    trajectory = stack.gateway.trajectory(session_id)
+    calls = trajectory["calls"]
+    assert len(calls) == 3
+    for index, call in enumerate(calls):
+        assert call["output_ids"] == replies[index].output_ids
+        assert call["prompt_ids"] == replies[index].prompt_ids
+        if index == 0:
+            continue  # the first call opens the segment
+        if index in stack.forks:
+            assert call["match"] == "fork", (index, call["match"])
+            assert stack.forks[index] in (call["fork_reason"] or ""), call["fork_reason"]
+        else:
+            assert call["match"] != "fork", (index, call["fork_reason"])
+    segments = trajectory["segments"]
+    assert len(segments) == 1 + len(stack.forks), [c["match"] for c in calls]
+    by_id = {call["call_id"]: index for index, call in enumerate(calls)}
+    for segment in segments:
+        assert segment["trainable"]
+        indices = [by_id[call_id] for call_id in segment["call_ids"]]
+        assert indices == sorted(indices)
+        mask = segment["loss_mask"]
+        sampled = [t for t, m in zip(segment["response_ids"], mask, strict=True) if m]
+        assert sampled == [t for i in indices for t in replies[i].output_ids]
+        logprobs = [lp for lp, m in zip(segment["logprobs"], mask, strict=True) if m]
+        assert logprobs == [lp for i in indices for lp in replies[i].output_logprobs]
+        held = [*segment["prompt_ids"], *segment["response_ids"]]
+        for index, start in zip(indices, segment["call_starts"], strict=True):
+            assert replies[index].prompt_ids == held[: len(segment["prompt_ids"]) + start]
+    assert sum(len(s["call_ids"]) for s in segments) == 3
+
+
+def run_and_check(
+    stack: FamilyStack, protocol: str, conversation: Callable[[], list[Seen]]
+) -> None:
+    seen = conversation()
+    assert_agent_saw_the_model(stack, protocol, seen)
+    assert_one_token_exact_segment(stack, stack.session_id)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("echo", ["verbatim", "reserialised"])
+def test_chat_completions_tool_conversation(stack: FamilyStack, echo: str, stream: bool) -> None:
+    run_and_check(stack, "chat", lambda: chat_conversation(stack, stream, echo))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_responses_tool_conversation(stack: FamilyStack, stream: bool) -> None:
+    run_and_check(stack, "responses", lambda: responses_conversation(stack, stream))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_messages_tool_conversation(stack: FamilyStack, stream: bool) -> None:
+    run_and_check(stack, "messages", lambda: messages_conversation(stack, stream))
