@@ -128,14 +128,18 @@ def _rendered(
     return full[len(head) :]
 
 
-def _with_reasoning(text: str, reasoning: str, tags: tuple[str, str], opener: str) -> str:
+def _with_reasoning(
+    text: str, reasoning: str, tags: tuple[str, str], opener: str, opened: bool
+) -> str:
     """Write a reasoning block the template dropped back into the model's text, in the
-    family's tags as its first generation prompt opens them (`opener`, e.g. `<think>\n`):
-    inside the block the prompt opened, in an empty block the template left, or in front."""
+    family's tags spaced as its first generation prompt opens them (`opener`, e.g.
+    `<think>\n`): closing the block the prompt `opened`, else in place of an empty block
+    the template left, or in front."""
     start, end = tags
-    block = (
-        f"{start}\n{reasoning}\n{end}\n\n" if opener.endswith("\n") else f"{start}{reasoning}{end}"
-    )
+    if opened:
+        return f"{reasoning}\n{end}\n\n{text}"
+    spaced = opener.endswith("\n")
+    block = f"{start}\n{reasoning}\n{end}\n\n" if spaced else f"{start}{reasoning}{end}"
     if text.startswith(f"{start}{end}"):
         return block + text.removeprefix(f"{start}{end}").lstrip()
     return block + text
@@ -181,11 +185,9 @@ def family_script(family: str, model_dir: Path) -> FamilyScript:
         thought = reply.reasoning or ""
         if reasons and thought not in text:
             assert tags is not None
-            if prompt.rstrip().endswith(tags[0]):  # the block is open: the model closes it
-                text = f"{thought}\n{tags[1]}\n\n{text}"
-            else:
-                opener = first_prompt[first_prompt.rfind(tags[0]) :]
-                text = _with_reasoning(text, thought, tags, opener)
+            opener = first_prompt[first_prompt.rfind(tags[0]) :]
+            opened = prompt.rstrip().endswith(tags[0])
+            text = _with_reasoning(text, thought, tags, opener, opened)
         nonce = json.loads(reply.tool_calls[0].arguments)["city"] if reply.tool_calls else ANSWER
         marker = ends.search(text, text.rindex(nonce))
         if marker is not None:
@@ -333,7 +335,7 @@ def chat_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[Seen]
     return seen
 
 
-def responses_conversation(stack: FamilyStack, stream: bool) -> list[Seen]:
+def responses_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[Seen]:
     session = stack.start_conversation()
     client = openai.OpenAI(
         base_url=session["openai_base_url"], api_key=session["token"], max_retries=0
@@ -393,8 +395,13 @@ def responses_conversation(stack: FamilyStack, stream: bool) -> list[Seen]:
         )
         if not calls:
             break
-        # Codex replays the whole history itself, reasoning items verbatim.
-        items += [item.model_dump(exclude_none=True) for item in response.output]
+        # Codex replays the whole history itself, reasoning items verbatim; a client
+        # that keeps no reasoning replays the rest.
+        items += [
+            item.model_dump(exclude_none=True)
+            for item in response.output
+            if echo == "verbatim" or item.type != "reasoning"
+        ]
         items += [
             {"type": "function_call_output", "call_id": c.call_id, "output": RESULTS[turn]}
             for c in calls
@@ -402,7 +409,7 @@ def responses_conversation(stack: FamilyStack, stream: bool) -> list[Seen]:
     return seen
 
 
-def messages_conversation(stack: FamilyStack, stream: bool) -> list[Seen]:
+def messages_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[Seen]:
     session = stack.start_conversation()
     client = anthropic.Anthropic(
         base_url=session["anthropic_base_url"], api_key=session["token"], max_retries=0
@@ -436,9 +443,11 @@ def messages_conversation(stack: FamilyStack, stream: bool) -> list[Seen]:
         )
         if not calls:
             break
-        # Claude Code sends the content blocks back as they came, signatures included.
+        # Claude Code sends the content blocks back as they came, signatures included; a
+        # client that keeps no reasoning sends the rest.
+        kept = [b for b in blocks if echo == "verbatim" or b.type != "thinking"]
         messages.append(
-            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in blocks]}
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in kept]}
         )
         messages.append(
             {
@@ -536,10 +545,12 @@ def test_chat_completions_tool_conversation(stack: FamilyStack, echo: str, strea
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_responses_tool_conversation(stack: FamilyStack, stream: bool) -> None:
-    run_and_check(stack, "responses", lambda: responses_conversation(stack, stream))
+@pytest.mark.parametrize("echo", ["verbatim", "reasoning-dropped"])
+def test_responses_tool_conversation(stack: FamilyStack, echo: str, stream: bool) -> None:
+    run_and_check(stack, "responses", lambda: responses_conversation(stack, stream, echo))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_messages_tool_conversation(stack: FamilyStack, stream: bool) -> None:
-    run_and_check(stack, "messages", lambda: messages_conversation(stack, stream))
+@pytest.mark.parametrize("echo", ["verbatim", "reasoning-dropped"])
+def test_messages_tool_conversation(stack: FamilyStack, echo: str, stream: bool) -> None:
+    run_and_check(stack, "messages", lambda: messages_conversation(stack, stream, echo))
