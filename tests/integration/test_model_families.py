@@ -1,20 +1,24 @@
-"""Every shipped model family through the real Gateway: a three-turn tool conversation on
-the family's tiny model (its tokenizer, its real chat template, its end-of-turn ids) in
-front of the scripted engine (a FAKE LLM) writing that family's own output format, driven
-by the official `openai` and `anthropic` SDKs on Chat Completions, Responses and Anthropic
-Messages, whole and streamed.
+"""Every shipped model family through the real Gateway: tool conversations on the
+family's tiny model (its tokenizer, its real chat template, its end-of-turn ids) in front
+of the scripted engine (a FAKE LLM) writing that family's own output format, driven by the
+official `openai` and `anthropic` SDKs on Chat Completions, Responses and Anthropic
+Messages, whole and streamed. Two plans: one call per turn over three turns, and two calls
+in one turn (skipped, saying why, for a family whose template renders one call a turn).
 
 Each conversation checks what an agent and a trainer rely on:
 - the agent gets real tool calls (the name, arguments typed by the tool's schema) and the
   reasoning in its protocol's shape, and a tool-call turn ends as one (`tool_calls`,
   `tool_use`, function-call items) while the answer ends as a stop;
 - the agent echoes the calls and results as agents do (Chat: verbatim with the reasoning,
-  or the arguments re-serialised and the reasoning dropped; Responses: items replayed;
-  Messages: content blocks replayed);
+  or the arguments re-serialised and the reasoning dropped; Responses and Messages: items
+  or content blocks replayed, with or without the reasoning);
 - the session is ONE trainable segment whose sampled tokens are exactly the ids the engine
   returned, and every prompt the engine got continues the tokens held before it. A
   template that cannot continue a conversation (`EXPECTED_FORKS`) forks exactly where
   documented, and nowhere else.
+
+One engine and one Gateway serve each family for the whole module; conversations run one
+after another, each in its own session.
 
 What the engine writes is the family's real template's rendering of each assistant message
 (`devstack.family_output`), cut at the family's end-of-turn marker, so no format is
@@ -29,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +48,7 @@ from devstack.tiny_families import ensure_family_model, family_names, served_mod
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.parsers.registry import FAMILIES as REGISTERED
 from gateway.parsers.registry import get_parser
-from gateway.prompt.chat_template import ChatTemplate
+from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.model_files import load_model_files
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.real_templates import EXPECTED_FORKS, real_templates_dir
@@ -60,10 +64,42 @@ PARAMETERS: dict[str, Any] = {
     "required": ["city", "days"],
 }
 TOOL = Tool(name="get_weather", description="Forecast for a city.", parameters=PARAMETERS)
-CALLS: list[dict[str, Any]] = [{"city": "Paris", "days": 3}, {"city": "Tokyo", "days": 2}]
-RESULTS = ["Paris: sunny, 21C", "Tokyo: rainy, 17C"]
-THOUGHTS = ["I should look up Paris first.", "Now Tokyo.", "Both forecasts are in."]
+PARIS: dict[str, Any] = {"city": "Paris", "days": 3}
+TOKYO: dict[str, Any] = {"city": "Tokyo", "days": 2}
+FORECASTS = {"Paris": "Paris: sunny, 21C", "Tokyo": "Tokyo: rainy, 17C"}
 ANSWER = "Paris is sunny (21C); Tokyo is rainy (17C)."
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model turn: its reasoning, then its tool calls (none: the answer)."""
+
+    thought: str
+    calls: tuple[dict[str, Any], ...] = ()
+
+
+PLANS: dict[str, tuple[Turn, ...]] = {
+    # one call per turn, then the answer
+    "sequential": (
+        Turn("I should look up Paris first.", (PARIS,)),
+        Turn("Now Tokyo.", (TOKYO,)),
+        Turn("Both forecasts are in."),
+    ),
+    # both calls in one turn (ids must tell their results apart), then the answer
+    "parallel": (Turn("Both cities at once.", (PARIS, TOKYO)), Turn("Both forecasts are in.")),
+}
+
+
+PARALLEL_FORKS: dict[str, dict[int, str]] = {}
+"""Like `EXPECTED_FORKS` (call index → reason), for the parallel plan: none. (The
+DeepSeek-R1 distill template closes a turn of two calls, so its fork needs a lone call.)"""
+
+
+def forecast(arguments: dict[str, Any]) -> str:
+    """The tool's result, as the agent runs it."""
+    return FORECASTS[arguments["city"]]
+
+
 MAX_TOKENS = 512
 
 CHAT_TOOLS: list[Any] = [
@@ -81,27 +117,39 @@ MESSAGES_TOOLS: list[Any] = [
 # -- what the family's model writes ------------------------------------------------------
 
 
-def _canonical_call_id(family: str, turn: int) -> str:
-    """Ids the templates can render: Kimi's `functions.NAME:N`, and 9 alphanumerics
-    elsewhere (Mistral-Nemo's template refuses any other)."""
+def _canonical_call_id(family: str, index: int) -> str:
+    """Ids the templates can render (`index`: the call's place in the conversation):
+    Kimi's `functions.NAME:N`, and 9 alphanumerics elsewhere (Mistral-Nemo's template
+    refuses any other)."""
     if family.startswith("kimi-k2"):
-        return f"functions.{TOOL.name}:{turn}"
-    return f"call0000{turn + 1}"
+        return f"functions.{TOOL.name}:{index}"
+    return f"call0000{index + 1}"
 
 
-def _model_messages(family: str) -> list[Message]:
+def _model_messages(family: str, plan: tuple[Turn, ...]) -> list[Message]:
     """The conversation as the model wrote it: system, question, then per turn the
-    assistant message and (after a call) its tool result."""
+    assistant message and (after calls) their tool results."""
     messages = [Message(role="system", content=SYSTEM), Message(role="user", content=QUESTION)]
-    for turn, (arguments, result) in enumerate(zip(CALLS, RESULTS, strict=True)):
-        call = ToolCall(
-            id=_canonical_call_id(family, turn), name=TOOL.name, arguments=json.dumps(arguments)
+    made = 0
+    for turn in plan:
+        if not turn.calls:
+            messages.append(Message(role="assistant", content=ANSWER, reasoning=turn.thought))
+            continue
+        calls = [
+            ToolCall(
+                id=_canonical_call_id(family, made + n), name=TOOL.name, arguments=json.dumps(a)
+            )
+            for n, a in enumerate(turn.calls)
+        ]
+        made += len(calls)
+        messages.append(
+            Message(role="assistant", content="", reasoning=turn.thought, tool_calls=calls)
         )
         messages += [
-            Message(role="assistant", content="", reasoning=THOUGHTS[turn], tool_calls=[call]),
-            Message(role="tool", content=result, tool_call_id=call.id),
+            Message(role="tool", content=forecast(json.loads(c.arguments)), tool_call_id=c.id)
+            for c in calls
         ]
-    return [*messages, Message(role="assistant", content=ANSWER, reasoning=THOUGHTS[2])]
+    return messages
 
 
 def _rendered(
@@ -149,14 +197,19 @@ def _with_reasoning(
 class FamilyScript:
     """What the engine answers on each turn, and what the agent should get from it."""
 
+    plan: tuple[Turn, ...]
     replies: list[str]
     reasoning: list[str | None]
     """Per turn, the reasoning the model wrote (None: the family writes none)."""
-    call_ids: list[str | None]
-    """Per tool-call turn, the id the model wrote in its text (Kimi, Mistral-Nemo)."""
+    call_ids: list[list[str | None]]
+    """Per turn and call, the id the model wrote in its text (Kimi, Mistral-Nemo)."""
 
 
-def family_script(family: str, model_dir: Path) -> FamilyScript:
+class CannotWrite(Exception):
+    """The family's template cannot render the plan (say, two calls in one turn)."""
+
+
+def family_script(family: str, model_dir: Path, plan: tuple[Turn, ...]) -> FamilyScript:
     files = load_model_files(model_dir)
     template = ChatTemplate(
         files.chat_template, bos_token=files.bos_token, eos_token=files.eos_token
@@ -164,10 +217,10 @@ def family_script(family: str, model_dir: Path) -> FamilyScript:
     tags = get_parser(family).reasoning_tags
     ends = re.compile("|".join(re.escape(m) for m in files.end_of_turn))
     stops = TEMPLATE_STOPS[family]
-    messages = _model_messages(family)
+    messages = _model_messages(family, plan)
     replies: list[str] = []
     reasoning: list[str | None] = []
-    call_ids: list[str | None] = []
+    call_ids: list[list[str | None]] = []
     first_prompt = template.render(messages[:2], [TOOL], add_generation_prompt=True)
     # The family reasons when its template has reasoning tags and its first generation
     # prompt does not switch thinking off (DeepSeek-V3.1 closes the block at once).
@@ -180,7 +233,10 @@ def family_script(family: str, model_dir: Path) -> FamilyScript:
         if reply.role != "assistant":
             continue
         history = messages[:at]
-        text = _rendered(template, history, reply, tags[0] if tags else None)
+        try:
+            text = _rendered(template, history, reply, tags[0] if tags else None)
+        except TemplateRenderError as e:
+            raise CannotWrite(f"its template refuses the turn: {e}") from None
         prompt = template.render(history, [TOOL], add_generation_prompt=True)
         thought = reply.reasoning or ""
         if reasons and thought not in text:
@@ -188,7 +244,9 @@ def family_script(family: str, model_dir: Path) -> FamilyScript:
             opener = first_prompt[first_prompt.rfind(tags[0]) :]
             opened = prompt.rstrip().endswith(tags[0])
             text = _with_reasoning(text, thought, tags, opener, opened)
-        nonce = json.loads(reply.tool_calls[0].arguments)["city"] if reply.tool_calls else ANSWER
+        nonce = json.loads(reply.tool_calls[-1].arguments)["city"] if reply.tool_calls else ANSWER
+        if nonce not in text:
+            raise CannotWrite(f"its template renders only part of the turn (no {nonce!r})")
         marker = ends.search(text, text.rindex(nonce))
         if marker is not None:
             text = text[: marker.end()]
@@ -196,10 +254,8 @@ def family_script(family: str, model_dir: Path) -> FamilyScript:
             text += stops.stop_tool if reply.tool_calls else stops.stop_answer
         replies.append(text)
         reasoning.append(thought if thought in text else None)
-        if reply.tool_calls:
-            call_id = reply.tool_calls[0].id
-            call_ids.append(call_id if call_id in text else None)
-    return FamilyScript(replies, reasoning, call_ids)
+        call_ids.append([c.id if c.id in text else None for c in reply.tool_calls])
+    return FamilyScript(plan, replies, reasoning, call_ids)
 
 
 # -- one engine and one Gateway per family ------------------------------------------------
@@ -211,22 +267,46 @@ class FamilyStack:
     model: str
     engine: ScriptedEngine
     gateway: RunningGateway
-    script: FamilyScript
-    forks: dict[int, str] = field(default_factory=dict)
+    scripts: dict[str, FamilyScript | str]
+    """Per plan, what the engine says; or why the family cannot say it."""
+    script: FamilyScript | None = None
     session_id: str = ""
 
-    def start_conversation(self) -> dict[str, Any]:
-        """A fresh session, and the engine set to answer its three turns in order (each
-        later turn only once the previous tool result is in the prompt)."""
-        rules = [ScriptRule(reply=self.script.replies[0])]
+    @property
+    def forks(self) -> dict[int, str]:
+        """Where this conversation must fork (the sequential plan is the conversation
+        `EXPECTED_FORKS` documents)."""
+        assert self.script is not None
+        if self.script.plan is PLANS["sequential"]:
+            return EXPECTED_FORKS.get(self.family, {})
+        return PARALLEL_FORKS.get(self.family, {})
+
+    def start_conversation(self, plan: str) -> dict[str, Any]:
+        """A fresh session, and the engine set to answer the plan's turns in order (each
+        later turn only once the previous turn's last tool result is in the prompt)."""
+        script = self.scripts[plan]
+        if isinstance(script, str):
+            pytest.skip(f"{self.family} cannot write the {plan} plan: {script}")
+        self.script = script
+        rules = [ScriptRule(reply=script.replies[0])]
         rules += [
-            ScriptRule(reply=reply, when_contains=result)
-            for reply, result in zip(self.script.replies[1:], RESULTS, strict=True)
+            ScriptRule(reply=reply, when_contains=forecast(turn.calls[-1]))
+            for reply, turn in zip(script.replies[1:], script.plan, strict=False)
         ]
         self.engine.reset(Script(rules=rules, default_reply="UNSCRIPTED"))
         session = self.gateway.create_session()
         self.session_id = session["session_id"]
         return session
+
+
+def _scripts(family: str, model_dir: Path) -> dict[str, FamilyScript | str]:
+    scripts: dict[str, FamilyScript | str] = {}
+    for name, plan in PLANS.items():
+        try:
+            scripts[name] = family_script(family, model_dir, plan)
+        except CannotWrite as e:
+            scripts[name] = str(e)
+    return scripts
 
 
 @pytest.fixture(scope="module", params=family_names())
@@ -238,14 +318,12 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: Any) -> Iterator[Fam
     model_dir = ensure_family_model(family)
     model = served_model_name(family)
     engine = ScriptedEngine(model_dir / "tokenizer.json", Script(), eos_token=None, model=model)
-    script = family_script(family, model_dir)
+    scripts = _scripts(family, model_dir)
     with BackgroundServer(engine.app()) as server:
         data_dir = tmp_path_factory.mktemp(f"gateway-{family}")
         gateway = start_gateway(server.url, model_dir, data_dir, model)
         try:
-            yield FamilyStack(
-                family, model, engine, gateway, script, EXPECTED_FORKS.get(family, {})
-            )
+            yield FamilyStack(family, model, engine, gateway, scripts)
         finally:
             gateway.server.stop()
 
@@ -267,8 +345,8 @@ class Seen:
     """The protocol's parts in order (blocks, items; Chat: its fields present)."""
 
 
-def chat_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[Seen]:
-    session = stack.start_conversation()
+def chat_conversation(stack: FamilyStack, plan: str, stream: bool, echo: str) -> list[Seen]:
+    session = stack.start_conversation(plan)
     client = openai.OpenAI(
         base_url=session["openai_base_url"], api_key=session["token"], max_retries=0
     )
@@ -277,7 +355,7 @@ def chat_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[Seen]
         {"role": "user", "content": QUESTION},
     ]
     seen: list[Seen] = []
-    for turn in range(3):
+    for _ in PLANS[plan]:
         kwargs: dict[str, Any] = {
             "model": stack.model,
             "messages": messages,
@@ -330,19 +408,24 @@ def chat_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[Seen]
             echoed["reasoning_content"] = reasoning
         messages.append(echoed)
         messages += [
-            {"role": "tool", "tool_call_id": call.id, "content": RESULTS[turn]} for call in calls
+            {
+                "role": "tool",
+                "tool_call_id": call.id,
+                "content": forecast(json.loads(call.function.arguments)),  # type: ignore[union-attr]
+            }
+            for call in calls
         ]
     return seen
 
 
-def responses_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[Seen]:
-    session = stack.start_conversation()
+def responses_conversation(stack: FamilyStack, plan: str, stream: bool, echo: str) -> list[Seen]:
+    session = stack.start_conversation(plan)
     client = openai.OpenAI(
         base_url=session["openai_base_url"], api_key=session["token"], max_retries=0
     )
     items: list[Any] = [{"role": "user", "content": QUESTION}]
     seen: list[Seen] = []
-    for turn in range(3):
+    for _ in PLANS[plan]:
         kwargs: dict[str, Any] = {
             "model": stack.model,
             "instructions": SYSTEM,
@@ -403,20 +486,24 @@ def responses_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[
             if echo == "verbatim" or item.type != "reasoning"
         ]
         items += [
-            {"type": "function_call_output", "call_id": c.call_id, "output": RESULTS[turn]}
+            {
+                "type": "function_call_output",
+                "call_id": c.call_id,
+                "output": forecast(json.loads(c.arguments)),
+            }
             for c in calls
         ]
     return seen
 
 
-def messages_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[Seen]:
-    session = stack.start_conversation()
+def messages_conversation(stack: FamilyStack, plan: str, stream: bool, echo: str) -> list[Seen]:
+    session = stack.start_conversation(plan)
     client = anthropic.Anthropic(
         base_url=session["anthropic_base_url"], api_key=session["token"], max_retries=0
     )
     messages: list[Any] = [{"role": "user", "content": QUESTION}]
     seen: list[Seen] = []
-    for turn in range(3):
+    for _ in PLANS[plan]:
         kwargs: dict[str, Any] = {
             "model": stack.model,
             "max_tokens": MAX_TOKENS,
@@ -453,7 +540,7 @@ def messages_conversation(stack: FamilyStack, stream: bool, echo: str) -> list[S
             {
                 "role": "user",
                 "content": [
-                    {"type": "tool_result", "tool_use_id": b.id, "content": RESULTS[turn]}
+                    {"type": "tool_result", "tool_use_id": b.id, "content": forecast(b.input)}
                     for b in calls
                 ],
             }
@@ -473,24 +560,27 @@ SHAPES: dict[str, tuple[str, str, str]] = {
 
 def assert_agent_saw_the_model(stack: FamilyStack, protocol: str, seen: list[Seen]) -> None:
     script = stack.script
-    assert len(seen) == 3, f"the conversation stopped after {len(seen)} turns: {seen[-1]}"
+    assert script is not None
+    assert len(seen) == len(script.plan), f"the conversation stopped early: {seen[-1]}"
     reasoning_part, content_part, call_part = SHAPES[protocol]
-    for turn, got in enumerate(seen):
+    for turn, (planned, got) in enumerate(zip(script.plan, seen, strict=True)):
         thought = script.reasoning[turn]
         assert (got.reasoning or "").strip() == (thought or ""), (turn, got)
         calls = [(name, arguments) for _, name, arguments in got.calls]
-        if turn < 2:
-            assert calls == [(TOOL.name, CALLS[turn])], (turn, got)
+        assert calls == [(TOOL.name, arguments) for arguments in planned.calls], (turn, got)
+        if planned.calls:
             assert not (got.content or "").strip(), (turn, got)
             assert got.end == "tool_calls", (turn, got)
-            if script.call_ids[turn] is not None:  # the model wrote the id: it is kept
-                assert got.calls[0][0] == script.call_ids[turn]
+            ids = [call_id for call_id, _, _ in got.calls]
+            assert len(set(ids)) == len(ids), ids
+            for written, call_id in zip(script.call_ids[turn], ids, strict=True):
+                assert written in (None, call_id), "the id the model wrote is not kept"
         else:
-            assert calls == [], got
             assert (got.content or "").strip() == ANSWER, got
             assert got.end == "stop", got
         expected_shape = [reasoning_part] if thought else []
-        expected_shape += [call_part] if turn < 2 else [content_part]
+        calls_part = [call_part] * (1 if protocol == "chat" else len(planned.calls))
+        expected_shape += calls_part if planned.calls else [content_part]
         assert got.shape == expected_shape, (turn, got.shape)
 
 
@@ -498,10 +588,11 @@ def assert_one_token_exact_segment(stack: FamilyStack, session_id: str) -> None:
     """One trainable segment per conversation (or exactly the documented forks), whose
     sampled tokens are the engine's, each prompt continuing the tokens held before it."""
     replies = stack.engine.replies
-    assert [r.rule for r in replies] == [0, 1, 2], "the engine answered out of script"
+    turns = len(replies)
+    assert [r.rule for r in replies] == list(range(turns)), "the engine answered out of script"
     trajectory = stack.gateway.trajectory(session_id)
     calls = trajectory["calls"]
-    assert len(calls) == 3
+    assert len(calls) == turns
     for index, call in enumerate(calls):
         assert call["output_ids"] == replies[index].output_ids
         assert call["prompt_ids"] == replies[index].prompt_ids
@@ -527,7 +618,7 @@ def assert_one_token_exact_segment(stack: FamilyStack, session_id: str) -> None:
         held = [*segment["prompt_ids"], *segment["response_ids"]]
         for index, start in zip(indices, segment["call_starts"], strict=True):
             assert replies[index].prompt_ids == held[: len(segment["prompt_ids"]) + start]
-    assert sum(len(s["call_ids"]) for s in segments) == 3
+    assert sum(len(s["call_ids"]) for s in segments) == turns
 
 
 def run_and_check(
@@ -538,19 +629,36 @@ def run_and_check(
     assert_one_token_exact_segment(stack, stack.session_id)
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("echo", ["verbatim", "reserialised"])
-def test_chat_completions_tool_conversation(stack: FamilyStack, echo: str, stream: bool) -> None:
-    run_and_check(stack, "chat", lambda: chat_conversation(stack, stream, echo))
+def cases(echoes: tuple[str, str]) -> Any:
+    """(plan, echo, stream): the sequential plan with either echo, the parallel plan with
+    the echo that drifts (the other one adds nothing a second call would change)."""
+    return pytest.mark.parametrize(
+        ("plan", "echo", "stream"),
+        [
+            pytest.param(
+                plan, echo, stream, id=f"{plan}-{echo}-{'streamed' if stream else 'whole'}"
+            )
+            for plan in PLANS
+            for echo in (echoes if plan == "sequential" else echoes[1:])
+            for stream in (False, True)
+        ],
+    )
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("echo", ["verbatim", "reasoning-dropped"])
-def test_responses_tool_conversation(stack: FamilyStack, echo: str, stream: bool) -> None:
-    run_and_check(stack, "responses", lambda: responses_conversation(stack, stream, echo))
+@cases(("verbatim", "reserialised"))
+def test_chat_completions_tool_conversation(
+    stack: FamilyStack, plan: str, echo: str, stream: bool
+) -> None:
+    run_and_check(stack, "chat", lambda: chat_conversation(stack, plan, stream, echo))
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("echo", ["verbatim", "reasoning-dropped"])
-def test_messages_tool_conversation(stack: FamilyStack, echo: str, stream: bool) -> None:
-    run_and_check(stack, "messages", lambda: messages_conversation(stack, stream, echo))
+@cases(("verbatim", "reasoning-dropped"))
+def test_responses_tool_conversation(
+    stack: FamilyStack, plan: str, echo: str, stream: bool
+) -> None:
+    run_and_check(stack, "responses", lambda: responses_conversation(stack, plan, stream, echo))
+
+
+@cases(("verbatim", "reasoning-dropped"))
+def test_messages_tool_conversation(stack: FamilyStack, plan: str, echo: str, stream: bool) -> None:
+    run_and_check(stack, "messages", lambda: messages_conversation(stack, plan, stream, echo))
