@@ -76,6 +76,8 @@ class Turn:
 
     thought: str
     calls: tuple[dict[str, Any], ...] = ()
+    preamble: str = ""
+    """Text before the calls, where the family's template writes one."""
 
 
 PLANS: dict[str, tuple[Turn, ...]] = {
@@ -86,7 +88,10 @@ PLANS: dict[str, tuple[Turn, ...]] = {
         Turn("Both forecasts are in."),
     ),
     # both calls in one turn (ids must tell their results apart), then the answer
-    "parallel": (Turn("Both cities at once.", (PARIS, TOKYO)), Turn("Both forecasts are in.")),
+    "parallel": (
+        Turn("Both cities at once.", (PARIS, TOKYO), preamble="Checking both cities."),
+        Turn("Both forecasts are in."),
+    ),
 }
 
 
@@ -143,7 +148,9 @@ def _model_messages(family: str, plan: tuple[Turn, ...]) -> list[Message]:
         ]
         made += len(calls)
         messages.append(
-            Message(role="assistant", content="", reasoning=turn.thought, tool_calls=calls)
+            Message(
+                role="assistant", content=turn.preamble, reasoning=turn.thought, tool_calls=calls
+            )
         )
         messages += [
             Message(role="tool", content=forecast(json.loads(c.arguments)), tool_call_id=c.id)
@@ -201,6 +208,8 @@ class FamilyScript:
     replies: list[str]
     reasoning: list[str | None]
     """Per turn, the reasoning the model wrote (None: the family writes none)."""
+    content: list[str | None]
+    """Per turn, the text the model wrote besides reasoning and calls."""
     call_ids: list[list[str | None]]
     """Per turn and call, the id the model wrote in its text (Kimi, Mistral-Nemo)."""
 
@@ -215,13 +224,9 @@ def family_script(family: str, model_dir: Path, plan: tuple[Turn, ...]) -> Famil
         files.chat_template, bos_token=files.bos_token, eos_token=files.eos_token
     )
     tags = get_parser(family).reasoning_tags
-    ends = re.compile("|".join(re.escape(m) for m in files.end_of_turn))
-    stops = TEMPLATE_STOPS[family]
-    messages = _model_messages(family, plan)
-    replies: list[str] = []
-    reasoning: list[str | None] = []
-    call_ids: list[list[str | None]] = []
-    first_prompt = template.render(messages[:2], [TOOL], add_generation_prompt=True)
+    first_prompt = template.render(
+        _model_messages(family, plan)[:2], [TOOL], add_generation_prompt=True
+    )
     # The family reasons when its template has reasoning tags and its first generation
     # prompt does not switch thinking off (DeepSeek-V3.1 closes the block at once).
     reasons = (
@@ -229,33 +234,61 @@ def family_script(family: str, model_dir: Path, plan: tuple[Turn, ...]) -> Famil
         and tags[0] in files.chat_template
         and not first_prompt.rstrip().endswith(tags[1])
     )
+    writer = _Writer(template, tags if reasons else None, first_prompt, files.end_of_turn, family)
+    messages = _model_messages(family, plan)
+    script = FamilyScript(plan, [], [], [], [])
     for at, reply in enumerate(messages):
         if reply.role != "assistant":
             continue
-        history = messages[:at]
+        if reply.tool_calls and reply.content:  # a preamble, where the template writes one
+            try:
+                text = writer.text(messages[:at], reply)
+            except CannotWrite:
+                reply = messages[at] = reply.model_copy(update={"content": ""})
+                text = writer.text(messages[:at], reply)
+        else:
+            text = writer.text(messages[:at], reply)
+        script.replies.append(text)
+        script.reasoning.append(reply.reasoning if reply.reasoning in text else None)
+        script.content.append(reply.content or None)
+        script.call_ids.append([c.id if c.id in text else None for c in reply.tool_calls])
+    return script
+
+
+@dataclass(frozen=True)
+class _Writer:
+    """What a family's model writes for one assistant message."""
+
+    template: ChatTemplate
+    tags: tuple[str, str] | None
+    """The reasoning tags, when the family reasons."""
+    first_prompt: str
+    end_of_turn: list[str]
+    family: str
+
+    def text(self, history: list[Message], reply: Message) -> str:
         try:
-            text = _rendered(template, history, reply, tags[0] if tags else None)
+            text = _rendered(self.template, history, reply, self.tags[0] if self.tags else None)
         except TemplateRenderError as e:
             raise CannotWrite(f"its template refuses the turn: {e}") from None
-        prompt = template.render(history, [TOOL], add_generation_prompt=True)
         thought = reply.reasoning or ""
-        if reasons and thought not in text:
-            assert tags is not None
-            opener = first_prompt[first_prompt.rfind(tags[0]) :]
-            opened = prompt.rstrip().endswith(tags[0])
-            text = _with_reasoning(text, thought, tags, opener, opened)
+        if self.tags is not None and thought not in text:
+            prompt = self.template.render(history, [TOOL], add_generation_prompt=True)
+            opener = self.first_prompt[self.first_prompt.rfind(self.tags[0]) :]
+            opened = prompt.rstrip().endswith(self.tags[0])
+            text = _with_reasoning(text, thought, self.tags, opener, opened)
+        for part in [json.loads(c.arguments)["city"] for c in reply.tool_calls] + [reply.content]:
+            if part and part not in text:
+                raise CannotWrite(f"its template renders only part of the turn (no {part!r})")
         nonce = json.loads(reply.tool_calls[-1].arguments)["city"] if reply.tool_calls else ANSWER
-        if nonce not in text:
-            raise CannotWrite(f"its template renders only part of the turn (no {nonce!r})")
-        marker = ends.search(text, text.rindex(nonce))
+        marker = re.compile("|".join(map(re.escape, self.end_of_turn))).search(
+            text, text.rindex(nonce)
+        )
         if marker is not None:
-            text = text[: marker.end()]
-        else:  # the template closes the turn only with the next message's header
-            text += stops.stop_tool if reply.tool_calls else stops.stop_answer
-        replies.append(text)
-        reasoning.append(thought if thought in text else None)
-        call_ids.append([c.id if c.id in text else None for c in reply.tool_calls])
-    return FamilyScript(plan, replies, reasoning, call_ids)
+            return text[: marker.end()]
+        # the template closes the turn only with the next message's header
+        stops = TEMPLATE_STOPS[self.family]
+        return text + (stops.stop_tool if reply.tool_calls else stops.stop_answer)
 
 
 # -- one engine and one Gateway per family ------------------------------------------------
@@ -568,8 +601,9 @@ def assert_agent_saw_the_model(stack: FamilyStack, protocol: str, seen: list[See
         assert (got.reasoning or "").strip() == (thought or ""), (turn, got)
         calls = [(name, arguments) for _, name, arguments in got.calls]
         assert calls == [(TOOL.name, arguments) for arguments in planned.calls], (turn, got)
+        content = script.content[turn]
         if planned.calls:
-            assert not (got.content or "").strip(), (turn, got)
+            assert (got.content or "").strip() == (content or ""), (turn, got)
             assert got.end == "tool_calls", (turn, got)
             ids = [call_id for call_id, _, _ in got.calls]
             assert len(set(ids)) == len(ids), ids
@@ -579,8 +613,9 @@ def assert_agent_saw_the_model(stack: FamilyStack, protocol: str, seen: list[See
             assert (got.content or "").strip() == ANSWER, got
             assert got.end == "stop", got
         expected_shape = [reasoning_part] if thought else []
-        calls_part = [call_part] * (1 if protocol == "chat" else len(planned.calls))
-        expected_shape += calls_part if planned.calls else [content_part]
+        expected_shape += [content_part] if content else []
+        if planned.calls:
+            expected_shape += [call_part] * (1 if protocol == "chat" else len(planned.calls))
         assert got.shape == expected_shape, (turn, got.shape)
 
 
