@@ -12,9 +12,11 @@ from collections.abc import Callable, Sequence
 
 from gateway.parsers.base import OutputParser
 from gateway.parsers.deepseek import DeepSeekParser
+from gateway.parsers.glm import GlmParser
 from gateway.parsers.harmony import HarmonyParser
 from gateway.parsers.hermes import HermesParser
 from gateway.parsers.kimi_k2 import KimiK2Parser
+from gateway.parsers.minimax import MinimaxParser
 from gateway.parsers.qwen3_coder import qwen3_5, qwen3_coder
 from gateway.parsers.selection import ParserSelectionError, detect_family, family_for
 
@@ -30,6 +32,8 @@ FAMILIES: dict[str, Callable[[], OutputParser]] = {
     "kimi-k2-thinking": lambda: KimiK2Parser("kimi-k2-thinking", thinking=True),
     "deepseek-v3.1": lambda: DeepSeekParser("deepseek-v3.1"),
     "deepseek-r1-distill-qwen": lambda: DeepSeekParser("deepseek-r1-distill-qwen", fenced=True),
+    "glm-4.7-flash": GlmParser,
+    "minimax-m2": MinimaxParser,
 }
 """Family name (a chat template's name) → factory of a fresh parser."""
 

@@ -295,8 +295,8 @@ class TaggedSplitter:
 def _safe_length(rest: str, tags: Sequence[str], end_markers: Sequence[str]) -> int:
     """How much of `rest` no further text can reinterpret: not a trailing start of a tag,
     nor trailing whitespace and end markers (the parse strips those at the end). A whole
-    tag counts as its own start: MiniMax's `[e~[` ends with its first character, so the
-    shortest match alone would hold back only that `[` and let `[e~` out."""
+    tag counts as a start of itself: MiniMax's `[e~[` ends with its own first character,
+    so looking at proper starts only held back that `[` and let `[e~` out."""
     end = len(rest)
     held = 0
     for tag in tags:
