@@ -5,6 +5,10 @@ no model that runs here can do. Everything else stays real: the reply text is to
 with the real tokenizer, token IDs and per-token logprobs come back in exactly the shape
 vLLM's `/v1/completions` uses (`choices[0].token_ids`, `choices[0].logprobs.token_logprobs`,
 the end-of-turn token included when the reply stops), and `max_tokens` truncates.
+A reply that already writes one of the model's end-of-turn tokens (`stop_tokens`: e.g.
+gpt-oss's `<|call|>` after a tool call, `<|return|>` after an answer) ends right after the
+first of them, as vLLM stops on any of its generation config's eos ids; any other reply
+gets `eos_token` appended.
 Rules are consumed in order: the first unused rule whose `when_contains` occurs in the
 decoded prompt answers; when none is left the `default_reply` is used. Every answer is
 kept in `replies` (prompt IDs, the returned IDs and logprobs, which rule answered), so
@@ -23,6 +27,7 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +90,17 @@ class ScriptedEngine:
         max_model_len: int = 32768,
         delay_s: float = 0.0,
         log_path: Path | None = None,
+        stop_tokens: Sequence[str] = (),
     ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         eos_id = self.tokenizer.token_to_id(eos_token)
         if eos_id is None:
             raise ValueError(f"end-of-turn token {eos_token!r} is not in the tokenizer")
         self.eos_id: int = eos_id
+        stop_ids = {self.tokenizer.token_to_id(t): t for t in stop_tokens}
+        if None in stop_ids:
+            raise ValueError(f"a stop token of {list(stop_tokens)} is not in the tokenizer")
+        self.stop_ids: frozenset[int] = frozenset(i for i in stop_ids if i is not None)
         self.script = script
         self.model = model
         self.max_model_len = max_model_len
@@ -139,7 +149,9 @@ class ScriptedEngine:
         prompt_text = self.tokenizer.decode(body.prompt, skip_special_tokens=False)
         reply, rule = self._choose(prompt_text)
         reply = reply.replace("{nonce}", "n" + secrets.token_hex(3))
-        ids = [*self.tokenizer.encode(reply, add_special_tokens=False).ids, self.eos_id]
+        ids = self.tokenizer.encode(reply, add_special_tokens=False).ids
+        end = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
+        ids = [*ids, self.eos_id] if end is None else ids[: end + 1]
         finish = "stop"
         if len(ids) > body.max_tokens:
             ids, finish = ids[: body.max_tokens], "length"
