@@ -7,7 +7,8 @@ The template writes a string value as it is and any other value as JSON, so each
 read back by the request's schema (`typed_arguments`); strings stay verbatim, whitespace
 included, exactly as an echo re-renders them. GLM-4.5 puts newlines between the name and
 the pairs: whitespace between the tags is allowed, any other text there makes the block
-malformed (vLLM skips it). A block ends at its first `</tool_call>` (`xml_calls`).
+malformed (vLLM skips it). A block ends at its first `</tool_call>`
+(`first_close_ends_block`: values are raw text).
 
 The generation prompt opens `<think>` (or writes `</think>` at once when `enable_thinking`
 is false, which the Gateway reads in the prompt's tail), so the model continues inside
@@ -20,7 +21,8 @@ import re
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
-from gateway.parsers.xml_calls import FirstCloseParser, skip_ws, typed_json
+from gateway.parsers.tagged import TaggedParser, skip_ws
+from gateway.parsers.typed_arguments import typed_arguments
 
 __all__ = ["GLM_END_MARKERS", "GlmParser"]
 
@@ -33,7 +35,7 @@ _VALUE_OPEN, _VALUE_CLOSE = "<arg_value>", "</arg_value>"
 _NAME = re.compile(r"[^\s<>]+")
 
 
-class GlmParser(FirstCloseParser):
+class GlmParser(TaggedParser):
     """GLM-4.x output: `[<think>]reasoning</think>content<tool_call>…</tool_call>…`."""
 
     reasoning_tags = ("<think>", "</think>")
@@ -41,6 +43,7 @@ class GlmParser(FirstCloseParser):
     block_close = "</tool_call>"
     end_markers = GLM_END_MARKERS
     calls_in_reasoning = True
+    first_close_ends_block = True
 
     def __init__(self, name: str = "glm-4.7-flash") -> None:
         self.name = name
@@ -51,7 +54,7 @@ class GlmParser(FirstCloseParser):
             return decoded
         name, raw = decoded
         try:
-            arguments = typed_json(ctx, name, raw)
+            arguments = typed_arguments(ctx.tools, name, raw)
         except ValueError as exc:
             return str(exc)
         return [ToolCall(id=tool_call_id(ctx.call_id, first_index), name=name, arguments=arguments)]

@@ -12,7 +12,7 @@ read back by the request's schema (`typed_arguments`); strings stay verbatim. Na
 quoted with `"` or `'`, or not at all. Whitespace between the tags is allowed; any other
 text there, an unclosed `<parameter>` or a block without an `<invoke>` makes the block
 malformed (vLLM skips stray text and ends an unclosed parameter at the next one). A block
-ends at its first closing marker (`xml_calls`).
+ends at its first closing marker (`first_close_ends_block`: values are raw text).
 
 The generation prompt always opens `<think>` (the template has no switch to turn thinking
 off), so the model continues inside reasoning; a tool call that starts inside reasoning
@@ -25,7 +25,8 @@ import re
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
-from gateway.parsers.xml_calls import FirstCloseParser, skip_ws, typed_json
+from gateway.parsers.tagged import TaggedParser, skip_ws
+from gateway.parsers.typed_arguments import typed_arguments
 
 __all__ = ["MINIMAX_END_MARKERS", "MinimaxParser"]
 
@@ -40,7 +41,7 @@ _PARAMETER_CLOSE = "</parameter>"
 _NAME = re.compile(r"[^\s<>]+")
 
 
-class MinimaxParser(FirstCloseParser):
+class MinimaxParser(TaggedParser):
     """MiniMax-M2 output: `reasoning</think>content<minimax:tool_call><invoke …>…`."""
 
     reasoning_tags = ("<think>", "</think>")
@@ -48,6 +49,7 @@ class MinimaxParser(FirstCloseParser):
     block_close = "</minimax:tool_call>"
     end_markers = MINIMAX_END_MARKERS
     calls_in_reasoning = True
+    first_close_ends_block = True
 
     def __init__(self, name: str = "minimax-m2") -> None:
         self.name = name
@@ -69,7 +71,7 @@ class MinimaxParser(FirstCloseParser):
             if isinstance(raw, str):
                 return raw
             try:
-                arguments = typed_json(ctx, name, raw)
+                arguments = typed_arguments(ctx.tools, name, raw)
             except ValueError as exc:
                 return str(exc)
             index = first_index + len(calls)

@@ -31,14 +31,12 @@ is not a call: the block stays content with a parse note, as for every family.
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
 from gateway.parsers.tagged import TaggedParser
-from gateway.parsers.typed_arguments import parameter_schema, typed_value
+from gateway.parsers.typed_arguments import typed_arguments
 
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
@@ -73,7 +71,7 @@ class Qwen3CoderParser(TaggedParser):
                 return read
             name, parameters, pos = read
             try:
-                arguments = _typed_arguments(ctx, name, parameters)
+                arguments = typed_arguments(ctx.tools, name, parameters)
             except ValueError as exc:
                 return f"{name}: {exc}"
             index = first_index + len(calls)
@@ -129,28 +127,6 @@ def _read_function(body: str, at: int) -> tuple[str, dict[str, str], int] | str:
             return f"unclosed {PARAMETER_OPEN}{key}> in {name}"
         parameters[key] = _unwrap(body[pos:close])
         pos = close + len(PARAMETER_CLOSE)
-
-
-def _typed_arguments(ctx: ParseContext, name: str, parameters: dict[str, str]) -> str:
-    """The call's JSON arguments: each value typed by the request's schema for it."""
-    typed: dict[str, Any] = {}
-    for key, raw in parameters.items():
-        schema = parameter_schema(ctx.tools, name, key)
-        try:
-            typed[key] = typed_value(raw, schema)
-        except ValueError as exc:
-            problem = exc
-        else:
-            continue
-        if raw.strip() == "None":  # the templates' spelling of a null (Python's str)
-            try:
-                typed[key] = typed_value("null", schema)
-            except ValueError:
-                pass
-            else:
-                continue
-        raise ValueError(f"parameter {key!r}: {problem}")
-    return json.dumps(typed, ensure_ascii=False)
 
 
 def _tag_name(body: str, at: int) -> tuple[str | None, int]:

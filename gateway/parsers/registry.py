@@ -16,7 +16,9 @@ from gateway.parsers.glm import GlmParser
 from gateway.parsers.harmony import HarmonyParser
 from gateway.parsers.hermes import HermesParser
 from gateway.parsers.kimi_k2 import KimiK2Parser
+from gateway.parsers.llama import LlamaJsonParser, PythonicParser
 from gateway.parsers.minimax import MinimaxParser
+from gateway.parsers.mistral import MinistralParser, MistralNemoParser
 from gateway.parsers.qwen3_coder import qwen3_5, qwen3_coder
 from gateway.parsers.selection import ParserSelectionError, detect_family, family_for
 
@@ -34,6 +36,11 @@ FAMILIES: dict[str, Callable[[], OutputParser]] = {
     "deepseek-r1-distill-qwen": lambda: DeepSeekParser("deepseek-r1-distill-qwen", fenced=True),
     "glm-4.7-flash": GlmParser,
     "minimax-m2": MinimaxParser,
+    "llama3.1": lambda: LlamaJsonParser("llama3.1"),
+    "llama3.2": lambda: LlamaJsonParser("llama3.2"),
+    "pythonic": lambda: PythonicParser("pythonic"),
+    "mistral-nemo": lambda: MistralNemoParser("mistral-nemo"),
+    "ministral-3-reasoning": lambda: MinistralParser("ministral-3-reasoning"),
 }
 """Family name (a chat template's name) → factory of a fresh parser."""
 
