@@ -331,7 +331,7 @@ async def round_trip(
     for k, step in enumerate(steps[:-1]):
         echoed = echoed_calls(agent, requests[k + 1].json_body())
         for call in step.calls:
-            assert call in [(n, a) for n, a in echoed], (call, echoed)
+            assert call in echoed, (call, echoed)
     if agent != "mini_swe_agent":
         # Reasoning went out as a thinking block / reasoning item and was echoed back.
         assert steps[0].reasoning in json.dumps(requests[1].json_body())
