@@ -30,11 +30,30 @@ app.add_typer(templates_app, name="templates")
 
 
 @app.command("make-tiny-model")
-def make_tiny_model(out_dir: Annotated[Path, typer.Argument(help="output directory")]) -> None:
+def make_tiny_model(
+    out_dir: Annotated[Path, typer.Argument(help="output directory")],
+    family: Annotated[
+        str | None,
+        typer.Option(
+            help="a published model family (its chat template's name, e.g. glm-4.7-flash): "
+            "its special tokens, real chat template and end-of-turn ids"
+        ),
+    ] = None,
+) -> None:
     """Build the deterministic tiny test/demo model (tokenizer, chat template, weights)."""
-    from devstack.tiny_model import build_tiny_model
+    if family is None:
+        from devstack.tiny_model import build_tiny_model
 
-    info = build_tiny_model(out_dir)
+        typer.echo(build_tiny_model(out_dir).model_dump_json(indent=2))
+        return
+    from devstack.real_templates import TemplateChecksumError, TemplatesUnavailable
+    from devstack.tiny_families import UnknownFamily, build_family_model
+
+    try:
+        info = build_family_model(out_dir, family)
+    except (UnknownFamily, TemplatesUnavailable, TemplateChecksumError) as exc:
+        typer.echo(f"make-tiny-model: {exc}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(info.model_dump_json(indent=2))
 
 
