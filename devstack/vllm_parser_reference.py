@@ -108,6 +108,25 @@ def _stop_token_ids(model_dir: str, tokenizer: Any) -> set[int]:
     return ids
 
 
+class _HarmonyTokenizer:
+    """gpt-oss's real tokenizer (the harmony encoding, shipped inside ``openai_harmony``,
+    no download): vLLM's harmony parser reads token IDs of that vocabulary, which a tiny
+    model's tokenizer does not have."""
+
+    def __init__(self) -> None:
+        from vllm.entrypoints.openai.parser.harmony_utils import get_encoding
+
+        self._encoding = get_encoding()
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self._encoding.encode(text, allowed_special="all"))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        if skip_special_tokens:
+            ids = [i for i in ids if not self._encoding.is_special_token(i)]
+        return self._encoding.decode(ids)
+
+
 class _Detokenizer:
     """vLLM's incremental detokenization: a ``DecodeStream`` primed with the prompt; the
     slow path (prefix decoding) only for tokenizers without a Rust backend."""
@@ -168,12 +187,13 @@ def _is_harmony(case: dict[str, Any], model_dir: str) -> bool:
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     model_dir = str(case["model_dir"])
     tokenizer = _tokenizer(model_dir)
+    harmony = _is_harmony(case, model_dir)
     parser_cls = ParserManager.get_parser(
         tool_parser_name=case.get("tool_parser"),
         reasoning_parser_name=case.get("reasoning_parser"),
         enable_auto_tools=True,
         model_name=model_dir,
-        is_harmony=_is_harmony(case, model_dir),
+        is_harmony=harmony,
         tokenizer=tokenizer,
     )
     if parser_cls is None:
