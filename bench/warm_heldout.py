@@ -40,6 +40,7 @@ from devstack.tiny_model.tasks import (
 )
 from devstack.tiny_model.warm import ensure_warm_model, subprocess_env
 from devstack.vllm_server import VllmServer, VllmServerConfig, ensure_vllm_venv, venv_python
+from gateway.parsers.base import ParseContext
 from gateway.parsers.hermes import HermesParser
 
 MAX_TURNS = 3
@@ -88,7 +89,9 @@ def episode(
                     "finish_reason": choice["finish_reason"],
                 }
             )
-            parsed = parser.parse(tok.decode(out, skip_special_tokens=False), call_id=f"c{turn}")
+            parsed = parser.parse(
+                tok.decode(out, skip_special_tokens=False), ParseContext(f"c{turn}")
+            )
             answer = (parsed.content or "").strip()
             if not parsed.tool_calls:
                 break

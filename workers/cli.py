@@ -87,7 +87,18 @@ def gateway(
         bool, typer.Option(help="no admin token; the control listener must be on loopback")
     ] = False,
     chat_template: Annotated[Path | None, typer.Option(help="override the chat template")] = None,
-    parser: Annotated[str, typer.Option(help="output parser family")] = "qwen3",
+    family: Annotated[
+        str | None,
+        typer.Option(
+            help="model family (a chat template name); default: detected from the template"
+        ),
+    ] = None,
+    tool_call_parser: Annotated[
+        str | None, typer.Option(help="vLLM tool-call parser name (hermes, qwen3_coder, glm47…)")
+    ] = None,
+    reasoning_parser: Annotated[
+        str | None, typer.Option(help="vLLM reasoning parser name (qwen3, deepseek_r1…)")
+    ] = None,
     public_url: Annotated[str | None, typer.Option(help="URL agents reach us at")] = None,
     context_window: Annotated[int | None, typer.Option(help="override max context")] = None,
     fsync: Annotated[
@@ -125,7 +136,9 @@ def gateway(
         model=model,
         tokenizer=tokenizer,
         chat_template=chat_template,
-        parser=parser,
+        family=family,
+        tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
         host=host,
         port=port,
         control_host=control_host,

@@ -32,10 +32,11 @@ from gateway.engines.vllm import EngineApi, VllmEngine
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
 from gateway.options import GatewayOptions
-from gateway.parsers.registry import get_parser
+from gateway.parsers.registry import parser_for_model
+from gateway.parsers.selection import ParserSelectionError
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
-from gateway.prompt.model_files import load_model_files
+from gateway.prompt.model_files import ModelFilesError, load_model_files
 from gateway.prompt.tokenize_pool import OffloadingTokenizer
 from gateway.sessions.lifetime import Clock
 from workers.gc_policy import tune_gc_for_serving
@@ -52,7 +53,11 @@ class GatewaySettings(BaseModel):
     model: str
     tokenizer: Path
     chat_template: Path | None = None
-    parser: str = "qwen3"
+    #: The model family whose output format to parse; None: detected from the template,
+    #: or named by vLLM's parser names below.
+    family: str | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     #: The agent API listener (session tokens): what sandboxes reach.
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
@@ -94,6 +99,22 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def check_model_family(settings: GatewaySettings) -> str:
+    """The family whose output format this model writes, settled before any process
+    starts: a wrong parser name or an unrecognised template stops here, with the names."""
+    try:
+        files = load_model_files(settings.tokenizer, settings.chat_template)
+        return parser_for_model(
+            files.chat_template,
+            files.end_of_turn,
+            family=settings.family,
+            tool_call_parser=settings.tool_call_parser,
+            reasoning_parser=settings.reasoning_parser,
+        ).name
+    except (ModelFilesError, ParserSelectionError) as exc:
+        raise SystemExit(f"refusing to start: {exc}") from None
 
 
 def check_admin_policy(settings: GatewaySettings) -> None:
@@ -162,7 +183,16 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
             settings.tokenize_offload_chars,
             settings.tokenize_workers,
         )
-    incremental = IncrementalTokenizer(template, tokenizer, eot_token=files.end_of_turn)
+    parser = parser_for_model(
+        files.chat_template,
+        files.end_of_turn,
+        family=settings.family,
+        tool_call_parser=settings.tool_call_parser,
+        reasoning_parser=settings.reasoning_parser,
+    )
+    incremental = IncrementalTokenizer(
+        template, tokenizer, eot_token=files.end_of_turn, reasoning_tags=parser.reasoning_tags
+    )
     window = (
         settings.context_window
         or engine_context_window(settings.engine_urls[0], settings.model)
@@ -191,7 +221,6 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         api=settings.engine_api,
     )
     engine = EngineRouter(settings.engine_urls, vllm, routing=settings.engine_routing)
-    parser = get_parser(settings.parser)
     return Gateway(options, template, incremental, parser, engine, clock=clock)
 
 
@@ -288,13 +317,14 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
     """Serve in this process, or supervise N child processes on consecutive port pairs."""
     check_admin_policy(settings)
     check_ports(settings, processes)
+    family = check_model_family(settings)
     shared = ""
     if settings.shared_port is not None:
         shared = f"shared agent address http://{settings.host}:{settings.shared_port}, "
     if processes <= 1:
         print(
             f"gateway: {shared}agent API http://{settings.host}:{settings.port}, control API "
-            f"http://{settings.control_host}:{settings.control_port}",
+            f"http://{settings.control_host}:{settings.control_port}, model family {family}",
             flush=True,
         )
         asyncio.run(serve_listeners(settings))

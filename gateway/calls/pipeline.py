@@ -101,7 +101,12 @@ class Gateway(SessionService):
             if isinstance(record, CallEntry) and record.call.call_id == call_id:
                 call = record.call
                 parsed = parse_output(
-                    self.incremental, self.parser, call_id, call.prompt_ids, call.output_ids
+                    self.incremental,
+                    self.parser,
+                    call_id,
+                    call.prompt_ids,
+                    call.output_ids,
+                    request.tools,
                 )
                 return reply_of(call, parsed, request.model or self.options.model_name)
         raise GatewayError("corrupt_record", f"session {session_id}: call {call_id} is lost")
@@ -123,7 +128,12 @@ class Gateway(SessionService):
         lap("engine")
         prompt_ids = planned.plan.prompt_ids
         parsed = parse_output(
-            self.incremental, self.parser, planned.call_id, prompt_ids, completion.output_ids
+            self.incremental,
+            self.parser,
+            planned.call_id,
+            prompt_ids,
+            completion.output_ids,
+            request.tools,
         )
         reply = reply_message(parsed)
         lap("output_parse")

@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.capture.recording import PlannedCall
 from gateway.engines.base import EngineCompletion
-from gateway.parsers.base import OutputParser, StreamEvent
+from gateway.parsers.base import OutputParser, ParseContext, StreamEvent
 from gateway.parsers.stream import OutputStream
 from gateway.prompt.incremental import IncrementalTokenizer
 from gateway.protocols.sse import StreamHead
@@ -67,12 +67,9 @@ class StreamRelay:
             prompt_tokens=len(prompt_ids),
             cached_prompt_tokens=len(prompt_ids) - planned.plan.new_token_count,
         )
-        self._output = OutputStream(
-            self.incremental.tokenizer,
-            self.parser,
-            planned.call_id,
-            self.incremental.prompt_opens_reasoning(prompt_ids),
-        )
+        opened = self.incremental.prompt_opens_reasoning(prompt_ids)
+        ctx = ParseContext.of(planned.call_id, opened, planned.request.tools)
+        self._output = OutputStream(self.incremental.tokenizer, self.parser, ctx)
 
     def on_tokens(self, ids: list[int], logprobs: list[float]) -> None:
         """One engine chunk (its sampled ids and their logprobs)."""

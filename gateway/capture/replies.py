@@ -1,8 +1,10 @@
 """What a call answered, derived from its sampled ids alone: the same for a live call, a
 retry answered from the record, and a session revived after a restart."""
 
-from gateway.canonical import Message, ParsedOutput, Reply
-from gateway.parsers.base import OutputParser
+from collections.abc import Sequence
+
+from gateway.canonical import Message, ParsedOutput, Reply, Tool
+from gateway.parsers.base import OutputParser, ParseContext
 from gateway.prompt.incremental import IncrementalTokenizer
 from schemas.trajectory import RecordedCall
 
@@ -13,13 +15,13 @@ def parse_output(
     call_id: str,
     prompt_ids: list[int],
     output_ids: list[int],
+    tools: Sequence[Tool],
 ) -> ParsedOutput:
-    """The agent's view of sampled ids (deterministic: tool-call ids derive from the call id)."""
-    return parser.parse(
-        incremental.tokenizer.decode(output_ids),
-        call_id=call_id,
-        starts_in_reasoning=incremental.prompt_opens_reasoning(prompt_ids),
-    )
+    """The agent's view of sampled ids (deterministic: tool-call ids derive from the call
+    id; arguments are typed by the request's `tools`)."""
+    opened = incremental.prompt_opens_reasoning(prompt_ids)
+    ctx = ParseContext.of(call_id, opened, tools)
+    return parser.parse(incremental.tokenizer.decode(output_ids), ctx)
 
 
 def reply_message(parsed: ParsedOutput) -> Message:

@@ -59,6 +59,8 @@ class _After:
     keys: list[MessageKey]
     tools_hash: str
     internal_markers: int
+    tools: list[Tool]
+    """The declared tools (they type the parsed arguments of some families)."""
 
 
 class _Unrebuildable(ValueError):
@@ -91,7 +93,7 @@ def revive(
         try:
             request = _request_of(record, after)
             parsed = parse_output(
-                incremental, parser, call.call_id, call.prompt_ids, call.output_ids
+                incremental, parser, call.call_id, call.prompt_ids, call.output_ids, request.tools
             )
             reply = reply_message(parsed)
             opening = opened.get(call.segment_id)
@@ -120,6 +122,7 @@ def revive(
             [*request.keys, message_key(reply)],
             request.tools_hash,
             segment.internal_markers,
+            request.tools,
         )
     state.held = list(held.values())
     return state
@@ -132,7 +135,7 @@ def _request_of(record: CallEntry, after: dict[str, _After]) -> _After:
     if "messages" in stored:  # the whole request: the call did not extend a held segment
         messages = [Message.model_validate(m) for m in stored["messages"]]
         tools = [Tool.model_validate(t) for t in stored.get("tools") or []]
-        return _After(messages, [message_key(m) for m in messages], hash_tools(tools), 0)
+        return _After(messages, [message_key(m) for m in messages], hash_tools(tools), 0, tools)
     source = record.prompt_source
     base = after.get(source) if source is not None else None
     if base is None or stored.get("history_messages") != len(base.messages):
@@ -143,4 +146,4 @@ def _request_of(record: CallEntry, after: dict[str, _After]) -> _After:
         keys[echo["index"]] = message_key(messages[echo["index"]])
     new = [Message.model_validate(m) for m in stored["new_messages"]]
     keys += [message_key(m) for m in new]
-    return _After(messages + new, keys, base.tools_hash, base.internal_markers)
+    return _After(messages + new, keys, base.tools_hash, base.internal_markers, base.tools)

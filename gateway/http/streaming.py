@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
@@ -19,9 +19,9 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.calls.pipeline import Gateway
 from gateway.calls.stream_relay import StreamAborted, StreamRelay
-from gateway.canonical import CanonicalRequest, Reply
+from gateway.canonical import CanonicalRequest, Reply, Tool
 from gateway.errors import GatewayError
-from gateway.parsers.base import StreamEvent, ToolCallDone
+from gateway.parsers.base import ParseContext, StreamEvent, ToolCallDone
 from gateway.parsers.stream import OutputStream
 from gateway.protocols.sse import StreamHead, StreamWriter, head_of
 from gateway.sessions.live import LiveSession
@@ -57,18 +57,23 @@ async def stream_reply(
         flowing.cancel()
     if call.done() and (relay.head is None or not relay.flowing.is_set()):
         result = call.result()  # raises the call's error as a plain error response
-        return RelayResponse(_replayed(gateway, writer_for(head_of(result)), result), relay)
+        return RelayResponse(
+            _replayed(gateway, writer_for(head_of(result)), result, request.tools), relay
+        )
     return RelayResponse(_live(relay, call, writer_for), relay)
 
 
-async def _replayed(gateway: Gateway, writer: StreamWriter, result: Reply) -> AsyncGenerator[bytes]:
+async def _replayed(
+    gateway: Gateway, writer: StreamWriter, result: Reply, tools: Sequence[Tool]
+) -> AsyncGenerator[bytes]:
     """A finished call (a retry's answer) streamed as its tokens would be, one at a time,
     so a retry reads like the stream it missed."""
     text = gateway.incremental.tokenizer.decode(result.output_ids)
-    parse = gateway.parser.parse
     # The prompt is not at hand; the reading of it that yields this output is.
-    opened = parse(text, call_id=result.call_id, starts_in_reasoning=True) == result.output
-    output = OutputStream(gateway.incremental.tokenizer, gateway.parser, result.call_id, opened)
+    opened = ParseContext.of(result.call_id, True, tools)
+    if gateway.parser.parse(text, opened) != result.output:
+        opened = ParseContext.of(result.call_id, False, tools)
+    output = OutputStream(gateway.incremental.tokenizer, gateway.parser, opened)
     frames = writer.start()
     for token in result.output_ids:
         for event in output.feed([token]):

@@ -1,22 +1,26 @@
-"""Output parsers by name: each model family is one module behind this registry.
+"""Output parsers by family: each model family is one module behind this registry.
 
-A gateway process is started with a parser name (`--parser`); adding a family is its
-module (`gateway/parsers/<family>.py`, implementing `base.OutputParser`) plus its
-registrations in `FAMILIES` below. Nothing else in the Gateway names a family.
+Adding a family is its module (`gateway/parsers/<family>.py`, implementing
+`base.OutputParser`), its registrations in `FAMILIES` below, its vLLM names and template
+signature in `selection.py`, and a row in docs/model-families.md. Nothing else in the
+Gateway names a family.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gateway.parsers.base import OutputParser
 from gateway.parsers.hermes import HermesParser
+from gateway.parsers.selection import ParserSelectionError, detect_family, family_for
 
 FAMILIES: dict[str, Callable[[], OutputParser]] = {
-    "qwen3": lambda: HermesParser("qwen3"),
     "hermes": lambda: HermesParser("hermes"),
+    "qwen3": lambda: HermesParser("qwen3"),
+    "qwq-32b": lambda: HermesParser("qwq-32b"),
+    "qwen2.5": lambda: HermesParser("qwen2.5"),
 }
-"""Parser name → factory of a fresh parser."""
+"""Family name (a chat template's name) → factory of a fresh parser."""
 
 
 def register_parser(name: str, factory: Callable[[], OutputParser]) -> None:
@@ -28,9 +32,32 @@ def get_parser(name: str) -> OutputParser:
     try:
         factory = FAMILIES[name]
     except KeyError:
-        raise KeyError(f"unknown output parser {name!r}; known: {sorted(FAMILIES)}") from None
+        raise ParserSelectionError(
+            f"unknown model family {name!r}; known: {', '.join(sorted(FAMILIES))}"
+        ) from None
     return factory()
 
 
 def parser_names() -> list[str]:
     return sorted(FAMILIES)
+
+
+def parser_for_model(
+    chat_template: str,
+    end_of_turn: Sequence[str] = (),
+    *,
+    family: str | None = None,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
+) -> OutputParser:
+    """The parser for a served model: the family named, else the one vLLM's parser names
+    point at, else the one its chat template shows. The model's own end-of-turn markers
+    (its generation config's stop tokens) join the family's."""
+    if family is not None and (tool_call_parser or reasoning_parser):
+        raise ParserSelectionError(
+            "name the family either with --family or with --tool-call-parser/--reasoning-parser"
+        )
+    name = family or family_for(tool_call_parser, reasoning_parser, detect_family(chat_template))
+    parser = get_parser(name)
+    parser.end_markers = tuple(dict.fromkeys((*parser.end_markers, *end_of_turn)))
+    return parser

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.parsers.base import OutputParser, StreamEvent
+from gateway.parsers.base import OutputParser, ParseContext, StreamEvent
 from gateway.prompt.incremental import Tokenizer
 
 
@@ -37,12 +37,10 @@ class IncrementalDecoder:
 class OutputStream:
     """Sampled ids of one call in, stream events out."""
 
-    def __init__(
-        self, tokenizer: Tokenizer, parser: OutputParser, call_id: str, starts_in_reasoning: bool
-    ) -> None:
+    def __init__(self, tokenizer: Tokenizer, parser: OutputParser, ctx: ParseContext) -> None:
         self.decoder = IncrementalDecoder(tokenizer)
         # A family without an incremental form has no splitter: its output comes at the finish.
-        self.splitter = parser.splitter(call_id, starts_in_reasoning)
+        self.splitter = parser.splitter(ctx)
 
     def feed(self, ids: Sequence[int]) -> list[StreamEvent]:
         text = self.decoder.feed(ids)

@@ -94,7 +94,7 @@ class IncrementalTokenizer:
         tokenizer: Tokenizer,
         *,
         eot_token: str | Sequence[str] | None = None,
-        reasoning_tags: tuple[str, str] = ("<think>", "</think>"),
+        reasoning_tags: tuple[str, str] | None = ("<think>", "</think>"),
         normalisers: Sequence[Normaliser] = DEFAULT_NORMALISERS,
         new_segment_id: Callable[[], str] = new_segment_id,
         windowing: bool | None = None,
@@ -127,6 +127,8 @@ class IncrementalTokenizer:
         Looks only at the tail after the last end-of-turn marker (at most `window` ids),
         so the cost does not grow with the conversation.
         """
+        if self.reasoning_tags is None:
+            return False
         tail: list[int] = []
         for token in reversed(prompt_ids[-window:]):
             if token in self._markers.ids:
