@@ -213,16 +213,24 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     request = make_parser().adjust_request(request)
     skip_special = bool(request.skip_special_tokens)
 
+    # A harmony model's IDs are the harmony encoding's, whatever the model dir holds.
+    ids_tokenizer = _HarmonyTokenizer() if harmony else tokenizer
     ids = case.get("token_ids")
     if ids is None:
-        ids = tokenizer.encode(case["text"], add_special_tokens=False)
+        ids = ids_tokenizer.encode(case["text"], add_special_tokens=False)
     ids = [int(i) for i in ids]
     prompt_text = case.get("prompt_text")
-    prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False) if prompt_text else None
-    stop_ids = _stop_token_ids(model_dir, tokenizer)
+    prompt_ids = (
+        ids_tokenizer.encode(prompt_text, add_special_tokens=False) if prompt_text else None
+    )
+    stop_ids = (
+        set(ids_tokenizer.encode("<|return|><|call|>"))
+        if harmony
+        else _stop_token_ids(model_dir, tokenizer)
+    )
 
     def deltas(chunk: int) -> list[tuple[str, list[int]]]:
-        detok = _Detokenizer(tokenizer, prompt_ids or [], skip_special)
+        detok = _Detokenizer(ids_tokenizer, prompt_ids or [], skip_special)
         out: list[tuple[str, list[int]]] = []
         for start in range(0, len(ids), chunk):
             group = ids[start : start + chunk]

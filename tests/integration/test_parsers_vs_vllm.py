@@ -1,0 +1,694 @@
+"""Our output parsers against vLLM's, family by family, on the same model output texts.
+
+vLLM is the reference a user switching to the Gateway compares with: for each family the
+parsers vLLM would run for it (its `--tool-call-parser` / `--reasoning-parser` names, see
+`FAMILIES`) split the same text, whole and streamed in groups of 1-8 tokens of that
+family's tiny tokenizer, and the results must agree with our whole parse:
+
+* arguments are compared as parsed JSON (so `{"a": 1}` equals `{"a":1}`), content and
+  reasoning after stripping surrounding whitespace (an empty field equals a missing one);
+* a difference we keep on purpose is a row of `DIFFERENCES` with its reason, and the test
+  asserts the row still differs, so a difference that disappears shows up here.
+
+The texts are written by `Family.write` from one table of scenarios (`SCENARIOS`) plus a
+few malformed texts per family, so every family meets the same content, reasoning, calls
+and typed arguments. `test_vllm_reads_the_written_format` checks the writers against
+vLLM alone (it runs for families whose parser we do not have yet). All of vLLM's work is
+one subprocess for the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from devstack.tiny_families import ensure_family_model
+from gateway.canonical import ParsedOutput
+from gateway.parsers.base import ParseContext
+from gateway.parsers.registry import FAMILIES, get_parser
+from gateway.parsers.selection import family_for
+from tests.fixtures.vllm_reference import (
+    ReferenceCase,
+    ReferenceParse,
+    ReferenceResult,
+    vllm_reference,
+)
+
+CHUNK_SIZES = list(range(1, 9))
+
+# ---------------------------------------------------------------- tools and scenarios
+
+
+def _tool(name: str, properties: dict[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name} (a test tool)",
+            "parameters": {"type": "object", "properties": properties, "required": [*required]},
+        },
+    }
+
+
+TOOLS = [
+    _tool(
+        "get_weather",
+        {"city": {"type": "string"}, "days": {"type": "integer"}},
+        required=["city"],
+    ),
+    _tool("list_files", {"path": {"type": "string"}, "recursive": {"type": "boolean"}}),
+    _tool(
+        "configure",
+        {
+            "ratio": {"type": "number"},
+            "enabled": {"type": "boolean"},
+            "limits": {"type": "object"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "count": {"type": "integer"},
+        },
+    ),
+    _tool("echo", {"text": {"type": "string"}, "code": {"type": "string"}}),
+]
+TOOL_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What the model meant to say; each family writes it in its own format."""
+
+    id: str
+    reasoning: str | None = None
+    content: str | None = None
+    calls: tuple[Call, ...] = ()
+
+
+WEATHER = Call("get_weather", {"city": "Paris", "days": 3})
+SCENARIOS = [
+    Scenario("plain", content="The forecast for tomorrow is sunny and mild."),
+    Scenario(
+        "reasoning_content",
+        reasoning="The user wants a short greeting, so I answer briefly.",
+        content="Hello there, nice to meet you!",
+    ),
+    Scenario("one_call", calls=(WEATHER,)),
+    Scenario("content_then_call", content="Let me look that up for you.", calls=(WEATHER,)),
+    Scenario("reasoning_then_call", reasoning="I need the weather tool here.", calls=(WEATHER,)),
+    Scenario(
+        "two_calls",
+        calls=(
+            Call("get_weather", {"city": "Oslo", "days": 2}),
+            Call("list_files", {"path": "/srv/data", "recursive": True}),
+        ),
+    ),
+    Scenario(
+        "typed_args",
+        calls=(
+            Call(
+                "configure",
+                {
+                    "ratio": 0.75,
+                    "enabled": False,
+                    "limits": {"max": 10, "names": ["a", "b"]},
+                    "tags": ["x", "y"],
+                    "note": None,
+                    "count": -4,
+                },
+            ),
+        ),
+    ),
+    Scenario("string_lookalikes", calls=(Call("echo", {"text": "42", "code": "true"}),)),
+    Scenario(
+        "multiline_string",
+        calls=(Call("echo", {"text": "line one\nline two", "code": "if a < b:\n    pass"}),),
+    ),
+    Scenario("unicode", calls=(Call("get_weather", {"city": "Zürich – 東京", "days": 1}),)),
+    Scenario("unknown_tool", calls=(Call("launch_rocket", {"target": "moon"}),)),
+]
+SCENARIO_IDS = {s.id for s in SCENARIOS}
+
+# ---------------------------------------------------------------- how each family writes
+
+
+def _value_text(value: Any) -> str:
+    """An XML parameter's text: strings as they are, everything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _hermes_calls(calls: Sequence[Call]) -> str:
+    return "\n".join(
+        "<tool_call>\n"
+        + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
+        + "\n</tool_call>"
+        for c in calls
+    )
+
+
+def _qwen_xml_calls(calls: Sequence[Call]) -> str:
+    blocks = []
+    for c in calls:
+        params = "".join(
+            f"<parameter={k}>\n{_value_text(v)}\n</parameter>\n" for k, v in c.arguments.items()
+        )
+        blocks.append(f"<tool_call>\n<function={c.name}>\n{params}</function>\n</tool_call>")
+    return "\n".join(blocks)
+
+
+def _glm_calls(calls: Sequence[Call]) -> str:
+    return "".join(
+        f"<tool_call>{c.name}"
+        + "".join(
+            f"<arg_key>{k}</arg_key><arg_value>{_value_text(v)}</arg_value>"
+            for k, v in c.arguments.items()
+        )
+        + "</tool_call>"
+        for c in calls
+    )
+
+
+def _kimi_calls(calls: Sequence[Call]) -> str:
+    body = "".join(
+        f"<|tool_call_begin|>functions.{c.name}:{i}<|tool_call_argument_begin|>"
+        f"{json.dumps(c.arguments, ensure_ascii=False)}<|tool_call_end|>"
+        for i, c in enumerate(calls)
+    )
+    return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"
+
+
+def _deepseek_v31_calls(calls: Sequence[Call]) -> str:
+    body = "".join(
+        f"<｜tool▁call▁begin｜>{c.name}<｜tool▁sep｜>"
+        f"{json.dumps(c.arguments, ensure_ascii=False)}<｜tool▁call▁end｜>"
+        for c in calls
+    )
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
+def _deepseek_r1_calls(calls: Sequence[Call]) -> str:
+    body = "\n".join(
+        f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{c.name}\n```json\n"
+        f"{json.dumps(c.arguments, ensure_ascii=False)}\n```<｜tool▁call▁end｜>"
+        for c in calls
+    )
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
+def _llama_calls(calls: Sequence[Call]) -> str:
+    return "; ".join(
+        json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False)
+        for c in calls
+    )
+
+
+def _minimax_calls(calls: Sequence[Call]) -> str:
+    invokes = "".join(
+        f'<invoke name="{c.name}">\n'
+        + "".join(
+            f'<parameter name="{k}">{_value_text(v)}</parameter>\n'
+            for k, v in c.arguments.items()
+        )
+        + "</invoke>\n"
+        for c in calls
+    )
+    return f"<minimax:tool_call>\n{invokes}</minimax:tool_call>"
+
+
+def _mistral_calls(calls: Sequence[Call]) -> str:
+    return "".join(
+        f"[TOOL_CALLS]{c.name}[ARGS]{json.dumps(c.arguments, ensure_ascii=False)}" for c in calls
+    )
+
+
+def _mistral_nemo_calls(calls: Sequence[Call]) -> str:
+    items = [{"name": c.name, "arguments": c.arguments} for c in calls]
+    return "[TOOL_CALLS]" + json.dumps(items, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One of our families, the vLLM parsers that answer to it, and how it writes."""
+
+    name: str
+    tool_parser: str | None
+    reasoning_parser: str | None
+    write_calls: Callable[[Sequence[Call]], str] | None
+    think: tuple[str, str] | None = None
+    """Reasoning open/close tags; None: the family does not reason (in tags)."""
+    prompt_tail: str = ""
+    """The end of the generation prompt (vLLM reads from it whether reasoning is open)."""
+    starts_in_reasoning: bool = False
+    end: str = ""
+    """The end-of-turn marker the output ends with (vLLM leaves it out of the text)."""
+    call_end: str | None = None
+    """A different end-of-turn marker after tool calls (None: `end`)."""
+    content_gap: str = "\n\n"
+    """Between content and the first tool call."""
+    think_gap: str = "\n\n"
+    """Between the end of reasoning and what follows."""
+    malformed: dict[str, str] = field(default_factory=dict)
+    request_overrides: dict[str, Any] = field(default_factory=dict)
+    max_calls: int | None = None
+
+    def applies(self, scenario: Scenario) -> bool:
+        if scenario.reasoning is not None and self.think is None:
+            return False
+        if scenario.calls and self.write_calls is None:
+            return False
+        return self.max_calls is None or len(scenario.calls) <= self.max_calls
+
+    def write(self, scenario: Scenario) -> str:
+        assert self.write_calls is not None
+        head = ""
+        if self.think is not None and (scenario.reasoning is not None or self.starts_in_reasoning):
+            opened = "" if self.starts_in_reasoning else self.think[0]
+            head = f"{opened}{scenario.reasoning or ''}{self.think[1]}{self.think_gap}"
+        body = scenario.content or ""
+        if scenario.calls:
+            body += (self.content_gap if body else "") + self.write_calls(scenario.calls)
+        end = self.call_end if scenario.calls and self.call_end is not None else self.end
+        return head + body + end
+
+
+def _harmony_write(scenario: Scenario) -> str:
+    """gpt-oss: one message per channel; the generation prompt ends at `<|start|>assistant`
+    and the output at `<|call|>` (a call) or `<|return|>`."""
+    parts = []
+    if scenario.reasoning is not None:
+        parts.append(f"<|channel|>analysis<|message|>{scenario.reasoning}<|end|><|start|>assistant")
+    if not scenario.calls:
+        return "".join(parts) + f"<|channel|>final<|message|>{scenario.content or ''}<|return|>"
+    if scenario.content is not None:
+        parts.append(f"<|channel|>commentary<|message|>{scenario.content}<|end|><|start|>assistant")
+    (call,) = scenario.calls
+    args = json.dumps(call.arguments, ensure_ascii=False)
+    parts.append(
+        f"<|channel|>commentary to=functions.{call.name} <|constrain|>json<|message|>{args}<|call|>"
+    )
+    return "".join(parts)
+
+
+class HarmonyFamily(Family):
+    def write(self, scenario: Scenario) -> str:
+        return _harmony_write(scenario)
+
+
+THINK = ("<think>", "</think>")
+QWEN_END = "<|im_end|>"
+DEEPSEEK_END = "<｜end▁of▁sentence｜>"
+
+HERMES_MALFORMED = {
+    "unclosed_call": 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
+    "broken_json": '<tool_call>\n{"name": "get_weather", "arguments": {city: Paris}}\n</tool_call>',
+}
+QWEN_XML_MALFORMED = {
+    "unclosed_call": "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
+    "no_function": "<tool_call>\nget_weather city=Paris\n</tool_call>",
+}
+
+FAMILIES_UNDER_TEST = [
+    Family(
+        "qwen3",
+        "hermes",
+        "qwen3",
+        _hermes_calls,
+        think=THINK,
+        prompt_tail="<|im_start|>assistant\n",
+        end=QWEN_END,
+        malformed=HERMES_MALFORMED,
+    ),
+    Family(
+        "qwq-32b",
+        "hermes",
+        "deepseek_r1",
+        _hermes_calls,
+        think=THINK,
+        prompt_tail="<|im_start|>assistant\n<think>\n",
+        starts_in_reasoning=True,
+        end=QWEN_END,
+        malformed=HERMES_MALFORMED,
+    ),
+    Family(
+        "qwen2.5",
+        "hermes",
+        None,
+        _hermes_calls,
+        prompt_tail="<|im_start|>assistant\n",
+        end=QWEN_END,
+        malformed=HERMES_MALFORMED,
+    ),
+    Family(
+        "qwen3-coder",
+        "qwen3_coder",
+        None,
+        _qwen_xml_calls,
+        prompt_tail="<|im_start|>assistant\n",
+        end=QWEN_END,
+        malformed=QWEN_XML_MALFORMED,
+    ),
+    Family(
+        "qwen3.5",
+        "qwen3_coder",
+        "qwen3",
+        _qwen_xml_calls,
+        think=THINK,
+        prompt_tail="<|im_start|>assistant\n<think>\n",
+        starts_in_reasoning=True,
+        end=QWEN_END,
+        malformed=QWEN_XML_MALFORMED,
+    ),
+    Family(
+        "glm-4.7-flash",
+        "glm47",
+        "glm45",
+        _glm_calls,
+        think=THINK,
+        prompt_tail="<|assistant|><think>",
+        starts_in_reasoning=True,
+        end="<|user|>",
+        call_end="<|observation|>",
+        content_gap="",
+        think_gap="",
+        malformed={
+            "unclosed_call": "Checking.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Par",
+            "no_value": "<tool_call>get_weather<arg_key>city</arg_key></tool_call>",
+        },
+    ),
+    HarmonyFamily(
+        "gpt-oss",
+        "openai",
+        "openai_gptoss",
+        _kimi_calls,  # unused: HarmonyFamily.write writes the whole output
+        think=("<|channel|>analysis<|message|>", "<|end|>"),
+        prompt_tail="<|start|>assistant",
+        max_calls=1,
+        malformed={
+            "unclosed_call": "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+            '<|message|>{"city": "Pa',
+            "broken_json": "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+            "<|message|>{city: Paris}<|call|>",
+        },
+    ),
+    Family(
+        "kimi-k2",
+        "kimi_k2",
+        None,
+        _kimi_calls,
+        prompt_tail="<|im_assistant|>assistant<|im_middle|>",
+        end="<|im_end|>",
+        content_gap="",
+        malformed={
+            "unclosed_call": "Checking.<|tool_calls_section_begin|><|tool_call_begin|>"
+            'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Pa',
+            "broken_json": "<|tool_calls_section_begin|><|tool_call_begin|>functions."
+            "get_weather:0<|tool_call_argument_begin|>{city: Paris}<|tool_call_end|>"
+            "<|tool_calls_section_end|>",
+        },
+    ),
+    Family(
+        "kimi-k2-thinking",
+        "kimi_k2",
+        "kimi_k2",
+        _kimi_calls,
+        think=THINK,
+        prompt_tail="<|im_assistant|>assistant<|im_middle|>",
+        end="<|im_end|>",
+        content_gap="",
+        think_gap="",
+        malformed={
+            "unclosed_call": "<think>hm</think>Checking.<|tool_calls_section_begin|>"
+            "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+            '{"city": "Pa',
+        },
+    ),
+    Family(
+        "deepseek-v3.1",
+        "deepseek_v31",
+        "deepseek_v3",
+        _deepseek_v31_calls,
+        think=THINK,
+        prompt_tail="<｜Assistant｜><think>",
+        starts_in_reasoning=True,
+        end=DEEPSEEK_END,
+        content_gap="",
+        think_gap="",
+        request_overrides={"chat_template_kwargs": {"thinking": True}},
+        malformed={
+            "unclosed_call": "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+            'get_weather<｜tool▁sep｜>{"city": "Pa',
+            "broken_json": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather"
+            "<｜tool▁sep｜>{city: Paris}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        },
+    ),
+    Family(
+        "deepseek-r1-distill-qwen",
+        "deepseek_v3",
+        "deepseek_r1",
+        _deepseek_r1_calls,
+        think=THINK,
+        prompt_tail="<｜Assistant｜><think>\n",
+        starts_in_reasoning=True,
+        end=DEEPSEEK_END,
+        malformed={
+            "unclosed_call": "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+            'function<｜tool▁sep｜>get_weather\n```json\n{"city": "Pa',
+        },
+    ),
+    *(
+        Family(
+            name,
+            "llama3_json",
+            None,
+            _llama_calls,
+            prompt_tail="<|start_header_id|>assistant<|end_header_id|>\n\n",
+            end="<|eot_id|>",
+            content_gap=" ",
+            malformed={
+                "broken_json": '{"name": "get_weather", "parameters": {city: Paris}}',
+                "python_tag": '<|python_tag|>{"name": "get_weather", "parameters": '
+                '{"city": "Paris", "days": 3}}',
+            },
+        )
+        for name in ("llama3.1", "llama3.2")
+    ),
+    Family(
+        "minimax-m2",
+        "minimax_m2",
+        "minimax_m2",
+        _minimax_calls,
+        think=THINK,
+        prompt_tail="]~b]ai\n<think>\n",
+        starts_in_reasoning=True,
+        end="[e~[",
+        content_gap="\n",
+        malformed={
+            "unclosed_call": "Checking.\n<minimax:tool_call>\n"
+            '<invoke name="get_weather">\n<parameter name="city">Par',
+        },
+    ),
+    Family(
+        "ministral-3-reasoning",
+        "mistral",
+        "mistral",
+        _mistral_calls,
+        think=("[THINK]", "[/THINK]"),
+        prompt_tail="[/INST]",
+        end="</s>",
+        content_gap="",
+        think_gap="",
+        malformed={
+            "unclosed_call": 'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Pa',
+            "broken_json": "[TOOL_CALLS]get_weather[ARGS]{city: Paris}",
+        },
+    ),
+    Family(
+        "mistral-nemo",
+        "mistral",
+        None,
+        _mistral_nemo_calls,
+        prompt_tail="[/INST]",
+        end="</s>",
+        content_gap="",
+        malformed={
+            "unclosed_call": 'Checking.[TOOL_CALLS][{"name": "get_weather", "arguments": '
+            '{"city": "Pa',
+            "broken_json": '[TOOL_CALLS][{"name": "get_weather", "arguments": {city: Paris}}]',
+        },
+    ),
+]
+BY_NAME = {f.name: f for f in FAMILIES_UNDER_TEST}
+
+
+@dataclass(frozen=True)
+class Case:
+    family: Family
+    id: str
+    text: str
+    scenario: Scenario | None
+    """None: a malformed text (no intent to compare with)."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.family.name}/{self.id}"
+
+
+def _cases(family: Family) -> list[Case]:
+    cases = [Case(family, s.id, family.write(s), s) for s in SCENARIOS if family.applies(s)]
+    # A malformed call comes after the reasoning the generation prompt opened, if any.
+    head = family.think[1] + family.think_gap if family.starts_in_reasoning and family.think else ""
+    cases += [Case(family, k, head + v + family.end, None) for k, v in family.malformed.items()]
+    return cases
+
+
+ALL_CASES = [case for family in FAMILIES_UNDER_TEST for case in _cases(family)]
+
+# ---------------------------------------------------------------- documented differences
+
+Mode = Literal["whole", "streamed", "intent"]
+DIFFERENCES: dict[tuple[str, Mode], str] = {}
+"""(case key, mode) → why our parser (or vLLM's reading of the written text, for "intent")
+differs from vLLM there. "streamed": vLLM's streamed result for some chunk size differs
+from our whole parse; "intent": vLLM's whole parse does not read the scenario as meant."""
+
+# ---------------------------------------------------------------- comparison
+
+
+def _text(value: str | None) -> str | None:
+    return (value or "").strip() or None
+
+
+def _args(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"<not JSON>": raw}
+
+
+def _normal(reasoning: str | None, content: str | None, calls: list[tuple[str | None, Any]]):
+    return {"reasoning": _text(reasoning), "content": _text(content), "tool_calls": calls}
+
+
+def ours_normal(parsed: ParsedOutput) -> dict[str, Any]:
+    return _normal(
+        parsed.reasoning,
+        parsed.content,
+        [(c.name, _args(c.arguments)) for c in parsed.tool_calls],
+    )
+
+
+def reference_normal(parse: ReferenceParse) -> dict[str, Any]:
+    if parse.error is not None:
+        return {"vLLM raised": parse.error}
+    return _normal(
+        parse.reasoning,
+        parse.content,
+        [(c.name, _args(c.arguments)) for c in parse.tool_calls],
+    )
+
+
+def intent_normal(scenario: Scenario) -> dict[str, Any]:
+    return _normal(
+        scenario.reasoning, scenario.content, [(c.name, c.arguments) for c in scenario.calls]
+    )
+
+
+def _family_model(name: str) -> Path:
+    return ensure_family_model(name)
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, ReferenceResult]:
+    """vLLM's results for every case of every family, from one subprocess."""
+    requests = [
+        ReferenceCase(
+            tool_parser=case.family.tool_parser,
+            reasoning_parser=case.family.reasoning_parser,
+            model_dir=_family_model(case.family.name),
+            text=case.text,
+            tools=TOOLS,
+            request_overrides=case.family.request_overrides,
+            prompt_text=case.family.prompt_tail or None,
+            chunk_sizes=CHUNK_SIZES,
+        )
+        for case in ALL_CASES
+    ]
+    results = vllm_reference(requests)
+    return {case.key: result for case, result in zip(ALL_CASES, results, strict=True)}
+
+
+def _our_parse(case: Case) -> dict[str, Any]:
+    family = case.family
+    parser = get_parser(family.name)
+    ctx = ParseContext(
+        call_id="vref", starts_in_reasoning=family.starts_in_reasoning, tools=TOOL_SCHEMAS
+    )
+    return ours_normal(parser.parse(case.text, ctx))
+
+
+def _check(key: str, mode: Mode, differs: bool, detail: str) -> None:
+    reason = DIFFERENCES.get((key, mode))
+    if reason is None:
+        assert not differs, f"{key} ({mode}) differs from vLLM:\n{detail}"
+    else:
+        assert differs, f"{key} ({mode}) now agrees with vLLM: drop the documented row ({reason})"
+
+
+def _loaded(result: ReferenceResult, case: Case) -> ReferenceParse:
+    assert result.error is None, f"vLLM's parsers did not run for {case.key}:\n{result.error}"
+    assert result.whole is not None
+    return result.whole
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("family", FAMILIES_UNDER_TEST, ids=lambda f: f.name)
+def test_family_table_matches_parser_selection(family: Family) -> None:
+    """The vLLM names each family is compared under are the ones that select it."""
+    assert family_for(family.tool_parser, family.reasoning_parser, None) == family.name
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.key)
+def test_vllm_reads_the_written_format(
+    case: Case, reference: dict[str, ReferenceResult]
+) -> None:
+    """The writers write what vLLM's parsers read as the scenario (else the comparison
+    below would compare two readings of a text neither family would produce)."""
+    whole = _loaded(reference[case.key], case)
+    if case.scenario is None:
+        return
+    got = reference_normal(whole)
+    want = intent_normal(case.scenario)
+    _check(case.key, "intent", got != want, f"vLLM: {got}\nmeant: {want}")
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.key)
+def test_parse_matches_vllm(case: Case, reference: dict[str, ReferenceResult]) -> None:
+    if case.family.name not in FAMILIES:
+        pytest.skip(f"family {case.family.name!r} has no parser in the registry yet")
+    result = reference[case.key]
+    ours = _our_parse(case)
+    whole = reference_normal(_loaded(result, case))
+    _check(case.key, "whole", ours != whole, f"ours: {ours}\nvLLM: {whole}")
+    streamed = {
+        size: got
+        for size, parse in sorted(result.streamed.items())
+        if (got := reference_normal(parse)) != ours
+    }
+    assert sorted(result.streamed) == CHUNK_SIZES
+    _check(
+        case.key,
+        "streamed",
+        bool(streamed),
+        f"ours: {ours}\n" + "\n".join(f"vLLM in chunks of {k}: {v}" for k, v in streamed.items()),
+    )
