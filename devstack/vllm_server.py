@@ -449,11 +449,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument(
         "--dtype", default="bfloat16", help="float32 for trainer/engine logprob agreement"
     )
+    serve.add_argument("--served-model-name", default=SERVED_MODEL_NAME)
     args = parser.parse_args(argv)
     if args.cmd == "ensure-venv":
         print(ensure_vllm_venv())
         return 0
-    config = VllmServerConfig(model_dir=args.model_dir, port=args.port, dtype=args.dtype)
+    config = VllmServerConfig(
+        model_dir=args.model_dir,
+        port=args.port,
+        dtype=args.dtype,
+        served_model_name=args.served_model_name,
+    )
     with VllmServer(config) as server:
         print(f"vLLM ready at {server.url} after {server.startup_s:.1f}s; log {server.log_path}")
         with contextlib.suppress(KeyboardInterrupt):

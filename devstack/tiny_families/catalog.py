@@ -9,7 +9,8 @@ come from our own BPE; only these markers are family-specific.
 
 Markers are special tokens (dropped by ``skip_special_tokens``) except where the published
 tokenizer keeps them as plain added tokens that stay in decoded text (``markup``): Qwen's
-``<think>``/``<tool_call>`` tags, as in the project's default tiny model.
+``<think>``/``<tool_call>`` tags (as in the project's default tiny model) and DeepSeek's
+role, reasoning and tool markers.
 """
 
 from __future__ import annotations
@@ -69,9 +70,7 @@ QWEN_ENDS = ("<|im_end|>", "<|endoftext|>")
 
 DEEPSEEK_BOS = "<｜begin▁of▁sentence｜>"
 DEEPSEEK_EOS = "<｜end▁of▁sentence｜>"
-DEEPSEEK_CONTROL = (
-    DEEPSEEK_BOS,
-    DEEPSEEK_EOS,
+DEEPSEEK_MARKUP = (
     "<｜User｜>",
     "<｜Assistant｜>",
     *THINK,
@@ -85,6 +84,9 @@ DEEPSEEK_CONTROL = (
     "<｜tool▁output▁begin｜>",
     "<｜tool▁output▁end｜>",
 )
+"""Plain added tokens in DeepSeek's tokenizers: role headers, reasoning and tool markers
+stay in decoded text. (The R1 distills' Qwen-based vocabulary has no tool markers at all:
+there they are several ordinary tokens; here, one each, like V3's.)"""
 
 KIMI_CONTROL = (
     "[BOS]",
@@ -159,7 +161,8 @@ def _deepseek(name: str, pad: str) -> TokenFamily:
     extra = () if pad == DEEPSEEK_EOS else (pad,)
     return TokenFamily(
         name=name,
-        control=(*DEEPSEEK_CONTROL, *extra),
+        control=(DEEPSEEK_BOS, DEEPSEEK_EOS, *extra),
+        markup=DEEPSEEK_MARKUP,
         bos=DEEPSEEK_BOS,
         eos=DEEPSEEK_EOS,
         pad=pad,

@@ -23,6 +23,7 @@ from devstack.tiny_families import (
 )
 from devstack.tiny_model import source_fingerprint
 from gateway.canonical import Message, Tool, ToolCall
+from gateway.parsers.selection import detect_family
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.model_files import load_model_files
 from tests.fixtures.real_templates import real_template_text, real_templates_dir
@@ -149,6 +150,13 @@ def test_the_gateway_renders_a_tool_conversation_in_the_family_tokens(
     marker_ids = {tokenizer.token_to_id(m): m for m in family.structural}
     for marker_id, marker in marker_ids.items():
         assert ids.count(marker_id) == text.count(marker), marker
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_gateway_detects_the_family_from_the_model_dir(
+    built: dict[str, Path], name: str
+) -> None:
+    assert detect_family(load_model_files(built[name]).chat_template) == name
 
 
 def test_each_family_has_its_own_cache_key_beside_the_default_build(tmp_path: Path) -> None:
