@@ -19,15 +19,18 @@ It mirrors what vLLM's chat serving does rather than calling the parsers' method
 isolation, because the chaining (reasoning first, then tools on what is left; the
 prompt's open reasoning block; the flush at the end of a stream) is where formats differ:
 
-* the parser class comes from ``ParserManager.get_parser`` (the harmony parser when the
-  model is gpt-oss, as the server decides from ``model_type``), one instance per
-  response, built with the request's tools and chat-template kwargs;
+* the parser class comes from ``ParserManager.get_parser``, one instance per response,
+  built with the request's tools and chat-template kwargs. It is the harmony parser when
+  the model is gpt-oss: vLLM tells from ``model_type``; the tiny family models all have
+  Qwen3's, so here the ``openai`` parser names tell too (``is_harmony`` overrides);
 * the request is a real ``ChatCompletionRequest`` passed through the parser's
   ``adjust_request`` first (it may turn ``skip_special_tokens`` off);
 * the text the parser sees is what vLLM's detokenizer would produce from the token IDs:
   the tokenizer's ``DecodeStream`` primed with the prompt, honouring
   ``skip_special_tokens``, with a final end-of-sequence token dropped from the text but
-  kept in the IDs. ``text_seen`` reports it;
+  kept in the IDs. ``text_seen`` reports it. A harmony (gpt-oss) case is tokenized with
+  the harmony encoding ``openai_harmony`` ships (it works offline), because vLLM's
+  harmony parser reads IDs of that vocabulary, whatever tokenizer the model dir holds;
 * whole: ``Parser.parse(text, request, enable_auto_tools=True, model_output_token_ids)``;
 * streamed: ``Parser.parse_delta`` per group of ``chunk size`` tokens (vLLM streams per
   engine step, i.e. per token or per group of tokens), ``finished`` on the last group;
