@@ -1,8 +1,8 @@
 """The Hermes / Qwen3 family: `<think>` reasoning and `<tool_call>` JSON blocks.
 
-Qwen3, QwQ, Qwen2.5 and the DeepSeek-R1 Qwen distills write their tool calls this way;
-they differ only in whether the generation prompt opens the reasoning block, which the
-Gateway reads from the prompt itself (`ParseContext.starts_in_reasoning`).
+Qwen3, QwQ and Qwen2.5 write their tool calls this way; they differ only in whether the
+generation prompt opens the reasoning block, which the Gateway reads from the prompt
+itself (`ParseContext.starts_in_reasoning`).
 """
 
 from __future__ import annotations

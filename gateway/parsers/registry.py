@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gateway.parsers.base import OutputParser
+from gateway.parsers.deepseek import DeepSeekParser
+from gateway.parsers.glm import GlmParser
+from gateway.parsers.harmony import HarmonyParser
 from gateway.parsers.hermes import HermesParser
+from gateway.parsers.kimi_k2 import KimiK2Parser
+from gateway.parsers.llama import LlamaJsonParser, PythonicParser
+from gateway.parsers.minimax import MinimaxParser
+from gateway.parsers.mistral import MinistralParser, MistralNemoParser
+from gateway.parsers.qwen3_coder import qwen3_5, qwen3_coder
 from gateway.parsers.selection import ParserSelectionError, detect_family, family_for
 
 FAMILIES: dict[str, Callable[[], OutputParser]] = {
@@ -19,6 +27,20 @@ FAMILIES: dict[str, Callable[[], OutputParser]] = {
     "qwen3": lambda: HermesParser("qwen3"),
     "qwq-32b": lambda: HermesParser("qwq-32b"),
     "qwen2.5": lambda: HermesParser("qwen2.5"),
+    "qwen3-coder": qwen3_coder,
+    "qwen3.5": qwen3_5,
+    "gpt-oss": HarmonyParser,
+    "kimi-k2": lambda: KimiK2Parser("kimi-k2"),
+    "kimi-k2-thinking": lambda: KimiK2Parser("kimi-k2-thinking", thinking=True),
+    "deepseek-v3.1": lambda: DeepSeekParser("deepseek-v3.1"),
+    "deepseek-r1-distill-qwen": lambda: DeepSeekParser("deepseek-r1-distill-qwen", fenced=True),
+    "glm-4.7-flash": GlmParser,
+    "minimax-m2": MinimaxParser,
+    "llama3.1": lambda: LlamaJsonParser("llama3.1"),
+    "llama3.2": lambda: LlamaJsonParser("llama3.2"),
+    "pythonic": lambda: PythonicParser("pythonic"),
+    "mistral-nemo": lambda: MistralNemoParser("mistral-nemo"),
+    "ministral-3-reasoning": lambda: MinistralParser("ministral-3-reasoning"),
 }
 """Family name (a chat template's name) → factory of a fresh parser."""
 

@@ -42,6 +42,10 @@ class TaggedParser:
     wrappers: tuple[str, ...] = ()
     """Markers dropped from content (e.g. a tool-call section's begin and end tokens)."""
     end_markers: tuple[str, ...] = ()
+    first_close_ends_block: bool = False
+    """The first closing marker ends a block even when its body does not decode: for
+    formats whose values are raw text, where a later marker is no evidence that the first
+    was inside a value (retrying would fold the next block into an unclosed value)."""
     calls_in_reasoning: bool = False
     """A block that opens inside reasoning ends the reasoning (the model called a tool
     before closing its thoughts)."""
@@ -134,6 +138,8 @@ class TaggedParser:
             return len(text), f"unclosed {self.block_open}"
         first_error: str | None = None
         first_end = close + len(self.block_close)
+        if self.first_close_ends_block:
+            return first_end, self._checked(text[body_start:close], ctx, first_index)
         while close >= 0:
             decoded = self._checked(text[body_start:close], ctx, first_index)
             if not isinstance(decoded, str):
@@ -172,6 +178,13 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 def _end_pattern(markers: Sequence[str]) -> re.Pattern[str]:
     return re.compile("(?:" + "|".join(re.escape(m) for m in markers) + r")\s*$")
+
+
+def skip_ws(text: str, i: int) -> int:
+    """The first index at or after `i` that is not whitespace."""
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
 
 
 def _first_of(text: str, tags: Sequence[str], start: int) -> tuple[int, str]:
@@ -294,11 +307,13 @@ class TaggedSplitter:
 
 def _safe_length(rest: str, tags: Sequence[str], end_markers: Sequence[str]) -> int:
     """How much of `rest` no further text can reinterpret: not a trailing start of a tag,
-    nor trailing whitespace and end markers (the parse strips those at the end)."""
+    nor trailing whitespace and end markers (the parse strips those at the end). A whole
+    tag counts as a start of itself: MiniMax's `[e~[` ends with its own first character,
+    so looking at proper starts only held back that `[` and let `[e~` out."""
     end = len(rest)
     held = 0
     for tag in tags:
-        for k in range(min(len(tag) - 1, end), held, -1):
+        for k in range(min(len(tag), end), held, -1):
             if rest.endswith(tag[:k]):
                 held = k
                 break

@@ -67,7 +67,7 @@ def _as(kind: str, raw: str) -> Any:
     if kind == "string":
         return raw
     if kind == "null":
-        if text == "null":
+        if text in ("null", "None"):  # "None": how templates that print Python values spell it
             return None
     elif kind == "integer":
         if _INTEGER.fullmatch(text):
@@ -100,7 +100,7 @@ def typed_value(raw: str, schema: Mapping[str, Any] | None) -> Any:
     if not kinds:
         return raw
     if "string" in kinds and not ("null" in kinds and raw.strip() == "null"):
-        return raw
+        return raw  # text that may be a string is one, even "None"
     # `null` first: a nullable integer given "null" means None, not a failed integer.
     for kind in sorted(kinds, key=lambda k: k != "null"):
         try:
@@ -113,8 +113,12 @@ def typed_value(raw: str, schema: Mapping[str, Any] | None) -> Any:
 def typed_arguments(
     tools: Mapping[str, Mapping[str, Any]], tool: str, parameters: Mapping[str, str]
 ) -> str:
-    """The JSON arguments of one call whose parameters were written as text."""
-    typed = {
-        key: typed_value(raw, parameter_schema(tools, tool, key)) for key, raw in parameters.items()
-    }
+    """The JSON arguments of one call whose parameters were written as text; `ValueError`
+    names the argument that does not fit."""
+    typed: dict[str, Any] = {}
+    for key, raw in parameters.items():
+        try:
+            typed[key] = typed_value(raw, parameter_schema(tools, tool, key))
+        except ValueError as exc:
+            raise ValueError(f"argument {key!r} of {tool!r}: {exc}") from None
     return json.dumps(typed, ensure_ascii=False)
