@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from devstack.real_templates import template_names
 from devstack.tiny_families import (
     UnknownFamily,
+    build_family_model,
     ensure_family_model,
     family_fingerprint,
     family_names,
@@ -23,7 +24,7 @@ from devstack.tiny_families import (
 )
 from devstack.tiny_model import source_fingerprint
 from gateway.canonical import Message, Tool, ToolCall
-from gateway.parsers.selection import detect_family
+from gateway.parsers.registry import parser_for_model
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.model_files import load_model_files
 from tests.fixtures.real_templates import real_template_text, real_templates_dir
@@ -90,6 +91,24 @@ def test_the_cli_stops_on_an_unknown_family_listing_the_names(tmp_path: Path) ->
     assert not (tmp_path / "m" / "model.safetensors").exists()
 
 
+def test_the_cli_says_how_to_get_missing_templates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROLLOUT_TEMPLATES_DIR", str(tmp_path / "none"))
+    args = ["make-tiny-model", str(tmp_path / "m"), "--family", "gpt-oss"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "ROLLOUT_TEMPLATES_DIR" in result.output and "templates fetch" in result.output
+
+
+def test_a_family_build_is_byte_identical_every_time(
+    built: dict[str, Path], tmp_path: Path
+) -> None:
+    info = build_family_model(tmp_path / "again", "gpt-oss")
+    for name, digest in info.files.items():
+        assert digest.path.read_bytes() == (built["gpt-oss"] / name).read_bytes(), name
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_structural_marker_is_one_token(built: dict[str, Path], name: str) -> None:
     family, tokenizer = get_family(name), _tokenizer(built[name])
@@ -153,10 +172,17 @@ def test_the_gateway_renders_a_tool_conversation_in_the_family_tokens(
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_the_gateway_detects_the_family_from_the_model_dir(
+def test_the_gateway_picks_the_family_parser_whose_end_markers_are_tokens(
     built: dict[str, Path], name: str
 ) -> None:
-    assert detect_family(load_model_files(built[name]).chat_template) == name
+    """The Gateway finds the end of a reply by token: every end marker of the parser it
+    picks for the model dir must be one id of the family's tokenizer."""
+    files = load_model_files(built[name])
+    parser = parser_for_model(files.chat_template, files.end_of_turn)
+    assert parser.name == name
+    tokenizer = _tokenizer(built[name])
+    for marker in parser.end_markers:
+        assert len(tokenizer.encode(marker, add_special_tokens=False).ids) == 1, marker
 
 
 def test_each_family_has_its_own_cache_key_beside_the_default_build(tmp_path: Path) -> None:
