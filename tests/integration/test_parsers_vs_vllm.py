@@ -615,8 +615,26 @@ STREAM_LOSES_ARGUMENT_END = (
     "(chunks of 2+ tokens); per-token streaming and the whole parse agree with ours"
 )
 LLAMA_TEXT_BEFORE_CALL = (
-    "vLLM's llama3_json keeps only the JSON calls: the text before them is dropped (whole), "
-    "or the calls stay text (streamed: it looks for a call only at the start); we keep both"
+    "vLLM's llama3_json whole parse takes JSON after text as a call and drops the text; its "
+    "streaming, like us, reads a call only at the start of the output, so all stays text"
+)
+UNCLOSED_CALL_RETURNED = (
+    "vLLM returns a call whose block never closed, with its partial arguments (not JSON); "
+    f"{_AS_CONTENT}"
+)
+UNCLOSED_CALL_DROPPED = (
+    "vLLM's whole parse drops a call block that never closed: content keeps only the text "
+    f"before it; {_AS_CONTENT}"
+)
+EMPTY_BLOCK_DROPPED = (
+    f"vLLM drops a tool-call block with no function in it, text and all; {_AS_CONTENT}"
+)
+VALUELESS_PARAMETER_DROPPED = (
+    f"vLLM returns the call without the parameter that has no value; {_AS_CONTENT}"
+)
+MISTRAL_MARKER_DROPPED = (
+    "vLLM's content for a [TOOL_CALLS] block that does not parse drops the marker (and the "
+    f"text before it); {_AS_CONTENT}"
 )
 
 Mode = Literal["whole", "streamed", "intent"]
@@ -658,7 +676,7 @@ DIFFERENCES: dict[tuple[str, Mode], str] = {
     **_rows(DROPS_UNKNOWN_TOOL, ["unknown_tool"], WHOLE_AND_STREAMED, UNKNOWN_TOOL_DROPPED),
     **_rows(HERMES, ["unclosed_call", "broken_json"], ["streamed"], STREAM_SENDS_BROKEN_CALL),
     **_rows(ENGINE_XML, ["unclosed_call"], WHOLE_AND_STREAMED, UNCLOSED_CALL_KEPT),
-    **_rows(LLAMA, ["content_then_call"], WHOLE_AND_STREAMED, LLAMA_TEXT_BEFORE_CALL),
+    **_rows(LLAMA, ["content_then_call"], ["whole"], LLAMA_TEXT_BEFORE_CALL),
     **_rows(LLAMA, ["broken_json"], ["streamed"], STREAM_SENDS_BROKEN_CALL),
     **_rows(
         ("deepseek-v3.1", "deepseek-r1-distill-qwen"),
@@ -666,7 +684,27 @@ DIFFERENCES: dict[tuple[str, Mode], str] = {
         ["streamed"],
         STREAM_SENDS_BROKEN_CALL,
     ),
-    **_rows(("deepseek-v3.1",), ["broken_json"], WHOLE_AND_STREAMED, NON_JSON_ARGUMENTS_KEPT),
+    **_rows(
+        ("deepseek-v3.1", "deepseek-r1-distill-qwen"),
+        ["unclosed_call"],
+        ["whole"],
+        (UNCLOSED_CALL_DROPPED),
+    ),
+    **_rows(
+        ("gpt-oss", "kimi-k2", "kimi-k2-thinking", "ministral-3-reasoning"),
+        ["unclosed_call"],
+        WHOLE_AND_STREAMED,
+        UNCLOSED_CALL_RETURNED,
+    ),
+    **_rows(
+        ("deepseek-v3.1", "gpt-oss", "kimi-k2", "ministral-3-reasoning"),
+        ["broken_json"],
+        WHOLE_AND_STREAMED,
+        NON_JSON_ARGUMENTS_KEPT,
+    ),
+    **_rows(("qwen3-coder", "qwen3.5"), ["no_function"], WHOLE_AND_STREAMED, EMPTY_BLOCK_DROPPED),
+    **_rows(("glm-4.7-flash",), ["no_value"], WHOLE_AND_STREAMED, VALUELESS_PARAMETER_DROPPED),
+    **_rows(("mistral-nemo",), ["unclosed_call", "broken_json"], ["whole"], MISTRAL_MARKER_DROPPED),
     **{
         (f"{label}/{case_id}", "streamed"): STREAM_LOSES_ARGUMENT_END
         for label, case_ids in LOSES_ARGUMENT_END.items()
