@@ -211,6 +211,30 @@ def _llama_calls(calls: Sequence[Call]) -> str:
     )
 
 
+def _python_literal(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, dict):
+        items = ", ".join(f"{json.dumps(k)}: {_python_literal(v)}" for k, v in value.items())
+        return "{" + items + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_python_literal(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _pythonic_calls(calls: Sequence[Call]) -> str:
+    return (
+        "["
+        + ", ".join(
+            f"{c.name}("
+            + ", ".join(f"{k}={_python_literal(v)}" for k, v in c.arguments.items())
+            + ")"
+            for c in calls
+        )
+        + "]"
+    )
+
+
 def _minimax_calls(calls: Sequence[Call]) -> str:
     invokes = "".join(
         f'<invoke name="{c.name}">\n'
@@ -242,6 +266,8 @@ class Family:
     tool_parser: str | None
     reasoning_parser: str | None
     write_calls: Callable[[Sequence[Call]], str] | None
+    model: str = ""
+    """The tiny family model whose tokenizer splits the text ("": the family's own)."""
     variant: str = ""
     """Names a second configuration of the same family (e.g. thinking switched off)."""
     think: tuple[str, str] | None = None
@@ -521,6 +547,20 @@ FAMILIES_UNDER_TEST = [
         for name in ("llama3.1", "llama3.2")
     ),
     Family(
+        "pythonic",
+        "pythonic",
+        None,
+        _pythonic_calls,
+        model="llama3.2",
+        prompt_tail="<|start_header_id|>assistant<|end_header_id|>\n\n",
+        end="<|eot_id|>",
+        content_gap=" ",
+        malformed={
+            "unclosed_call": '[get_weather(city="Pa',
+            "positional": '[get_weather("Paris", 3)]',
+        },
+    ),
+    Family(
         "minimax-m2",
         "minimax_m2",
         "minimax_m2",
@@ -601,8 +641,12 @@ UNKNOWN_TOOL_DROPPED = (
     f"vLLM drops a call to a tool the request did not declare, text and all; {_AS_CONTENT}"
 )
 STREAM_SENDS_BROKEN_CALL = (
-    "vLLM's streaming sends a tool call for a block that never closes or whose arguments "
-    "are not JSON (arguments a client cannot parse), where its own whole parse does not"
+    "vLLM's streaming sends a tool call for a block that never closes or does not parse "
+    "(its arguments not JSON, or empty), where its own whole parse gives the text back"
+)
+PYTHONIC_TEXT_BEFORE_CALL = (
+    "vLLM's pythonic parser reads calls only when the whole output is the call list: after "
+    "text it all stays text (and so it does for us)"
 )
 UNCLOSED_CALL_KEPT = (
     "vLLM's whole parse returns a call whose block never closed, with the parameters that "
@@ -666,6 +710,7 @@ DIFFERENCES: dict[tuple[str, Mode], str] = {
     # What vLLM makes of the written scenario (checked for every family).
     **_rows(DROPS_UNKNOWN_TOOL, ["unknown_tool"], ["intent"], UNKNOWN_TOOL_DROPPED),
     **_rows(LLAMA, ["content_then_call"], ["intent"], LLAMA_TEXT_BEFORE_CALL),
+    ("pythonic/content_then_call", "intent"): PYTHONIC_TEXT_BEFORE_CALL,
     # Our parse against vLLM's (checked for the families in the registry).
     **_rows(
         [f.label for f in FAMILIES_UNDER_TEST if f.name not in DROPS_UNKNOWN_TOOL],
@@ -678,6 +723,9 @@ DIFFERENCES: dict[tuple[str, Mode], str] = {
     **_rows(ENGINE_XML, ["unclosed_call"], WHOLE_AND_STREAMED, UNCLOSED_CALL_KEPT),
     **_rows(LLAMA, ["content_then_call"], ["whole"], LLAMA_TEXT_BEFORE_CALL),
     **_rows(LLAMA, ["broken_json"], ["streamed"], STREAM_SENDS_BROKEN_CALL),
+    **_rows(
+        ("pythonic",), ["unclosed_call", "positional"], ["streamed"], (STREAM_SENDS_BROKEN_CALL)
+    ),
     **_rows(
         ("deepseek-v3.1", "deepseek-r1-distill-qwen"),
         ["unclosed_call"],
@@ -771,7 +819,7 @@ def reference() -> dict[str, ReferenceResult]:
         ReferenceCase(
             tool_parser=case.family.tool_parser,
             reasoning_parser=case.family.reasoning_parser,
-            model_dir=_family_model(case.family.name),
+            model_dir=_family_model(case.family.model or case.family.name),
             text=case.text,
             tools=TOOLS,
             request_overrides=case.family.request_overrides,
