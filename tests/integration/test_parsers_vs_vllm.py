@@ -286,6 +286,8 @@ class Family:
     think_gap: str = "\n\n"
     """Between the end of reasoning and what follows."""
     malformed: dict[str, str] = field(default_factory=dict)
+    raw: dict[str, str] = field(default_factory=dict)
+    """Whole outputs written out by hand (what the scenarios cannot say)."""
     request_overrides: dict[str, Any] = field(default_factory=dict)
     max_calls: int | None = None
 
@@ -419,6 +421,12 @@ FAMILIES_UNDER_TEST = [
         starts_in_reasoning=True,
         end=QWEN_END,
         malformed=QWEN_XML_MALFORMED,
+        raw={
+            # Qwen3.5 may call a tool before it closes its reasoning.
+            "call_in_reasoning": "I need the weather first.\n"
+            + _qwen_xml_calls([WEATHER])
+            + QWEN_END,
+        },
     ),
     Family(
         "glm-4.7-flash",
@@ -625,6 +633,7 @@ def _cases(family: Family) -> list[Case]:
     # A malformed call comes after the (empty) reasoning block, where the family has one.
     head = family.head(None)
     cases += [Case(family, k, head + v + family.end, None) for k, v in family.malformed.items()]
+    cases += [Case(family, k, v, None) for k, v in family.raw.items()]
     return cases
 
 
