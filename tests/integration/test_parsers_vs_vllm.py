@@ -286,6 +286,8 @@ class Family:
     think_gap: str = "\n\n"
     """Between the end of reasoning and what follows."""
     malformed: dict[str, str] = field(default_factory=dict)
+    ids_from_text: bool = False
+    """The model writes the tool-call ids (Kimi's `functions.NAME:N`): compare them too."""
     raw: dict[str, str] = field(default_factory=dict)
     """Whole outputs written out by hand (what the scenarios cannot say)."""
     request_overrides: dict[str, Any] = field(default_factory=dict)
@@ -465,6 +467,7 @@ FAMILIES_UNDER_TEST = [
         "kimi_k2",
         None,
         _kimi_calls,
+        ids_from_text=True,
         prompt_tail="<|im_assistant|>assistant<|im_middle|>",
         end="<|im_end|>",
         content_gap="",
@@ -481,6 +484,7 @@ FAMILIES_UNDER_TEST = [
         "kimi_k2",
         "kimi_k2",
         _kimi_calls,
+        ids_from_text=True,
         think=THINK,
         prompt_tail="<|im_assistant|>assistant<|im_middle|>",
         always_thinks=True,
@@ -793,22 +797,24 @@ def _normal(reasoning: str | None, content: str | None, calls: list[tuple[str | 
     return {"reasoning": _text(reasoning), "content": _text(content), "tool_calls": calls}
 
 
-def ours_normal(parsed: ParsedOutput) -> dict[str, Any]:
-    return _normal(
+def ours_normal(parsed: ParsedOutput, ids: bool = False) -> dict[str, Any]:
+    out = _normal(
         parsed.reasoning,
         parsed.content,
         [(c.name, _args(c.arguments)) for c in parsed.tool_calls],
     )
+    return {**out, "ids": [c.id for c in parsed.tool_calls]} if ids else out
 
 
-def reference_normal(parse: ReferenceParse) -> dict[str, Any]:
+def reference_normal(parse: ReferenceParse, ids: bool = False) -> dict[str, Any]:
     if parse.error is not None:
         return {"vLLM raised": parse.error}
-    return _normal(
+    out = _normal(
         parse.reasoning,
         parse.content,
         [(c.name, _args(c.arguments)) for c in parse.tool_calls],
     )
+    return {**out, "ids": [c.id for c in parse.tool_calls]} if ids else out
 
 
 def intent_normal(scenario: Scenario) -> dict[str, Any]:
@@ -850,7 +856,7 @@ def _our_parse(case: Case) -> dict[str, Any]:
     ctx = ParseContext(
         call_id="vref", starts_in_reasoning=family.starts_in_reasoning, tools=TOOL_SCHEMAS
     )
-    return ours_normal(parser.parse(case.text, ctx))
+    return ours_normal(parser.parse(case.text, ctx), ids=family.ids_from_text)
 
 
 def _verdict(key: str, mode: Mode, differs: bool, detail: str) -> str | None:
@@ -918,12 +924,13 @@ def test_parse_matches_vllm(case: Case, reference: dict[str, ReferenceResult]) -
         pytest.skip(f"family {case.family.name!r} has no parser in the registry yet")
     result = reference[case.key]
     ours = _our_parse(case)
-    whole = reference_normal(_loaded(result, case))
+    ids = case.family.ids_from_text
+    whole = reference_normal(_loaded(result, case), ids=ids)
     assert sorted(result.streamed) == CHUNK_SIZES
     streamed = {
         size: got
         for size, parse in sorted(result.streamed.items())
-        if (got := reference_normal(parse)) != ours
+        if (got := reference_normal(parse, ids=ids)) != ours
     }
     problems = [
         _verdict(case.key, "whole", ours != whole, f"ours: {ours}\nvLLM: {whole}"),
