@@ -206,12 +206,15 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     template_kwargs = request.build_chat_params(None, "auto").chat_template_kwargs
 
     def make_parser() -> Any:
-        return parser_cls(
+        parser = parser_cls(
             tokenizer,
             request.tools,
             chat_template_kwargs=dict(template_kwargs),
             model_config=model_config,
         )
+        if harmony:  # its error recovery decodes the IDs: they are the harmony encoding's
+            parser.model_tokenizer = _HarmonyTokenizer()
+        return parser
 
     request = make_parser().adjust_request(request)
     skip_special = bool(request.skip_special_tokens)

@@ -312,6 +312,10 @@ class Family:
         opened = "" if self.starts_in_reasoning else self.think[0]
         return f"{opened}{reasoning or ''}{self.think[1]}{self.think_gap}"
 
+    def content_head(self) -> str:
+        """What comes before the content of a reply without calls."""
+        return self.head(None)
+
     def write(self, scenario: Scenario) -> str:
         assert self.write_calls is not None
         head = self.head(scenario.reasoning)
@@ -343,6 +347,9 @@ def _harmony_write(scenario: Scenario) -> str:
 class HarmonyFamily(Family):
     def head(self, reasoning: str | None) -> str:
         return ""
+
+    def content_head(self) -> str:
+        return "<|channel|>final<|message|>"
 
     def write(self, scenario: Scenario) -> str:
         return _harmony_write(scenario)
@@ -638,6 +645,13 @@ def _cases(family: Family) -> list[Case]:
     head = family.head(None)
     cases += [Case(family, k, head + v + family.end, None) for k, v in family.malformed.items()]
     cases += [Case(family, k, v, None) for k, v in family.raw.items()]
+    # Replies cut by max_tokens: no end-of-turn marker, maybe inside the reasoning.
+    cut = Scenario("cut_in_content", content="The answer is")
+    cases.append(Case(family, cut.id, family.content_head() + "The answer is", cut))
+    if family.think is not None:
+        cut = Scenario("cut_in_reasoning", reasoning="Still weighing the")
+        opened = "" if family.starts_in_reasoning else family.think[0]
+        cases.append(Case(family, cut.id, opened + "Still weighing the", cut))
     return cases
 
 
