@@ -20,6 +20,7 @@ one subprocess for the whole module.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from tests.fixtures.vllm_reference import (
     ReferenceCase,
     ReferenceParse,
     ReferenceResult,
+    VllmReferenceFailed,
     vllm_reference,
 )
 
@@ -911,6 +913,16 @@ def test_documented_differences_name_cases() -> None:
         if key not in keys or (mode == "intent" and key not in intents)
     ]
     assert not stale, f"rows for cases that do not exist: {stale}"
+
+
+def test_a_broken_reference_fails_with_its_output() -> None:
+    """The project's python cannot import vLLM: the helper says so instead of returning
+    half the results."""
+    case = ReferenceCase(
+        tool_parser="hermes", reasoning_parser=None, model_dir=Path("."), text="hi"
+    )
+    with pytest.raises(VllmReferenceFailed, match="No module named 'vllm'"):
+        vllm_reference([case], python=Path(sys.executable))
 
 
 def test_reference_reports_an_unknown_parser(reference: dict[str, ReferenceResult]) -> None:
