@@ -362,6 +362,9 @@ QWEN_END = "<|im_end|>"
 DEEPSEEK_END = "<｜end▁of▁sentence｜>"
 
 HERMES_MALFORMED = {
+    # Not malformed: the closing marker inside a JSON string does not end the call.
+    "marker_in_string": '<tool_call>\n{"name": "echo", "arguments": {"text": "a </tool_call> b"}}'
+    "\n</tool_call>",
     "unclosed_call": 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
     "broken_json": '<tool_call>\n{"name": "get_weather", "arguments": {city: Paris}}\n</tool_call>',
 }
@@ -647,6 +650,13 @@ def _cases(family: Family) -> list[Case]:
     head = family.head(None)
     cases += [Case(family, k, head + v + family.end, None) for k, v in family.malformed.items()]
     cases += [Case(family, k, v, None) for k, v in family.raw.items()]
+    if family.max_calls is None:
+        # Text after the calls (some of vLLM's parsers drop it).
+        calls = family.write(Scenario("after", calls=(WEATHER,))).removesuffix(
+            family.call_end or family.end
+        )
+        text = calls + "\nThat should do it." + (family.call_end or family.end)
+        cases.append(Case(family, "text_after_call", text, None))
     # Replies cut by max_tokens: no end-of-turn marker, maybe inside the reasoning.
     cut = Scenario("cut_in_content", content="The answer is")
     cases.append(Case(family, cut.id, family.content_head() + "The answer is", cut))
@@ -710,6 +720,20 @@ MISTRAL_MARKER_DROPPED = (
     f"text before it); {_AS_CONTENT}"
 )
 
+TEXT_AFTER_CALLS_KEPT = (
+    "we keep text after the tool calls as content; vLLM drops it (in some parsers only "
+    "when streaming, or only in the whole parse)"
+)
+WHOLE_MESSAGE_CALLS = (
+    "for us the message is calls only when nothing but calls follows the marker: calls "
+    "followed by text are all content, with a parse note; vLLM takes the calls and drops "
+    "the text (or, streaming, adds it to the arguments)"
+)
+MARKER_IN_JSON_STRING = (
+    "a closing marker inside a JSON string does not end the call for us; vLLM's hermes "
+    "cuts the block there (whole: all content; streamed: a call with broken arguments)"
+)
+
 Mode = Literal["whole", "streamed", "intent"]
 
 
@@ -722,6 +746,7 @@ def _rows(
 HERMES = ("qwen3", "qwen3:no-thinking", "qwq-32b", "qwen2.5")
 ENGINE_XML = ("qwen3-coder", "qwen3.5", "glm-4.7-flash", "minimax-m2")
 LLAMA = ("llama3.1", "llama3.2")
+DEEPSEEK = ("deepseek-v3.1", "deepseek-v3.1:no-thinking", "deepseek-r1-distill-qwen")
 DROPS_UNKNOWN_TOOL = ("glm-4.7-flash", "minimax-m2")
 WHOLE_AND_STREAMED: tuple[Mode, ...] = ("whole", "streamed")
 LOSES_ARGUMENT_END = {
@@ -790,6 +815,21 @@ DIFFERENCES: dict[tuple[str, Mode], str] = {
     **_rows(
         ("mistral-nemo",), ["unclosed_call", "broken_json"], ["streamed"], STREAM_SENDS_BROKEN_CALL
     ),
+    **_rows(HERMES, ["marker_in_string"], WHOLE_AND_STREAMED, MARKER_IN_JSON_STRING),
+    **_rows(
+        (*HERMES, "kimi-k2", "kimi-k2-thinking", *DEEPSEEK),
+        ["text_after_call"],
+        WHOLE_AND_STREAMED,
+        TEXT_AFTER_CALLS_KEPT,
+    ),
+    **_rows(ENGINE_XML, ["text_after_call"], ["whole"], TEXT_AFTER_CALLS_KEPT),
+    **_rows(
+        (*LLAMA, "ministral-3-reasoning", "mistral-nemo"),
+        ["text_after_call"],
+        WHOLE_AND_STREAMED,
+        WHOLE_MESSAGE_CALLS,
+    ),
+    ("pythonic/text_after_call", "streamed"): WHOLE_MESSAGE_CALLS,
 }
 """(case key, mode) → why our parser (or vLLM's reading of the written text, for "intent")
 differs from vLLM there. "streamed": vLLM's streamed result for some chunk size differs
