@@ -267,7 +267,7 @@ class Family:
     name: str
     tool_parser: str | None
     reasoning_parser: str | None
-    write_calls: Callable[[Sequence[Call]], str] | None
+    write_calls: Callable[[Sequence[Call]], str]
     model: str = ""
     """The tiny family model whose tokenizer splits the text ("": the family's own)."""
     variant: str = ""
@@ -302,8 +302,6 @@ class Family:
     def applies(self, scenario: Scenario) -> bool:
         if scenario.reasoning is not None and self.think is None:
             return False
-        if scenario.calls and self.write_calls is None:
-            return False
         return self.max_calls is None or len(scenario.calls) <= self.max_calls
 
     def head(self, reasoning: str | None) -> str:
@@ -319,7 +317,6 @@ class Family:
         return self.head(None)
 
     def write(self, scenario: Scenario) -> str:
-        assert self.write_calls is not None
         head = self.head(scenario.reasoning)
         body = scenario.content or ""
         if scenario.calls:
@@ -338,12 +335,16 @@ def _harmony_write(scenario: Scenario) -> str:
         return "".join(parts) + f"<|channel|>final<|message|>{scenario.content or ''}<|return|>"
     if scenario.content is not None:
         parts.append(f"<|channel|>commentary<|message|>{scenario.content}<|end|><|start|>assistant")
-    (call,) = scenario.calls
+    return "".join(parts) + _harmony_call(scenario.calls)
+
+
+def _harmony_call(calls: Sequence[Call]) -> str:
+    """The one call a harmony output can end with (sampling stops at `<|call|>`)."""
+    (call,) = calls
     args = json.dumps(call.arguments, ensure_ascii=False)
-    parts.append(
+    return (
         f"<|channel|>commentary to=functions.{call.name} <|constrain|>json<|message|>{args}<|call|>"
     )
-    return "".join(parts)
 
 
 class HarmonyFamily(Family):
@@ -463,7 +464,7 @@ FAMILIES_UNDER_TEST = [
         "gpt-oss",
         "openai",
         "openai_gptoss",
-        _kimi_calls,  # unused: HarmonyFamily.write writes the whole output
+        _harmony_call,
         think=("<|channel|>analysis<|message|>", "<|end|>"),
         prompt_tail="<|start|>assistant",
         max_calls=1,
