@@ -10,11 +10,12 @@ family's tiny tokenizer, and the results must agree with our whole parse:
 * a difference we keep on purpose is a row of `DIFFERENCES` with its reason, and the test
   asserts the row still differs, so a difference that disappears shows up here.
 
-The texts are written by `Family.write` from one table of scenarios (`SCENARIOS`) plus a
-few malformed texts per family, so every family meets the same content, reasoning, calls
-and typed arguments. `test_vllm_reads_the_written_format` checks the writers against
-vLLM alone (it runs for families whose parser we do not have yet). All of vLLM's work is
-one subprocess for the whole module.
+The texts are written by `Family.write` from one table of scenarios (`SCENARIOS`), so
+every family meets the same content, reasoning, calls and typed arguments, plus texts
+built per family (malformed calls, text after the calls, replies cut by `max_tokens`).
+`test_vllm_reads_the_written_format` checks the writers against vLLM alone (it runs for
+families whose parser we do not have yet). All of vLLM's work is one subprocess for the
+whole module.
 """
 
 from __future__ import annotations
@@ -288,12 +289,14 @@ class Family:
     think_gap: str = "\n\n"
     """Between the end of reasoning and what follows."""
     malformed: dict[str, str] = field(default_factory=dict)
+    """Malformed outputs by case id (written after the family's empty reasoning block)."""
     ids_from_text: bool = False
     """The model writes the tool-call ids (Kimi's `functions.NAME:N`): compare them too."""
     raw: dict[str, str] = field(default_factory=dict)
     """Whole outputs written out by hand (what the scenarios cannot say)."""
     request_overrides: dict[str, Any] = field(default_factory=dict)
     max_calls: int | None = None
+    """How many calls one output can hold (harmony's sampling stops at its first)."""
 
     @property
     def label(self) -> str:
