@@ -23,7 +23,7 @@ from devstack.family_output import NotAContinuation, assistant_output
 from devstack.real_templates import read_template, template_names, templates_dir
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.parsers.base import OutputParser, ParseContext, alnum_call_id
-from gateway.parsers.registry import get_parser, parser_names
+from gateway.parsers.registry import parser_for_model, parser_names
 from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 
 TOOL = Tool(
@@ -38,6 +38,9 @@ TOOL = Tool(
         },
     },
 )
+EOS = "<|eos|>"
+"""The end-of-sentence token the templates are given; the parsers learn it as the Gateway
+teaches them a model's own (`parser_for_model`)."""
 WORDS = ("the", "agent", "reads", "the", "failing", "test", "and", "plans", "a", "fix")
 
 
@@ -56,21 +59,24 @@ def reply_variants(words: int, calls: int, call_id: Callable[[int], str]) -> lis
         for i in range(calls)
     ]
     half = prose(words // 2)
+    # Last resort: one call, for templates that render no more per message (Llama).
     return [
         Message(role="assistant", reasoning=half, content=half, tool_calls=tool_calls),
         Message(role="assistant", reasoning=half, tool_calls=tool_calls),
         Message(role="assistant", content=half, tool_calls=tool_calls),
         Message(role="assistant", tool_calls=tool_calls),
+        Message(role="assistant", reasoning=half, tool_calls=tool_calls[:1]),
+        Message(role="assistant", tool_calls=tool_calls[:1]),
     ]
 
 
 def family_reply(family: str, words: int, calls: int) -> str | None:
-    """The family's text for a long reply with tool calls; None if its template has none."""
+    """The family's text for a long reply with tool calls; None without a template of the
+    family's name, or when its rendering of a reply does not continue its generation
+    prompt (templates that drop the reasoning the prompt opened: QwQ, the R1 distills)."""
     if family not in template_names():
         return None
-    template = ChatTemplate(
-        read_template(family, templates_dir()), bos_token="", eos_token="<|eos|>"
-    )
+    template = ChatTemplate(read_template(family, templates_dir()), bos_token="", eos_token=EOS)
     history = [Message(role="user", content="Fix the failing test.")]
     kimi_ids = template.tool_names_via_ids
     ids = (
@@ -117,9 +123,14 @@ def main() -> None:
         text = family_reply(family, args.words, args.calls)
         longer = family_reply(family, args.words * 4, args.calls)
         if text is None or longer is None:
-            print(f"{family:<26}  (no real template renders its tool calls)")
+            why = (
+                "no template of that name"
+                if family not in template_names()
+                else "its template drops the reasoning its prompt opens"
+            )
+            print(f"{family:<26}  (not measured: {why})")
             continue
-        parser = get_parser(family)
+        parser = parser_for_model("", [EOS], family=family)
         found = len(parser.parse(text, ctx).tool_calls)
         whole = timed(partial(parser.parse, text, ctx), args.repeat)
         stream = timed(partial(streamed, parser, text, ctx, args.chunk), args.repeat)

@@ -4,9 +4,11 @@ Why a fake: agent end-to-end tests need an LLM that reliably calls the right too
 no model that runs here can do. Everything else stays real: the reply text is tokenized
 with the real tokenizer, token IDs and per-token logprobs come back in exactly the shape
 vLLM's `/v1/completions` uses (`choices[0].token_ids`, `choices[0].logprobs.token_logprobs`,
-the end-of-turn token included when the reply stops: appended, or already written at the
-end of the reply when a family ends a turn differently after a tool call and after an
-answer), and `max_tokens` truncates.
+the end-of-turn token included when the reply stops), and `max_tokens` truncates.
+A reply that already writes one of the model's end-of-turn tokens (`stop_tokens`: e.g.
+gpt-oss's `<|call|>` after a tool call, `<|return|>` after an answer) ends right after the
+first of them, as vLLM stops on any of its generation config's eos ids; any other reply
+gets `eos_token` appended.
 Rules are consumed in order: the first unused rule whose `when_contains` occurs in the
 decoded prompt answers; when none is left the `default_reply` is used. Every answer is
 kept in `replies` (prompt IDs, the returned IDs and logprobs, which rule answered), so
@@ -25,6 +27,7 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,20 +85,22 @@ class ScriptedEngine:
         self,
         tokenizer_path: Path,
         script: Script,
-        eos_token: str | None = "<|im_end|>",
+        eos_token: str = "<|im_end|>",
         model: str = "tiny",
         max_model_len: int = 32768,
         delay_s: float = 0.0,
         log_path: Path | None = None,
+        stop_tokens: Sequence[str] = (),
     ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        #: Appended to every reply; None: the replies end with their own end-of-turn token
-        #: (a family whose turns end differently after a tool call and after an answer).
-        self.eos_id: int | None = None
-        if eos_token is not None:
-            self.eos_id = self.tokenizer.token_to_id(eos_token)
-            if self.eos_id is None:
-                raise ValueError(f"end-of-turn token {eos_token!r} is not in the tokenizer")
+        eos_id = self.tokenizer.token_to_id(eos_token)
+        if eos_id is None:
+            raise ValueError(f"end-of-turn token {eos_token!r} is not in the tokenizer")
+        self.eos_id: int = eos_id
+        stop_ids = {self.tokenizer.token_to_id(t): t for t in stop_tokens}
+        if None in stop_ids:
+            raise ValueError(f"a stop token of {list(stop_tokens)} is not in the tokenizer")
+        self.stop_ids: frozenset[int] = frozenset(i for i in stop_ids if i is not None)
         self.script = script
         self.model = model
         self.max_model_len = max_model_len
@@ -145,8 +150,8 @@ class ScriptedEngine:
         reply, rule = self._choose(prompt_text)
         reply = reply.replace("{nonce}", "n" + secrets.token_hex(3))
         ids = self.tokenizer.encode(reply, add_special_tokens=False).ids
-        if self.eos_id is not None:
-            ids.append(self.eos_id)
+        end = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
+        ids = [*ids, self.eos_id] if end is None else ids[: end + 1]
         finish = "stop"
         if len(ids) > body.max_tokens:
             ids, finish = ids[: body.max_tokens], "length"

@@ -50,7 +50,10 @@ class RecordedCall(StrictModel):
     duration_s: float = Field(ge=0.0)
     error: str | None = None
     parse_error: str | None = None
-    drift: list[str] = Field(default_factory=list, description="what realign forgave")
+    drift: list[str] = Field(
+        default_factory=list,
+        description="what realign forgave, and the marker that closed a reply cut at max_tokens",
+    )
     fork_reason: str | None = Field(
         default=None, description="why this call did not extend a held segment"
     )

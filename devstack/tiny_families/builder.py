@@ -57,9 +57,8 @@ def served_model_name(family: str) -> str:
 def train_family_tokenizer(family: TokenFamily, lines: list[str]) -> Tokenizer:
     """Our byte-level BPE (the default build's settings) plus the family's markers.
 
-    The BPE is trained to fill the rest of the default vocabulary size, so the total stays
-    a multiple of 64 where the marker count allows and the model rarely samples an id the
-    tokenizer cannot decode."""
+    The BPE fills the rest of the default build's vocabulary size (a multiple of 64), so
+    every embedding row has a token: a random model samples every id sooner or later."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()

@@ -25,7 +25,7 @@ import re
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
-from gateway.parsers.kimi_k2 import json_object_text
+from gateway.parsers.json_calls import json_object_text
 from gateway.parsers.tagged import TaggedParser
 
 SECTION_BEGIN = "<｜tool▁calls▁begin｜>"

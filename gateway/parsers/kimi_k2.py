@@ -20,12 +20,11 @@ after the section is content (vLLM drops it).
 
 from __future__ import annotations
 
-import json
 import re
 
-from gateway import json_text
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext
+from gateway.parsers.json_calls import json_object_text
 from gateway.parsers.tagged import TaggedParser
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"
@@ -73,19 +72,3 @@ class KimiK2Parser(TaggedParser):
         except ValueError as exc:
             return str(exc)
         return [ToolCall(id=call_id, name=match["name"], arguments=arguments)]
-
-
-def json_object_text(arguments: str) -> str:
-    """The arguments as the model wrote them, once they are known to be a JSON object
-    (empty text means no arguments: `{}`); raises `ValueError` saying why not."""
-    if not arguments.strip():
-        return "{}"
-    try:
-        value = json_text.loads(arguments, allow_nan=True)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"arguments are not JSON ({exc.msg})") from None
-    except ValueError as exc:  # JSON the Gateway cannot hold (deep nesting, lone surrogates)
-        raise ValueError(f"arguments refused: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError("arguments are not a JSON object")
-    return arguments

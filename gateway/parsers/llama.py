@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from gateway.canonical import ParsedOutput, ToolCall
 from gateway.parsers.base import ParseContext, StreamEvent, tool_call_id
-from gateway.parsers.hermes import json_call
+from gateway.parsers.json_calls import json_call
 from gateway.parsers.tagged import TaggedParser, TaggedSplitter
 
 PYTHON_TAG = "<|python_tag|>"

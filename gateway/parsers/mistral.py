@@ -24,6 +24,7 @@ from typing import Any
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, StreamEvent, ToolCallDone, alnum_call_id
+from gateway.parsers.json_calls import whole_json
 from gateway.parsers.tagged import TaggedParser, TaggedSplitter
 
 TOOL_CALLS = "[TOOL_CALLS]"
@@ -113,15 +114,7 @@ class MistralNemoParser(_MistralParser):
     reasoning_tags = None
 
     def decode_block(self, body: str, ctx: ParseContext, first_index: int) -> list[ToolCall] | str:
-        body = body.strip()
-        try:
-            value, end = _DECODER.raw_decode(body)
-        except RecursionError:
-            return "JSON nested too deeply"
-        except json.JSONDecodeError as exc:
-            return f"invalid JSON ({exc.msg})"
-        if end != len(body):
-            return "unexpected text after the JSON"
+        value = whole_json(body)
         items = value if isinstance(value, list) else [value]
         calls: list[ToolCall] = []
         for number, item in enumerate(items, 1):

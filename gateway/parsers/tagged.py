@@ -153,7 +153,9 @@ class TaggedParser:
         call names a tool the request declared (when it declared any), no lone surrogate."""
         try:
             decoded = self.decode_block(body, ctx, first_index)
-        except (ValueError, TypeError, RecursionError) as exc:
+        except ValueError as exc:  # the family's own word on what is wrong
+            return str(exc)
+        except (TypeError, RecursionError) as exc:
             return f"{type(exc).__name__}: {exc}"
         if isinstance(decoded, str):
             return decoded

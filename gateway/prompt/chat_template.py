@@ -95,6 +95,7 @@ _PROBE_TOOL = "probe_lookup_tool"
 _PROBE_KEY = "probe_key_q7"
 _PROBE_VALUE = "probe-value-z9"
 _PROBE_QUESTION = "probe question x3"
+_PROBE_LATE_SYSTEM = "probe late system w4"
 
 
 def _tojson(
@@ -151,6 +152,10 @@ class ChatTemplate:
     no variant made a tool call visible in the output. `tool_names_via_ids` is True for
     templates that render a call by its id only (Kimi-K2-Thinking: the model's own ids are
     `functions.<name>:<n>`, so the name survives only while ids keep that form).
+    `one_system_message` is True for templates that take a leading system message only and
+    refuse (Qwen3.5, Mistral) or silently drop (gpt-oss, MiniMax-M2) a later one: agents
+    send those (Claude Code its environment after the first user turn, Codex two developer
+    messages), so every system message is folded into one leading message, in order.
     """
 
     def __init__(
@@ -172,6 +177,8 @@ class ChatTemplate:
         self.reasoning_fields = tuple(
             f for f in _REASONING_FIELDS if re.search(rf"\b{f}\b", template_text)
         )
+        self.one_system_message = False
+        self.one_system_message = self._takes_one_system_message()
         self.tool_call_style, self.supports_tools, self.tool_names_via_ids = self._probe()
 
     def _compile(self, text: str) -> jinja2.Template:
@@ -193,6 +200,8 @@ class ChatTemplate:
     ) -> list[dict[str, Any]]:
         """Canonical messages as the dicts this template expects."""
         style = style or self.tool_call_style
+        if self.one_system_message:
+            messages = _fold_system_messages(messages)
         return [self._message_dict(m, style) for m in messages]
 
     def _message_dict(self, message: Message, style: ToolCallStyle) -> dict[str, Any]:
@@ -272,6 +281,26 @@ class ChatTemplate:
 
     # -- probe ------------------------------------------------------------------------
 
+    def _takes_one_system_message(self) -> bool:
+        """Whether a system message after the first user turn is refused or dropped while a
+        leading one renders (the conversation Claude Code sends). vLLM's Messages endpoint
+        folds only on refusal; a dropped one loses the agent's text, so we fold then too."""
+
+        def conversation(*turns: tuple[str, str]) -> list[dict[str, Any]]:
+            return [{"role": role, "content": content} for role, content in turns]
+
+        head = (("system", "probe system prompt"), ("user", _PROBE_QUESTION))
+        try:
+            self.render_dicts(conversation(*head), None, True)
+        except TemplateRenderError:
+            return False  # not even a leading one: folding cannot help
+        late = (("system", _PROBE_LATE_SYSTEM), ("assistant", "probe answer"), ("user", "more"))
+        try:
+            text = self.render_dicts(conversation(*head, *late), None, True)
+        except TemplateRenderError:
+            return True
+        return _PROBE_LATE_SYSTEM not in text
+
     def _probe(self) -> tuple[ToolCallStyle, bool, bool]:
         """Pick the first style that renders and shows the tool call's name and arguments.
 
@@ -294,6 +323,15 @@ class ChatTemplate:
         if by_id is not None:
             return by_id, True, True
         return first_rendering or TOOL_CALL_STYLES[0], False, False
+
+
+def _fold_system_messages(messages: Sequence[Message]) -> Sequence[Message]:
+    """Every system message's text, in order, as one leading system message."""
+    systems = [m for m in messages if m.role == "system"]
+    if not systems or (len(systems) == 1 and messages[0].role == "system"):
+        return messages
+    folded = Message(role="system", content="\n\n".join(m.content or "" for m in systems))
+    return [folded, *(m for m in messages if m.role != "system")]
 
 
 def _probe_messages() -> list[Message]:

@@ -1,9 +1,10 @@
-"""A non-Qwen tiny family served by the real vLLM CPU server.
+"""A non-Qwen tiny family served by the real vLLM CPU server (one server for the module).
 
 GLM-4.7-Flash: its markers are special tokens, its template opens `[gMASK]<sop>` and its
 replies end on any of three ids. vLLM must load the model dir (tokenizer, real template,
 generation_config), render a tool conversation to the same ids as the Gateway's
-renderer, and stop a reply on a non-primary end-of-turn id.
+renderer, and stop a reply on a non-primary end-of-turn id; the Gateway in front of it
+must read GLM's tool calls and keep a tool loop as one segment.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from tokenizers import Tokenizer
 
@@ -163,3 +165,71 @@ def test_vllm_samples_and_stops_on_a_secondary_end_of_turn_id(
     assert forced["finish_reason"] == "stop"
     assert forced["token_ids"][-1] == observation
     assert len(forced["token_ids"]) == 3
+
+
+GLM_CALL_REGEX = (
+    r"[a-z]{1,6}( [a-z]{1,6}){0,2}</think><tool_call>count_files"
+    r"<arg_key>folder</arg_key><arg_value>[a-z]{2,8}</arg_value></tool_call>"
+)
+
+
+def test_the_gateway_reads_glm_tool_calls_sampled_by_vllm(
+    server: VllmServer, model_dir: Path, gateway_factory: Any
+) -> None:
+    """Two tool turns through the Gateway: vLLM samples GLM's own call format (forced by
+    a regex, the random model would not), the Gateway hands back parsed calls and keeps
+    the conversation as one trainable segment."""
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    observation = tokenizer.token_to_id("<|observation|>")
+    gw = gateway_factory(server.url, model_dir, server.model)
+    session = gw.create_session(
+        sampling={
+            "temperature": 1.0,
+            "seed": 7,
+            "max_tokens": 64,
+            "engine_extra": {
+                "structured_outputs": {"regex": GLM_CALL_REGEX},
+                "logit_bias": {str(observation): 50},
+            },
+        }
+    )
+    client = openai.OpenAI(base_url=session["openai_base_url"], api_key=session["token"])
+    function = {"name": TOOL.name, "description": TOOL.description, "parameters": TOOL.parameters}
+    tools = [{"type": "function", "function": function}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You keep answers short."},
+        {"role": "user", "content": "Count the files of two folders."},
+    ]
+    for turn in range(2):
+        reply = client.chat.completions.create(model=server.model, messages=messages, tools=tools)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        call = choice.message.tool_calls[0]
+        assert call.function.name == TOOL.name
+        assert list(json.loads(call.function.arguments)) == ["folder"]
+        assert (choice.message.model_extra or {}).get("reasoning_content")
+        messages.append(
+            {
+                "role": "assistant",
+                "content": choice.message.content or "",
+                "reasoning_content": choice.message.model_extra["reasoning_content"],
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {
+                            "name": call.function.name,
+                            "arguments": call.function.arguments,
+                        },
+                    }
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": f"{turn + 3} files"})
+    trajectory = gw.trajectory(session["session_id"])
+    ends = {tokenizer.token_to_id(t) for t in get_family(FAMILY).end_of_turn}
+    for call_record in trajectory["calls"]:
+        assert call_record["output_ids"][-1] in ends, "vLLM stops on the family's end ids"
+    matches = [c["match"] for c in trajectory["calls"]]
+    assert len(trajectory["segments"]) == 1, matches
+    assert matches[0] == "fork" and matches[1] in {"clean", "realign"}, matches

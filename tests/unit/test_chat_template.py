@@ -211,9 +211,9 @@ def test_template_without_tool_calls_does_not_support_tools() -> None:
 
 
 def test_real_template_errors_carry_the_templates_own_message() -> None:
-    late_system = [USER, Message(role="system", content="late")]
-    with pytest.raises(TemplateRenderError, match="System message must be at the beginning"):
-        real("qwen3.5").render(late_system)
+    no_user = [Message(role="system", content="only a system prompt")]
+    with pytest.raises(TemplateRenderError, match="No user query found"):
+        real("qwen3.5").render(no_user)
     bad_id = [
         USER,
         Message(role="assistant", tool_calls=[CALL.model_copy(update={"id": "x"})]),
@@ -233,3 +233,53 @@ def test_forcing_the_wrong_variant_fails_where_sources_say_it_does() -> None:
 def test_enable_thinking_kwarg_reaches_qwen3() -> None:
     out = real("qwen3").render([USER], add_generation_prompt=True, enable_thinking=False)
     assert out.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+# -- system messages after the first --------------------------------------------------
+
+SYSTEM = Message(role="system", content="You are terse.")
+ENVIRONMENT = Message(role="system", content="Working directory: /workspace")
+ANSWER = Message(role="assistant", content="Sure.")
+
+
+@pytest.mark.parametrize(
+    ("name", "folds"),
+    [
+        ("qwen3.5", True),  # raise_exception: system message must be at the beginning
+        ("mistral-nemo", True),  # raise_exception: only an initial system message
+        ("gpt-oss", True),  # renders only the first one: the later text is lost
+        ("minimax-m2", True),
+        ("qwen3", False),  # renders each where it stands
+        ("glm-4.7-flash", False),
+    ],
+)
+def test_a_later_system_message_is_folded_where_the_template_would_refuse_or_drop_it(
+    name: str, folds: bool
+) -> None:
+    """Claude Code sends its environment as a system message after the first user turn:
+    templates that take one leading system message get both texts in it, in order."""
+    t = real(name)
+    assert t.one_system_message is folds
+    conversation = [SYSTEM, USER, ENVIRONMENT, ANSWER, USER]
+    out = t.render(conversation)
+    assert out.index("You are terse.") < out.index("Working directory: /workspace")
+    folded = Message(role="system", content="You are terse.\n\nWorking directory: /workspace")
+    if folds:
+        assert out == t.render([folded, USER, ANSWER, USER])
+    else:  # rendered where it stands, after the first user turn
+        assert out.index("hi") < out.index("Working directory: /workspace") < out.index("Sure.")
+
+
+def test_folding_gathers_leading_and_later_system_messages_and_keeps_a_lone_one() -> None:
+    t = real("qwen3.5")
+    codex_like = [SYSTEM, ENVIRONMENT, USER]  # two developer messages first
+    assert t.message_dicts(codex_like)[0] == {
+        "role": "system",
+        "content": "You are terse.\n\nWorking directory: /workspace",
+    }
+    assert [d["role"] for d in t.message_dicts([USER, ENVIRONMENT, ANSWER])] == [
+        "system",
+        "user",
+        "assistant",
+    ]
+    assert t.message_dicts([SYSTEM, USER]) == real("qwen3").message_dicts([SYSTEM, USER])

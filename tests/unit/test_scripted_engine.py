@@ -6,6 +6,7 @@ from pathlib import Path
 from starlette.testclient import TestClient
 
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
+from devstack.tiny_families import ensure_family_model
 
 
 def engine(tiny_model_dir: Path, script: Script) -> ScriptedEngine:
@@ -60,13 +61,30 @@ def test_reset_forgets_replies_and_used_rules(tiny_model_dir: Path) -> None:
     assert e.script.default_reply == "new" and [r.rule for r in e.replies] == [None]
 
 
-def test_without_an_eos_token_the_reply_ends_with_its_own_marker(tiny_model_dir: Path) -> None:
+def test_a_reply_ends_at_the_first_end_of_turn_token_it_writes() -> None:
+    """gpt-oss ends a tool call with <|call|> and an answer with <|return|> (both stop
+    ids of its generation config): a scripted reply that writes one stops right after it,
+    with nothing appended; a reply that writes none still gets the eos."""
+    model = ensure_family_model("gpt-oss")
     e = ScriptedEngine(
-        tiny_model_dir / "tokenizer.json", Script(default_reply="done<|im_end|>"), eos_token=None
+        model / "tokenizer.json",
+        Script(
+            rules=[
+                ScriptRule(reply="<|channel|>final<|message|>hi<|return|>"),
+                ScriptRule(reply="<|channel|>commentary<|message|>{}<|call|>trailing<|return|>"),
+                ScriptRule(reply="plain"),
+            ]
+        ),
+        eos_token="<|return|>",
+        stop_tokens=["<|return|>", "<|call|>"],
     )
     with TestClient(e.app()) as client:
-        body = client.post("/v1/completions", json={"prompt": [5], "max_tokens": 64}).json()
-    (reply,) = e.replies
-    assert body["choices"][0]["token_ids"] == reply.output_ids
-    assert e.tokenizer.decode(reply.output_ids, skip_special_tokens=False) == "done<|im_end|>"
-    assert reply.finish_reason == "stop"
+        for _ in range(3):
+            client.post("/v1/completions", json={"prompt": [5], "max_tokens": 64})
+    texts = [e.tokenizer.decode(r.output_ids, skip_special_tokens=False) for r in e.replies]
+    assert texts == [
+        "<|channel|>final<|message|>hi<|return|>",
+        "<|channel|>commentary<|message|>{}<|call|>",
+        "plain<|return|>",
+    ]
+    assert [r.finish_reason for r in e.replies] == ["stop"] * 3

@@ -24,7 +24,7 @@ from devstack.tiny_families import (
 )
 from devstack.tiny_model import source_fingerprint
 from gateway.canonical import Message, Tool, ToolCall
-from gateway.parsers.selection import detect_family
+from gateway.parsers.registry import parser_for_model
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.model_files import load_model_files
 from tests.fixtures.real_templates import real_template_text, real_templates_dir
@@ -145,7 +145,7 @@ def test_the_model_dir_carries_the_real_template_and_the_end_ids(
     files = load_model_files(model)
     assert files.end_of_turn == list(dict.fromkeys([family.eos, *family.end_of_turn]))
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    assert tokenizer.get_vocab_size(with_added_tokens=True) <= vocab
+    assert tokenizer.get_vocab_size(with_added_tokens=True) == vocab  # every id decodes
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -172,10 +172,17 @@ def test_the_gateway_renders_a_tool_conversation_in_the_family_tokens(
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_the_gateway_detects_the_family_from_the_model_dir(
+def test_the_gateway_picks_the_family_parser_whose_end_markers_are_tokens(
     built: dict[str, Path], name: str
 ) -> None:
-    assert detect_family(load_model_files(built[name]).chat_template) == name
+    """The Gateway finds the end of a reply by token: every end marker of the parser it
+    picks for the model dir must be one id of the family's tokenizer."""
+    files = load_model_files(built[name])
+    parser = parser_for_model(files.chat_template, files.end_of_turn)
+    assert parser.name == name
+    tokenizer = _tokenizer(built[name])
+    for marker in parser.end_markers:
+        assert len(tokenizer.encode(marker, add_special_tokens=False).ids) == 1, marker
 
 
 def test_each_family_has_its_own_cache_key_beside_the_default_build(tmp_path: Path) -> None:

@@ -217,20 +217,23 @@ def test_a_template_numbering_across_the_conversation_renders_fully() -> None:
 
 
 def test_a_bad_new_message_still_raises_in_windowed_mode() -> None:
-    planner = planner_for("qwen3.5")
+    """Ministral checks that user and assistant turns alternate: a second user turn among
+    the new messages raises, though the window holds none of the earlier turns."""
+    planner = planner_for("ministral-3-reasoning")
+    _, family = load("ministral-3-reasoning")
     assert planner.windowing.enabled
     segments: list[HeldSegment] = []
     history = [Message(role="system", content="Be useful."), Message(role="user", content="Hi")]
     for text in ("Hello.", "Sure."):
         plan = planner.prepare(segments, history, TOOLS)
         reply = Message(role="assistant", content=text)
-        out = planner.tokenizer.encode(f"{text}<|im_end|>")
+        out = planner.tokenizer.encode(f"{text}{family.eos}")
         planner.commit(segments, plan, out, [0.0] * len(out), reply, True)
         history = [*history, reply, Message(role="user", content="More.")]
     assert planner.prepare(segments, history, TOOLS).rendered == "window"
-    late_system = [*history[:-1], Message(role="system", content="Late system prompt.")]
-    with pytest.raises(TemplateRenderError, match="System message must be at the beginning"):
-        planner.prepare(segments, late_system, TOOLS)
+    two_users = [*history, Message(role="user", content="Again.")]
+    with pytest.raises(TemplateRenderError, match="roles must alternate"):
+        planner.prepare(segments, two_users, TOOLS)
 
 
 def test_the_head_is_rendered_again_when_it_changes() -> None:

@@ -7,6 +7,13 @@ anchor: the new messages' own text, searched from the end, for templates whose c
 drifts because sampled replies held extra markers that a re-render drops (gpt-oss
 analysis `<|end|>`). Either result is trusted only when our reply is visible just before
 the boundary and the new messages appear in order after it; otherwise the caller forks.
+
+A reply cut at `max_tokens` holds no closing marker: the boundary is then the start of the
+marker the template closes it with, so that marker (and what follows it) is new text.
+Whatever the template renders between the cut text and that marker is not: it comes from
+the client's echo of a reply whose sampled tokens we hold (the template may close a cut
+`<think>`, strip whitespace, drop reasoning or reorder content and tool calls), and the
+held tokens are what the model saw.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ def locate_boundary(
         counted=counted,
         tolerance=seg.internal_markers,
         finished=seg.reply_finished,
+        reply_markers=seg.reply_markers - int(seg.reply_finished),
     )
     if located is None:
         rendered = markers.count_text(text)
@@ -61,6 +69,7 @@ def find_boundary(
     tolerance: int,
     finished: bool,
     floor: int = 0,
+    reply_markers: int = 0,
 ) -> Located | str | None:
     """(boundary offset, method), a reason, or None when marker `counted` is missing.
 
@@ -69,7 +78,9 @@ def find_boundary(
     replies) may be missing from a re-render. The count locator is used when it
     verifies and the anchor locator (if it found anything) agrees. The anchor locator
     alone is used only when the count failed, within that tolerance, and it verifies.
-    The closing marker must start at or after `floor`.
+    The closing marker must start at or after `floor`. `reply_markers` are the markers
+    sampled inside our reply (not its stop token): the reply is looked for from the
+    marker before them, since its text may hold them (a re-render shows them as text).
     """
     spans = markers.spans(text)
     anchored = _anchor_index(text, spans, new)
@@ -77,7 +88,7 @@ def find_boundary(
     def verified(index: int) -> int | None:
         if not 0 <= index < len(spans) or spans[index][0] < floor:
             return None
-        seen = _reply_visible(text, spans, index, reply)
+        seen = _reply_visible(text, spans, index, reply, reply_markers)
         if seen is False or (seen is None and anchored != counted):
             return None
         boundary = spans[index][1] if finished else spans[index][0]
@@ -155,10 +166,12 @@ def _anchor_index(text: str, spans: list[tuple[int, int]], new: list[Message]) -
 
 
 def _reply_visible(
-    text: str, spans: list[tuple[int, int]], index: int, reply: Message
+    text: str, spans: list[tuple[int, int]], index: int, reply: Message, inside: int = 0
 ) -> bool | None:
-    """Is our reply rendered just before marker `index`? None if it has nothing to see."""
-    span = text[spans[index - 1][1] if index > 0 else 0 : spans[index][0]]
+    """Is our reply rendered just before marker `index` (after the `inside` markers its
+    own text may hold)? None if it has nothing to see."""
+    first = index - 1 - inside
+    span = text[spans[first][1] if first >= 0 else 0 : spans[index][0]]
     if reply.tool_calls:
         return all(c.name in span or c.id in span for c in reply.tool_calls)
     forms = _text_forms(reply.content)

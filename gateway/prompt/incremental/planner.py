@@ -45,6 +45,8 @@ class PromptPlan:
 
     For clean/realign, `prompt_ids[:base_length]` equals the held ids and the rest is the
     newly tokenized text (`new_text`). For fork, everything is new (`base_length` 0).
+    `drift` names what normalisers forgave (realign) and, after a reply cut at
+    `max_tokens`, the end-of-turn marker the template added to close it.
     """
 
     kind: MatchKind
@@ -203,13 +205,16 @@ class IncrementalTokenizer:
         new_text = text[boundary:]
         new_ids = self.tokenizer.encode(new_text)
         new_markers = self.count_markers(new_ids)
+        drift = match.drift
+        if not seg.reply_finished:
+            drift = [*drift, self._cut_note(len(seg.messages) - 1, new_text)]
         return PromptPlan(
             kind=MatchKind.realign if match.drift else MatchKind.clean,
             segment_id=seg.segment_id,
             parent_id=seg.parent_id,
             prompt_ids=seg.ids + new_ids,
             new_token_count=len(new_ids),
-            drift=match.drift,
+            drift=drift,
             base_length=len(seg.ids),
             new_text=new_text,
             boundary=method,
@@ -220,6 +225,21 @@ class IncrementalTokenizer:
             base_version=seg.version,
             segment=seg,
             **common,
+        )
+
+    def _cut_note(self, index: int, new_text: str) -> str:
+        """The drift note of an extension past a reply cut at `max_tokens`.
+
+        The cut reply has no end-of-turn marker of its own: the new text starts with the
+        one the template closes the turn with, a prompt token (mask 0, never trained),
+        and the sampled tokens stay as they are. The call remains an extension (clean,
+        or realign when the echo drifted too); the note says what was added.
+        """
+        spans = self._markers.spans(new_text)
+        closing = new_text[: spans[0][1]] if spans else ""
+        return (
+            f"message {index} (assistant): cut at max_tokens, closed with {closing!r} "
+            "(prompt tokens, not trained)"
         )
 
     def _fork(self, text: str, match: Match, fallback: str | None, **common: Any) -> PromptPlan:

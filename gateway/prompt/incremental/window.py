@@ -106,6 +106,7 @@ class WindowRenderer:
             tolerance=seg.reply_markers - int(finished),
             finished=finished,
             floor=len(head_text),
+            reply_markers=seg.reply_markers - int(finished),
         )
         if located is None:
             return f"{NOT_FOUND} in the window"
