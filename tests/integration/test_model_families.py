@@ -350,7 +350,14 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: Any) -> Iterator[Fam
     real_templates_dir()
     model_dir = ensure_family_model(family)
     model = served_model_name(family)
-    engine = ScriptedEngine(model_dir / "tokenizer.json", Script(), eos_token=None, model=model)
+    files = load_model_files(model_dir)
+    engine = ScriptedEngine(
+        model_dir / "tokenizer.json",
+        Script(),
+        eos_token=files.eos_token,
+        model=model,
+        stop_tokens=files.end_of_turn,  # every scripted reply ends with one of them
+    )
     scripts = _scripts(family, model_dir)
     with BackgroundServer(engine.app()) as server:
         data_dir = tmp_path_factory.mktemp(f"gateway-{family}")
