@@ -60,12 +60,17 @@ SYSTEM = "You are a careful weather agent."
 QUESTION = "What is the weather in Paris and Tokyo?"
 PARAMETERS: dict[str, Any] = {
     "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "properties": {
+        "city": {"type": "string"},
+        "days": {"type": "integer"},
+        "hourly": {"type": "boolean"},
+        "fields": {"type": "array", "items": {"type": "string"}},
+    },
     "required": ["city", "days"],
 }
 TOOL = Tool(name="get_weather", description="Forecast for a city.", parameters=PARAMETERS)
-PARIS: dict[str, Any] = {"city": "Paris", "days": 3}
-TOKYO: dict[str, Any] = {"city": "Tokyo", "days": 2}
+PARIS: dict[str, Any] = {"city": "Paris", "days": 3, "hourly": True}
+TOKYO: dict[str, Any] = {"city": "Tokyo", "days": 2, "fields": ["rain", "wind"]}
 FORECASTS = {"Paris": "Paris: sunny, 21C", "Tokyo": "Tokyo: rainy, 17C"}
 ANSWER = "Paris is sunny (21C); Tokyo is rainy (17C)."
 
