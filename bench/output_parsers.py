@@ -20,7 +20,8 @@ the bench had to help:
 The reply is encoded with the tokenizer and streamed one token at a time through
 `gateway.parsers.stream.OutputStream` (decoder and splitter, as the Gateway's stream relay
 does), then parsed whole once, as the finished call is. Printed per family: tokens, the
-tool calls the parse found, the whole parse, the stream, the stream per token, and the
+tool calls the parse found, the whole parse, the stream, its decoding alone (the same work
+for every family; the rest is the family's splitter), the stream per token, and the
 stream's time for a reply four times as long divided by this one's: about 4 means the
 stream's cost grows with the new text; 16 would mean it re-reads what it already saw.
 Times are the fastest of `--repeat` runs in thread CPU time, so other jobs on the machine
@@ -43,7 +44,7 @@ from devstack.tiny_families import ensure_family_model, family_names
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.parsers.base import OutputParser, ParseContext, alnum_call_id
 from gateway.parsers.registry import parser_for_model, parser_names
-from gateway.parsers.stream import OutputStream
+from gateway.parsers.stream import IncrementalDecoder, OutputStream
 from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.incremental import Tokenizer, load_tokenizer
 from gateway.prompt.model_files import ModelFiles, load_model_files
@@ -253,6 +254,13 @@ def fastest(runs: list[Callable[[], object]], repeat: int) -> list[float]:
     return [min(spent) for spent in times]
 
 
+def decoded(tokenizer: Tokenizer, ids: list[int]) -> None:
+    """The stream's decoding alone (no splitter): its share of the streamed time."""
+    decoder = IncrementalDecoder(tokenizer)
+    for token in ids:
+        decoder.feed([token])
+
+
 def streamed(family: Family, text: str, ids: list[int], ctx: ParseContext) -> None:
     """One streamed call: every sampled id through the decoder and splitter, then the
     whole parse of the finished call."""
@@ -273,7 +281,7 @@ def main() -> None:
         raise SystemExit(f"no tiny model or sibling for {missing}: add one to SIBLING")
     print(
         f"{'family':<26}{'source':<22}{'tokens':>7}{'calls':>6}{'whole ms':>10}"
-        f"{'stream ms':>11}{'us/token':>10}{'4x/1x':>7}"
+        f"{'stream ms':>11}{'decode ms':>11}{'us/token':>10}{'4x/1x':>7}"
     )
     for name in parser_names():
         family = Family.load(name)
@@ -287,9 +295,10 @@ def main() -> None:
         if family.tokenizer.decode(ids) != text:
             raise SystemExit(f"{name}: the tokenizer does not round-trip the reply")
         found = len(family.parser.parse(text, ctx).tool_calls)
-        whole, stream, stream_4x = fastest(
+        whole, decode, stream, stream_4x = fastest(
             [
                 partial(family.parser.parse, text, ctx),
+                partial(decoded, family.tokenizer, ids),
                 partial(streamed, family, text, ids, ctx),
                 partial(streamed, family, *longer, ctx),
             ],
@@ -297,7 +306,8 @@ def main() -> None:
         )
         print(
             f"{name:<26}{family.source:<22}{len(ids):>7}{found:>6}{whole * 1e3:>10.2f}"
-            f"{stream * 1e3:>11.2f}{stream / len(ids) * 1e6:>10.1f}{stream_4x / stream:>7.2f}"
+            f"{stream * 1e3:>11.2f}{decode * 1e3:>11.2f}{stream / len(ids) * 1e6:>10.1f}"
+            f"{stream_4x / stream:>7.2f}"
         )
 
 
