@@ -290,9 +290,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--log", type=Path, default=None, help="append each answer here")
+    parser.add_argument("--eos-token", default="<|im_end|>", help="token every reply ends with")
     args = parser.parse_args()
     script = Script.model_validate(json.loads(args.script.read_text()))
-    engine = ScriptedEngine(args.tokenizer, script, model=args.model, log_path=args.log)
+    engine = ScriptedEngine(
+        args.tokenizer, script, eos_token=args.eos_token, model=args.model, log_path=args.log
+    )
     uvicorn.run(engine.app(), host="127.0.0.1", port=args.port, log_level="warning")
 
 
