@@ -54,6 +54,14 @@ class DeepSeekParser(TaggedParser):
     def __init__(self, name: str = "deepseek-v3.1", *, fenced: bool = False) -> None:
         self.name = name
         self.fenced = fenced
+        # R1 thinks first, also where its template opened nothing (after a tool result); a
+        # call it makes without closing its thoughts (as its template renders one) ends them.
+        self.reasons_first = self.calls_in_reasoning = fenced
+
+    @property
+    def reasoning_enders(self) -> tuple[str, ...]:
+        enders = super().reasoning_enders
+        return (*enders, SECTION_BEGIN) if self.calls_in_reasoning else enders
 
     def decode_block(self, body: str, ctx: ParseContext, first_index: int) -> list[ToolCall] | str:
         head, separator, tail = body.partition(SEPARATOR)

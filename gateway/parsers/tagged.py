@@ -46,6 +46,10 @@ class TaggedParser:
     """The first closing marker ends a block even when its body does not decode: for
     formats whose values are raw text, where a later marker is no evidence that the first
     was inside a value (retrying would fold the next block into an unclosed value)."""
+    reasons_first: bool = False
+    """The model always begins by reasoning, whether or not its template wrote the
+    opening tag (DeepSeek-R1: after a tool result its template opens no `<think>`): read
+    the output as if the prompt had opened it."""
     calls_in_reasoning: bool = False
     """A block that opens inside reasoning ends the reasoning (the model called a tool
     before closing its thoughts)."""
@@ -59,7 +63,8 @@ class TaggedParser:
 
     def parse(self, text: str, ctx: ParseContext) -> ParsedOutput:
         body = self.strip_end_markers(text)
-        reasoning, rest = self._split_reasoning(body, ctx.starts_in_reasoning)
+        opened = ctx.starts_in_reasoning or self.reasons_first
+        reasoning, rest = self._split_reasoning(body, opened)
         content, calls, errors = self._split_blocks(rest, ctx)
         return ParsedOutput(
             reasoning=(reasoning.strip() or None) if reasoning is not None else None,
@@ -270,7 +275,8 @@ class TaggedSplitter:
             self.pos = len(self.text) - len(lead) + len(think_open)
             self.phase = "reasoning"
         else:
-            self.phase = "reasoning" if self.ctx.starts_in_reasoning else "content"
+            opened = self.ctx.starts_in_reasoning or p.reasons_first
+            self.phase = "reasoning" if opened else "content"
         return True
 
     def _block(self, events: list[StreamEvent], rest: str) -> bool:

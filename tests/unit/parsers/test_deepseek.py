@@ -224,7 +224,9 @@ CASES = [
         "r1 broken JSON inside the fence",
         R1,
         "Let me list." + BEGIN + r1("ls", '{"dir": }') + END + EOS,
-        ParsedOutput(content="Let me list." + r1("ls", '{"dir": }')),
+        # R1 thinks first: text before a call it makes without closing its thoughts is
+        # reasoning (its template opens none after a tool result).
+        ParsedOutput(reasoning="Let me list.", content=r1("ls", '{"dir": }')),
         error="arguments are not JSON",
     ),
 ]
@@ -324,3 +326,13 @@ def test_r1_rendered_calls_parse_back(calls: list[tuple[str, str]]) -> None:
     )
     assert rendered.startswith(before + "<｜Assistant｜>")
     assert_parses_back(R1, rendered[len(before + "<｜Assistant｜>") :], None, calls)
+
+
+def test_r1_reasons_first_also_when_its_template_opened_nothing() -> None:
+    """After a tool result the R1 template writes no `<think>` opener; the model still
+    thinks first, and the stream must say so too (not content that becomes reasoning)."""
+    text = "plan it\n</think>\n\nhello" + EOS
+    whole = R1.parse(text, ParseContext("c"))
+    assert whole == ParsedOutput(reasoning="plan it", content="hello")
+    shown = assert_streams_like_whole(R1, text, ParseContext("c"))
+    assert shown.reasoning == "plan it"
