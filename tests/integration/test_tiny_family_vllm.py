@@ -9,7 +9,13 @@ front of it must read the family's own tool calls and keep a tool loop as one se
 
 The random tiny model would never write a tool call, so vLLM is made to sample one by a
 structured-outputs regex spelling the family's call format (the end-of-turn id is pushed
-by a logit bias once the regex is complete). Everything family-specific is in `CASES`.
+by a logit bias once the regex is complete: vLLM stops on ids, so the end marker must be
+its single id, never spelled by the grammar). The grammar may spell other markers as
+several byte-level pieces instead of their single id (seen: gpt-oss `<|channel|>`,
+`<|end|>`, `<|constrain|>`; Qwen3.5 `</tool_call>`): the decoded text is the same, so
+the calls parse, and the continuation holds those ids as sampled. Everything
+family-specific is in `CASES`.
+
 The servers start one at a time: the module-scoped fixture is parametrized by family, so
 pytest runs every test of one family before it stops that server and starts the next.
 """
@@ -306,3 +312,7 @@ def test_the_gateway_reads_the_family_tool_calls_sampled_by_vllm(
     matches = [c["match"] for c in trajectory["calls"]]
     assert len(trajectory["segments"]) == 1, trajectory["calls"]
     assert matches[0] == "fork" and matches[1] in {"clean", "realign"}, matches
+    (segment,) = trajectory["segments"]
+    trained = [i for i, m in zip(segment["response_ids"], segment["loss_mask"], strict=True) if m]
+    sampled = [i for c in trajectory["calls"] for i in c["output_ids"]]
+    assert trained == sampled, "the segment trains on exactly the ids vLLM sampled"
