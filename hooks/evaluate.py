@@ -118,6 +118,13 @@ async def _run_check(
     if isinstance(check, ScriptCheck) and check.reward_from == "stdout_json":
         if res.exit_code != 0:
             raise EvaluatorError(f"reward script {name} failed (exit {res.exit_code}): {output}")
+        if res.truncated:
+            # The reward is the last line; past the cap it is lost, and what is left may
+            # end in a line the checked code printed (a forged `{"reward": 1.0}`).
+            raise EvaluatorError(
+                f"reward script {name}: its output was cut at the sandbox's output cap, "
+                f"so no line of it can be trusted as the reward: {output}"
+            )
         lines = [ln for ln in res.stdout.strip().splitlines() if ln.strip()]
         try:
             payload: Any = json.loads(lines[-1])

@@ -175,6 +175,13 @@ async def test_reward_script_json_and_its_crash() -> None:
     garbage = ExecResult(exit_code=0, stdout="no json here")
     bad2 = await evaluate(FakeSandbox(results(python3=garbage)), spec, "/w")
     assert bad2.status == "eval_error" and "no reward JSON" in (bad2.error or "")
+    # Output cut at the cap: its last line may be one the checked code printed.
+    forged = ExecResult(exit_code=0, stdout='test output\n{"reward": 1.0}\n', truncated=True)
+    cut = await evaluate(FakeSandbox(results(python3=forged)), spec, "/w")
+    assert cut.status == "eval_error" and cut.reward is None
+    assert "output cap" in (cut.error or "")
+    whole = forged.model_copy(update={"truncated": False})
+    assert (await evaluate(FakeSandbox(results(python3=whole)), spec, "/w")).reward == 1.0
 
 
 async def test_file_checks_and_mean_aggregation() -> None:
