@@ -1039,9 +1039,16 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
 
     # --- what is left after the reapers' next pass
     await asyncio.sleep(config.reaper_interval_s * 1.5 + 2)
-    sandboxes_left = sum(len(list(d.glob("lsb-*"))) for d in stack.sandbox_dirs)
+    # A sandbox tree still being torn down as the pass ends is gone moments later; a leak
+    # stays. So look again until nothing is left or one more reaper interval has passed.
     worker_pids = {w.proc.pid for w in stack.workers if w.proc is not None}
-    processes_left = sandbox_processes(stack.sandbox_dirs, worker_pids)
+    deadline = time.monotonic() + config.reaper_interval_s
+    while True:
+        sandboxes_left = sum(len(list(d.glob("lsb-*"))) for d in stack.sandbox_dirs)
+        processes_left = sandbox_processes(stack.sandbox_dirs, worker_pids)
+        if not (sandboxes_left or processes_left) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
     details += [f"sandbox process left: {p}" for p in processes_left[:10]]
     sessions_left = open_sessions(stack.gateway_dir, batch.batch_id)
     details += [f"session left open: {s}" for s in sessions_left[:10]]
