@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 
+import hooks.evaluate as evaluate_hook
 from activities.runtime import RuntimeFailure
 from hooks.base import Hook, HookContext, register_hook
 from sandboxes.base import SandboxBackend
+from sandboxes.supervised import SupervisedSandbox
 from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
@@ -272,8 +274,11 @@ async def test_agent_reaches_its_gateway_session_from_inside(
 FORGER = """
 import os, time
 marker = ("eval" + "-marker").encode()
-open("/tmp/forger.armed", "w").close()
+beat = 0
 while True:
+    beat += 1
+    with open("/tmp/forger.beat", "w") as f:
+        f.write(str(beat))
     for pid in os.listdir("/proc"):
         try:
             seen = pid.isdigit() and marker in open("/proc/%s/cmdline" % pid, "rb").read()
@@ -287,22 +292,34 @@ while True:
 """
 
 
+@pytest.mark.parametrize("kill", [True, False], ids=["killed", "control_not_killed"])
 async def test_a_process_the_agent_leaves_cannot_forge_its_answer(
-    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
+    backend: SandboxBackend,
+    gateway: RecordingLLMServerForTests,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kill: bool,
 ) -> None:
     """The agent answers 41 and leaves a detached process that waits for the evaluation
-    to start and then writes the right answer. The evaluation must see 41."""
+    to start and then writes the right answer; the agent exits only once it saw the
+    forger beat twice, so the forger is alive when the run stops the agent. The
+    evaluation must see 41. Control: without the kill before the hooks (a no-op
+    `kill_all_processes`) the same forger wins, so a 0 here means it was stopped."""
+    if not kill:
+        monkeypatch.setattr(SupervisedSandbox, "kill_all_processes", _no_kill)
     agent = (
         f"cat > /tmp/forger.py <<'EOF'\n{FORGER}EOF\n"
         "setsid python3 /tmp/forger.py </dev/null >/dev/null 2>&1 &\n"
-        "while [ ! -e /tmp/forger.armed ]; do sleep 0.05; done\n"
+        "until [ -s /tmp/forger.beat ]; do sleep 0.05; done\n"
+        'b=$(cat /tmp/forger.beat); until [ "$(cat /tmp/forger.beat)" != "$b" ]; '
+        "do sleep 0.05; done\n"
         "echo 41 > answer.txt\n"
     )
     evaluation = {
         "checks": [
             {"kind": "command", "name": "answer",
              "command": ': eval-marker; sleep 1; test "$(cat answer.txt)" = 42'},
-            {"kind": "file", "name": "forger was running", "path": "/tmp/forger.armed"},
+            {"kind": "file", "name": "forger was running", "path": "/tmp/forger.beat"},
         ]
     }  # fmt: skip
     task = hello_task(backend.name, agent, evaluation=evaluation, hooks=[{"name": "evaluate"}])
@@ -312,43 +329,75 @@ async def test_a_process_the_agent_leaves_cannot_forge_its_answer(
     assert r.status == RolloutStatus.ok, r.error
     assert r.evaluation is not None
     assert [(c.name, c.passed) for c in r.evaluation.checks] == [
-        ("answer", False),
+        ("answer", not kill),
         ("forger was running", True),
     ]
-    assert r.reward == 0.0
+    assert r.reward == (0.0 if kill else 1.0)
 
 
-SPRAY = """
-import os, time
-now = int(time.time() * 1000)
-for ms in range(now - 1000, now + 60000):
-    os.symlink("/dev/null", "/tmp/rollout-eval-0-%d" % ms)
-"""
+async def _no_kill(self: SupervisedSandbox) -> None:
+    """The control's stand-in for the kill before the hooks: leaves every process."""
 
 
-@pytest.mark.parametrize("where", ["script_check", "hidden_file"])
+#: The script runner with the one thing that protects it taken out: its directory is the
+#: one `mktemp` would use, but named in advance (the control's runner).
+PREDICTABLE_DIR = 'd=$(dirname "$(mktemp -u)")/tmp.rollout-eval; mkdir -p "$d" || exit 126'
+
+
+def predictable_runner() -> str:
+    runner = evaluate_hook._SCRIPT_RUNNER
+    assert "d=$(mktemp -d) || exit 126" in runner, "the script runner changed: update the test"
+    return runner.replace("d=$(mktemp -d) || exit 126", PREDICTABLE_DIR)
+
+
+@pytest.mark.parametrize(
+    ("where", "defended"),
+    [
+        ("script_check", True),
+        ("script_check", False),
+        ("hidden_file", True),
+        ("hidden_file", False),
+    ],
+    ids=["script_check", "script_check_control", "hidden_file", "hidden_file_control"],
+)
 async def test_planted_symlinks_cannot_replace_the_evaluation(
-    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path, where: str
+    backend: SandboxBackend,
+    gateway: RecordingLLMServerForTests,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+    defended: bool,
 ) -> None:
-    """The agent answers 41 and, with no process left running, symlinks to /dev/null
-    every path the evaluation's script could be written to (the predictable
-    /tmp/rollout-eval-<check>-<ms> for the next minute, or the hidden check file's known
-    name). An empty script passes; the evaluation must run the real one and fail."""
+    """The agent answers 41 and, with no process left running, symlinks to /dev/null the
+    path the evaluation would write its check to: for a script check, the `script` file
+    in the directory `mktemp` uses (asked of the sandbox's own `mktemp`, so it follows
+    TMPDIR and the template), under a name fixed in advance; for a hidden file, its
+    known name. An empty script passes; the evaluation must run the real one and fail.
+
+    Controls (`defended=False`): the same plant against a script runner whose directory
+    is that predictable name, and against a check that writes the hidden file itself
+    through the shell, are defeated (reward 1), so the plant is where a writer that
+    trusts the path would write."""
     check = 'test "$(cat answer.txt)" = 42\n'
     if where == "script_check":
-        agent = f"python3 - <<'EOF'\n{SPRAY}EOF\necho 41 > answer.txt\n"
+        agent = (
+            'd=$(dirname "$(mktemp -u)")/tmp.rollout-eval && mkdir -p "$d" && '
+            'ln -s /dev/null "$d/script" && echo 41 > answer.txt\n'
+        )
         evaluation: dict[str, Any] = {"checks": [{"kind": "script", "script": check}]}
+        if not defended:
+            monkeypatch.setattr(evaluate_hook, "_SCRIPT_RUNNER", predictable_runner())
     else:
         agent = "ln -s /dev/null check.sh && echo 41 > answer.txt\n"
-        evaluation = {
-            "checks": [{"kind": "command", "command": "sh check.sh"}],
-            "files": [{"path": "check.sh", "content": check}],
-        }
+        command = "sh check.sh" if defended else f"printf '%s' '{check}' > check.sh; sh check.sh"
+        evaluation = {"checks": [{"kind": "command", "command": command}]}
+        if defended:
+            evaluation["files"] = [{"path": "check.sh", "content": check}]
     task = hello_task(backend.name, agent, evaluation=evaluation, hooks=[{"name": "evaluate"}])
     r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(
         task, session_for(gateway), _rid("plant")
     )
     assert r.status == RolloutStatus.ok, r.error
     assert r.evaluation is not None and r.evaluation.status == "ok"
-    assert r.evaluation.checks[0].exit_code == 1
-    assert r.reward == 0.0
+    assert r.evaluation.checks[0].exit_code == (1 if defended else 0)
+    assert r.reward == (0.0 if defended else 1.0)
