@@ -564,6 +564,8 @@ class FaultRecord(BaseModel):
     killed_at_s: float
     back_at_s: float
     note: str = ""
+    #: Fuzz requests sent from the kill to the restart: the fuzzing overlapped this fault.
+    fuzz_sent: int = 0
 
 
 class Faults:
@@ -574,6 +576,8 @@ class Faults:
         self.rng = rng
         self.t0 = t0
         self.records: list[FaultRecord] = []
+        #: (killed, back) of each record, unrounded (monotonic time).
+        self.windows: list[tuple[float, float]] = []
         self.engine_down: list[tuple[float, float]] = []
         self._worker_kills = 0
 
@@ -639,6 +643,7 @@ class Faults:
         back = time.monotonic()
         if fault is Fault.engine:
             self.engine_down.append((killed, back))
+        self.windows.append((killed, back))
         self.records.append(
             FaultRecord(
                 fault=fault,
@@ -690,6 +695,10 @@ class Progress:
 # --------------------------------------------------------------------------- fuzz
 
 
+#: Requests per protocol in each extra round sent while faults are still to come.
+EXTRA_ROUND = 100
+
+
 @dataclass
 class FuzzRun:
     tallies: dict[str, Tally] = field(default_factory=dict)
@@ -697,17 +706,25 @@ class FuzzRun:
     started: float = 0.0
     ended: float = 0.0
     error: str | None = None
+    #: Set once the last fault is back: until then the fuzzer keeps sending.
+    faults_over: threading.Event = field(default_factory=threading.Event)
 
 
 def run_fuzz(target: LiveTarget, examples: int, seed: int, out: FuzzRun) -> None:
     """One thread per protocol (Hypothesis is thread-safe since 6.136): the gateway
-    works on one request while the next ones are generated."""
+    works on one request while the next ones are generated. `examples` per protocol at
+    least, then more rounds (new seeds) until `out.faults_over`, so the malformed
+    requests overlap every fault however fast they go."""
     out.started = time.monotonic()
 
     def one(name: str, protocol: Protocol) -> None:
         t = time.monotonic()
         try:
-            out.tallies[name] = fuzz(target, protocol, examples, seed)
+            tally = out.tallies[name] = fuzz(target, protocol, examples, seed)
+            extra = 0
+            while not out.faults_over.is_set() and out.error is None:
+                extra += 1
+                fuzz(target, protocol, EXTRA_ROUND, seed + extra, tally)
         except Exception as exc:  # reported in the table and failed on, never swallowed
             out.error = f"{name}: {exc!r}"[:2000]
         out.seconds[name] = time.monotonic() - t
@@ -718,6 +735,11 @@ def run_fuzz(target: LiveTarget, examples: int, seed: int, out: FuzzRun) -> None
     for thread in threads:
         thread.join()
     out.ended = time.monotonic()
+
+
+def sent_during(sent_at: list[float], start: float, end: float) -> int:
+    """How many of the requests sent at `sent_at` went out from `start` to `end`."""
+    return sum(1 for t in sent_at if start <= t <= end)
 
 
 # --------------------------------------------------------------------------- checks
@@ -778,6 +800,9 @@ class Report(BaseModel):
             )
         if not self.witnesses_unchanged:
             out.append("a witness session's trajectory changed")
+        missed = [f.fault.value for f in self.faults if self.fuzz_requests and not f.fuzz_sent]
+        if missed:
+            out.append(f"no fuzz request sent while these were down: {missed}")
         return out
 
 
@@ -950,6 +975,7 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     deadline = t0 + config.deadline_s
     follower = asyncio.ensure_future(progress.follow(client, batch.batch_id, len(ids), deadline))
     injector = asyncio.ensure_future(faults.run(progress))
+    injector.add_done_callback(lambda _: fuzz_run.faults_over.set())
     releaser = asyncio.ensure_future(release_held(stack, injector, follower))
     last = -1
     while not follower.done():
@@ -1057,6 +1083,8 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     after = {sid: admin_get(f"{gw.control_urls[0]}/sessions/{sid}/trajectory", gw.admin_token)
              for _, sid in witnesses}  # fmt: skip
     windows = [(a, b + 5) for a, b in faults.engine_down]
+    for record, (killed, back) in zip(faults.records, faults.windows, strict=True):
+        record.fuzz_sent = sent_during(target.sent_at, killed, back)
     fault_start = t0 + min((f.killed_at_s for f in faults.records), default=0.0)
     fault_end = t0 + max((f.back_at_s for f in faults.records), default=-1.0)
     engine_down_5xx = sum(
@@ -1086,7 +1114,7 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
         sandbox_processes_left=len(processes_left),
         sessions_left=len(sessions_left),
         fuzz_requests={k: sum(t.statuses.values()) for k, t in fuzz_run.tallies.items()},
-        fuzz_during_faults=sum(1 for t in target.sent_at if fault_start <= t <= fault_end),
+        fuzz_during_faults=sent_during(target.sent_at, fault_start, fault_end),
         fuzz_seconds=round(fuzz_run.ended - fuzz_run.started, 1),
         fuzz_5xx=len(target.server_errors),
         fuzz_5xx_engine_down=engine_down_5xx,
@@ -1136,11 +1164,12 @@ def render(report: Report, console: Console) -> None:
         table.add_row(*row)
     console.print(table)
     faults = Table(title="faults (SIGKILL, then restart)")
-    for col in ("fault", "target", "rollouts done", "killed at s", "back at s", "note"):
+    for col in ("fault", "target", "rollouts done", "killed at s", "back at s",
+                "fuzz sent while down", "note"):  # fmt: skip
         faults.add_column(col)
     for f in report.faults:
         faults.add_row(f.fault.value, f.target, str(f.at_done), str(f.killed_at_s),
-                       str(f.back_at_s), f.note)  # fmt: skip
+                       str(f.back_at_s), str(f.fuzz_sent), f.note)  # fmt: skip
     console.print(faults)
     for line in report.details[:40]:
         console.print(f"  {line}", markup=False, highlight=False)

@@ -51,8 +51,11 @@ class Tally:
             self.examples.append(what)
 
 
-def fuzz(target: Target, protocol: Protocol, examples: int, run_seed: int) -> Tally:
-    tally = Tally()
+def fuzz(
+    target: Target, protocol: Protocol, examples: int, run_seed: int, tally: Tally | None = None
+) -> Tally:
+    """`examples` generated requests through `target`, counted into `tally` (or a new one)."""
+    tally = tally if tally is not None else Tally()
 
     @seed(run_seed)
     @settings(
