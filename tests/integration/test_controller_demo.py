@@ -14,30 +14,31 @@ from pathlib import Path
 import pytest
 
 from rollout_client.storage import read_table
+from tests.fixtures.process_tree import ProcessTree
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _processes_mentioning(text: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if text in ln and "ps -eo" not in ln]
-
-
 def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
     data = tmp_path / "demo"
     others = set(Path("/tmp").glob("rollout-demo-sandboxes-*"))  # other demos running now
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "workers.demo", f"--data-dir={data}", "--engine=scripted"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
         stdin=subprocess.DEVNULL,
         cwd=REPO,
     )
-    out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr
+    with ProcessTree(proc.pid) as tree:  # what it started, by pid (see test_demo_train)
+        try:
+            out, errors = proc.communicate(timeout=300)
+        finally:
+            proc.kill()
+    left = tree.left_running()
+    assert proc.returncode == 0, out + errors
     assert "SCRIPTED engine" in out  # the engine in use is stated clearly
     ui = next(ln for ln in out.splitlines() if ln.startswith("UI: "))
     assert ui.startswith("UI: http://127.0.0.1:") and "RolloutBatchId" in ui
@@ -46,7 +47,7 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
     table = read_table(str(samples))
     assert table.num_rows == 8  # 4 example tasks × 2 samples, one segment each
     assert "a few sample rows" in out and "stopped:" in out
-    assert not _processes_mentioning(str(data)), "a demo process outlived the demo"
+    assert left == [], f"outlived the demo: {left}"
     assert set(Path("/tmp").glob("rollout-demo-sandboxes-*")) <= others
 
 

@@ -6,7 +6,9 @@ for 2 cores: the random tiny model (the warm one takes minutes to build), 2 step
 writes agree, not that this model learns.
 """
 
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 
 from rollout_client.storage import read_table
 from schemas.training import FinalEval, StepMetrics
+from tests.fixtures.process_tree import ProcessTree
 from tests.integration.test_trainer import STEP_LINE
 
 pytestmark = pytest.mark.integration
@@ -24,14 +27,32 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TABLE_ROW = re.compile(r"^│\s*(?P<step>\d+|final)\s*│\s*(?P<policy>v\d+)\s*│")
 
 
-def _processes_mentioning(text: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if text in ln and "ps -eo" not in ln]
+def test_a_process_left_running_is_seen_whatever_its_command_line() -> None:
+    """Control of the leftover check below: a process whose parent dies and whose command
+    line names nothing of the run (like vLLM's `--model <cache dir>`) is still found."""
+    script = (
+        "import subprocess, time\n"
+        "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    with ProcessTree(parent.pid) as tree:
+        assert parent.stdout is not None and parent.stdout.readline() == "ready\n"
+        tree.poll()
+        parent.kill()
+        parent.wait()
+    left = tree.left_running(grace_s=0)
+    try:
+        assert [s.cmdline for s in left] == ["sleep 600"]
+    finally:
+        for s in left:
+            os.kill(s.pid, signal.SIGKILL)
 
 
 def test_demo_train_runs_a_short_loop_and_reports_it(tmp_path: Path) -> None:
     data, out = tmp_path / "demo", tmp_path / "demo" / "run"
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -46,14 +67,19 @@ def test_demo_train_runs_a_short_loop_and_reports_it(tmp_path: Path) -> None:
             f"--data-dir={data}",
             f"--out={out}",
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=1500,
         stdin=subprocess.DEVNULL,
         cwd=REPO,
     )
-    output = proc.stdout
-    assert proc.returncode == 0, output[-5000:] + proc.stderr[-5000:]
+    with ProcessTree(proc.pid) as tree:  # vLLM, trainer, gateway, sandboxes: by pid
+        try:
+            output, errors = proc.communicate(timeout=1500)
+        finally:
+            proc.kill()
+    left = tree.left_running()
+    assert proc.returncode == 0, output[-5000:] + errors[-5000:]
     lines = output.splitlines()
 
     metrics = [StepMetrics.model_validate_json(ln) for ln in (out / "metrics.jsonl").open()]
@@ -96,4 +122,5 @@ def test_demo_train_runs_a_short_loop_and_reports_it(tmp_path: Path) -> None:
     ) in lines
     assert f"curve: {out / 'reward_curve.png'}" in lines
     assert "stopped: trainer, worker, gateway, engine, Temporal dev server." in lines
-    assert not _processes_mentioning(str(data)), "a demo process outlived the demo"
+    assert any("vllm" in s.cmdline for s in tree.seen.values()), "vLLM was never seen"
+    assert left == [], f"outlived the demo: {left}"

@@ -339,9 +339,12 @@ async def _no_kill(self: SupervisedSandbox) -> None:
     """The control's stand-in for the kill before the hooks: leaves every process."""
 
 
-#: The script runner with the one thing that protects it taken out: its directory is the
-#: one `mktemp` would use, but named in advance (the control's runner).
-PREDICTABLE_DIR = 'd=$(dirname "$(mktemp -u)")/tmp.rollout-eval; mkdir -p "$d" || exit 126'
+#: Where the agent plants: a fixed name in the sandbox's temp dir (where `mktemp` puts
+#: its directories unless TMPDIR says otherwise).
+PLANTED_DIR = "/tmp/tmp.rollout-eval"
+#: The control's script runner: the real one with the one thing that protects it taken
+#: out, its directory named in advance instead of made by `mktemp -d`.
+PREDICTABLE_DIR = f'd={PLANTED_DIR}; mkdir -p "$d" || exit 126'
 
 
 def predictable_runner() -> str:
@@ -370,9 +373,9 @@ async def test_planted_symlinks_cannot_replace_the_evaluation(
 ) -> None:
     """The agent answers 41 and, with no process left running, symlinks to /dev/null the
     path the evaluation would write its check to: for a script check, the `script` file
-    in the directory `mktemp` uses (asked of the sandbox's own `mktemp`, so it follows
-    TMPDIR and the template), under a name fixed in advance; for a hidden file, its
-    known name. An empty script passes; the evaluation must run the real one and fail.
+    in a directory of the sandbox's temp dir, as `mktemp` would make it but under a name
+    fixed in advance; for a hidden file, its known name. An empty script passes; the
+    evaluation must run the real one and fail.
 
     Controls (`defended=False`): the same plant against a script runner whose directory
     is that predictable name, and against a check that writes the hidden file itself
@@ -380,10 +383,8 @@ async def test_planted_symlinks_cannot_replace_the_evaluation(
     trusts the path would write."""
     check = 'test "$(cat answer.txt)" = 42\n'
     if where == "script_check":
-        agent = (
-            'd=$(dirname "$(mktemp -u)")/tmp.rollout-eval && mkdir -p "$d" && '
-            'ln -s /dev/null "$d/script" && echo 41 > answer.txt\n'
-        )
+        plant = f"mkdir -p {PLANTED_DIR} && ln -s /dev/null {PLANTED_DIR}/script"
+        agent = f"{plant} && echo 41 > answer.txt\n"
         evaluation: dict[str, Any] = {"checks": [{"kind": "script", "script": check}]}
         if not defended:
             monkeypatch.setattr(evaluate_hook, "_SCRIPT_RUNNER", predictable_runner())
