@@ -8,7 +8,7 @@ the evaluator or the `capture_diff` hook would run (a `.pth` in the user site, g
 config, hooks and filters, the baseline git dir in the agent's `/tmp`), a process left
 behind, a planted symlink, an output flood ending in a forged reward line, or damage to
 the sandbox that would turn its 0 into a masked status (a full disk, a killed
-supervisor, a deleted test directory).
+supervisor, a deleted test directory, a closed /tmp).
 
 Control: every trap that plants code first proves it works — the agent fires it in its
 own environment (a git command, a Python start) and keeps a file `armed` only if that
@@ -312,6 +312,14 @@ TRAPS = [
         fixed_by=STATUS_FIX,
     ),
     Trap(
+        "tmp_closed",
+        "the agent closes /tmp, where a script check's file is written (scored 0, not masked)",
+        "echo 41 > answer.txt; chmod 000 /tmp && touch armed\n",
+        [{"kind": "script", "name": "answer", "script": ANSWER_CHECK["command"]}],
+        status=BROKE_SANDBOX,
+        fixed_by=STATUS_FIX,
+    ),
+    Trap(
         "supervisor_killed",
         "the agent kills the sandbox's supervisor (scored 0, not masked)",
         "echo 41 > answer.txt\n"
@@ -354,12 +362,6 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Rol
             )
         )
     assert reports, console.file.getvalue()  # type: ignore[attr-defined]
-    for o in reports[0].outcomes:
-        print(
-            "DEBUG",
-            o.rollout_id,
-            o.result and (o.result.status, o.result.reward, o.result.rewards, o.result.error),
-        )
     yield {
         t.name: next(
             o for o in reports[0].outcomes if o.rollout_id.endswith(f"-hostile-{t.name}-0")
