@@ -10,6 +10,7 @@ the agent sets them off itself, outside the clean room, and reports what they di
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -46,13 +47,18 @@ def backend(sandbox_backend: SandboxBackend) -> SandboxBackend:  # noqa: F811
 
 
 async def run_agent(
-    backend: SandboxBackend, tmp_path: Path, agent: str, evaluation: dict[str, Any], hooks: list
+    backend: SandboxBackend,
+    tmp_path: Path,
+    agent: str,
+    evaluation: dict[str, Any],
+    hooks: list[dict[str, Any]],
+    **sandbox: Any,
 ) -> RunOutcome:
     task = RolloutTask.model_validate(
         {
             "task_id": "clean-room",
             "prompt": "write 42 to answer.txt",
-            "sandbox": {"backend": backend.name},
+            "sandbox": {"backend": backend.name, **sandbox},
             "harness": {"name": "command", "config": {"command": agent}, "budget_s": 120},
             "evaluation": evaluation,
             "hooks": hooks,
@@ -265,3 +271,72 @@ async def test_git_config_hooks_filters_and_leftovers_do_not_run_in_the_evaluati
         "solve.py",
     }
     assert "+41" in patch and r.diff.files_changed == 3
+
+
+# ------------------------------------------------------------ the task repo's own .git
+
+REPO_AGENT = f"""
+set -e
+export HOME=/home/agent
+mkdir -p ~/.x /tmp/fired
+cat > ~/.x/mark <<'EOF'
+{_MARK}EOF
+chmod +x ~/.x/mark
+git config core.fsmonitor "$HOME/.x/mark fsmonitor"
+git config filter.evil.clean "$HOME/.x/mark filter"
+git config diff.external "$HOME/.x/mark ext_diff"
+printf '#!/bin/sh\\nexec ~/.x/mark hook\\n' > .git/hooks/post-index-change
+chmod +x .git/hooks/post-index-change
+echo '* filter=evil' > .gitattributes
+echo 41 > answer.txt && echo changed > README
+git status --porcelain >/dev/null && git diff >/dev/null
+echo "armed: $(ls /tmp/fired | tr '\\n' ' ')"
+rm -rf /tmp/fired/*
+"""
+REPO_TRAPS = ("ext_diff", "filter", "fsmonitor", "hook")
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+async def test_the_task_repos_own_git_config_and_hooks_do_not_run_in_capture_diff(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    """The agent writes fsmonitor, a filter driver and diff.external into the task repo's
+    `.git/config` and a hook into `.git/hooks`; capture_diff diffs against the task's
+    commit without running any of them, and the patch is right."""
+    repo = tmp_path / "origin"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "README").write_text("hello\n")
+    _git(repo, "add", "README")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    commit = _git(repo, "rev-parse", "HEAD")
+    evaluation = {
+        "checks": [{"kind": "file", "name": t, "path": f"/tmp/fired/{t}"} for t in REPO_TRAPS],
+        "aggregate": "mean",
+    }
+    hooks = [{"name": "capture_diff"}, {"name": "evaluate"}]
+    r = await run_agent(
+        backend,
+        tmp_path,
+        REPO_AGENT,
+        evaluation,
+        hooks,
+        repo={"url": str(repo), "commit": commit, "path": "/workspace/repo"},
+    )
+    out = r.agent.stdout_tail if r.agent else ""
+    armed = next(ln for ln in out.splitlines() if ln.startswith("armed: ")).split()[1:]
+    assert sorted(armed) == sorted(REPO_TRAPS), out
+    assert fired(r) == dict.fromkeys(REPO_TRAPS, False)
+    assert r.diff is not None and r.diff.base == commit
+    patch = (Path(r.artifacts_dir or "") / "diff.patch").read_text()
+    assert {ln.split(" b/")[-1] for ln in patch.splitlines() if ln.startswith("diff --git")} == {
+        ".gitattributes",
+        "README",
+        "answer.txt",
+    }
+    assert "-hello\n+changed" in patch and (r.diff.insertions, r.diff.deletions) == (3, 1)
