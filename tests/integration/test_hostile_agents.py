@@ -55,9 +55,7 @@ GIT_PROBE = (
     f"cd {WORK}\n"
 )
 #: The agent's damage to its own sandbox: reward 0, trained on (not masked).
-BROKE_SANDBOX = "agent_broke_sandbox"
-CLEAN_ROOM_FIX = "forged today: checks and hooks run code the agent planted (clean-room fix)"
-STATUS_FIX = "masked today: the agent's damage is scored as our error (status fix)"
+BROKE_SANDBOX = RolloutStatus.agent_broke_sandbox
 ANSWER_CHECK = {"kind": "command", "name": "answer", "command": 'test "$(cat answer.txt)" = 42'}
 ARMED_CHECK = {"kind": "file", "name": "armed", "path": "armed"}
 
@@ -75,8 +73,7 @@ class Trap:
     why: str
     agent: str
     checks: list[dict[str, Any]]
-    #: The honest outcome (a status value: some are newer than this suite's last edit).
-    status: str = RolloutStatus.ok.value
+    status: RolloutStatus = RolloutStatus.ok
     reward: float | None = 0.0
     armed: bool = True
     #: Hidden files the evaluation places; files the task gives the agent; resources.
@@ -84,8 +81,8 @@ class Trap:
     given: list[dict[str, Any]] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)
     max_attempts: int = 3
-    #: Why today's code gives a forged reward or a masked status (strict xfail), if so.
-    fixed_by: str | None = None
+    #: Why the honest outcome is not reached yet (a strict xfail), if so.
+    open_hole: str | None = None
 
     def task(self) -> RolloutTask:
         agent = f"export HOME={HOME}\n{self.agent}"
@@ -173,7 +170,6 @@ TRAPS = [
                 "script": REWARD_SCRIPT,
             }
         ],
-        fixed_by=CLEAN_ROOM_FIX,
     ),
     Trap(
         "gitconfig_diff_external",
@@ -183,7 +179,6 @@ TRAPS = [
         + GIT_PROBE
         + ARM,
         [ANSWER_CHECK],
-        fixed_by=CLEAN_ROOM_FIX,
     ),
     Trap(
         "gitconfig_fsmonitor",
@@ -193,7 +188,6 @@ TRAPS = [
         + GIT_PROBE
         + ARM,
         [ANSWER_CHECK],
-        fixed_by=CLEAN_ROOM_FIX,
     ),
     Trap(
         "gitconfig_hooks_path",
@@ -205,7 +199,6 @@ TRAPS = [
         + GIT_PROBE
         + ARM,
         [ANSWER_CHECK],
-        fixed_by=CLEAN_ROOM_FIX,
     ),
     Trap(
         "gitattributes_filter",
@@ -217,19 +210,18 @@ TRAPS = [
         + GIT_PROBE.replace("echo a > f", "cp /tmp/probe.attributes .gitattributes && echo a > f")
         + ARM,
         [ANSWER_CHECK],
-        fixed_by=CLEAN_ROOM_FIX,
     ),
     Trap(
         "baseline_git_dir_in_tmp",
-        "capture_diff's baseline git dir is in the agent's /tmp: a hook planted there runs "
-        "on its git add",
+        "capture_diff's baseline git dir was in the agent's /tmp: a hook planted there (in "
+        "the baseline, or in a repo the agent makes at its path) runs on its git add",
         "mkdir -p /tmp/rollout-diff/baseline.git/hooks\n"
+        "GIT_DIR=/tmp/rollout-diff/baseline.git git init -q\n"  # there already, or made there
         + _program("/tmp/rollout-diff/baseline.git/hooks/post-index-change", FORGE)
         + "touch notes.txt && rm -f /tmp/probe.index && GIT_DIR=/tmp/rollout-diff/baseline.git "
         + f"GIT_WORK_TREE={WORK} GIT_INDEX_FILE=/tmp/probe.index git add -A\n"
         + ARM,
         [ANSWER_CHECK],
-        fixed_by=CLEAN_ROOM_FIX,
     ),
     Trap(
         "process_left_behind",
@@ -264,7 +256,7 @@ TRAPS = [
                 "else echo '{\"reward\": 0.0}'; fi\n",
             }
         ],
-        status=RolloutStatus.eval_error.value,
+        status=RolloutStatus.eval_error,
         reward=None,
     ),
     Trap(
@@ -295,7 +287,6 @@ TRAPS = [
         resources={"disk_mb": 16},
         armed=False,  # nothing can be placed or run: only the agent's damage explains it
         status=BROKE_SANDBOX,
-        fixed_by=STATUS_FIX,
     ),
     Trap(
         "test_dir_deleted",
@@ -309,7 +300,8 @@ TRAPS = [
             }
         ],
         status=BROKE_SANDBOX,
-        fixed_by=STATUS_FIX,
+        open_hole="masked (eval_error): the damage probe looks at the workdir, /tmp and HOME, "
+        "not at a check's own cwd",
     ),
     Trap(
         "tmp_closed",
@@ -317,7 +309,6 @@ TRAPS = [
         "echo 41 > answer.txt; chmod 000 /tmp && touch armed\n",
         [{"kind": "script", "name": "answer", "script": ANSWER_CHECK["command"]}],
         status=BROKE_SANDBOX,
-        fixed_by=STATUS_FIX,
     ),
     Trap(
         "supervisor_killed",
@@ -330,7 +321,6 @@ TRAPS = [
         armed=False,
         max_attempts=1,
         status=BROKE_SANDBOX,
-        fixed_by=STATUS_FIX,
     ),
 ]
 
@@ -371,7 +361,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Rol
 
 
 def _case(trap: Trap) -> Any:
-    marks = [pytest.mark.xfail(reason=trap.fixed_by, strict=True)] if trap.fixed_by else []
+    marks = [pytest.mark.xfail(reason=trap.open_hole, strict=True)] if trap.open_hole else []
     return pytest.param(trap, id=trap.name, marks=marks)
 
 
@@ -384,8 +374,6 @@ def test_a_hostile_agent_earns_only_its_honest_outcome(
     assert result is not None, f"{trap.why}: no result ({outcome.workflow_status}: {outcome.error})"
     if trap.armed:
         assert result.rewards.get("armed") == 1.0, f"the trap was not set: {result}"
-    assert (result.status.value, result.reward) == (trap.status, trap.reward), (
-        f"{trap.why}: {result}"
-    )
-    if trap.reward == 0.0:
-        assert result.rewards.get("answer") == 0.0, result
+    assert (result.status, result.reward) == (trap.status, trap.reward), f"{trap.why}: {result}"
+    if trap.status is RolloutStatus.ok:
+        assert result.rewards.get("answer") == 0.0, result  # the real check ran and failed
