@@ -34,6 +34,7 @@ __all__ = [
     "EVALUATOR_GIT_CONFIG",
     "EVALUATOR_PATH",
     "MANAGED_LABEL",
+    "NO_PROFILE_ENV",
     "ROLLOUT_LABEL",
     "ArchiveTooLarge",
     "BackendUnavailable",
@@ -238,6 +239,10 @@ EVALUATOR_GIT_CONFIG = {
     "core.hooksPath": "/dev/null",
     "core.untrackedCache": "false",
 }
+#: For a command a backend may start through a login shell (E2B runs every command as
+#: ``bash -l -c``): a HOME where no profile file can exist (/proc: nobody creates files
+#: there), no startup file.
+NO_PROFILE_ENV = {"HOME": "/proc", "BASH_ENV": "", "ENV": ""}
 #: Variables of the sandbox's env an evaluation step never inherits: the clean room sets
 #: them itself, or they make a program load code from a path (`evaluator_env`).
 _NOT_INHERITED = re.compile(
@@ -390,6 +395,7 @@ class Sandbox(abc.ABC):
         argv = ["/usr/bin/env", "-i", *pairs, "/bin/sh", "-c", _CLEAN_ROOM_SH, "sh", *inner]
         return await self.exec(
             argv,
+            env=NO_PROFILE_ENV,
             cwd=cwd,
             timeout=timeout,
             stdin=stdin,

@@ -17,13 +17,15 @@ from typing import Any
 
 import pytest
 
-from sandboxes.base import SandboxBackend
+from sandboxes.base import NO_PROFILE_ENV, SandboxBackend, SandboxSpec
 from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
 from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,
+    e2b_backend,
+    fake_e2b_api,
     local_backend,
     sandbox_backend,
     sandbox_base_image,
@@ -340,3 +342,39 @@ async def test_the_task_repos_own_git_config_and_hooks_do_not_run_in_capture_dif
         "answer.txt",
     }
     assert "-hello\n+changed" in patch and (r.diff.insertions, r.diff.deletions) == (3, 1)
+
+
+# ------------------------------------------------- E2B: every command is a login shell
+
+E2B_PLANT = f"""
+set -e
+site=$(python3 -c 'import site; print(site.getusersitepackages())')
+mkdir -p "$site"
+cat > "$site/usercustomize.py" <<'EOF'
+{_FORGE.format(trap="usercustomize")}EOF
+echo 'touch /tmp/profile.ran' > ~/.profile
+"""
+HONEST = "print('{\"reward\": 0.0}')"
+
+
+async def test_e2b_login_shell_profile_and_user_site_do_not_reach_the_clean_room(
+    e2b_backend: Any,  # noqa: F811
+) -> None:
+    """E2B runs every command as `bash -l -c`, which reads the profile files in HOME. The
+    agent's `~/.profile` and user site dir run for a plain exec (the control) but not for
+    an evaluation step, nor for the backend's own kill."""
+    sb = await e2b_backend.create(SandboxSpec(rollout_id=f"it-clean-e2b-{time.monotonic_ns()}"))
+    try:
+        assert (await sb.exec(E2B_PLANT)).ok
+        armed = await sb.exec(["python3", "-c", HONEST], env={"TRAP": "usercustomize"})
+        assert armed.stdout.splitlines()[-1] == '{"reward": 1.0}'
+        gone = await sb.exec(["sh", "-c", "test -e /tmp/profile.ran && rm /tmp/profile.ran"],
+                             env=NO_PROFILE_ENV)  # fmt: skip
+        assert gone.ok, gone  # the login shells above ran the profile
+        res = await sb.evaluator_exec(["python3", "-c", HONEST], env={"TRAP": "usercustomize"})
+        assert res.ok and res.stdout.splitlines() == ['{"reward": 0.0}'], res
+        await sb.kill_all_processes()
+        clean = await sb.exec(["test", "!", "-e", "/tmp/profile.ran"], env=NO_PROFILE_ENV)
+        assert clean.ok and not clean.stderr, "the profile ran in an evaluation step or the kill"
+    finally:
+        await sb.destroy()
