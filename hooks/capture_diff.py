@@ -8,8 +8,9 @@ Git here runs after the agent, over files the agent wrote, so it runs in the cle
 (`Sandbox.evaluator_exec`) and reads no config, hooks or attributes file the agent could
 have written:
 * its git dir is a fresh one in a directory made after the agent was killed; the task
-  repo's objects are read from there as data (``GIT_ALTERNATE_OBJECT_DIRECTORIES``),
-  its ``.git/config``, hooks and ``info/`` never;
+  repo's objects are read from there as data (``GIT_ALTERNATE_OBJECT_DIRECTORIES``; its
+  ``.git/config`` only by the ``rev-parse`` that finds them), its hooks and ``info/``
+  never;
 * the baseline git dir is copied out to the host right after it is made and removed
   from the sandbox, so the agent never sees it; it goes back in only for the diff;
 * diffs run with ``--no-ext-diff --no-textconv --ignore-submodules=dirty`` (no program
