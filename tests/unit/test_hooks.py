@@ -19,7 +19,7 @@ from hooks.base import (
     run_phase,
 )
 from hooks.collect_logs import collect_log_files
-from hooks.evaluate import evaluate
+from hooks.evaluate import _isolated, evaluate
 from sandboxes.base import DEFAULT_MAX_ARCHIVE_BYTES, EVALUATOR_PATH, ArchiveTooLarge, ExecResult
 from schemas.evaluation import EvaluationSpec
 from schemas.outcome import AgentResult, LogSpec, RunOutcome
@@ -439,3 +439,17 @@ async def test_capture_diff_on_error_keeps_the_partial_work(tmp_path: Path) -> N
     diff = ctx.outcome.diff
     assert diff is not None
     assert (diff.files_changed, diff.insertions, diff.deletions) == (1, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("interpreter", "run_as"),
+    [
+        ("python3", "python3 -s"),
+        ("/usr/bin/python3.11 -u", "/usr/bin/python3.11 -s -u"),
+        ("/usr/bin/env PYTHONPATH=. python3", "/usr/bin/env PYTHONPATH=. python3 -s"),
+        ("/bin/sh", "/bin/sh"),
+        ("bash -e", "bash -e"),
+    ],
+)
+def test_a_python_interpreter_never_reads_its_user_site(interpreter: str, run_as: str) -> None:
+    assert _isolated(interpreter) == run_as
