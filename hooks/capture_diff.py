@@ -126,10 +126,12 @@ class CaptureDiffHook(Hook):
         sb, q = ctx.sandbox, shlex.quote
         if info.get("baseline"):
             await sb.put_archive(scratch, Path(info["baseline"]).read_bytes())
-            objects = ""
+            tree = f"top={q(self._dir(ctx))} && "
         else:
-            # The task repo's objects (data only: its config, hooks, info/ stay unread).
-            objects = (
+            # The task repo's objects (data only: its hooks and info/ stay unread) and its
+            # top dir (`path` may be a dir inside it: the diff is then that dir's).
+            tree = (
+                "top=$(git rev-parse --show-toplevel) && "
                 "GIT_ALTERNATE_OBJECT_DIRECTORIES=$(git rev-parse --path-format=absolute "
                 "--git-path objects) && export GIT_ALTERNATE_OBJECT_DIRECTORIES && "
             )
@@ -137,7 +139,7 @@ class CaptureDiffHook(Hook):
         excludes = " ".join(q(f":(exclude,glob){p}") for p in self.params.exclude)
         diff = f"git diff --cached {_DIFF_FLAGS} {q(base)}"
         script = (
-            f"{objects}export GIT_DIR={q(scratch + '/git')} GIT_WORK_TREE={q(self._dir(ctx))} "
+            f'{tree}export GIT_DIR={q(scratch + "/git")} GIT_WORK_TREE="$top" '
             f"GIT_INDEX_FILE={q(scratch + '/index')} && "
             '{ test -d "$GIT_DIR" || git init -q --template=; } && git add -A && '
             f"{diff} --binary -- . {excludes} > {q(out)} && {diff} --numstat -- . {excludes}"

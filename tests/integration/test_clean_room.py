@@ -380,3 +380,36 @@ async def test_e2b_login_shell_profile_and_user_site_do_not_reach_the_clean_room
         assert clean.ok and not clean.stderr, "the profile ran in an evaluation step or the kill"
     finally:
         await sb.destroy()
+
+
+async def test_capture_diff_of_a_dir_inside_the_task_repo_is_that_dirs_change(
+    local_backend: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`path` inside the task repo: the patch holds that dir's changes only, with the
+    repo's own paths."""
+    repo = tmp_path / "origin"
+    (repo / "sub").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (repo / "README").write_text("hello\n")
+    (repo / "sub" / "a.txt").write_text("one\n")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    commit = _git(repo, "rev-parse", "HEAD")
+    agent = "echo two > sub/a.txt && echo new > sub/b.txt && echo changed > README"
+    hooks = [{"name": "capture_diff", "params": {"path": "/workspace/repo/sub"}}]
+    r = await run_agent(
+        local_backend,
+        tmp_path,
+        agent,
+        {"checks": [{"kind": "file", "path": "sub/b.txt"}]},
+        hooks,
+        repo={"url": str(repo), "commit": commit, "path": "/workspace/repo"},
+    )
+    assert r.diff is not None and r.diff.base == commit
+    patch = (Path(r.artifacts_dir or "") / "diff.patch").read_text()
+    assert {ln.split(" b/")[-1] for ln in patch.splitlines() if ln.startswith("diff --git")} == {
+        "sub/a.txt",
+        "sub/b.txt",
+    }
+    assert (r.diff.files_changed, r.diff.insertions, r.diff.deletions) == (2, 2, 1)
