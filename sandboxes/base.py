@@ -392,7 +392,7 @@ class Sandbox(abc.ABC):
             await self.kill_all_processes()
         inner = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
         pairs = [f"{k}={v}" for k, v in evaluator_env(self.handle.env, env).items()]
-        argv = ["/usr/bin/env", "-i", *pairs, "/bin/sh", "-c", _CLEAN_ROOM_SH, "sh", *inner]
+        argv = ["/usr/bin/env", "-i", "--", *pairs, "/bin/sh", "-c", _CLEAN_ROOM_SH, "sh", *inner]
         return await self.exec(
             argv,
             env=NO_PROFILE_ENV,

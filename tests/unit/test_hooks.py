@@ -323,7 +323,7 @@ async def test_capture_diff_parses_numstat(tmp_path: Path) -> None:
     assert (ctx.artifacts_dir / "diff.patch").read_bytes().startswith(b"diff --git")
     assert sb.files[f"{SCRATCH}/git/HEAD"] == b"ref: refs/heads/master\n"  # put back
     [git] = [c for c, _ in sb.calls if "git diff" in c]
-    assert git.startswith("/usr/bin/env -i ") and "GIT_CONFIG_GLOBAL=/dev/null" in git
+    assert git.startswith("/usr/bin/env -i -- ") and "GIT_CONFIG_GLOBAL=/dev/null" in git
     assert "--no-ext-diff --no-textconv" in git and f"GIT_DIR={SCRATCH}/git" in git
     assert sb.kills == 2  # before the scratch dir and before the diff
 
@@ -409,8 +409,8 @@ async def test_checks_run_in_the_clean_room_with_their_own_env_on_top() -> None:
     assert r.reward == 1.0
     [(cmd, _)] = sb.calls
     argv = shlex.split(cmd)
-    assert argv[:2] == ["/usr/bin/env", "-i"]
-    env = dict(a.split("=", 1) for a in argv[2 : argv.index("/bin/sh")])
+    assert argv[:3] == ["/usr/bin/env", "-i", "--"]
+    env = dict(a.split("=", 1) for a in argv[3 : argv.index("/bin/sh")])
     assert env["PATH"] == EVALUATOR_PATH and env["PYTHONNOUSERSITE"] == "1"
     assert env["TASK"] == "t" and env["PYTHONPATH"] == "/opt"  # the check's own env
     assert "LD_PRELOAD" not in env and "HOME" not in env  # HOME: made fresh at run time
