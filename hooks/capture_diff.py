@@ -8,8 +8,9 @@ Git here runs after the agent, over files the agent wrote, so it runs in the cle
 (`Sandbox.evaluator_exec`) and reads no config, hooks or attributes file the agent could
 have written:
 * its git dir is a fresh one in a directory made after the agent was killed; the task
-  repo's objects are read from there as data (``GIT_ALTERNATE_OBJECT_DIRECTORIES``),
-  its ``.git/config``, hooks and ``info/`` never;
+  repo's objects are read from there as data (``GIT_ALTERNATE_OBJECT_DIRECTORIES``; its
+  ``.git/config`` only by the ``rev-parse`` that finds them), its hooks and ``info/``
+  never;
 * the baseline git dir is copied out to the host right after it is made and removed
   from the sandbox, so the agent never sees it; it goes back in only for the diff;
 * diffs run with ``--no-ext-diff --no-textconv --ignore-submodules=dirty`` (no program
@@ -125,10 +126,12 @@ class CaptureDiffHook(Hook):
         sb, q = ctx.sandbox, shlex.quote
         if info.get("baseline"):
             await sb.put_archive(scratch, Path(info["baseline"]).read_bytes())
-            objects = ""
+            tree = f"top={q(self._dir(ctx))} && "
         else:
-            # The task repo's objects (data only: its config, hooks, info/ stay unread).
-            objects = (
+            # The task repo's objects (data only: its hooks and info/ stay unread) and its
+            # top dir (`path` may be a dir inside it: the diff is then that dir's).
+            tree = (
+                "top=$(git rev-parse --show-toplevel) && "
                 "GIT_ALTERNATE_OBJECT_DIRECTORIES=$(git rev-parse --path-format=absolute "
                 "--git-path objects) && export GIT_ALTERNATE_OBJECT_DIRECTORIES && "
             )
@@ -136,7 +139,7 @@ class CaptureDiffHook(Hook):
         excludes = " ".join(q(f":(exclude,glob){p}") for p in self.params.exclude)
         diff = f"git diff --cached {_DIFF_FLAGS} {q(base)}"
         script = (
-            f"{objects}export GIT_DIR={q(scratch + '/git')} GIT_WORK_TREE={q(self._dir(ctx))} "
+            f'{tree}export GIT_DIR={q(scratch + "/git")} GIT_WORK_TREE="$top" '
             f"GIT_INDEX_FILE={q(scratch + '/index')} && "
             '{ test -d "$GIT_DIR" || git init -q --template=; } && git add -A && '
             f"{diff} --binary -- . {excludes} > {q(out)} && {diff} --numstat -- . {excludes}"

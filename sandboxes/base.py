@@ -34,6 +34,7 @@ __all__ = [
     "EVALUATOR_GIT_CONFIG",
     "EVALUATOR_PATH",
     "MANAGED_LABEL",
+    "NO_PROFILE_ENV",
     "ROLLOUT_LABEL",
     "ArchiveTooLarge",
     "BackendUnavailable",
@@ -258,6 +259,10 @@ EVALUATOR_GIT_CONFIG = {
     "core.hooksPath": "/dev/null",
     "core.untrackedCache": "false",
 }
+#: For a command a backend may start through a login shell (E2B runs every command as
+#: ``bash -l -c``): a HOME where no profile file can exist (/proc: nobody creates files
+#: there), no startup file.
+NO_PROFILE_ENV = {"HOME": "/proc", "BASH_ENV": "", "ENV": ""}
 #: Variables of the sandbox's env an evaluation step never inherits: the clean room sets
 #: them itself, or they make a program load code from a path (`evaluator_env`).
 _NOT_INHERITED = re.compile(
@@ -407,9 +412,10 @@ class Sandbox(abc.ABC):
             await self.kill_all_processes()
         inner = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
         pairs = [f"{k}={v}" for k, v in evaluator_env(self.handle.env, env).items()]
-        argv = ["/usr/bin/env", "-i", *pairs, "/bin/sh", "-c", _CLEAN_ROOM_SH, "sh", *inner]
+        argv = ["/usr/bin/env", "-i", "--", *pairs, "/bin/sh", "-c", _CLEAN_ROOM_SH, "sh", *inner]
         return await self.exec(
             argv,
+            env=NO_PROFILE_ENV,
             cwd=cwd,
             timeout=timeout,
             stdin=stdin,

@@ -17,13 +17,15 @@ from typing import Any
 
 import pytest
 
-from sandboxes.base import SandboxBackend
+from sandboxes.base import NO_PROFILE_ENV, SandboxBackend, SandboxSpec
 from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
 from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,
+    e2b_backend,
+    fake_e2b_api,
     local_backend,
     sandbox_backend,
     sandbox_base_image,
@@ -194,22 +196,22 @@ mkdir -p ~/.x /tmp/fired
 cat > ~/.x/mark <<'EOF'
 {_MARK}EOF
 chmod +x ~/.x/mark
-printf '#!/bin/sh\\nexec ~/.x/mark ext_diff </dev/null\\n' > ~/.x/ext_diff
+printf '#!/bin/sh\\nexec /home/agent/.x/mark ext_diff </dev/null\\n' > ~/.x/ext_diff
 chmod +x ~/.x/ext_diff
 cat > ~/.gitconfig <<'EOF'
 [diff]
-	external = ~/.x/ext_diff
+	external = /home/agent/.x/ext_diff
 [filter "evil"]
-	clean = ~/.x/mark filter
+	clean = /home/agent/.x/mark filter
 [diff "evil"]
-	textconv = ~/.x/mark textconv
+	textconv = /home/agent/.x/mark textconv
 EOF
 echo '* filter=evil diff=evil' > .gitattributes
 # The baseline git dir capture_diff kept under /tmp: fsmonitor and a hook.
 for g in /tmp/rollout-diff/baseline.git "$HOME/armed.git"; do
   mkdir -p "$g/hooks"; [ -f "$g/HEAD" ] || git init -q --bare "$g"
   git --git-dir="$g" config core.fsmonitor "$HOME/.x/mark fsmonitor"
-  printf '#!/bin/sh\\nexec ~/.x/mark hook\\n' > "$g/hooks/post-index-change"
+  printf '#!/bin/sh\\nexec /home/agent/.x/mark hook\\n' > "$g/hooks/post-index-change"
   chmod +x "$g/hooks/post-index-change"
 done
 # The agent's "solution", which a check runs: it leaves a process behind.
@@ -228,6 +230,8 @@ GIT_DIR="$HOME/armed.git" GIT_WORK_TREE=. GIT_INDEX_FILE="$HOME/armed.index" sh 
 echo "armed: $(ls /tmp/fired | tr '\\n' ' ')"
 rm -rf /tmp/fired/* "$HOME/armed.git" "$HOME/armed.index"
 echo 41 > answer.txt
+# The clean room's git reads /dev/null as its global config: try to make it this one.
+{{ rm -f /dev/null || mv -f /dev/null /tmp/n; cp ~/.gitconfig /dev/null; }} 2>/dev/null || true
 """
 GIT_TRAPS = ("ext_diff", "filter", "textconv", "fsmonitor", "hook")
 GIT_EVALUATION = {
@@ -285,7 +289,7 @@ chmod +x ~/.x/mark
 git config core.fsmonitor "$HOME/.x/mark fsmonitor"
 git config filter.evil.clean "$HOME/.x/mark filter"
 git config diff.external "$HOME/.x/mark ext_diff"
-printf '#!/bin/sh\\nexec ~/.x/mark hook\\n' > .git/hooks/post-index-change
+printf '#!/bin/sh\\nexec /home/agent/.x/mark hook\\n' > .git/hooks/post-index-change
 chmod +x .git/hooks/post-index-change
 echo '* filter=evil' > .gitattributes
 echo 41 > answer.txt && echo changed > README
@@ -340,3 +344,72 @@ async def test_the_task_repos_own_git_config_and_hooks_do_not_run_in_capture_dif
         "answer.txt",
     }
     assert "-hello\n+changed" in patch and (r.diff.insertions, r.diff.deletions) == (3, 1)
+
+
+# ------------------------------------------------- E2B: every command is a login shell
+
+E2B_PLANT = f"""
+set -e
+site=$(python3 -c 'import site; print(site.getusersitepackages())')
+mkdir -p "$site"
+cat > "$site/usercustomize.py" <<'EOF'
+{_FORGE.format(trap="usercustomize")}EOF
+echo 'touch /tmp/profile.ran' > ~/.profile
+"""
+HONEST = "print('{\"reward\": 0.0}')"
+
+
+async def test_e2b_login_shell_profile_and_user_site_do_not_reach_the_clean_room(
+    e2b_backend: Any,  # noqa: F811
+) -> None:
+    """E2B runs every command as `bash -l -c`, which reads the profile files in HOME. The
+    agent's `~/.profile` and user site dir run for a plain exec (the control) but not for
+    an evaluation step, nor for the backend's own kill."""
+    sb = await e2b_backend.create(SandboxSpec(rollout_id=f"it-clean-e2b-{time.monotonic_ns()}"))
+    try:
+        assert (await sb.exec(E2B_PLANT)).ok
+        armed = await sb.exec(["python3", "-c", HONEST], env={"TRAP": "usercustomize"})
+        assert armed.stdout.splitlines()[-1] == '{"reward": 1.0}'
+        gone = await sb.exec(["sh", "-c", "test -e /tmp/profile.ran && rm /tmp/profile.ran"],
+                             env=NO_PROFILE_ENV)  # fmt: skip
+        assert gone.ok, gone  # the login shells above ran the profile
+        res = await sb.evaluator_exec(["python3", "-c", HONEST], env={"TRAP": "usercustomize"})
+        assert res.ok and res.stdout.splitlines() == ['{"reward": 0.0}'], res
+        await sb.kill_all_processes()
+        clean = await sb.exec(["test", "!", "-e", "/tmp/profile.ran"], env=NO_PROFILE_ENV)
+        assert clean.ok and not clean.stderr, "the profile ran in an evaluation step or the kill"
+    finally:
+        await sb.destroy()
+
+
+async def test_capture_diff_of_a_dir_inside_the_task_repo_is_that_dirs_change(
+    local_backend: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`path` inside the task repo: the patch holds that dir's changes only, with the
+    repo's own paths."""
+    repo = tmp_path / "origin"
+    (repo / "sub").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (repo / "README").write_text("hello\n")
+    (repo / "sub" / "a.txt").write_text("one\n")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    commit = _git(repo, "rev-parse", "HEAD")
+    agent = "echo two > sub/a.txt && echo new > sub/b.txt && echo changed > README"
+    hooks = [{"name": "capture_diff", "params": {"path": "/workspace/repo/sub"}}]
+    r = await run_agent(
+        local_backend,
+        tmp_path,
+        agent,
+        {"checks": [{"kind": "file", "path": "sub/b.txt"}]},
+        hooks,
+        repo={"url": str(repo), "commit": commit, "path": "/workspace/repo"},
+    )
+    assert r.diff is not None and r.diff.base == commit
+    patch = (Path(r.artifacts_dir or "") / "diff.patch").read_text()
+    assert {ln.split(" b/")[-1] for ln in patch.splitlines() if ln.startswith("diff --git")} == {
+        "sub/a.txt",
+        "sub/b.txt",
+    }
+    assert (r.diff.files_changed, r.diff.insertions, r.diff.deletions) == (2, 2, 1)

@@ -19,7 +19,7 @@ from hooks.base import (
     run_phase,
 )
 from hooks.collect_logs import collect_log_files
-from hooks.evaluate import evaluate
+from hooks.evaluate import _isolated, evaluate
 from sandboxes.base import (
     DEFAULT_MAX_ARCHIVE_BYTES,
     EVALUATOR_PATH,
@@ -377,7 +377,7 @@ async def test_capture_diff_parses_numstat(tmp_path: Path) -> None:
     assert (ctx.artifacts_dir / "diff.patch").read_bytes().startswith(b"diff --git")
     assert sb.files[f"{SCRATCH}/git/HEAD"] == b"ref: refs/heads/master\n"  # put back
     [git] = [c for c, _ in sb.calls if "git diff" in c]
-    assert git.startswith("/usr/bin/env -i ") and "GIT_CONFIG_GLOBAL=/dev/null" in git
+    assert git.startswith("/usr/bin/env -i -- ") and "GIT_CONFIG_GLOBAL=/dev/null" in git
     assert "--no-ext-diff --no-textconv" in git and f"GIT_DIR={SCRATCH}/git" in git
     assert sb.kills == 2  # before the scratch dir and before the diff
 
@@ -463,8 +463,8 @@ async def test_checks_run_in_the_clean_room_with_their_own_env_on_top() -> None:
     assert r.reward == 1.0
     [(cmd, _)] = sb.calls
     argv = shlex.split(cmd)
-    assert argv[:2] == ["/usr/bin/env", "-i"]
-    env = dict(a.split("=", 1) for a in argv[2 : argv.index("/bin/sh")])
+    assert argv[:3] == ["/usr/bin/env", "-i", "--"]
+    env = dict(a.split("=", 1) for a in argv[3 : argv.index("/bin/sh")])
     assert env["PATH"] == EVALUATOR_PATH and env["PYTHONNOUSERSITE"] == "1"
     assert env["TASK"] == "t" and env["PYTHONPATH"] == "/opt"  # the check's own env
     assert "LD_PRELOAD" not in env and "HOME" not in env  # HOME: made fresh at run time
@@ -493,3 +493,17 @@ async def test_capture_diff_on_error_keeps_the_partial_work(tmp_path: Path) -> N
     diff = ctx.outcome.diff
     assert diff is not None
     assert (diff.files_changed, diff.insertions, diff.deletions) == (1, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("interpreter", "run_as"),
+    [
+        ("python3", "python3 -s"),
+        ("/usr/bin/python3.11 -u", "/usr/bin/python3.11 -s -u"),
+        ("/usr/bin/env PYTHONPATH=. python3", "/usr/bin/env PYTHONPATH=. python3 -s"),
+        ("/bin/sh", "/bin/sh"),
+        ("bash -e", "bash -e"),
+    ],
+)
+def test_a_python_interpreter_never_reads_its_user_site(interpreter: str, run_as: str) -> None:
+    assert _isolated(interpreter) == run_as
