@@ -111,7 +111,6 @@ class _Phases:
             self.timings[name] = round(time.monotonic() - t0, 3)
 
 
-BROKEN = RolloutStatus.agent_broke_sandbox
 #: Phases that run after the agent could act in its sandbox (its own run included).
 _AFTER_AGENT_STARTED = frozenset({"agent", "stop_agent", "after_run"})
 
@@ -207,8 +206,9 @@ async def run_in_sandbox(
     except Exception as e:
         outcome.error = f"{phases.current}: {e!r}"
         damage = await _damage_by_agent(sandbox, ctx.workdir, phases.current)
-        outcome.status = RolloutStatus.infra_error if damage is None else BROKEN
+        outcome.status = RolloutStatus.infra_error
         if damage is not None:
+            outcome.status = RolloutStatus.agent_broke_sandbox
             outcome.error += f"; the agent broke its sandbox: {damage}"
         await to_completion(run_on_error(hooks, ctx, e), budget.hooks_s, "on_error hooks")
         if damage is None:
