@@ -205,7 +205,12 @@ async def run_in_sandbox(
         raise
     except Exception as e:
         outcome.error = f"{phases.current}: {e!r}"
-        damage = await _damage_by_agent(sandbox, ctx.workdir, phases.current)
+        try:
+            damage = await _damage_by_agent(sandbox, ctx.workdir, phases.current)
+        except asyncio.CancelledError:  # cancelled while looking: as any cancellation
+            outcome.error = f"cancelled during {phases.current}"
+            await to_completion(run_on_error(hooks, ctx, e), budget.cleanup_s, "on_error hooks")
+            raise
         outcome.status = RolloutStatus.infra_error
         if damage is not None:
             outcome.status = RolloutStatus.agent_broke_sandbox
