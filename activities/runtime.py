@@ -114,7 +114,6 @@ class _Phases:
             self.timings[name] = round(time.monotonic() - t0, 3)
 
 
-BROKEN = RolloutStatus.agent_broke_sandbox
 #: Phases that run after the agent could act in its sandbox (its own run included).
 _AFTER_AGENT_STARTED = frozenset({"agent", "stop_agent", "after_run"})
 
@@ -210,9 +209,15 @@ async def run_in_sandbox(
         raise
     except Exception as e:
         outcome.error = f"{phases.current}: {e!r}"
-        damage = await _damage_by_agent(sandbox, ctx.workdir, phases.current)
-        outcome.status = RolloutStatus.infra_error if damage is None else BROKEN
+        try:
+            damage = await _damage_by_agent(sandbox, ctx.workdir, phases.current)
+        except asyncio.CancelledError:  # cancelled while looking: as any cancellation
+            outcome.error = f"cancelled during {phases.current}"
+            await to_completion(run_on_error(hooks, ctx, e), budget.cleanup_s, "on_error hooks")
+            raise
+        outcome.status = RolloutStatus.infra_error
         if damage is not None:
+            outcome.status = RolloutStatus.agent_broke_sandbox
             outcome.error += f"; the agent broke its sandbox: {damage}"
         await to_completion(run_on_error(hooks, ctx, e), budget.hooks_s, "on_error hooks")
         if damage is None:

@@ -25,7 +25,7 @@ class RolloutStatus(StrEnum):
 
     The agent's (trained on, reward 0 unless it earned one): `ok`, `truncated`,
     `agent_timeout` (it spent its budget) and `agent_broke_sandbox` (something failed
-    and the sandbox shows damage only the agent could have done: its disk full, its
+    and the sandbox shows damage the agent could have done: its disk full, its
     supervisor gone, its workdir gone or closed; see `Sandbox.agent_damage`). Ours
     (masked, left out of the loss and the baseline): `eval_error` (the evaluator broke
     on a sandbox the agent left intact) and `infra_error`. A failure is ours only when

@@ -148,7 +148,7 @@ async def test_control_the_same_evaluation_on_an_intact_sandbox_scores_the_answe
 
 
 async def test_filling_the_disk_scores_0(
-    local_backend: SandboxBackend,  # noqa: F811
+    sandbox_backend: SandboxBackend,  # noqa: F811
     gateway: RecordingLLMServerForTests,
     tmp_path: Path,
 ) -> None:
@@ -158,8 +158,8 @@ async def test_filling_the_disk_scores_0(
         "cat /dev/zero > /tmp/fill 2>/dev/null\n"
         "i=0; while echo x > /tmp/f$i 2>/dev/null; do i=$((i+1)); done\n"
     )
-    task = _task("local", agent, resources={"disk_mb": 32})
-    r = await _run(local_backend, gateway, tmp_path, task)
+    task = _task(sandbox_backend.name, agent, resources={"disk_mb": 32})
+    r = await _run(sandbox_backend, gateway, tmp_path, task)
     _assert_agents_fault(r, "disk is full")
 
 
@@ -180,6 +180,8 @@ async def test_deleting_the_workdir_scores_0(
     gateway: RecordingLLMServerForTests,
     tmp_path: Path,
 ) -> None:
+    """A workdir that is a plain directory (under home; docker and a top-level local
+    workdir are mount points, which cannot be removed)."""
     workdir = "/home/agent/work"
     agent = ANSWER + f"cd / && rm -rf {workdir}\n"
     r = await _run(local_backend, gateway, tmp_path, _task("local", agent, workdir=workdir))
@@ -188,7 +190,7 @@ async def test_deleting_the_workdir_scores_0(
 
 @pytest.mark.parametrize("target", ["workdir", "/tmp"])
 async def test_closing_a_directory_the_evaluator_writes_scores_0(
-    local_backend: SandboxBackend,  # noqa: F811
+    sandbox_backend: SandboxBackend,  # noqa: F811
     gateway: RecordingLLMServerForTests,
     tmp_path: Path,
     target: str,
@@ -196,19 +198,24 @@ async def test_closing_a_directory_the_evaluator_writes_scores_0(
     """chmod 000 of the workdir (the hidden test goes there) or of /tmp (the script
     check's private directory is made there)."""
     path = "/workspace" if target == "workdir" else "/tmp"
-    r = await _run(local_backend, gateway, tmp_path, _task("local", ANSWER + f"chmod 000 {path}\n"))
+    r = await _run(
+        sandbox_backend,
+        gateway,
+        tmp_path,
+        _task(sandbox_backend.name, ANSWER + f"chmod 000 {path}\n"),
+    )
     _assert_agents_fault(r, f"{path} cannot be read")
 
 
 async def test_taking_every_pid_scores_0(
-    local_backend: SandboxBackend,  # noqa: F811
+    sandbox_backend: SandboxBackend,  # noqa: F811
     gateway: RecordingLLMServerForTests,
     tmp_path: Path,
 ) -> None:
     """The agent leaves sleepers holding every pid of its cgroup (a fork bomb's end
     state, without the CPU): nothing new can start when the run ends."""
     agent = ANSWER + "i=0; while [ $i -lt 80 ]; do sleep 600 & i=$((i+1)); done; true\n"
-    task = _task("local", agent, resources={"pids": 32})
-    r = await _run(local_backend, gateway, tmp_path, task)
+    task = _task(sandbox_backend.name, agent, resources={"pids": 32})
+    r = await _run(sandbox_backend, gateway, tmp_path, task)
     assert r.status == "agent_broke_sandbox", (r.status, r.problem)
     assert r.reward == 0.0 and r.problem

@@ -128,6 +128,8 @@ class _Sb(FakeSandbox):
 
     async def _find_damage(self, workdir: str) -> str | None:
         EVENTS.append("sandbox.probe")
+        if self._backend.damage == "hang":  # type: ignore[attr-defined]
+            await asyncio.sleep(3600)
         return self._backend.damage  # type: ignore[attr-defined,no-any-return]
 
 
@@ -247,6 +249,21 @@ async def test_a_failure_before_the_agent_ran_is_never_the_agents(tmp_path: Path
         await manager(tmp_path, backend).run(task("setup_raise"), SESSION, "r1")
     assert exc.value.outcome.status == RolloutStatus.infra_error
     assert "sandbox.probe" not in EVENTS
+
+
+async def test_cancellation_while_the_sandbox_is_probed_still_runs_on_error(
+    tmp_path: Path,
+) -> None:
+    backend = FakeBackend(fail_kill=True, damage="hang")
+    run = asyncio.create_task(manager(tmp_path, backend).run(task(), SESSION, "r1"))
+    while "sandbox.probe" not in EVENTS:
+        assert not run.done(), "the run ended without probing its sandbox"
+        await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert EVENTS[-3:] == ["h.on_error", "harness.cleanup", "sandbox.destroy"]
+    assert not backend.live
 
 
 async def test_cancellation_runs_on_error_and_destroys(tmp_path: Path) -> None:
