@@ -27,6 +27,9 @@ from stress.malformed_requests import (
     fuzz_request,
 )
 
+#: How long the fuzzer reuses an idle connection: well under the gateway's keep-alive.
+KEEPALIVE_S = 2.0
+
 
 class Target(Interface):
     """What `fuzz` sends through: a Gateway in-process or a live one by URL."""
@@ -110,7 +113,11 @@ class LiveTarget:
         with EBADF (counted as a server error) long after every fault had passed."""
         client = getattr(self._local, "client", None)
         if client is None:
-            client = self._local.client = httpx.Client(timeout=60)
+            # A connection idle for as long as the server keeps one (uvicorn: 5 s, the
+            # same as httpx's default) may be closed by it just as it is reused: a
+            # "disconnected without a response" that is no reply of the server's.
+            limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
+            client = self._local.client = httpx.Client(timeout=60, limits=limits)
         return client
 
     def send(self, protocol: Protocol, request: FuzzRequest) -> httpx.Response:
