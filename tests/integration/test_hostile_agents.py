@@ -80,7 +80,6 @@ class Trap:
     files: list[dict[str, Any]] = field(default_factory=list)
     given: list[dict[str, Any]] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)
-    max_attempts: int = 3
     #: Why the honest outcome is not reached yet (a strict xfail), if so.
     open_hole: str | None = None
 
@@ -106,7 +105,6 @@ class Trap:
                     "resources": {"cpus": 1.0, "memory_mb": 512, "pids": 256, **self.resources},
                 },
                 "evaluation": evaluation,
-                "max_attempts": self.max_attempts,
             }
         )
 
@@ -319,7 +317,6 @@ TRAPS = [
         "done\nsleep 30\n",
         [ANSWER_CHECK],
         armed=False,
-        max_attempts=1,
         status=BROKE_SANDBOX,
     ),
 ]
@@ -375,5 +372,7 @@ def test_a_hostile_agent_earns_only_its_honest_outcome(
     if trap.armed:
         assert result.rewards.get("armed") == 1.0, f"the trap was not set: {result}"
     assert (result.status, result.reward) == (trap.status, trap.reward), f"{trap.why}: {result}"
+    if trap.status is BROKE_SANDBOX:
+        assert result.attempts == 1, result  # breaking its sandbox earns no fresh attempt
     if trap.status is RolloutStatus.ok:
         assert result.rewards.get("answer") == 0.0, result  # the real check ran and failed
