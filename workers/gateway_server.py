@@ -31,6 +31,8 @@ from gateway.engines.routing import EngineRouter, EngineRouting
 from gateway.engines.vllm import EngineApi, VllmEngine
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
+from gateway.http.read_deadlines import deadline_protocol
+from gateway.observability.metrics import GatewayMetrics
 from gateway.options import GatewayOptions
 from gateway.parsers.registry import parser_for_model
 from gateway.parsers.selection import ParserSelectionError
@@ -77,7 +79,16 @@ class GatewaySettings(BaseModel):
     insecure_dev: bool = False
     context_window: int | None = None
     request_timeout_s: float = 600.0
-    max_body_bytes: int = 32 * 2**20
+    #: A request body past this is a 413 (`max_body_bytes`), refused before it is read.
+    max_body_bytes: int = Field(default=32 * 2**20, ge=1)
+    #: A request head must arrive within this (slowloris); else the connection is cut.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    #: A request body must arrive within this of its head; else 408 and the connection cut.
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    #: Per-session limit defaults (a session's create may set its own: `SessionLimits`).
+    session_max_concurrent_calls: int = Field(default=16, ge=1)
+    session_max_stored_request_bytes: int = Field(default=2**20, ge=0)
+    session_max_stored_bytes: int = Field(default=2**30, ge=1)
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
     session_reaper_interval_s: float = Field(default=30.0, ge=0)
@@ -213,6 +224,10 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         fsync_interval_ms=settings.fsync_interval_ms,
         session_reaper_interval_s=settings.session_reaper_interval_s,
         stream_abort_grace_s=settings.stream_abort_grace_s,
+        body_timeout_s=settings.body_timeout_s,
+        session_max_concurrent_calls=settings.session_max_concurrent_calls,
+        session_max_stored_request_bytes=settings.session_max_stored_request_bytes,
+        session_max_stored_bytes=settings.session_max_stored_bytes,
     )
     vllm = VllmEngine(
         settings.model,
@@ -245,6 +260,16 @@ def build_listener_apps(
     agent = app.build("agent")
     shared = OwnerForwarder(agent, app.gateway, error_responder_for, settings.max_body_bytes)
     return agent, app.build("control"), shared
+
+
+def http_protocol(settings: GatewaySettings, metrics: GatewayMetrics) -> type[asyncio.Protocol]:
+    """uvicorn's `http` for every listener of a process: h11 with read deadlines
+    (gateway/http/read_deadlines.py), each cut counted as a limit refusal."""
+
+    def cut(limit: str) -> None:
+        metrics.limit_refusals.labels(limit).inc()
+
+    return deadline_protocol(settings.header_timeout_s, settings.body_timeout_s, cut)
 
 
 def listen(host: str, port: int, shared: bool = False) -> socket.socket:
@@ -283,12 +308,13 @@ async def serve_listeners(settings: GatewaySettings) -> None:
         shared_sock = listen(settings.host, settings.shared_port, shared=True)
     agent_app, control_app, shared_app = build_listener_apps(settings)
     tune_gc_for_serving()
+    http = http_protocol(settings, shared_app.gateway.metrics)
     servers = [
-        (_Listener(uvicorn.Config(agent_app, log_level="warning")), agent_sock),
-        (_Listener(uvicorn.Config(control_app, log_level="warning")), control_sock),
+        (_Listener(uvicorn.Config(agent_app, log_level="warning", http=http)), agent_sock),
+        (_Listener(uvicorn.Config(control_app, log_level="warning", http=http)), control_sock),
     ]
     if shared_sock is not None:
-        config = uvicorn.Config(shared_app, log_level="warning", lifespan="off")
+        config = uvicorn.Config(shared_app, log_level="warning", lifespan="off", http=http)
         servers.append((_Listener(config), shared_sock))
 
     def stop() -> None:
