@@ -30,13 +30,16 @@ Phase = Literal["header_timeout_s", "body_timeout_s"]
 
 
 def deadline_protocol(
-    header_timeout_s: float, body_timeout_s: float, on_cut: Callable[[Phase], None]
+    header_timeout_s: float,
+    body_timeout_s: float,
+    on_cut: Callable[[Phase], None],
+    body_grace_s: float = BODY_GRACE_S,
 ) -> type[asyncio.Protocol]:
     """The uvicorn `http` protocol class with these deadlines; `on_cut(limit name)` is
     called for each connection cut."""
     timeouts: dict[Phase, float] = {
         "header_timeout_s": header_timeout_s,
-        "body_timeout_s": body_timeout_s + BODY_GRACE_S,
+        "body_timeout_s": body_timeout_s + body_grace_s,
     }
 
     class DeadlineH11Protocol(H11Protocol):
