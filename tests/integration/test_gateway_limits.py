@@ -28,7 +28,10 @@ from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from gateway.capture.store import CallEntry
 from gateway.errors import LIMIT_HEADER
+from gateway.http.app import GatewayApp, error_responder_for
+from gateway.http.owner_forwarding import OwnerForwarder
 from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
+from workers.gateway_server import GatewaySettings, build_gateway, http_protocol
 
 pytestmark = pytest.mark.integration
 
@@ -242,37 +245,33 @@ def read_to_eof(sock: socket.socket) -> bytes:
     return data
 
 
-def trickle(sock: socket.socket, first: bytes, stop: threading.Event) -> None:
-    """Send `first`, then one byte a second until the server hangs up or `stop` is set."""
-    sock.sendall(first)
-    while not stop.wait(1.0):
+def until_cut(sock: socket.socket) -> bytes:
+    """What the server sent until it hung up. A client that keeps sending to a closed
+    socket gets a reset, which may drop what was sent before it: the cut is what counts."""
+    try:
+        return read_to_eof(sock)
+    except ConnectionResetError:
+        return b""
+
+
+def trickle(sock: socket.socket, stop: threading.Event) -> None:
+    """One byte every half second until the server hangs up or `stop` is set."""
+    while not stop.wait(0.5):
         try:
             sock.sendall(b"x")
         except OSError:
             return
 
 
-@pytest.mark.parametrize(
-    ("path", "protocol"),
-    [("/v1/chat/completions", "chat"), ("/v1/messages", "messages")],
-)
-def test_a_trickled_body_gets_a_408_in_its_protocol_and_the_listener_serves_others(
-    gw: RunningGateway, path: str, protocol: str
-) -> None:
-    session = gw.create_session()
-    before = refusals(gw, "body_timeout_s")
-    head = (
+def post_head(path: str, token: str) -> bytes:
+    return (
         f"POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {session['token']}\r\nContent-Length: 1000\r\n\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Length: 1000\r\n\r\n"
     ).encode()
-    stop = threading.Event()
-    with raw_connection(gw) as slow:
-        sender = threading.Thread(target=trickle, args=(slow, head + b'{"model": "m"', stop))
-        sender.start()
-        served = each_protocol(session)[protocol]()  # while the slow client holds on
-        reply = read_to_eof(slow)
-        stop.set()
-        sender.join()
+
+
+def assert_408(reply: bytes, protocol: str) -> None:
+    """A 408 in the protocol's shape that names `body_timeout_s` and closes."""
     status, _, rest = reply.partition(b"\r\n")
     headers, _, body = rest.partition(b"\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 408"), reply
@@ -284,24 +283,90 @@ def test_a_trickled_body_gets_a_408_in_its_protocol_and_the_listener_serves_othe
     else:
         assert error["error"]["code"] == "request_timeout"
         assert "body_timeout_s" in error["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "protocol"),
+    [("/v1/chat/completions", "chat"), ("/v1/messages", "messages")],
+)
+def test_a_body_that_stops_coming_gets_a_408_in_its_protocol_and_the_listener_serves_others(
+    gw: RunningGateway, path: str, protocol: str
+) -> None:
+    session = gw.create_session()
+    before = refusals(gw, "body_timeout_s")
+    with raw_connection(gw) as slow:
+        slow.sendall(post_head(path, session["token"]) + b'{"model": "m"')
+        served = each_protocol(session)[protocol]()  # while the slow client holds on
+        reply = read_to_eof(slow)
+    assert_408(reply, protocol)
     assert served is not None and [c["status"] for c in calls_of(gw, session)] == ["ok"]
     assert refusals(gw, "body_timeout_s") == before + 1
 
 
-def test_a_trickled_request_head_is_cut_and_the_listener_serves_others(
+def test_clients_trickling_a_head_or_a_body_are_cut_and_the_listener_serves_others(
     gw: RunningGateway,
 ) -> None:
+    """Bytes that keep coming do not put a deadline off: each slow client is cut (the head
+    without a reply), while a whole call is served."""
     session = gw.create_session()
-    before = refusals(gw, "header_timeout_s")
+    before = refusals(gw, "header_timeout_s"), refusals(gw, "body_timeout_s")
     stop = threading.Event()
-    with raw_connection(gw) as slow:
-        sender = threading.Thread(
-            target=trickle, args=(slow, b"POST /v1/chat/completions HTTP/1.1\r\nX-A: ", stop)
-        )
-        sender.start()
-        each_protocol(session)["responses"]()  # while the slow client holds on
-        assert read_to_eof(slow) == b"", "cut, without a reply"
+    with raw_connection(gw) as slow_head, raw_connection(gw) as slow_body:
+        slow_head.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nX-A: ")
+        slow_body.sendall(post_head("/v1/responses", session["token"]) + b'{"model": "m"')
+        senders = [threading.Thread(target=trickle, args=(s, stop)) for s in (slow_head, slow_body)]
+        for sender in senders:
+            sender.start()
+        each_protocol(session)["responses"]()  # while the slow clients hold on
+        assert until_cut(slow_head) == b"", "a head is cut without a reply"
+        until_cut(slow_body)
         stop.set()
-        sender.join()
-    assert refusals(gw, "header_timeout_s") == before + 1
+        for sender in senders:
+            sender.join()
+    after = refusals(gw, "header_timeout_s"), refusals(gw, "body_timeout_s")
+    assert after == (before[0] + 1, before[1] + 1)
     assert len(calls_of(gw, session)) == 1
+
+
+def test_a_trickled_body_on_the_shared_port_gets_a_408_from_the_relaying_process(
+    gw: RunningGateway, tiny_model_dir: Path
+) -> None:
+    """A second gateway process on the same data dir relays calls for `gw`'s sessions
+    (`OwnerForwarder`, the shared port's app): it reads the body before relaying it, under
+    the same deadline; a whole call it relays is served by the owner."""
+    settings = GatewaySettings(
+        engine_urls=gw.gateway.engine.urls,
+        model="tiny-qwen3",
+        tokenizer=tiny_model_dir,
+        data_dir=gw.gateway.options.data_dir,
+        public_url="http://127.0.0.1:9",  # not the owner: every session here is relayed
+        admin_token=gw.admin_token,
+        max_body_bytes=MAX_BODY,
+        body_timeout_s=READ_TIMEOUT_S,
+        tokenize_offload_chars=0,
+    )
+    relaying = build_gateway(settings)
+    agent = GatewayApp(relaying, gw.admin_token, MAX_BODY).build("agent")
+    forwarder = OwnerForwarder(agent, relaying, error_responder_for, MAX_BODY)
+    http = http_protocol(settings, relaying.metrics)
+    session = gw.create_session()
+    head = (
+        "POST /v1/messages HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        f"x-api-key: {session['token']}\r\nContent-Length: 1000\r\n\r\n"
+    ).encode()
+    with BackgroundServer(forwarder, http=http) as shared:
+        relayed = {**session, "anthropic_base_url": shared.url}
+        with socket.create_connection((shared.host, shared.port)) as slow:
+            slow.settimeout(60)
+            slow.sendall(head + b'{"model"')
+            each_protocol(relayed)["messages"]()  # relayed to the owner meanwhile
+            reply = read_to_eof(slow)
+    assert_408(reply, "messages")
+    assert forwarder.forwarded._value.get() == 1
+    assert [c["status"] for c in calls_of(gw, session)] == ["ok"], "recorded by the owner"
+    assert (
+        relaying.metrics.registry.get_sample_value(
+            "rollout_gateway_limit_refusals_total", {"limit": "body_timeout_s"}
+        )
+        == 1
+    )

@@ -188,7 +188,7 @@ def read_to_eof(sock: socket.socket) -> bytes:
 GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
-def test_a_trickled_request_head_is_cut_and_the_server_serves_others(
+def test_a_request_head_that_stops_coming_is_cut_and_the_server_serves_others(
     served: tuple[BackgroundServer, Cuts],
 ) -> None:
     server, cuts = served
