@@ -10,7 +10,11 @@ samples), behind `RecordingProxy`, which can hold a call in flight.
 
 import hashlib
 import json
+import os
+import secrets
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,12 +29,14 @@ import pydantic_core
 import pytest
 
 from devstack.background_server import BackgroundServer
+from devstack.ports import consecutive_free_ports
 from devstack.scripted_engine import Script, ScriptedEngine
 from gateway.capture.store import CallEntry
 from gateway.errors import LIMIT_HEADER
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
 from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
+from tests.integration.test_gateway_processes import wait_healthy
 from workers.gateway_server import GatewaySettings, build_gateway, http_protocol
 
 pytestmark = pytest.mark.integration
@@ -370,3 +376,52 @@ def test_a_trickled_body_on_the_shared_port_gets_a_408_from_the_relaying_process
         )
         == 1
     )
+
+
+def test_rollout_gateway_flags_set_the_limits(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The flags reach the serving process: the body cap and the head deadline, and the
+    session defaults, which a session's own `limits` override."""
+    engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
+    admin = secrets.token_urlsafe(12)
+    with BackgroundServer(engine.app()) as engine_server:
+        port = consecutive_free_ports(2)
+        cmd = [
+            sys.executable, "-m", "workers.cli", "gateway",
+            "--engine", engine_server.url, "--model", "tiny-qwen3",
+            "--tokenizer", str(tiny_model_dir), "--port", str(port),
+            "--control-port", str(port + 1), "--data-dir", str(tmp_path / "gw"),
+            "--tokenize-offload-chars", "0",
+            "--max-body-bytes", "20000", "--header-timeout-s", "1", "--body-timeout-s", "30",
+            "--session-max-concurrent-calls", "3", "--session-max-stored-request-bytes", "0",
+            "--session-max-stored-bytes", "1",
+        ]  # fmt: skip
+        proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
+        try:
+            control = f"http://127.0.0.1:{port + 1}"
+            wait_healthy(control, proc)
+            auth = {"Authorization": f"Bearer {admin}"}
+
+            def create(**config: Any) -> dict[str, Any]:
+                reply = httpx.post(
+                    f"{control}/sessions", json={"rollout_id": "r", **config}, headers=auth
+                )
+                assert reply.status_code == 201, reply.text
+                return dict(reply.json())
+
+            default, own = create(), create(limits={"max_stored_bytes": 10**9})
+            with pytest.raises(openai.APIStatusError) as full:
+                each_protocol(default)["chat"]()
+            assert "max_stored_bytes=1;" in full.value.response.json()["error"]["message"]
+            each_protocol(own)["chat"]()  # its own limit has room
+            with pytest.raises(openai.APIStatusError) as big:
+                each_protocol(own)["chat"](extra_body={"padding": "x" * 20_000})
+            assert "max_body_bytes=20000" in big.value.response.json()["error"]["message"]
+            with socket.create_connection(("127.0.0.1", port)) as silent:
+                silent.settimeout(60)
+                assert read_to_eof(silent) == b"", "cut by the 1 s head deadline"
+            records = tmp_path / "gw" / "sessions" / own["session_id"] / "records.jsonl"
+            entry = json.loads(records.read_text().splitlines()[-1])
+            assert entry["request"] == {} and "messages" in entry["request_omitted"]["fields"]
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) is not None
