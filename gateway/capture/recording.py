@@ -3,7 +3,7 @@ durable `CallEntry` whose size follows what is new in the call, not the whole hi
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -61,6 +61,7 @@ class PlannedCall:
     reuse: Reuse
     scene: Scene
     sampling: SamplingParams
+    """What the engine is sent (`SamplingControl.apply` and the context window's cap)."""
     call_id: str
     started_at: datetime
     wall_start: float
@@ -70,6 +71,8 @@ class PlannedCall:
     policy_version: str | None = None
     """The version the gateway served when the engine call was admitted (set by a policy
     update); None: the session's label, as no update has named one."""
+    sampling_overridden: dict[str, Any] = field(default_factory=dict)
+    """Pinned fields the agent asked otherwise: field → the agent's value (JSON)."""
 
     def recorded_call(
         self,
@@ -101,6 +104,7 @@ class PlannedCall:
             new_prompt_tokens=self.plan.new_token_count,
             finish_reason=finish_reason,
             sampling=self.sampling,
+            sampling_overridden=self.sampling_overridden,
             policy_version=self.policy_version or meta.config.policy_version,
             engine_url=meta.engine_url,
             started_at=self.started_at,
