@@ -321,14 +321,7 @@ class Gateway(SessionService):
         control = config.sampling_control
         applied = control.apply(config.sampling, request.sampling)
         if applied.overridden and control.on_conflict == "refuse":
-            name = next(iter(applied.overridden))
-            pinned = applied.used.model_dump(mode="json", include={name})[name]
-            value = "the engine's default" if pinned in (None, {}) else json.dumps(pinned)
-            raise GatewayError(
-                "invalid_request",
-                f"{name} is pinned by this session to {value}; omit it or send that value",
-                param=name,
-            )
+            raise _pinned(next(iter(applied.overridden)), applied.used)
         self.check_logit_bias(applied.used, "logit_bias")
         for name in applied.overridden:
             self.metrics.sampling_overridden.labels(name).inc()
@@ -436,3 +429,15 @@ class Gateway(SessionService):
         m.reused_prompt_tokens.inc(plan.base_length)
         m.sampled_tokens.inc(len(call.output_ids))
         m.call_seconds.labels(request.protocol).observe(call.duration_s)
+
+
+def _pinned(name: str, used: SamplingParams) -> GatewayError:
+    """The 400 for a call that asks pinned field `name` for another value."""
+    pinned = used.model_dump(mode="json", include={name})[name]
+    if pinned in (None, {}):
+        told = "the engine's default; omit it"
+    else:
+        told = f"{json.dumps(pinned)}; omit it or send that value"
+    return GatewayError(
+        "invalid_request", f"{name} is pinned by this session to {told}", param=name
+    )
