@@ -16,17 +16,20 @@ import anthropic
 import httpx
 import openai
 import pytest
+from temporalio.testing import ActivityEnvironment
 from tokenizers import Tokenizer
 
 from activities.samples import build_rows, sampling_json
+from activities.session import GatewayAccess, SessionActivities
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from rollout_client.storage import read_samples, write_samples
 from schemas.evaluation import EvaluationResult
 from schemas.outcome import RolloutStatus, RunOutcome
-from schemas.rollout import CollectRequest, SessionRef
+from schemas.rollout import CollectRequest, SessionRef, SessionRequest
 from schemas.samples import table_to_rows
-from schemas.sampling import SamplingParams
+from schemas.sampling import SamplingControl, SamplingParams
+from schemas.tasks import HarnessSpec
 from schemas.trajectory import Trajectory
 from tests.fixtures.gateway import RecordingProxy, RunningGateway
 
@@ -200,6 +203,33 @@ def test_a_logit_bias_on_a_token_the_model_lacks_is_refused_before_the_engine(
         )
     assert refused.value.body["param"] == f"logit_bias.{vocab + 5}"  # type: ignore[index]
     assert gw.trajectory(session["session_id"])["calls"] == [] and proxy.exchanges == []
+
+
+async def test_the_create_session_activity_hands_the_control_to_the_gateway(
+    proxied: tuple[RunningGateway, RecordingProxy],
+) -> None:
+    """The gateway-host activity opens the session with the task's control: a field the
+    task leaves to the agent reaches the engine as the agent sent it, the others not."""
+    gw, proxy = proxied
+    access = GatewayAccess([gw.control_url], gw.admin_token, owner_queue="q")
+    request = SessionRequest(
+        rollout_id="r-act",
+        attempt=1,
+        policy_version="v1",
+        sampling=SamplingParams(temperature=1.0, top_p=1.0),
+        sampling_control=SamplingControl(top_p="agent"),
+        harness=HarnessSpec(name="command", config={"command": "true"}),
+    )
+    try:
+        ref = await ActivityEnvironment().run(SessionActivities(access).create_session, request)
+    finally:
+        await access.aclose()
+    client = openai.AsyncOpenAI(base_url=ref.openai_base_url, api_key=ref.token, max_retries=0)
+    await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=0.1, top_p=0.4
+    )
+    await client.close()
+    assert sent_sampling(proxy) == {"temperature": 1.0, "top_p": 0.4}
 
 
 def collect_request(session: dict[str, Any]) -> CollectRequest:
