@@ -89,7 +89,9 @@ class SessionService:
         """A bias on a token id the model does not have is refused as a 400 naming it,
         before an engine sees it (its refusal would be recorded as a failed call)."""
         vocab = self.options.vocab_size
-        bad = sorted(t for t in sampling.logit_bias or {} if vocab is not None and t >= vocab)
+        if vocab is None or not sampling.logit_bias:
+            return
+        bad = sorted(t for t in sampling.logit_bias if t >= vocab)
         if bad:
             raise GatewayError(
                 "invalid_request",
