@@ -220,6 +220,7 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         advertised_url=advertised,
         data_dir=settings.data_dir,
         context_window=window,
+        vocab_size=files.vocab_size,
         fsync=settings.fsync,
         fsync_interval_ms=settings.fsync_interval_ms,
         session_reaper_interval_s=settings.session_reaper_interval_s,

@@ -25,6 +25,7 @@ from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental import IncrementalTokenizer
 from gateway.sessions.lifetime import Clock, Expiry, expiry
 from gateway.sessions.live import LiveSession, hash_token
+from schemas.sampling import SamplingParams
 from schemas.session import SessionConfig, SessionCreated, SessionListing, SessionSummary
 from schemas.trajectory import CallStatus, Trajectory
 
@@ -61,6 +62,7 @@ class SessionService:
         """Open a session; returns (reply, created). With an `idempotency_key` the session
         id and token derive from the key (HMAC with this data dir's secret), so a retried
         create — also after a gateway restart — gets the same session back, not a second."""
+        self.check_logit_bias(config.sampling, "sampling.logit_bias")
         if config.idempotency_key is None:
             session_id = "s" + uuid.uuid4().hex
             token = f"{session_id}.{secrets.token_urlsafe(24)}"
@@ -82,6 +84,20 @@ class SessionService:
         self.sessions[session_id] = LiveSession(meta, self.clock())
         self.metrics.sessions_open.inc()
         return self._created_reply(session_id, token), True
+
+    def check_logit_bias(self, sampling: SamplingParams, param: str) -> None:
+        """A bias on a token id the model does not have is refused as a 400 naming it,
+        before an engine sees it (its refusal would be recorded as a failed call)."""
+        vocab = self.options.vocab_size
+        if vocab is None or not sampling.logit_bias:
+            return
+        bad = sorted(t for t in sampling.logit_bias if t >= vocab)
+        if bad:
+            raise GatewayError(
+                "invalid_request",
+                f"logit_bias names token id {bad[0]}; the model's ids are 0 to {vocab - 1}",
+                param=f"{param}.{bad[0]}",
+            )
 
     def _derived_identity(self, key: str) -> tuple[str, str]:
         secret = self.store.secret()
