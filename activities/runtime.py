@@ -4,13 +4,16 @@ Why a plain composition (no Temporal here): the activities that wrap it decide r
 heartbeats and task queues; this module only guarantees the *order* and the *cleanup*:
 
     harness.setup → before_run hooks → harness.run → kill every process left in the
-    sandbox → after_run hooks
+    sandbox → (kill again → after_run hook) for each hook
     (on any failure or cancellation: on_error hooks)
     finally, always — also on asyncio.CancelledError: harness.cleanup
 
-The kill comes before the after_run hooks because the evaluation runs in the agent's
-sandbox: a process the agent left behind could otherwise rewrite its answer, or the
-checks, while they run. If the kill fails the run fails (no reward can be trusted).
+The kills come before every after_run hook because the evaluation runs in the agent's
+sandbox: a process the agent left behind — or one that something the agent planted
+started during an earlier hook — could otherwise rewrite its answer, or the checks,
+while they run. The hooks that run commands there do so in the clean room
+(`Sandbox.evaluator_exec`, which kills once more before each command). If a kill fails
+the run fails (no reward can be trusted).
 
 Outcomes of the agent (bad exit, time-out, wrong answer, broken evaluator) are *data*
 in the returned `RunOutcome`. Infrastructure failures (harness setup, a required hook,
@@ -178,7 +181,8 @@ async def run_in_sandbox(
             if lf.local_path:
                 ctx.add_artifact(Path(lf.local_path), lf.kind)
         await phases.run("stop_agent", sandbox.kill_all_processes(), budget.cleanup_s)
-        await phases.run("after_run", run_phase(hooks, "after_run", ctx), budget.hooks_s)
+        after = run_phase(hooks, "after_run", ctx, before_each=sandbox.kill_all_processes)
+        await phases.run("after_run", after, budget.hooks_s)
         outcome.status = run_status(outcome.agent, outcome.evaluation)
         if task.reward_fn_version is None and outcome.evaluation is not None:
             outcome.reward_fn_version = outcome.evaluation.reward_fn_version

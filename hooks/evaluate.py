@@ -5,17 +5,22 @@ not found, time-out, unparsable reward output, sandbox failure) the result is
 `status="eval_error"` with `reward=None`, so a trainer never learns from a reward of 0
 that the agent did not earn. The spec and result models are in `schemas.evaluation`.
 
-The checks run in the agent's own sandbox (after the runtime killed every process the
-agent left), so nothing they use may sit where the agent could have prepared it: a
-script check's script arrives on stdin and is written into a directory `mktemp -d`
-creates at run time (random name, created exclusively, mode 0700), never to a path the
-agent could guess, pre-create or symlink (`_SCRIPT_RUNNER`).
+The checks run in the agent's own sandbox, each in the clean room
+(`Sandbox.evaluator_exec`: every process killed first, fresh HOME, system PATH, no user
+site, neutral git), and the hidden files are placed right after a kill, so nothing the
+agent left can run code in the evaluator. Nothing they use may sit where the agent
+could have prepared it either: a script check's script arrives on stdin and is written
+into a directory `mktemp -d` creates at run time (random name, created exclusively,
+mode 0700), never to a path the agent could guess, pre-create or symlink
+(`_SCRIPT_RUNNER`); a Python interpreter gets ``-s`` (no user site dir).
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 import re
+import shlex
 import time
 from typing import Any
 
@@ -39,6 +44,20 @@ _SCRIPT_RUNNER = (
     "d=$(mktemp -d) || exit 126; trap 'rm -rf \"$d\"' EXIT; "
     'cat > "$d/script" && {interpreter} "$d/script" </dev/null'
 )
+
+
+def _isolated(interpreter: str) -> str:
+    """`interpreter` with ``-s`` after a Python (also behind ``env``): its user site dir is
+    never read, whatever HOME a check sets. Not ``-I``: it would drop the PYTHON*
+    variables a check's own env sets (the task author's)."""
+    words = shlex.split(interpreter)
+    for i, word in enumerate(words):
+        name = posixpath.basename(word)
+        if re.fullmatch(r"python[0-9.]*", name):
+            return shlex.join([*words[: i + 1], "-s", *words[i + 1 :]])
+        if name != "env" and not (i and "=" in word):
+            break
+    return interpreter
 
 
 class EvaluatorError(RuntimeError):
@@ -99,12 +118,12 @@ async def _run_check(
 
     stdin: bytes | None = None
     if isinstance(check, ScriptCheck):
-        cmd = _SCRIPT_RUNNER.format(interpreter=check.interpreter)
+        cmd = _SCRIPT_RUNNER.format(interpreter=_isolated(check.interpreter))
         stdin = check.script.encode()
     else:
         cmd = check.command
     try:
-        res = await sandbox.exec(
+        res = await sandbox.evaluator_exec(
             cmd, cwd=cwd, env=check.env or None, timeout=check.timeout_s, stdin=stdin
         )
     except SandboxError as e:
@@ -155,6 +174,9 @@ async def evaluate(sandbox: Sandbox, spec: EvaluationSpec, workdir: str) -> Eval
     results: list[CheckResult] = []
     steps: list[float] | None = None
     try:
+        if spec.files:
+            # Nothing may be running when the hidden files arrive.
+            await sandbox.kill_all_processes()
         for f in spec.files:
             path = f.path if f.path.startswith("/") else f"{workdir.rstrip('/')}/{f.path}"
             await sandbox.put_file(path, f.data(), mode=f.mode)

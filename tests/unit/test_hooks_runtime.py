@@ -149,11 +149,13 @@ async def test_phases_run_in_order_and_the_sandbox_is_destroyed(tmp_path: Path) 
     backend = FakeBackend()
     phases: list[str] = []
     r = await manager(tmp_path, backend).run(task(), SESSION, "r1", on_phase=phases.append)
-    # Every process the agent left is killed before the after_run hooks (evaluation).
+    # Every process the agent left is killed after it, and again before each after_run
+    # hook (evaluation): one hook may have started what the agent planted.
     assert EVENTS == [
         "harness.setup",
         "h.before_run",
         "harness.run",
+        "sandbox.kill_all",
         "sandbox.kill_all",
         "h.after_run",
         "harness.cleanup",
