@@ -17,7 +17,12 @@ the run fails (no reward can be trusted).
 
 Outcomes of the agent (bad exit, time-out, wrong answer, broken evaluator) are *data*
 in the returned `RunOutcome`. Infrastructure failures (harness setup, a required hook,
-the sandbox) raise `RuntimeFailure`, which carries the partial outcome.
+the sandbox) raise `RuntimeFailure`, which carries the partial outcome — unless the
+failure came once the agent could act and its sandbox shows damage the agent could have
+done (`Sandbox.agent_damage`: its supervisor killed, its disk filled...). That run is
+the agent's doing, not a failure to retry: it returns with status
+`agent_broke_sandbox` (reward 0, its samples trained on), so no agent earns a fresh
+attempt, or a masked row, by breaking its sandbox.
 """
 
 from __future__ import annotations
@@ -109,6 +114,18 @@ class _Phases:
             self.timings[name] = round(time.monotonic() - t0, 3)
 
 
+#: Phases that run after the agent could act in its sandbox (its own run included).
+_AFTER_AGENT_STARTED = frozenset({"agent", "stop_agent", "after_run"})
+
+
+async def _damage_by_agent(sandbox: Sandbox, workdir: str, phase: str) -> str | None:
+    """What the agent broke, when a failure came once it could act (see
+    `Sandbox.agent_damage`); None: the failure is ours."""
+    if phase not in _AFTER_AGENT_STARTED:
+        return None
+    return await sandbox.agent_damage(workdir)
+
+
 def _endpoints(session: SessionCreated, sandbox: Sandbox) -> GatewayEndpoints:
     return GatewayEndpoints.inside_sandbox(
         token=session.token,
@@ -191,10 +208,20 @@ async def run_in_sandbox(
         await to_completion(run_on_error(hooks, ctx, e), budget.cleanup_s, "on_error hooks")
         raise
     except Exception as e:
-        outcome.status = RolloutStatus.infra_error
         outcome.error = f"{phases.current}: {e!r}"
+        try:
+            damage = await _damage_by_agent(sandbox, ctx.workdir, phases.current)
+        except asyncio.CancelledError:  # cancelled while looking: as any cancellation
+            outcome.error = f"cancelled during {phases.current}"
+            await to_completion(run_on_error(hooks, ctx, e), budget.cleanup_s, "on_error hooks")
+            raise
+        outcome.status = RolloutStatus.infra_error
+        if damage is not None:
+            outcome.status = RolloutStatus.agent_broke_sandbox
+            outcome.error += f"; the agent broke its sandbox: {damage}"
         await to_completion(run_on_error(hooks, ctx, e), budget.hooks_s, "on_error hooks")
-        raise RuntimeFailure(phases.current, outcome, e) from e
+        if damage is None:
+            raise RuntimeFailure(phases.current, outcome, e) from e
     finally:
         await to_completion(harness.cleanup(sandbox), budget.cleanup_s, "harness cleanup")
     return outcome

@@ -7,7 +7,8 @@ Pure functions (no I/O) so every rule is unit-testable:
   *infrastructure* failure: kept for visibility, status `infra_error`, loss mask zeroed,
   so a trainer never learns from it;
 - an agent that hit its budget keeps its segments trainable with reward 0
-  (`agent_timeout`): running out of time is the policy's doing;
+  (`agent_timeout`): running out of time is the policy's doing; so does an agent that
+  broke its sandbox so that it could not be evaluated (`agent_broke_sandbox`);
 - an evaluator that broke gives no reward at all: rows are masked like infra errors;
 - a segment whose last call stopped on the token limit is `truncated`;
 - each call keeps its own policy version and sampling parameters (`call_sampling`):

@@ -3,7 +3,11 @@
 A *broken evaluator* is not a wrong answer: if a check cannot be carried out (command
 not found, time-out, unparsable reward output, sandbox failure) the result is
 `status="eval_error"` with `reward=None`, so a trainer never learns from a reward of 0
-that the agent did not earn. The spec and result models are in `schemas.evaluation`.
+that the agent did not earn — unless the agent broke the sandbox the check needed
+(filled its disk, ended its supervisor, removed or closed its workdir: measured after
+the failure by `Sandbox.agent_damage`). Then the failure is the agent's doing:
+`status="agent_broke_sandbox"`, reward 0, and what was broken in `damage`. The spec and
+result models are in `schemas.evaluation`.
 
 The checks run in the agent's own sandbox, each in the clean room
 (`Sandbox.evaluator_exec`: every process killed first, fresh HOME, system PATH, no user
@@ -186,14 +190,17 @@ async def evaluate(sandbox: Sandbox, spec: EvaluationSpec, workdir: str) -> Eval
             if step is not None and len(spec.checks) == 1:
                 steps = step
     except (EvaluatorError, SandboxError, OSError) as e:
+        # Whose failure: the agent's if it left the sandbox broken (reward 0), else ours.
+        damage = await sandbox.agent_damage(workdir)
         return EvaluationResult(
-            status="eval_error",
-            reward=None,
-            verdict="error",
+            status="agent_broke_sandbox" if damage else "eval_error",
+            reward=0.0 if damage else None,
+            verdict="fail" if damage else "error",
             checks=results,
             reward_fn_version=version,
             duration_s=round(time.monotonic() - t0, 3),
             error=str(e),
+            damage=damage,
         )
     weights = [c.weight for c in spec.checks]
     if spec.aggregate == "all":

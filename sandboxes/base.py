@@ -223,6 +223,26 @@ Command = Sequence[str] | str
 
 #: Default cap on captured output per stream in ExecResult (streaming is uncapped).
 DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
+#: How long the damage probe (`Sandbox.agent_damage`) may take in the sandbox.
+DAMAGE_PROBE_TIMEOUT_S = 30.0
+#: Bytes the damage probe writes into each directory an evaluation writes to.
+DAMAGE_PROBE_BYTES = 65536
+#: The damage probe: for each directory given, whether it is still there, and whether a
+#: new file of DAMAGE_PROBE_BYTES can be written into it; one line per problem.
+_DAMAGE_PROBE = """
+n=$1; shift
+for d in "$@"; do
+  [ -n "$d" ] || continue
+  if [ ! -d "$d" ]; then echo "$d is gone"; continue; fi
+  if ! [ -r "$d" ] || ! [ -x "$d" ]; then echo "$d cannot be read (mode changed)"; continue; fi
+  f=$(mktemp "$d/.rollout-probe.XXXXXX" 2>/dev/null) || { echo "$d takes no new file"; continue; }
+  head -c "$n" /dev/zero > "$f" 2>/dev/null || echo "$d has no room for $n bytes (disk full)"
+  rm -f "$f"
+done
+"""
+#: Exit status and message of an exec whose process could not be started (supervisor).
+_SPAWN_FAILED = (126, "exec failed:")
+
 #: Default cap on one archive read out of a sandbox (`get_archive`, `get_file`, `get_dir`):
 #: a sandbox that writes gigabytes must not take its host's memory with it.
 DEFAULT_MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
@@ -426,6 +446,42 @@ class Sandbox(abc.ABC):
         sandbox stays usable for further `exec` calls. Raises SandboxError if processes
         survive.
         """
+
+    async def agent_damage(self, workdir: str) -> str | None:
+        """What the agent broke in this sandbox that an evaluation needs, or None.
+
+        The one rule for whose fault a failed step after the agent's run is: the
+        sandbox is the agent's, so a step that failed in a sandbox showing damage the
+        agent could have done (no process can start, its supervisor is gone, the
+        workdir, /tmp or home is gone, closed or full) failed by the agent's doing and
+        scores 0; in a sandbox without such damage it is ours (masked). Measured after
+        the failure, from the host where the backend can (`_find_damage`); a probe
+        that cannot decide finds nothing, so a doubt stays ours. Never raises.
+        """
+        try:
+            return await asyncio.wait_for(self._find_damage(workdir), DAMAGE_PROBE_TIMEOUT_S + 15)
+        except Exception:
+            return None
+
+    async def _find_damage(self, workdir: str) -> str | None:
+        """The probe run inside the sandbox (`_DAMAGE_PROBE`); backends add host-side
+        measurements first. An exec the backend could not deliver decides nothing."""
+        dirs = [workdir, "/tmp", self.env.get("HOME", "")]
+        try:
+            res = await self.exec(
+                ["/bin/sh", "-c", _DAMAGE_PROBE, "probe", str(DAMAGE_PROBE_BYTES), *dirs],
+                cwd="/",
+                timeout=DAMAGE_PROBE_TIMEOUT_S,
+            )
+        except SandboxError:
+            return None
+        if res.timed_out:
+            return f"a probe of a few file writes did not finish in {DAMAGE_PROBE_TIMEOUT_S} s"
+        code, marker = _SPAWN_FAILED
+        if res.exit_code == code and marker in res.stderr:
+            return f"no process can start in it ({res.stderr.strip()[:200]})"
+        found = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+        return "; ".join(found) or None
 
     async def put_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         if isinstance(data, str):

@@ -198,6 +198,18 @@ def oom_kill_count(dirs: list[str]) -> int | None:
     return None
 
 
+def pids_limit_hits(dirs: list[str]) -> int | None:
+    """How often a fork in the sandbox was refused at its pids limit (None: unknown)."""
+    for d in dirs:
+        f = Path(d) / "pids.events"
+        with contextlib.suppress(OSError, ValueError):
+            for line in f.read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "max":
+                    return int(v)
+    return None
+
+
 def memory_cgroup_of_pid(pid: int) -> str | None:
     """Host path of the memory cgroup a process is in (docker containers, too)."""
     try:

@@ -20,11 +20,17 @@ from hooks.base import (
 )
 from hooks.collect_logs import collect_log_files
 from hooks.evaluate import _isolated, evaluate
-from sandboxes.base import DEFAULT_MAX_ARCHIVE_BYTES, EVALUATOR_PATH, ArchiveTooLarge, ExecResult
+from sandboxes.base import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
+    EVALUATOR_PATH,
+    ArchiveTooLarge,
+    ExecResult,
+    SandboxError,
+)
 from schemas.evaluation import EvaluationSpec
 from schemas.outcome import AgentResult, LogSpec, RunOutcome
 from schemas.tasks import HookSpec, RolloutTask
-from tests.fixtures.fake_sandbox import FakeSandbox
+from tests.fixtures.fake_sandbox import FakeSandbox, Handler
 from tests.fixtures.hooks import EVENTS
 
 
@@ -148,6 +154,54 @@ async def test_broken_evaluator_gives_eval_error_and_no_reward(res: ExecResult, 
     r = await evaluate(sb, spec, "/workspace")
     assert r.status == "eval_error" and r.reward is None and r.verdict == "error"
     assert why in (r.error or "")
+
+
+def probe_finds(found: str | ExecResult | Exception) -> Handler:
+    """The check cannot run (exit 127); the damage probe answers `found`."""
+
+    def handler(cmd: str, kw: dict[str, Any]) -> ExecResult | None:
+        if ".rollout-probe" not in cmd:
+            return ExecResult(exit_code=127, stderr="exec failed: [Errno 2] /workspace")
+        if isinstance(found, Exception):
+            raise found
+        return found if isinstance(found, ExecResult) else ExecResult(exit_code=0, stdout=found)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("probe", "damage"),
+    [
+        ("/workspace is gone\n/tmp has no room for 65536 bytes (disk full)\n",
+         "/workspace is gone; /tmp has no room for 65536 bytes (disk full)"),
+        (ExecResult(exit_code=126, stderr="exec failed: [Errno 11] Resource unavailable"),
+         "no process can start in it"),
+        (ExecResult(exit_code=137, timed_out=True), "did not finish"),
+    ],
+)  # fmt: skip
+async def test_a_check_that_fails_in_a_sandbox_the_agent_broke_scores_zero(
+    probe: str | ExecResult, damage: str
+) -> None:
+    """Not a masked evaluator error: the agent's doing, reward 0, what it broke named."""
+    spec = EvaluationSpec.model_validate({"checks": [{"kind": "command", "command": "run"}]})
+    r = await evaluate(FakeSandbox(probe_finds(probe)), spec, "/workspace")
+    assert r.status == "agent_broke_sandbox" and r.reward == 0.0 and r.verdict == "fail"
+    assert r.damage is not None and damage in r.damage
+    assert "could not run" in (r.error or "") and damage in (r.problem or "")
+
+
+@pytest.mark.parametrize(
+    "probe",
+    ["", ExecResult(exit_code=2, stderr="sh: something odd"), SandboxError("backend API down")],
+)
+async def test_a_probe_that_finds_nothing_or_cannot_run_leaves_the_error_ours(
+    probe: str | ExecResult | Exception,
+) -> None:
+    """An intact sandbox, or a probe that itself could not be carried out: a doubt
+    stays ours (eval_error, masked)."""
+    spec = EvaluationSpec.model_validate({"checks": [{"kind": "command", "command": "run"}]})
+    r = await evaluate(FakeSandbox(probe_finds(probe)), spec, "/workspace")
+    assert r.status == "eval_error" and r.reward is None and r.damage is None
 
 
 async def test_reward_script_json_and_its_crash() -> None:

@@ -139,6 +139,13 @@ def test_agent_timeout_stays_trainable_with_zero_reward() -> None:
     assert row.loss_mask == [1, 1, 0, 1, 1]
 
 
+def test_a_sandbox_the_agent_broke_stays_trainable_with_zero_reward() -> None:
+    traj = trajectory([call("c1", "g1")], [segment("g1", ["c1"])])
+    [row] = build_rows(traj, request(RolloutStatus.agent_broke_sandbox, reward=0.7))
+    assert row.status == "agent_broke_sandbox" and row.reward == 0.0
+    assert row.loss_mask == [1, 1, 0, 1, 1]
+
+
 def test_eval_error_masks_everything() -> None:
     traj = trajectory([call("c1", "g1")], [segment("g1", ["c1"])])
     [row] = build_rows(traj, request(RolloutStatus.eval_error, reward=None))
