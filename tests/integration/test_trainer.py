@@ -71,7 +71,9 @@ def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[
     work = Path(tempfile.mkdtemp(prefix="rollout-train-", dir="/tmp"))
     work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
     engine = VllmServer(VllmServerConfig.trainable(tiny_model_dir)).start()
-    gateway = start_gateway(engine.url, tiny_model_dir, work / "gateway", engine.model)
+    gateway = start_gateway(
+        engine.url, tiny_model_dir, work / "gateway", engine.model, checkpoint_roots=[work]
+    )
     worker = WorkerProcess(
         [
             "--role=all",
