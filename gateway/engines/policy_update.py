@@ -1,19 +1,25 @@
 """Policy updates without losing work: pause, drain, load, set the version, resume.
 
 `PolicyGate` sits in front of every engine call of this process: a call is admitted
-(and told the policy version it samples with) or waits while an update holds the gate
+(and told the policy version its engine serves) or waits while an update holds the gate
 closed; it is never failed for it. An update closes the gate, waits until the admitted
 calls have finished (drain), so no call straddles two sets of weights and every call
 records the version that really sampled it.
 
 `PolicyUpdater` runs `POST /policy`. Engines are shared by all gateway processes, so the
 process that gets the call first pauses and drains every peer (`POST /policy/pause` on
-their control listeners), then itself, has every engine load the checkpoint
-(`Engine.weight_loader`; vLLM's reloads in place, `vllm_weights`), and resumes everyone
-with the new version — or, when an engine fails to load, puts back the engines that had
-loaded and resumes everyone on the old one. Updates are serialized; a peer paused by one
-update refuses another (409) instead of deadlocking two coordinators. The history is one
-JSONL file on the shared data dir, so every process (and a restarted one) reports the same.
+their control listeners, a lease it renews while the update runs), then itself, has
+every engine load the checkpoint (`Engine.weight_loader`; vLLM's reloads in place,
+`vllm_weights`), and resumes everyone with the new version.
+
+Whatever fails (a peer, the drain, an engine's load, a bug, cancellation), the update
+ends the same way: what each engine serves is kept true at every step (an engine that
+failed after it began to change weights and could not be put back is `unknown`), the
+history gets the entry, every peer and this gate resume on it, and the caller gets an
+error naming what failed and what the engines serve. Updates are serialized and run to
+their end even if their caller leaves; a peer paused by one update refuses another (409)
+instead of deadlocking two coordinators. The history (`policy_history`) is on the shared
+data dir, so every process (and a restarted one) reports the same.
 """
 
 import asyncio
@@ -176,7 +182,10 @@ class PolicyUpdater:
         self._ended: deque[str] = deque(maxlen=64)
         """Updates whose resume came when this process was not paused for them (its
         lease had resumed it, or the pause is still on its way): a late pause is refused."""
-        self.serving: dict[str, EngineServing] = {u: _starting(u) for u in self.engine_urls}
+        self.serving: dict[str, EngineServing] = {
+            u: EngineServing(engine=u, policy_version=gate.version, checkpoint=None)
+            for u in self.engine_urls
+        }
         self.history_file.repair()  # a torn last line from a crash: dropped, never fatal
         if gate.version is None:
             self._apply(self._serving_from_history())
