@@ -56,6 +56,9 @@ log = logging.getLogger("rollout.gateway")
 
 __all__ = ["HISTORY_FILE", "PolicyGate", "PolicyUpdater"]
 
+PEER_ANSWER_S = 30.0
+"""How long a peer may take to answer beyond the drain it was given (then: unreachable)."""
+
 PEER_LEASE_S = 60.0
 """How long a paused peer waits for the coordinator's word before it resumes by itself;
 the coordinator renews the lease every third of it while the update runs."""
@@ -459,7 +462,7 @@ class PolicyUpdater:
 
     # ------------------------------------------------------------------ peers
     async def _peer(self, peer: str, action: str, body: PeerPause | PeerResume) -> httpx.Response:
-        timeout = (body.drain_timeout_s + 30) if isinstance(body, PeerPause) else 60.0
+        timeout = PEER_ANSWER_S + (body.drain_timeout_s if isinstance(body, PeerPause) else 0)
         try:
             async with httpx.AsyncClient(timeout=timeout, headers=self.headers) as client:
                 reply = await client.post(f"{peer}/policy/{action}", json=body.model_dump())

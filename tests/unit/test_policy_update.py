@@ -7,6 +7,7 @@ over real HTTP and real files."""
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -269,20 +270,27 @@ class PeerForTests:
     """A second gateway process's policy endpoints (the real `PolicyUpdater` peer code
     behind HTTP); `refuse` answers every pause with that status instead."""
 
-    def __init__(self, urls: list[str], data_dir: Path, refuse: int | None = None) -> None:
+    def __init__(
+        self, urls: list[str], data_dir: Path, refuse: int | None = None, delay_s: float = 0
+    ) -> None:
         self.updater = PolicyUpdater(PolicyGate(), urls, data_dir)
         self.refuse = refuse
+        self.delay_s = delay_s
+        self.pauses: list[int] = []
+        """The status of each pause this peer answered."""
 
     def app(self) -> Starlette:
         async def pause(request: Request) -> Response:
+            body = PeerPause.model_validate(await request.json())
             if self.refuse is not None:
                 return JSONResponse({"error": {"message": "boom"}}, self.refuse)
+            await asyncio.sleep(self.delay_s)
             try:
-                done = await self.updater.pause_for_peer(
-                    PeerPause.model_validate(await request.json())
-                )
+                done = await self.updater.pause_for_peer(body)
             except GatewayError as err:
+                self.pauses.append(err.status)
                 return JSONResponse({"error": {"message": err.message}}, err.status)
+            self.pauses.append(200)
             return Response(done.model_dump_json(), media_type="application/json")
 
         async def resume(request: Request) -> Response:
@@ -330,6 +338,42 @@ def test_a_peer_that_refuses_or_is_gone_fails_the_update_with_everyone_resumed(
     assert first.calls == []  # no engine touched
     assert [r.status for r in updater.history()] == ["failed", "failed"]
     assert not updater.gate.closed and not updater2.gate.closed
+
+
+def test_a_peer_that_answers_too_late_is_resumed_and_refuses_its_late_pause(
+    engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A peer does not answer the pause in time: the update fails (503 naming it, no
+    engine touched) and the peer is sent the resume all the same; when the pause does
+    reach it, it refuses it (the update has ended), so it never stays paused."""
+    monkeypatch.setattr("gateway.engines.policy_update.PEER_ANSWER_S", 0.3)
+    (first, _), (one, _) = engines
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    slow = PeerForTests([one], tmp_path / "gw", delay_s=1.0)
+    with BackgroundServer(slow.app()) as p1:
+        updater = updater_for([one], tmp_path, peers=[p1.url])
+        error = asyncio.run(
+            failed_with(
+                updater, PolicyUpdate(policy_version="v1", checkpoint=ckpt, drain_timeout_s=0.1)
+            )
+        )
+        assert error.status == 503 and f"{p1.url} unreachable for pause" in error.message
+        assert "ReadTimeout" in error.message
+        for _ in range(500):
+            if slow.pauses:
+                break
+            time.sleep(0.01)
+    assert slow.pauses == [409]
+    assert not slow.updater.gate.closed and slow.updater._peer_hold is None
+    assert first.calls == [] and [r.status for r in updater.history()] == ["failed"]
+
+
+async def failed_with(updater: PolicyUpdater, update: PolicyUpdate) -> GatewayError:
+    with pytest.raises(GatewayError) as caught:
+        await updater.update(update)
+    return caught.value
 
 
 def _closed_port() -> int:
