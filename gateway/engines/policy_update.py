@@ -319,17 +319,7 @@ class PolicyUpdater:
         closed = False
         renewing = asyncio.create_task(self._renew_leases(to_resume, update_id))
         try:
-            for peer in self.peers:
-                to_resume.append(peer)
-                pause = PeerPause(
-                    update_id=update_id,
-                    drain_timeout_s=update.drain_timeout_s,
-                    lease_s=self.lease_s,
-                    policy_version=update.policy_version,
-                    checkpoint=update.checkpoint,
-                )
-                reply = await self._peer(peer, "pause", pause)
-                drained += PeerPaused.model_validate_json(reply.content).drained_calls
+            drained = await self._pause_peers(update, update_id, to_resume)
             closed = True
             here, _ = await self.gate.close_and_drain(update.drain_timeout_s)
             drained += here
@@ -348,27 +338,29 @@ class PolicyUpdater:
             renewing.cancel()
         held = self.gate.held if closed else 0
         try:
-            self._apply(serving)
-            error = None
-            if failure is not None:
-                error = (
-                    f"policy update {update_id} to {update.policy_version} failed: "
-                    f"{failure.message}; {serving_text(serving)}"
+            try:
+                self._apply(serving)
+                error = None
+                if failure is not None:
+                    error = (
+                        f"policy update {update_id} to {update.policy_version} failed: "
+                        f"{failure.message}; {serving_text(serving)}"
+                    )
+                done = record(
+                    "ok" if failure is None else "failed",
+                    error,
+                    drained_calls=drained,
+                    held_calls=held,
+                    drain_s=round(drain_s, 4),
+                    load_s=round(load_s, 4),
+                    engines=reports,
+                    serving=list(serving.values()),
                 )
-            done = record(
-                "ok" if failure is None else "failed",
-                error,
-                drained_calls=drained,
-                held_calls=held,
-                drain_s=round(drain_s, 4),
-                load_s=round(load_s, 4),
-                engines=reports,
-                serving=list(serving.values()),
-            )
-            written = await self._append(done)
-            await self._resume_peers(to_resume, update_id, serving)
+                written = await self._append(done)  # before the peers: their leases read it
+            finally:
+                self.gate.open()
         finally:
-            self.gate.open()
+            await self._resume_peers(to_resume, update_id, serving)
         log.info(
             "policy update %s %s → %s: %s in %.2fs (drain %.2fs, load %.2fs)%s",
             update_id,
@@ -391,6 +383,23 @@ class PolicyUpdater:
                 f"could not be written ({written}); a restarted gateway would not know it",
             )
         return done
+
+    async def _pause_peers(self, update: PolicyUpdate, update_id: str, paused: list[str]) -> int:
+        """Pause and drain every peer, each listed in `paused` before it is asked (so a
+        pause whose answer is lost is resumed too); the calls they drained."""
+        drained = 0
+        for peer in self.peers:
+            paused.append(peer)
+            pause = PeerPause(
+                update_id=update_id,
+                drain_timeout_s=update.drain_timeout_s,
+                lease_s=self.lease_s,
+                policy_version=update.policy_version,
+                checkpoint=update.checkpoint,
+            )
+            reply = await self._peer(peer, "pause", pause)
+            drained += PeerPaused.model_validate_json(reply.content).drained_calls
+        return drained
 
     async def _append(self, record: PolicyUpdateRecord) -> str | None:
         """Write a history entry; the error text when it could not be."""
