@@ -10,6 +10,7 @@ this process) to know when the update holds the gate and when a call waits at it
 step depends on how fast the engine is.
 """
 
+import asyncio
 import json
 import os
 import secrets
@@ -36,7 +37,8 @@ from devstack.ports import consecutive_free_ports
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.vllm_server import VllmServer, VllmServerConfig
 from gateway.engines.vllm_weights import tensor_shapes
-from schemas.policy import UNKNOWN_WEIGHTS, PolicyState, PolicyUpdateRecord
+from rollout_client.policy import GatewayPolicyClient, PolicyUpdateError
+from schemas.policy import UNKNOWN_WEIGHTS, PolicyState, PolicyUpdate, PolicyUpdateRecord
 from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
 from tests.fixtures.weight_endpoints import (
     FakeVllmDevEndpointsForTests,
@@ -449,6 +451,11 @@ def test_a_gateway_without_checkpoint_roots_refuses_every_update(
             "forbidden", "permission_error", "checkpoint",
         )  # fmt: skip
         assert "--checkpoint-root" in error["message"]
+        client = GatewayPolicyClient(gw.control_url, gw.admin_token)
+        update = PolicyUpdate(policy_version="p", checkpoint=str(tmp_path / "c"))
+        with pytest.raises(PolicyUpdateError) as refused:
+            asyncio.run(client.update(update))
+        assert (refused.value.status, refused.value.code) == (403, "forbidden")
     finally:
         gw.server.stop()
 
