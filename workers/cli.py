@@ -145,6 +145,13 @@ def gateway(
             "/inference/v1/generate (vLLM >= 0.32 with --enable-scale-out; leaner)"
         ),
     ] = EngineApiChoice.completions,
+    checkpoint_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="directory policy-update checkpoints must resolve under (repeatable); "
+            "none: POST /policy is refused"
+        ),
+    ] = None,
 ) -> None:
     """Serve the Gateway: the agent-facing protocols on --port, the control API, /metrics
     and /health on --control-port."""
@@ -181,6 +188,7 @@ def gateway(
         tokenize_offload_chars=tokenize_offload_chars,
         engine_routing=engine_routing.value.replace("-", "_"),
         engine_api=engine_api.value,
+        checkpoint_roots=[root.resolve() for root in checkpoint_root or []],
     )
     serve(settings, processes=processes)
 

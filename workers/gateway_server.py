@@ -96,6 +96,9 @@ class GatewaySettings(BaseModel):
     #: The other processes' control URLs (set by `serve` for N processes): a policy
     #: update on any process pauses them all, as they share the engines.
     peer_control_urls: list[str] = Field(default_factory=list)
+    #: Directories a policy update's checkpoint must resolve under (symlinks followed);
+    #: none: every `POST /policy` is refused (403).
+    checkpoint_roots: list[Path] = Field(default_factory=list)
     #: New text of at least this many characters is tokenized in a worker process, off
     #: the event loop (0: always inline); see gateway/prompt/tokenize_pool.py.
     tokenize_offload_chars: int = Field(default=16384, ge=0)
@@ -145,6 +148,13 @@ def check_admin_policy(settings: GatewaySettings) -> None:
             f"token, so --control-host must be loopback (got {settings.control_host!r}); "
             "set --admin-token or ROLLOUT_ADMIN_TOKEN to listen elsewhere"
         )
+
+
+def check_checkpoint_roots(settings: GatewaySettings) -> None:
+    """Each --checkpoint-root must be a directory; none is allowed (updates are refused)."""
+    for root in settings.checkpoint_roots:
+        if not root.is_dir():
+            raise SystemExit(f"refusing to start: --checkpoint-root {root} is not a directory")
 
 
 def check_ports(settings: GatewaySettings, processes: int) -> None:
@@ -257,6 +267,7 @@ def build_listener_apps(
         settings.admin_token,
         settings.max_body_bytes,
         peers=settings.peer_control_urls,
+        checkpoint_roots=settings.checkpoint_roots,
     )
     agent = app.build("agent")
     shared = OwnerForwarder(agent, app.gateway, error_responder_for, settings.max_body_bytes)
@@ -344,6 +355,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
     """Serve in this process, or supervise N child processes on consecutive port pairs."""
     check_admin_policy(settings)
     check_ports(settings, processes)
+    check_checkpoint_roots(settings)
     family = check_model_family(settings)
     shared = ""
     if settings.shared_port is not None:

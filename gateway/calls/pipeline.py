@@ -208,11 +208,15 @@ class Gateway(SessionService):
         samples it). A call that fails, or whose stream the client left, is recorded as
         such before its error goes on."""
         try:
-            async with self.policy.admitted() as version:  # waits while weights change
+            url = session.meta.engine_url
+            async with self.policy.admitted(url) as version:  # waits while weights change
                 planned = dataclasses.replace(planned, policy_version=version)
                 completion = await self._call_engine(
                     session, planned.plan.prompt_ids, planned.sampling, relay
                 )
+                if completion.url != url:  # routed elsewhere: that engine's version
+                    version = self.policy.version_on(completion.url)
+                    planned = dataclasses.replace(planned, policy_version=version)
         except GatewayError as err:
             partial = (relay.output_ids, relay.output_logprobs) if relay else ([], [])
             await self._record_failure(session, planned, err, *partial)

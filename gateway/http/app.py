@@ -12,6 +12,7 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -83,11 +84,13 @@ class GatewayApp:
         admin_token: str | None,
         max_body_bytes: int = 32 * 2**20,
         peers: list[str] | None = None,
+        checkpoint_roots: list[Path] | None = None,
     ) -> None:
         self.gateway = gateway
         self.admin_token = admin_token
         self.max_body_bytes = max_body_bytes
-        #: `peers`: the other gateway processes' control URLs (paused by an update here)
+        #: `peers`: the other gateway processes' control URLs (paused by an update here);
+        #: `checkpoint_roots`: where checkpoints may be loaded from (none: no updates)
         self.policy = PolicyUpdater(
             gateway.policy,
             gateway.engine.urls,
@@ -95,6 +98,7 @@ class GatewayApp:
             peers,
             admin_token,
             loader=gateway.engine.weight_loader,
+            checkpoint_roots=checkpoint_roots,
         )
         registry = gateway.metrics.registry
         registry.register(EngineCollector(gateway.engine, gateway.incremental.tokenizer))

@@ -34,6 +34,7 @@ from gateway.protocols.sse import (
 ANTHROPIC_ERRORS: dict[str, tuple[str, int | None]] = {
     "invalid_request": ("invalid_request_error", None),
     "authentication": ("authentication_error", None),
+    "forbidden": ("permission_error", None),
     "not_found": ("not_found_error", None),
     "method_not_allowed": ("invalid_request_error", None),
     "conflict": ("invalid_request_error", None),
