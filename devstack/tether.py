@@ -9,7 +9,9 @@ however it exits, the shim SIGKILLs the group, itself included.
 
 The starter is watched through a pidfd of its process (readable once it has exited), not
 `PR_SET_PDEATHSIG`: that fires when the *thread* that forked exits, and starters fork
-from worker threads too. Where pidfds are missing the shim polls its parent pid.
+from worker threads too. Where pidfds are missing the shim polls its parent pid. The
+command itself gets `PR_SET_PDEATHSIG` from the shim (single-threaded when it forks), so
+it dies even if only the shim is killed.
 
 Stopping stays as it was: signal the group (`os.killpg(proc.pid, ...)`); the shim ignores
 SIGTERM/SIGINT/SIGHUP itself (the command gets them from the group signal) and exits with
@@ -19,6 +21,7 @@ the command's status once it ends.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import select
 import signal
@@ -27,11 +30,18 @@ import sys
 import threading
 import time
 
+_PR_SET_PDEATHSIG = 1
+
 
 def tethered(argv: list[str]) -> list[str]:
     """`argv` run so that its process group dies with this process (the group's id is
     the pid of the process started from the returned argv)."""
     return [sys.executable, "-m", "devstack.tether", str(os.getpid()), "--", *argv]
+
+
+def _die_with_shim() -> None:
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _kill_group() -> None:
@@ -59,7 +69,9 @@ def main(args: list[str]) -> int:
         os.setsid()
     if os.getppid() != parent:  # the starter died before we got here
         _kill_group()
-    child = subprocess.Popen(command)
+    # Forked from this single-threaded shim's main thread, so the signal follows the shim:
+    # a shim killed alone (not its group) still takes the command with it.
+    child = subprocess.Popen(command, preexec_fn=_die_with_shim)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)  # the group's signal reaches the command
     threading.Thread(target=_watch, args=(parent,), daemon=True).start()

@@ -251,3 +251,20 @@ def test_tethered_command_stops_as_before() -> None:
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(GONE_WITHIN_S) == 128 + signal.SIGTERM
+
+
+def test_tethered_command_dies_with_its_shim() -> None:
+    """Should only the shim be SIGKILLed (not its group), the command goes with it."""
+    from devstack.tether import tethered
+
+    proc = subprocess.Popen(tethered(["sleep", "600"]), start_new_session=True)
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while not (command := descendants(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert len(command) == 1, command
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(GONE_WITHIN_S)
+        assert not left_after_poll(command)
+    finally:
+        kill_all(command)
