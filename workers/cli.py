@@ -199,7 +199,10 @@ def codec_server(
         ),
     ] = None,
     insecure_no_token: Annotated[
-        bool, typer.Option(help="serve without a token (development, loopback --host only)")
+        bool,
+        typer.Option(
+            "--insecure-no-token", help="serve without a token (development, loopback only)"
+        ),
     ] = False,
 ) -> None:
     """Decode encrypted payloads for the Temporal UI / CLI (their codec endpoint)."""
