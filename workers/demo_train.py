@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import BaseModel, Field
 
 from devstack.temporal_dev_server import TemporalDevServer
+from devstack.tether import tethered
 from schemas.training import FinalEval, StepMetrics, TrainConfig
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ async def _run_trainer(cfg: TrainConfig, python: Path, admin_token: str, console
     argv, env = trainer_process(cfg, python, admin_token)
     env["TQDM_DISABLE"] = "1"  # transformers' load/save progress bars would bury the step lines
     proc = await asyncio.create_subprocess_exec(
-        *argv,
+        *tethered(argv),  # its group dies with this process, SIGKILL included
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,

@@ -26,6 +26,7 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 
+from gateway import lifeline
 from gateway.calls.pipeline import Gateway
 from gateway.engines.routing import EngineRouter, EngineRouting
 from gateway.engines.vllm import EngineApi, VllmEngine
@@ -389,6 +390,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
             }
         )
         env = dict(os.environ, ROLLOUT_GATEWAY_SETTINGS=child_settings.model_dump_json())
+        env[lifeline.PARENT_ENV] = lifeline.parent_token()  # a child dies with this process
         children.append(subprocess.Popen([sys.executable, "-m", "workers.gateway_server"], env=env))
         print(
             f"gateway process {index}: {shared}agent API http://{settings.host}:{port}, "
@@ -407,6 +409,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
 
 
 if __name__ == "__main__":  # one child of `serve(..., processes=N)`
+    lifeline.from_environment()
     asyncio.run(
         serve_listeners(GatewaySettings.model_validate_json(os.environ["ROLLOUT_GATEWAY_SETTINGS"]))
     )

@@ -221,7 +221,8 @@ class GatewayApp:
         session = self.gateway.authenticate(_bearer(request))
         lap("auth")
         body = await self._read_json(request)
-        canonical = route.parse(body, dict(request.headers), request.url.path, session.history)
+        headers, path = dict(request.headers), request.url.path
+        canonical = route.parse(body, headers, path, session.history, session.seal)
         lap("body_parse")
         return session, canonical, body
 
@@ -232,18 +233,18 @@ class GatewayApp:
         async def sample(request: Request) -> Response:
             session, canonical, body = await self._agent_request(request, route)
             if canonical.stream and route.stream_writer is not None:
-                writer = route.stream_writer(canonical)
+                writer = route.stream_writer(canonical, session.seal)
                 return await stream_reply(self.gateway, session, canonical, body, writer)
             result = await self.gateway.complete(session, canonical, body)
-            return route.reply(result, canonical)
+            return route.reply(result, canonical, session.seal)
 
         return sample
 
     def _counting(self, route: CountRoute) -> Handler:
         async def count(request: Request) -> Response:
-            self.gateway.authenticate(_bearer(request))
+            session = self.gateway.authenticate(_bearer(request))
             body = await self._read_json(request)
-            canonical = route.parse(body, dict(request.headers), request.url.path)
+            canonical = route.parse(body, dict(request.headers), request.url.path, session.seal)
             return route.reply(self.gateway.count_tokens(canonical))
 
         return count

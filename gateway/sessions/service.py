@@ -23,6 +23,7 @@ from gateway.options import GatewayOptions
 from gateway.parsers.base import OutputParser
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental import IncrementalTokenizer
+from gateway.protocols.opaque_token import TokenSeal
 from gateway.sessions.lifetime import Clock, Expiry, expiry
 from gateway.sessions.live import LiveSession, hash_token
 from schemas.sampling import SamplingParams
@@ -57,6 +58,7 @@ class SessionService:
             options.data_dir, options.fsync, sync_interval_s=options.fsync_interval_ms / 1000
         )
         self.sessions: dict[str, LiveSession] = {}
+        self._secret: bytes | None = None
 
     def create_session(self, config: SessionConfig) -> tuple[SessionCreated, bool]:
         """Open a session; returns (reply, created). With an `idempotency_key` the session
@@ -81,7 +83,7 @@ class SessionService:
             owner_url=self.options.public_url,
         )
         self.store.create(meta)
-        self.sessions[session_id] = LiveSession(meta, self.clock())
+        self.sessions[session_id] = LiveSession(meta, self.clock(), self._seal(session_id))
         self.metrics.sessions_open.inc()
         return self._created_reply(session_id, token), True
 
@@ -98,6 +100,13 @@ class SessionService:
                 f"logit_bias names token id {bad[0]}; the model's ids are 0 to {vocab - 1}",
                 param=f"{param}.{bad[0]}",
             )
+
+    def _seal(self, session_id: str) -> TokenSeal:
+        """The session's token seal, from this data dir's secret: the same in every
+        process on the dir and after a restart, different for any other session or dir."""
+        if self._secret is None:
+            self._secret = self.store.secret()
+        return TokenSeal.for_session(self._secret, session_id)
 
     def _derived_identity(self, key: str) -> tuple[str, str]:
         secret = self.store.secret()
@@ -137,7 +146,7 @@ class SessionService:
             state = revive(self.store.load_records(session_id), self.incremental, self.parser)
         except CorruptRecordError as exc:
             raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
-        live = LiveSession(meta, self.clock())
+        live = LiveSession(meta, self.clock(), self._seal(session_id))
         live.held = state.held
         live.segment_scenes = state.segment_scenes
         live.last_call = state.last_call
