@@ -27,6 +27,7 @@ from gateway.errors import LIMIT_HEADER, GatewayError, body_timed_out
 from gateway.http.read_deadlines import deadline_protocol
 from gateway.options import GatewayOptions
 from gateway.protocols.anthropic_messages.reply import anthropic_error_response
+from gateway.protocols.opaque_token import TokenSeal
 from gateway.protocols.openai_chat.reply import openai_error_response
 from gateway.sessions.limits import Limits, call_slot, check_room, limits_of
 from gateway.sessions.live import LiveSession
@@ -49,7 +50,7 @@ def live(limits: SessionLimits | None = None) -> LiveSession:
         prompt_template_version="t",
         created_at=datetime.now(UTC),
     )
-    return LiveSession(meta, 0.0)
+    return LiveSession(meta, 0.0, TokenSeal.for_session(b"test-secret", "s1"))
 
 
 # --- resolving and enforcing -------------------------------------------------------------
