@@ -6,11 +6,35 @@ from typing import Any
 from pydantic import Field
 
 from schemas.base import StrictModel
-from schemas.sampling import SamplingParams
+from schemas.sampling import SamplingControl, SamplingParams
 from schemas.scenes import SceneConfig
 
 MAX_TTL_S = 30 * 86400.0
 """Longest session lifetime one can ask for; a leaked session must end some day."""
+
+
+class SessionLimits(StrictModel):
+    """What one session may take of its gateway process; None: the process's default
+    (`rollout gateway --session-max-…`). The create call is trusted (admin token), so a
+    session may ask for more than the default as well as less."""
+
+    max_concurrent_calls: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="agent calls in flight at once; one more is a 429 (retry after 1 s)",
+    )
+    max_stored_request_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="raw request JSON kept per call record; the fields past it are left "
+        "out, with the whole part's size and sha256 kept",
+    )
+    max_stored_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="size of the session's records; a call that would pass it is a 413",
+    )
 
 
 class SessionConfig(StrictModel):
@@ -18,7 +42,14 @@ class SessionConfig(StrictModel):
 
     rollout_id: str = Field(min_length=1, max_length=256)
     policy_version: str = Field(default="unversioned", min_length=1, max_length=256)
-    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    sampling: SamplingParams = Field(
+        default_factory=SamplingParams, description="the policy's sampling values"
+    )
+    sampling_control: SamplingControl = Field(
+        default_factory=SamplingControl,
+        description="per field: pinned to `sampling` (unset: the engine's default) or the "
+        "agent's to choose; the default pins all that shapes the token distribution",
+    )
     scenes: SceneConfig = Field(default_factory=SceneConfig)
     metadata: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(
@@ -39,6 +70,7 @@ class SessionConfig(StrictModel):
         le=MAX_TTL_S,
         description="closed this long after its creation, whatever it does (None: never)",
     )
+    limits: SessionLimits = Field(default_factory=SessionLimits)
 
 
 class SessionSummary(StrictModel):

@@ -113,6 +113,25 @@ def gateway(
     stream_abort_grace_s: Annotated[
         float, typer.Option(min=0, help="s a stream whose client left keeps sampling for a retry")
     ] = 2.0,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1, help="request body cap: 413 past it, before it is read")
+    ] = 32 * 2**20,
+    header_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="s a request head may take; then the connection is cut")
+    ] = 10.0,
+    body_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="s a request body may take after its head; then 408")
+    ] = 60.0,
+    session_max_concurrent_calls: Annotated[
+        int, typer.Option(min=1, help="per-session default: calls in flight; one more is a 429")
+    ] = 16,
+    session_max_stored_request_bytes: Annotated[
+        int,
+        typer.Option(min=0, help="per-session default: raw request bytes a call's record keeps"),
+    ] = 2**20,
+    session_max_stored_bytes: Annotated[
+        int, typer.Option(min=1, help="per-session default: bytes of records; past them 413")
+    ] = 2**30,
     tokenize_offload_chars: Annotated[
         int, typer.Option(min=0, help="tokenize new text this long in a worker process (0: off)")
     ] = 16384,
@@ -126,6 +145,13 @@ def gateway(
             "/inference/v1/generate (vLLM >= 0.32 with --enable-scale-out; leaner)"
         ),
     ] = EngineApiChoice.completions,
+    checkpoint_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="directory policy-update checkpoints must resolve under (repeatable); "
+            "none: POST /policy is refused"
+        ),
+    ] = None,
 ) -> None:
     """Serve the Gateway: the agent-facing protocols on --port, the control API, /metrics
     and /health on --control-port."""
@@ -153,9 +179,16 @@ def gateway(
         fsync_interval_ms=fsync_interval_ms,
         session_reaper_interval_s=session_reaper_interval_s,
         stream_abort_grace_s=stream_abort_grace_s,
+        max_body_bytes=max_body_bytes,
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        session_max_concurrent_calls=session_max_concurrent_calls,
+        session_max_stored_request_bytes=session_max_stored_request_bytes,
+        session_max_stored_bytes=session_max_stored_bytes,
         tokenize_offload_chars=tokenize_offload_chars,
         engine_routing=engine_routing.value.replace("-", "_"),
         engine_api=engine_api.value,
+        checkpoint_roots=[root.resolve() for root in checkpoint_root or []],
     )
     serve(settings, processes=processes)
 
@@ -183,14 +216,54 @@ def codec_server(
     ui_origin: Annotated[
         list[str] | None, typer.Option(help="Temporal UI origin allowed by CORS (repeatable)")
     ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="ROLLOUT_CODEC_TOKEN_FILE",
+            help="file holding the token clients must send (`rollout keygen FILE` makes one); "
+            "or the token itself in ROLLOUT_CODEC_TOKEN",
+        ),
+    ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a name clients reach this server by (the Host header; repeatable); "
+            "default: the loopback names and --host"
+        ),
+    ] = None,
+    insecure_no_token: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-token", help="serve without a token (development, loopback only)"
+        ),
+    ] = False,
 ) -> None:
     """Decode encrypted payloads for the Temporal UI / CLI (their codec endpoint)."""
     import uvicorn
 
     from rollout_client.codec import load_keys
-    from workers.codec_server import codec_app
+    from workers.codec_server import LOOPBACK_HOSTS, codec_app, host_name
 
-    app_ = codec_app(load_keys(payload_key_file), ui_origin or ["http://localhost:8233"])
+    token = os.environ.get("ROLLOUT_CODEC_TOKEN") or None
+    if token_file is not None:
+        token = token_file.read_text().strip() or None
+    if token is None and not insecure_no_token:
+        raise typer.BadParameter(
+            "the codec server holds the payload key: give --token-file (or "
+            "ROLLOUT_CODEC_TOKEN), or --insecure-no-token on loopback",
+            param_hint="--token-file",
+        )
+    if token is None and host_name(host) not in LOOPBACK_HOSTS:
+        raise typer.BadParameter("--insecure-no-token serves on loopback only", param_hint="--host")
+    hosts = list(allowed_host or LOOPBACK_HOSTS)
+    if not allowed_host and host not in ("0.0.0.0", "::", ""):
+        hosts.append(host)
+    app_ = codec_app(
+        load_keys(payload_key_file),
+        ui_origin or ["http://localhost:8233"],
+        token=token,
+        allowed_hosts=hosts,
+    )
     uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 

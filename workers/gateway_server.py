@@ -26,11 +26,14 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 
+from gateway import lifeline
 from gateway.calls.pipeline import Gateway
 from gateway.engines.routing import EngineRouter, EngineRouting
 from gateway.engines.vllm import EngineApi, VllmEngine
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
+from gateway.http.read_deadlines import deadline_protocol
+from gateway.observability.metrics import GatewayMetrics
 from gateway.options import GatewayOptions
 from gateway.parsers.registry import parser_for_model
 from gateway.parsers.selection import ParserSelectionError
@@ -77,7 +80,16 @@ class GatewaySettings(BaseModel):
     insecure_dev: bool = False
     context_window: int | None = None
     request_timeout_s: float = 600.0
-    max_body_bytes: int = 32 * 2**20
+    #: A request body past this is a 413 (`max_body_bytes`), refused before it is read.
+    max_body_bytes: int = Field(default=32 * 2**20, ge=1)
+    #: A request head must arrive within this (slowloris); else the connection is cut.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    #: A request body must arrive within this of its head; else 408 and the connection cut.
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    #: Per-session limit defaults (a session's create may set its own: `SessionLimits`).
+    session_max_concurrent_calls: int = Field(default=16, ge=1)
+    session_max_stored_request_bytes: int = Field(default=2**20, ge=0)
+    session_max_stored_bytes: int = Field(default=2**30, ge=1)
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
     session_reaper_interval_s: float = Field(default=30.0, ge=0)
@@ -85,6 +97,9 @@ class GatewaySettings(BaseModel):
     #: The other processes' control URLs (set by `serve` for N processes): a policy
     #: update on any process pauses them all, as they share the engines.
     peer_control_urls: list[str] = Field(default_factory=list)
+    #: Directories a policy update's checkpoint must resolve under (symlinks followed);
+    #: none: every `POST /policy` is refused (403).
+    checkpoint_roots: list[Path] = Field(default_factory=list)
     #: New text of at least this many characters is tokenized in a worker process, off
     #: the event loop (0: always inline); see gateway/prompt/tokenize_pool.py.
     tokenize_offload_chars: int = Field(default=16384, ge=0)
@@ -134,6 +149,13 @@ def check_admin_policy(settings: GatewaySettings) -> None:
             f"token, so --control-host must be loopback (got {settings.control_host!r}); "
             "set --admin-token or ROLLOUT_ADMIN_TOKEN to listen elsewhere"
         )
+
+
+def check_checkpoint_roots(settings: GatewaySettings) -> None:
+    """Each --checkpoint-root must be a directory; none is allowed (updates are refused)."""
+    for root in settings.checkpoint_roots:
+        if not root.is_dir():
+            raise SystemExit(f"refusing to start: --checkpoint-root {root} is not a directory")
 
 
 def check_ports(settings: GatewaySettings, processes: int) -> None:
@@ -209,10 +231,15 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         advertised_url=advertised,
         data_dir=settings.data_dir,
         context_window=window,
+        vocab_size=files.vocab_size,
         fsync=settings.fsync,
         fsync_interval_ms=settings.fsync_interval_ms,
         session_reaper_interval_s=settings.session_reaper_interval_s,
         stream_abort_grace_s=settings.stream_abort_grace_s,
+        body_timeout_s=settings.body_timeout_s,
+        session_max_concurrent_calls=settings.session_max_concurrent_calls,
+        session_max_stored_request_bytes=settings.session_max_stored_request_bytes,
+        session_max_stored_bytes=settings.session_max_stored_bytes,
     )
     vllm = VllmEngine(
         settings.model,
@@ -241,10 +268,21 @@ def build_listener_apps(
         settings.admin_token,
         settings.max_body_bytes,
         peers=settings.peer_control_urls,
+        checkpoint_roots=settings.checkpoint_roots,
     )
     agent = app.build("agent")
     shared = OwnerForwarder(agent, app.gateway, error_responder_for, settings.max_body_bytes)
     return agent, app.build("control"), shared
+
+
+def http_protocol(settings: GatewaySettings, metrics: GatewayMetrics) -> type[asyncio.Protocol]:
+    """uvicorn's `http` for every listener of a process: h11 with read deadlines
+    (gateway/http/read_deadlines.py), each cut counted as a limit refusal."""
+
+    def cut(limit: str) -> None:
+        metrics.limit_refusals.labels(limit).inc()
+
+    return deadline_protocol(settings.header_timeout_s, settings.body_timeout_s, cut)
 
 
 def listen(host: str, port: int, shared: bool = False) -> socket.socket:
@@ -283,12 +321,13 @@ async def serve_listeners(settings: GatewaySettings) -> None:
         shared_sock = listen(settings.host, settings.shared_port, shared=True)
     agent_app, control_app, shared_app = build_listener_apps(settings)
     tune_gc_for_serving()
+    http = http_protocol(settings, shared_app.gateway.metrics)
     servers = [
-        (_Listener(uvicorn.Config(agent_app, log_level="warning")), agent_sock),
-        (_Listener(uvicorn.Config(control_app, log_level="warning")), control_sock),
+        (_Listener(uvicorn.Config(agent_app, log_level="warning", http=http)), agent_sock),
+        (_Listener(uvicorn.Config(control_app, log_level="warning", http=http)), control_sock),
     ]
     if shared_sock is not None:
-        config = uvicorn.Config(shared_app, log_level="warning", lifespan="off")
+        config = uvicorn.Config(shared_app, log_level="warning", lifespan="off", http=http)
         servers.append((_Listener(config), shared_sock))
 
     def stop() -> None:
@@ -317,6 +356,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
     """Serve in this process, or supervise N child processes on consecutive port pairs."""
     check_admin_policy(settings)
     check_ports(settings, processes)
+    check_checkpoint_roots(settings)
     family = check_model_family(settings)
     shared = ""
     if settings.shared_port is not None:
@@ -350,6 +390,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
             }
         )
         env = dict(os.environ, ROLLOUT_GATEWAY_SETTINGS=child_settings.model_dump_json())
+        env[lifeline.PARENT_ENV] = lifeline.parent_token()  # a child dies with this process
         children.append(subprocess.Popen([sys.executable, "-m", "workers.gateway_server"], env=env))
         print(
             f"gateway process {index}: {shared}agent API http://{settings.host}:{port}, "
@@ -368,6 +409,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
 
 
 if __name__ == "__main__":  # one child of `serve(..., processes=N)`
+    lifeline.from_environment()
     asyncio.run(
         serve_listeners(GatewaySettings.model_validate_json(os.environ["ROLLOUT_GATEWAY_SETTINGS"]))
     )

@@ -12,6 +12,7 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,7 +27,7 @@ from starlette.routing import Route
 from gateway.calls.pipeline import Gateway
 from gateway.canonical import CanonicalRequest
 from gateway.engines.policy_update import PolicyUpdater
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, body_timed_out, body_too_large
 from gateway.http.streaming import stream_reply
 from gateway.observability.load_metrics import EngineCollector, LoopLagMonitor
 from gateway.observability.spans import SpanMiddleware, lap
@@ -83,11 +84,13 @@ class GatewayApp:
         admin_token: str | None,
         max_body_bytes: int = 32 * 2**20,
         peers: list[str] | None = None,
+        checkpoint_roots: list[Path] | None = None,
     ) -> None:
         self.gateway = gateway
         self.admin_token = admin_token
         self.max_body_bytes = max_body_bytes
-        #: `peers`: the other gateway processes' control URLs (paused by an update here)
+        #: `peers`: the other gateway processes' control URLs (paused by an update here);
+        #: `checkpoint_roots`: where checkpoints may be loaded from (none: no updates)
         self.policy = PolicyUpdater(
             gateway.policy,
             gateway.engine.urls,
@@ -95,6 +98,7 @@ class GatewayApp:
             peers,
             admin_token,
             loader=gateway.engine.weight_loader,
+            checkpoint_roots=checkpoint_roots,
         )
         registry = gateway.metrics.registry
         registry.register(EngineCollector(gateway.engine, gateway.incremental.tokenizer))
@@ -103,18 +107,22 @@ class GatewayApp:
     # ------------------------------------------------------------------ plumbing
     async def _read_json(self, request: Request) -> dict[str, Any]:
         _require_json_content_type(request)
+        limit = self.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise GatewayError(
-                "too_large", f"body is {declared} bytes; the limit is {self.max_body_bytes}"
-            )
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise body_too_large(f"body is {declared} bytes", limit)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise GatewayError("too_large", f"body exceeds {self.max_body_bytes} bytes")
-            chunks.append(chunk)
+        timeout = self.gateway.options.body_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise body_too_large(f"body exceeds {limit} bytes", limit)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise body_timed_out(timeout, size) from None
         lap("body_read")
         return load_object(b"".join(chunks))
 
@@ -129,7 +137,10 @@ class GatewayApp:
             except Exception:  # the last line of defence: never a bare 500 page
                 log.exception("unhandled error on %s %s", request.method, request.url.path)
                 err_out = GatewayError("internal", "internal gateway error (see gateway log)")
-            self.gateway.metrics.errors.labels(str(err_out.status), err_out.kind).inc()
+            metrics = self.gateway.metrics
+            metrics.errors.labels(str(err_out.status), err_out.kind).inc()
+            if err_out.limit is not None:
+                metrics.limit_refusals.labels(err_out.limit).inc()
             return respond(err_out)
 
         return guarded
@@ -210,7 +221,8 @@ class GatewayApp:
         session = self.gateway.authenticate(_bearer(request))
         lap("auth")
         body = await self._read_json(request)
-        canonical = route.parse(body, dict(request.headers), request.url.path, session.history)
+        headers, path = dict(request.headers), request.url.path
+        canonical = route.parse(body, headers, path, session.history, session.seal)
         lap("body_parse")
         return session, canonical, body
 
@@ -221,18 +233,18 @@ class GatewayApp:
         async def sample(request: Request) -> Response:
             session, canonical, body = await self._agent_request(request, route)
             if canonical.stream and route.stream_writer is not None:
-                writer = route.stream_writer(canonical)
+                writer = route.stream_writer(canonical, session.seal)
                 return await stream_reply(self.gateway, session, canonical, body, writer)
             result = await self.gateway.complete(session, canonical, body)
-            return route.reply(result, canonical)
+            return route.reply(result, canonical, session.seal)
 
         return sample
 
     def _counting(self, route: CountRoute) -> Handler:
         async def count(request: Request) -> Response:
-            self.gateway.authenticate(_bearer(request))
+            session = self.gateway.authenticate(_bearer(request))
             body = await self._read_json(request)
-            canonical = route.parse(body, dict(request.headers), request.url.path)
+            canonical = route.parse(body, dict(request.headers), request.url.path, session.seal)
             return route.reply(self.gateway.count_tokens(canonical))
 
         return count

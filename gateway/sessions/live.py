@@ -9,19 +9,24 @@ from gateway.capture.retries import RetryReplies
 from gateway.capture.store import SegmentOpened, SessionMeta
 from gateway.prompt.incremental import HeldSegment, PromptPlan
 from gateway.protocols.history import HistoryCache
+from gateway.protocols.opaque_token import TokenSeal
 from schemas.scenes import Scene
 
 
 class LiveSession:
     """In-memory state of a session owned by this process."""
 
-    def __init__(self, meta: SessionMeta, now: float) -> None:
+    def __init__(self, meta: SessionMeta, now: float, seal: TokenSeal) -> None:
         self.meta = meta
+        self.seal = seal
+        """Mints and checks the opaque tokens of this session's replies."""
         self.held: list[HeldSegment] = []
         self.segment_scenes: dict[str, Scene] = {}
         self.last_call: dict[str, str] = {}
         self.calls = 0
         self.failed_calls = 0
+        self.inflight = 0
+        """Calls of this session running now (`limits.call_slot`)."""
         self.replies = RetryReplies()
         self.history: HistoryCache | None = HistoryCache()
         """The request history already converted (None: convert every request in full)."""

@@ -207,3 +207,19 @@ def test_refused_forks_are_read_from_the_pids_cgroup(tmp_path: Path) -> None:
     assert pids_limit_hits([str(memory), str(pids)]) == 0
     (pids / "pids.events").write_text("max 7\n")
     assert pids_limit_hits([str(memory), str(pids)]) == 7
+
+
+def test_a_v1_memory_cgroup_finds_its_pids_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Docker on cgroup v1 tells us only the container's memory cgroup; the refused forks
+    are counted in the pids hierarchy at the same place."""
+    from sandboxes import cgroups
+
+    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
+    memory, pids = tmp_path / "memory/docker/c1", tmp_path / "pids/docker/c1"
+    memory.mkdir(parents=True)
+    pids.mkdir(parents=True)
+    assert cgroups.pids_limit_hits([str(memory)]) is None
+    (pids / "pids.events").write_text("max 3\n")
+    assert cgroups.pids_limit_hits([str(memory)]) == 3
