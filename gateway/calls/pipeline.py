@@ -21,7 +21,7 @@ from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply
 from gateway.capture.recording import PlannedCall, reuse_of
 from gateway.capture.replies import parse_output, reply_message, reply_of
 from gateway.capture.retries import is_retry, request_digest
-from gateway.capture.store import CallEntry, CorruptRecordError, Entry
+from gateway.capture.store import CorruptRecordError, Entry
 from gateway.engines.base import EngineCompletion
 from gateway.engines.policy_update import PolicyGate
 from gateway.engines.routing import EngineRouter
@@ -42,6 +42,10 @@ from schemas.scenes import Scene
 from schemas.trajectory import CallStatus, MatchKind, RecordedCall
 
 log = logging.getLogger("rollout.gateway")
+
+PROMPT_TAIL_IDS = 256
+"""How much of a recorded prompt's end a retry's answer reads back: what
+`prompt_opens_reasoning` looks at (at least its `window` of 64 ids)."""
 
 
 class Gateway(SessionService):
@@ -93,25 +97,31 @@ class Gateway(SessionService):
     async def _recorded_reply(
         self, session: LiveSession, call_id: str, request: CanonicalRequest
     ) -> Reply:
-        """The answer of a recorded call, read back from the session's records."""
+        """The answer of a recorded call, read back from its record alone (and, for the
+        prompt's tail, the few records its prompt refers to), in a thread."""
         session_id = session.meta.session_id
+        offset = session.replies.offset_of(call_id)
+        if offset is None:
+            raise GatewayError("corrupt_record", f"session {session_id}: call {call_id} is lost")
+
+        def read() -> tuple[RecordedCall, int]:
+            entry = self.store.read_entry(session_id, offset)
+            if entry.call.call_id != call_id:
+                raise CorruptRecordError(f"call {call_id} is not at byte {offset}")
+            length, tail = self.store.prompt_tail(
+                session_id, entry, session.replies.offset_of, PROMPT_TAIL_IDS
+            )
+            return entry.call.model_copy(update={"prompt_ids": tail}), length
+
         try:
-            records = await asyncio.to_thread(self.store.load_records, session_id)
-        except CorruptRecordError as exc:
+            call, prompt_tokens = await asyncio.to_thread(read)
+        except (CorruptRecordError, OSError) as exc:
             raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
-        for record in records:
-            if isinstance(record, CallEntry) and record.call.call_id == call_id:
-                call = record.call
-                parsed = parse_output(
-                    self.incremental,
-                    self.parser,
-                    call_id,
-                    call.prompt_ids,
-                    call.output_ids,
-                    request.tools,
-                )
-                return reply_of(call, parsed, request.model or self.options.model_name)
-        raise GatewayError("corrupt_record", f"session {session_id}: call {call_id} is lost")
+        parsed = parse_output(
+            self.incremental, self.parser, call_id, call.prompt_ids, call.output_ids, request.tools
+        )
+        model = request.model or self.options.model_name
+        return reply_of(call, parsed, model, prompt_tokens)
 
     async def _sample(
         self,
@@ -257,7 +267,8 @@ class Gateway(SessionService):
                     else plan.fork_reason
                 ),
             )
-            records.append(planned.durable_record(call))
+            entry = planned.durable_record(call)
+            records.append(entry)
             try:
                 synced = self._append(session, records)
             except Exception:
@@ -265,7 +276,7 @@ class Gateway(SessionService):
                 raise
             session.last_call[segment.segment_id] = planned.call_id
             session.calls += 1
-            session.replies.recorded(planned.digest, planned.call_id)
+            session.replies.recorded(planned.digest, planned.call_id, entry.offset)
         return call, synced
 
     async def _plan(self, candidates: list[HeldSegment], request: CanonicalRequest) -> PromptPlan:
