@@ -176,7 +176,8 @@ def main() -> None:
         errors = sum(r["load"]["errors"].values())
         print(
             f"{where}: agent calls/s {r['calls_per_s']:.0f}, agent loop lag p50 / p99 "
-            f"≤{r['lag_p50_ms']:g} / ≤{r['lag_p99_ms']:g} ms, agent errors {errors}"
+            f"≤{r['lag_p50_ms']:g} / ≤{r['lag_p99_ms']:g} ms, agent errors {errors} "
+            f"{r['load']['errors'] or ''}"
         )
 
 

@@ -339,8 +339,8 @@ class Listeners:
             await asyncio.gather(*served)
         finally:
             self.stop()
-            if thread is not None:
-                await asyncio.to_thread(thread.join)
+            if thread is not None:  # bounded: a control call may wait on the stopped core
+                await asyncio.to_thread(thread.join, 30)
             await self.shared_app.aclose()
 
 

@@ -8,6 +8,7 @@ over one is refused with a 413 that names the limit, before any work is done.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -34,6 +35,28 @@ def prompt_size(request: CanonicalRequest) -> PromptSize:
         chars += len(tool.name) + len(tool.description or "")
         chars += len(orjson.dumps(tool.parameters, default=str))
     return PromptSize(len(request.messages), chars)
+
+
+def history_items(body: dict[str, Any]) -> int:
+    """How many items a raw request's history holds (`messages`, or Responses' `input`),
+    known before the protocol parses it: parsing costs per item too."""
+    for field in ("messages", "input"):
+        items = body.get(field)
+        if isinstance(items, list):
+            return len(items)
+    return 0
+
+
+def check_history_items(items: int, max_messages: int) -> None:
+    """A 413 naming the limit before the parse of a history of more items than the
+    message cap. Items become at least as many messages, except Responses' function-call
+    items, which merge into their turn's message; the cap is far above either."""
+    if max_messages and items > max_messages:
+        raise GatewayError(
+            "too_large",
+            f"the request has {items} messages; the limit is {max_messages}",
+            param="messages",
+        )
 
 
 def check_prompt_size(size: PromptSize, max_messages: int, max_chars: int) -> None:
