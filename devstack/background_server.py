@@ -22,9 +22,14 @@ class BackgroundServer:
     one loop.
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, **uvicorn_options: Any
+    ) -> None:
+        """`uvicorn_options`: more `uvicorn.Config` settings (e.g. `http`), for every app
+        this server serves."""
         self.app = app
         self.host = host
+        self._options = uvicorn_options
         self._listeners: list[tuple[uvicorn.Server, socket.socket]] = []
         self.port = self._listen(app, host, port)
         self._thread = threading.Thread(target=self._run, name=f"server:{self.port}", daemon=True)
@@ -36,7 +41,8 @@ class BackgroundServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         # lifespan: apps start their background tasks (the gateway's session reaper) with it
-        config = uvicorn.Config(app, log_level="warning", lifespan="auto", timeout_keep_alive=30)
+        options = {"log_level": "warning", "lifespan": "auto", "timeout_keep_alive": 30}
+        config = uvicorn.Config(app, **{**options, **self._options})
         self._listeners.append((uvicorn.Server(config), sock))
         return int(sock.getsockname()[1])
 

@@ -21,6 +21,8 @@ ErrorKind = Literal[
     "idempotency_mismatch",
     "too_large",
     "unsupported_media_type",
+    "request_timeout",
+    "rate_limited",
     "overloaded",
     "engine_unavailable",
     "engine_timeout",
@@ -47,6 +49,8 @@ KINDS: dict[str, KindSpec] = {
     "idempotency_mismatch": KindSpec(409),
     "too_large": KindSpec(413),
     "unsupported_media_type": KindSpec(415),
+    "request_timeout": KindSpec(408),
+    "rate_limited": KindSpec(429),
     "overloaded": KindSpec(503),
     "engine_unavailable": KindSpec(503),
     "engine_timeout": KindSpec(504),
@@ -57,7 +61,12 @@ KINDS: dict[str, KindSpec] = {
 }
 """Kind → defaults. `overloaded` may be raised as 429 or 503 (explicit `status`).
 `conflict` is a state that may pass (closed, served elsewhere); `idempotency_mismatch` (a
-key reused with another config) never does, so callers retry only the former."""
+key reused with another config) never does, so callers retry only the former.
+`rate_limited` is a session's own limit (its calls in flight), `overloaded` the gateway's."""
+
+
+LIMIT_HEADER = "X-Rollout-Limit"
+"""Response header naming the limit that refused a request (its flag's and field's name)."""
 
 
 class GatewayError(Exception):
@@ -65,7 +74,9 @@ class GatewayError(Exception):
 
     `retry_after` (seconds) becomes a `Retry-After` header so well-behaved clients back off
     instead of hammering an overloaded engine. `allow` (methods) becomes an `Allow` header,
-    which a 405 must carry.
+    which a 405 must carry. `limit` names the configured limit that refused the request
+    (`X-Rollout-Limit`, and the refusal metric); `close` ends the connection after the
+    reply (a body that will not be read to its end).
     """
 
     def __init__(
@@ -77,6 +88,8 @@ class GatewayError(Exception):
         param: str | None = None,
         retry_after: float | None = None,
         allow: str | None = None,
+        limit: str | None = None,
+        close: bool = False,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown error kind {kind!r}")
@@ -87,6 +100,8 @@ class GatewayError(Exception):
         self.param = param
         self.retry_after = retry_after
         self.allow = allow
+        self.limit = limit
+        self.close = close
 
     def headers(self) -> dict[str, str]:
         """HTTP headers to send with the error response (Retry-After in whole seconds)."""
@@ -95,7 +110,31 @@ class GatewayError(Exception):
             out["Retry-After"] = str(max(0, math.ceil(self.retry_after)))
         if self.allow is not None:
             out["Allow"] = self.allow
+        if self.limit is not None:
+            out[LIMIT_HEADER] = self.limit
+        if self.close:
+            out["Connection"] = "close"
         return out
 
     def __repr__(self) -> str:
         return f"GatewayError({self.status} {self.kind}: {self.message!r}, param={self.param!r})"
+
+
+def body_too_large(what: str, limit: int) -> GatewayError:
+    """413 for a request body past `max_body_bytes` (the rest of it is discarded as it
+    comes, never kept)."""
+    return GatewayError(
+        "too_large", f"{what}; its limit is max_body_bytes={limit}", limit="max_body_bytes"
+    )
+
+
+def body_timed_out(timeout_s: float, read: int) -> GatewayError:
+    """408 for a body that did not arrive whole within `body_timeout_s` of its headers; the
+    connection is closed after it, so a trickling client holds nothing longer."""
+    return GatewayError(
+        "request_timeout",
+        f"the body did not arrive within body_timeout_s={timeout_s:g} ({read} bytes read); "
+        "send it whole, at once",
+        limit="body_timeout_s",
+        close=True,
+    )

@@ -42,3 +42,12 @@ class GatewayOptions(BaseModel):
     """How long a streamed call whose client left keeps sampling before the engine request
     is cancelled: an SDK that timed out resends within a second, and that retry then
     gets this call's answer instead of a second sample (see `stream_relay`)."""
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    """A request body must have arrived this long after its headers (else 408, and the
+    connection is closed): a client that trickles its body holds nothing for longer."""
+    session_max_concurrent_calls: int = Field(default=16, ge=1)
+    """Default of `SessionLimits.max_concurrent_calls`."""
+    session_max_stored_request_bytes: int = Field(default=2**20, ge=0)
+    """Default of `SessionLimits.max_stored_request_bytes`."""
+    session_max_stored_bytes: int = Field(default=2**30, ge=1)
+    """Default of `SessionLimits.max_stored_bytes`."""

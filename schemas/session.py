@@ -13,6 +13,30 @@ MAX_TTL_S = 30 * 86400.0
 """Longest session lifetime one can ask for; a leaked session must end some day."""
 
 
+class SessionLimits(StrictModel):
+    """What one session may take of its gateway process; None: the process's default
+    (`rollout gateway --session-max-…`). The create call is trusted (admin token), so a
+    session may ask for more than the default as well as less."""
+
+    max_concurrent_calls: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="agent calls in flight at once; one more is a 429 (retry after 1 s)",
+    )
+    max_stored_request_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="raw request JSON kept per call record; the fields past it are left "
+        "out, with the whole part's size and sha256 kept",
+    )
+    max_stored_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="size of the session's records; a call that would pass it is a 413",
+    )
+
+
 class SessionConfig(StrictModel):
     """Body of `POST /sessions`: everything the Gateway enforces for one rollout."""
 
@@ -39,6 +63,7 @@ class SessionConfig(StrictModel):
         le=MAX_TTL_S,
         description="closed this long after its creation, whatever it does (None: never)",
     )
+    limits: SessionLimits = Field(default_factory=SessionLimits)
 
 
 class SessionSummary(StrictModel):

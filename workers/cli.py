@@ -113,6 +113,25 @@ def gateway(
     stream_abort_grace_s: Annotated[
         float, typer.Option(min=0, help="s a stream whose client left keeps sampling for a retry")
     ] = 2.0,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1, help="request body cap: 413 past it, before it is read")
+    ] = 32 * 2**20,
+    header_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="s a request head may take; then the connection is cut")
+    ] = 10.0,
+    body_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="s a request body may take after its head; then 408")
+    ] = 60.0,
+    session_max_concurrent_calls: Annotated[
+        int, typer.Option(min=1, help="per-session default: calls in flight; one more is a 429")
+    ] = 16,
+    session_max_stored_request_bytes: Annotated[
+        int,
+        typer.Option(min=0, help="per-session default: raw request bytes a call's record keeps"),
+    ] = 2**20,
+    session_max_stored_bytes: Annotated[
+        int, typer.Option(min=1, help="per-session default: bytes of records; past them 413")
+    ] = 2**30,
     tokenize_offload_chars: Annotated[
         int, typer.Option(min=0, help="tokenize new text this long in a worker process (0: off)")
     ] = 16384,
@@ -159,6 +178,12 @@ def gateway(
         fsync_interval_ms=fsync_interval_ms,
         session_reaper_interval_s=session_reaper_interval_s,
         stream_abort_grace_s=stream_abort_grace_s,
+        max_body_bytes=max_body_bytes,
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        session_max_concurrent_calls=session_max_concurrent_calls,
+        session_max_stored_request_bytes=session_max_stored_request_bytes,
+        session_max_stored_bytes=session_max_stored_bytes,
         tokenize_offload_chars=tokenize_offload_chars,
         max_prompt_messages=max_prompt_messages,
         max_prompt_chars=max_prompt_chars,

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 import uvicorn
@@ -33,6 +33,8 @@ from gateway.engines.routing import EngineRouter, EngineRouting
 from gateway.engines.vllm import EngineApi, VllmEngine
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
+from gateway.http.read_deadlines import deadline_protocol
+from gateway.observability.metrics import GatewayMetrics
 from gateway.options import GatewayOptions
 from gateway.parsers.registry import parser_for_model
 from gateway.parsers.selection import ParserSelectionError
@@ -79,7 +81,16 @@ class GatewaySettings(BaseModel):
     insecure_dev: bool = False
     context_window: int | None = None
     request_timeout_s: float = 600.0
-    max_body_bytes: int = 32 * 2**20
+    #: A request body past this is a 413 (`max_body_bytes`), refused before it is read.
+    max_body_bytes: int = Field(default=32 * 2**20, ge=1)
+    #: A request head must arrive within this (slowloris); else the connection is cut.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    #: A request body must arrive within this of its head; else 408 and the connection cut.
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    #: Per-session limit defaults (a session's create may set its own: `SessionLimits`).
+    session_max_concurrent_calls: int = Field(default=16, ge=1)
+    session_max_stored_request_bytes: int = Field(default=2**20, ge=0)
+    session_max_stored_bytes: int = Field(default=2**30, ge=1)
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
     session_reaper_interval_s: float = Field(default=30.0, ge=0)
@@ -223,6 +234,10 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         stream_abort_grace_s=settings.stream_abort_grace_s,
         max_prompt_messages=settings.max_prompt_messages,
         max_prompt_chars=settings.max_prompt_chars,
+        body_timeout_s=settings.body_timeout_s,
+        session_max_concurrent_calls=settings.session_max_concurrent_calls,
+        session_max_stored_request_bytes=settings.session_max_stored_request_bytes,
+        session_max_stored_bytes=settings.session_max_stored_bytes,
     )
     vllm = VllmEngine(
         settings.model,
@@ -264,6 +279,16 @@ def _build_listener_apps(
     return app, agent, app.build("control"), shared
 
 
+def http_protocol(settings: GatewaySettings, metrics: GatewayMetrics) -> type[asyncio.Protocol]:
+    """uvicorn's `http` for every listener of a process: h11 with read deadlines
+    (gateway/http/read_deadlines.py), each cut counted as a limit refusal."""
+
+    def cut(limit: str) -> None:
+        metrics.limit_refusals.labels(limit).inc()
+
+    return deadline_protocol(settings.header_timeout_s, settings.body_timeout_s, cut)
+
+
 def listen(host: str, port: int, shared: bool = False) -> socket.socket:
     """Bind before anything loads, so a taken port fails at once with its address.
     proto=IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections. `shared`: the
@@ -303,11 +328,15 @@ class Listeners:
         if settings.shared_port is not None:
             shared_sock = listen(settings.host, settings.shared_port, shared=True)
         self.app, agent_app, control_app, self.shared_app = _build_listener_apps(settings)
-        self.agent = [(_Listener(uvicorn.Config(agent_app, log_level="warning")), agent_sock)]
+        http = http_protocol(settings, self.app.gateway.metrics)
+
+        def server(app: Any, **config: Any) -> _Listener:
+            return _Listener(uvicorn.Config(app, log_level="warning", http=http, **config))
+
+        self.agent = [(server(agent_app), agent_sock)]
         if shared_sock is not None:
-            config = uvicorn.Config(self.shared_app, log_level="warning", lifespan="off")
-            self.agent.append((_Listener(config), shared_sock))
-        self.control = (_Listener(uvicorn.Config(control_app, log_level="warning")), control_sock)
+            self.agent.append((server(self.shared_app, lifespan="off"), shared_sock))
+        self.control = (server(control_app), control_sock)
 
     def port(self, listener: Literal["agent", "control"]) -> int:
         sock = self.agent[0][1] if listener == "agent" else self.control[1]

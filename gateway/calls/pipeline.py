@@ -34,6 +34,7 @@ from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
 from gateway.prompt.tokenize_pool import LargeEncode, OffloadingTokenizer, deferring_large_encodes
 from gateway.sessions.lifetime import Clock
+from gateway.sessions.limits import call_slot, check_room, limits_of
 from gateway.sessions.live import LiveSession
 from gateway.sessions.scenes import classify
 from gateway.sessions.service import SessionService
@@ -77,22 +78,24 @@ class Gateway(SessionService):
         gets that answer again, same call id, nothing sampled or recorded; if the original
         is still running, once it finishes (see `retries` for why only declared retries).
         With a `relay` the engine streams and the relay sees the tokens as they arrive
-        (an answered retry never reaches it: the caller replays the result)."""
+        (an answered retry never reaches it: the caller replays the result). Every call,
+        retries included, holds one of the session's call slots while it runs (`limits`)."""
         self.check_prompt_size(request)
-        digest = request_digest(request.path, raw_request)
-        if is_retry(request.headers):
-            answer = await session.replies.reply_for(digest)
-            if answer is not None:
-                self.metrics.retries_answered.inc()
-                if isinstance(answer, Reply):
-                    return answer
-                return await self._recorded_reply(session, answer, request)
-        with session.replies.replying(digest) as inflight:
-            if relay is not None:
-                relay.wanted_by_retry = inflight.awaited
-            result = await self._sample(session, request, raw_request, digest, relay)
-            inflight.answer.set_result(result)
-        return result
+        with call_slot(session, limits_of(session.meta.config, self.options)):
+            digest = request_digest(request.path, raw_request)
+            if is_retry(request.headers):
+                answer = await session.replies.reply_for(digest)
+                if answer is not None:
+                    self.metrics.retries_answered.inc()
+                    if isinstance(answer, Reply):
+                        return answer
+                    return await self._recorded_reply(session, answer, request)
+            with session.replies.replying(digest) as inflight:
+                if relay is not None:
+                    relay.wanted_by_retry = inflight.awaited
+                result = await self._sample(session, request, raw_request, digest, relay)
+                inflight.answer.set_result(result)
+            return result
 
     async def _recorded_reply(
         self, session: LiveSession, call_id: str, request: CanonicalRequest
@@ -164,8 +167,10 @@ class Gateway(SessionService):
         digest: str,
     ) -> PlannedCall:
         """Classify the call's scene, plan its prompt on the session's held segments (under
-        the session lock) and fix its sampling: everything known before the engine runs."""
+        the session lock) and fix its sampling: everything known before the engine runs.
+        A request the session's records have no room for is refused here (`limits`)."""
         config = session.meta.config
+        limits = limits_of(config, self.options)
         scene = classify(request, config.scenes)
         started_at = datetime.now(UTC)
         wall0 = time.perf_counter()
@@ -194,8 +199,14 @@ class Gateway(SessionService):
             started_at=started_at,
             wall_start=wall0,
             digest=digest,
+            max_stored_request_bytes=limits.max_stored_request_bytes,
         )
         planned.check_storable()
+        session_id = session.meta.session_id
+        stored = planned.stored_request
+        check_room(session_id, self.store.records_size(session_id), stored.size_bytes, limits)
+        if stored.omitted is not None:
+            self.metrics.requests_stored_truncated.inc()
         return planned
 
     async def _sample_on_engine(

@@ -1,6 +1,7 @@
 """What one agent call leaves on disk: its `RecordedCall` (the trajectory's view) inside a
 durable `CallEntry` whose size follows what is new in the call, not the whole history."""
 
+import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ import pydantic_core
 from pydantic_core import PydanticSerializationError
 
 from gateway.canonical import CanonicalRequest
-from gateway.capture.store import CallEntry, PromptRef, SessionMeta
+from gateway.capture.store import CallEntry, PromptRef, RequestOmitted, SessionMeta
 from gateway.errors import GatewayError
 from gateway.prompt.incremental import PromptPlan
 from schemas.sampling import SamplingParams
@@ -70,6 +71,8 @@ class PlannedCall:
     policy_version: str | None = None
     """The version the gateway served when the engine call was admitted (set by a policy
     update); None: the session's label, as no update has named one."""
+    max_stored_request_bytes: int | None = None
+    """The most of the raw request part the record keeps (`sessions.limits`); None: all."""
 
     def recorded_call(
         self,
@@ -112,17 +115,20 @@ class PlannedCall:
         )
 
     @cached_property
-    def stored_request(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The (raw, normalized) request parts the call's record keeps (`_stored_request`)."""
-        return _stored_request(self.raw_request, self.request, self.reuse)
+    def stored_request(self) -> "StoredRequest":
+        """The request parts the call's record keeps (`_stored_request`), the raw one cut
+        to `max_stored_request_bytes`. Raises `PydanticSerializationError` on text with no
+        UTF-8 encoding (`check_storable`)."""
+        raw, normalized = _stored_request(self.raw_request, self.request, self.reuse)
+        return StoredRequest.of(raw, normalized, self.max_stored_request_bytes)
 
     def check_storable(self) -> None:
         """Refuse, as a 400 naming the field, a request whose record could not be written
         (a lone surrogate has no UTF-8 encoding) before the engine or the session sees it."""
         try:
-            pydantic_core.to_json(self.stored_request)
+            self.stored_request  # noqa: B018 (encodes the parts once, or raises)
         except PydanticSerializationError as exc:
-            raw, normalized = self.stored_request
+            raw, normalized = _stored_request(self.raw_request, self.request, self.reuse)
             where = unencodable_path(raw) or unencodable_path(normalized) or "request"
             raise GatewayError(
                 "invalid_request",
@@ -133,19 +139,70 @@ class PlannedCall:
     def durable_record(self, call: RecordedCall) -> CallEntry:
         """What the store appends for `call`: the request parts that are new, and only the
         prompt tokens past the held ones when it extends an earlier call."""
-        raw, normalized = self.stored_request
+        stored = self.stored_request
+        parts: dict[str, Any] = {
+            "request": stored.raw,
+            "request_omitted": stored.omitted,
+            "normalized": stored.normalized,
+            "request_digest": self.digest,
+        }
         if self.reuse.messages == 0 or self.reuse.after_call is None:
-            return CallEntry(
-                call=call, request=raw, normalized=normalized, request_digest=self.digest
-            )
+            return CallEntry(call=call, **parts)
         tail = call.model_copy(update={"prompt_ids": call.prompt_ids[self.reuse.tokens :]})
         return CallEntry(
             call=tail,
-            request=raw,
-            normalized=normalized,
             prompt_ref=PromptRef(call_id=self.reuse.after_call, length=self.reuse.tokens),
-            request_digest=self.digest,
+            **parts,
         )
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """The request parts one call's record keeps, and their encoded size."""
+
+    raw: dict[str, Any]
+    normalized: dict[str, Any]
+    omitted: RequestOmitted | None
+    size_bytes: int
+    """JSON bytes of `raw` and `normalized` as stored (what the call adds to the records,
+    besides its token ids)."""
+
+    @classmethod
+    def of(
+        cls, raw: dict[str, Any], normalized: dict[str, Any], cap: int | None
+    ) -> "StoredRequest":
+        """`normalized` is kept whole (a restart rebuilds held segments from it, and the
+        prompt it renders is bounded by the context window); of `raw` (what the agent
+        sent, kept for inspection) the fields that fit in `cap`, smallest first."""
+        raw_json = pydantic_core.to_json(raw)
+        normalized_size = len(pydantic_core.to_json(normalized))
+        if cap is None or len(raw_json) <= cap:
+            return cls(raw, normalized, None, len(raw_json) + normalized_size)
+        kept = _fields_within(raw, cap)
+        omitted = RequestOmitted(
+            fields=[k for k in raw if k not in kept],
+            size_bytes=len(raw_json),
+            sha256=hashlib.sha256(raw_json).hexdigest(),
+        )
+        kept_size = len(pydantic_core.to_json(kept))
+        return cls(kept, normalized, omitted, kept_size + normalized_size)
+
+
+def _fields_within(raw: dict[str, Any], cap: int) -> dict[str, Any]:
+    """The top-level fields of `raw` that fit in `cap` JSON bytes together, taken smallest
+    first (the envelope: model, flags, sampling), in their original order."""
+    sizes = {
+        k: len(pydantic_core.to_json(k)) + 1 + len(pydantic_core.to_json(v)) for k, v in raw.items()
+    }
+    chosen: set[str] = set()
+    total = 2  # the braces
+    for key in sorted(raw, key=lambda k: sizes[k]):
+        grown = total + sizes[key] + (1 if chosen else 0)
+        if grown > cap:
+            break
+        chosen.add(key)
+        total = grown
+    return {k: v for k, v in raw.items() if k in chosen}
 
 
 def _stored_request(

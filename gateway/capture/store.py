@@ -60,6 +60,18 @@ class PromptRef(BaseModel):
     length: int = Field(ge=0)
 
 
+class RequestOmitted(BaseModel):
+    """What a call's record left out of the raw request part it keeps (`request`): the
+    fields past the session's `max_stored_request_bytes`, and the whole part's size and
+    sha256 (of its JSON as it would have been stored), so the loss is counted, not silent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fields: list[str]
+    size_bytes: int = Field(ge=0)
+    sha256: str
+
+
 class CallEntry(BaseModel):
     """A finished call plus what the agent sent, raw and normalized."""
 
@@ -68,6 +80,8 @@ class CallEntry(BaseModel):
     kind: Literal["call"] = "call"
     call: RecordedCall
     request: dict[str, Any] = Field(default_factory=dict)
+    request_omitted: RequestOmitted | None = None
+    """Set when `request` is cut to the per-call cap (`RequestOmitted`)."""
     normalized: dict[str, Any] = Field(default_factory=dict)
     prompt_ref: PromptRef | None = None
     request_digest: str | None = None
@@ -225,6 +239,13 @@ class SessionStore:
             return (self._dir(session_id) / "records.jsonl").stat().st_mtime
         except FileNotFoundError:
             return 0.0
+
+    def records_size(self, session_id: str) -> int:
+        """Bytes of the session's records on disk (0 before the first append)."""
+        try:
+            return (self._dir(session_id) / "records.jsonl").stat().st_size
+        except FileNotFoundError:
+            return 0
 
     def exists(self, session_id: str) -> bool:
         try:

@@ -31,7 +31,7 @@ from gateway.calls.pipeline import Gateway
 from gateway.calls.prompt_limits import check_history_items, history_items
 from gateway.canonical import CanonicalRequest
 from gateway.engines.policy_update import PolicyUpdater
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, body_timed_out, body_too_large
 from gateway.http.streaming import stream_reply
 from gateway.observability.load_metrics import EngineCollector, LoopLagMonitor
 from gateway.observability.spans import SpanMiddleware, lap
@@ -125,18 +125,22 @@ class GatewayApp:
     # ------------------------------------------------------------------ plumbing
     async def _read_json(self, request: Request) -> dict[str, Any]:
         _require_json_content_type(request)
+        limit = self.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise GatewayError(
-                "too_large", f"body is {declared} bytes; the limit is {self.max_body_bytes}"
-            )
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise body_too_large(f"body is {declared} bytes", limit)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise GatewayError("too_large", f"body exceeds {self.max_body_bytes} bytes")
-            chunks.append(chunk)
+        timeout = self.gateway.options.body_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise body_too_large(f"body exceeds {limit} bytes", limit)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise body_timed_out(timeout, size) from None
         lap("body_read")
         return load_object(b"".join(chunks))
 
@@ -151,7 +155,10 @@ class GatewayApp:
             except Exception:  # the last line of defence: never a bare 500 page
                 log.exception("unhandled error on %s %s", request.method, request.url.path)
                 err_out = GatewayError("internal", "internal gateway error (see gateway log)")
-            self.gateway.metrics.errors.labels(str(err_out.status), err_out.kind).inc()
+            metrics = self.gateway.metrics
+            metrics.errors.labels(str(err_out.status), err_out.kind).inc()
+            if err_out.limit is not None:
+                metrics.limit_refusals.labels(err_out.limit).inc()
             return respond(err_out)
 
         return guarded

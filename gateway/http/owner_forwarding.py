@@ -13,6 +13,7 @@ owner. An owner that cannot be reached (restarting) is a 503 with Retry-After in
 caller's protocol, which SDKs retry.
 """
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
@@ -21,7 +22,7 @@ import httpx
 from prometheus_client import Counter
 
 from gateway.calls.pipeline import Gateway
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, body_timed_out, body_too_large
 
 log = logging.getLogger("rollout.gateway")
 
@@ -114,28 +115,35 @@ class OwnerForwarder:
             return
         await self._relay(owner, scope, receive, send)
 
-    async def _read_body(self, receive: Receive) -> bytes | None:
-        """The request body, or None once it exceeds the limit (the owner would refuse it)."""
+    async def _read_body(self, receive: Receive) -> bytes | GatewayError:
+        """The request body, or the error to answer: past `max_body_bytes` (the owner would
+        refuse it), or not whole within `body_timeout_s` (a trickling client)."""
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return b"".join(chunks)
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        timeout = self.gateway.options.body_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return b"".join(chunks)
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        return body_too_large(
+                            f"body exceeds {self.max_body_bytes} bytes", self.max_body_bytes
+                        )
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
+            return body_timed_out(timeout, size)
 
     async def _relay(self, owner: str, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         body = await self._read_body(receive)
-        if body is None:
-            err = GatewayError("too_large", f"body exceeds {self.max_body_bytes} bytes")
-            await self._error(path, err, scope, receive, send)
+        if isinstance(body, GatewayError):
+            await self._error(path, body, scope, receive, send)
             return
         query = scope.get("query_string", b"")
         url = f"{owner}{scope.get('raw_path', path.encode()).decode('latin-1')}"
@@ -171,7 +179,10 @@ class OwnerForwarder:
     async def _error(
         self, path: str, err: GatewayError, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        self.gateway.metrics.errors.labels(str(err.status), err.kind).inc()
+        metrics = self.gateway.metrics
+        metrics.errors.labels(str(err.status), err.kind).inc()
+        if err.limit is not None:
+            metrics.limit_refusals.labels(err.limit).inc()
         response = self.error_response_for(path)(err)
         await response(scope, receive, send)
 

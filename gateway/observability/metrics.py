@@ -24,6 +24,18 @@ class GatewayMetrics:
             ["status", "kind"],
             registry=self.registry,
         )
+        self.limit_refusals = Counter(
+            "rollout_gateway_limit_refusals",
+            "Requests refused, or connections cut, by a configured limit (its name).",
+            ["limit"],
+            registry=self.registry,
+        )
+        self.requests_stored_truncated = Counter(
+            "rollout_gateway_requests_stored_truncated",
+            "Calls whose raw request was recorded without the fields past "
+            "max_stored_request_bytes (their size and sha256 are kept).",
+            registry=self.registry,
+        )
         self.new_prompt_tokens = Counter(
             "rollout_gateway_new_prompt_tokens",
             "Prompt tokens tokenized by the gateway (new parts only).",

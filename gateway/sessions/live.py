@@ -22,6 +22,8 @@ class LiveSession:
         self.last_call: dict[str, str] = {}
         self.calls = 0
         self.failed_calls = 0
+        self.inflight = 0
+        """Calls of this session running now (`limits.call_slot`)."""
         self.replies = RetryReplies()
         self.history: HistoryCache | None = HistoryCache()
         """The request history already converted (None: convert every request in full)."""

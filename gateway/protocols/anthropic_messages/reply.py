@@ -40,6 +40,8 @@ ANTHROPIC_ERRORS: dict[str, tuple[str, int | None]] = {
     "idempotency_mismatch": ("invalid_request_error", None),
     "too_large": ("request_too_large", None),
     "unsupported_media_type": ("invalid_request_error", None),
+    "request_timeout": ("invalid_request_error", None),
+    "rate_limited": ("rate_limit_error", None),
     "overloaded": ("overloaded_error", 529),
     "engine_unavailable": ("overloaded_error", 529),
     "engine_timeout": ("timeout_error", None),

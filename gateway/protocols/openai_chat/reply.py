@@ -34,6 +34,8 @@ OPENAI_ERROR_TYPES: dict[str, str] = {
     "idempotency_mismatch": "conflict_error",
     "too_large": "invalid_request_error",
     "unsupported_media_type": "invalid_request_error",
+    "request_timeout": "invalid_request_error",
+    "rate_limited": "rate_limit_error",
     "overloaded": "server_error",
     "engine_unavailable": "server_error",
     "engine_timeout": "server_error",

@@ -1,0 +1,427 @@
+"""One agent cannot starve or fill the Gateway: each per-session limit and read deadline,
+hit through the real Gateway over HTTP with the official openai and anthropic SDKs (raw
+sockets for the slow clients), answers in the caller's protocol shape (OpenAI Chat
+Completions, Responses, Anthropic Messages) naming its limit, is counted by that name, and
+leaves the session working and its records as they were.
+
+The engine is the scripted engine (a FAKE LLM: the limits are the Gateway's, whatever
+samples), behind `RecordingProxy`, which can hold a call in flight.
+"""
+
+import hashlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pydantic_core
+import pytest
+
+from devstack.background_server import BackgroundServer
+from devstack.ports import consecutive_free_ports
+from devstack.scripted_engine import Script, ScriptedEngine
+from gateway.capture.store import CallEntry
+from gateway.errors import LIMIT_HEADER
+from gateway.http.app import GatewayApp, error_responder_for
+from gateway.http.owner_forwarding import OwnerForwarder
+from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
+from tests.integration.test_gateway_processes import wait_healthy
+from workers.gateway_server import GatewaySettings, build_gateway, http_protocol
+
+pytestmark = pytest.mark.integration
+
+MAX_BODY = 64 * 1024
+READ_TIMEOUT_S = 2.0
+"""Head and body deadlines of the Gateway under test: short, so a slow client's cut comes
+soon; whole bodies from the SDKs arrive in milliseconds."""
+
+
+@pytest.fixture(scope="module")
+def proxied(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RecordingProxy, RunningGateway]]:
+    engine = ScriptedEngine(
+        tiny_model_dir / "tokenizer.json", Script(default_reply="Hello there."), model="tiny-qwen3"
+    )
+    with BackgroundServer(engine.app()) as engine_server:
+        proxy = RecordingProxy(engine_server.url)
+        with BackgroundServer(proxy.app()) as proxy_server:
+            gw = start_gateway(
+                proxy_server.url,
+                tiny_model_dir,
+                tmp_path_factory.mktemp("limits-gw"),
+                "tiny-qwen3",
+                max_body_bytes=MAX_BODY,
+                header_timeout_s=READ_TIMEOUT_S,
+                body_timeout_s=READ_TIMEOUT_S,
+            )
+            try:
+                yield proxy, gw
+            finally:
+                proxy.release()
+                gw.server.stop()
+
+
+@pytest.fixture
+def gw(proxied: tuple[RecordingProxy, RunningGateway]) -> RunningGateway:
+    return proxied[1]
+
+
+def refusals(gw: RunningGateway, limit: str) -> float:
+    value = gw.gateway.metrics.registry.get_sample_value(
+        "rollout_gateway_limit_refusals_total", {"limit": limit}
+    )
+    return value or 0.0
+
+
+def clients(session: dict[str, Any]) -> tuple[openai.OpenAI, anthropic.Anthropic]:
+    token = session["token"]
+    return (
+        openai.OpenAI(base_url=session["openai_base_url"], api_key=token, max_retries=0),
+        anthropic.Anthropic(base_url=session["anthropic_base_url"], api_key=token, max_retries=0),
+    )
+
+
+def each_protocol(session: dict[str, Any], text: str = "hi") -> dict[str, Callable[..., Any]]:
+    """One call per protocol, through its official SDK; `extra_body` goes along."""
+    oai, claude = clients(session)
+    user = [{"role": "user", "content": text}]
+    return {
+        "chat": lambda **kw: oai.chat.completions.create(model="m", messages=user, **kw),
+        "responses": lambda **kw: oai.responses.create(model="m", input=text, **kw),
+        "messages": lambda **kw: claude.messages.create(
+            model="m", max_tokens=16, messages=user, **kw
+        ),
+    }
+
+
+def assert_refused(exc: BaseException, protocol: str, status: int, limit: str) -> None:
+    """The SDK's error for `status`, in the protocol's shape, naming `limit`."""
+    assert isinstance(exc, openai.APIStatusError | anthropic.APIStatusError), exc
+    assert exc.status_code == status
+    assert exc.response.headers[LIMIT_HEADER] == limit
+    body = exc.response.json()
+    if protocol == "messages":
+        assert body["type"] == "error" and limit in body["error"]["message"]
+        expected = {429: "rate_limit_error", 413: "request_too_large", 408: "invalid_request_error"}
+        assert body["error"]["type"] == expected[status]
+    else:
+        assert limit in body["error"]["message"]
+        assert body["error"]["code"] == {429: "rate_limited", 413: "too_large"}[status]
+
+
+def calls_of(gw: RunningGateway, session: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(gw.trajectory(session["session_id"])["calls"])
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for: {what}"
+        time.sleep(0.02)
+
+
+def test_a_call_past_max_concurrent_calls_is_a_429_in_each_protocol(
+    proxied: tuple[RecordingProxy, RunningGateway],
+) -> None:
+    proxy, gw = proxied
+    session = gw.create_session(limits={"max_concurrent_calls": 1})
+    live = gw.gateway.sessions[session["session_id"]]
+    before = refusals(gw, "max_concurrent_calls")
+    proxy.hold()
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(each_protocol(session, "the held call")["chat"])
+        wait_for("the held call in flight", lambda: bool(proxy.exchanges) and live.inflight == 1)
+        for protocol, ask in each_protocol(session).items():
+            with pytest.raises((openai.RateLimitError, anthropic.RateLimitError)) as refused:
+                ask()
+            assert_refused(refused.value, protocol, 429, "max_concurrent_calls")
+            assert refused.value.response.headers["retry-after"] == "1"
+        oai, _ = clients(session)
+        with pytest.raises(openai.RateLimitError) as refused_stream:
+            oai.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "s"}], stream=True
+            )
+        assert_refused(refused_stream.value, "chat", 429, "max_concurrent_calls")
+        assert calls_of(gw, session) == [], "nothing recorded for a refusal"
+        proxy.release()
+        assert held.result(timeout=120).choices[0].message.content
+    for ask in each_protocol(session, "after").values():
+        ask()  # the session works again once its call finished
+    assert [c["status"] for c in calls_of(gw, session)] == ["ok"] * 4
+    assert refusals(gw, "max_concurrent_calls") == before + 4
+    assert live.inflight == 0
+
+
+def test_a_request_past_max_body_bytes_is_a_413_in_each_protocol(gw: RunningGateway) -> None:
+    session = gw.create_session()
+    each_protocol(session)["chat"]()
+    recorded = calls_of(gw, session)
+    before = refusals(gw, "max_body_bytes")
+    for protocol, ask in each_protocol(session).items():
+        with pytest.raises((openai.APIStatusError, anthropic.APIStatusError)) as refused:
+            ask(extra_body={"padding": "x" * MAX_BODY})
+        assert_refused(refused.value, protocol, 413, "max_body_bytes")
+    assert calls_of(gw, session) == recorded
+    assert refusals(gw, "max_body_bytes") == before + 3
+    each_protocol(session)["messages"]()
+    assert len(calls_of(gw, session)) == 2
+
+
+def test_a_session_whose_records_are_full_gets_a_413_in_each_protocol_and_keeps_them(
+    gw: RunningGateway,
+) -> None:
+    """Its records hold one call and room for a small one more: a request that would not
+    fit is refused in every protocol, and a small one is still served."""
+    probe = gw.create_session()
+    each_protocol(probe)["chat"]()
+    one_call = gw.gateway.store.records_size(probe["session_id"])
+    session = gw.create_session(limits={"max_stored_bytes": one_call + 8000})
+    each_protocol(session)["chat"]()
+    recorded = calls_of(gw, session)
+    before = refusals(gw, "max_stored_bytes")
+    for protocol, ask in each_protocol(session).items():
+        with pytest.raises((openai.APIStatusError, anthropic.APIStatusError)) as refused:
+            ask(extra_body={"padding": "x" * 20_000})  # under max_body_bytes, over the room
+        assert_refused(refused.value, protocol, 413, "max_stored_bytes")
+    assert calls_of(gw, session) == recorded
+    assert refusals(gw, "max_stored_bytes") == before + 3
+    each_protocol(session, "a small one")["messages"]()
+    assert len(calls_of(gw, session)) == 2
+
+
+def test_a_raw_request_past_max_stored_request_bytes_is_kept_cut_with_its_size_and_hash(
+    gw: RunningGateway,
+) -> None:
+    session = gw.create_session(limits={"max_stored_request_bytes": 400})
+    truncated = gw.gateway.metrics.requests_stored_truncated
+    before = truncated._value.get()
+    sent: list[bytes] = []
+    hook = httpx.Client(event_hooks={"request": [lambda r: sent.append(r.read())]})
+    oai = openai.OpenAI(
+        base_url=session["openai_base_url"], api_key=session["token"], http_client=hook
+    )
+    first = [{"role": "user", "content": "hi"}]
+    reply = oai.chat.completions.create(model="m", messages=first, extra_body={"junk": "y" * 5000})
+    again = [*first, {"role": "assistant", "content": reply.choices[0].message.content}]
+    oai.chat.completions.create(model="m", messages=[*again, {"role": "user", "content": "more"}])
+    records = [
+        r for r in gw.gateway.store.load_records(session["session_id"]) if isinstance(r, CallEntry)
+    ]
+    cut, whole = records
+    assert cut.request_omitted is not None and "junk" in cut.request_omitted.fields
+    assert "junk" not in cut.request and cut.request["model"] == "m"
+    assert len(pydantic_core.to_json(cut.request)) <= 400
+    raw_json = pydantic_core.to_json(json.loads(sent[0]))
+    assert cut.request_omitted.size_bytes == len(raw_json)
+    assert cut.request_omitted.sha256 == hashlib.sha256(raw_json).hexdigest()
+    assert whole.request_omitted is None, "a request within the cap is kept whole"
+    assert truncated._value.get() == before + 1
+    # The record keeps what the trajectory needs: the next call extended the held one.
+    first_call, second_call = calls_of(gw, session)
+    assert second_call["match"] != "fork"
+    assert second_call["segment_id"] == first_call["segment_id"]
+
+
+# --- slow clients ------------------------------------------------------------------------
+
+
+def raw_connection(gw: RunningGateway) -> socket.socket:
+    host, port = gw.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.settimeout(60)
+    return sock
+
+
+def read_to_eof(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def until_cut(sock: socket.socket) -> bytes:
+    """What the server sent until it hung up. A client that keeps sending to a closed
+    socket gets a reset, which may drop what was sent before it: the cut is what counts."""
+    try:
+        return read_to_eof(sock)
+    except ConnectionResetError:
+        return b""
+
+
+def trickle(sock: socket.socket, stop: threading.Event) -> None:
+    """One byte every half second until the server hangs up or `stop` is set."""
+    while not stop.wait(0.5):
+        try:
+            sock.sendall(b"x")
+        except OSError:
+            return
+
+
+def post_head(path: str, token: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Length: 1000\r\n\r\n"
+    ).encode()
+
+
+def assert_408(reply: bytes, protocol: str) -> None:
+    """A 408 in the protocol's shape that names `body_timeout_s` and closes."""
+    status, _, rest = reply.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 408"), reply
+    assert b"connection: close" in headers.lower()
+    assert f"{LIMIT_HEADER.lower()}: body_timeout_s".encode() in headers.lower()
+    error = json.loads(body)
+    if protocol == "messages":
+        assert error["type"] == "error" and "body_timeout_s" in error["error"]["message"]
+    else:
+        assert error["error"]["code"] == "request_timeout"
+        assert "body_timeout_s" in error["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "protocol"),
+    [("/v1/chat/completions", "chat"), ("/v1/messages", "messages")],
+)
+def test_a_body_that_stops_coming_gets_a_408_in_its_protocol_and_the_listener_serves_others(
+    gw: RunningGateway, path: str, protocol: str
+) -> None:
+    session = gw.create_session()
+    before = refusals(gw, "body_timeout_s")
+    with raw_connection(gw) as slow:
+        slow.sendall(post_head(path, session["token"]) + b'{"model": "m"')
+        served = each_protocol(session)[protocol]()  # while the slow client holds on
+        reply = read_to_eof(slow)
+    assert_408(reply, protocol)
+    assert served is not None and [c["status"] for c in calls_of(gw, session)] == ["ok"]
+    assert refusals(gw, "body_timeout_s") == before + 1
+
+
+def test_clients_trickling_a_head_or_a_body_are_cut_and_the_listener_serves_others(
+    gw: RunningGateway,
+) -> None:
+    """Bytes that keep coming do not put a deadline off: each slow client is cut (the head
+    without a reply), while a whole call is served."""
+    session = gw.create_session()
+    before = refusals(gw, "header_timeout_s"), refusals(gw, "body_timeout_s")
+    stop = threading.Event()
+    with raw_connection(gw) as slow_head, raw_connection(gw) as slow_body:
+        slow_head.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nX-A: ")
+        slow_body.sendall(post_head("/v1/responses", session["token"]) + b'{"model": "m"')
+        senders = [threading.Thread(target=trickle, args=(s, stop)) for s in (slow_head, slow_body)]
+        for sender in senders:
+            sender.start()
+        each_protocol(session)["responses"]()  # while the slow clients hold on
+        assert until_cut(slow_head) == b"", "a head is cut without a reply"
+        until_cut(slow_body)
+        stop.set()
+        for sender in senders:
+            sender.join()
+    after = refusals(gw, "header_timeout_s"), refusals(gw, "body_timeout_s")
+    assert after == (before[0] + 1, before[1] + 1)
+    assert len(calls_of(gw, session)) == 1
+
+
+def test_a_trickled_body_on_the_shared_port_gets_a_408_from_the_relaying_process(
+    gw: RunningGateway, tiny_model_dir: Path
+) -> None:
+    """A second gateway process on the same data dir relays calls for `gw`'s sessions
+    (`OwnerForwarder`, the shared port's app): it reads the body before relaying it, under
+    the same deadline; a whole call it relays is served by the owner."""
+    settings = GatewaySettings(
+        engine_urls=gw.gateway.engine.urls,
+        model="tiny-qwen3",
+        tokenizer=tiny_model_dir,
+        data_dir=gw.gateway.options.data_dir,
+        public_url="http://127.0.0.1:9",  # not the owner: every session here is relayed
+        admin_token=gw.admin_token,
+        max_body_bytes=MAX_BODY,
+        body_timeout_s=READ_TIMEOUT_S,
+        tokenize_offload_chars=0,
+    )
+    relaying = build_gateway(settings)
+    agent = GatewayApp(relaying, gw.admin_token, MAX_BODY).build("agent")
+    forwarder = OwnerForwarder(agent, relaying, error_responder_for, MAX_BODY)
+    http = http_protocol(settings, relaying.metrics)
+    session = gw.create_session()
+    head = (
+        "POST /v1/messages HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        f"x-api-key: {session['token']}\r\nContent-Length: 1000\r\n\r\n"
+    ).encode()
+    with BackgroundServer(forwarder, http=http) as shared:
+        relayed = {**session, "anthropic_base_url": shared.url}
+        with socket.create_connection((shared.host, shared.port)) as slow:
+            slow.settimeout(60)
+            slow.sendall(head + b'{"model"')
+            each_protocol(relayed)["messages"]()  # relayed to the owner meanwhile
+            reply = read_to_eof(slow)
+    assert_408(reply, "messages")
+    assert forwarder.forwarded._value.get() == 1
+    assert [c["status"] for c in calls_of(gw, session)] == ["ok"], "recorded by the owner"
+    assert (
+        relaying.metrics.registry.get_sample_value(
+            "rollout_gateway_limit_refusals_total", {"limit": "body_timeout_s"}
+        )
+        == 1
+    )
+
+
+def test_rollout_gateway_flags_set_the_limits(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The flags reach the serving process: the body cap and the head deadline, and the
+    session defaults, which a session's own `limits` override."""
+    engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
+    admin = secrets.token_urlsafe(12)
+    with BackgroundServer(engine.app()) as engine_server:
+        port = consecutive_free_ports(2)
+        cmd = [
+            sys.executable, "-m", "workers.cli", "gateway",
+            "--engine", engine_server.url, "--model", "tiny-qwen3",
+            "--tokenizer", str(tiny_model_dir), "--port", str(port),
+            "--control-port", str(port + 1), "--data-dir", str(tmp_path / "gw"),
+            "--tokenize-offload-chars", "0",
+            "--max-body-bytes", "20000", "--header-timeout-s", "1", "--body-timeout-s", "30",
+            "--session-max-concurrent-calls", "3", "--session-max-stored-request-bytes", "0",
+            "--session-max-stored-bytes", "1",
+        ]  # fmt: skip
+        proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
+        try:
+            control = f"http://127.0.0.1:{port + 1}"
+            wait_healthy(control, proc)
+            auth = {"Authorization": f"Bearer {admin}"}
+
+            def create(**config: Any) -> dict[str, Any]:
+                reply = httpx.post(
+                    f"{control}/sessions", json={"rollout_id": "r", **config}, headers=auth
+                )
+                assert reply.status_code == 201, reply.text
+                return dict(reply.json())
+
+            default, own = create(), create(limits={"max_stored_bytes": 10**9})
+            with pytest.raises(openai.APIStatusError) as full:
+                each_protocol(default)["chat"]()
+            assert "max_stored_bytes=1;" in full.value.response.json()["error"]["message"]
+            each_protocol(own)["chat"]()  # its own limit has room
+            with pytest.raises(openai.APIStatusError) as big:
+                each_protocol(own)["chat"](extra_body={"padding": "x" * 20_000})
+            assert "max_body_bytes=20000" in big.value.response.json()["error"]["message"]
+            with socket.create_connection(("127.0.0.1", port)) as silent:
+                silent.settimeout(60)
+                assert read_to_eof(silent) == b"", "cut by the 1 s head deadline"
+            records = tmp_path / "gw" / "sessions" / own["session_id"] / "records.jsonl"
+            entry = json.loads(records.read_text().splitlines()[-1])
+            assert entry["request"] == {} and "messages" in entry["request_omitted"]["fields"]
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) is not None
