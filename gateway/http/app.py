@@ -186,7 +186,8 @@ class GatewayApp:
 
     async def get_session(self, request: Request) -> Response:
         self._require_admin(request)
-        summary = await self._core_call(self.gateway.summary, request.path_params["session_id"])
+        # reads counters or files only; a session not live here is rebuilt from its records
+        summary = await asyncio.to_thread(self.gateway.summary, request.path_params["session_id"])
         return Response(summary.model_dump_json(), media_type="application/json")
 
     async def get_trajectory(self, request: Request) -> Response:

@@ -100,9 +100,9 @@ def test_the_control_api_answers_while_the_agent_loop_is_blocked(
     try:
         created = httpx.post(f"{gw.control}/sessions", json={"rollout_id": "r"}, timeout=30)
         assert created.status_code == 201, created.text
-        token = created.json()["token"]
+        token, sid = created.json()["token"], created.json()["session_id"]
         gw.block_agent_loop()
-        for path in ("/health", "/policy", "/metrics"):
+        for path in ("/health", "/policy", "/metrics", f"/sessions/{sid}"):
             reply = httpx.get(f"{gw.control}{path}", timeout=30)
             assert reply.status_code == 200, (path, reply.text)
         assert "rollout_gateway" in httpx.get(f"{gw.control}/metrics", timeout=30).text
