@@ -10,7 +10,7 @@ The engine is `devstack.fixed_latency_engine` (a FAKE answering every call after
 their event loop cannot delay the probes; the probes are sequential, one every
 `--probe-interval-ms`, from this process.
 
-Run: `python -m bench.control_listener [--agents 500] [--seconds 30]`.
+Run: `python -m bench.control_listener [--agents 500] [--seconds 30] [--modes shared,own]`.
 """
 
 from __future__ import annotations
