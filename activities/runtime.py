@@ -4,17 +4,25 @@ Why a plain composition (no Temporal here): the activities that wrap it decide r
 heartbeats and task queues; this module only guarantees the *order* and the *cleanup*:
 
     harness.setup → before_run hooks → harness.run → kill every process left in the
-    sandbox → after_run hooks
+    sandbox → (kill again → after_run hook) for each hook
     (on any failure or cancellation: on_error hooks)
     finally, always — also on asyncio.CancelledError: harness.cleanup
 
-The kill comes before the after_run hooks because the evaluation runs in the agent's
-sandbox: a process the agent left behind could otherwise rewrite its answer, or the
-checks, while they run. If the kill fails the run fails (no reward can be trusted).
+The kills come before every after_run hook because the evaluation runs in the agent's
+sandbox: a process the agent left behind — or one that something the agent planted
+started during an earlier hook — could otherwise rewrite its answer, or the checks,
+while they run. The hooks that run commands there do so in the clean room
+(`Sandbox.evaluator_exec`, which kills once more before each command). If a kill fails
+the run fails (no reward can be trusted).
 
 Outcomes of the agent (bad exit, time-out, wrong answer, broken evaluator) are *data*
 in the returned `RunOutcome`. Infrastructure failures (harness setup, a required hook,
-the sandbox) raise `RuntimeFailure`, which carries the partial outcome.
+the sandbox) raise `RuntimeFailure`, which carries the partial outcome — unless the
+failure came once the agent could act and its sandbox shows damage the agent could have
+done (`Sandbox.agent_damage`: its supervisor killed, its disk filled...). That run is
+the agent's doing, not a failure to retry: it returns with status
+`agent_broke_sandbox` (reward 0, its samples trained on), so no agent earns a fresh
+attempt, or a masked row, by breaking its sandbox.
 """
 
 from __future__ import annotations
@@ -106,6 +114,18 @@ class _Phases:
             self.timings[name] = round(time.monotonic() - t0, 3)
 
 
+#: Phases that run after the agent could act in its sandbox (its own run included).
+_AFTER_AGENT_STARTED = frozenset({"agent", "stop_agent", "after_run"})
+
+
+async def _damage_by_agent(sandbox: Sandbox, workdir: str, phase: str) -> str | None:
+    """What the agent broke, when a failure came once it could act (see
+    `Sandbox.agent_damage`); None: the failure is ours."""
+    if phase not in _AFTER_AGENT_STARTED:
+        return None
+    return await sandbox.agent_damage(workdir)
+
+
 def _endpoints(session: SessionCreated, sandbox: Sandbox) -> GatewayEndpoints:
     return GatewayEndpoints.inside_sandbox(
         token=session.token,
@@ -178,7 +198,8 @@ async def run_in_sandbox(
             if lf.local_path:
                 ctx.add_artifact(Path(lf.local_path), lf.kind)
         await phases.run("stop_agent", sandbox.kill_all_processes(), budget.cleanup_s)
-        await phases.run("after_run", run_phase(hooks, "after_run", ctx), budget.hooks_s)
+        after = run_phase(hooks, "after_run", ctx, before_each=sandbox.kill_all_processes)
+        await phases.run("after_run", after, budget.hooks_s)
         outcome.status = run_status(outcome.agent, outcome.evaluation)
         if task.reward_fn_version is None and outcome.evaluation is not None:
             outcome.reward_fn_version = outcome.evaluation.reward_fn_version
@@ -187,10 +208,20 @@ async def run_in_sandbox(
         await to_completion(run_on_error(hooks, ctx, e), budget.cleanup_s, "on_error hooks")
         raise
     except Exception as e:
-        outcome.status = RolloutStatus.infra_error
         outcome.error = f"{phases.current}: {e!r}"
+        try:
+            damage = await _damage_by_agent(sandbox, ctx.workdir, phases.current)
+        except asyncio.CancelledError:  # cancelled while looking: as any cancellation
+            outcome.error = f"cancelled during {phases.current}"
+            await to_completion(run_on_error(hooks, ctx, e), budget.cleanup_s, "on_error hooks")
+            raise
+        outcome.status = RolloutStatus.infra_error
+        if damage is not None:
+            outcome.status = RolloutStatus.agent_broke_sandbox
+            outcome.error += f"; the agent broke its sandbox: {damage}"
         await to_completion(run_on_error(hooks, ctx, e), budget.hooks_s, "on_error hooks")
-        raise RuntimeFailure(phases.current, outcome, e) from e
+        if damage is None:
+            raise RuntimeFailure(phases.current, outcome, e) from e
     finally:
         await to_completion(harness.cleanup(sandbox), budget.cleanup_s, "harness cleanup")
     return outcome

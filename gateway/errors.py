@@ -15,6 +15,7 @@ from typing import Literal
 ErrorKind = Literal[
     "invalid_request",
     "authentication",
+    "forbidden",
     "not_found",
     "method_not_allowed",
     "conflict",
@@ -43,6 +44,7 @@ class KindSpec:
 KINDS: dict[str, KindSpec] = {
     "invalid_request": KindSpec(400),
     "authentication": KindSpec(401),
+    "forbidden": KindSpec(403),
     "not_found": KindSpec(404),
     "method_not_allowed": KindSpec(405),
     "conflict": KindSpec(409),

@@ -19,6 +19,9 @@ class GatewayOptions(BaseModel):
     None: this process's own `public_url`, which always identifies the owner."""
     data_dir: Path
     context_window: int
+    vocab_size: int | None = None
+    """The model's token ids are below this; a `logit_bias` on another id is refused
+    before the engine sees it (None: the engine checks)."""
     default_max_tokens: int = 4096
     max_inflight_engine_calls: int = 256
     max_queued_engine_calls: int = 4096

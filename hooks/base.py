@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -140,13 +141,22 @@ def build_hooks(specs: list[HookSpec]) -> list[Hook]:
     return hooks
 
 
-async def run_phase(hooks: list[Hook], phase: str, ctx: HookContext) -> None:
+async def run_phase(
+    hooks: list[Hook],
+    phase: str,
+    ctx: HookContext,
+    before_each: Callable[[], Awaitable[None]] | None = None,
+) -> None:
     """Run `before_run` or `after_run` of every hook in order.
 
     A required hook's exception propagates (the runtime then runs `on_error`); a
     non-required one's is recorded in `ctx.hook_errors` and the next hook runs.
+    `before_each` runs before every hook (the runtime kills the sandbox's processes
+    there); its failure always propagates.
     """
     for hook in hooks:
+        if before_each is not None:
+            await before_each()
         try:
             await getattr(hook, phase)(ctx)
         except Exception as e:

@@ -1,37 +1,55 @@
 """`capture_diff`: the agent's change to the workspace as a git patch.
 
-With a task repo, the diff is against the task's immutable commit; without one, a
-baseline snapshot of the workspace is committed in before_run into a git dir *outside*
-the workspace (the agent never sees it). Either way untracked files are included, via
-a throw-away index, so the repo's own index and history are left untouched.
+With a task repo, the diff is against the task's immutable commit; without one, against
+a baseline snapshot of the workspace committed before the agent starts. Untracked files
+are included, via a throw-away index, so the repo's own index and history are untouched.
+
+Git here runs after the agent, over files the agent wrote, so it runs in the clean room
+(`Sandbox.evaluator_exec`) and reads no config, hooks or attributes file the agent could
+have written:
+* its git dir is a fresh one in a directory made after the agent was killed; the task
+  repo's objects are read from there as data (``GIT_ALTERNATE_OBJECT_DIRECTORIES``; its
+  ``.git/config`` only by the ``rev-parse`` that finds them), its hooks and ``info/``
+  never;
+* the baseline git dir is copied out to the host right after it is made and removed
+  from the sandbox, so the agent never sees it; it goes back in only for the diff;
+* diffs run with ``--no-ext-diff --no-textconv --ignore-submodules=dirty`` (no program
+  named by an attribute runs; a ``filter=`` attribute names a driver no config defines).
 """
 
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from pydantic import Field
 
 from hooks.base import Hook, HookContext, register_hook
-from sandboxes.base import ArchiveTooLarge, SandboxError
+from sandboxes.base import DEFAULT_MAX_ARCHIVE_BYTES, ArchiveTooLarge, SandboxError
 from schemas.base import StrictModel
 from schemas.outcome import DiffSummary
 
 #: Tar headers and padding around one file in an archive read out of the sandbox.
 _TAR_SLACK = 64 * 1024
+#: A scratch dir for one git step, made at run time (random name, created exclusively).
+_SCRATCH = "mktemp -d /tmp/rollout-diff.XXXXXXXXXX"
+#: Never let git run a program named by the agent's attributes or submodules.
+_DIFF_FLAGS = "--no-ext-diff --no-textconv --ignore-submodules=dirty"
+_IDENTITY = "-c user.name=rollout -c user.email=rollout@sandbox.invalid -c commit.gpgSign=false"
 
 
 class CaptureDiffParams(StrictModel):
     #: Directory to diff (default: the task repo's path, else the agent's workdir).
     path: str | None = None
-    #: Commit to diff against (default: the task repo's commit, else a baseline).
+    #: Commit to diff against (default: the task repo's commit, else a baseline). It is
+    #: looked up in the object store of the repo at `path`.
     base_commit: str | None = None
     #: git pathspecs to leave out of the diff.
     exclude: list[str] = Field(default_factory=lambda: ["**/__pycache__/**", "**/*.pyc"])
-    #: Where the baseline git dir and temporary index live inside the sandbox.
-    state_dir: str = "/tmp/rollout-diff"
     #: The patch kept is cut here (`DiffSummary.truncated`); it is also the read cap.
     max_bytes: int = Field(default=20 * 1024 * 1024, gt=0)
+    #: Cap on the baseline git dir copied out to the host (a bigger one fails the hook).
+    baseline_max_bytes: int = Field(default=DEFAULT_MAX_ARCHIVE_BYTES, gt=0)
     timeout_s: float = 300.0
 
 
@@ -51,59 +69,82 @@ class CaptureDiffHook(Hook):
             return self.params.path
         return ctx.repo.path if ctx.repo else ctx.workdir
 
-    def _git_env(self, ctx: HookContext) -> dict[str, str]:
-        """Env selecting the baseline git dir when we snapshot ourselves."""
-        if ctx.state.get(self._key, {}).get("git_dir"):
-            return {
-                "GIT_DIR": ctx.state[self._key]["git_dir"],
-                "GIT_WORK_TREE": self._dir(ctx),
-            }
-        return {}
+    def _baseline_file(self, ctx: HookContext) -> Path:
+        """Host-side home of the baseline git dir (a tar), out of the agent's reach."""
+        return ctx.artifacts_dir / ".capture_diff" / f"{id(self)}.tar"
 
     async def before_run(self, ctx: HookContext) -> None:
         base = self.params.base_commit or (ctx.repo.commit if ctx.repo else None)
         if base:
             ctx.state[self._key] = {"commit": base}
             return
-        git_dir = f"{self.params.state_dir}/baseline.git"
+        q = shlex.quote
         script = (
-            "git init -q && git add -A && "
-            "git -c user.name=rollout -c user.email=rollout@sandbox.invalid "
-            "commit -q --allow-empty --no-verify -m baseline && git rev-parse HEAD"
+            f'd=$({_SCRATCH}) && export GIT_DIR="$d/git" GIT_WORK_TREE={q(self._dir(ctx))} && '
+            "git init -q --template= && git add -A && "
+            f"git {_IDENTITY} commit -q --allow-empty --no-verify -m baseline && "
+            'git rev-parse HEAD && echo "$d"'
         )
-        env = {"GIT_DIR": git_dir, "GIT_WORK_TREE": self._dir(ctx)}
-        res = await ctx.sandbox.exec(
-            f"mkdir -p {shlex.quote(self.params.state_dir)} && {script}",
-            env=env,
-            cwd=self._dir(ctx),
-            timeout=self.params.timeout_s,
+        # Before the agent: nothing of its runs yet, and the harness may have started
+        # something it needs.
+        res = await ctx.sandbox.evaluator_exec(
+            script, cwd=self._dir(ctx), timeout=self.params.timeout_s, stop_processes=False
         )
-        if res.exit_code != 0:
+        lines = res.stdout.split()
+        if res.exit_code != 0 or len(lines) < 2:
             raise RuntimeError(f"baseline snapshot failed: {(res.stderr or res.stdout)[-500:]}")
-        ctx.state[self._key] = {
-            "commit": res.stdout.strip().splitlines()[-1],
-            "git_dir": git_dir,
-        }
+        commit, scratch = lines[-2], lines[-1]
+        try:
+            tar = await ctx.sandbox.get_archive(
+                f"{scratch}/git", max_bytes=self.params.baseline_max_bytes
+            )
+        finally:
+            await ctx.sandbox.exec(["rm", "-rf", scratch], cwd="/", timeout=self.params.timeout_s)
+        path = self._baseline_file(ctx)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(tar)
+        ctx.state[self._key] = {"commit": commit, "baseline": str(path)}
 
     async def after_run(self, ctx: HookContext) -> None:
         info = ctx.state.get(self._key)
         if not info:
             return
-        base = info["commit"]
-        index = f"{self.params.state_dir}/diff.index"
-        out = f"{self.params.state_dir}/diff.patch"
-        excludes = " ".join(shlex.quote(f":(exclude,glob){p}") for p in self.params.exclude)
-        q = shlex.quote
+        sb = ctx.sandbox
+        res = await sb.evaluator_exec(_SCRATCH, cwd="/", timeout=self.params.timeout_s)
+        if res.exit_code != 0 or not res.stdout.strip():
+            raise RuntimeError(f"no scratch dir for the diff: {(res.stderr or res.stdout)[-500:]}")
+        scratch = res.stdout.split()[-1]
+        try:
+            await self._diff(ctx, info, scratch)
+        finally:
+            await sb.exec(["rm", "-rf", scratch], cwd="/", timeout=self.params.timeout_s)
+        if info.get("baseline"):
+            Path(info["baseline"]).unlink(missing_ok=True)
+
+    async def _diff(self, ctx: HookContext, info: dict[str, str], scratch: str) -> None:
+        """Diff the work tree against `info["commit"]` with a git dir in `scratch`."""
+        sb, q = ctx.sandbox, shlex.quote
+        if info.get("baseline"):
+            await sb.put_archive(scratch, Path(info["baseline"]).read_bytes())
+            tree = f"top={q(self._dir(ctx))} && "
+        else:
+            # The task repo's objects (data only: its hooks and info/ stay unread) and its
+            # top dir (`path` may be a dir inside it: the diff is then that dir's).
+            tree = (
+                "top=$(git rev-parse --show-toplevel) && "
+                "GIT_ALTERNATE_OBJECT_DIRECTORIES=$(git rev-parse --path-format=absolute "
+                "--git-path objects) && export GIT_ALTERNATE_OBJECT_DIRECTORIES && "
+            )
+        base, out = info["commit"], f"{scratch}/diff.patch"
+        excludes = " ".join(q(f":(exclude,glob){p}") for p in self.params.exclude)
+        diff = f"git diff --cached {_DIFF_FLAGS} {q(base)}"
         script = (
-            f"mkdir -p {q(self.params.state_dir)} && rm -f {q(index)} && "
-            f"export GIT_INDEX_FILE={q(index)} && git add -A && "
-            f"git diff --cached --binary {q(base)} -- . {excludes} > {q(out)} && "
-            f"git diff --cached --numstat {q(base)} -- . {excludes}"
+            f'{tree}export GIT_DIR={q(scratch + "/git")} GIT_WORK_TREE="$top" '
+            f"GIT_INDEX_FILE={q(scratch + '/index')} && "
+            '{ test -d "$GIT_DIR" || git init -q --template=; } && git add -A && '
+            f"{diff} --binary -- . {excludes} > {q(out)} && {diff} --numstat -- . {excludes}"
         )
-        env = self._git_env(ctx)
-        res = await ctx.sandbox.exec(
-            script, env=env or None, cwd=self._dir(ctx), timeout=self.params.timeout_s
-        )
+        res = await sb.evaluator_exec(script, cwd=self._dir(ctx), timeout=self.params.timeout_s)
         if res.exit_code != 0:
             raise RuntimeError(f"git diff failed: {(res.stderr or res.stdout)[-500:]}")
         summary = DiffSummary(base=base)
@@ -141,8 +182,9 @@ class CaptureDiffHook(Hook):
         except SandboxError:
             return b"", 0
         q, head = shlex.quote, f"{out}.head"
-        res = await ctx.sandbox.exec(
+        res = await ctx.sandbox.evaluator_exec(
             f"head -c {self.params.max_bytes} {q(out)} > {q(head)} && wc -c < {q(out)}",
+            cwd="/",
             timeout=self.params.timeout_s,
         )
         if res.exit_code != 0:

@@ -3,19 +3,28 @@
 A *broken evaluator* is not a wrong answer: if a check cannot be carried out (command
 not found, time-out, unparsable reward output, sandbox failure) the result is
 `status="eval_error"` with `reward=None`, so a trainer never learns from a reward of 0
-that the agent did not earn. The spec and result models are in `schemas.evaluation`.
+that the agent did not earn — unless the agent broke the sandbox the check needed
+(filled its disk, ended its supervisor, removed or closed its workdir: measured after
+the failure by `Sandbox.agent_damage`). Then the failure is the agent's doing:
+`status="agent_broke_sandbox"`, reward 0, and what was broken in `damage`. The spec and
+result models are in `schemas.evaluation`.
 
-The checks run in the agent's own sandbox (after the runtime killed every process the
-agent left), so nothing they use may sit where the agent could have prepared it: a
-script check's script arrives on stdin and is written into a directory `mktemp -d`
-creates at run time (random name, created exclusively, mode 0700), never to a path the
-agent could guess, pre-create or symlink (`_SCRIPT_RUNNER`).
+The checks run in the agent's own sandbox, each in the clean room
+(`Sandbox.evaluator_exec`: every process killed first, fresh HOME, system PATH, no user
+site, neutral git), and the hidden files are placed right after a kill, so nothing the
+agent left can run code in the evaluator. Nothing they use may sit where the agent
+could have prepared it either: a script check's script arrives on stdin and is written
+into a directory `mktemp -d` creates at run time (random name, created exclusively,
+mode 0700), never to a path the agent could guess, pre-create or symlink
+(`_SCRIPT_RUNNER`); a Python interpreter gets ``-s`` (no user site dir).
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 import re
+import shlex
 import time
 from typing import Any
 
@@ -39,6 +48,20 @@ _SCRIPT_RUNNER = (
     "d=$(mktemp -d) || exit 126; trap 'rm -rf \"$d\"' EXIT; "
     'cat > "$d/script" && {interpreter} "$d/script" </dev/null'
 )
+
+
+def _isolated(interpreter: str) -> str:
+    """`interpreter` with ``-s`` after a Python (also behind ``env``): its user site dir is
+    never read, whatever HOME a check sets. Not ``-I``: it would drop the PYTHON*
+    variables a check's own env sets (the task author's)."""
+    words = shlex.split(interpreter)
+    for i, word in enumerate(words):
+        name = posixpath.basename(word)
+        if re.fullmatch(r"python[0-9.]*", name):
+            return shlex.join([*words[: i + 1], "-s", *words[i + 1 :]])
+        if name != "env" and not (i and "=" in word):
+            break
+    return interpreter
 
 
 class EvaluatorError(RuntimeError):
@@ -99,12 +122,12 @@ async def _run_check(
 
     stdin: bytes | None = None
     if isinstance(check, ScriptCheck):
-        cmd = _SCRIPT_RUNNER.format(interpreter=check.interpreter)
+        cmd = _SCRIPT_RUNNER.format(interpreter=_isolated(check.interpreter))
         stdin = check.script.encode()
     else:
         cmd = check.command
     try:
-        res = await sandbox.exec(
+        res = await sandbox.evaluator_exec(
             cmd, cwd=cwd, env=check.env or None, timeout=check.timeout_s, stdin=stdin
         )
     except SandboxError as e:
@@ -155,6 +178,9 @@ async def evaluate(sandbox: Sandbox, spec: EvaluationSpec, workdir: str) -> Eval
     results: list[CheckResult] = []
     steps: list[float] | None = None
     try:
+        if spec.files:
+            # Nothing may be running when the hidden files arrive.
+            await sandbox.kill_all_processes()
         for f in spec.files:
             path = f.path if f.path.startswith("/") else f"{workdir.rstrip('/')}/{f.path}"
             await sandbox.put_file(path, f.data(), mode=f.mode)
@@ -164,14 +190,17 @@ async def evaluate(sandbox: Sandbox, spec: EvaluationSpec, workdir: str) -> Eval
             if step is not None and len(spec.checks) == 1:
                 steps = step
     except (EvaluatorError, SandboxError, OSError) as e:
+        # Whose failure: the agent's if it left the sandbox broken (reward 0), else ours.
+        damage = await sandbox.agent_damage(workdir)
         return EvaluationResult(
-            status="eval_error",
-            reward=None,
-            verdict="error",
+            status="agent_broke_sandbox" if damage else "eval_error",
+            reward=0.0 if damage else None,
+            verdict="fail" if damage else "error",
             checks=results,
             reward_fn_version=version,
             duration_s=round(time.monotonic() - t0, 3),
             error=str(e),
+            damage=damage,
         )
     weights = [c.weight for c in spec.checks]
     if spec.aggregate == "all":

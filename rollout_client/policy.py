@@ -11,11 +11,14 @@ from schemas.policy import PolicyState, PolicyUpdate, PolicyUpdateRecord
 
 
 class PolicyUpdateError(RuntimeError):
-    """`POST /policy` failed: the status and the gateway's error message."""
+    """`POST /policy` failed: the status, the gateway's error kind (`code`: `forbidden`
+    for a checkpoint outside its roots, `engine_bad_reply` for a failed load, ...) and
+    its message, which ends with what the engines serve after the failure."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(f"policy update failed ({status}): {message}")
         self.status = status
+        self.code = code
 
 
 class GatewayPolicyClient:
@@ -39,7 +42,7 @@ class GatewayPolicyClient:
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
             reply = await client.post(f"{self.control_url}/policy", json=update.model_dump())
         if reply.status_code != 200:
-            raise PolicyUpdateError(reply.status_code, _message(reply))
+            raise PolicyUpdateError(reply.status_code, _message(reply), _code(reply))
         return PolicyUpdateRecord.model_validate_json(reply.content)
 
 
@@ -48,3 +51,11 @@ def _message(reply: httpx.Response) -> str:
         return str(reply.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return reply.text[:500]
+
+
+def _code(reply: httpx.Response) -> str | None:
+    try:
+        code = reply.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) else None

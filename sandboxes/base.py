@@ -15,6 +15,7 @@ import abc
 import asyncio
 import io
 import os
+import re
 import tarfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -30,7 +31,10 @@ __all__ = [
     "DEFAULT_GATEWAY_PORT",
     "DEFAULT_MAX_ARCHIVE_BYTES",
     "DEFAULT_MAX_OUTPUT_BYTES",
+    "EVALUATOR_GIT_CONFIG",
+    "EVALUATOR_PATH",
     "MANAGED_LABEL",
+    "NO_PROFILE_ENV",
     "ROLLOUT_LABEL",
     "ArchiveTooLarge",
     "BackendUnavailable",
@@ -48,6 +52,7 @@ __all__ = [
     "SandboxHandle",
     "SandboxNotFound",
     "SandboxSpec",
+    "evaluator_env",
 ]
 
 #: Label/tag carrying the rollout id on every sandbox (docker label, E2B metadata,
@@ -218,9 +223,90 @@ Command = Sequence[str] | str
 
 #: Default cap on captured output per stream in ExecResult (streaming is uncapped).
 DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
+#: How long the damage probe (`Sandbox.agent_damage`) may take in the sandbox.
+DAMAGE_PROBE_TIMEOUT_S = 30.0
+#: Bytes the damage probe writes into each directory an evaluation writes to.
+DAMAGE_PROBE_BYTES = 65536
+#: The damage probe: for each directory given, whether it is still there, and whether a
+#: new file of DAMAGE_PROBE_BYTES can be written into it; one line per problem.
+_DAMAGE_PROBE = """
+n=$1; shift
+for d in "$@"; do
+  [ -n "$d" ] || continue
+  if [ ! -d "$d" ]; then echo "$d is gone"; continue; fi
+  if ! [ -r "$d" ] || ! [ -x "$d" ]; then echo "$d cannot be read (mode changed)"; continue; fi
+  f=$(mktemp "$d/.rollout-probe.XXXXXX" 2>/dev/null) || { echo "$d takes no new file"; continue; }
+  head -c "$n" /dev/zero > "$f" 2>/dev/null || echo "$d has no room for $n bytes (disk full)"
+  rm -f "$f"
+done
+"""
+#: Exit status and message of an exec whose process could not be started (supervisor).
+_SPAWN_FAILED = (126, "exec failed:")
+
 #: Default cap on one archive read out of a sandbox (`get_archive`, `get_file`, `get_dir`):
 #: a sandbox that writes gigabytes must not take its host's memory with it.
 DEFAULT_MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
+
+
+# --------------------------------------------------------------------------- clean room
+
+#: PATH of every evaluation step: system directories only (no ~/.local/bin, no workdir).
+EVALUATOR_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Git settings every git of an evaluation step gets at command-line precedence (via
+#: ``GIT_CONFIG_COUNT``), so a repo config the agent wrote cannot start a program there.
+EVALUATOR_GIT_CONFIG = {
+    "core.fsmonitor": "false",
+    "core.hooksPath": "/dev/null",
+    "core.untrackedCache": "false",
+}
+#: For a command a backend may start through a login shell (E2B runs every command as
+#: ``bash -l -c``): a HOME where no profile file can exist (/proc: nobody creates files
+#: there), no startup file.
+NO_PROFILE_ENV = {"HOME": "/proc", "BASH_ENV": "", "ENV": ""}
+#: Variables of the sandbox's env an evaluation step never inherits: the clean room sets
+#: them itself, or they make a program load code from a path (`evaluator_env`).
+_NOT_INHERITED = re.compile(
+    r"^(PATH|HOME|TMPDIR|XDG_.*|LD_.*|PYTHON.*|BASH_ENV|ENV|SHELLOPTS|BASHOPTS|IFS|CDPATH"
+    r"|GIT_.*|PERL5?LIB|PERL5OPT|NODE_OPTIONS|NODE_PATH|RUBYOPT|RUBYLIB|GCONV_PATH"
+    r"|LOCPATH|MALLOC_.*|GLIBC_TUNABLES)$"
+)
+#: Runs an evaluation step's command (its argv follows) with a HOME and TMPDIR made
+#: right now (random name, created exclusively, 0700: nothing the agent could have
+#: prepared) and removed afterwards; a check's own env may set either. No dir → 126.
+_CLEAN_ROOM_SH = (
+    "d=$(mktemp -d) || exit 126; trap 'rm -rf \"$d\"' EXIT; "
+    'mkdir "$d/home" "$d/tmp" || exit 126; '
+    'HOME="${HOME:-$d/home}"; TMPDIR="${TMPDIR:-$d/tmp}"; export HOME TMPDIR; "$@"'
+)
+
+
+def evaluator_env(
+    sandbox_env: Mapping[str, str], extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The whole environment of an evaluation step (see `Sandbox.evaluator_exec`).
+
+    From `sandbox_env` (the task's sandbox env and the backend's base) only what does not
+    steer how programs start; then system PATH, no user site, git without global/system
+    config and with `EVALUATOR_GIT_CONFIG`; then `extra` (a check's own env: the task
+    author's, so it may set anything).
+    """
+    env = {k: v for k, v in sandbox_env.items() if not _NOT_INHERITED.match(k)}
+    env.update(
+        PATH=EVALUATOR_PATH,
+        PYTHONNOUSERSITE="1",
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL="/dev/null",
+        GIT_ATTR_NOSYSTEM="1",
+        GIT_NO_REPLACE_OBJECTS="1",
+        GIT_TERMINAL_PROMPT="0",
+        GIT_CONFIG_COUNT=str(len(EVALUATOR_GIT_CONFIG)),
+    )
+    for i, (key, value) in enumerate(EVALUATOR_GIT_CONFIG.items()):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    if extra:
+        env.update({str(k): str(v) for k, v in extra.items()})
+    return env
 
 
 # --------------------------------------------------------------------------- protocol
@@ -298,6 +384,45 @@ class Sandbox(abc.ABC):
                 task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
+    async def evaluator_exec(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        stop_processes: bool = True,
+    ) -> ExecResult:
+        """Run one evaluation step (a check, a hook's git) in a clean room.
+
+        Why: the step runs in the agent's sandbox, so nothing the agent left may run code
+        in it. First every process in the sandbox is killed (`kill_all_processes`; pass
+        ``stop_processes=False`` only before the agent ran). Then the command runs under
+        ``env -i`` with `evaluator_env` (`env`, a check's own, on top), a fresh HOME and
+        TMPDIR that exist only for this command, PATH of system dirs only, and git
+        neutralised (no global/system config, no fsmonitor, no hooks). A string runs under
+        ``/bin/sh -c``, a list is an argv; the result is the command's, as for `exec`.
+        It runs as the sandbox user on every backend: see docs/sandboxes.md for what the
+        clean room holds per backend.
+        """
+        if stop_processes:
+            await self.kill_all_processes()
+        inner = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
+        pairs = [f"{k}={v}" for k, v in evaluator_env(self.handle.env, env).items()]
+        argv = ["/usr/bin/env", "-i", "--", *pairs, "/bin/sh", "-c", _CLEAN_ROOM_SH, "sh", *inner]
+        return await self.exec(
+            argv,
+            env=NO_PROFILE_ENV,
+            cwd=cwd,
+            timeout=timeout,
+            stdin=stdin,
+            on_output=on_output,
+            max_output_bytes=max_output_bytes,
+        )
+
     # --- files (tar is the primitive; single files are built on it) -------------
 
     @abc.abstractmethod
@@ -321,6 +446,42 @@ class Sandbox(abc.ABC):
         sandbox stays usable for further `exec` calls. Raises SandboxError if processes
         survive.
         """
+
+    async def agent_damage(self, workdir: str) -> str | None:
+        """What the agent broke in this sandbox that an evaluation needs, or None.
+
+        The one rule for whose fault a failed step after the agent's run is: the
+        sandbox is the agent's, so a step that failed in a sandbox showing damage the
+        agent could have done (no process can start, its supervisor is gone, the
+        workdir, /tmp or home is gone, closed or full) failed by the agent's doing and
+        scores 0; in a sandbox without such damage it is ours (masked). Measured after
+        the failure, from the host where the backend can (`_find_damage`); a probe
+        that cannot decide finds nothing, so a doubt stays ours. Never raises.
+        """
+        try:
+            return await asyncio.wait_for(self._find_damage(workdir), DAMAGE_PROBE_TIMEOUT_S + 15)
+        except Exception:
+            return None
+
+    async def _find_damage(self, workdir: str) -> str | None:
+        """The probe run inside the sandbox (`_DAMAGE_PROBE`); backends add host-side
+        measurements first. An exec the backend could not deliver decides nothing."""
+        dirs = [workdir, "/tmp", self.env.get("HOME", "")]
+        try:
+            res = await self.exec(
+                ["/bin/sh", "-c", _DAMAGE_PROBE, "probe", str(DAMAGE_PROBE_BYTES), *dirs],
+                cwd="/",
+                timeout=DAMAGE_PROBE_TIMEOUT_S,
+            )
+        except SandboxError:
+            return None
+        if res.timed_out:
+            return f"a probe of a few file writes did not finish in {DAMAGE_PROBE_TIMEOUT_S} s"
+        code, marker = _SPAWN_FAILED
+        if res.exit_code == code and marker in res.stderr:
+            return f"no process can start in it ({res.stderr.strip()[:200]})"
+        found = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+        return "; ".join(found) or None
 
     async def put_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         if isinstance(data, str):

@@ -198,6 +198,34 @@ def oom_kill_count(dirs: list[str]) -> int | None:
     return None
 
 
+def pids_limit_hits(dirs: list[str]) -> int | None:
+    """How often a fork in the sandbox was refused at its pids limit (None: unknown).
+
+    `dirs` are the sandbox's cgroups as its backend knows them; on cgroup v1 a memory
+    cgroup's pids twin (same path under the pids hierarchy, as docker makes them) is
+    read too."""
+    for d in [*dirs, *(_v1_twin(d, "pids") for d in dirs)]:
+        if d is None:
+            continue
+        f = Path(d) / "pids.events"
+        with contextlib.suppress(OSError, ValueError):
+            for line in f.read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "max":
+                    return int(v)
+    return None
+
+
+def _v1_twin(path: str, controller: str) -> str | None:
+    """The cgroup v1 directory of `controller` at the same place as memory cgroup `path`."""
+    rel = (
+        Path(path).relative_to(ROOT / "memory")
+        if Path(path).is_relative_to(ROOT / "memory")
+        else None
+    )
+    return None if rel is None else str(ROOT / controller / rel)
+
+
 def memory_cgroup_of_pid(pid: int) -> str | None:
     """Host path of the memory cgroup a process is in (docker containers, too)."""
     try:

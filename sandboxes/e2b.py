@@ -12,6 +12,9 @@ restricted to that endpoint (`egress_policy`); otherwise internet access is off.
 
 Not available here: OOM reporting (E2B does not expose it; `oom_killed` stays
 False) and per-sandbox memory/CPU caps (they are properties of the template).
+E2B starts every command as ``bash -l -c``, a login shell that reads the profile files in
+HOME; the backend's own commands (file moves, the kill) and the clean room's launcher
+(`Sandbox.evaluator_exec`) run with ``NO_PROFILE_ENV`` so none of the agent's runs there.
 `kill_all_processes` is a best effort: a shell run as the sandbox user kills every
 process it may signal except itself, its ancestors (envd) and init, until none is left;
 it cannot reach processes of other users, and unlike the supervised backends there is
@@ -37,6 +40,7 @@ from sandboxes.base import (
     DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_OUTPUT_BYTES,
     MANAGED_LABEL,
+    NO_PROFILE_ENV,
     ROLLOUT_LABEL,
     ArchiveTooLarge,
     BackendUnavailable,
@@ -230,6 +234,7 @@ class E2BSandbox(Sandbox):
         res = await self.exec(
             f"mkdir -p {q(dest_dir)} && tar -xf {q(tmp)} -C {q(dest_dir)}; rc=$?; rm -f {q(tmp)};"
             " exit $rc",
+            env=NO_PROFILE_ENV,
             cwd="/",
         )
         if not res.ok:
@@ -243,6 +248,7 @@ class E2BSandbox(Sandbox):
         res = await self.exec(
             f"test -e {q(p)} || exit 44; tar -cf {q(tmp)} -C {q(parent or '/')} {q(base or '.')}"
             f" && wc -c < {q(tmp)}",
+            env=NO_PROFILE_ENV,
             cwd="/",
         )
         if res.exit_code == 44:
@@ -260,11 +266,13 @@ class E2BSandbox(Sandbox):
                     if len(buf) > max_bytes:
                         raise ArchiveTooLarge(path, max_bytes, len(buf))
         finally:
-            await self.exec(["rm", "-f", tmp], cwd="/")
+            await self.exec(["rm", "-f", tmp], env=NO_PROFILE_ENV, cwd="/")
         return bytes(buf)
 
     async def kill_all_processes(self) -> None:
-        res = await self.exec(["/bin/sh", "-c", _KILL_ALL_SH], cwd="/", timeout=60)
+        res = await self.exec(
+            ["/bin/sh", "-c", _KILL_ALL_SH], env=NO_PROFILE_ENV, cwd="/", timeout=60
+        )
         if not res.ok:
             raise SandboxError(f"kill_all_processes failed: {(res.stderr or res.stdout)[-500:]}")
 

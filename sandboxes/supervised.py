@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from sandboxes.base import (
+    DAMAGE_PROBE_BYTES,
     DEFAULT_GATEWAY_PORT,
     DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -40,8 +41,8 @@ from sandboxes.base import (
     SandboxSpec,
     unchecked,
 )
-from sandboxes.cgroups import oom_kill_count
-from sandboxes.disk import release_disk
+from sandboxes.cgroups import oom_kill_count, pids_limit_hits
+from sandboxes.disk import DISK_DIR, release_disk
 from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
 from sandboxes.host_state import owner_token, remove_tree, rollout_key, should_reap
 from sandboxes.images import IMAGE_REPO
@@ -53,6 +54,9 @@ from sandboxes.supervisor_client import SupervisorClient, control_socket_path, n
 RUN_DIR = "/run/rollout"
 #: The agent user's home inside a supervised sandbox.
 AGENT_HOME = "/home/agent"
+#: How long the supervisor has to answer a ping when a failed step is looked into.
+PING_TIMEOUT_S = 10.0
+
 #: The recipe-built base image (`sandboxes.images`), the default system of both backends.
 DEFAULT_IMAGE = f"{IMAGE_REPO}:latest"
 
@@ -122,6 +126,39 @@ class SupervisedSandbox(Sandbox):
 
     async def kill_all_processes(self) -> None:
         await self.supervisor.kill_all()
+
+    async def _find_damage(self, workdir: str) -> str | None:
+        """Measured from the host first: the supervisor runs as the agent's uid inside
+        the sandbox, so a sandbox we did not destroy whose supervisor is gone or mute
+        was ended from inside (killed, stopped, or starved of memory or pids). Then the
+        sized disk's free space (`disk.py`), the pids cgroup's refused forks, then the
+        in-sandbox probe."""
+        if not self.supervisor.socket_path or not os.path.lexists(self.supervisor.socket_path):
+            return None  # destroyed by us (its state dir is gone): not the agent's doing
+        try:
+            await self.supervisor.ping(PING_TIMEOUT_S)
+        except (SandboxError, OSError, TimeoutError, ValueError) as e:
+            return f"its supervisor is gone or does not answer ({e!r})"
+        full = _disk_full(self.state_dir / DISK_DIR)
+        if full:
+            return full
+        # Only what runs in the sandbox forks there: the agent's processes, and threads
+        # of the supervisor that grow with them (an exec can fail until they are gone).
+        hits = pids_limit_hits(self._memory_cgroups())
+        if hits:
+            return f"it ran into its pids limit ({hits} forks refused)"
+        return await super()._find_damage(workdir)
+
+
+def _disk_full(mount: Path) -> str | None:
+    """Whether a sandbox's sized disk (if it has one) has no room for a small file."""
+    if not os.path.ismount(mount):
+        return None
+    st = os.statvfs(mount)
+    if st.f_bavail * st.f_frsize < DAMAGE_PROBE_BYTES or st.f_favail < 1:
+        free = st.f_bavail * st.f_frsize
+        return f"its disk is full ({free} bytes and {st.f_favail} inodes free)"
+    return None
 
 
 SB = TypeVar("SB", bound=SupervisedSandbox)

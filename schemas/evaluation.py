@@ -20,7 +20,7 @@ from schemas.base import StrictModel
 from schemas.workspace import SandboxFile
 
 #: Bump when the scoring rules of the `evaluate` hook change meaning.
-SCORING_VERSION = "1"
+SCORING_VERSION = "2"
 
 
 class _CheckBase(StrictModel):
@@ -106,9 +106,13 @@ class CheckResult(StrictModel):
 
 
 class EvaluationResult(StrictModel):
-    """Outcome of the success check. `reward` is None exactly when status is eval_error."""
+    """Outcome of the success check. `reward` is None exactly when status is eval_error.
 
-    status: Literal["ok", "eval_error"]
+    `agent_broke_sandbox`: a check could not be carried out and the sandbox shows damage
+    the agent could have done (`damage` says what): reward 0, the agent's doing.
+    """
+
+    status: Literal["ok", "eval_error", "agent_broke_sandbox"]
     reward: float | None
     step_rewards: list[float] | None = None
     verdict: Literal["pass", "fail", "error"]
@@ -116,3 +120,14 @@ class EvaluationResult(StrictModel):
     reward_fn_version: str
     duration_s: float = 0.0
     error: str | None = None
+    #: What the agent broke that the evaluation needed (status agent_broke_sandbox).
+    damage: str | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the evaluation gave no earned reward, for the operator."""
+        if self.status == "agent_broke_sandbox":
+            return f"the agent broke its sandbox ({self.damage}); the check failed: {self.error}"
+        if self.status == "eval_error":
+            return self.error or "evaluator failed"
+        return None

@@ -21,7 +21,16 @@ from schemas.evaluation import EvaluationResult
 
 
 class RolloutStatus(StrEnum):
-    """How a rollout, or one of its sample rows, ended.
+    """How a rollout, or one of its sample rows, ended, and so whose doing it was.
+
+    The agent's (trained on, reward 0 unless it earned one): `ok`, `truncated`,
+    `agent_timeout` (it spent its budget) and `agent_broke_sandbox` (something failed
+    and the sandbox shows damage the agent could have done: its disk full, its
+    supervisor gone, its workdir gone or closed; see `Sandbox.agent_damage`). Ours
+    (masked, left out of the loss and the baseline): `eval_error` (the evaluator broke
+    on a sandbox the agent left intact) and `infra_error`. A failure is ours only when
+    the agent could not have caused it: a masked row is a row the policy is never
+    pushed away from, so an excuse the agent can trigger is one RL learns to use.
 
     `eval_error` is a rollout status only: the rows of such a rollout are `infra_error`
     (masked), because their reward is unknown.
@@ -30,6 +39,7 @@ class RolloutStatus(StrEnum):
     ok = "ok"
     truncated = "truncated"
     agent_timeout = "agent_timeout"
+    agent_broke_sandbox = "agent_broke_sandbox"
     eval_error = "eval_error"
     infra_error = "infra_error"
 
@@ -40,9 +50,12 @@ SAMPLE_STATUSES = frozenset(
         RolloutStatus.ok,
         RolloutStatus.truncated,
         RolloutStatus.agent_timeout,
+        RolloutStatus.agent_broke_sandbox,
         RolloutStatus.infra_error,
     }
 )
+#: Statuses whose reward is the agent's doing: 0 whatever the evaluation said.
+ZERO_REWARD = frozenset({RolloutStatus.agent_timeout, RolloutStatus.agent_broke_sandbox})
 
 
 class LogSpec(StrictModel):
@@ -141,8 +154,9 @@ class RunOutcome(StrictModel):
 
     @property
     def reward(self) -> float | None:
-        """The rollout's reward: 0 for a timed-out agent, None when the evaluator broke."""
-        if self.status is RolloutStatus.agent_timeout:
+        """The rollout's reward: 0 for an agent that timed out or broke its sandbox, None
+        when the evaluator broke."""
+        if self.status in ZERO_REWARD:
             return 0.0
         if self.status in (RolloutStatus.eval_error, RolloutStatus.infra_error):
             return None
@@ -168,16 +182,19 @@ class RunOutcome(StrictModel):
         """What went wrong, for the operator: run error, evaluator error, hook errors."""
         if self.error:
             return self.error
-        if self.status is RolloutStatus.eval_error and self.evaluation is not None:
-            return self.evaluation.error or "evaluator failed"
+        ev = self.evaluation
+        if ev is not None and ev.status != "ok" and ev.status == self.status:
+            return ev.problem
         return "; ".join(self.hook_errors) or None
 
 
 def run_status(agent: AgentResult | None, evaluation: EvaluationResult | None) -> RolloutStatus:
-    """Status of a finished run: the budget wins, then a broken evaluator, else ok (a
-    non-zero exit is a policy outcome: its reward stands)."""
+    """Status of a finished run: the budget wins, then a sandbox the agent broke, then a
+    broken evaluator, else ok (a non-zero exit is a policy outcome: its reward stands)."""
     if agent is not None and agent.timed_out:
         return RolloutStatus.agent_timeout
+    if evaluation is not None and evaluation.status == "agent_broke_sandbox":
+        return RolloutStatus.agent_broke_sandbox
     if evaluation is not None and evaluation.status == "eval_error":
         return RolloutStatus.eval_error
     return RolloutStatus.ok
@@ -197,15 +214,15 @@ def sample_status(
     """Status of one sample row (one segment) of a rollout whose run ended with `run`.
 
     A segment with a failed or missing call, or from a rollout whose reward is unknown,
-    is `infra_error` (kept for visibility, masked for training); a timed-out agent's
-    segments stay trainable with reward 0.
+    is `infra_error` (kept for visibility, masked for training); the segments of an
+    agent that timed out or broke its sandbox stay trainable with reward 0.
     """
     if not (calls_complete and calls_ok):
         return RolloutStatus.infra_error
     if run in (RolloutStatus.eval_error, RolloutStatus.infra_error):
         return RolloutStatus.infra_error
-    if run is RolloutStatus.agent_timeout:
-        return RolloutStatus.agent_timeout
+    if run in ZERO_REWARD:
+        return run
     if hit_token_limit:
         return RolloutStatus.truncated
     return RolloutStatus.ok

@@ -11,9 +11,15 @@ listeners).
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from schemas.base import StrictModel
+
+UNKNOWN_WEIGHTS = "unknown"
+"""The version label of an engine whose weights are not known: a load failed on it after
+it had started to change them and putting the previous ones back failed too (or none is
+known). Calls it samples carry this label, which names no policy, so no trainer takes
+them for any version's samples. Reserved: no update may use it."""
 
 PauseMode = Literal["wait", "keep", "abort"]
 """How an engine pauses for a weight load: `wait` lets in-flight requests finish, `keep`
@@ -47,6 +53,24 @@ class PolicyUpdate(StrictModel):
         default=600.0, gt=0, le=3600, description="how long in-flight calls may take to finish"
     )
 
+    @field_validator("policy_version")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value == UNKNOWN_WEIGHTS:
+            raise ValueError(f"{UNKNOWN_WEIGHTS!r} is reserved for engines in an unknown state")
+        return value
+
+
+class EngineServing(StrictModel):
+    """What one engine serves: the version calls on it are recorded with."""
+
+    engine: str
+    policy_version: str | None = Field(
+        description="None: the weights it was started with (calls record their session's "
+        f"label); {UNKNOWN_WEIGHTS!r}: not known after a failed load"
+    )
+    checkpoint: str | None = None
+
 
 class PeerPause(StrictModel):
     """Body of `POST /policy/pause` (process to process): pause and drain this process's
@@ -56,15 +80,30 @@ class PeerPause(StrictModel):
     update_id: str = Field(min_length=1, max_length=64)
     drain_timeout_s: float = Field(default=600.0, gt=0, le=3600)
     lease_s: float = Field(default=3600.0, gt=0, le=7200)
+    renew: bool = Field(
+        default=False,
+        description="extend the lease of a pause already held for `update_id` (no drain); "
+        "the coordinator renews while its update runs",
+    )
+    policy_version: str | None = Field(
+        default=None,
+        max_length=256,
+        description="the version being loaded: a peer whose lease runs out asks each engine "
+        "whether it serves it",
+    )
+    checkpoint: str | None = None
 
 
 class PeerResume(StrictModel):
-    """Body of `POST /policy/resume`: the update's outcome; `policy_version` None keeps
-    the version this process served before."""
+    """Body of `POST /policy/resume`: the update's outcome. `serving` (what each engine
+    serves now) wins when given; else `policy_version` (all engines), and None keeps what
+    this process served before. A process whose lease already resumed it still takes the
+    outcome of that update."""
 
     update_id: str = Field(min_length=1, max_length=64)
     policy_version: str | None = Field(default=None, min_length=1, max_length=256)
     checkpoint: str | None = None
+    serving: list[EngineServing] = Field(default_factory=list)
 
 
 class PeerPaused(StrictModel):
@@ -91,13 +130,19 @@ class PolicyUpdateRecord(StrictModel):
     load_s: float = Field(description="every engine loading the checkpoint")
     total_s: float = Field(description="pause + drain + load + resume")
     engines: list[WeightUpdateReport] = Field(default_factory=list)
+    serving: list[EngineServing] = Field(
+        default_factory=list,
+        description="what each engine serves after the update (empty in older records)",
+    )
 
 
 class PolicyState(StrictModel):
-    """Reply of `GET /policy`. `policy_version` None: no update yet, so calls record
-    their session's `policy_version` label."""
+    """Reply of `GET /policy`. `policy_version` is the version every engine serves; None:
+    no update yet (calls record their session's `policy_version` label), or the engines
+    serve different weights after a failed update (`engines` says which)."""
 
     policy_version: str | None
     checkpoint: str | None
     updating: bool
+    engines: list[EngineServing] = Field(default_factory=list)
     history: list[PolicyUpdateRecord]

@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from schemas.base import StrictModel
 from schemas.outcome import RolloutStatus, RunOutcome
-from schemas.sampling import SamplingParams
+from schemas.sampling import SamplingControl, SamplingParams
 from schemas.scenes import SceneConfig
 from schemas.session import SessionCreated
 from schemas.tasks import HarnessSpec, RolloutBudget, RolloutId, RolloutTask
@@ -99,6 +99,7 @@ class SessionRequest(StrictModel):
     attempt: int = Field(ge=1)
     policy_version: str
     sampling: SamplingParams
+    sampling_control: SamplingControl = Field(default_factory=SamplingControl)
     scenes: SceneConfig | None = None
     harness: HarnessSpec
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -5,6 +5,8 @@ traced to the policy, environment, template, reward function and harness that ma
 Readers refuse a `schema_version` they do not know rather than guess at its meaning.
 Version 2 added the per-call policy versions (a rollout that spans a policy update has
 calls of two versions in one segment); version-1 files still read, as one call each.
+Version 3 added each call's sampling parameters (`call_sampling`); older files read
+with every call given the row's `sampling`.
 """
 
 from pathlib import Path
@@ -18,10 +20,10 @@ from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.scenes import Scene
 from schemas.tasks import check_rollout_id
 
-SCHEMA_VERSION = 2
-KNOWN_SCHEMA_VERSIONS = frozenset({1, 2})
+SCHEMA_VERSION = 3
+KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3})
 #: Columns each version added (a file of an older version lacks them).
-_ADDED_IN = {2: ("call_policy_versions", "call_starts")}
+_ADDED_IN = {2: ("call_policy_versions", "call_starts"), 3: ("call_sampling",)}
 
 
 class SampleRow(StrictModel):
@@ -58,7 +60,12 @@ class SampleRow(StrictModel):
     reward_fn_version: str
     harness: str
     harness_version: str
-    sampling: str = Field(description="JSON of the sampling params actually used")
+    call_sampling: list[str] = Field(
+        default_factory=list,
+        description="JSON of the sampling params each call of the segment was sampled "
+        "with, aligned with call_policy_versions (empty: all `sampling`)",
+    )
+    sampling: str = Field(description="JSON of the sampling params of the segment's first call")
     seed: int | None = None
     schema_version: int = SCHEMA_VERSION
 
@@ -75,6 +82,8 @@ class SampleRow(StrictModel):
             raise ValueError(f"unknown schema_version {self.schema_version}")
         if len(self.call_starts) != len(self.call_policy_versions):
             raise ValueError("call_starts must align with call_policy_versions")
+        if self.call_sampling and len(self.call_sampling) != len(self.call_policy_versions):
+            raise ValueError("call_sampling must align with call_policy_versions")
         if self.call_starts != sorted(self.call_starts) or any(
             not 0 <= at <= n for at in self.call_starts
         ):
@@ -120,6 +129,7 @@ SAMPLE_ARROW_SCHEMA = pa.schema(
         pa.field("policy_version", pa.string(), nullable=False),
         pa.field("call_policy_versions", pa.list_(pa.string()), nullable=False),
         pa.field("call_starts", pa.list_(pa.int32()), nullable=False),
+        pa.field("call_sampling", pa.list_(pa.string()), nullable=False),
         pa.field("env_version", pa.string(), nullable=False),
         pa.field("prompt_template_version", pa.string(), nullable=False),
         pa.field("reward_fn_version", pa.string(), nullable=False),
@@ -192,7 +202,7 @@ def _schema_of(version: int) -> pa.Schema:
 
 def upgrade(table: pa.Table) -> pa.Table:
     """Fill the columns an older file lacks: one call of the row's `policy_version`,
-    starting at the first response token."""
+    starting at the first response token; every call sampled with the row's `sampling`."""
     if "call_policy_versions" not in table.column_names:
         versions = [[v] for v in table.column("policy_version").to_pylist()]
         table = table.append_column(
@@ -201,6 +211,11 @@ def upgrade(table: pa.Table) -> pa.Table:
         table = table.append_column(
             "call_starts", pa.array([[0]] * table.num_rows, pa.list_(pa.int32()))
         )
+    if "call_sampling" not in table.column_names:
+        calls = table.column("call_policy_versions").to_pylist()
+        sampling = table.column("sampling").to_pylist()
+        each = [[s] * len(c) for s, c in zip(sampling, calls, strict=True)]
+        table = table.append_column("call_sampling", pa.array(each, pa.list_(pa.string())))
     return table
 
 

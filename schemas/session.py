@@ -6,7 +6,7 @@ from typing import Any
 from pydantic import Field
 
 from schemas.base import StrictModel
-from schemas.sampling import SamplingParams
+from schemas.sampling import SamplingControl, SamplingParams
 from schemas.scenes import SceneConfig
 
 MAX_TTL_S = 30 * 86400.0
@@ -42,7 +42,14 @@ class SessionConfig(StrictModel):
 
     rollout_id: str = Field(min_length=1, max_length=256)
     policy_version: str = Field(default="unversioned", min_length=1, max_length=256)
-    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    sampling: SamplingParams = Field(
+        default_factory=SamplingParams, description="the policy's sampling values"
+    )
+    sampling_control: SamplingControl = Field(
+        default_factory=SamplingControl,
+        description="per field: pinned to `sampling` (unset: the engine's default) or the "
+        "agent's to choose; the default pins all that shapes the token distribution",
+    )
     scenes: SceneConfig = Field(default_factory=SceneConfig)
     metadata: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(

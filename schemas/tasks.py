@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from schemas.base import StrictModel
 from schemas.evaluation import EvaluationSpec
-from schemas.sampling import SamplingParams
+from schemas.sampling import SamplingControl, SamplingParams
 from schemas.scenes import SceneConfig
 from schemas.workspace import RepoSpec
 
@@ -138,6 +138,10 @@ class RolloutTask(StrictModel):
     evaluation: EvaluationSpec | None = Field(default=None, description="the success check")
     policy_version: str = Field(default="unversioned", min_length=1, max_length=256)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    sampling_control: SamplingControl = Field(
+        default_factory=SamplingControl,
+        description="which sampling fields the session pins and which the agent chooses",
+    )
     scenes: SceneConfig | None = Field(default=None, description="None: the harness profile")
     reward_fn_version: str | None = Field(
         default=None, description="None: derived from the evaluate hook's config"

@@ -43,7 +43,13 @@ class RecordedCall(StrictModel):
     output_logprobs: list[float]
     new_prompt_tokens: int = Field(ge=0, description="prompt tokens tokenized for this call")
     finish_reason: str | None = None
-    sampling: SamplingParams
+    sampling: SamplingParams = Field(
+        description="what the engine was sent; an unset field was the engine's default"
+    )
+    sampling_overridden: dict[str, Any] = Field(
+        default_factory=dict,
+        description="pinned fields the agent asked otherwise: field → the agent's value",
+    )
     policy_version: str
     engine_url: str | None = None
     started_at: datetime

@@ -60,6 +60,7 @@ from devstack.scripted_engine import Script, ScriptedReply, read_log
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer
+from gateway import lifeline
 from rollout_client.client import RolloutClient, RolloutOutcome
 from sandboxes.supervised import RUN_DIR
 from schemas.rollout import SEARCH_ATTRIBUTES
@@ -261,6 +262,8 @@ class GatewayGroup:
 
     def restart(self, index: int, env: dict[str, str], log: Path) -> None:
         url = self.control_urls[index] + "/health"
+        # Not the supervisor's child: it must not watch the supervisor as its parent.
+        env = {k: v for k, v in env.items() if k != lifeline.PARENT_ENV}
         proc = Proc(
             f"gateway-{index}",
             [sys.executable, "-m", "workers.gateway_server"],

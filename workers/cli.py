@@ -151,6 +151,13 @@ def gateway(
             "/inference/v1/generate (vLLM >= 0.32 with --enable-scale-out; leaner)"
         ),
     ] = EngineApiChoice.completions,
+    checkpoint_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="directory policy-update checkpoints must resolve under (repeatable); "
+            "none: POST /policy is refused"
+        ),
+    ] = None,
 ) -> None:
     """Serve the Gateway: the agent-facing protocols on --port, the control API, /metrics
     and /health on --control-port."""
@@ -189,6 +196,7 @@ def gateway(
         max_prompt_chars=max_prompt_chars,
         engine_routing=engine_routing.value.replace("-", "_"),
         engine_api=engine_api.value,
+        checkpoint_roots=[root.resolve() for root in checkpoint_root or []],
     )
     serve(settings, processes=processes)
 
@@ -216,14 +224,54 @@ def codec_server(
     ui_origin: Annotated[
         list[str] | None, typer.Option(help="Temporal UI origin allowed by CORS (repeatable)")
     ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="ROLLOUT_CODEC_TOKEN_FILE",
+            help="file holding the token clients must send (`rollout keygen FILE` makes one); "
+            "or the token itself in ROLLOUT_CODEC_TOKEN",
+        ),
+    ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a name clients reach this server by (the Host header; repeatable); "
+            "default: the loopback names and --host"
+        ),
+    ] = None,
+    insecure_no_token: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-token", help="serve without a token (development, loopback only)"
+        ),
+    ] = False,
 ) -> None:
     """Decode encrypted payloads for the Temporal UI / CLI (their codec endpoint)."""
     import uvicorn
 
     from rollout_client.codec import load_keys
-    from workers.codec_server import codec_app
+    from workers.codec_server import LOOPBACK_HOSTS, codec_app, host_name
 
-    app_ = codec_app(load_keys(payload_key_file), ui_origin or ["http://localhost:8233"])
+    token = os.environ.get("ROLLOUT_CODEC_TOKEN") or None
+    if token_file is not None:
+        token = token_file.read_text().strip() or None
+    if token is None and not insecure_no_token:
+        raise typer.BadParameter(
+            "the codec server holds the payload key: give --token-file (or "
+            "ROLLOUT_CODEC_TOKEN), or --insecure-no-token on loopback",
+            param_hint="--token-file",
+        )
+    if token is None and host_name(host) not in LOOPBACK_HOSTS:
+        raise typer.BadParameter("--insecure-no-token serves on loopback only", param_hint="--host")
+    hosts = list(allowed_host or LOOPBACK_HOSTS)
+    if not allowed_host and host not in ("0.0.0.0", "::", ""):
+        hosts.append(host)
+    app_ = codec_app(
+        load_keys(payload_key_file),
+        ui_origin or ["http://localhost:8233"],
+        token=token,
+        allowed_hosts=hosts,
+    )
     uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 

@@ -76,11 +76,16 @@ async def end_orphaned_rollouts(temporal_address: str) -> int:
 
 
 def serve_gateway(
-    engine_url: str, model: str, tokenizer: Path, data_dir: Path
+    engine_url: str,
+    model: str,
+    tokenizer: Path,
+    data_dir: Path,
+    checkpoint_roots: list[Path] | None = None,
 ) -> tuple["BackgroundServer", str, str]:
     """A Gateway in front of `engine_url`, both listeners on loopback in a background
     thread of this process, with a fresh admin token: (server, control API URL, token).
-    The agent API is `server.url`; `server.stop()` stops both."""
+    The agent API is `server.url`; `server.stop()` stops both. `checkpoint_roots`: where
+    policy updates may load from (none: no updates)."""
     from devstack.background_server import BackgroundServer
     from workers.gateway_server import GatewaySettings, build_apps
 
@@ -94,6 +99,7 @@ def serve_gateway(
         public_url=f"http://127.0.0.1:{port}",
         data_dir=data_dir,
         admin_token=token,
+        checkpoint_roots=checkpoint_roots or [],
     )
     agent_app, control_app = build_apps(settings)
     server = BackgroundServer(agent_app, port=port)
@@ -182,10 +188,16 @@ class DemoStack:
         self.engine_stop.append(server.stop)
         return server.url, server.model
 
-    def start_gateway(self, engine_url: str, model: str, tokenizer: Path) -> tuple[str, str]:
+    def start_gateway(
+        self,
+        engine_url: str,
+        model: str,
+        tokenizer: Path,
+        checkpoint_roots: list[Path] | None = None,
+    ) -> tuple[str, str]:
         """Both listeners on loopback; returns (control API URL, admin token)."""
         server, control_url, token = serve_gateway(
-            engine_url, model, tokenizer, self.data_dir / "gateway"
+            engine_url, model, tokenizer, self.data_dir / "gateway", checkpoint_roots
         )
         self.gateway_server = server
         return control_url, token

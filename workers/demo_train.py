@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import BaseModel, Field
 
 from devstack.temporal_dev_server import TemporalDevServer
+from devstack.tether import tethered
 from schemas.training import FinalEval, StepMetrics, TrainConfig
 
 if TYPE_CHECKING:
@@ -38,7 +39,13 @@ class EmbeddedStack(Protocol):
 
     async def start_temporal(self) -> TemporalDevServer: ...
     def start_vllm(self, model_dir: Path, trainable: bool = False) -> tuple[str, str]: ...
-    def start_gateway(self, engine_url: str, model: str, tokenizer: Path) -> tuple[str, str]: ...
+    def start_gateway(
+        self,
+        engine_url: str,
+        model: str,
+        tokenizer: Path,
+        checkpoint_roots: list[Path] | None = None,
+    ) -> tuple[str, str]: ...
     async def start_worker(self, gateway_url: str, admin_token: str) -> None: ...
     async def stop(self) -> None: ...
 
@@ -167,7 +174,7 @@ async def _run_trainer(cfg: TrainConfig, python: Path, admin_token: str, console
     argv, env = trainer_process(cfg, python, admin_token)
     env["TQDM_DISABLE"] = "1"  # transformers' load/save progress bars would bury the step lines
     proc = await asyncio.create_subprocess_exec(
-        *argv,
+        *tethered(argv),  # its group dies with this process, SIGKILL included
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -211,7 +218,8 @@ async def run_train_demo(
             f"engine: [bold]vLLM CPU[/] float32 serving {model_dir} (~30-60 s)…", soft_wrap=True
         )
         engine_url, model = await asyncio.to_thread(stack.start_vllm, model_dir, True)
-        gateway_url, token = stack.start_gateway(engine_url, model, model_dir)
+        # the trainer publishes its policies from OUT/policies: the gateway's one root
+        gateway_url, token = stack.start_gateway(engine_url, model, model_dir, [out])
         await stack.start_worker(gateway_url, token)
         stack.engine_label = f"vLLM CPU float32 ({model_dir.name})"
         cfg = TrainConfig(

@@ -28,6 +28,7 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 
+from gateway import lifeline
 from gateway.calls.pipeline import Gateway
 from gateway.engines.routing import EngineRouter, EngineRouting
 from gateway.engines.vllm import EngineApi, VllmEngine
@@ -98,6 +99,9 @@ class GatewaySettings(BaseModel):
     #: The other processes' control URLs (set by `serve` for N processes): a policy
     #: update on any process pauses them all, as they share the engines.
     peer_control_urls: list[str] = Field(default_factory=list)
+    #: Directories a policy update's checkpoint must resolve under (symlinks followed);
+    #: none: every `POST /policy` is refused (403).
+    checkpoint_roots: list[Path] = Field(default_factory=list)
     #: New text of at least this many characters is tokenized in a worker process, off
     #: the event loop (0: always inline); see gateway/prompt/tokenize_pool.py.
     tokenize_offload_chars: int = Field(default=16384, ge=0)
@@ -153,6 +157,13 @@ def check_admin_policy(settings: GatewaySettings) -> None:
             f"token, so --control-host must be loopback (got {settings.control_host!r}); "
             "set --admin-token or ROLLOUT_ADMIN_TOKEN to listen elsewhere"
         )
+
+
+def check_checkpoint_roots(settings: GatewaySettings) -> None:
+    """Each --checkpoint-root must be a directory; none is allowed (updates are refused)."""
+    for root in settings.checkpoint_roots:
+        if not root.is_dir():
+            raise SystemExit(f"refusing to start: --checkpoint-root {root} is not a directory")
 
 
 def check_ports(settings: GatewaySettings, processes: int) -> None:
@@ -228,6 +239,7 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         advertised_url=advertised,
         data_dir=settings.data_dir,
         context_window=window,
+        vocab_size=files.vocab_size,
         fsync=settings.fsync,
         fsync_interval_ms=settings.fsync_interval_ms,
         session_reaper_interval_s=settings.session_reaper_interval_s,
@@ -273,6 +285,7 @@ def _build_listener_apps(
         settings.admin_token,
         settings.max_body_bytes,
         peers=settings.peer_control_urls,
+        checkpoint_roots=settings.checkpoint_roots,
     )
     agent = app.build("agent")
     shared = OwnerForwarder(agent, app.gateway, error_responder_for, settings.max_body_bytes)
@@ -397,6 +410,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
     """Serve in this process, or supervise N child processes on consecutive port pairs."""
     check_admin_policy(settings)
     check_ports(settings, processes)
+    check_checkpoint_roots(settings)
     family = check_model_family(settings)
     shared = ""
     if settings.shared_port is not None:
@@ -430,6 +444,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
             }
         )
         env = dict(os.environ, ROLLOUT_GATEWAY_SETTINGS=child_settings.model_dump_json())
+        env[lifeline.PARENT_ENV] = lifeline.parent_token()  # a child dies with this process
         children.append(subprocess.Popen([sys.executable, "-m", "workers.gateway_server"], env=env))
         print(
             f"gateway process {index}: {shared}agent API http://{settings.host}:{port}, "
@@ -448,6 +463,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
 
 
 if __name__ == "__main__":  # one child of `serve(..., processes=N)`
+    lifeline.from_environment()
     asyncio.run(
         serve_listeners(GatewaySettings.model_validate_json(os.environ["ROLLOUT_GATEWAY_SETTINGS"]))
     )

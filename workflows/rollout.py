@@ -275,6 +275,7 @@ class RolloutWorkflow:
             attempt=attempt,
             policy_version=task.policy_version,
             sampling=sampling,
+            sampling_control=task.sampling_control,
             scenes=task.scenes,
             harness=task.harness,
             budget=task.budget,

@@ -8,6 +8,7 @@ Protocols only translate; everything that makes trajectories exact lives here.
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -38,8 +39,9 @@ from gateway.sessions.limits import call_slot, check_room, limits_of
 from gateway.sessions.live import LiveSession
 from gateway.sessions.scenes import classify
 from gateway.sessions.service import SessionService
-from schemas.sampling import SamplingParams
+from schemas.sampling import AppliedSampling, SamplingParams
 from schemas.scenes import Scene
+from schemas.session import SessionConfig
 from schemas.trajectory import CallStatus, MatchKind, RecordedCall
 
 log = logging.getLogger("rollout.gateway")
@@ -187,6 +189,7 @@ class Gateway(SessionService):
                 raise GatewayError("invalid_request", f"chat template: {exc}") from exc
             self.metrics.prepare_seconds.observe(time.process_time() - cpu0)
             reuse = reuse_of(plan, session.last_call)
+        applied = self._sampling_for(config, request, len(plan.prompt_ids))
         planned = PlannedCall(
             meta=session.meta,
             request=request,
@@ -194,7 +197,8 @@ class Gateway(SessionService):
             plan=plan,
             reuse=reuse,
             scene=scene,
-            sampling=self._sampling_for(config.sampling, request.sampling, len(plan.prompt_ids)),
+            sampling=applied.used,
+            sampling_overridden=applied.overridden,
             call_id=uuid.uuid4().hex[:24],
             started_at=started_at,
             wall_start=wall0,
@@ -216,11 +220,15 @@ class Gateway(SessionService):
         samples it). A call that fails, or whose stream the client left, is recorded as
         such before its error goes on."""
         try:
-            async with self.policy.admitted() as version:  # waits while weights change
+            url = session.meta.engine_url
+            async with self.policy.admitted(url) as version:  # waits while weights change
                 planned = dataclasses.replace(planned, policy_version=version)
                 completion = await self._call_engine(
                     session, planned.plan.prompt_ids, planned.sampling, relay
                 )
+                if completion.url != url:  # routed elsewhere: that engine's version
+                    version = self.policy.version_on(completion.url)
+                    planned = dataclasses.replace(planned, policy_version=version)
         except GatewayError as err:
             partial = (relay.output_ids, relay.output_logprobs) if relay else ([], [])
             await self._record_failure(session, planned, err, *partial)
@@ -346,8 +354,11 @@ class Gateway(SessionService):
 
     # ------------------------------------------------------------------ helpers
     def _sampling_for(
-        self, policy: SamplingParams, requested: SamplingParams, prompt_len: int
-    ) -> SamplingParams:
+        self, config: SessionConfig, request: CanonicalRequest, prompt_len: int
+    ) -> AppliedSampling:
+        """The call's sampling under the session's control (`SamplingControl.apply`), its
+        `max_tokens` cut to the room the context window leaves. A pinned field the agent
+        asked otherwise is served pinned, or refused when the session says so."""
         room = self.options.context_window - prompt_len
         if room < 1:
             raise GatewayError(
@@ -356,9 +367,16 @@ class Gateway(SessionService):
                 f"{self.options.context_window}",
                 param="messages",
             )
-        used = policy.merged_over(requested)
-        cap = min(used.max_tokens or self.options.default_max_tokens, room)
-        return used.model_copy(update={"max_tokens": cap})
+        control = config.sampling_control
+        applied = control.apply(config.sampling, request.sampling)
+        if applied.overridden and control.on_conflict == "refuse":
+            raise _pinned(next(iter(applied.overridden)), applied.used)
+        self.check_logit_bias(applied.used, "logit_bias")
+        for name in applied.overridden:
+            self.metrics.sampling_overridden.labels(name).inc()
+        cap = min(applied.used.max_tokens or self.options.default_max_tokens, room)
+        used = applied.used.model_copy(update={"max_tokens": cap})
+        return applied.model_copy(update={"used": used})
 
     async def _call_engine(
         self,
@@ -460,3 +478,15 @@ class Gateway(SessionService):
         m.reused_prompt_tokens.inc(plan.base_length)
         m.sampled_tokens.inc(len(call.output_ids))
         m.call_seconds.labels(request.protocol).observe(call.duration_s)
+
+
+def _pinned(name: str, used: SamplingParams) -> GatewayError:
+    """The 400 for a call that asks pinned field `name` for another value."""
+    pinned = used.model_dump(mode="json", include={name})[name]
+    if pinned in (None, {}):
+        told = "the engine's default; omit it"
+    else:
+        told = f"{json.dumps(pinned)}; omit it or send that value"
+    return GatewayError(
+        "invalid_request", f"{name} is pinned by this session to {told}", param=name
+    )

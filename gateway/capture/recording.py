@@ -4,7 +4,7 @@ durable `CallEntry` whose size follows what is new in the call, not the whole hi
 import hashlib
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -62,6 +62,7 @@ class PlannedCall:
     reuse: Reuse
     scene: Scene
     sampling: SamplingParams
+    """What the engine is sent (`SamplingControl.apply` and the context window's cap)."""
     call_id: str
     started_at: datetime
     wall_start: float
@@ -73,6 +74,8 @@ class PlannedCall:
     update); None: the session's label, as no update has named one."""
     max_stored_request_bytes: int | None = None
     """The most of the raw request part the record keeps (`sessions.limits`); None: all."""
+    sampling_overridden: dict[str, Any] = field(default_factory=dict)
+    """Pinned fields the agent asked otherwise: field → the agent's value (JSON)."""
 
     def recorded_call(
         self,
@@ -104,6 +107,7 @@ class PlannedCall:
             new_prompt_tokens=self.plan.new_token_count,
             finish_reason=finish_reason,
             sampling=self.sampling,
+            sampling_overridden=self.sampling_overridden,
             policy_version=self.policy_version or meta.config.policy_version,
             engine_url=meta.engine_url,
             started_at=self.started_at,

@@ -57,7 +57,13 @@ class EngineModelInfo(BaseModel):
 
 
 class WeightLoadError(RuntimeError):
-    """The engine did not load the checkpoint (it keeps serving its previous weights)."""
+    """The engine did not load the checkpoint. `touched`: it failed after the engine had
+    begun to change its weights, so what it serves is not known; otherwise it keeps
+    serving its previous weights."""
+
+    def __init__(self, message: str, *, touched: bool = False) -> None:
+        super().__init__(message)
+        self.touched = touched
 
 
 class WeightLoader(Protocol):

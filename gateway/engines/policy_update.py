@@ -1,19 +1,25 @@
 """Policy updates without losing work: pause, drain, load, set the version, resume.
 
 `PolicyGate` sits in front of every engine call of this process: a call is admitted
-(and told the policy version it samples with) or waits while an update holds the gate
+(and told the policy version its engine serves) or waits while an update holds the gate
 closed; it is never failed for it. An update closes the gate, waits until the admitted
 calls have finished (drain), so no call straddles two sets of weights and every call
 records the version that really sampled it.
 
 `PolicyUpdater` runs `POST /policy`. Engines are shared by all gateway processes, so the
 process that gets the call first pauses and drains every peer (`POST /policy/pause` on
-their control listeners), then itself, has every engine load the checkpoint
-(`Engine.weight_loader`; vLLM's reloads in place, `vllm_weights`), and resumes everyone
-with the new version — or, when an engine fails to load, puts back the engines that had
-loaded and resumes everyone on the old one. Updates are serialized; a peer paused by one
-update refuses another (409) instead of deadlocking two coordinators. The history is one
-JSONL file on the shared data dir, so every process (and a restarted one) reports the same.
+their control listeners, a lease it renews while the update runs), then itself, has
+every engine load the checkpoint (`Engine.weight_loader`; vLLM's reloads in place,
+`vllm_weights`), and resumes everyone with the new version.
+
+Whatever fails (a peer, the drain, an engine's load, a bug, cancellation), the update
+ends the same way: what each engine serves is kept true at every step (an engine that
+failed after it began to change weights and could not be put back is `unknown`), the
+history gets the entry, every peer and this gate resume on it, and the caller gets an
+error naming what failed and what the engines serve. Updates are serialized and run to
+their end even if their caller leaves; a peer paused by one update refuses another (409)
+instead of deadlocking two coordinators. The history (`policy_history`) is on the shared
+data dir, so every process (and a restarted one) reports the same.
 """
 
 import asyncio
@@ -21,6 +27,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,9 +35,13 @@ from pathlib import Path
 import httpx
 
 from gateway.engines.base import WeightLoader, WeightLoadError
+from gateway.engines.checkpoint_roots import resolve_checkpoint, resolve_roots
+from gateway.engines.policy_history import HISTORY_FILE, PolicyHistory
 from gateway.engines.vllm_weights import VllmWeightLoader, check_checkpoint
 from gateway.errors import GatewayError
 from schemas.policy import (
+    UNKNOWN_WEIGHTS,
+    EngineServing,
     PeerPause,
     PeerPaused,
     PeerResume,
@@ -43,9 +54,14 @@ from schemas.policy import (
 
 log = logging.getLogger("rollout.gateway")
 
-HISTORY_FILE = "policy_history.jsonl"
-PEER_LEASE_MARGIN_S = 900.0
-"""How long past the drain a paused peer waits for the coordinator's resume (the loads)."""
+__all__ = ["HISTORY_FILE", "PolicyGate", "PolicyUpdater"]
+
+PEER_ANSWER_S = 30.0
+"""How long a peer may take to answer beyond the drain it was given (then: unreachable)."""
+
+PEER_LEASE_S = 60.0
+"""How long a paused peer waits for the coordinator's word before it resumes by itself;
+the coordinator renews the lease every third of it while the update runs."""
 
 
 class PolicyGate:
@@ -57,6 +73,7 @@ class PolicyGate:
         self._open.set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._by_engine: dict[str, str | None] = {}
         self.inflight = 0
         self.held = 0
         """Calls that found the gate closed since it last closed."""
@@ -65,9 +82,25 @@ class PolicyGate:
     def closed(self) -> bool:
         return not self._open.is_set()
 
+    def serve(self, versions: dict[str, str | None]) -> None:
+        """Set what each engine serves: one version when all agree, else per engine."""
+        distinct = set(versions.values())
+        if len(distinct) <= 1:
+            self.version = next(iter(distinct), self.version)
+            self._by_engine = {}
+        else:
+            self.version, self._by_engine = None, dict(versions)
+
+    def version_on(self, url: str | None) -> str | None:
+        """The version engine `url` serves (the process's one unless they differ)."""
+        if url is None or not self._by_engine:
+            return self.version
+        return self._by_engine.get(url.rstrip("/"), self.version)
+
     @contextlib.asynccontextmanager
-    async def admitted(self) -> AsyncIterator[str | None]:
-        """One engine call: waits while the gate is closed; yields the version serving."""
+    async def admitted(self, url: str | None = None) -> AsyncIterator[str | None]:
+        """One engine call: waits while the gate is closed; yields the version engine
+        `url` serves (versions change only while no call is admitted)."""
         if not self._open.is_set():
             self.held += 1
         while not self._open.is_set():
@@ -75,7 +108,7 @@ class PolicyGate:
         self.inflight += 1  # no await since the check: an update cannot slip in between
         self._idle.clear()
         try:
-            yield self.version
+            yield self.version_on(url)
         finally:
             self.inflight -= 1
             if self.inflight == 0:
@@ -89,8 +122,10 @@ class PolicyGate:
         drained, started = self.inflight, time.monotonic()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
+        except BaseException as exc:  # a timeout, or the update cancelled: open again
             self.open()
+            if not isinstance(exc, TimeoutError):
+                raise
             raise GatewayError(
                 "conflict",
                 f"{self.inflight} engine call(s) still running after {timeout_s:g}s of "
@@ -105,6 +140,22 @@ class PolicyGate:
 LoaderFactory = Callable[[str], WeightLoader]
 
 
+def _starting(url: str) -> EngineServing:
+    return EngineServing(engine=url, policy_version=None, checkpoint=None)
+
+
+def serving_text(serving: dict[str, EngineServing]) -> str:
+    """What the engines serve, for an error message."""
+
+    def name(s: EngineServing) -> str:
+        return s.policy_version or "its starting weights"
+
+    values = list(serving.values())
+    if len({(s.policy_version, s.checkpoint) for s in values}) == 1:
+        return f"every engine serves {name(values[0])}"
+    return "engines serve: " + ", ".join(f"{s.engine} {name(s)}" for s in values)
+
+
 class PolicyUpdater:
     """`POST /policy` and the peer calls of one gateway process."""
 
@@ -116,85 +167,125 @@ class PolicyUpdater:
         peers: list[str] | None = None,
         admin_token: str | None = None,
         loader: LoaderFactory = VllmWeightLoader,
+        checkpoint_roots: list[Path] | None = None,
+        lease_s: float = PEER_LEASE_S,
     ) -> None:
         self.gate = gate
-        self.engine_urls = engine_urls
-        self.history_path = data_dir / HISTORY_FILE
+        self.engine_urls = [u.rstrip("/") for u in engine_urls]
+        self.history_file = PolicyHistory(data_dir)
+        self.history_path = self.history_file.path
         self.peers = [p.rstrip("/") for p in peers or []]
         self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self.loader = loader
+        self.roots = resolve_roots(checkpoint_roots or [])
+        self.lease_s = lease_s
         self._lock = asyncio.Lock()
-        self._peer_hold: tuple[str, asyncio.Task[None]] | None = None
-        self.checkpoint: str | None = None
-        last = self._last_applied()
-        if last is not None and gate.version is None:
-            gate.version, self.checkpoint = last.policy_version, last.checkpoint
+        self._tasks: set[asyncio.Task[PolicyUpdateRecord]] = set()
+        self._peer_hold: tuple[PeerPause, asyncio.Task[None] | None] | None = None
+        self._ended: deque[str] = deque(maxlen=64)
+        """Updates whose resume came when this process was not paused for them (its
+        lease had resumed it, or the pause is still on its way): a late pause is refused."""
+        self.serving: dict[str, EngineServing] = {
+            u: EngineServing(engine=u, policy_version=gate.version, checkpoint=None)
+            for u in self.engine_urls
+        }
+        self.history_file.repair()  # a torn last line from a crash: dropped, never fatal
+        if gate.version is None:
+            self._apply(self._serving_from_history())
 
     # ------------------------------------------------------------------ state
-    def history(self) -> list[PolicyUpdateRecord]:
-        if not self.history_path.exists():
-            return []
-        lines = self.history_path.read_text().splitlines()
-        return [PolicyUpdateRecord.model_validate_json(line) for line in lines if line.strip()]
+    @property
+    def checkpoint(self) -> str | None:
+        checkpoints = {s.checkpoint for s in self.serving.values()}
+        return checkpoints.pop() if len(checkpoints) == 1 else None
 
-    def _last_applied(self) -> PolicyUpdateRecord | None:
-        applied = [r for r in self.history() if r.status == "ok"]
-        return applied[-1] if applied else None
+    def history(self) -> list[PolicyUpdateRecord]:
+        return self.history_file.read()
+
+    def _serving_from_history(self) -> dict[str, EngineServing]:
+        """What the last update left on each engine: its `serving`, or (older records)
+        the version of the last applied one."""
+        for record in reversed(self.history()):
+            if record.serving:
+                known = {s.engine: s for s in record.serving}
+                return {u: known.get(u, _starting(u)) for u in self.engine_urls}
+            if record.status == "ok":
+                return {
+                    u: EngineServing(
+                        engine=u, policy_version=record.policy_version, checkpoint=record.checkpoint
+                    )
+                    for u in self.engine_urls
+                }
+        return {u: _starting(u) for u in self.engine_urls}
+
+    def _apply(self, serving: dict[str, EngineServing]) -> None:
+        self.serving = {
+            u: serving.get(u, self.serving.get(u, _starting(u))) for u in self.engine_urls
+        }
+        self.gate.serve({u: s.policy_version for u, s in self.serving.items()})
 
     def state(self) -> PolicyState:
         return PolicyState(
             policy_version=self.gate.version,
-            checkpoint=self.checkpoint,
+            checkpoint=self.checkpoint if self.gate.version is not None else None,
             updating=self._lock.locked() or self._peer_hold is not None,
+            engines=list(self.serving.values()),
             history=self.history(),
         )
 
-    def _append(self, record: PolicyUpdateRecord) -> None:
-        self.history_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.history_path, "a") as fh:
-            fh.write(record.model_dump_json() + "\n")
-
     # ------------------------------------------------------------------ the update
-    def _check(self, update: PolicyUpdate) -> None:
-        """Bad input before anything pauses: a missing checkpoint is a 404, an unusable
-        one a 400, a version already served from another checkpoint a 409."""
-        path = Path(update.checkpoint)
-        if not path.is_absolute():
-            raise GatewayError(
-                "invalid_request", "checkpoint must be an absolute path", param="checkpoint"
-            )
-        if not path.is_dir():
-            raise GatewayError("not_found", f"checkpoint {update.checkpoint} does not exist")
+    def _check(self, update: PolicyUpdate) -> PolicyUpdate:
+        """Bad input before anything pauses: a path outside the checkpoint roots is a
+        403, a missing checkpoint a 404, an unusable one a 400, a version already served
+        from another checkpoint a 409. The update with the checkpoint's real path."""
+        real = str(resolve_checkpoint(update.checkpoint, self.roots))
         try:
-            check_checkpoint(update.checkpoint)
+            check_checkpoint(real)
         except WeightLoadError as exc:
             raise GatewayError("invalid_request", str(exc), param="checkpoint") from exc
         for record in self.history():
             if (
                 record.status == "ok"
                 and record.policy_version == update.policy_version
-                and record.checkpoint != update.checkpoint
+                and record.checkpoint != real
             ):
                 raise GatewayError(
                     "conflict",
                     f"policy_version {update.policy_version} was loaded from "
                     f"{record.checkpoint}; a version names one checkpoint",
                 )
+        return update.model_copy(update={"checkpoint": real})
 
     async def update(self, update: PolicyUpdate) -> PolicyUpdateRecord:
-        self._check(update)
+        """Run an update to its end even when the caller goes away (the gate and the
+        peers must be resumed by whoever closed them)."""
+        await asyncio.to_thread(self._check, update)  # bad input: refused before any wait
         if self._peer_hold is not None:
             raise GatewayError(
                 "conflict", "another gateway process is updating the policy; retry after it"
             )
+        task = asyncio.create_task(self._serialized(update))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    async def _serialized(self, update: PolicyUpdate) -> PolicyUpdateRecord:
         async with self._lock:  # serialized: a second update waits for the first
-            self._check(update)  # the first may have changed the history
-            return await self._run(update)
+            checked = await asyncio.to_thread(self._check, update)  # the first may have moved
+            if self._peer_hold is not None:
+                raise GatewayError(
+                    "conflict", "another gateway process is updating the policy; retry after it"
+                )
+            return await self._run(checked)
 
     async def _run(self, update: PolicyUpdate) -> PolicyUpdateRecord:
         update_id = uuid.uuid4().hex[:16]
         started_at, t0 = datetime.now(UTC), time.monotonic()
-        previous, previous_checkpoint = self.gate.version, self.checkpoint
+        before = dict(self.serving)
+        previous = self.gate.version
+        target = EngineServing(
+            engine="", policy_version=update.policy_version, checkpoint=update.checkpoint
+        )
 
         def record(status: str, error: str | None = None, **times: object) -> PolicyUpdateRecord:
             return PolicyUpdateRecord.model_validate(
@@ -212,104 +303,182 @@ class PolicyUpdater:
                 }
             )
 
-        if update.policy_version == previous and update.checkpoint == previous_checkpoint:
+        if all(
+            (s.policy_version, s.checkpoint) == (target.policy_version, target.checkpoint)
+            for s in before.values()
+        ):
             done = record("unchanged", drained_calls=0, held_calls=0, drain_s=0.0, load_s=0.0)
-            self._append(done)
+            await self._append(done)
             return done
-        paused: list[str] = []
-        drained = 0
+        serving = dict(before)  # what each engine serves, kept true as the update goes
+        to_resume: list[str] = []  # peers sent a pause (also one whose answer was lost)
+        reports: list[WeightUpdateReport] = []
+        drained, drain_s, load_s = 0, 0.0, 0.0
+        failure: GatewayError | None = None
+        cancelled: asyncio.CancelledError | None = None
+        closed = False
+        renewing = asyncio.create_task(self._renew_leases(to_resume, update_id))
         try:
-            for peer in self.peers:
-                pause = PeerPause(
-                    update_id=update_id,
-                    drain_timeout_s=update.drain_timeout_s,
-                    lease_s=update.drain_timeout_s + PEER_LEASE_MARGIN_S,
-                )
-                reply = await self._peer(peer, "pause", pause)
-                paused.append(peer)
-                drained += PeerPaused.model_validate_json(reply.content).drained_calls
+            drained = await self._pause_peers(update, update_id, to_resume)
+            closed = True
             here, _ = await self.gate.close_and_drain(update.drain_timeout_s)
             drained += here
-        except GatewayError:
-            await self._resume_peers(paused, update_id, None, None)
-            raise
-        drain_s = time.monotonic() - t0
-        reports, error = await self._load_all(update, previous, previous_checkpoint)
-        load_s = time.monotonic() - t0 - drain_s
-        if error is None:
-            self.gate.version, self.checkpoint = update.policy_version, update.checkpoint
-        held = self.gate.held
-        await self._resume_peers(paused, update_id, self.gate.version, self.checkpoint)
-        self.gate.open()
-        done = record(
-            "ok" if error is None else "failed",
-            error,
-            drained_calls=drained,
-            held_calls=held,
-            drain_s=round(drain_s, 4),
-            load_s=round(load_s, 4),
-            engines=reports,
-        )
-        self._append(done)
+            drain_s = time.monotonic() - t0
+            failure = await self._load_all(update, before, serving, reports)
+            load_s = time.monotonic() - t0 - drain_s
+        except GatewayError as exc:
+            failure = exc
+        except asyncio.CancelledError as exc:  # shutdown: record it and resume everyone
+            cancelled = exc
+            failure = GatewayError("internal", "the update was cancelled (gateway stopping)")
+        except Exception as exc:  # a bug must not leave the gate closed either
+            log.exception("policy update %s failed", update_id)
+            failure = GatewayError("internal", f"unexpected {type(exc).__name__}: {exc}")
+        finally:
+            renewing.cancel()
+        held = self.gate.held if closed else 0
+        try:
+            try:
+                self._apply(serving)
+                error = None
+                if failure is not None:
+                    error = (
+                        f"policy update {update_id} to {update.policy_version} failed: "
+                        f"{failure.message}; {serving_text(serving)}"
+                    )
+                done = record(
+                    "ok" if failure is None else "failed",
+                    error,
+                    drained_calls=drained,
+                    held_calls=held,
+                    drain_s=round(drain_s, 4),
+                    load_s=round(load_s, 4),
+                    engines=reports,
+                    serving=list(serving.values()),
+                )
+                written = await self._append(done)  # before the peers: their leases read it
+            finally:
+                self.gate.open()
+        finally:
+            await self._resume_peers(to_resume, update_id, serving)
         log.info(
-            "policy update %s → %s: %s in %.2fs (drain %.2fs, load %.2fs)",
+            "policy update %s %s → %s: %s in %.2fs (drain %.2fs, load %.2fs)%s",
+            update_id,
             previous,
             update.policy_version,
             done.status,
             done.total_s,
             drain_s,
             load_s,
+            f": {error}" if error else "",
         )
-        if error is not None:
-            raise GatewayError("engine_bad_reply", error)
+        if cancelled is not None:
+            raise cancelled
+        if failure is not None and error is not None:
+            raise GatewayError(failure.kind, error, status=failure.status)
+        if written is not None:
+            raise GatewayError(
+                "storage_unavailable",
+                f"policy update {update_id}: {serving_text(serving)}, but its history entry "
+                f"could not be written ({written}); a restarted gateway would not know it",
+            )
         return done
 
+    async def _pause_peers(self, update: PolicyUpdate, update_id: str, paused: list[str]) -> int:
+        """Pause and drain every peer, each listed in `paused` before it is asked (so a
+        pause whose answer is lost is resumed too); the calls they drained."""
+        drained = 0
+        for peer in self.peers:
+            paused.append(peer)
+            pause = PeerPause(
+                update_id=update_id,
+                drain_timeout_s=update.drain_timeout_s,
+                lease_s=self.lease_s,
+                policy_version=update.policy_version,
+                checkpoint=update.checkpoint,
+            )
+            reply = await self._peer(peer, "pause", pause)
+            drained += PeerPaused.model_validate_json(reply.content).drained_calls
+        return drained
+
+    async def _append(self, record: PolicyUpdateRecord) -> str | None:
+        """Write a history entry; the error text when it could not be."""
+        try:
+            await asyncio.to_thread(self.history_file.append, record)
+        except OSError as exc:
+            log.error("policy update %s: history not written: %s", record.update_id, exc)
+            return str(exc)
+        return None
+
     async def _load_all(
-        self, update: PolicyUpdate, previous: str | None, previous_checkpoint: str | None
-    ) -> tuple[list[WeightUpdateReport], str | None]:
-        """Every engine loads the checkpoint; on a failure the engines that had loaded it
-        go back to the previous checkpoint, so all serve one version. (reports, error)"""
+        self,
+        update: PolicyUpdate,
+        before: dict[str, EngineServing],
+        serving: dict[str, EngineServing],
+        reports: list[WeightUpdateReport],
+    ) -> GatewayError | None:
+        """Every engine loads the checkpoint; on a failure the engines that changed
+        weights go back to what they served before, where that is known. `serving` says
+        what each engine serves at every step. The failure, or None."""
         wanted = WeightUpdate(policy_version=update.policy_version, checkpoint=update.checkpoint)
-        reports: list[WeightUpdateReport] = []
         for url in self.engine_urls:
             try:
                 reports.append(await self.loader(url).load(wanted))
-            except (WeightLoadError, httpx.HTTPError) as exc:
-                error = (
-                    f"policy update to {update.policy_version} failed: engine {url} did not "
-                    f"load {update.checkpoint}: {exc}"
+            except BaseException as exc:
+                touched = exc.touched if isinstance(exc, WeightLoadError) else True
+                if touched:
+                    serving[url] = EngineServing(
+                        engine=url, policy_version=UNKNOWN_WEIGHTS, checkpoint=None
+                    )
+                if not isinstance(exc, Exception):
+                    raise  # cancelled: no restore, the record says what is known
+                message = (
+                    f"engine {url} did not load {update.checkpoint}: "
+                    f"{exc if isinstance(exc, WeightLoadError) else repr(exc)}"
                 )
-                error += await self._restore(reports, previous, previous_checkpoint)
-                return reports, error
-        return reports, None
+                message += await self._restore(before, serving, update.policy_version)
+                return GatewayError("engine_bad_reply", message)
+            serving[url] = EngineServing(
+                engine=url, policy_version=update.policy_version, checkpoint=update.checkpoint
+            )
+        return None
 
     async def _restore(
-        self, loaded: list[WeightUpdateReport], previous: str | None, checkpoint: str | None
+        self, before: dict[str, EngineServing], serving: dict[str, EngineServing], new: str
     ) -> str:
-        """Put back the previous checkpoint on engines that had loaded the new one; the
-        text that completes the error message."""
-        if not loaded:
-            return f"; every engine still serves {previous or 'its previous weights'}"
-        if previous is None or checkpoint is None:
-            names = ", ".join(r.engine for r in loaded)
-            return f"; engines {names} loaded it and no earlier checkpoint is known to restore"
-        back = WeightUpdate(policy_version=previous, checkpoint=checkpoint)
-        for report in loaded:
+        """Put back, on every engine that changed weights, what it served before (when
+        that has a checkpoint); the text that completes the error message."""
+        notes: list[str] = []
+        for url, now in serving.items():
+            old = before[url]
+            if now == old:
+                continue
+            if old.checkpoint is None or old.policy_version is None:
+                notes.append(f"{url} keeps {now.policy_version}: no earlier checkpoint known")
+                continue
+            back = WeightUpdate(policy_version=old.policy_version, checkpoint=old.checkpoint)
             try:
-                await self.loader(report.engine).load(back)
-            except (WeightLoadError, httpx.HTTPError) as exc:
-                return f"; restoring {previous} on {report.engine} failed too: {exc}"
-        return f"; every engine serves {previous} again"
+                await self.loader(url).load(back)
+            except Exception as exc:
+                if not isinstance(exc, WeightLoadError) or exc.touched:
+                    serving[url] = EngineServing(
+                        engine=url, policy_version=UNKNOWN_WEIGHTS, checkpoint=None
+                    )
+                notes.append(f"restoring {old.policy_version} on {url} failed too: {exc!r}")
+                continue
+            serving[url] = old
+        return "".join(f"; {note}" for note in notes)
 
     # ------------------------------------------------------------------ peers
     async def _peer(self, peer: str, action: str, body: PeerPause | PeerResume) -> httpx.Response:
-        timeout = (body.drain_timeout_s + 30) if isinstance(body, PeerPause) else 60.0
+        timeout = PEER_ANSWER_S + (body.drain_timeout_s if isinstance(body, PeerPause) else 0)
         try:
             async with httpx.AsyncClient(timeout=timeout, headers=self.headers) as client:
                 reply = await client.post(f"{peer}/policy/{action}", json=body.model_dump())
         except httpx.HTTPError as exc:
             raise GatewayError(
-                "engine_unavailable", f"gateway process {peer} unreachable for {action}: {exc}"
+                "engine_unavailable",
+                f"gateway process {peer} unreachable for {action}: {exc!r}",
             ) from exc
         if reply.status_code != 200:
             raise GatewayError(
@@ -319,41 +488,135 @@ class PolicyUpdater:
             )
         return reply
 
+    async def _renew_leases(self, peers: list[str], update_id: str) -> None:
+        """While the update runs, extend the pause of every peer paused for it, so no
+        lease runs out on a slow load (a peer that is gone is left to its lease)."""
+        renew = PeerPause(update_id=update_id, lease_s=self.lease_s, renew=True)
+        while self.peers:
+            await asyncio.sleep(self.lease_s / 3)
+            for peer in list(peers):
+                try:
+                    await self._peer(peer, "pause", renew)
+                except GatewayError as exc:
+                    log.warning("policy update %s: lease not renewed: %s", update_id, exc.message)
+
     async def _resume_peers(
-        self, peers: list[str], update_id: str, version: str | None, checkpoint: str | None
+        self, peers: list[str], update_id: str, serving: dict[str, EngineServing]
     ) -> None:
-        resume = PeerResume(update_id=update_id, policy_version=version, checkpoint=checkpoint)
+        versions = {s.policy_version for s in serving.values()}
+        common = versions.pop() if len(versions) == 1 else None
+        resume = PeerResume(
+            update_id=update_id,
+            policy_version=common if common != UNKNOWN_WEIGHTS else None,
+            checkpoint=self.checkpoint,
+            serving=list(serving.values()),
+        )
         for peer in peers:
             try:
                 await self._peer(peer, "resume", resume)
-            except GatewayError as exc:  # its lease resumes it; the update itself stands
-                log.error("policy update %s: %s", update_id, exc.message)
+            except Exception as exc:  # its lease resumes it; the update itself stands
+                log.error("policy update %s: resuming %s: %r", update_id, peer, exc)
 
     async def pause_for_peer(self, pause: PeerPause) -> PeerPaused:
-        """Another process coordinates an update: close this gate and drain it."""
+        """Another process coordinates an update: close this gate and drain it (or, with
+        `renew`, extend the lease of that pause)."""
+        if pause.renew:
+            if self._peer_hold is None or self._peer_hold[0].update_id != pause.update_id:
+                raise GatewayError("conflict", f"not paused for update {pause.update_id}")
+            self._hold(pause)
+            return PeerPaused(drained_calls=0, drain_s=0.0)
+        if pause.update_id in self._ended:
+            raise GatewayError("conflict", f"update {pause.update_id} has already ended")
         if self._lock.locked() or self._peer_hold is not None:
             raise GatewayError("conflict", "this gateway process is already in a policy update")
-        drained, seconds = await self.gate.close_and_drain(pause.drain_timeout_s)
-        lease = asyncio.create_task(self._lease(pause.update_id, pause.lease_s))
-        self._peer_hold = (pause.update_id, lease)
+        self._peer_hold = (pause, None)  # held from now: no update of ours starts meanwhile
+        try:
+            drained, seconds = await self.gate.close_and_drain(pause.drain_timeout_s)
+        except BaseException:
+            self._peer_hold = None
+            raise
+        self._hold(pause)
         return PeerPaused(drained_calls=drained, drain_s=round(seconds, 4))
 
-    async def _lease(self, update_id: str, lease_s: float) -> None:
+    def _hold(self, pause: PeerPause) -> None:
+        """(Re)start the lease of the pause held for `pause.update_id`."""
+        if self._peer_hold is not None and self._peer_hold[1] is not None:
+            self._peer_hold[1].cancel()
+        lease = asyncio.create_task(self._lease(pause))
+        self._peer_hold = (pause, lease)
+
+    async def _lease(self, pause: PeerPause) -> None:
         """Resume by itself when the coordinator never did (it died, or its resume was
-        lost), on the version the shared history names as last applied."""
-        await asyncio.sleep(lease_s)
-        log.error("policy update %s: no resume within %gs; resuming", update_id, lease_s)
-        last = self._last_applied()
-        if last is not None:
-            self.gate.version, self.checkpoint = last.policy_version, last.checkpoint
+        lost): each engine's version is asked of the engine, so an engine that did load
+        the update's checkpoint is labelled with its version."""
+        await asyncio.sleep(pause.lease_s)
+        log.error(
+            "policy update %s: no resume within %gs; resuming", pause.update_id, pause.lease_s
+        )
+        try:
+            serving = await self._probe(pause)
+        except Exception as exc:  # never stay closed
+            log.error("policy update %s: engines not probed: %r", pause.update_id, exc)
+            serving = self._serving_from_history()
+        self._ended.append(pause.update_id)
         self._peer_hold = None
+        self._apply(serving)
         self.gate.open()
 
+    async def _probe(self, pause: PeerPause) -> dict[str, EngineServing]:
+        """What each engine serves after an update that ended unseen: the history's entry
+        when the coordinator wrote one, else the engine's own weight version: the
+        update's (it loaded), the one served before, or else not known."""
+        for record in reversed(await asyncio.to_thread(self.history)):
+            if record.update_id == pause.update_id and record.serving:
+                return {s.engine: s for s in record.serving}
+        serving: dict[str, EngineServing] = {}
+        for url, now in self.serving.items():
+            try:
+                reported = await self.loader(url).current_version()
+            except Exception as exc:
+                log.error("policy update %s: %s not asked: %r", pause.update_id, url, exc)
+                reported = None
+            if pause.policy_version is not None and reported == pause.policy_version:
+                serving[url] = EngineServing(
+                    engine=url, policy_version=pause.policy_version, checkpoint=pause.checkpoint
+                )
+            elif reported == now.policy_version or now.policy_version is None:
+                serving[url] = now
+            else:
+                serving[url] = EngineServing(
+                    engine=url, policy_version=UNKNOWN_WEIGHTS, checkpoint=None
+                )
+        return serving
+
     def resume_for_peer(self, resume: PeerResume) -> None:
-        if self._peer_hold is None or self._peer_hold[0] != resume.update_id:
-            raise GatewayError("conflict", f"not paused for update {resume.update_id}")
-        self._peer_hold[1].cancel()
-        self._peer_hold = None
+        """The coordinator's outcome: resume on it. A process whose lease already resumed
+        it for this update still takes the outcome (the engines serve it)."""
+        held = self._peer_hold
+        if held is not None and held[0].update_id == resume.update_id:
+            if held[1] is not None:
+                held[1].cancel()
+            self._peer_hold = None
+            self._apply(self._outcome(resume))
+            self.gate.open()
+            return
+        if resume.update_id in self._ended:
+            log.warning(
+                "policy update %s: resume after the lease; taking its outcome", resume.update_id
+            )
+            self._apply(self._outcome(resume))
+            return
+        self._ended.append(resume.update_id)
+        raise GatewayError("conflict", f"not paused for update {resume.update_id}")
+
+    def _outcome(self, resume: PeerResume) -> dict[str, EngineServing]:
+        if resume.serving:
+            return {s.engine: s for s in resume.serving}
         if resume.policy_version is not None:
-            self.gate.version, self.checkpoint = resume.policy_version, resume.checkpoint
-        self.gate.open()
+            return {
+                u: EngineServing(
+                    engine=u, policy_version=resume.policy_version, checkpoint=resume.checkpoint
+                )
+                for u in self.engine_urls
+            }
+        return dict(self.serving)

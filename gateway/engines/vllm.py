@@ -181,6 +181,8 @@ class VllmEngine:
             value = getattr(sampling, name)
             if value is not None:
                 params[name] = value
+        if sampling.logit_bias:  # JSON object keys are strings; vLLM reads them as ids
+            params["logit_bias"] = {str(t): b for t, b in sampling.logit_bias.items()}
         params["logprobs"] = self.logprobs
         params["skip_special_tokens"] = False
         if self.api == "generate":

@@ -19,6 +19,8 @@ names and shapes, read from the safetensors headers — before the engine is tou
 """
 
 import json
+import math
+import os
 import struct
 import time
 from pathlib import Path
@@ -28,31 +30,89 @@ import httpx
 from gateway.engines.base import WeightLoadError
 from schemas.policy import PauseMode, WeightUpdate, WeightUpdateReport
 
+_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8,
+}  # fmt: skip
+"""Bytes per element of the safetensors dtypes (sub-byte ones are not checked)."""
+
+MAX_HEADER_BYTES = 100 * 2**20
+
 
 def check_checkpoint(path: str) -> None:
-    """Refuse an obviously unusable checkpoint before the engine pauses for it."""
+    """Refuse an unusable checkpoint before the engine pauses for it: no config.json (or
+    not JSON), no weights, or a weights file whose header does not parse or does not
+    account for the file's bytes (a truncated copy)."""
     root = Path(path)
-    if not (root / "config.json").is_file():
-        raise WeightLoadError(f"{path}: no config.json")
+    try:
+        json.loads((root / "config.json").read_bytes())
+    except FileNotFoundError:
+        raise WeightLoadError(f"{path}: no config.json") from None
+    except (OSError, ValueError) as exc:
+        raise WeightLoadError(f"{path}/config.json is unreadable: {exc}") from exc
     if not any(root.glob("*.safetensors")):
         raise WeightLoadError(f"{path}: no *.safetensors weights")
+    tensor_shapes(root)
+
+
+def _read_header(path: Path) -> dict[str, object]:
+    """A safetensors file's header, checked against the file: every tensor's bytes lie in
+    the file, match its dtype and shape, and the data ends where the file ends."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise WeightLoadError(f"{path}: {len(head)} bytes, no safetensors header")
+            (size,) = struct.unpack("<Q", head)
+            if size > MAX_HEADER_BYTES:
+                raise WeightLoadError(f"{path}: safetensors header of {size} bytes")
+            raw = fh.read(size)
+            file_size = os.fstat(fh.fileno()).st_size
+    except OSError as exc:
+        raise WeightLoadError(f"{path}: unreadable: {exc}") from exc
+    if len(raw) < size:
+        raise WeightLoadError(f"{path}: truncated inside its {size}-byte header")
+    try:
+        header = json.loads(raw)
+    except ValueError as exc:
+        raise WeightLoadError(f"{path}: unreadable safetensors header") from exc
+    if not isinstance(header, dict):
+        raise WeightLoadError(f"{path}: safetensors header is not a JSON object")
+    data_size, end_max = file_size - 8 - size, 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = entry["data_offsets"]
+            shape = [int(n) for n in entry["shape"]]
+            dtype = entry["dtype"]
+        except (TypeError, KeyError, ValueError) as exc:
+            raise WeightLoadError(f"{path}: tensor {name} has no valid entry") from exc
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
+            raise WeightLoadError(f"{path}: tensor {name} has bad data_offsets")
+        width = _DTYPE_BYTES.get(dtype)
+        if width is not None and end - begin != width * math.prod(shape):
+            raise WeightLoadError(
+                f"{path}: tensor {name} {dtype}{shape} is not {end - begin} bytes"
+            )
+        end_max = max(end_max, end)
+    if end_max != data_size:
+        raise WeightLoadError(
+            f"{path}: truncated or padded: the header indexes {end_max} data bytes, "
+            f"the file holds {data_size}"
+        )
+    return header
 
 
 def tensor_shapes(model_dir: str | Path) -> dict[str, list[int]]:
-    """Name → shape of every tensor in a directory's `*.safetensors` (headers only)."""
+    """Name → shape of every tensor in a directory's `*.safetensors` (headers only, each
+    checked against its file's size)."""
     shapes: dict[str, list[int]] = {}
     for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with open(path, "rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            if size > 100 * 2**20:
-                raise WeightLoadError(f"{path}: safetensors header of {size} bytes")
-            try:
-                header = json.loads(fh.read(size))
-            except ValueError as exc:
-                raise WeightLoadError(f"{path}: unreadable safetensors header") from exc
-        for name, entry in header.items():
+        for name, entry in _read_header(path).items():
             if name != "__metadata__":
-                shapes[name] = list(entry["shape"])
+                shapes[name] = list(entry["shape"])  # type: ignore[index]
     return shapes
 
 
@@ -115,15 +175,23 @@ class VllmWeightLoader:
         return None
 
     async def load(self, update: WeightUpdate) -> WeightUpdateReport:
+        """Check, pause, reload, resume. A failure before the reload starts leaves the
+        engine on its weights; one from the reload on is `touched`. The engine is resumed
+        in every case (also when this is cancelled)."""
         check_checkpoint(update.checkpoint)
         started = time.monotonic()
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            served = await self.served_model_dir(client)
+            try:
+                served = await self.served_model_dir(client)
+            except httpx.HTTPError as exc:
+                raise WeightLoadError(f"{self.base_url}: unreachable: {exc!r}") from exc
             if served is not None:
                 check_compatible(update.checkpoint, served)
-            await self._post(client, "/pause", params={"mode": self.pause_mode})
-            paused = time.monotonic()
+            touched, error = False, None
             try:
+                await self._post(client, "/pause", params={"mode": self.pause_mode})
+                paused = time.monotonic()
+                touched = True
                 await self._post(
                     client,
                     "/collective_rpc",
@@ -136,9 +204,19 @@ class VllmWeightLoader:
                 await self._post(
                     client, "/update_weight_version", json={"new_version": update.policy_version}
                 )
+            except (WeightLoadError, httpx.HTTPError) as exc:
+                error = WeightLoadError(str(exc) or repr(exc), touched=touched)
             finally:
                 loaded = time.monotonic()
-                await self._post(client, "/resume")
+                try:
+                    await self._post(client, "/resume")
+                except (WeightLoadError, httpx.HTTPError) as exc:
+                    resumed = f"{self.base_url}/resume failed, it may stay paused: {exc!r}"
+                    error = WeightLoadError(
+                        f"{error}; {resumed}" if error else resumed, touched=True
+                    )
+            if error is not None:
+                raise error
         return WeightUpdateReport(
             engine=self.base_url,
             policy_version=update.policy_version,

@@ -16,6 +16,7 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -89,11 +90,13 @@ class GatewayApp:
         admin_token: str | None,
         max_body_bytes: int = 32 * 2**20,
         peers: list[str] | None = None,
+        checkpoint_roots: list[Path] | None = None,
     ) -> None:
         self.gateway = gateway
         self.admin_token = admin_token
         self.max_body_bytes = max_body_bytes
-        #: `peers`: the other gateway processes' control URLs (paused by an update here)
+        #: `peers`: the other gateway processes' control URLs (paused by an update here);
+        #: `checkpoint_roots`: where checkpoints may be loaded from (none: no updates)
         self.policy = PolicyUpdater(
             gateway.policy,
             gateway.engine.urls,
@@ -101,6 +104,7 @@ class GatewayApp:
             peers,
             admin_token,
             loader=gateway.engine.weight_loader,
+            checkpoint_roots=checkpoint_roots,
         )
         registry = gateway.metrics.registry
         registry.register(EngineCollector(gateway.engine, gateway.incremental.tokenizer))
@@ -245,32 +249,30 @@ class GatewayApp:
         session = self.gateway.authenticate(_bearer(request))
         lap("auth")
         body = await self._read_json(request)
-        canonical = await self._parse(body, request, route.parse, session)
+        headers, path = dict(request.headers), request.url.path
+        canonical = await self._parse(
+            body, lambda: route.parse(body, headers, path, session.history, session.seal), session
+        )
         lap("body_parse")
         return session, canonical, body
 
     async def _parse(
         self,
         body: dict[str, Any],
-        request: Request,
-        parse: Callable[..., CanonicalRequest],
+        parse: Callable[[], CanonicalRequest],
         session: LiveSession | None,
     ) -> CanonicalRequest:
-        """The protocol's parse of a body: over the message cap, a 413 before it; a long
-        history is parsed in a thread (its conversion is Python and pydantic, ~0.3 s per
-        10,000 messages; a thread cuts the loop's longest stall 2-10x)."""
+        """`parse()`, the protocol's parse of `body`: over the message cap, a 413 before it;
+        a long history is parsed in a thread (its conversion is Python and pydantic, ~0.3 s
+        per 10,000 messages; a thread cuts the loop's longest stall 2-10x). One parse at a
+        time uses a session's history cache."""
         opts = self.gateway.options
         items = history_items(body)
         check_history_items(items, opts.max_prompt_messages)
-        args: tuple[Any, ...] = (body, dict(request.headers), request.url.path)
-        if session is None:
-            in_thread = opts.plan_thread_messages and items >= opts.plan_thread_messages
-            return await asyncio.to_thread(parse, *args) if in_thread else parse(*args)
-        async with session.parse_lock:
-            args = (*args, session.history)
-            if opts.plan_thread_messages and items >= opts.plan_thread_messages:
-                return await asyncio.to_thread(parse, *args)
-            return parse(*args)
+        in_thread = bool(opts.plan_thread_messages) and items >= opts.plan_thread_messages
+        lock = session.parse_lock if session is not None else contextlib.nullcontext()
+        async with lock:
+            return await asyncio.to_thread(parse) if in_thread else parse()
 
     def _sampling(self, route: SamplingRoute) -> Handler:
         """The handler of a route that samples: the whole reply, or the protocol's live
@@ -279,18 +281,21 @@ class GatewayApp:
         async def sample(request: Request) -> Response:
             session, canonical, body = await self._agent_request(request, route)
             if canonical.stream and route.stream_writer is not None:
-                writer = route.stream_writer(canonical)
+                writer = route.stream_writer(canonical, session.seal)
                 return await stream_reply(self.gateway, session, canonical, body, writer)
             result = await self.gateway.complete(session, canonical, body)
-            return route.reply(result, canonical)
+            return route.reply(result, canonical, session.seal)
 
         return sample
 
     def _counting(self, route: CountRoute) -> Handler:
         async def count(request: Request) -> Response:
-            self.gateway.authenticate(_bearer(request))
+            session = self.gateway.authenticate(_bearer(request))
             body = await self._read_json(request)
-            canonical = await self._parse(body, request, route.parse, None)
+            headers, path = dict(request.headers), request.url.path
+            canonical = await self._parse(
+                body, lambda: route.parse(body, headers, path, session.seal), None
+            )
             return route.reply(await self.gateway.count_tokens(canonical))
 
         return count

@@ -54,6 +54,12 @@ class GatewayMetrics:
             "Client retries answered with the call already recorded for the same request.",
             registry=self.registry,
         )
+        self.sampling_overridden = Counter(
+            "rollout_gateway_sampling_overridden",
+            "Calls served with a pinned sampling field the agent asked otherwise, by field.",
+            ["field"],
+            registry=self.registry,
+        )
         self.sessions_open = Gauge(
             "rollout_gateway_sessions_open",
             "Sessions open in this process.",

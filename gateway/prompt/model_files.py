@@ -19,6 +19,8 @@ class ModelFiles(BaseModel):
     eos_token: str
     end_of_turn: list[str]
     context_window: int | None
+    vocab_size: int | None = None
+    """The model's token ids are 0 to vocab_size - 1 (config.json; None: not stated)."""
 
 
 class ModelFilesError(ValueError):
@@ -51,18 +53,18 @@ def load_model_files(directory: Path, chat_template_file: Path | None = None) ->
     eos = _token_text(tok_config.get("eos_token"))
     if not eos:
         raise ModelFilesError(f"{config_path}: eos_token is required")
-    window = None
     end_of_turn = _end_of_turn_tokens(directory, tokenizer_path, eos)
     model_config = directory / "config.json"
-    if model_config.is_file():
-        window = json.loads(model_config.read_text()).get("max_position_embeddings")
+    config = json.loads(model_config.read_text()) if model_config.is_file() else {}
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     return ModelFiles(
         tokenizer_path=tokenizer_path,
         chat_template=template,
         bos_token=_token_text(tok_config.get("bos_token")),
         eos_token=eos,
         end_of_turn=end_of_turn,
-        context_window=window,
+        context_window=config.get("max_position_embeddings"),
+        vocab_size=vocab if isinstance(vocab, int) and vocab > 0 else None,
     )
 
 

@@ -3,8 +3,9 @@
 `tokenizers` holds the GIL while it encodes, so a thread would not free the loop: a
 200 KB tool output costs the tiny tokenizer about a second, during which every other
 session of the process waits. Texts of at least `min_chars` characters therefore go to
-a process pool (spawned on first use, each worker loads the same tokenizer.json), and
-smaller ones stay inline, where a hop would cost more than the encode.
+a process pool (spawned on first use, each worker loads the same tokenizer.json and dies
+with the gateway, SIGKILL included: `gateway.lifeline`), and smaller ones stay inline,
+where a hop would cost more than the encode.
 
 The planner is synchronous and never awaits. Inside `deferring_large_encodes()` the
 `OffloadingTokenizer` raises `LargeEncode` instead of encoding a large text inline; the
@@ -27,14 +28,17 @@ from pathlib import Path
 
 import tokenizers
 
+from gateway import lifeline
 from gateway.prompt.incremental import Tokenizer
 
 _deferring: contextvars.ContextVar[bool] = contextvars.ContextVar("deferring", default=False)
 _worker_tokenizer: tokenizers.Tokenizer | None = None
 
 
-def _load_worker(path: str) -> None:
+def _load_worker(path: str, parent: str) -> None:
+    """A pool worker's start: it dies with the gateway (`lifeline`), then loads."""
     global _worker_tokenizer
+    lifeline.die_with_parent(parent)
     _worker_tokenizer = tokenizers.Tokenizer.from_file(path)
 
 
@@ -104,7 +108,8 @@ class OffloadingTokenizer:
                     max_workers=self.workers,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_load_worker,
-                    initargs=(str(self.tokenizer_file),),
+                    # Workers are started from the thread that submits, this one.
+                    initargs=(str(self.tokenizer_file), lifeline.parent_token()),
                 )
             return self._pool
 

@@ -18,12 +18,14 @@ from starlette.responses import Response
 from gateway.canonical import CanonicalRequest, Reply
 from gateway.errors import GatewayError
 from gateway.protocols.history import HistoryCache
+from gateway.protocols.opaque_token import TokenSeal
 from gateway.protocols.sse import StreamHead, StreamWriter
 
 ParseRequest = Callable[
-    [dict[str, Any], Mapping[str, str], str, HistoryCache | None], CanonicalRequest
+    [dict[str, Any], Mapping[str, str], str, HistoryCache | None, TokenSeal], CanonicalRequest
 ]
-"""(body, headers, path, the session's history cache) → `CanonicalRequest`."""
+"""(body, headers, path, the session's history cache, the session's token seal) →
+`CanonicalRequest`. The seal checks opaque tokens the agent echoes (`opaque_token`)."""
 
 WriterFactory = Callable[[StreamHead], StreamWriter]
 """Builds a call's event-stream writer once the stream's head (ids, model) is known."""
@@ -35,12 +37,13 @@ ErrorResponder = Callable[[GatewayError], Response]
 class SamplingRoute:
     """A path whose calls sample: the body parsed to a canonical request, the result
     rendered whole (`reply`) or, when the request asks to stream and `stream_writer`
-    gives a writer, as the protocol's live event stream."""
+    gives a writer, as the protocol's live event stream. Both get the session's token
+    seal, with which the reply mints its opaque tokens."""
 
     path: str
     parse: ParseRequest
-    reply: Callable[[Reply, CanonicalRequest], Response]
-    stream_writer: Callable[[CanonicalRequest], WriterFactory] | None = None
+    reply: Callable[[Reply, CanonicalRequest, TokenSeal], Response]
+    stream_writer: Callable[[CanonicalRequest, TokenSeal], WriterFactory] | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class CountRoute:
     """A path that counts a prompt's tokens under our template, sampling nothing."""
 
     path: str
-    parse: Callable[[dict[str, Any], Mapping[str, str], str], CanonicalRequest]
+    parse: Callable[[dict[str, Any], Mapping[str, str], str, TokenSeal], CanonicalRequest]
     reply: Callable[[int], Response]
 
 

@@ -9,14 +9,17 @@ from gateway.capture.retries import RetryReplies
 from gateway.capture.store import SegmentOpened, SessionMeta
 from gateway.prompt.incremental import HeldSegment, PromptPlan
 from gateway.protocols.history import HistoryCache
+from gateway.protocols.opaque_token import TokenSeal
 from schemas.scenes import Scene
 
 
 class LiveSession:
     """In-memory state of a session owned by this process."""
 
-    def __init__(self, meta: SessionMeta, now: float) -> None:
+    def __init__(self, meta: SessionMeta, now: float, seal: TokenSeal) -> None:
         self.meta = meta
+        self.seal = seal
+        """Mints and checks the opaque tokens of this session's replies."""
         self.held: list[HeldSegment] = []
         self.segment_scenes: dict[str, Scene] = {}
         self.last_call: dict[str, str] = {}

@@ -23,8 +23,10 @@ from gateway.options import GatewayOptions
 from gateway.parsers.base import OutputParser
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental import IncrementalTokenizer
+from gateway.protocols.opaque_token import TokenSeal
 from gateway.sessions.lifetime import Clock, Expiry, expiry
 from gateway.sessions.live import LiveSession, hash_token
+from schemas.sampling import SamplingParams
 from schemas.session import SessionConfig, SessionCreated, SessionListing, SessionSummary
 from schemas.trajectory import CallStatus, Trajectory
 
@@ -56,11 +58,13 @@ class SessionService:
             options.data_dir, options.fsync, sync_interval_s=options.fsync_interval_ms / 1000
         )
         self.sessions: dict[str, LiveSession] = {}
+        self._secret: bytes | None = None
 
     def create_session(self, config: SessionConfig) -> tuple[SessionCreated, bool]:
         """Open a session; returns (reply, created). With an `idempotency_key` the session
         id and token derive from the key (HMAC with this data dir's secret), so a retried
         create — also after a gateway restart — gets the same session back, not a second."""
+        self.check_logit_bias(config.sampling, "sampling.logit_bias")
         if config.idempotency_key is None:
             session_id = "s" + uuid.uuid4().hex
             token = f"{session_id}.{secrets.token_urlsafe(24)}"
@@ -79,9 +83,30 @@ class SessionService:
             owner_url=self.options.public_url,
         )
         self.store.create(meta)
-        self.sessions[session_id] = LiveSession(meta, self.clock())
+        self.sessions[session_id] = LiveSession(meta, self.clock(), self._seal(session_id))
         self.metrics.sessions_open.inc()
         return self._created_reply(session_id, token), True
+
+    def check_logit_bias(self, sampling: SamplingParams, param: str) -> None:
+        """A bias on a token id the model does not have is refused as a 400 naming it,
+        before an engine sees it (its refusal would be recorded as a failed call)."""
+        vocab = self.options.vocab_size
+        if vocab is None or not sampling.logit_bias:
+            return
+        bad = sorted(t for t in sampling.logit_bias if t >= vocab)
+        if bad:
+            raise GatewayError(
+                "invalid_request",
+                f"logit_bias names token id {bad[0]}; the model's ids are 0 to {vocab - 1}",
+                param=f"{param}.{bad[0]}",
+            )
+
+    def _seal(self, session_id: str) -> TokenSeal:
+        """The session's token seal, from this data dir's secret: the same in every
+        process on the dir and after a restart, different for any other session or dir."""
+        if self._secret is None:
+            self._secret = self.store.secret()
+        return TokenSeal.for_session(self._secret, session_id)
 
     def _derived_identity(self, key: str) -> tuple[str, str]:
         secret = self.store.secret()
@@ -121,7 +146,7 @@ class SessionService:
             state = revive(self.store.load_records(session_id), self.incremental, self.parser)
         except CorruptRecordError as exc:
             raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
-        live = LiveSession(meta, self.clock())
+        live = LiveSession(meta, self.clock(), self._seal(session_id))
         live.held = state.held
         live.segment_scenes = state.segment_scenes
         live.last_call = state.last_call

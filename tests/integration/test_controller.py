@@ -525,6 +525,33 @@ async def test_budget_exceeded_is_agent_timeout(stack: Stack, client: RolloutCli
     assert stack.sandboxes_left() == []
 
 
+async def test_an_agent_that_kills_its_supervisor_gets_0_and_no_fresh_attempt(
+    stack: Stack, client: RolloutClient
+) -> None:
+    """The agent answers through the Gateway, then kills its sandbox's supervisor (same
+    uid), which ends the sandbox under its own run. That is the agent's doing: the
+    rollout completes in its first attempt as agent_broke_sandbox with reward 0, and its
+    calls are trainable samples with reward 0 — not an infrastructure failure that
+    earns a fresh sandbox or leaves its samples out of the loss."""
+    spec = make_task("breaker", "What is 6 times 7?", "42", max_attempts=2)
+    kill = (
+        'python3 -c "import os,signal; [os.kill(int(p), signal.SIGKILL) for p in '
+        "os.listdir('/proc') if p.isdigit() and b'supervisor.py' in "
+        "open('/proc/'+p+'/cmdline','rb').read()]\""
+    )
+    spec["harness"]["config"]["command"] += f" && {kill}"
+    batch = await client.submit(tasks_of(spec), str(stack.out_dir / "breaker"), 1)
+    outcome = await asyncio.wait_for(client.outcome(batch.rollout_ids[0]), 300)
+    assert outcome.ok, f"{outcome}\n{stack.worker.log_tail()}"
+    result = outcome.result
+    assert result.status == RolloutStatus.agent_broke_sandbox and result.reward == 0.0
+    assert result.attempts == 1 and "supervisor is gone" in (result.error or "")
+    rows = table_to_rows(client.load_samples([outcome]))
+    assert rows and all(r.status == "agent_broke_sandbox" and r.reward == 0.0 for r in rows)
+    assert all(1 in r.loss_mask for r in rows)
+    assert stack.sandboxes_left() == []
+
+
 async def test_samples_to_s3(stack: Stack, client: RolloutClient) -> None:
     """With an s3:// output the gateway-host worker writes each rollout's samples to S3
     (boto3, here moto's server on loopback) and the trainer loads them back as one

@@ -42,6 +42,7 @@ from schemas.rollout import (
     SessionRef,
     SessionRequest,
 )
+from schemas.sampling import SamplingControl, SamplingParams
 from schemas.tasks import RolloutTask
 from workflows.rollout import RolloutWorkflow
 
@@ -62,6 +63,7 @@ class Fakes:
     destroy_delay_s: float = 0.0
     log: list[tuple[str, Any]] = field(default_factory=list)
     collected: list[CollectRequest] = field(default_factory=list)
+    sessions: list[SessionRequest] = field(default_factory=list)
 
     def names(self, kind: str) -> list[Any]:
         return [v for k, v in self.log if k == kind]
@@ -70,6 +72,7 @@ class Fakes:
     async def create_session(self, req: SessionRequest) -> SessionRef:
         sid = f"s-{req.rollout_id}-{req.attempt}"
         self.log.append(("session", sid))
+        self.sessions.append(req)
         return SessionRef(
             session_id=sid,
             token="t",
@@ -186,6 +189,25 @@ def sa(desc: Any, name: str) -> Any:
         else SearchAttributeKey.for_keyword(name)
     )
     return desc.typed_search_attributes.get(key)
+
+
+async def test_the_tasks_sampling_and_its_control_reach_the_session(
+    env: tuple[RolloutClient, Fakes],
+) -> None:
+    """What the session pins is what the task said, with the sample's seed added."""
+    client, fakes = env
+    t = task().model_copy(
+        update={
+            "sampling": SamplingParams(temperature=0.8, max_tokens=64),
+            "sampling_control": SamplingControl(top_p="agent", on_conflict="refuse"),
+        }
+    )
+    _, [req] = client.plan([t], "/tmp/unused", 1, seed=5)
+    await asyncio.wait_for((await client.start(req)).result(), 30)
+    [session] = fakes.sessions
+    assert session.sampling_control == t.sampling_control
+    assert session.sampling == t.sampling.model_copy(update={"seed": req.seed})
+    assert req.seed is not None
 
 
 async def test_dead_host_reprovisions_on_a_live_one(env: tuple[RolloutClient, Fakes]) -> None:

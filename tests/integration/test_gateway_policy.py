@@ -10,12 +10,14 @@ this process) to know when the update holds the gate and when a call waits at it
 step depends on how fast the engine is.
 """
 
+import asyncio
 import json
 import os
 import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,14 +29,23 @@ import numpy as np
 import openai
 import pytest
 from safetensors.numpy import save_file
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from devstack.background_server import BackgroundServer
 from devstack.ports import consecutive_free_ports
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.vllm_server import VllmServer, VllmServerConfig
 from gateway.engines.vllm_weights import tensor_shapes
-from schemas.policy import PolicyState, PolicyUpdateRecord
+from rollout_client.policy import GatewayPolicyClient, PolicyUpdateError
+from schemas.policy import UNKNOWN_WEIGHTS, PolicyState, PolicyUpdate, PolicyUpdateRecord
 from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
+from tests.fixtures.weight_endpoints import (
+    FakeVllmDevEndpointsForTests,
+    bad_header,
+    make_checkpoint,
+    truncated,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +77,9 @@ def proxy(proxied: tuple[RecordingProxy, str]) -> RecordingProxy:
 def gw(
     engine: VllmServer, proxied: tuple[RecordingProxy, str], tiny_model_dir: Path, tmp_path: Path
 ) -> Iterator[RunningGateway]:
-    running = start_gateway(proxied[1], tiny_model_dir, tmp_path / "gw", engine.model)
+    running = start_gateway(
+        proxied[1], tiny_model_dir, tmp_path / "gw", engine.model, checkpoint_roots=[tmp_path]
+    )
     try:
         yield running
     finally:
@@ -218,7 +231,7 @@ def test_an_engine_that_cannot_load_leaves_the_old_policy_serving(
     message = failed.json()["error"]["message"]
     assert "engine" in message and "does not fit the served model" in message
     assert "model.embed_tokens.weight [7, 3]" in message
-    assert message.endswith("every engine still serves p-good")
+    assert message.endswith("every engine serves p-good")
     second.result(timeout=600)
     long_call.result(timeout=600)
     trajectory = gw.trajectory(session["session_id"])
@@ -233,6 +246,10 @@ def test_an_engine_that_cannot_load_leaves_the_old_policy_serving(
         ("p-bad", "failed"),
     ]
     assert (state.history[1].drained_calls, state.history[1].held_calls) == (1, 1)
+    assert state.history[1].error == message
+    assert [(e.policy_version, e.checkpoint) for e in state.history[1].serving] == [
+        ("p-good", str(good))
+    ]
     engine = gw.gateway.engine.urls[0]
     assert httpx.get(f"{engine}/weight_info").json() == {"weight_version": "p-good"}
     assert httpx.get(f"{engine}/is_paused").json() == {"is_paused": False}
@@ -274,7 +291,7 @@ def test_every_gateway_process_ends_on_the_new_version(
         sys.executable, "-m", "workers.cli", "gateway", "--engine", engine.url,
         "--model", engine.model, "--tokenizer", str(tiny_model_dir), "--port", str(port),
         "--control-port", str(port + 2), "--processes", "2",
-        "--data-dir", str(tmp_path / "gw"),
+        "--data-dir", str(tmp_path / "gw"), "--checkpoint-root", str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
     auth = {"Authorization": f"Bearer {admin}"}
@@ -313,50 +330,97 @@ def _healthy(control: str, proc: subprocess.Popen[bytes]) -> bool:
         return False
 
 
-# ------------------------------------------------------------- bad input (no vLLM needed)
+# -------------------------------------- bad input and failures on cue (no vLLM needed)
+#
+# vLLM cannot be made to fail in the middle of a load on cue (a failed reload kills its
+# engine core), so these run the real Gateway in front of the scripted engine with a FAKE
+# of vLLM's weight endpoints on the same URL (`FakeVllmDevEndpointsForTests`).
 
 
 @pytest.fixture
-def scripted_gw(tiny_model_dir: Path, tmp_path: Path) -> Iterator[RunningGateway]:
+def weights() -> FakeVllmDevEndpointsForTests:
+    return FakeVllmDevEndpointsForTests()
+
+
+@pytest.fixture
+def scripted_url(tiny_model_dir: Path, weights: FakeVllmDevEndpointsForTests) -> Iterator[str]:
     engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
-    with BackgroundServer(engine.app()) as engine_server:
-        running = start_gateway(engine_server.url, tiny_model_dir, tmp_path / "gw", "tiny-qwen3")
-        try:
-            yield running
-        finally:
-            running.server.stop()
+    app = Starlette(routes=[*weights.routes(), Mount("/", app=engine.app())])
+    with BackgroundServer(app) as engine_server:
+        yield engine_server.url
+        weights.hold.set()
+
+
+@pytest.fixture
+def scripted_gw(
+    scripted_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> Iterator[RunningGateway]:
+    running = start_gateway(
+        scripted_url, tiny_model_dir, tmp_path / "gw", "tiny-qwen3", checkpoint_roots=[tmp_path]
+    )
+    try:
+        yield running
+    finally:
+        running.server.stop()
+
+
+def call_version(gw: RunningGateway) -> str | None:
+    """A new session's call succeeds; the version it was recorded with."""
+    session = gw.create_session(policy_version="label-v0")
+    assert ask(session, [{"role": "user", "content": "hi"}]) == "ok"
+    [call] = gw.trajectory(session["session_id"])["calls"]
+    assert call["status"] == "ok"
+    return call["policy_version"]
 
 
 def test_bad_policy_updates_are_refused_before_anything_pauses(
-    scripted_gw: RunningGateway, tiny_model_dir: Path, tmp_path: Path
+    scripted_gw: RunningGateway,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    weights: FakeVllmDevEndpointsForTests,
 ) -> None:
-    """Each refusal is a JSON error in the control API's shape, names what is wrong,
-    and leaves no trace: no version set, nothing in the history, the gate open."""
+    """Each refusal is a JSON error in the control API's shape, names what is wrong (the
+    roots, for a path outside them), and leaves no trace: no version set, nothing in the
+    history, the gate open, the engine never paused."""
     gw = scripted_gw
     no_weights = tmp_path / "no-weights"
     no_weights.mkdir()
     (no_weights / "config.json").write_text("{}")
-    cases: list[tuple[Any, dict[str, str], int, str, str | None]] = [
-        ({"policy_version": "p", "checkpoint": str(tmp_path / "nope")}, gw.admin_headers,
-         404, "does not exist", None),
-        ({"policy_version": "p", "checkpoint": "relative/dir"}, gw.admin_headers,
-         400, "absolute path", "checkpoint"),
-        ({"policy_version": "p", "checkpoint": str(no_weights)}, gw.admin_headers,
-         400, "no *.safetensors weights", "checkpoint"),
-        ({"checkpoint": str(tiny_model_dir)}, gw.admin_headers, 400, "", "policy_version"),
-        ({"policy_version": "", "checkpoint": str(tiny_model_dir)}, gw.admin_headers,
-         400, "", "policy_version"),
-        ({"policy_version": "p", "checkpoint": str(tiny_model_dir), "force": True},
-         gw.admin_headers, 400, "", "force"),
-        ({"policy_version": "p", "checkpoint": str(tiny_model_dir)}, {}, 401, "admin token",
-         None),
-    ]  # fmt: skip
-    for body, headers, status, text, param in cases:
-        reply = httpx.post(f"{gw.control_url}/policy", json=body, headers=headers)
-        assert reply.status_code == status, (body, reply.text)
-        error = reply.json()["error"]
-        assert text in error["message"], (body, error)
-        assert error["param"] == param, (body, error)
+    good = make_checkpoint(tmp_path / "good")
+    outside = Path(tempfile.mkdtemp(prefix="rollout-outside-"))
+    try:
+        cases: list[tuple[Any, dict[str, str], int, str, str | None]] = [
+            ({"policy_version": "p", "checkpoint": str(tmp_path / "nope")}, gw.admin_headers,
+             404, "does not exist", None),
+            ({"policy_version": "p", "checkpoint": "relative/dir"}, gw.admin_headers,
+             400, "absolute path", "checkpoint"),
+            ({"policy_version": "p", "checkpoint": str(no_weights)}, gw.admin_headers,
+             400, "no *.safetensors weights", "checkpoint"),
+            ({"policy_version": "p", "checkpoint": truncated(good, tmp_path / "cut")},
+             gw.admin_headers, 400, "truncated or padded", "checkpoint"),
+            ({"policy_version": "p", "checkpoint": bad_header(tmp_path / "junk")},
+             gw.admin_headers, 400, "unreadable safetensors header", "checkpoint"),
+            ({"policy_version": "p", "checkpoint": make_checkpoint(outside / "c")},
+             gw.admin_headers, 403, f"not under a checkpoint root ({tmp_path})", "checkpoint"),
+            ({"policy_version": "p", "checkpoint": str(tiny_model_dir)}, gw.admin_headers,
+             403, "not under a checkpoint root", "checkpoint"),
+            ({"policy_version": "unknown", "checkpoint": good}, gw.admin_headers,
+             400, "reserved", "policy_version"),
+            ({"checkpoint": good}, gw.admin_headers, 400, "", "policy_version"),
+            ({"policy_version": "", "checkpoint": good}, gw.admin_headers,
+             400, "", "policy_version"),
+            ({"policy_version": "p", "checkpoint": good, "force": True},
+             gw.admin_headers, 400, "", "force"),
+            ({"policy_version": "p", "checkpoint": good}, {}, 401, "admin token", None),
+        ]  # fmt: skip
+        for body, headers, status, text, param in cases:
+            reply = httpx.post(f"{gw.control_url}/policy", json=body, headers=headers)
+            assert reply.status_code == status, (body, reply.text)
+            error = reply.json()["error"]
+            assert text in error["message"], (body, error)
+            assert error["param"] == param, (body, error)
+    finally:
+        shutil.rmtree(outside)
     not_json = httpx.post(
         f"{gw.control_url}/policy", content=b"{", headers=gw.admin_headers | {
             "content-type": "application/json"}
@@ -368,7 +432,114 @@ def test_bad_policy_updates_are_refused_before_anything_pauses(
     assert resume.status_code == 409 and "not paused" in resume.json()["error"]["message"]
     state = policy_state(gw)
     assert (state.policy_version, state.updating, state.history) == (None, False, [])
-    assert not gw.gateway.policy.closed
+    assert not gw.gateway.policy.closed and weights.calls == []
     assert json.loads(httpx.get(f"{gw.control_url}/policy").text)["error"]["code"] == (
         "authentication"
     )
+    assert post_policy(gw, "p", good).status_code == 200  # the control: a good one loads
+
+
+def test_a_gateway_without_checkpoint_roots_refuses_every_update(
+    scripted_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gw = start_gateway(scripted_url, tiny_model_dir, tmp_path / "gw", "tiny-qwen3")
+    try:
+        reply = post_policy(gw, "p", make_checkpoint(tmp_path / "c"))
+        assert reply.status_code == 403, reply.text
+        error = reply.json()["error"]
+        assert (error["code"], error["type"], error["param"]) == (
+            "forbidden", "permission_error", "checkpoint",
+        )  # fmt: skip
+        assert "--checkpoint-root" in error["message"]
+        client = GatewayPolicyClient(gw.control_url, gw.admin_token)
+        update = PolicyUpdate(policy_version="p", checkpoint=str(tmp_path / "c"))
+        with pytest.raises(PolicyUpdateError) as refused:
+            asyncio.run(client.update(update))
+        assert (refused.value.status, refused.value.code) == (403, "forbidden")
+    finally:
+        gw.server.stop()
+
+
+def test_an_engine_that_fails_mid_load_leaves_every_call_labelled_truly(
+    scripted_gw: RunningGateway, tmp_path: Path, weights: FakeVllmDevEndpointsForTests
+) -> None:
+    """The engine fails in the middle of its reload: it is put back on the previous
+    checkpoint, the update answers 502 in the control API's shape saying so, the gate is
+    open (the next call succeeds, recorded with the version served), and the history
+    records the failure. When putting it back fails too, its weights are not known:
+    calls on it are labelled `unknown`, never with a version it may not serve."""
+    gw = scripted_gw
+    v1, v2 = make_checkpoint(tmp_path / "v1"), make_checkpoint(tmp_path / "v2", 2.0)
+    assert post_policy(gw, "p-v1", v1).status_code == 200
+    assert call_version(gw) == "p-v1"
+    weights.fail_reloads = 1
+    reply = post_policy(gw, "p-v2", v2)
+    assert reply.status_code == 502, reply.text
+    error = reply.json()["error"]
+    assert (error["code"], error["type"]) == ("engine_bad_reply", "server_error")
+    assert "did not load" in error["message"] and "Worker failed" in error["message"]
+    assert error["message"].endswith("every engine serves p-v1")
+    assert call_version(gw) == "p-v1"
+    assert (weights.version, weights.checkpoint, weights.paused) == ("p-v1", v1, False)
+
+    weights.fail_reloads = 2  # the reload and the reload of p-v1 after it
+    reply = post_policy(gw, "p-v2", v2)
+    assert reply.status_code == 502, reply.text
+    assert reply.json()["error"]["message"].endswith(f"every engine serves {UNKNOWN_WEIGHTS}")
+    assert call_version(gw) == UNKNOWN_WEIGHTS
+    state = policy_state(gw)
+    assert [e.policy_version for e in state.engines] == [UNKNOWN_WEIGHTS]
+    assert [(r.policy_version, r.status) for r in state.history] == [
+        ("p-v1", "ok"), ("p-v2", "failed"), ("p-v2", "failed"),
+    ]  # fmt: skip
+    assert [r.serving[0].policy_version for r in state.history] == [
+        "p-v1", "p-v1", UNKNOWN_WEIGHTS,
+    ]  # fmt: skip
+    assert post_policy(gw, "p-v2", v2).status_code == 200  # a good load mends it
+    assert call_version(gw) == "p-v2"
+
+
+def test_a_peer_that_errors_fails_the_update_with_every_gate_open(
+    scripted_url: str, tiny_model_dir: Path, tmp_path: Path, weights: FakeVllmDevEndpointsForTests
+) -> None:
+    """Two gateway processes over one engine; the peer refuses the pause (it does not
+    take the coordinator's admin token): the update answers 409 naming the peer, no
+    engine is touched, both processes serve calls afterwards, the history has it."""
+    peer = start_gateway(scripted_url, tiny_model_dir, tmp_path / "gw", "tiny-qwen3")
+    coordinator = start_gateway(
+        scripted_url, tiny_model_dir, tmp_path / "gw", "tiny-qwen3",
+        checkpoint_roots=[tmp_path], peer_control_urls=[peer.control_url],
+    )  # fmt: skip
+    try:
+        reply = post_policy(coordinator, "p-v1", make_checkpoint(tmp_path / "v1"))
+        assert reply.status_code == 409, reply.text
+        message = reply.json()["error"]["message"]
+        assert f"gateway process {peer.control_url} refused pause (401)" in message
+        assert message.endswith("every engine serves its starting weights")
+        assert weights.calls == []
+        assert call_version(coordinator) == call_version(peer) == "label-v0"
+        [entry] = policy_state(coordinator).history
+        assert (entry.status, entry.error) == ("failed", message)
+    finally:
+        coordinator.server.stop()
+        peer.server.stop()
+
+
+def test_a_peer_whose_lease_runs_out_takes_the_version_its_engine_serves(
+    scripted_gw: RunningGateway, tmp_path: Path, weights: FakeVllmDevEndpointsForTests
+) -> None:
+    """A coordinator paused this process for an update to p-v1 and went quiet after the
+    engine loaded it: when the lease runs out the process asks the engine, and its next
+    call is recorded with p-v1, not the version it served before the pause."""
+    gw = scripted_gw
+    pause = {"update_id": "u1", "lease_s": 0.2, "policy_version": "p-v1", "checkpoint": "/x"}
+    reply = httpx.post(f"{gw.control_url}/policy/pause", json=pause, headers=gw.admin_headers)
+    assert reply.status_code == 200, reply.text
+    assert gw.gateway.policy.closed
+    weights.version = "p-v1"  # what the quiet coordinator had the engine load
+    wait_for("the lease to run out", lambda: not gw.gateway.policy.closed)
+    assert call_version(gw) == "p-v1"
+    late = httpx.post(
+        f"{gw.control_url}/policy/pause", json=pause | {"renew": True}, headers=gw.admin_headers
+    )
+    assert late.status_code == 409 and "not paused for update u1" in late.text

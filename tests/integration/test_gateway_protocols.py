@@ -203,3 +203,63 @@ def test_anthropic_errors_come_back_in_anthropic_shape(scripted_gateway: Any) ->
     assert reply.status_code == 400
     body = reply.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+
+
+@pytest.fixture
+def two_gateways(tiny_model_dir: Path, gateway_factory: Any):
+    """Two gateways on their own data dirs in front of one scripted engine."""
+    engine = ScriptedEngine(
+        tiny_model_dir / "tokenizer.json", Script(default_reply=FINAL_REPLY), model="tiny-qwen3"
+    )
+    with BackgroundServer(engine.app()) as server:
+        yield [gateway_factory(server.url, tiny_model_dir, "tiny-qwen3") for _ in range(2)]
+
+
+def test_reasoning_tokens_are_bound_to_their_session(two_gateways: Any) -> None:
+    """The thinking `signature` and the reasoning `encrypted_content` a session's reply
+    carries restore its reasoning in that session only: echoed into another session of the
+    same gateway, or into a session of a gateway on another data dir, they are a 400 that
+    names the field. The control is the same echo in the session that got them."""
+    gw, other_gateway = two_gateways
+    own, other, elsewhere = gw.create_session(), gw.create_session(), other_gateway.create_session()
+    question = {"role": "user", "content": "What is here?"}
+
+    def claude(session: dict[str, Any]) -> anthropic.Anthropic:
+        return anthropic.Anthropic(
+            base_url=session["anthropic_base_url"], api_key=session["token"], max_retries=0
+        )
+
+    first = claude(own).messages.create(model="tiny-qwen3", max_tokens=256, messages=[question])
+    thinking = first.content[0].model_dump()
+    assert thinking["type"] == "thinking" and thinking["signature"].startswith("rollout2.")
+    # Claude Code may hide the thinking text; only the signature then carries it.
+    echo = [
+        question,
+        {"role": "assistant", "content": [{**thinking, "thinking": ""}]},
+        {"role": "user", "content": "Go on."},
+    ]
+    reply = claude(own).messages.create(model="tiny-qwen3", max_tokens=256, messages=echo)
+    assert reply.content[-1].type == "text"  # control: its own session reads it back
+    for stranger in (other, elsewhere):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude(stranger).messages.create(model="tiny-qwen3", max_tokens=256, messages=echo)
+        assert refused.value.status_code == 400
+        assert "messages[1].content[0].signature" in str(refused.value)
+
+    def codex(session: dict[str, Any]) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=session["openai_base_url"], api_key=session["token"], max_retries=0
+        )
+
+    kwargs: dict[str, Any] = {"model": "tiny-qwen3", "store": False}
+    kwargs["include"] = ["reasoning.encrypted_content"]
+    response = codex(own).responses.create(input=[question], **kwargs)
+    reasoning = response.output[0].model_dump(exclude_none=True)
+    assert reasoning["type"] == "reasoning"
+    items = [question, reasoning, {"role": "user", "content": "Go on."}]
+    assert codex(own).responses.create(input=items, **kwargs).status == "completed"
+    for stranger in (other, elsewhere):
+        with pytest.raises(openai.BadRequestError) as bad:
+            codex(stranger).responses.create(input=items, **kwargs)
+        assert bad.value.status_code == 400
+        assert bad.value.param == "input[1].encrypted_content"  # type: ignore[attr-defined]

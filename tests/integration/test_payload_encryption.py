@@ -41,6 +41,7 @@ from workers.worker import RolloutWorker, WorkerSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 QUEUE = "codec-tests"
+CODEC_TOKEN = "codec-test-token"
 
 
 @dataclass
@@ -182,7 +183,12 @@ def payload_texts(history_json: str) -> list[tuple[str, str]]:
 def codec_server(stack: Stack) -> Iterator[str]:
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(codec_app([stack.key]), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(
+            codec_app([stack.key], token=CODEC_TOKEN),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -221,8 +227,13 @@ async def test_codec_server_shows_history_to_the_temporal_cli(
 
     sealed = payload_texts(await show())
     assert sealed and all(enc == "binary/encrypted" for enc, _ in sealed)
-    opened = payload_texts(await show("--codec-endpoint", codec_server))
+    auth = ["--codec-endpoint", codec_server, "--codec-auth", f"Bearer {CODEC_TOKEN}"]
+    opened = payload_texts(await show(*auth))
     assert "binary/encrypted" not in {enc for enc, _ in opened}
     assert any(token in text for _, text in opened)
-    bad = httpx.post(f"{codec_server}/decode", json={"payloads": "nope"})
+    bad = httpx.post(
+        f"{codec_server}/decode",
+        json={"payloads": "nope"},
+        headers={"Authorization": f"Bearer {CODEC_TOKEN}"},
+    )
     assert bad.status_code == 400

@@ -67,11 +67,19 @@ def write_tasks(path: Path, specs: list[tuple[str, str, str]]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[TrainStack]:
+def stack(
+    temporal_server: TemporalDevServer,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[TrainStack]:
     work = Path(tempfile.mkdtemp(prefix="rollout-train-", dir="/tmp"))
     work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
     engine = VllmServer(VllmServerConfig.trainable(tiny_model_dir)).start()
-    gateway = start_gateway(engine.url, tiny_model_dir, work / "gateway", engine.model)
+    # the tests' trainers write their policies under their own tmp_path
+    roots = [work, tmp_path_factory.getbasetemp()]
+    gateway = start_gateway(
+        engine.url, tiny_model_dir, work / "gateway", engine.model, checkpoint_roots=roots
+    )
     worker = WorkerProcess(
         [
             "--role=all",

@@ -32,8 +32,12 @@ from gateway.protocols.anthropic_messages.request import (
     parse_count_tokens_request,
     parse_messages_request,
 )
+from gateway.protocols.opaque_token import TokenSeal
 from gateway.protocols.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
 from tests.fixtures.sdk_transport import anthropic_client
+
+#: The seal of the session these requests belong to (`opaque_token`).
+SEAL = TokenSeal(b"k" * 32)
 
 REASONING = "I should list the files first, then read 说明文件 carefully."
 CONTENT = "Let me look at the repository."
@@ -145,7 +149,7 @@ def claude_code_body(
 
 
 def assistant_echo(result: Reply) -> dict[str, Any]:
-    return {"role": "assistant", "content": messages_body(result)["content"]}
+    return {"role": "assistant", "content": messages_body(result, SEAL)["content"]}
 
 
 TOOL_RESULTS = {
@@ -177,7 +181,8 @@ TOOL_RESULTS = {
 
 def test_claude_code_main_loop_conversion() -> None:
     body = claude_code_body(assistant_echo(make_result(tool_calls=TOOL_CALLS)), TOOL_RESULTS)
-    req = parse_messages_request(json.dumps(body).encode(), CC_HEADERS, "/v1/messages?beta=true")
+    path = "/v1/messages?beta=true"
+    req = parse_messages_request(json.dumps(body).encode(), CC_HEADERS, path, seal=SEAL)
     assert isinstance(req, CanonicalRequest)
     assert req.protocol == "anthropic_messages" and req.path == "/v1/messages"
     assert [m.role for m in req.messages] == [
@@ -266,11 +271,15 @@ def test_tool_choice(choice: dict[str, Any], expected: Any) -> None:
     [
         ({"type": "thinking", "thinking": REASONING, "signature": "foreign-sig"}, REASONING),
         (
-            {"type": "thinking", "thinking": "", "signature": thinking_signature(make_result())},
+            {
+                "type": "thinking",
+                "thinking": "",
+                "signature": thinking_signature(make_result(), SEAL),
+            },
             REASONING,
         ),
         ({"type": "thinking", "thinking": "", "signature": "foreign-sig"}, None),
-        ({"type": "redacted_thinking", "data": thinking_signature(make_result())}, REASONING),
+        ({"type": "redacted_thinking", "data": thinking_signature(make_result(), SEAL)}, REASONING),
         ({"type": "redacted_thinking", "data": "EmwKAhgBEgy-foreign"}, None),
     ],
 )
@@ -283,7 +292,7 @@ def test_thinking_echo(block: dict[str, Any], expected: str | None) -> None:
             {"role": "assistant", "content": [block, {"type": "text", "text": "hi"}]},
         ],
     }
-    msg = parse_messages_request(body).messages[-1]
+    msg = parse_messages_request(body, seal=SEAL).messages[-1]
     assert msg.reasoning == expected and msg.content == "hi"
 
 
@@ -499,13 +508,13 @@ def test_body_not_json_or_not_object() -> None:
 
 
 def test_body_shape() -> None:
-    body = messages_body(make_result(tool_calls=TOOL_CALLS))
+    body = messages_body(make_result(tool_calls=TOOL_CALLS), SEAL)
     assert body["id"] == "msg_abc123" and body["type"] == "message" and body["role"] == "assistant"
     thinking, text, use0, use1 = body["content"]
     assert thinking == {
         "type": "thinking",
         "thinking": REASONING,
-        "signature": thinking_signature(make_result()),
+        "signature": thinking_signature(make_result(), SEAL),
     }
     assert text == {"type": "text", "text": CONTENT}
     assert use0 == {
@@ -523,8 +532,10 @@ def test_body_shape() -> None:
         "cache_read_input_tokens": 96,
     }
     # Deterministic in the call, different across calls.
-    assert thinking_signature(make_result()) == thinking_signature(make_result())
-    assert thinking_signature(make_result()) != thinking_signature(make_result(call_id="other"))
+    assert thinking_signature(make_result(), SEAL) == thinking_signature(make_result(), SEAL)
+    assert thinking_signature(make_result(), SEAL) != thinking_signature(
+        make_result(call_id="other"), SEAL
+    )
 
 
 @pytest.mark.parametrize(
@@ -540,19 +551,19 @@ def test_body_shape() -> None:
 def test_stop_reasons(
     kwargs: dict[str, Any], stop_sequence: str | None, reason: str, seq: str | None
 ) -> None:
-    body = messages_body(make_result(**kwargs), stop_sequence=stop_sequence)
+    body = messages_body(make_result(**kwargs), SEAL, stop_sequence=stop_sequence)
     assert (body["stop_reason"], body["stop_sequence"]) == (reason, seq)
 
 
 def test_body_without_thinking_and_empty_reply() -> None:
-    body = messages_body(make_result(), include_thinking=False)
+    body = messages_body(make_result(), SEAL, include_thinking=False)
     assert [b["type"] for b in body["content"]] == ["text"]
-    empty = messages_body(make_result(content=None, reasoning=None))
+    empty = messages_body(make_result(content=None, reasoning=None), SEAL)
     assert empty["content"] == [{"type": "text", "text": ""}]
     bad_args = make_result(
         content=None, reasoning=None, tool_calls=[ToolCall(id="t", name="f", arguments="[1]")]
     )
-    assert messages_body(bad_args)["content"][0]["input"] == {"arguments": "[1]"}
+    assert messages_body(bad_args, SEAL)["content"][0]["input"] == {"arguments": "[1]"}
 
 
 def _records(frames: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
@@ -568,7 +579,7 @@ def _records(frames: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_sse_framing_and_order() -> None:
-    records = _records(list(messages_sse(make_result(tool_calls=TOOL_CALLS))))
+    records = _records(list(messages_sse(make_result(tool_calls=TOOL_CALLS), SEAL)))
     types = [t for t, _ in records]
     assert types[:2] == ["message_start", "ping"] and types[-2:] == [
         "message_delta",
@@ -600,7 +611,7 @@ def test_sse_framing_and_order() -> None:
         by_kind[(d["index"], delta["type"])] = by_kind.get((d["index"], delta["type"]), "") + value
     assert by_kind == {
         (0, "thinking_delta"): REASONING,
-        (0, "signature_delta"): thinking_signature(make_result()),
+        (0, "signature_delta"): thinking_signature(make_result(), SEAL),
         (1, "text_delta"): CONTENT,
         (2, "input_json_delta"): ARGS_0,
         (3, "input_json_delta"): ARGS_1,
@@ -628,11 +639,17 @@ def sdk_client(
         try:
             if path.endswith("/count_tokens"):
                 req = parse_count_tokens_request(
-                    request.content, dict(request.headers), str(request.url.raw_path, "ascii")
+                    request.content,
+                    dict(request.headers),
+                    str(request.url.raw_path, "ascii"),
+                    seal=SEAL,
                 )
             else:
                 req = parse_messages_request(
-                    request.content, dict(request.headers), str(request.url.raw_path, "ascii")
+                    request.content,
+                    dict(request.headers),
+                    str(request.url.raw_path, "ascii"),
+                    seal=SEAL,
                 )
         except GatewayError as err:
             resp = anthropic_error_response(err)
@@ -644,10 +661,10 @@ def sdk_client(
         if req.stream:
             return httpx2.Response(
                 200,
-                content=b"".join(messages_sse(result, **render)),
+                content=b"".join(messages_sse(result, SEAL, **render)),
                 headers={"content-type": "text/event-stream"},
             )
-        return httpx2.Response(200, json=messages_body(result, **render))
+        return httpx2.Response(200, json=messages_body(result, SEAL, **render))
 
     return anthropic_client(handler, api_key="session-token")
 
@@ -700,7 +717,7 @@ def test_sdk_stream_helper_final_message() -> None:
     assert text == CONTENT
     thinking, block, use0, use1 = final.content
     assert thinking.type == "thinking" and thinking.thinking == REASONING
-    assert thinking.signature == thinking_signature(make_result())
+    assert thinking.signature == thinking_signature(make_result(), SEAL)
     assert block.type == "text" and block.text == CONTENT
     assert use0.type == "tool_use" and use0.input == json.loads(ARGS_0)
     assert use1.type == "tool_use" and use1.input == json.loads(ARGS_1)
@@ -831,7 +848,7 @@ def test_error_table_covers_every_kind() -> None:
 
 def test_sdk_raises_on_in_stream_error_event() -> None:
     def handler(request: httpx2.Request) -> httpx2.Response:
-        frames = list(messages_sse(make_result()))[:3]
+        frames = list(messages_sse(make_result(), SEAL))[:3]
         body = b"".join(frames) + sse_error_event(GatewayError("overloaded", "engine overloaded"))
         return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
 

@@ -158,6 +158,16 @@ async def test_success_payload_and_mapping(client: EngineRouter, fake: FakeVllmF
     assert "gzip" not in fake.headers[0].get("accept-encoding", "")  # replies stay plain
 
 
+async def test_logit_bias_is_sent_with_token_ids_as_keys(
+    client: EngineRouter, fake: FakeVllmForTests
+) -> None:
+    """JSON object keys are strings: the ids go as vLLM's completions API reads them."""
+    await client.complete(client.urls[0], PROMPT, SamplingParams(logit_bias={7: -100.0, 8: 2.5}))
+    assert fake.requests[0]["logit_bias"] == {"7": -100.0, "8": 2.5}
+    await client.complete(client.urls[0], PROMPT, SamplingParams())
+    assert "logit_bias" not in fake.requests[1]
+
+
 async def test_stop_reason_and_length(client: EngineRouter, fake: FakeVllmForTests) -> None:
     fake.scripted.append(JSONResponse(fake.good_reply(PROMPT, [5], stop_reason=151645)))
     res = await client.complete(client.urls[0], PROMPT, SamplingParams())

@@ -312,19 +312,21 @@ def test_echoed_tool_call_arguments_that_do_not_decode_render_as_text(
 def forged_token(kind: str, text: str) -> str:
     """A token in our format that we did not issue, carrying an escaped lone surrogate."""
     raw = '{"k": "%s", "c": "x", "t": "%s"}' % (kind, text)  # noqa: UP031
-    return "rollout1." + base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return "rollout2." + base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=") + ".mac"
 
 
 def test_forged_compaction_token_is_400(target: FuzzTarget, unchanged: None) -> None:
-    """Its text decoded to a lone surrogate and reached the tokenizer (500)."""
+    """Its text decoded to a lone surrogate and reached the tokenizer (500); now its seal
+    does not check, so it is refused before it is read."""
     item = {"type": "compaction", "encrypted_content": forged_token("compaction", "\\ud800")}
     body = {**RESPONSES.body, "input": [item, {"role": "user", "content": "go on"}]}
     reply = post(target, RESPONSES, "/v1/responses", json.dumps(body))
     assert_error(reply, RESPONSES, 400, "invalid_request", "input[0].encrypted_content")
 
 
-def test_forged_thinking_signature_is_ignored(target: FuzzTarget) -> None:
-    """A signature we cannot read restores nothing (was a 500, as above)."""
+def test_forged_thinking_signature_is_400(target: FuzzTarget, unchanged: None) -> None:
+    """A signature in our format that this session did not issue is refused (was a 500,
+    as above, then ignored)."""
     thinking = {
         "type": "thinking",
         "thinking": "",
@@ -338,7 +340,7 @@ def test_forged_thinking_signature_is_ignored(target: FuzzTarget) -> None:
     reply = post(
         target, MESSAGES, "/v1/messages", json.dumps({**MESSAGES.body, "messages": history})
     )
-    assert reply.status_code == 200, reply.text
+    assert_error(reply, MESSAGES, 400, "invalid_request", "messages[1].content[0].signature")
 
 
 @pytest.mark.parametrize(

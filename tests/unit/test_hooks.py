@@ -4,6 +4,8 @@ log collection and artifact upload to a local directory — on an in-memory sand
 from __future__ import annotations
 
 import json
+import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,18 @@ from hooks.base import (
     run_phase,
 )
 from hooks.collect_logs import collect_log_files
-from hooks.evaluate import evaluate
-from sandboxes.base import DEFAULT_MAX_ARCHIVE_BYTES, ArchiveTooLarge, ExecResult
+from hooks.evaluate import _isolated, evaluate
+from sandboxes.base import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
+    EVALUATOR_PATH,
+    ArchiveTooLarge,
+    ExecResult,
+    SandboxError,
+)
 from schemas.evaluation import EvaluationSpec
 from schemas.outcome import AgentResult, LogSpec, RunOutcome
 from schemas.tasks import HookSpec, RolloutTask
-from tests.fixtures.fake_sandbox import FakeSandbox
+from tests.fixtures.fake_sandbox import FakeSandbox, Handler
 from tests.fixtures.hooks import EVENTS
 
 
@@ -146,6 +154,54 @@ async def test_broken_evaluator_gives_eval_error_and_no_reward(res: ExecResult, 
     r = await evaluate(sb, spec, "/workspace")
     assert r.status == "eval_error" and r.reward is None and r.verdict == "error"
     assert why in (r.error or "")
+
+
+def probe_finds(found: str | ExecResult | Exception) -> Handler:
+    """The check cannot run (exit 127); the damage probe answers `found`."""
+
+    def handler(cmd: str, kw: dict[str, Any]) -> ExecResult | None:
+        if ".rollout-probe" not in cmd:
+            return ExecResult(exit_code=127, stderr="exec failed: [Errno 2] /workspace")
+        if isinstance(found, Exception):
+            raise found
+        return found if isinstance(found, ExecResult) else ExecResult(exit_code=0, stdout=found)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("probe", "damage"),
+    [
+        ("/workspace is gone\n/tmp has no room for 65536 bytes (disk full)\n",
+         "/workspace is gone; /tmp has no room for 65536 bytes (disk full)"),
+        (ExecResult(exit_code=126, stderr="exec failed: [Errno 11] Resource unavailable"),
+         "no process can start in it"),
+        (ExecResult(exit_code=137, timed_out=True), "did not finish"),
+    ],
+)  # fmt: skip
+async def test_a_check_that_fails_in_a_sandbox_the_agent_broke_scores_zero(
+    probe: str | ExecResult, damage: str
+) -> None:
+    """Not a masked evaluator error: the agent's doing, reward 0, what it broke named."""
+    spec = EvaluationSpec.model_validate({"checks": [{"kind": "command", "command": "run"}]})
+    r = await evaluate(FakeSandbox(probe_finds(probe)), spec, "/workspace")
+    assert r.status == "agent_broke_sandbox" and r.reward == 0.0 and r.verdict == "fail"
+    assert r.damage is not None and damage in r.damage
+    assert "could not run" in (r.error or "") and damage in (r.problem or "")
+
+
+@pytest.mark.parametrize(
+    "probe",
+    ["", ExecResult(exit_code=2, stderr="sh: something odd"), SandboxError("backend API down")],
+)
+async def test_a_probe_that_finds_nothing_or_cannot_run_leaves_the_error_ours(
+    probe: str | ExecResult | Exception,
+) -> None:
+    """An intact sandbox, or a probe that itself could not be carried out: a doubt
+    stays ours (eval_error, masked)."""
+    spec = EvaluationSpec.model_validate({"checks": [{"kind": "command", "command": "run"}]})
+    r = await evaluate(FakeSandbox(probe_finds(probe)), spec, "/workspace")
+    assert r.status == "eval_error" and r.reward is None and r.damage is None
 
 
 async def test_reward_script_json_and_its_crash() -> None:
@@ -274,20 +330,41 @@ async def test_collect_logs_metrics_and_local_upload(tmp_path: Path) -> None:
         assert (dest / "r-1" / a.name).is_file()
 
 
-async def test_capture_diff_parses_numstat(tmp_path: Path) -> None:
+SCRATCH = "/tmp/rollout-diff.abc"
+
+
+def diff_sandbox(
+    numstat: str, extra: dict[str, Callable[[], ExecResult]] | None = None
+) -> FakeSandbox:
+    """A sandbox answering capture_diff's steps: the baseline (its git dir lands in
+    SCRATCH/git), the scratch dir, `numstat` for the diff, and `extra` by substring."""
+
     def handler(cmd: str, kw: dict[str, Any]) -> ExecResult | None:
-        if "git init" in cmd:
-            return ExecResult(exit_code=0, stdout="abc123\n")
+        for key, answer in (extra or {}).items():
+            if key in cmd:
+                return answer()
         if "git diff" in cmd:
-            assert "GIT_INDEX_FILE" in cmd and kw["env"]["GIT_DIR"].endswith("baseline.git")
-            return ExecResult(exit_code=0, stdout="3\t0\thello.py\n-\t-\timg.png\n1\t2\tb.py\n")
+            return ExecResult(exit_code=0, stdout=numstat)
+        if "git init" in cmd:
+            return ExecResult(exit_code=0, stdout=f"abc123\n{SCRATCH}\n")
+        if "mktemp -d /tmp/rollout-diff." in cmd:
+            return ExecResult(exit_code=0, stdout=f"{SCRATCH}\n")
         return None
 
     sb = FakeSandbox(handler)
-    sb.files["/tmp/rollout-diff/diff.patch"] = b"diff --git a/hello.py b/hello.py\n"
+    sb.files[f"{SCRATCH}/git/HEAD"] = b"ref: refs/heads/master\n"
+    return sb
+
+
+async def test_capture_diff_parses_numstat(tmp_path: Path) -> None:
+    sb = diff_sandbox("3\t0\thello.py\n-\t-\timg.png\n1\t2\tb.py\n")
     ctx = hook_ctx(tmp_path, sb)
     [hook] = build_hooks([HookSpec(name="capture_diff")])
     await hook.before_run(ctx)
+    # The baseline git dir left the sandbox: it is kept on the host until the diff.
+    del sb.files[f"{SCRATCH}/git/HEAD"]
+    assert sb.kills == 0  # before the agent, nothing is killed
+    sb.files[f"{SCRATCH}/diff.patch"] = b"diff --git a/hello.py b/hello.py\n"
     await hook.after_run(ctx)
     diff = ctx.outcome.diff
     assert diff is not None
@@ -298,6 +375,11 @@ async def test_capture_diff_parses_numstat(tmp_path: Path) -> None:
         2,
     )
     assert (ctx.artifacts_dir / "diff.patch").read_bytes().startswith(b"diff --git")
+    assert sb.files[f"{SCRATCH}/git/HEAD"] == b"ref: refs/heads/master\n"  # put back
+    [git] = [c for c, _ in sb.calls if "git diff" in c]
+    assert git.startswith("/usr/bin/env -i -- ") and "GIT_CONFIG_GLOBAL=/dev/null" in git
+    assert "--no-ext-diff --no-textconv" in git and f"GIT_DIR={SCRATCH}/git" in git
+    assert sb.kills == 2  # before the scratch dir and before the diff
 
 
 async def test_capture_diff_reads_a_huge_patch_only_up_to_its_cap(tmp_path: Path) -> None:
@@ -305,18 +387,12 @@ async def test_capture_diff_reads_a_huge_patch_only_up_to_its_cap(tmp_path: Path
     head (about the cap), records the full size and marks the diff truncated."""
     full = b"+" * 500_000
 
-    def handler(cmd: str, kw: dict[str, Any]) -> ExecResult | None:
-        if "git init" in cmd:
-            return ExecResult(exit_code=0, stdout="abc123\n")
-        if "git diff" in cmd:
-            return ExecResult(exit_code=0, stdout="1\t0\tbig.txt\n")
-        if cmd.startswith("head -c 1000 /tmp/rollout-diff/diff.patch > "):
-            sb.files["/tmp/rollout-diff/diff.patch.head"] = full[:1000]
-            return ExecResult(exit_code=0, stdout=f"{len(full)}\n")
-        return None
+    def cut() -> ExecResult:
+        sb.files[f"{SCRATCH}/diff.patch.head"] = full[:1000]
+        return ExecResult(exit_code=0, stdout=f"{len(full)}\n")
 
-    sb = FakeSandbox(handler)
-    sb.files["/tmp/rollout-diff/diff.patch"] = full
+    sb = diff_sandbox("1\t0\tbig.txt\n", {f"head -c 1000 {SCRATCH}/diff.patch > ": cut})
+    sb.files[f"{SCRATCH}/diff.patch"] = full
     ctx = hook_ctx(tmp_path, sb)
     [hook] = build_hooks([HookSpec(name="capture_diff", params={"max_bytes": 1000})])
     await hook.before_run(ctx)
@@ -368,7 +444,32 @@ async def test_script_check_script_arrives_on_stdin_not_at_a_guessable_path() ->
     assert r.reward == 1.0 and sb.files == {}
     [(cmd, kw)] = sb.calls
     assert kw["stdin"] == b"print(1)\n"
-    assert cmd.startswith("d=$(mktemp -d) || exit 126;") and "/tmp/rollout-eval" not in cmd
+    runner = shlex.split(cmd)[-1]  # the clean room runs it: `... /bin/sh -c RUNNER`
+    assert runner.startswith("d=$(mktemp -d) || exit 126;") and "/tmp/rollout-eval" not in cmd
+    assert 'python3 -s "$d/script"' in runner  # no user site dir
+    assert sb.kills == 1  # every process was killed before the check
+
+
+async def test_checks_run_in_the_clean_room_with_their_own_env_on_top() -> None:
+    sb = FakeSandbox()
+    sb.handle.env.update(LD_PRELOAD="/x.so", PYTHONPATH="/w", TASK="t", HOME="/home/agent")
+    spec = EvaluationSpec.model_validate(
+        {
+            "checks": [{"kind": "command", "command": "run", "env": {"PYTHONPATH": "/opt"}}],
+            "files": [{"path": "t.sh", "content": "x"}],
+        }
+    )
+    r = await evaluate(sb, spec, "/workspace")
+    assert r.reward == 1.0
+    [(cmd, _)] = sb.calls
+    argv = shlex.split(cmd)
+    assert argv[:3] == ["/usr/bin/env", "-i", "--"]
+    env = dict(a.split("=", 1) for a in argv[3 : argv.index("/bin/sh")])
+    assert env["PATH"] == EVALUATOR_PATH and env["PYTHONNOUSERSITE"] == "1"
+    assert env["TASK"] == "t" and env["PYTHONPATH"] == "/opt"  # the check's own env
+    assert "LD_PRELOAD" not in env and "HOME" not in env  # HOME: made fresh at run time
+    assert argv[-3:] == ["/bin/sh", "-c", "run"]
+    assert sb.kills == 2  # before the hidden files arrive, and before the check
 
 
 async def test_collect_logs_never_writes_outside_its_destination(tmp_path: Any) -> None:
@@ -383,20 +484,26 @@ async def test_collect_logs_never_writes_outside_its_destination(tmp_path: Any) 
 async def test_capture_diff_on_error_keeps_the_partial_work(tmp_path: Path) -> None:
     """A run that failed after the agent started still records the agent's diff (it
     raised AttributeError on the outcome-less context before)."""
-
-    def handler(cmd: str, kw: dict[str, Any]) -> ExecResult | None:
-        if "git init" in cmd:
-            return ExecResult(exit_code=0, stdout="abc123\n")
-        if "git diff" in cmd:
-            return ExecResult(exit_code=0, stdout="2\t1\thalf_done.py\n")
-        return None
-
-    sb = FakeSandbox(handler)
-    sb.files["/tmp/rollout-diff/diff.patch"] = b"diff --git a/half_done.py b/half_done.py\n"
+    sb = diff_sandbox("2\t1\thalf_done.py\n")
     ctx = hook_ctx(tmp_path, sb)
     [hook] = build_hooks([HookSpec(name="capture_diff")])
     await hook.before_run(ctx)
+    sb.files[f"{SCRATCH}/diff.patch"] = b"diff --git a/half_done.py b/half_done.py\n"
     await hook.on_error(ctx, RuntimeError("agent crashed"))
     diff = ctx.outcome.diff
     assert diff is not None
     assert (diff.files_changed, diff.insertions, diff.deletions) == (1, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("interpreter", "run_as"),
+    [
+        ("python3", "python3 -s"),
+        ("/usr/bin/python3.11 -u", "/usr/bin/python3.11 -s -u"),
+        ("/usr/bin/env PYTHONPATH=. python3", "/usr/bin/env PYTHONPATH=. python3 -s"),
+        ("/bin/sh", "/bin/sh"),
+        ("bash -e", "bash -e"),
+    ],
+)
+def test_a_python_interpreter_never_reads_its_user_site(interpreter: str, run_as: str) -> None:
+    assert _isolated(interpreter) == run_as

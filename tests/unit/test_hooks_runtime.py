@@ -86,9 +86,13 @@ class ScriptedHarness(AgentHarness):
 class FakeBackend(SandboxBackend):
     name = "fake"
 
-    def __init__(self, fail_create: bool = False, fail_kill: bool = False) -> None:
+    def __init__(
+        self, fail_create: bool = False, fail_kill: bool = False, damage: str | None = None
+    ) -> None:
         self.fail_create = fail_create
         self.fail_kill = fail_kill
+        #: What its sandboxes' damage probe finds (None: an intact sandbox).
+        self.damage = damage
         self.live: dict[str, SandboxHandle] = {}
         self.specs: list[SandboxSpec] = []
 
@@ -122,6 +126,12 @@ class _Sb(FakeSandbox):
         if self._backend.fail_kill:  # type: ignore[attr-defined]
             raise SandboxError("processes survived SIGKILL: [42]")
 
+    async def _find_damage(self, workdir: str) -> str | None:
+        EVENTS.append("sandbox.probe")
+        if self._backend.damage == "hang":  # type: ignore[attr-defined]
+            await asyncio.sleep(3600)
+        return self._backend.damage  # type: ignore[attr-defined,no-any-return]
+
 
 def task(behaviour: str = "ok", **kw: Any) -> RolloutTask:
     return RolloutTask.model_validate(
@@ -149,11 +159,13 @@ async def test_phases_run_in_order_and_the_sandbox_is_destroyed(tmp_path: Path) 
     backend = FakeBackend()
     phases: list[str] = []
     r = await manager(tmp_path, backend).run(task(), SESSION, "r1", on_phase=phases.append)
-    # Every process the agent left is killed before the after_run hooks (evaluation).
+    # Every process the agent left is killed after it, and again before each after_run
+    # hook (evaluation): one hook may have started what the agent planted.
     assert EVENTS == [
         "harness.setup",
         "h.before_run",
         "harness.run",
+        "sandbox.kill_all",
         "sandbox.kill_all",
         "h.after_run",
         "harness.cleanup",
@@ -193,7 +205,13 @@ async def test_a_failed_kill_fails_the_run_before_any_evaluation(tmp_path: Path)
     assert exc.value.phase == "stop_agent"
     assert exc.value.outcome.status == RolloutStatus.infra_error
     assert "h.after_run" not in EVENTS
-    assert EVENTS[-4:] == ["sandbox.kill_all", "h.on_error", "harness.cleanup", "sandbox.destroy"]
+    assert EVENTS[-5:] == [
+        "sandbox.kill_all",
+        "sandbox.probe",  # an intact sandbox: the failure is ours
+        "h.on_error",
+        "harness.cleanup",
+        "sandbox.destroy",
+    ]
 
 
 @pytest.mark.parametrize("behaviour", ["raise", "setup_raise"])
@@ -206,6 +224,46 @@ async def test_infra_failure_runs_on_error_then_destroys(tmp_path: Path, behavio
     assert f.phase == ("agent" if behaviour == "raise" else "setup")
     assert EVENTS[-3:] == ["h.on_error", "harness.cleanup", "sandbox.destroy"]
     assert "h.after_run" not in EVENTS and not backend.live
+
+
+@pytest.mark.parametrize(("behaviour", "fail_kill"), [("raise", False), ("ok", True)])
+async def test_a_failure_in_a_sandbox_the_agent_broke_is_its_zero_not_a_retry(
+    tmp_path: Path, behaviour: str, fail_kill: bool
+) -> None:
+    """The agent's run (or the kill after it) failed and the sandbox shows damage the
+    agent could have done: the run returns `agent_broke_sandbox`, reward 0, saying what
+    was broken; no RuntimeFailure (a fresh attempt), no evaluation on it. The same
+    failures on an intact sandbox stay infra errors (the tests above)."""
+    backend = FakeBackend(fail_kill=fail_kill, damage="its supervisor is gone")
+    r = await manager(tmp_path, backend).run(task(behaviour), SESSION, "r1")
+    assert r.status == RolloutStatus.agent_broke_sandbox and r.reward == 0.0
+    assert r.problem is not None and "its supervisor is gone" in r.problem
+    assert "h.after_run" not in EVENTS and "sandbox.probe" in EVENTS
+    assert EVENTS[-3:] == ["h.on_error", "harness.cleanup", "sandbox.destroy"]
+
+
+async def test_a_failure_before_the_agent_ran_is_never_the_agents(tmp_path: Path) -> None:
+    """Setup failed: whatever the sandbox looks like, the agent never acted in it."""
+    backend = FakeBackend(damage="its disk is full")
+    with pytest.raises(RuntimeFailure) as exc:
+        await manager(tmp_path, backend).run(task("setup_raise"), SESSION, "r1")
+    assert exc.value.outcome.status == RolloutStatus.infra_error
+    assert "sandbox.probe" not in EVENTS
+
+
+async def test_cancellation_while_the_sandbox_is_probed_still_runs_on_error(
+    tmp_path: Path,
+) -> None:
+    backend = FakeBackend(fail_kill=True, damage="hang")
+    run = asyncio.create_task(manager(tmp_path, backend).run(task(), SESSION, "r1"))
+    while "sandbox.probe" not in EVENTS:
+        assert not run.done(), "the run ended without probing its sandbox"
+        await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert EVENTS[-3:] == ["h.on_error", "harness.cleanup", "sandbox.destroy"]
+    assert not backend.live
 
 
 async def test_cancellation_runs_on_error_and_destroys(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ def test_tiny_model_files(model_dir: Path) -> None:
     assert files.end_of_turn == ["<|im_end|>"]
     assert "<|im_start|>" in files.chat_template
     assert files.context_window and files.context_window >= 4096
+    assert files.vocab_size == json.loads((model_dir / "config.json").read_text())["vocab_size"]
 
 
 def test_generation_config_stop_ids_join_the_end_of_turn_set(model_dir: Path) -> None:

@@ -224,6 +224,8 @@ def _error(body: Any) -> GatewayError:
         (base_request(max_completion_tokens=0), "max_completion_tokens", "greater than"),
         (base_request(max_tokens=0), "max_tokens", "greater than"),
         (base_request(stop=[1]), "stop[0]", "valid string"),
+        (base_request(logit_bias={"x": 1}), "logit_bias.x", "valid integer"),
+        (base_request(logit_bias={"5": 200}), "logit_bias.5", "less than or equal"),
         (base_request(stream="yes"), "stream", "valid boolean"),
         (base_request(tool_choice="sometimes"), "tool_choice", "'auto'"),
         (

@@ -15,6 +15,7 @@ import pytest
 
 from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply, ToolCall
 from gateway.errors import GatewayError
+from gateway.protocols.opaque_token import TokenSeal
 from gateway.protocols.openai_chat.reply import openai_error_response
 from gateway.protocols.openai_responses.reply import (
     compact_body,
@@ -31,6 +32,9 @@ from gateway.protocols.openai_responses.request import (
 )
 from gateway.protocols.wire import REQUEST_KIND_HEADER, SUBAGENT_HEADER
 from tests.fixtures.sdk_transport import openai_client
+
+#: The seal of the session these requests belong to (`opaque_token`).
+SEAL = TokenSeal(b"k" * 32)
 
 REASONING = "The user wants the file list. Run ls first — 然后再看 README。"
 CONTENT = "I'll list the files in the repository first."
@@ -161,7 +165,7 @@ CODEX_HEADERS = {
 
 
 def test_codex_turn_conversion() -> None:
-    history = [item for item in output_items(make_result(tool_calls=TOOL_CALLS))]
+    history = [item for item in output_items(make_result(tool_calls=TOOL_CALLS), SEAL)]
     history += [
         {
             "type": "function_call_output",
@@ -178,7 +182,9 @@ def test_codex_turn_conversion() -> None:
             ],
         },
     ]
-    req = parse_responses_request(json.dumps(codex_body(*history)).encode(), CODEX_HEADERS)
+    req = parse_responses_request(
+        json.dumps(codex_body(*history)).encode(), CODEX_HEADERS, seal=SEAL
+    )
     assert isinstance(req, CanonicalRequest)
     assert req.protocol == "openai_responses" and req.path == "/v1/responses"
     assert [m.role for m in req.messages] == [
@@ -213,7 +219,8 @@ def test_string_input_instructions_and_sampling() -> None:
             "tool_choice": {"type": "function", "name": "exec_command"},
             "truncation": "auto",
             "text": {"verbosity": "low"},
-        }
+        },
+        seal=SEAL,
     )
     assert [(m.role, m.content) for m in req.messages] == [
         ("system", "Be terse."),
@@ -239,7 +246,8 @@ def test_assistant_text_items_and_easy_messages() -> None:
                 },
                 {"role": "system", "content": "s"},
             ],
-        }
+        },
+        seal=SEAL,
     )
     assert [(m.role, m.content) for m in req.messages] == [
         ("user", "q1"),
@@ -260,15 +268,17 @@ def test_assistant_text_items_and_easy_messages() -> None:
     ],
 )
 def test_reasoning_item_echo_recovers_reasoning(mutate: Any, expected: str | None) -> None:
-    item = mutate(output_items(make_result(content=None, tool_calls=TOOL_CALLS[:1]))[0])
-    req = parse_responses_request({"model": "m", "input": [{"role": "user", "content": "x"}, item]})
+    item = mutate(output_items(make_result(content=None, tool_calls=TOOL_CALLS[:1]), SEAL)[0])
+    req = parse_responses_request(
+        {"model": "m", "input": [{"role": "user", "content": "x"}, item]}, seal=SEAL
+    )
     assert req.messages[-1].role == "assistant" and req.messages[-1].reasoning == expected
 
 
 def test_second_reasoning_item_starts_new_turn() -> None:
-    first = output_items(make_result(tool_calls=TOOL_CALLS[:1]))
-    second = output_items(make_result(reasoning="again", content="done", call_id="def"))
-    req = parse_responses_request({"model": "m", "input": [*first, *second]})
+    first = output_items(make_result(tool_calls=TOOL_CALLS[:1]), SEAL)
+    second = output_items(make_result(reasoning="again", content="done", call_id="def"), SEAL)
+    req = parse_responses_request({"model": "m", "input": [*first, *second]}, seal=SEAL)
     assert [(m.role, m.reasoning, m.content) for m in req.messages] == [
         ("assistant", REASONING, CONTENT),
         ("assistant", "again", "done"),
@@ -336,7 +346,7 @@ def test_markers(
     body = codex_body(**body_extra)
     if "client_metadata" not in body_extra:
         body["client_metadata"] = {}
-    req = parse_responses_request(body, headers)
+    req = parse_responses_request(body, headers, seal=SEAL)
     assert req.headers.get(REQUEST_KIND_HEADER) == kind
     assert req.headers.get(SUBAGENT_HEADER) == subagent
     assert "X-Rollout-Subagent" not in req.headers
@@ -351,7 +361,7 @@ def test_codex_inline_compaction_turn() -> None:
         parallel_tool_calls=False,
     )
     headers = {"x-codex-turn-metadata": turn_metadata(request_kind="compaction")}
-    req = parse_responses_request(body, headers)
+    req = parse_responses_request(body, headers, seal=SEAL)
     assert is_compaction(req) and req.tools == [] and req.stream
     assert req.messages[-1].content == prompt  # Codex brings its own prompt
 
@@ -360,17 +370,17 @@ def test_compact_endpoint_and_its_reply_round_trip() -> None:
     body = {
         "model": "tiny-model",
         "instructions": "You are a coding agent.",
-        "input": codex_body(*output_items(make_result(tool_calls=TOOL_CALLS[:1])))["input"],
+        "input": codex_body(*output_items(make_result(tool_calls=TOOL_CALLS[:1]), SEAL))["input"],
         "tools": [EXEC_TOOL],
         "stream": True,
     }
-    req = parse_responses_request(body, {}, "/v1/responses/compact")
+    req = parse_responses_request(body, {}, "/v1/responses/compact", seal=SEAL)
     assert req.path == "/v1/responses/compact" and is_compaction(req)
     assert not req.stream and req.tools == []
     assert req.messages[-1] == Message(role="user", content=COMPACT_INSTRUCTION)
 
     summary = "Goal: list files. Done: ran ls. Next: read README."
-    reply = compact_body(make_result(content=summary, reasoning=None, call_id="cmp1"), req)
+    reply = compact_body(make_result(content=summary, reasoning=None, call_id="cmp1"), req, SEAL)
     assert reply["object"] == "response.compaction" and reply["id"] == "resp_cmp1"
     kinds = [(o["type"], o.get("role")) for o in reply["output"]]
     assert kinds == [("message", "user"), ("message", "user"), ("compaction", None)]
@@ -378,7 +388,7 @@ def test_compact_endpoint_and_its_reply_round_trip() -> None:
 
     # The compacted history comes back as input on the next turn; the summary is readable.
     nxt = parse_responses_request(
-        {"model": "m", "input": [*reply["output"], {"role": "user", "content": "go on"}]}
+        {"model": "m", "input": [*reply["output"], {"role": "user", "content": "go on"}]}, seal=SEAL
     )
     assert [m.content for m in nxt.messages] == [
         "<environment_context>cwd</environment_context>",
@@ -388,22 +398,23 @@ def test_compact_endpoint_and_its_reply_round_trip() -> None:
     ]
     # A second compaction does not repeat the superseded summary.
     again = parse_responses_request(
-        {"model": "m", "input": [*reply["output"]]}, {}, "/v1/responses/compact?x=1"
+        {"model": "m", "input": [*reply["output"]]}, {}, "/v1/responses/compact?x=1", seal=SEAL
     )
-    kept = compact_body(make_result(content="s2", call_id="cmp2"), again)["output"]
+    kept = compact_body(make_result(content="s2", call_id="cmp2"), again, SEAL)["output"]
     assert [o["type"] for o in kept] == ["message", "message", "compaction"]
 
 
 def test_compaction_trigger_item() -> None:
     req = parse_responses_request(
-        {"model": "m", "input": [{"role": "user", "content": "x"}, {"type": "compaction_trigger"}]}
+        {"model": "m", "input": [{"role": "user", "content": "x"}, {"type": "compaction_trigger"}]},
+        seal=SEAL,
     )
     assert is_compaction(req) and req.messages[-1].content == COMPACT_INSTRUCTION
 
 
 def _error(body: Any, headers: dict[str, str] | None = None) -> GatewayError:
     with pytest.raises(GatewayError) as info:
-        parse_responses_request(body, headers)
+        parse_responses_request(body, headers, seal=SEAL)
     assert info.value.status == 400 and info.value.kind == "invalid_request"
     return info.value
 
@@ -516,13 +527,13 @@ def test_body_not_json_or_not_object() -> None:
 
 
 def test_body_shape() -> None:
-    body = responses_body(make_result(tool_calls=TOOL_CALLS))
+    body = responses_body(make_result(tool_calls=TOOL_CALLS), SEAL)
     assert body["id"] == "resp_abc123" and body["object"] == "response"
     assert body["status"] == "completed" and body["incomplete_details"] is None
     reasoning, message, call0, call1 = body["output"]
     assert reasoning["id"] == "rs_abc123" and reasoning["summary"][0]["text"] == REASONING
     assert reasoning["content"] == [{"type": "reasoning_text", "text": REASONING}]
-    assert reasoning["encrypted_content"].startswith("rollout1.")
+    assert reasoning["encrypted_content"].startswith("rollout2.")
     assert message["content"][0]["text"] == CONTENT and message["id"] == "msg_abc123"
     assert {k: call0[k] for k in ("id", "call_id", "name", "arguments", "status")} == {
         "id": "fc_abc123_0",
@@ -543,13 +554,15 @@ def test_body_shape() -> None:
 
 
 def test_body_length_is_incomplete_and_tool_turn_has_no_empty_message() -> None:
-    body = responses_body(make_result(finish_reason="length", reasoning=None))
+    body = responses_body(make_result(finish_reason="length", reasoning=None), SEAL)
     assert body["status"] == "incomplete"
     assert body["incomplete_details"] == {"reason": "max_output_tokens"}
     assert body["output"][0]["status"] == "incomplete"
-    tools_only = responses_body(make_result(content=None, reasoning=None, tool_calls=TOOL_CALLS))
+    tools_only = responses_body(
+        make_result(content=None, reasoning=None, tool_calls=TOOL_CALLS), SEAL
+    )
     assert [o["type"] for o in tools_only["output"]] == ["function_call", "function_call"]
-    empty = responses_body(make_result(content=None, reasoning=None))
+    empty = responses_body(make_result(content=None, reasoning=None), SEAL)
     assert [o["type"] for o in empty["output"]] == ["message"]
     assert empty["output"][0]["content"][0]["text"] == ""
 
@@ -566,7 +579,7 @@ def _events(frames: list[bytes]) -> list[dict[str, Any]]:
 
 
 def test_sse_framing_and_order() -> None:
-    events = _events(list(responses_sse(make_result(tool_calls=TOOL_CALLS))))
+    events = _events(list(responses_sse(make_result(tool_calls=TOOL_CALLS), SEAL)))
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     types = [e["type"] for e in events]
     assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
@@ -578,7 +591,11 @@ def test_sse_framing_and_order() -> None:
     assert final["id"] == events[0]["response"]["id"] == "resp_abc123"
     assert final["usage"]["total_tokens"] == 150
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
-    assert done == final["output"] == responses_body(make_result(tool_calls=TOOL_CALLS))["output"]
+    assert (
+        done
+        == final["output"]
+        == responses_body(make_result(tool_calls=TOOL_CALLS), SEAL)["output"]
+    )
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     summary = "".join(
         e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta"
@@ -591,7 +608,7 @@ def test_sse_framing_and_order() -> None:
 
 
 def test_sse_incomplete_terminal_event() -> None:
-    events = _events(list(responses_sse(make_result(finish_reason="length"))))
+    events = _events(list(responses_sse(make_result(finish_reason="length"), SEAL)))
     assert events[-1]["type"] == "response.incomplete"
     assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
 
@@ -604,21 +621,23 @@ def sdk_client(result: Reply, seen: list[CanonicalRequest] | None = None) -> ope
 
     def handler(request: httpx.Request) -> httpx.Response:
         try:
-            req = parse_responses_request(request.content, dict(request.headers), request.url.path)
+            req = parse_responses_request(
+                request.content, dict(request.headers), request.url.path, seal=SEAL
+            )
         except GatewayError as err:
             resp = openai_error_response(err)
             return httpx.Response(err.status, content=resp.body, headers=dict(resp.headers))
         if seen is not None:
             seen.append(req)
         if request.url.path.endswith("/responses/compact"):
-            return httpx.Response(200, json=compact_body(result, req))
+            return httpx.Response(200, json=compact_body(result, req, SEAL))
         if req.stream:
             return httpx.Response(
                 200,
-                content=b"".join(responses_sse(result)),
+                content=b"".join(responses_sse(result, SEAL)),
                 headers={"content-type": "text/event-stream"},
             )
-        return httpx.Response(200, json=responses_body(result))
+        return httpx.Response(200, json=responses_body(result, SEAL))
 
     return openai_client(handler, api_key="session-token")
 
@@ -766,7 +785,7 @@ def test_sdk_error_statuses(err: GatewayError, exc_type: type[Exception]) -> Non
 
 def test_sdk_sees_in_stream_failure() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        frames = list(responses_sse(make_result()))[:2]
+        frames = list(responses_sse(make_result(), SEAL))[:2]
         err = GatewayError("engine_bad_reply", "engine sent garbage")
         body = b"".join(frames) + sse_failed_event(err, "abc123", "tiny-model", 1_700_000_000, 2)
         return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})

@@ -151,3 +151,75 @@ async def test_warm_pool_take_refill_and_close() -> None:
     await pool.close()
     assert len(discarded) == 2 and item not in discarded and pool.idle("k") == 0
     assert pool.take("k") is None
+
+
+class _HostShell(Sandbox):
+    """Runs `exec` as a host process (stands in for a sandbox to try the damage probe's
+    shell script; the real sandboxes run it in tests/integration)."""
+
+    def __init__(self, home: str) -> None:
+        self.handle = SandboxHandle(
+            backend="host", sandbox_id="h", rollout_id="r", env_version="", env={"HOME": home}
+        )
+
+    @property
+    def backend(self) -> SandboxBackend:
+        raise NotImplementedError
+
+    async def exec(self, cmd: Any, **kw: Any) -> ExecResult:  # type: ignore[override]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, cwd=kw.get("cwd"), stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await proc.communicate()
+        return ExecResult(exit_code=proc.returncode or 0, stdout=out.decode())
+
+    async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
+        raise NotImplementedError
+
+    async def get_archive(self, path: str, *, max_bytes: int = 0) -> bytes:
+        raise NotImplementedError
+
+    async def kill_all_processes(self) -> None:
+        return None
+
+
+async def test_the_damage_probe_names_a_missing_workdir_and_passes_an_intact_one(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "work").mkdir()
+    sb = _HostShell(str(home))
+    assert await sb.agent_damage(str(tmp_path / "work")) is None
+    assert not list((tmp_path / "work").iterdir())  # the probe's file is gone again
+    gone = str(tmp_path / "removed")
+    assert await sb.agent_damage(gone) == f"{gone} is gone"
+
+
+def test_refused_forks_are_read_from_the_pids_cgroup(tmp_path: Path) -> None:
+    from sandboxes.cgroups import pids_limit_hits
+
+    memory, pids = tmp_path / "memory", tmp_path / "pids"
+    memory.mkdir()
+    pids.mkdir()
+    assert pids_limit_hits([str(memory), str(pids)]) is None
+    (pids / "pids.events").write_text("max 0\n")
+    assert pids_limit_hits([str(memory), str(pids)]) == 0
+    (pids / "pids.events").write_text("max 7\n")
+    assert pids_limit_hits([str(memory), str(pids)]) == 7
+
+
+def test_a_v1_memory_cgroup_finds_its_pids_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Docker on cgroup v1 tells us only the container's memory cgroup; the refused forks
+    are counted in the pids hierarchy at the same place."""
+    from sandboxes import cgroups
+
+    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
+    memory, pids = tmp_path / "memory/docker/c1", tmp_path / "pids/docker/c1"
+    memory.mkdir(parents=True)
+    pids.mkdir(parents=True)
+    assert cgroups.pids_limit_hits([str(memory)]) is None
+    (pids / "pids.events").write_text("max 3\n")
+    assert cgroups.pids_limit_hits([str(memory)]) == 3

@@ -1,5 +1,5 @@
-"""Schema contracts: strict models, sampling policy precedence, Parquet round trip and
-refusal of unknown schema versions."""
+"""Schema contracts: strict models, Parquet round trip and refusal of unknown schema
+versions (the sampling rules are in test_sampling_control.py)."""
 
 import json
 from pathlib import Path
@@ -18,7 +18,6 @@ from schemas.samples import (
     rows_to_table,
     table_to_rows,
 )
-from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
 from schemas.session import SessionConfig
 from schemas.tasks import load_tasks
@@ -53,18 +52,6 @@ def make_row(**overrides: object) -> SampleRow:
 def test_session_config_rejects_unknown_fields() -> None:
     with pytest.raises(ValidationError, match="rollout_idd"):
         SessionConfig.model_validate({"rollout_id": "x", "rollout_idd": "typo"})
-
-
-def test_session_policy_wins_and_max_tokens_is_a_cap() -> None:
-    policy = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=256, seed=3)
-    requested = SamplingParams(temperature=0.0, max_tokens=4096, stop=["</x>"])
-    used = policy.merged_over(requested)
-    assert used.temperature == 1.0
-    assert used.top_p == 0.9
-    assert used.seed == 3
-    assert used.max_tokens == 256
-    assert used.stop == ["</x>"]
-    assert policy.merged_over(SamplingParams(max_tokens=10)).max_tokens == 10
 
 
 def test_sample_row_alignment_is_checked() -> None:
@@ -153,7 +140,9 @@ def test_version_1_files_read_as_one_call_per_row(tmp_path) -> None:
     """A samples file written before per-call versions (schema v1: no call columns)
     still reads, each row as one call of its `policy_version` from the first token;
     a directory mixing v1 and v2 files reads as one table."""
-    table = rows_to_table([make_row()]).drop_columns(["call_policy_versions", "call_starts"])
+    table = rows_to_table([make_row()]).drop_columns(
+        ["call_policy_versions", "call_starts", "call_sampling"]
+    )
     table = table.set_column(
         table.schema.get_field_index("schema_version"),
         "schema_version",
@@ -162,11 +151,48 @@ def test_version_1_files_read_as_one_call_per_row(tmp_path) -> None:
     pq.write_table(table, tmp_path / "old.parquet")
     [old] = table_to_rows(read_samples(tmp_path / "old.parquet"))
     assert (old.call_policy_versions, old.call_starts, old.schema_version) == (["p1"], [0], 1)
+    assert old.call_sampling == [old.sampling]
     write_samples(
         [make_row(call_policy_versions=["p1", "p2"], call_starts=[0, 2])], tmp_path / "new.parquet"
     )
     both = read_samples(tmp_path)
     assert sorted(both.column("call_policy_versions").to_pylist()) == [["p1"], ["p1", "p2"]]
+
+
+def test_version_2_files_read_with_every_call_sampled_as_the_row(tmp_path) -> None:
+    """A v2 file (per-call versions, no per-call sampling) reads with each call given the
+    row's `sampling`, and concatenates with v3 files whose calls differ."""
+    two = make_row(call_policy_versions=["p1", "p2"], call_starts=[0, 2])
+    table = rows_to_table([two]).drop_columns(["call_sampling"])
+    table = table.set_column(
+        table.schema.get_field_index("schema_version"),
+        "schema_version",
+        pa.array([2], pa.int32()),
+    ).replace_schema_metadata({b"agentic_rollout.schema_version": b"2"})
+    pq.write_table(table, tmp_path / "old.parquet")
+    [old] = table_to_rows(read_samples(tmp_path / "old.parquet"))
+    assert old.call_sampling == [two.sampling, two.sampling] and old.schema_version == 2
+    new = make_row(
+        call_policy_versions=["p1", "p1"],
+        call_starts=[0, 2],
+        call_sampling=['{"temperature": 1.0}', '{"temperature": 0.5}'],
+    )
+    write_samples([new], tmp_path / "new.parquet")
+    both = read_samples(tmp_path).column("call_sampling").to_pylist()
+    assert sorted(both) == sorted([old.call_sampling, new.call_sampling])
+
+
+def test_a_v3_file_without_call_sampling_is_refused(tmp_path) -> None:
+    """The version tag alone is the writer's word: a v3 file lacking the column is named."""
+    table = rows_to_table([make_row()]).drop_columns(["call_sampling"])
+    pq.write_table(table, tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="missing column 'call_sampling'"):
+        read_samples(tmp_path / "bad.parquet")
+
+
+def test_call_sampling_must_align_with_the_calls() -> None:
+    with pytest.raises(ValidationError, match="call_sampling must align"):
+        make_row(call_policy_versions=["p1", "p2"], call_starts=[0, 2], call_sampling=["{}"])
 
 
 def test_call_starts_must_align_and_ascend() -> None:

@@ -139,6 +139,13 @@ def test_agent_timeout_stays_trainable_with_zero_reward() -> None:
     assert row.loss_mask == [1, 1, 0, 1, 1]
 
 
+def test_a_sandbox_the_agent_broke_stays_trainable_with_zero_reward() -> None:
+    traj = trajectory([call("c1", "g1")], [segment("g1", ["c1"])])
+    [row] = build_rows(traj, request(RolloutStatus.agent_broke_sandbox, reward=0.7))
+    assert row.status == "agent_broke_sandbox" and row.reward == 0.0
+    assert row.loss_mask == [1, 1, 0, 1, 1]
+
+
 def test_eval_error_masks_everything() -> None:
     traj = trajectory([call("c1", "g1")], [segment("g1", ["c1"])])
     [row] = build_rows(traj, request(RolloutStatus.eval_error, reward=None))
@@ -187,3 +194,20 @@ def test_a_segment_spanning_a_policy_update_carries_each_calls_version() -> None
     assert row.policy_version == "pol-3"
     assert (row.call_policy_versions, row.call_starts) == (["pol-3", "pol-4"], [0, 3])
     assert row.token_policy_versions() == ["pol-3"] * 3 + ["pol-4"] * 2
+
+
+def test_each_call_of_a_segment_carries_its_own_sampling() -> None:
+    """The agent chose another temperature for its second call (an agent-chosen field):
+    the row keeps each call's parameters, aligned with the calls; `sampling` stays the
+    first call's. A segment from an older gateway (no call starts) carries none."""
+    first = call("c1", "g1")
+    second = call("c2", "g1").model_copy(
+        update={"sampling": SamplingParams(temperature=0.2, max_tokens=8, seed=5)}
+    )
+    seg = segment("g1", ["c1", "c2"]).model_copy(update={"call_starts": [0, 3]})
+    [row] = build_rows(trajectory([first, second], [seg]), request())
+    assert row.call_sampling == [sampling_json(first.sampling), sampling_json(second.sampling)]
+    assert row.call_sampling[0] != row.call_sampling[1]
+    assert row.sampling == row.call_sampling[0]
+    [old] = build_rows(trajectory([first, second], [segment("g1", ["c1", "c2"])]), request())
+    assert old.call_sampling == [] and old.call_policy_versions == []

@@ -1,6 +1,8 @@
 """Anthropic Messages (Claude Code): `request` (wire models → `CanonicalRequest`, and
 `count_tokens`) and `reply` (the `message` object, its event stream and Anthropic errors)."""
 
+from functools import partial
+
 from gateway.protocols.anthropic_messages import reply, request
 from gateway.protocols.base import CountRoute, SamplingRoute, WireProtocol
 
@@ -11,8 +13,8 @@ PROTOCOL = WireProtocol(
         SamplingRoute(
             path=request.DEFAULT_PATH,
             parse=request.parse_messages_request,
-            reply=lambda result, _: reply.messages_response(result, stream=False),
-            stream_writer=lambda _: reply.MessagesStreamWriter,
+            reply=lambda result, _req, seal: reply.messages_response(result, seal, stream=False),
+            stream_writer=lambda _req, seal: partial(reply.MessagesStreamWriter, seal=seal),
         ),
     ),
     count_routes=(

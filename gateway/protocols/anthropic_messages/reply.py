@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from gateway import json_text
 from gateway.canonical import Reply, ToolCall
 from gateway.errors import GatewayError
-from gateway.protocols.opaque_token import encode_token
+from gateway.protocols.opaque_token import TokenSeal
 from gateway.protocols.sse import (
     SSE_PIECE_CHARS,
     Sent,
@@ -34,6 +34,7 @@ from gateway.protocols.sse import (
 ANTHROPIC_ERRORS: dict[str, tuple[str, int | None]] = {
     "invalid_request": ("invalid_request_error", None),
     "authentication": ("authentication_error", None),
+    "forbidden": ("permission_error", None),
     "not_found": ("not_found_error", None),
     "method_not_allowed": ("invalid_request_error", None),
     "conflict": ("invalid_request_error", None),
@@ -96,9 +97,10 @@ def message_id(result: Reply) -> str:
     return f"msg_{result.call_id}"
 
 
-def thinking_signature(result: Reply) -> str:
-    """Deterministic in the call; carries the reasoning so a verbatim echo restores it."""
-    return encode_token("thinking", result.call_id, result.output.reasoning or "")
+def thinking_signature(result: Reply, seal: TokenSeal) -> str:
+    """Deterministic in the session and the call; carries the reasoning so a verbatim
+    echo restores it."""
+    return seal.encode("thinking", result.call_id, result.output.reasoning or "")
 
 
 def stop_reason(result: Reply, stop_sequence: str | None = None) -> str:
@@ -133,14 +135,20 @@ def _tool_input(tc: ToolCall) -> tuple[dict[str, Any], str]:
     return wrapped, json.dumps(wrapped, ensure_ascii=False)
 
 
-def content_blocks(result: Reply, include_thinking: bool = True) -> list[dict[str, Any]]:
+def content_blocks(
+    result: Reply, seal: TokenSeal, include_thinking: bool = True
+) -> list[dict[str, Any]]:
     """thinking, text, tool_use — in that order; an otherwise empty reply gets one empty
     text block."""
     out = result.output
     blocks: list[dict[str, Any]] = []
     if include_thinking and out.reasoning:
         blocks.append(
-            {"type": "thinking", "thinking": out.reasoning, "signature": thinking_signature(result)}
+            {
+                "type": "thinking",
+                "thinking": out.reasoning,
+                "signature": thinking_signature(result, seal),
+            }
         )
     if out.content:
         blocks.append({"type": "text", "text": out.content})
@@ -154,7 +162,11 @@ def content_blocks(result: Reply, include_thinking: bool = True) -> list[dict[st
 
 
 def messages_body(
-    result: Reply, *, include_thinking: bool = True, stop_sequence: str | None = None
+    result: Reply,
+    seal: TokenSeal,
+    *,
+    include_thinking: bool = True,
+    stop_sequence: str | None = None,
 ) -> dict[str, Any]:
     """Non-stream `message` object. `stop_sequence`: the stop string that ended generation,
     if known (makes `stop_reason` `stop_sequence`)."""
@@ -164,7 +176,7 @@ def messages_body(
         "type": "message",
         "role": "assistant",
         "model": result.model,
-        "content": content_blocks(result, include_thinking),
+        "content": content_blocks(result, seal, include_thinking),
         "stop_reason": reason,
         "stop_sequence": stop_sequence if reason == "stop_sequence" else None,
         "usage": _usage(result),
@@ -180,11 +192,13 @@ class MessagesStreamWriter:
     def __init__(
         self,
         head: StreamHead,
+        seal: TokenSeal,
         *,
         include_thinking: bool = True,
         stop_sequence: str | None = None,
     ) -> None:
         self.head = head
+        self.seal = seal
         self.include_thinking = include_thinking
         self.stop_sequence = stop_sequence
         self.sent = Sent()
@@ -220,7 +234,7 @@ class MessagesStreamWriter:
             return []
         frames = []
         if self.open == "thinking":
-            signature = encode_token("thinking", self.head.call_id, self.sent.reasoning)
+            signature = self.seal.encode("thinking", self.head.call_id, self.sent.reasoning)
             frames.append(
                 self._event(
                     "content_block_delta",
@@ -294,7 +308,10 @@ class MessagesStreamWriter:
             frames.append(self._event("content_block_stop", index=self.blocks - 1))
         frames += self._close()
         body = messages_body(
-            result, include_thinking=self.include_thinking, stop_sequence=self.stop_sequence
+            result,
+            self.seal,
+            include_thinking=self.include_thinking,
+            stop_sequence=self.stop_sequence,
         )
         frames.append(
             self._event(
@@ -312,6 +329,7 @@ class MessagesStreamWriter:
 
 def messages_sse(
     result: Reply,
+    seal: TokenSeal,
     *,
     include_thinking: bool = True,
     stop_sequence: str | None = None,
@@ -319,13 +337,14 @@ def messages_sse(
 ) -> Iterator[bytes]:
     """Re-emit a complete result as the Messages event stream."""
     writer = MessagesStreamWriter(
-        head_of(result), include_thinking=include_thinking, stop_sequence=stop_sequence
+        head_of(result), seal, include_thinking=include_thinking, stop_sequence=stop_sequence
     )
     return replay(writer, result, piece_chars)
 
 
 def messages_response(
     result: Reply,
+    seal: TokenSeal,
     *,
     stream: bool,
     include_thinking: bool = True,
@@ -334,10 +353,12 @@ def messages_response(
     """Starlette response for a finished `/v1/messages` call, streamed or not."""
     if stream:
         return event_stream_response(
-            messages_sse(result, include_thinking=include_thinking, stop_sequence=stop_sequence)
+            messages_sse(
+                result, seal, include_thinking=include_thinking, stop_sequence=stop_sequence
+            )
         )
     return JSONResponse(
-        messages_body(result, include_thinking=include_thinking, stop_sequence=stop_sequence)
+        messages_body(result, seal, include_thinking=include_thinking, stop_sequence=stop_sequence)
     )
 
 

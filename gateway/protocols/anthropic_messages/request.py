@@ -31,7 +31,7 @@ from pydantic import Field, ValidationError
 
 from gateway.canonical import CanonicalRequest, Message, Tool, ToolCall
 from gateway.protocols.history import HistoryCache, Prefix, resume_or_full
-from gateway.protocols.opaque_token import decode_token
+from gateway.protocols.opaque_token import TokenSeal, open_token
 from gateway.protocols.wire import (
     REQUEST_KIND_HEADER,
     SUBAGENT_HEADER,
@@ -209,14 +209,16 @@ def _user_messages(msg: _Message, where: str) -> list[Message]:
     return out
 
 
-def _thinking_text(block: _ThinkingBlock) -> str | None:
+def _thinking_text(block: _ThinkingBlock, seal: TokenSeal | None, at: str) -> str | None:
+    """The readable thinking, else the one our signature carries; a signature in our
+    format is checked either way (another session's is refused)."""
+    decoded = open_token(seal, block.signature, "thinking", f"{at}.signature")
     if block.thinking:
         return block.thinking
-    decoded = decode_token(block.signature, "thinking")
     return decoded[1] if decoded is not None else None
 
 
-def _assistant_message(msg: _Message, where: str) -> Message:
+def _assistant_message(msg: _Message, where: str, seal: TokenSeal | None) -> Message:
     if isinstance(msg.content, str):
         return Message(role="assistant", content=msg.content)
     texts: list[str] = []
@@ -228,11 +230,12 @@ def _assistant_message(msg: _Message, where: str) -> Message:
         if kind == "text":
             texts.append(validate_at(_TextBlock, block, at).text)
         elif kind == "thinking":
-            text = _thinking_text(validate_at(_ThinkingBlock, block, at))
+            text = _thinking_text(validate_at(_ThinkingBlock, block, at), seal, at)
             if text is not None:
                 reasoning.append(text)
         elif kind == "redacted_thinking":
-            decoded = decode_token(validate_at(_RedactedThinkingBlock, block, at).data, "thinking")
+            data = validate_at(_RedactedThinkingBlock, block, at).data
+            decoded = open_token(seal, data, "thinking", f"{at}.data")
             if decoded is not None:  # someone else's encrypted thinking is unreadable: skip
                 reasoning.append(decoded[1])
         elif kind == "tool_use":
@@ -252,7 +255,10 @@ def _assistant_message(msg: _Message, where: str) -> Message:
 
 
 def _convert_messages(
-    req: CountTokensRequest, prefix: Prefix | None = None, cache: HistoryCache | None = None
+    req: CountTokensRequest,
+    prefix: Prefix | None = None,
+    cache: HistoryCache | None = None,
+    seal: TokenSeal | None = None,
 ) -> tuple[list[Message], list[str]]:
     """Chat messages, and the billing lines taken out of the top-level system prompt.
 
@@ -281,7 +287,7 @@ def _convert_messages(
         elif msg.role == "user":
             converted.extend(_user_messages(msg, where))
         else:
-            converted.append(_assistant_message(msg, where))
+            converted.append(_assistant_message(msg, where, seal))
     if cache is not None and prefix is not None:
         cache.remember(PROTOCOL, prefix, start + len(req.messages), tuple(converted))
     return messages + converted, billing
@@ -357,10 +363,11 @@ def _parse(
     headers: Mapping[str, str] | None,
     path: str,
     history: HistoryCache | None = None,
+    seal: TokenSeal | None = None,
 ) -> CanonicalRequest:
     data = load_object(body)
     prefix = history.lookup(PROTOCOL, data.get("messages")) if history is not None else None
-    return resume_or_full(prefix, lambda p: _convert(model, data, headers, path, p, history))
+    return resume_or_full(prefix, lambda p: _convert(model, data, headers, path, p, history, seal))
 
 
 def _convert(
@@ -370,6 +377,7 @@ def _convert(
     path: str,
     prefix: Prefix | None,
     history: HistoryCache | None,
+    seal: TokenSeal | None,
 ) -> CanonicalRequest:
     """`_parse` of a loaded body; with a `prefix`, only the messages after it are validated."""
     if prefix is not None and prefix.count:
@@ -378,7 +386,7 @@ def _convert(
         req = model.model_validate(data)
     except ValidationError as exc:
         raise field_error(exc) from exc
-    messages, billing = _convert_messages(req, prefix, history)
+    messages, billing = _convert_messages(req, prefix, history, seal)
     template_kwargs: dict[str, Any] = {}
     if req.thinking is not None and req.thinking.type == "disabled":
         template_kwargs["enable_thinking"] = False
@@ -401,20 +409,23 @@ def parse_messages_request(
     headers: Mapping[str, str] | None = None,
     path: str = DEFAULT_PATH,
     history: HistoryCache | None = None,
+    seal: TokenSeal | None = None,
 ) -> CanonicalRequest:
     """Validate a `/v1/messages` request (`?beta=true` in `path` is fine) and convert it;
     raises GatewayError(400) naming the field path. With the session's `history`, messages
     it already converted are taken from there (see `protocols.history`); a request that
-    fails that way goes through the full path, whose error names the whole body's field."""
-    return _parse(MessagesRequest, body, headers, path, history)
+    fails that way goes through the full path, whose error names the whole body's field.
+    Signatures are checked with the session's `seal` (none: ours are all refused)."""
+    return _parse(MessagesRequest, body, headers, path, history, seal)
 
 
 def parse_count_tokens_request(
     body: bytes | str | Mapping[str, Any],
     headers: Mapping[str, str] | None = None,
     path: str = COUNT_TOKENS_PATH,
+    seal: TokenSeal | None = None,
 ) -> CanonicalRequest:
     """Validate a `count_tokens` request into the canonical form whose prompt the caller
     tokenizes; `stream` is always False."""
-    req = _parse(CountTokensRequest, body, headers, path)
+    req = _parse(CountTokensRequest, body, headers, path, None, seal)
     return req.model_copy(update={"stream": False})

@@ -10,9 +10,12 @@ PROTOCOL = WireProtocol(
     routes=(
         SamplingRoute(
             path=request.DEFAULT_PATH,
-            parse=request.parse_chat_request,
-            reply=lambda result, _: reply.chat_completion_response(result, stream=False),
-            stream_writer=lambda canonical: (
+            # Chat Completions carries no opaque tokens: the seal is not needed.
+            parse=lambda body, headers, path, history, _seal: request.parse_chat_request(
+                body, headers, path, history
+            ),
+            reply=lambda result, _req, _seal: reply.chat_completion_response(result, stream=False),
+            stream_writer=lambda canonical, _seal: (
                 lambda head: reply.ChatStreamWriter(head, canonical.include_usage)
             ),
         ),

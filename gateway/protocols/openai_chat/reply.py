@@ -28,6 +28,7 @@ SSE_DONE = b"data: [DONE]\n\n"
 OPENAI_ERROR_TYPES: dict[str, str] = {
     "invalid_request": "invalid_request_error",
     "authentication": "authentication_error",
+    "forbidden": "permission_error",
     "not_found": "not_found_error",
     "method_not_allowed": "invalid_request_error",
     "conflict": "conflict_error",

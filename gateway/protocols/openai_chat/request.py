@@ -126,6 +126,7 @@ class ChatCompletionRequest(Wire):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
     n: int | None = None
     tools: list[_Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -211,6 +212,7 @@ def _sampling(req: ChatCompletionRequest) -> SamplingParams:
         "presence_penalty": req.presence_penalty,
         "frequency_penalty": req.frequency_penalty,
         "repetition_penalty": req.repetition_penalty,
+        "logit_bias": req.logit_bias,
     }
     return sampling_params(values, {"max_tokens": max_param})
 

@@ -1,6 +1,8 @@
 """OpenAI Responses (Codex CLI): `request` (wire models → `CanonicalRequest`) and
 `reply` (the `response` object, its event stream and the compaction reply)."""
 
+from functools import partial
+
 from gateway.protocols.base import SamplingRoute, WireProtocol
 from gateway.protocols.openai_chat.reply import openai_error_response
 from gateway.protocols.openai_responses import reply, request
@@ -12,8 +14,8 @@ PROTOCOL = WireProtocol(
         SamplingRoute(
             path=request.DEFAULT_PATH,
             parse=request.parse_responses_request,
-            reply=lambda result, _: reply.responses_response(result, stream=False),
-            stream_writer=lambda _: reply.ResponsesStreamWriter,
+            reply=lambda result, _req, seal: reply.responses_response(result, seal, stream=False),
+            stream_writer=lambda _req, seal: partial(reply.ResponsesStreamWriter, seal=seal),
         ),
         # A compaction is answered whole, also when the request asks to stream.
         SamplingRoute(

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.canonical import CanonicalRequest, Reply, ToolCall
 from gateway.errors import GatewayError
-from gateway.protocols.opaque_token import encode_token
+from gateway.protocols.opaque_token import TokenSeal
 from gateway.protocols.openai_responses.request import (
     COMPACT_INSTRUCTION,
     COMPACTION_SUMMARY_PREFIX,
@@ -52,13 +52,13 @@ def _usage(result: Reply) -> dict[str, Any]:
     }
 
 
-def _reasoning_item(call_id: str, text: str) -> dict[str, Any]:
+def _reasoning_item(seal: TokenSeal, call_id: str, text: str) -> dict[str, Any]:
     return {
         "type": "reasoning",
         "id": f"rs_{call_id}",
         "summary": [{"type": "summary_text", "text": text}],
         "content": [{"type": "reasoning_text", "text": text}],
-        "encrypted_content": encode_token("reasoning", call_id, text),
+        "encrypted_content": seal.encode("reasoning", call_id, text),
         "status": "completed",
     }
 
@@ -92,12 +92,12 @@ def _function_call_item(result: Reply, index: int, tc: ToolCall) -> dict[str, An
     return item
 
 
-def output_items(result: Reply) -> list[dict[str, Any]]:
+def output_items(result: Reply, seal: TokenSeal) -> list[dict[str, Any]]:
     """Completed output items in protocol order: reasoning, message, function calls."""
     out = result.output
     items: list[dict[str, Any]] = []
     if out.reasoning:
-        items.append(_reasoning_item(result.call_id, out.reasoning))
+        items.append(_reasoning_item(seal, result.call_id, out.reasoning))
     if out.content or not out.tool_calls:
         items.append(_message_item(result, out.content or ""))
     items.extend(_function_call_item(result, i, tc) for i, tc in enumerate(out.tool_calls))
@@ -129,10 +129,10 @@ def _response(
     }
 
 
-def responses_body(result: Reply) -> dict[str, Any]:
+def responses_body(result: Reply, seal: TokenSeal) -> dict[str, Any]:
     """Non-stream `response` object; a length stop is `incomplete` (max_output_tokens)."""
     status = "incomplete" if _incomplete(result) else "completed"
-    return _response(head_of(result), status, output_items(result), _usage(result))
+    return _response(head_of(result), status, output_items(result, seal), _usage(result))
 
 
 class ResponsesStreamWriter:
@@ -145,8 +145,9 @@ class ResponsesStreamWriter:
     object (the model may still write content after a call).
     """
 
-    def __init__(self, head: StreamHead) -> None:
+    def __init__(self, head: StreamHead, seal: TokenSeal) -> None:
         self.head = head
+        self.seal = seal
         self.sent = Sent()
         self.seq = 0
         self.index = 0  # output_index of the next item
@@ -173,7 +174,11 @@ class ResponsesStreamWriter:
         frames: list[bytes] = []
         if self.reasoning_at is None:
             self.reasoning_at, self.index = self.index, self.index + 1
-            item = {**_reasoning_item(self.head.call_id, ""), "summary": [], "content": []}
+            item = {
+                **_reasoning_item(self.seal, self.head.call_id, ""),
+                "summary": [],
+                "content": [],
+            }
             frames.append(
                 self._event(
                     "response.output_item.added",
@@ -222,7 +227,7 @@ class ResponsesStreamWriter:
             self._event(
                 "response.output_item.done",
                 output_index=self.reasoning_at,
-                item=_reasoning_item(self.head.call_id, text),
+                item=_reasoning_item(self.seal, self.head.call_id, text),
             ),
         ]
 
@@ -308,7 +313,7 @@ class ResponsesStreamWriter:
                 )
             )
             frames.append(self._event("response.output_item.done", output_index=index, item=item))
-        final = responses_body(result)
+        final = responses_body(result, self.seal)
         terminal = (
             "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         )
@@ -323,9 +328,11 @@ class ResponsesStreamWriter:
         return [frame]
 
 
-def responses_sse(result: Reply, *, piece_chars: int = SSE_PIECE_CHARS) -> Iterator[bytes]:
+def responses_sse(
+    result: Reply, seal: TokenSeal, *, piece_chars: int = SSE_PIECE_CHARS
+) -> Iterator[bytes]:
     """Re-emit a complete result as the Responses event stream."""
-    return replay(ResponsesStreamWriter(head_of(result)), result, piece_chars)
+    return replay(ResponsesStreamWriter(head_of(result), seal), result, piece_chars)
 
 
 def sse_failed_event(
@@ -352,7 +359,7 @@ def sse_failed_event(
     )
 
 
-def compact_body(result: Reply, request: CanonicalRequest) -> dict[str, Any]:
+def compact_body(result: Reply, request: CanonicalRequest, seal: TokenSeal) -> dict[str, Any]:
     """`/responses/compact` reply: the request's user messages, then one `compaction` item
     whose opaque content is our summary (read back when it returns as input).
 
@@ -382,7 +389,7 @@ def compact_body(result: Reply, request: CanonicalRequest) -> dict[str, Any]:
         {
             "type": "compaction",
             "id": f"cmp_{result.call_id}",
-            "encrypted_content": encode_token("compaction", result.call_id, summary),
+            "encrypted_content": seal.encode("compaction", result.call_id, summary),
         }
     )
     return {
@@ -394,12 +401,12 @@ def compact_body(result: Reply, request: CanonicalRequest) -> dict[str, Any]:
     }
 
 
-def responses_response(result: Reply, *, stream: bool) -> Response:
+def responses_response(result: Reply, seal: TokenSeal, *, stream: bool) -> Response:
     """Starlette response for a finished `/v1/responses` call, streamed or not."""
     if stream:
-        return event_stream_response(responses_sse(result))
-    return JSONResponse(responses_body(result))
+        return event_stream_response(responses_sse(result, seal))
+    return JSONResponse(responses_body(result, seal))
 
 
-def compact_response(result: Reply, request: CanonicalRequest) -> Response:
-    return JSONResponse(compact_body(result, request))
+def compact_response(result: Reply, request: CanonicalRequest, seal: TokenSeal) -> Response:
+    return JSONResponse(compact_body(result, request, seal))

@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError
 from gateway.canonical import CanonicalRequest, Message, Tool, ToolCall
 from gateway.errors import GatewayError
 from gateway.protocols.history import HistoryCache, Prefix, resume_or_full
-from gateway.protocols.opaque_token import decode_token
+from gateway.protocols.opaque_token import TokenSeal, open_token
 from gateway.protocols.wire import (
     REQUEST_KIND_HEADER,
     SUBAGENT_HEADER,
@@ -255,11 +255,13 @@ def _copy_turn(turn: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if turn is None else {**turn, "tool_calls": list(turn["tool_calls"])}
 
 
-def _reasoning_text(item: _ReasoningItem) -> str | None:
-    """Our echoed reasoning: readable content first, then our token, then the summary."""
+def _reasoning_text(item: _ReasoningItem, seal: TokenSeal | None, where: str) -> str | None:
+    """Our echoed reasoning: readable content first, then our token, then the summary. A
+    token in our format is checked even when the readable copy came along: one sealed
+    for another session is refused either way."""
+    decoded = open_token(seal, item.encrypted_content, "reasoning", f"{where}.encrypted_content")
     if item.content:
         return "\n".join(part.text for part in item.content)
-    decoded = decode_token(item.encrypted_content, "reasoning")
     if decoded is not None:
         return decoded[1]
     if item.summary:
@@ -268,7 +270,10 @@ def _reasoning_text(item: _ReasoningItem) -> str | None:
 
 
 def _convert_input(
-    req: ResponsesRequest, prefix: Prefix | None = None, cache: HistoryCache | None = None
+    req: ResponsesRequest,
+    prefix: Prefix | None = None,
+    cache: HistoryCache | None = None,
+    seal: TokenSeal | None = None,
 ) -> tuple[list[Message], bool]:
     """Messages for the model, and whether a `compaction_trigger` item asked to compact.
 
@@ -317,10 +322,12 @@ def _convert_input(
             )
             history.add(Message(role="tool", content=text, tool_call_id=out.call_id))
         elif kind == "reasoning":
-            history.reasoning(_reasoning_text(validate_at(_ReasoningItem, raw, where)))
+            item = validate_at(_ReasoningItem, raw, where)
+            history.reasoning(_reasoning_text(item, seal, where))
         elif kind == "compaction":
-            item = validate_at(_CompactionItem, raw, where)
-            decoded = decode_token(item.encrypted_content, "compaction")
+            compacted = validate_at(_CompactionItem, raw, where)
+            at = f"{where}.encrypted_content"
+            decoded = open_token(seal, compacted.encrypted_content, "compaction", at)
             if decoded is None:
                 raise bad_request(
                     f"{where}.encrypted_content",
@@ -441,6 +448,7 @@ def parse_responses_request(
     headers: Mapping[str, str] | None = None,
     path: str = DEFAULT_PATH,
     history: HistoryCache | None = None,
+    seal: TokenSeal | None = None,
 ) -> CanonicalRequest:
     """Validate a `/v1/responses` or `/v1/responses/compact` request and convert it.
 
@@ -448,13 +456,14 @@ def parse_responses_request(
     streamed and gets `COMPACT_INSTRUCTION` appended. With the session's `history`, input
     items it already converted are taken from there (see `protocols.history`); a request
     that fails that way goes through the full path, whose error names the whole body's
-    field.
+    field. Opaque tokens are checked with the session's `seal` (none: every token in our
+    format is refused).
     """
     data = load_object(body)
     prefix = None
     if history is not None:
         prefix = history.lookup(PROTOCOL, data.get("input"), data.get("instructions"))
-    return resume_or_full(prefix, lambda p: _parse(data, headers, path, p, history))
+    return resume_or_full(prefix, lambda p: _parse(data, headers, path, p, history, seal))
 
 
 def _parse(
@@ -463,6 +472,7 @@ def _parse(
     path: str,
     prefix: Prefix | None,
     history: HistoryCache | None,
+    seal: TokenSeal | None,
 ) -> CanonicalRequest:
     path = path.split("?", 1)[0]
     compact_endpoint = path.rstrip("/").endswith(COMPACT_PATH_SUFFIX)
@@ -477,7 +487,7 @@ def _parse(
             "previous_response_id",
             "server-side history is not kept by this gateway; send the full input (store=false)",
         )
-    messages, triggered = _convert_input(req, prefix, history)
+    messages, triggered = _convert_input(req, prefix, history, seal)
     compaction = compact_endpoint or triggered
     if compaction:
         messages.append(Message(role="user", content=COMPACT_INSTRUCTION))

@@ -1,0 +1,270 @@
+"""Nothing a gateway starts outlives it, SIGKILL included.
+
+Real parts: `rollout gateway` as its own process (one, and a supervisor of two), the
+tokenizer pool it starts for a large message, the multiprocessing resource tracker, a
+scripted engine (a fake LLM on loopback). Every descendant is captured by pid (and start
+time, so a reused pid is not mistaken for a survivor) before the SIGKILL, then polled
+until gone. The control runs the same check on a parent with one protected child (a
+tokenizer-pool worker) and one started without protection: the check reports the
+unprotected one alive, so it would catch a leak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from devstack.background_server import BackgroundServer
+from devstack.ports import consecutive_free_ports
+from devstack.scripted_engine import Script, ScriptedEngine
+
+pytestmark = pytest.mark.integration
+
+Proc = tuple[int, str]  # (pid, start time in clock ticks): one process, never a reused pid
+#: How long the check waits for a process to go (a bound on a poll, not a speed goal).
+GONE_WITHIN_S = 30.0
+BIG = "word " * 2000  # 10,000 characters: past the offload threshold the gateway is given
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return [raw[: raw.index(" (")], "comm", *raw[raw.rindex(")") + 2 :].split()]
+
+
+def descendants(root: int) -> set[Proc]:
+    """Every live process below `root`, by parent links in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))) is not None:
+            children.setdefault(int(st[3]), []).append(int(entry))
+    found: set[Proc] = set()
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        st = _stat(pid)
+        if st is not None:
+            found.add((pid, st[21]))
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def alive(procs: Iterable[Proc]) -> set[Proc]:
+    """Those still running (a zombie has exited; a new start time is another process)."""
+    out = set()
+    for pid, start in procs:
+        st = _stat(pid)
+        if st is not None and st[21] == start and st[2] != "Z":
+            out.add((pid, start))
+    return out
+
+
+def left_after_poll(procs: set[Proc]) -> set[Proc]:
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while (left := alive(procs)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "?"
+
+
+def kill_all(procs: Iterable[Proc]) -> None:
+    for pid, _ in alive(procs):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"gateway exited with {proc.returncode}"
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise AssertionError(f"{url} did not become healthy")
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigkilled_gateway_leaves_no_process(
+    tiny_model_dir: Path, tmp_path: Path, processes: int
+) -> None:
+    """Seen before: a gateway killed with SIGKILL left its tokenizer-pool worker and the
+    resource tracker running, parented to init. With `--processes 2` the supervisor is
+    killed: its gateway processes, their pools and trackers go with it."""
+    engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
+    admin = secrets.token_urlsafe(12)
+    with BackgroundServer(engine.app()) as engine_server:
+        port = consecutive_free_ports(2 * processes)
+        cmd = [
+            sys.executable, "-m", "workers.cli", "gateway",
+            "--engine", engine_server.url, "--model", "tiny-qwen3",
+            "--tokenizer", str(tiny_model_dir), "--port", str(port),
+            "--control-port", str(port + processes), "--processes", str(processes),
+            "--data-dir", str(tmp_path / "gw"), "--tokenize-offload-chars", "1000",
+        ]  # fmt: skip
+        proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
+        captured: set[Proc] = set()
+        try:
+            for i in range(processes):
+                control = f"http://127.0.0.1:{port + processes + i}"
+                wait_healthy(control, proc)
+                auth = {"Authorization": f"Bearer {admin}"}
+                session = httpx.post(
+                    f"{control}/sessions", json={"rollout_id": "r"}, headers=auth
+                ).json()
+                reply = httpx.post(
+                    f"{session['openai_base_url']}/chat/completions",
+                    headers={"Authorization": f"Bearer {session['token']}"},
+                    json={"model": "tiny-qwen3", "messages": [{"role": "user", "content": BIG}]},
+                    timeout=60,
+                )
+                assert reply.status_code == 200, reply.text
+            captured = descendants(proc.pid)
+            lines = [cmdline(pid) for pid, _ in captured]
+            # What the check must see go: each gateway's pool worker and resource tracker.
+            assert sum("spawn_main" in c for c in lines) == processes, lines
+            assert sum("resource_tracker" in c for c in lines) == processes, lines
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            left = left_after_poll(captured)
+            assert not left, [cmdline(pid) for pid, _ in left]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            kill_all(captured)
+
+
+CONTROL_PARENT = textwrap.dedent(
+    """
+    import asyncio, multiprocessing, sys, time
+    from pathlib import Path
+    from gateway.prompt.incremental import load_tokenizer
+    from gateway.prompt.tokenize_pool import OffloadingTokenizer
+
+    file = Path(sys.argv[1]) / "tokenizer.json"
+    pool = OffloadingTokenizer(load_tokenizer(file), file, 1)
+    asyncio.run(pool.encode_off_loop("x" * 100))  # starts the protected pool worker
+    plain = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,))
+    plain.start()  # started without protection
+    print(plain.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_control_the_check_catches_an_unprotected_child(tiny_model_dir: Path) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", CONTROL_PARENT, str(tiny_model_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    captured: set[Proc] = set()
+    try:
+        assert parent.stdout is not None
+        plain_pid = int(parent.stdout.readline())
+        captured = descendants(parent.pid)
+        plain = {p for p in captured if p[0] == plain_pid}
+        protected = {p for p in captured if "spawn_main" in cmdline(p[0])} - plain
+        assert plain and len(protected) == 1, [cmdline(pid) for pid, _ in captured]
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        assert not left_after_poll(protected)  # the pool worker went with its parent ...
+        # ... the unprotected child did not (nor, as it holds its pipe, the resource
+        # tracker): a leak is seen.
+        assert plain <= alive(captured)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        kill_all(captured)
+
+
+TETHER_PARENT = textwrap.dedent(
+    """
+    import subprocess, time
+    from devstack.tether import tethered
+
+    group = ["sh", "-c", "sleep 600 & exec sleep 601"]  # a command and a child of its own
+    tied = subprocess.Popen(tethered(group), start_new_session=True)
+    plain = subprocess.Popen(["sleep", "602"], start_new_session=True)  # no tether
+    print(tied.pid, plain.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_tethered_process_group_dies_with_its_starter() -> None:
+    """What `rollout demo` uses for vLLM, the Temporal dev server and the trainer: the
+    whole group goes when the starter is SIGKILLed; a group started the old way stays."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", TETHER_PARENT], stdout=subprocess.PIPE, text=True
+    )
+    captured: set[Proc] = set()
+    try:
+        assert parent.stdout is not None
+        tied_pid, plain_pid = map(int, parent.stdout.readline().split())
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while len(captured := descendants(parent.pid)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the shim, sh's background sleep, the exec'd sleep, the plain one
+        plain = {p for p in captured if p[0] == plain_pid}
+        tied = captured - plain
+        assert len(tied) == 3 and any(p[0] == tied_pid for p in tied), captured
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        assert not left_after_poll(tied)
+        assert alive(captured) == plain  # control: the untethered one is a leak the check sees
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        kill_all(captured)
+
+
+def test_tethered_command_stops_as_before() -> None:
+    """Signalling the group stops the command; the shim exits with its status."""
+    from devstack.tether import tethered
+
+    proc = subprocess.Popen(tethered(["sleep", "600"]), start_new_session=True)
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while not descendants(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(GONE_WITHIN_S) == 128 + signal.SIGTERM
+
+
+def test_tethered_command_dies_with_its_shim() -> None:
+    """Should only the shim be SIGKILLed (not its group), the command goes with it."""
+    from devstack.tether import tethered
+
+    proc = subprocess.Popen(tethered(["sleep", "600"]), start_new_session=True)
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while not (command := descendants(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert len(command) == 1, command
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(GONE_WITHIN_S)
+        assert not left_after_poll(command)
+    finally:
+        kill_all(command)
