@@ -33,6 +33,14 @@ class GatewayOptions(BaseModel):
     session_reaper_interval_s: float = Field(default=30.0, ge=0)
     """How often the session reaper closes sessions past their TTL (0: never; calls to
     an expired session are refused all the same)."""
+    max_prompt_messages: int = Field(default=10_000, ge=0)
+    """A request with more messages is refused (413) before it is rendered (0: no cap)."""
+    max_prompt_chars: int = Field(default=4 * 2**20, ge=0)
+    """A request whose messages and tools hold more characters is refused (413) before it
+    is rendered or tokenized (0: no cap); see `calls.prompt_limits`."""
+    plan_thread_messages: int = Field(default=128, ge=0)
+    """A request of at least this many messages is planned in a thread, off the event
+    loop (0: always on the loop)."""
     stream_abort_grace_s: float = Field(default=2.0, ge=0)
     """How long a streamed call whose client left keeps sampling before the engine request
     is cancelled: an SDK that timed out resends within a second, and that retry then

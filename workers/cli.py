@@ -135,6 +135,12 @@ def gateway(
     tokenize_offload_chars: Annotated[
         int, typer.Option(min=0, help="tokenize new text this long in a worker process (0: off)")
     ] = 16384,
+    max_prompt_messages: Annotated[
+        int, typer.Option(min=0, help="refuse (413) a request with more messages (0: no cap)")
+    ] = 10_000,
+    max_prompt_chars: Annotated[
+        int, typer.Option(min=0, help="refuse (413) a prompt of more characters (0: no cap)")
+    ] = 4 * 2**20,
     engine_routing: Annotated[
         Routing, typer.Option(help="sticky: a session keeps its engine; round-robin: compare")
     ] = Routing.sticky,
@@ -186,6 +192,8 @@ def gateway(
         session_max_stored_request_bytes=session_max_stored_request_bytes,
         session_max_stored_bytes=session_max_stored_bytes,
         tokenize_offload_chars=tokenize_offload_chars,
+        max_prompt_messages=max_prompt_messages,
+        max_prompt_chars=max_prompt_chars,
         engine_routing=engine_routing.value.replace("-", "_"),
         engine_api=engine_api.value,
         checkpoint_roots=[root.resolve() for root in checkpoint_root or []],

@@ -2,7 +2,8 @@
 
 The agent API listens on `port` (what session base URLs and sandbox bridges point at);
 the control API, /metrics and /health listen on `control_port` (what workers and
-trainers use). One process saturates on tokenization; N processes each own the sessions
+trainers use), served from their own thread and event loop so a loaded agent listener
+cannot delay them. One process saturates on tokenization; N processes each own the sessions
 created on them (the base URL handed to the agent names the owning process), sharing only
 the data dir; process i listens on `port + i` and `control_port + i`.
 """
@@ -16,10 +17,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 import uvicorn
@@ -104,9 +106,15 @@ class GatewaySettings(BaseModel):
     #: the event loop (0: always inline); see gateway/prompt/tokenize_pool.py.
     tokenize_offload_chars: int = Field(default=16384, ge=0)
     tokenize_workers: int = Field(default=1, ge=1)
+    #: Prompt caps (413 naming the limit; 0: none): see gateway/calls/prompt_limits.py.
+    max_prompt_messages: int = Field(default=10_000, ge=0)
+    max_prompt_chars: int = Field(default=4 * 2**20, ge=0)
     engine_routing: EngineRouting = "sticky"
     #: generate: vLLM's token-in/token-out endpoint (vLLM started with --enable-scale-out).
     engine_api: EngineApi = "completions"
+    #: The control listener on its own thread and event loop (False: on the agent
+    #: listener's loop, to measure what that buys; bench/control_listener.py).
+    control_own_loop: bool = True
 
 
 def is_loopback(host: str) -> bool:
@@ -236,6 +244,8 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         fsync_interval_ms=settings.fsync_interval_ms,
         session_reaper_interval_s=settings.session_reaper_interval_s,
         stream_abort_grace_s=settings.stream_abort_grace_s,
+        max_prompt_messages=settings.max_prompt_messages,
+        max_prompt_chars=settings.max_prompt_chars,
         body_timeout_s=settings.body_timeout_s,
         session_max_concurrent_calls=settings.session_max_concurrent_calls,
         session_max_stored_request_bytes=settings.session_max_stored_request_bytes,
@@ -262,6 +272,13 @@ def build_listener_apps(
 ) -> tuple[Starlette, Starlette, OwnerForwarder]:
     """(agent app, control app, shared-port app) around one Gateway core: the shared-port
     app serves this process's sessions with the agent app and relays the others'."""
+    _, agent, control, shared = _build_listener_apps(settings)
+    return agent, control, shared
+
+
+def _build_listener_apps(
+    settings: GatewaySettings,
+) -> tuple[GatewayApp, Starlette, Starlette, OwnerForwarder]:
     check_admin_policy(settings)
     app = GatewayApp(
         build_gateway(settings),
@@ -272,7 +289,7 @@ def build_listener_apps(
     )
     agent = app.build("agent")
     shared = OwnerForwarder(agent, app.gateway, error_responder_for, settings.max_body_bytes)
-    return agent, app.build("control"), shared
+    return app, agent, app.build("control"), shared
 
 
 def http_protocol(settings: GatewaySettings, metrics: GatewayMetrics) -> type[asyncio.Protocol]:
@@ -310,37 +327,74 @@ class _Listener(uvicorn.Server):
         yield
 
 
-async def serve_listeners(settings: GatewaySettings) -> None:
-    """This process: the agent and the control listener on one event loop (they share the
-    Gateway core). SIGTERM/SIGINT stop both gracefully."""
-    check_admin_policy(settings)
-    agent_sock = listen(settings.host, settings.port)
-    control_sock = listen(settings.control_host, settings.control_port)
-    shared_sock = None
-    if settings.shared_port is not None:
-        shared_sock = listen(settings.host, settings.shared_port, shared=True)
-    agent_app, control_app, shared_app = build_listener_apps(settings)
-    tune_gc_for_serving()
-    http = http_protocol(settings, shared_app.gateway.metrics)
-    servers = [
-        (_Listener(uvicorn.Config(agent_app, log_level="warning", http=http)), agent_sock),
-        (_Listener(uvicorn.Config(control_app, log_level="warning", http=http)), control_sock),
-    ]
-    if shared_sock is not None:
-        config = uvicorn.Config(shared_app, log_level="warning", lifespan="off", http=http)
-        servers.append((_Listener(config), shared_sock))
+class Listeners:
+    """One process's listeners, bound at once (a taken port fails before anything loads):
+    the agent API (and the shared port) on the running loop, which owns the core; the
+    control API on its own thread and loop, unless `control_own_loop` is off."""
 
-    def stop() -> None:
-        for server, _ in servers:
+    def __init__(self, settings: GatewaySettings) -> None:
+        check_admin_policy(settings)
+        self.settings = settings
+        agent_sock = listen(settings.host, settings.port)
+        control_sock = listen(settings.control_host, settings.control_port)
+        shared_sock = None
+        if settings.shared_port is not None:
+            shared_sock = listen(settings.host, settings.shared_port, shared=True)
+        self.app, agent_app, control_app, self.shared_app = _build_listener_apps(settings)
+        http = http_protocol(settings, self.app.gateway.metrics)
+
+        def server(app: Any, **config: Any) -> _Listener:
+            return _Listener(uvicorn.Config(app, log_level="warning", http=http, **config))
+
+        self.agent = [(server(agent_app), agent_sock)]
+        if shared_sock is not None:
+            self.agent.append((server(self.shared_app, lifespan="off"), shared_sock))
+        self.control = (server(control_app), control_sock)
+
+    def port(self, listener: Literal["agent", "control"]) -> int:
+        sock = self.agent[0][1] if listener == "agent" else self.control[1]
+        return int(sock.getsockname()[1])
+
+    def stop(self) -> None:
+        for server, _ in [*self.agent, self.control]:
             server.should_exit = True
 
+    async def serve(self) -> None:
+        """Until `stop()`. The control listener starts once the agent app has started (its
+        lifespan names the core's loop), so no control call runs before the core is up."""
+        served = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, sock in self.agent]
+        control, control_sock = self.control
+        thread: threading.Thread | None = None
+        try:
+            while not self.agent[0][0].started and not served[0].done():
+                await asyncio.sleep(0.01)
+            if not self.settings.control_own_loop:
+                served.append(asyncio.ensure_future(control.serve(sockets=[control_sock])))
+            elif not served[0].done():
+                thread = threading.Thread(
+                    target=asyncio.run,
+                    args=(control.serve(sockets=[control_sock]),),
+                    name="gateway-control",
+                    daemon=True,
+                )
+                thread.start()
+            await asyncio.gather(*served)
+        finally:
+            self.stop()
+            if thread is not None:  # bounded: a control call may wait on the stopped core
+                await asyncio.to_thread(thread.join, 30)
+            await self.shared_app.aclose()
+
+
+async def serve_listeners(settings: GatewaySettings) -> None:
+    """This process: the agent and the control listener around one Gateway core.
+    SIGTERM/SIGINT stop both gracefully."""
+    listeners = Listeners(settings)
+    tune_gc_for_serving()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    try:
-        await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
-    finally:
-        await shared_app.aclose()
+        loop.add_signal_handler(sig, listeners.stop)
+    await listeners.serve()
 
 
 def _reachable(host: str) -> str:

@@ -16,12 +16,13 @@ from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.calls.prompt_limits import check_prompt_size, prompt_size
 from gateway.calls.stream_relay import StreamAborted, StreamRelay
 from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply
 from gateway.capture.recording import PlannedCall, reuse_of
 from gateway.capture.replies import parse_output, reply_message, reply_of
 from gateway.capture.retries import is_retry, request_digest
-from gateway.capture.store import CallEntry, CorruptRecordError, Entry
+from gateway.capture.store import CorruptRecordError, Entry
 from gateway.engines.base import EngineCompletion
 from gateway.engines.policy_update import PolicyGate
 from gateway.engines.routing import EngineRouter
@@ -32,7 +33,7 @@ from gateway.options import GatewayOptions
 from gateway.parsers.base import OutputParser
 from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
-from gateway.prompt.tokenize_pool import LargeEncode, deferring_large_encodes
+from gateway.prompt.tokenize_pool import LargeEncode, OffloadingTokenizer, deferring_large_encodes
 from gateway.sessions.lifetime import Clock
 from gateway.sessions.limits import call_slot, check_room, limits_of
 from gateway.sessions.live import LiveSession
@@ -44,6 +45,10 @@ from schemas.session import SessionConfig
 from schemas.trajectory import CallStatus, MatchKind, RecordedCall
 
 log = logging.getLogger("rollout.gateway")
+
+PROMPT_TAIL_IDS = 256
+"""How much of a recorded prompt's end a retry's answer reads back: what
+`prompt_opens_reasoning` looks at (at least its `window` of 64 ids)."""
 
 
 class Gateway(SessionService):
@@ -77,6 +82,7 @@ class Gateway(SessionService):
         With a `relay` the engine streams and the relay sees the tokens as they arrive
         (an answered retry never reaches it: the caller replays the result). Every call,
         retries included, holds one of the session's call slots while it runs (`limits`)."""
+        self.check_prompt_size(request)
         with call_slot(session, limits_of(session.meta.config, self.options)):
             digest = request_digest(request.path, raw_request)
             if is_retry(request.headers):
@@ -96,25 +102,31 @@ class Gateway(SessionService):
     async def _recorded_reply(
         self, session: LiveSession, call_id: str, request: CanonicalRequest
     ) -> Reply:
-        """The answer of a recorded call, read back from the session's records."""
+        """The answer of a recorded call, read back from its record alone (and, for the
+        prompt's tail, the few records its prompt refers to), in a thread."""
         session_id = session.meta.session_id
+        offset = session.replies.offset_of(call_id)
+        if offset is None:
+            raise GatewayError("corrupt_record", f"session {session_id}: call {call_id} is lost")
+
+        def read() -> tuple[RecordedCall, int]:
+            entry = self.store.read_entry(session_id, offset)
+            if entry.call.call_id != call_id:
+                raise CorruptRecordError(f"call {call_id} is not at byte {offset}")
+            length, tail = self.store.prompt_tail(
+                session_id, entry, session.replies.offset_of, PROMPT_TAIL_IDS
+            )
+            return entry.call.model_copy(update={"prompt_ids": tail}), length
+
         try:
-            records = await asyncio.to_thread(self.store.load_records, session_id)
-        except CorruptRecordError as exc:
+            call, prompt_tokens = await asyncio.to_thread(read)
+        except (CorruptRecordError, OSError) as exc:
             raise GatewayError("corrupt_record", f"session {session_id}: {exc}") from exc
-        for record in records:
-            if isinstance(record, CallEntry) and record.call.call_id == call_id:
-                call = record.call
-                parsed = parse_output(
-                    self.incremental,
-                    self.parser,
-                    call_id,
-                    call.prompt_ids,
-                    call.output_ids,
-                    request.tools,
-                )
-                return reply_of(call, parsed, request.model or self.options.model_name)
-        raise GatewayError("corrupt_record", f"session {session_id}: call {call_id} is lost")
+        parsed = parse_output(
+            self.incremental, self.parser, call_id, call.prompt_ids, call.output_ids, request.tools
+        )
+        model = request.model or self.options.model_name
+        return reply_of(call, parsed, model, prompt_tokens)
 
     async def _sample(
         self,
@@ -274,7 +286,8 @@ class Gateway(SessionService):
                     else plan.fork_reason
                 ),
             )
-            records.append(planned.durable_record(call))
+            entry = planned.durable_record(call)
+            records.append(entry)
             try:
                 synced = self._append(session, records)
             except Exception:
@@ -282,19 +295,29 @@ class Gateway(SessionService):
                 raise
             session.last_call[segment.segment_id] = planned.call_id
             session.calls += 1
-            session.replies.recorded(planned.digest, planned.call_id)
+            session.replies.recorded(planned.digest, planned.call_id, entry.offset)
         return call, synced
 
     async def _plan(self, candidates: list[HeldSegment], request: CanonicalRequest) -> PromptPlan:
         """`prepare`, with large new content tokenized off the event loop: the planner asks
         for it by raising `LargeEncode`, and plans again once the ids are ready (see
-        `tokenize_pool`). Identical text whose ids another call took is encoded inline."""
+        `tokenize_pool`). Identical text whose ids another call took is encoded inline.
+        A request of many messages is planned in a thread: its keys, match and any full
+        render are Python work that grows with the conversation, and a thread gives the
+        loop its turn every switch interval (a render of 10,000 messages: ~190 ms of loop
+        lag inline, ≤ 8 ms from a thread; the tokenizer holds the GIL, hence its pool)."""
         offloaded: set[str] = set()
         args = (candidates, request.messages, request.tools, request.template_kwargs)
+        threshold = self.options.plan_thread_messages
+        in_thread = bool(threshold) and len(request.messages) >= threshold
+
+        def deferring() -> PromptPlan:
+            with deferring_large_encodes():
+                return self.incremental.prepare(*args)
+
         while True:
             try:
-                with deferring_large_encodes():
-                    return self.incremental.prepare(*args)
+                return await asyncio.to_thread(deferring) if in_thread else deferring()
             except LargeEncode as large:
                 if large.text in offloaded:
                     return self.incremental.prepare(*args)
@@ -305,10 +328,18 @@ class Gateway(SessionService):
                     large.owner.forget(large.text)
                     raise
 
-    def count_tokens(self, request: CanonicalRequest) -> int:
-        """Exact prompt length of a request under our template and tokenizer."""
+    def check_prompt_size(self, request: CanonicalRequest) -> None:
+        """A 413 naming the limit for a request over the prompt caps (`prompt_limits`)."""
+        opts = self.options
+        check_prompt_size(prompt_size(request), opts.max_prompt_messages, opts.max_prompt_chars)
+
+    async def count_tokens(self, request: CanonicalRequest) -> int:
+        """Exact prompt length of a request under our template and tokenizer, counted off
+        the event loop: rendered in a thread, a large text tokenized in the pool."""
+        self.check_prompt_size(request)
         try:
-            text = self.template.render(
+            text = await asyncio.to_thread(
+                self.template.render,
                 request.messages,
                 request.tools,
                 add_generation_prompt=True,
@@ -316,7 +347,10 @@ class Gateway(SessionService):
             )
         except TemplateRenderError as exc:
             raise GatewayError("invalid_request", f"chat template: {exc}") from exc
-        return len(self.incremental.tokenizer.encode(text))
+        tokenizer = self.incremental.tokenizer
+        if isinstance(tokenizer, OffloadingTokenizer) and len(text) >= tokenizer.min_chars:
+            return len(await tokenizer.encode_in_pool(text))
+        return len(tokenizer.encode(text))
 
     # ------------------------------------------------------------------ helpers
     def _sampling_for(

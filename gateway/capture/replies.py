@@ -39,8 +39,12 @@ def turn_finished(finish_reason: str | None) -> bool:
     return finish_reason != "length"
 
 
-def reply_of(call: RecordedCall, parsed: ParsedOutput, model: str) -> Reply:
-    """The reply protocols render for a recorded ok call."""
+def reply_of(
+    call: RecordedCall, parsed: ParsedOutput, model: str, prompt_tokens: int | None = None
+) -> Reply:
+    """The reply protocols render for a recorded ok call (`prompt_tokens`: the prompt's
+    length, when `call.prompt_ids` holds only its tail)."""
+    prompt = len(call.prompt_ids) if prompt_tokens is None else prompt_tokens
     finish = "stop" if turn_finished(call.finish_reason) else "length"
     return Reply(
         call_id=call.call_id,
@@ -48,9 +52,9 @@ def reply_of(call: RecordedCall, parsed: ParsedOutput, model: str) -> Reply:
         created=int(call.started_at.timestamp()),
         output=parsed,
         finish_reason="tool_calls" if parsed.tool_calls and finish == "stop" else finish,
-        prompt_tokens=len(call.prompt_ids),
+        prompt_tokens=prompt,
         completion_tokens=len(call.output_ids),
-        cached_prompt_tokens=len(call.prompt_ids) - call.new_prompt_tokens,
+        cached_prompt_tokens=prompt - call.new_prompt_tokens,
         output_ids=call.output_ids,
         output_logprobs=call.output_logprobs,
     )

@@ -66,18 +66,31 @@ class InFlight:
 
 
 class RetryReplies:
-    """A session's answered request bodies (digest → call id) and those being answered.
+    """A session's answered request bodies (digest → call id) and those being answered,
+    and where each answered call's record starts in the records file (call id → offset):
+    a retry reads back that record alone (and the few its prompt refers to), never the
+    whole file. Both indexes hold a few dozen bytes per call.
 
-    Not thread-safe: used from the gateway's event loop only.
+    Changed from the gateway's event loop only (`offset_of` may be read from a thread).
     """
 
-    def __init__(self, answered: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, answered: Mapping[str, str] | None = None, offsets: Mapping[str, int] | None = None
+    ) -> None:
         self._answered: dict[str, str] = dict(answered or {})
+        self._offsets: dict[str, int] = dict(offsets or {})
         self._inflight: dict[str, InFlight] = {}
 
-    def recorded(self, digest: str, call_id: str) -> None:
-        """The call answering `digest` is on record (written; the latest such call wins)."""
+    def recorded(self, digest: str, call_id: str, offset: int | None) -> None:
+        """The call answering `digest` is on record (written; the latest such call wins),
+        its line starting at `offset`."""
         self._answered[digest] = call_id
+        if offset is not None:
+            self._offsets[call_id] = offset
+
+    def offset_of(self, call_id: str) -> int | None:
+        """Where the record of an ok call starts in the records file (None: unknown)."""
+        return self._offsets.get(call_id)
 
     @contextmanager
     def replying(self, digest: str) -> Iterator[InFlight]:

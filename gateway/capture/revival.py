@@ -46,6 +46,8 @@ class RevivedState:
     failed_calls: int = 0
     answered: dict[str, str] = field(default_factory=dict)
     """Request digest → id of the (latest) ok call that answered it."""
+    offsets: dict[str, int] = field(default_factory=dict)
+    """Ok call id → where its record starts in the records file."""
     not_held: list[str] = field(default_factory=list)
     """Segments that could not be rebuilt exactly, hence are not held."""
 
@@ -86,6 +88,8 @@ def revive(
             state.failed_calls += 1
             continue
         state.last_call[call.segment_id] = call.call_id
+        if record.offset is not None:
+            state.offsets[call.call_id] = record.offset
         if record.request_digest is not None:
             state.answered[record.request_digest] = call.call_id
         if call.segment_id in state.not_held:

@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from pathlib import Path
@@ -87,6 +88,13 @@ class CallEntry(BaseModel):
     """`retries.request_digest` of the request body: a retry of it gets this call's answer
     again, also after a restart. None in records written before digests were kept."""
     _prompt_source: str | None = PrivateAttr(default=None)
+    _offset: int | None = PrivateAttr(default=None)
+
+    @property
+    def offset(self) -> int | None:
+        """Where this record's line starts in the records file, once appended or loaded:
+        a retry reads back only that line (`SessionStore.read_entry`)."""
+        return self._offset
 
     @property
     def prompt_source(self) -> str | None:
@@ -186,7 +194,7 @@ class SessionStore:
         `ValueError` and writes nothing); a failed write raises `OSError` and leaves the
         file as it was.
         """
-        data = b"".join(r.model_dump_json().encode() + b"\n" for r in records)
+        lines = [r.model_dump_json().encode() + b"\n" for r in records]
         path = self._dir(session_id) / "records.jsonl"
         with self._lock:
             if session_id not in self._tail_checked:
@@ -194,11 +202,15 @@ class SessionStore:
                 self._tail_checked.add(session_id)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
             try:
-                _append_all(fd, data)
+                start = _append_all(fd, b"".join(lines))
             except BaseException:
                 os.close(fd)
                 self._tail_checked.discard(session_id)  # in case the cut-back failed
                 raise
+        for record, line in zip(records, lines, strict=True):
+            if isinstance(record, CallEntry):
+                record._offset = start
+            start += len(line)
         if self._group is None:
             os.close(fd)
             return _SYNCED
@@ -258,15 +270,67 @@ class SessionStore:
         records: list[Entry] = []
         sequences: dict[str, list[int]] = {}
         path = self._dir(session_id) / "records.jsonl"
-        complete, newline, _torn = path.read_bytes().rpartition(b"\n")
-        lines = complete.split(b"\n") if newline else []
-        for number, line in enumerate(lines, start=1):
-            try:
-                record = _parse(line, sequences)
-            except (ValueError, ValidationError) as exc:
-                raise CorruptRecordError(f"{path} line {number}: corrupt record: {exc}") from exc
-            records.append(record)
+        offset = 0
+        with open(path, "rb") as fh:
+            for number, line in enumerate(fh, start=1):
+                if not line.endswith(b"\n"):
+                    break  # torn or still being written
+                try:
+                    record = _parse(line, sequences)
+                except (ValueError, ValidationError) as exc:
+                    raise CorruptRecordError(
+                        f"{path} line {number}: corrupt record: {exc}"
+                    ) from exc
+                if isinstance(record, CallEntry):
+                    record._offset = offset
+                offset += len(line)
+                records.append(record)
         return records
+
+    def read_entry(self, session_id: str, offset: int) -> CallEntry:
+        """The call record whose line starts at `offset` (`CallEntry.offset`), read alone:
+        its `prompt_ref` is not expanded (see `prompt_tail`)."""
+        path = self._dir(session_id) / "records.jsonl"
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            line = fh.readline()
+        try:
+            if not line.endswith(b"\n"):
+                raise ValueError("no complete record there")
+            data = json.loads(line)
+            if not isinstance(data, dict) or data.get("kind") != "call":
+                raise ValueError("not a call record")
+            entry = CallEntry.model_validate(data)
+        except (ValueError, ValidationError) as exc:
+            raise CorruptRecordError(f"{path} at byte {offset}: corrupt record: {exc}") from exc
+        entry._offset = offset
+        return entry
+
+    def prompt_tail(
+        self, session_id: str, entry: CallEntry, locate: Callable[[str], int | None], count: int
+    ) -> tuple[int, list[int]]:
+        """(prompt length, its last `count` ids) of a call read by `read_entry`, following
+        its prompt reference back (`locate`: call id → offset) only as far as those ids
+        need: a retry's answer needs the prompt's length and tail, not the whole prompt."""
+        ref = entry.prompt_ref
+        length = (ref.length if ref else 0) + len(entry.call.prompt_ids)
+        parts: list[list[int]] = []
+        upto, want = length, count
+        while want > 0:
+            ref = entry.prompt_ref
+            before = ref.length if ref else 0
+            own = entry.call.prompt_ids + entry.call.output_ids  # after the first `before`
+            end = min(upto, before + len(own))
+            got = own[max(0, end - before - want) : max(0, end - before)]
+            parts.append(got)
+            want -= len(got)
+            if ref is None or before == 0 or want <= 0:
+                break
+            at = locate(ref.call_id)
+            if at is None:
+                raise CorruptRecordError(f"call {entry.call.call_id} refers to unknown prompt")
+            entry, upto = self.read_entry(session_id, at), min(end, before)
+        return length, [i for part in reversed(parts) for i in part]
 
     def session_ids(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if (p / "meta.json").is_file())
@@ -292,8 +356,9 @@ def _parse(line: bytes, sequences: dict[str, list[int]]) -> Entry:
     return record
 
 
-def _append_all(fd: int, data: bytes) -> None:
-    """Write all of `data` at the end of the file, or cut what was written and raise."""
+def _append_all(fd: int, data: bytes) -> int:
+    """Write all of `data` at the end of the file, or cut what was written and raise;
+    returns the offset it starts at (one process appends to a session's file)."""
     start = os.fstat(fd).st_size
     view = memoryview(data)
     try:
@@ -305,6 +370,7 @@ def _append_all(fd: int, data: bytes) -> None:
         except OSError:
             log.exception("could not cut a failed append off fd %d; cut on next open", fd)
         raise
+    return start
 
 
 def cut_torn_tail(path: Path) -> int:

@@ -3,6 +3,10 @@ sandboxes reach, and the control API (admin token) with /metrics and /health tha
 workers and trainers reach. A sandbox's bridge points at the agent listener, so no agent
 can call the control API or read metrics, whatever the admin-token policy.
 
+The control listener runs on its own thread and event loop (`workers.gateway_server`), so
+a saturated agent loop cannot delay `/health`, `/metrics` or `GET /policy`; what it does to
+the core's asyncio state (sessions, the policy gate) it hands to the agent loop (`_in_core`).
+
 Every error leaves in the caller's protocol shape with a meaningful status; nothing an
 agent can send yields a bare 500, and a failed request never touches recorded calls.
 """
@@ -13,7 +17,7 @@ import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
@@ -25,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.calls.pipeline import Gateway
+from gateway.calls.prompt_limits import check_history_items, history_items
 from gateway.canonical import CanonicalRequest
 from gateway.engines.policy_update import PolicyUpdater
 from gateway.errors import GatewayError, body_timed_out, body_too_large
@@ -45,6 +50,7 @@ log = logging.getLogger("rollout.gateway")
 Handler = Callable[[Request], Awaitable[Response]]
 #: Which listener an app serves: the agent API, or the control API + /metrics + /health.
 Listener = Literal["agent", "control"]
+T = TypeVar("T")
 
 
 def _bearer(request: Request) -> str | None:
@@ -103,6 +109,22 @@ class GatewayApp:
         registry = gateway.metrics.registry
         registry.register(EngineCollector(gateway.engine, gateway.incremental.tokenizer))
         self.loop_lag = LoopLagMonitor(registry)
+        #: The agent listener's loop, which owns the core's asyncio state (set when the
+        #: agent app starts); control handlers that touch that state run there.
+        self.core_loop: asyncio.AbstractEventLoop | None = None
+
+    async def _in_core(self, work: Callable[[], Awaitable[T]]) -> T:
+        """`work()` on the core's loop: directly when the control listener shares it."""
+        core = self.core_loop
+        if core is None or core is asyncio.get_running_loop():
+            return await work()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work(), core))
+
+    async def _core_call(self, fn: Callable[..., T], *args: Any) -> T:
+        async def call() -> T:
+            return fn(*args)
+
+        return await self._in_core(call)
 
     # ------------------------------------------------------------------ plumbing
     async def _read_json(self, request: Request) -> dict[str, Any]:
@@ -156,7 +178,7 @@ class GatewayApp:
     async def create_session(self, request: Request) -> Response:
         self._require_admin(request)
         config = SessionConfig.model_validate(await self._read_json(request))
-        reply, created = self.gateway.create_session(config)
+        reply, created = await self._core_call(self.gateway.create_session, config)
         return JSONResponse(reply.model_dump(), status_code=201 if created else 200)
 
     async def list_sessions(self, request: Request) -> Response:
@@ -168,18 +190,23 @@ class GatewayApp:
 
     async def get_session(self, request: Request) -> Response:
         self._require_admin(request)
-        summary = self.gateway.summary(request.path_params["session_id"])
+        # reads counters or files only; a session not live here is rebuilt from its records
+        summary = await asyncio.to_thread(self.gateway.summary, request.path_params["session_id"])
         return Response(summary.model_dump_json(), media_type="application/json")
 
     async def get_trajectory(self, request: Request) -> Response:
         self._require_admin(request)
-        trajectory = self.gateway.trajectory(request.path_params["session_id"])
-        return Response(trajectory.model_dump_json(), media_type="application/json")
+        session_id = request.path_params["session_id"]
+        # reads and serialises every record: in a thread (it touches files only)
+        text = await asyncio.to_thread(
+            lambda: self.gateway.trajectory(session_id).model_dump_json()
+        )
+        return Response(text, media_type="application/json")
 
     async def delete_session(self, request: Request) -> Response:
         self._require_admin(request)
         session_id = request.path_params["session_id"]
-        self.gateway.close_session(session_id)
+        await self._core_call(self.gateway.close_session, session_id)
         return JSONResponse({"session_id": session_id, "closed": True})
 
     async def get_policy(self, request: Request) -> Response:
@@ -191,18 +218,19 @@ class GatewayApp:
         """Pause, drain, load into every engine, set the version, resume (`policy_update`)."""
         self._require_admin(request)
         update = PolicyUpdate.model_validate(await self._read_json(request))
-        done = await self.policy.update(update)
+        done = await self._in_core(lambda: self.policy.update(update))
         return Response(done.model_dump_json(), media_type="application/json")
 
     async def pause_policy(self, request: Request) -> Response:
         self._require_admin(request)
         pause = PeerPause.model_validate(await self._read_json(request))
-        paused = await self.policy.pause_for_peer(pause)
+        paused = await self._in_core(lambda: self.policy.pause_for_peer(pause))
         return Response(paused.model_dump_json(), media_type="application/json")
 
     async def resume_policy(self, request: Request) -> Response:
         self._require_admin(request)
-        self.policy.resume_for_peer(PeerResume.model_validate(await self._read_json(request)))
+        resume = PeerResume.model_validate(await self._read_json(request))
+        await self._core_call(self.policy.resume_for_peer, resume)
         return JSONResponse({"resumed": True, "policy_version": self.gateway.policy.version})
 
     async def health(self, request: Request) -> Response:
@@ -222,9 +250,29 @@ class GatewayApp:
         lap("auth")
         body = await self._read_json(request)
         headers, path = dict(request.headers), request.url.path
-        canonical = route.parse(body, headers, path, session.history, session.seal)
+        canonical = await self._parse(
+            body, lambda: route.parse(body, headers, path, session.history, session.seal), session
+        )
         lap("body_parse")
         return session, canonical, body
+
+    async def _parse(
+        self,
+        body: dict[str, Any],
+        parse: Callable[[], CanonicalRequest],
+        session: LiveSession | None,
+    ) -> CanonicalRequest:
+        """`parse()`, the protocol's parse of `body`: over the message cap, a 413 before it;
+        a long history is parsed in a thread (its conversion is Python and pydantic, ~0.3 s
+        per 10,000 messages; a thread cuts the loop's longest stall 2-10x). One parse at a
+        time uses a session's history cache."""
+        opts = self.gateway.options
+        items = history_items(body)
+        check_history_items(items, opts.max_prompt_messages)
+        in_thread = bool(opts.plan_thread_messages) and items >= opts.plan_thread_messages
+        lock = session.parse_lock if session is not None else contextlib.nullcontext()
+        async with lock:
+            return await asyncio.to_thread(parse) if in_thread else parse()
 
     def _sampling(self, route: SamplingRoute) -> Handler:
         """The handler of a route that samples: the whole reply, or the protocol's live
@@ -244,8 +292,11 @@ class GatewayApp:
         async def count(request: Request) -> Response:
             session = self.gateway.authenticate(_bearer(request))
             body = await self._read_json(request)
-            canonical = route.parse(body, dict(request.headers), request.url.path, session.seal)
-            return route.reply(self.gateway.count_tokens(canonical))
+            headers, path = dict(request.headers), request.url.path
+            canonical = await self._parse(
+                body, lambda: route.parse(body, headers, path, session.seal), None
+            )
+            return route.reply(await self.gateway.count_tokens(canonical))
 
         return count
 
@@ -340,14 +391,16 @@ class GatewayApp:
             ]
             if listener == "agent"
             else [],
-            # the session reaper runs once per process: with the control app
-            lifespan=self._lifespan if listener == "control" else None,
+            # the reaper and loop-lag probe run once per process, on the core's loop
+            lifespan=self._lifespan if listener == "agent" else None,
         )
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         """What runs as long as the app serves: the session reaper, the loop-lag probe;
-        the tokenizer pool (if one was started) and the engine connections stop with it."""
+        the tokenizer pool (if one was started) and the engine connections stop with it.
+        Runs with the agent app, whose loop owns the core's asyncio state."""
+        self.core_loop = asyncio.get_running_loop()
         tasks = [
             asyncio.create_task(SessionReaper(self.gateway).run()),
             asyncio.create_task(self.loop_lag.run()),

@@ -11,7 +11,8 @@ The planner is synchronous and never awaits. Inside `deferring_large_encodes()` 
 `OffloadingTokenizer` raises `LargeEncode` instead of encoding a large text inline; the
 caller awaits `LargeEncode.run()` (which leaves the ids ready for that exact text) and
 plans again, and the second plan takes the ready ids. Outside that context (revival,
-count_tokens, startup probes) every text is encoded inline, as before.
+startup probes) every text is encoded inline, as before; `count_tokens` asks the pool
+directly (`encode_in_pool`).
 """
 
 from __future__ import annotations
@@ -112,12 +113,16 @@ class OffloadingTokenizer:
                 )
             return self._pool
 
-    async def encode_off_loop(self, text: str) -> None:
-        """Encode `text` in the pool; its ids wait in `_ready` for the next plan."""
+    async def encode_in_pool(self, text: str) -> list[int]:
+        """The ids of `text`, encoded in the pool."""
         loop = asyncio.get_running_loop()
         ids = await loop.run_in_executor(self._executor(), _encode_in_worker, text)
         self.offloaded += 1
-        self._ready[text] = ids
+        return ids
+
+    async def encode_off_loop(self, text: str) -> None:
+        """Encode `text` in the pool; its ids wait in `_ready` for the next plan."""
+        self._ready[text] = await self.encode_in_pool(text)
 
     def forget(self, text: str) -> None:
         """Drop ids left ready for `text` (a plan that failed after they were made)."""

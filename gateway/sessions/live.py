@@ -31,6 +31,8 @@ class LiveSession:
         self.history: HistoryCache | None = HistoryCache()
         """The request history already converted (None: convert every request in full)."""
         self.lock = asyncio.Lock()
+        self.parse_lock = asyncio.Lock()
+        """One parse at a time uses `history` (a long one runs in a thread)."""
         self.closed = False
         self.last_active = now  # wall clock, like created_at and file mtimes
 

@@ -151,7 +151,7 @@ class SessionService:
         live.segment_scenes = state.segment_scenes
         live.last_call = state.last_call
         live.calls, live.failed_calls = state.calls, state.failed_calls
-        live.replies = RetryReplies(state.answered)
+        live.replies = RetryReplies(state.answered, state.offsets)
         self.sessions[session_id] = live
         self.engine.assign(session_id)
         self.metrics.sessions_open.inc()

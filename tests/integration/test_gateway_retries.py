@@ -17,6 +17,7 @@ import pytest
 
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
+from gateway.capture.store import SessionStore
 
 pytestmark = pytest.mark.integration
 
@@ -186,3 +187,71 @@ def test_a_retry_of_a_failed_call_is_sampled(
     calls = gw.trajectory(session["session_id"])["calls"]
     assert [c["status"] for c in calls] == ["engine_error", "ok"]
     assert retried.json()["id"] == f"chatcmpl-{calls[1]['call_id']}"
+
+
+def test_a_retry_in_a_long_session_reads_back_only_its_own_record(
+    engine: tuple[ScriptedEngine, BackgroundServer],
+    tiny_model_dir: Path,
+    gateway_factory: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The answer of a retry comes from its call's record alone, found by the offset the
+    session keeps (live, and rebuilt by a restarted gateway), never from the whole file."""
+    _, server = engine
+    gw = gateway_factory(server.url, tiny_model_dir, MODEL, context_window=2**20)
+    session = gw.create_session()
+    history: list[dict[str, Any]] = []
+    bodies, answers = [], []
+    for turn in range(24):
+        history.append({"role": "user", "content": f"turn {turn}: " + "log line\n" * 2000})
+        body = {"model": MODEL, "messages": list(history)}
+        answer = post(gw.url, session["token"], body, None)
+        assert answer.status_code == 200, answer.text
+        bodies.append(body)
+        answers.append(answer.json())
+        history.append(
+            {"role": "assistant", "content": answer.json()["choices"][0]["message"]["content"]}
+        )
+    records = gw.gateway.options.data_dir / "sessions" / session["session_id"] / "records.jsonl"
+    size = records.stat().st_size
+
+    read: list[int] = []
+    real_read_entry = SessionStore.read_entry
+
+    def counted(store: SessionStore, session_id: str, offset: int) -> Any:
+        entry = real_read_entry(store, session_id, offset)
+        read.append(len(entry.model_dump_json()) + 1)
+        return entry
+
+    def whole_file(*_: Any) -> Any:
+        raise AssertionError("a retry read the whole records file")
+
+    def retry_answers(url: str, turn: int) -> None:
+        read.clear()
+        retried = post(url, session["token"], bodies[turn], 1)
+        assert retried.status_code == 200, retried.text
+        assert retried.json()["id"] == answers[turn]["id"]
+        assert retried.json()["usage"] == answers[turn]["usage"]
+        assert retried.json()["choices"] == answers[turn]["choices"]
+        assert read and sum(read) < size / 10, (read, size)
+
+    monkeypatch.setattr(SessionStore, "read_entry", counted)
+    with monkeypatch.context() as patched:
+        patched.setattr(SessionStore, "load_records", whole_file)
+        retry_answers(gw.url, 12)
+    gw.server.stop()
+    restarted = gateway_factory(
+        server.url,
+        tiny_model_dir,
+        MODEL,
+        data_dir=gw.gateway.options.data_dir,
+        context_window=2**20,
+        public_url=gw.url,  # the same owner, restarted
+    )
+    models = httpx.get(
+        f"{restarted.url}/v1/models", headers={"Authorization": f"Bearer {session['token']}"}
+    )
+    assert models.status_code == 200  # revived: the offsets are rebuilt from the records
+    monkeypatch.setattr(SessionStore, "load_records", whole_file)
+    retry_answers(restarted.url, 5)
+    assert len(restarted.gateway.sessions[session["session_id"]].replies._offsets) == 24

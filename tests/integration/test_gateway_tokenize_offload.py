@@ -84,3 +84,24 @@ def test_large_new_text_is_tokenized_off_the_loop_with_the_same_ids(
         ]
         assert offloaded_encodes(metrics[0]) == 2  # the fork's whole text, the tool output
         assert offloaded_encodes(metrics[1]) == 0
+
+
+def test_a_many_message_request_planned_in_a_thread_gets_the_same_ids(
+    tiny_model_dir: Path, gateway_factory: Any
+) -> None:
+    """A request of at least `plan_thread_messages` messages is planned off the event loop
+    (in a thread): the same conversation planned there and on the loop records the same
+    prompt ids, a fork and then an extension of its held segment."""
+    engine = ScriptedEngine(
+        tiny_model_dir / "tokenizer.json",
+        Script(default_reply="done", rules=[ScriptRule(reply=TOOL_REPLY)]),
+    )
+    with BackgroundServer(engine.app()) as engine_server:
+        prompts = []
+        for threshold in (2, 0):
+            engine.reset()
+            gateway = gateway_factory(engine_server.url, tiny_model_dir, "tiny")
+            gateway.gateway.options.plan_thread_messages = threshold
+            prompts.append(run_conversation(gateway))
+    assert prompts[0] == prompts[1]
+    assert prompts[0][1][: len(prompts[0][0])] == prompts[0][0]

@@ -59,7 +59,7 @@ def test_a_retry_waits_for_the_call_in_flight() -> None:
             await asyncio.sleep(0)
             assert not waiter.done()
             assert inflight.awaited.is_set(), "a streamed original now samples to the end"
-            answers.recorded("new", "c1")
+            answers.recorded("new", "c1", 0)
             inflight.answer.set_result(result("c1"))
         assert (await waiter).call_id == "c1"  # type: ignore[union-attr]
         assert await answers.reply_for("new") == "c1"

@@ -247,3 +247,95 @@ def test_group_commit_syncs_before_acknowledging_and_off_never_syncs(
     assert time.monotonic() - started >= 0.4, "a batch starts at most every interval"
     assert len(synced) == 2, "the five appends to one file share one fsync"
     assert all(f'"call_id":"c{i}"'.encode() in synced[1] for i in range(5))
+
+
+class CountingReads:
+    """Wraps the store module's `open`: the bytes every file it opens hands back."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fh = open(*args, **kwargs)  # noqa: SIM115 - handed back to the caller to close
+        counter = self
+
+        class Counted:
+            def __enter__(self) -> "Counted":
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                fh.close()
+
+            def __iter__(self) -> Any:
+                for line in fh:
+                    counter.bytes += len(line)
+                    yield line
+
+            def readline(self) -> bytes:
+                line = fh.readline()
+                counter.bytes += len(line)
+                return line
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(fh, name)
+
+        return Counted()
+
+
+def chained_store(
+    tmp_path: Path, calls: int, pad: int, step: int = 2
+) -> tuple[SessionStore, list[CallEntry]]:
+    """`calls` calls, each continuing the previous one's prompt+output with `step` new
+    prompt ids (written as prompt references, as the pipeline writes them), each with `pad`
+    characters of request."""
+    store = new_store(tmp_path)
+    store.append("s1", SegmentOpened(segment_id="a", scene="main"))
+    full: list[int] = []
+    written: list[CallEntry] = []
+    for n in range(calls):
+        prompt = [*full, *range(1000 * (n + 1), 1000 * (n + 1) + step)]
+        entry = call(f"c{n}", "a", prompt, [2000 + n])
+        if n:
+            entry.call.prompt_ids = prompt[len(full) :]
+            entry.prompt_ref = PromptRef(call_id=f"c{n - 1}", length=len(full))
+        entry.request = {"pad": "x" * pad}
+        store.append("s1", entry)
+        written.append(entry)
+        full = [*prompt, 2000 + n]
+    return store, written
+
+
+def test_a_call_is_read_back_alone_with_its_prompt_length_and_tail(tmp_path: Path) -> None:
+    store, written = chained_store(tmp_path, calls=12, pad=10)
+    loaded = {r.call.call_id: r for r in store.load_records("s1") if isinstance(r, CallEntry)}
+    offsets = {cid: r.offset for cid, r in loaded.items()}
+    assert offsets == {w.call.call_id: w.offset for w in written}, "append and load agree"
+    for cid, whole in loaded.items():
+        assert whole.offset is not None
+        entry = store.read_entry("s1", whole.offset)
+        assert entry.call.call_id == cid
+        for count in (1, 2, 3, 7, 100):
+            length, tail = store.prompt_tail("s1", entry, offsets.get, count)
+            assert length == len(whole.call.prompt_ids)
+            assert tail == whole.call.prompt_ids[-count:], (cid, count)
+
+
+def test_a_retry_reads_its_record_not_the_whole_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, written = chained_store(tmp_path, calls=40, pad=20_000, step=80)
+    size = (tmp_path / "sessions" / "s1" / "records.jsonl").stat().st_size
+    reads = CountingReads()
+    monkeypatch.setattr(gateway.capture.store, "open", reads, raising=False)
+    store.load_records("s1")
+    assert reads.bytes == size, "control: the wrapper sees a whole-file read"
+    reads.bytes = 0
+    offsets = {w.call.call_id: w.offset for w in written}
+    target = written[20]
+    assert target.offset is not None
+    entry = store.read_entry("s1", target.offset)
+    length, tail = store.prompt_tail("s1", entry, offsets.get, 64)
+    assert (length, tail[-1]) == (81 * 20 + 80, 21079)
+    line = len(target.model_dump_json()) + 1
+    assert reads.bytes == line, "the record alone: its 80 new prompt ids hold the tail"
+    assert reads.bytes < size / 20
