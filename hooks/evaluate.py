@@ -5,7 +5,8 @@ not found, time-out, unparsable reward output, sandbox failure) the result is
 `status="eval_error"` with `reward=None`, so a trainer never learns from a reward of 0
 that the agent did not earn — unless the agent broke the sandbox the check needed
 (filled its disk, ended its supervisor, removed or closed its workdir: measured after
-the failure by `Sandbox.agent_damage`). Then the failure is the agent's doing:
+the failure by `Sandbox.agent_damage`; or removed a directory a check runs in that was
+there before the agent started, noted in `before_run`). Then the failure is the agent's doing:
 `status="agent_broke_sandbox"`, reward 0, and what was broken in `damage`. The spec and
 result models are in `schemas.evaluation`.
 
@@ -26,6 +27,7 @@ import posixpath
 import re
 import shlex
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from hooks.base import Hook, HookContext, register_hook
@@ -105,7 +107,7 @@ async def _run_check(
     sandbox: Sandbox, check: CommandCheck | ScriptCheck | FileCheck, workdir: str, idx: int
 ) -> tuple[CheckResult, list[float] | None]:
     name = check.name or f"{check.kind}{idx}"
-    cwd = check.cwd or workdir
+    cwd = posixpath.join(workdir, check.cwd) if check.cwd else workdir
     t0 = time.monotonic()
     if isinstance(check, FileCheck):
         path = check.path if check.path.startswith("/") else f"{cwd.rstrip('/')}/{check.path}"
@@ -171,8 +173,46 @@ async def _run_check(
     ), step
 
 
-async def evaluate(sandbox: Sandbox, spec: EvaluationSpec, workdir: str) -> EvaluationResult:
-    """Run every check in order and aggregate; evaluator failures give eval_error."""
+def _check_dirs(spec: EvaluationSpec, workdir: str) -> list[str]:
+    """The directories checks run in other than the workdir (which is always probed)."""
+    dirs = {posixpath.join(workdir, c.cwd) for c in spec.checks if c.cwd}
+    return sorted(d for d in dirs if d.rstrip("/") != workdir.rstrip("/"))
+
+
+async def _existing_dirs(sandbox: Sandbox, dirs: Sequence[str]) -> list[str]:
+    """Those of `dirs` that are directories in the sandbox now."""
+    if not dirs:
+        return []
+    res = await sandbox.exec(
+        ["/bin/sh", "-c", 'for d; do [ -d "$d" ] && echo "$d"; done; true', "sh", *dirs],
+        cwd="/",
+        timeout=60,
+    )
+    return [d for d in res.stdout.splitlines() if d in dirs]
+
+
+async def _whose_failure(sandbox: Sandbox, workdir: str, check_dirs: Sequence[str]) -> str | None:
+    """What the agent broke, if anything: the sandbox's own probe, then the check
+    directories that were there before the agent ran and are gone now. A probe that
+    cannot run finds nothing (a doubt stays ours)."""
+    damage = await sandbox.agent_damage(workdir)
+    if damage or not check_dirs:
+        return damage
+    try:
+        left = await _existing_dirs(sandbox, check_dirs)
+    except SandboxError:
+        return None
+    gone = [d for d in check_dirs if d not in left]
+    return "; ".join(f"{d} is gone (a check runs there)" for d in gone) or None
+
+
+async def evaluate(
+    sandbox: Sandbox, spec: EvaluationSpec, workdir: str, check_dirs: Sequence[str] = ()
+) -> EvaluationResult:
+    """Run every check in order and aggregate; evaluator failures give eval_error.
+
+    `check_dirs`: check directories that existed before the agent ran; one of them
+    gone after a failure is the agent's doing."""
     t0 = time.monotonic()
     version = spec.reward_fn_version()
     results: list[CheckResult] = []
@@ -191,7 +231,7 @@ async def evaluate(sandbox: Sandbox, spec: EvaluationSpec, workdir: str) -> Eval
                 steps = step
     except (EvaluatorError, SandboxError, OSError) as e:
         # Whose failure: the agent's if it left the sandbox broken (reward 0), else ours.
-        damage = await sandbox.agent_damage(workdir)
+        damage = await _whose_failure(sandbox, workdir, check_dirs)
         return EvaluationResult(
             status="agent_broke_sandbox" if damage else "eval_error",
             reward=0.0 if damage else None,
@@ -232,11 +272,24 @@ class EvaluateHook(Hook):
     Params = EvaluateParams
     params: EvaluateParams
 
+    @property
+    def _key(self) -> str:
+        return f"evaluate.{id(self)}.check_dirs"
+
+    async def before_run(self, ctx: HookContext) -> None:
+        """Notes which check directories exist before the agent can touch them: one
+        gone after a failed check is then the agent's doing, a task's wrong path ours."""
+        spec = self.params.spec or ctx.task.evaluation
+        if spec is not None:
+            ctx.state[self._key] = await _existing_dirs(ctx.sandbox, _check_dirs(spec, ctx.workdir))
+
     async def after_run(self, ctx: HookContext) -> None:
         spec = self.params.spec or ctx.task.evaluation
         if spec is None:
             return
-        evaluation = await evaluate(ctx.sandbox, spec, ctx.workdir)
+        evaluation = await evaluate(
+            ctx.sandbox, spec, ctx.workdir, check_dirs=ctx.state.get(self._key, [])
+        )
         ctx.outcome.evaluation = evaluation
         path = ctx.artifacts_dir / "evaluation.json"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -298,8 +298,6 @@ TRAPS = [
             }
         ],
         status=BROKE_SANDBOX,
-        open_hole="masked (eval_error): the damage probe looks at the workdir, /tmp and HOME, "
-        "not at a check's own cwd",
     ),
     Trap(
         "tmp_closed",

@@ -223,3 +223,33 @@ def test_a_v1_memory_cgroup_finds_its_pids_twin(
     assert cgroups.pids_limit_hits([str(memory)]) is None
     (pids / "pids.events").write_text("max 3\n")
     assert cgroups.pids_limit_hits([str(memory)]) == 3
+
+
+@pytest.mark.parametrize("existed_before", [True, False])
+async def test_a_check_dir_gone_after_the_agent_is_its_doing_a_wrong_path_is_ours(
+    tmp_path: Path, existed_before: bool
+) -> None:
+    """A check whose directory the agent deleted scores 0; a task naming a directory
+    that never existed stays an evaluator error (masked)."""
+    from hooks.evaluate import _check_dirs, _existing_dirs, evaluate
+    from schemas.evaluation import EvaluationSpec
+
+    home, work, tests = tmp_path / "home", tmp_path / "work", tmp_path / "work" / "tests"
+    home.mkdir()
+    work.mkdir()
+    if existed_before:
+        tests.mkdir()
+    spec = EvaluationSpec.model_validate(
+        {"checks": [{"kind": "command", "command": "true", "cwd": "tests"}]}
+    )
+    sb = _HostShell(str(home))
+    before = await _existing_dirs(sb, _check_dirs(spec, str(work)))
+    assert before == ([str(tests)] if existed_before else [])
+    if existed_before:
+        tests.rmdir()  # the agent's doing
+    r = await evaluate(sb, spec, str(work), check_dirs=before)
+    if existed_before:
+        assert r.status == "agent_broke_sandbox" and r.reward == 0.0
+        assert r.damage == f"{tests} is gone (a check runs there)"
+    else:
+        assert r.status == "eval_error" and r.reward is None and r.damage is None
