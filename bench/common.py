@@ -1,5 +1,5 @@
 """Helpers more than one bench needs: percentiles, a process tree's CPU, servers' health,
-and a real Gateway in-process on loopback.
+the fixed-latency engine, and a real Gateway in-process on loopback.
 """
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,6 +90,26 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120
             pass
         time.sleep(0.2)
     raise SystemExit(f"{url} did not become healthy")
+
+
+@contextlib.contextmanager
+def fixed_latency_engine(tokenizer_dir: Path, latency_ms: float) -> Iterator[str]:
+    """`devstack.fixed_latency_engine` (a FAKE engine: load benches measure the Gateway,
+    not a model) on a free loopback port while the block runs; yields its URL."""
+    from devstack.ports import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devstack.fixed_latency_engine",
+         "--tokenizer", str(tokenizer_dir / "tokenizer.json"), "--port", str(port),
+         "--latency-ms", str(latency_ms)]
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        stop_process(proc)
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:

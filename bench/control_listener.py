@@ -30,9 +30,9 @@ from typing import Any
 
 import httpx
 
-from bench.common import percentile, stop_process, wait_healthy
+from bench.common import fixed_latency_engine, percentile, stop_process, wait_healthy
 from bench.gateway_load import Results, agent, create_sessions, lag_quantiles, scrape
-from devstack.ports import consecutive_free_ports, free_port
+from devstack.ports import consecutive_free_ports
 from devstack.tiny_model import ensure_tiny_model
 
 PROBES = ("GET /health", "GET /policy", "POST /policy (refused)")
@@ -137,20 +137,10 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model = ensure_tiny_model()
-    engine_port = free_port()
-    engine = subprocess.Popen(
-        [sys.executable, "-m", "devstack.fixed_latency_engine",
-         "--tokenizer", str(model / "tokenizer.json"), "--port", str(engine_port),
-         "--latency-ms", str(args.engine_latency_ms)]
-    )  # fmt: skip
-    engine_url = f"http://127.0.0.1:{engine_port}"
     rows = []
-    try:
-        wait_healthy(engine_url, engine)
+    with fixed_latency_engine(model, args.engine_latency_ms) as engine_url:
         for mode in args.modes.split(","):
             rows.append(run_mode(args, model, engine_url, own_loop=mode == "own"))
-    finally:
-        stop_process(engine)
     print(
         f"\n{args.agents} agents back to back, engine latency {args.engine_latency_ms:g} ms, "
         f"probes every {args.probe_interval_ms:g} ms, idle {args.idle_seconds:g} s, "

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.common import percentile, process_ticks, stop_process, wait_healthy
+from bench.common import fixed_latency_engine, percentile, process_ticks, stop_process, wait_healthy
 from bench.conversations import TOOL_OUTPUT, TOOLS
 from devstack.ports import consecutive_free_ports, free_port
 from devstack.tiny_model import ensure_tiny_model
@@ -323,16 +323,8 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children on the way out
     model = ensure_tiny_model()
-    engine_port = free_port()
-    engine = subprocess.Popen(
-        [sys.executable, "-m", "devstack.fixed_latency_engine",
-         "--tokenizer", str(model / "tokenizer.json"), "--port", str(engine_port),
-         "--latency-ms", str(args.engine_latency_ms)]
-    )  # fmt: skip
-    engine_url = f"http://127.0.0.1:{engine_port}"
     rows: list[dict[str, Any]] = []
-    try:
-        wait_healthy(engine_url, engine)
+    with fixed_latency_engine(model, args.engine_latency_ms) as engine_url:
         for processes in (int(p) for p in args.processes.split(",")):
             for sessions in (int(k) for k in args.sessions.split(",")):
                 try:
@@ -343,8 +335,6 @@ def main() -> None:
                 rows.append(row)
                 if args.json:
                     print(json.dumps(row), flush=True)
-    finally:
-        stop_process(engine)
     print(
         f"\nengine latency {args.engine_latency_ms:g} ms, think {args.think_s:g} s (±50 %), "
         f"{args.turns} turns max, window {args.seconds:g} s, fsync {args.fsync}, "
