@@ -1,0 +1,105 @@
+"""The warm-up's stopping rule on synthetic held-out curves (no training, no torch).
+
+The style phase lowers the held-out expected reward; where it stands after a fixed step
+count depends on the CPU's floating point. The rule stops on the measured value, so
+curves that fall faster or slower all end inside the recipe's band.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from devstack.tiny_model import warm
+from devstack.tiny_model.warm import WarmupRecipe, style_evaluates, style_stop
+
+RECIPE = WarmupRecipe(steps=900, style_steps=200, style_eval_every=4, target_band=(0.17, 0.24))
+
+
+def run(recipe: WarmupRecipe, curve: Callable[[int], float]) -> tuple[int, str, list[int]]:
+    """The decisions :func:`warmup.train` takes, step by step, on ``curve`` (held-out
+    mean after each step): (stop step, reason, steps evaluated in the style phase)."""
+    evaluated: list[int] = []
+    for step in range(recipe.steps + recipe.style_steps):
+        mean = curve(step) if style_evaluates(step, recipe) else None
+        if mean is not None:
+            evaluated.append(step)
+        reason = style_stop(step, mean, recipe)
+        if reason:
+            return step, reason, evaluated
+    raise AssertionError("the rule never stopped")
+
+
+def falling(rate: float) -> Callable[[int], float]:
+    """Rises to 0.5 over the skills phase (through the band), then decays toward 0.08."""
+
+    def mean(step: int) -> float:
+        if step < RECIPE.steps:
+            return 0.5 * step / RECIPE.steps
+        return 0.08 + 0.42 * math.exp(-rate * (step - RECIPE.steps + 1))
+
+    return mean
+
+
+@pytest.mark.parametrize("rate", [0.01, 0.02, 0.035])
+def test_curves_that_fall_at_different_speeds_all_stop_inside_the_band(rate: float) -> None:
+    curve = falling(rate)
+    step, reason, evaluated = run(RECIPE, curve)
+    low, high = RECIPE.target_band
+    assert reason == "in_band"
+    assert low <= curve(step) <= high
+    assert step == evaluated[-1] and (step - RECIPE.steps + 1) % RECIPE.style_eval_every == 0
+    assert all(curve(s) > high for s in evaluated[:-1])
+
+
+def test_the_stop_step_follows_the_curve_not_a_fixed_count() -> None:
+    """Control for the test above: the three speeds stop at three different steps."""
+    stops = {run(RECIPE, falling(rate))[0] for rate in (0.01, 0.02, 0.035)}
+    assert len(stops) == 3
+
+
+def test_the_skills_phase_never_stops_even_inside_the_band() -> None:
+    assert all(style_stop(s, 0.2, RECIPE) is None for s in (0, 400, RECIPE.steps - 1))
+    assert not any(style_evaluates(s, RECIPE) for s in range(RECIPE.steps))
+    assert style_stop(RECIPE.steps, 0.2, RECIPE) == "in_band"
+
+
+def test_a_curve_that_stays_above_the_band_stops_at_the_cap() -> None:
+    step, reason, evaluated = run(RECIPE, lambda s: 0.3)
+    assert (step, reason) == (RECIPE.steps + RECIPE.style_steps - 1, "step_cap")
+    assert evaluated[-1] == step
+
+
+def test_an_odd_cap_is_still_evaluated_at_its_last_step() -> None:
+    recipe = RECIPE.model_copy(update={"style_steps": 10})
+    step, reason, evaluated = run(recipe, lambda s: 0.3)
+    assert (step, reason) == (recipe.steps + 9, "step_cap")
+    assert evaluated == [recipe.steps + 3, recipe.steps + 7, recipe.steps + 9]
+
+
+def test_a_fall_across_the_whole_band_between_evaluations_is_recorded_as_such() -> None:
+    def cliff(step: int) -> float:
+        return 0.5 if step < RECIPE.steps + 6 else 0.1
+
+    step, reason, _ = run(RECIPE, cliff)
+    assert (step, reason) == (RECIPE.steps + 7, "below_band")
+
+
+def test_the_band_and_the_interval_are_part_of_the_cache_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(warm, "_trainer_versions", lambda python: "torch transformers tokenizers")
+    python = Path("/unused")
+    keys = {
+        warm.warm_fingerprint(r, python)
+        for r in (
+            RECIPE,
+            RECIPE.model_copy(update={"target_band": (0.17, 0.25)}),
+            RECIPE.model_copy(update={"style_eval_every": 5}),
+        )
+    }
+    assert len(keys) == 3
+    assert warm.warm_fingerprint(RECIPE, python) == warm.warm_fingerprint(RECIPE, python)
