@@ -16,7 +16,7 @@ import pytest
 from devstack.tiny_model import warm
 from devstack.tiny_model.warm import WarmupRecipe, style_evaluates, style_stop
 
-RECIPE = WarmupRecipe(steps=900, style_steps=200, style_eval_every=4, target_band=(0.17, 0.24))
+RECIPE = WarmupRecipe()
 
 
 def run(recipe: WarmupRecipe, curve: Callable[[int], float]) -> tuple[int, str, list[int]]:
@@ -97,7 +97,7 @@ def test_the_band_and_the_interval_are_part_of_the_cache_key(
         warm.warm_fingerprint(r, python)
         for r in (
             RECIPE,
-            RECIPE.model_copy(update={"target_band": (0.17, 0.25)}),
+            RECIPE.model_copy(update={"target_band": (0.16, 0.22)}),
             RECIPE.model_copy(update={"style_eval_every": 5}),
         )
     }
