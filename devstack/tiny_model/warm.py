@@ -67,8 +67,12 @@ class WarmupRecipe(BaseModel):
     Inside the 0.15-0.6 RL needs, and around the 0.16-0.19 from which the demo's
     training rose by about 0.2 (more verbose habit left means more room to rise)."""
     style_eval_every: int = 4
-    """Held-out evaluation interval in the style phase: near the band the reward falls by
-    far less than the band's width in this many steps."""
+    """Held-out evaluation interval in the style phase: after ``style_min_steps`` the
+    reward falls by far less than the band's width in this many steps."""
+    style_min_steps: int = 48
+    """Style steps before the phase may stop. Its first steps are a shock (loss ~6, the
+    held-out reward falls by ~0.1 per 4 steps and partly recovers); after it the reward
+    declines slowly (~0.004 per 4 steps), so an evaluation cannot jump the band."""
     threads: int = 1
     """One thread: on a shared 2-core box, two OpenMP threads run ~3x slower, not faster."""
     heldout_seed: int = HELDOUT_SEED
@@ -92,12 +96,15 @@ def style_stop(step: int, heldout_mean: float | None, recipe: WarmupRecipe) -> S
     """Why the warm-up ends after ``step``, or None to go on.
 
     Only the style phase stops early (the skills phase passes through the band on its
-    way up): ``in_band`` when the held-out expected reward measured after ``step`` is
-    inside ``target_band``; ``below_band`` when it fell past the band between two
-    evaluations (the model is then outside the recipe's promise, and the record says
-    so); ``step_cap`` after ``style_steps`` steps without entering it.
+    way up), and only after ``style_min_steps`` of it: ``in_band`` when the held-out
+    expected reward measured after ``step`` is inside ``target_band``; ``below_band``
+    when it fell past the band between two evaluations (the model is then outside the
+    recipe's promise, and the record says so); ``step_cap`` after ``style_steps`` steps
+    without entering it.
     """
     if step < recipe.steps:
+        return None
+    if step - recipe.steps + 1 < min(recipe.style_min_steps, recipe.style_steps):
         return None
     low, high = recipe.target_band
     if heldout_mean is not None and heldout_mean <= high:

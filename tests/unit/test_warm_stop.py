@@ -7,7 +7,6 @@ curves that fall faster or slower all end inside the recipe's band.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,17 +33,25 @@ def run(recipe: WarmupRecipe, curve: Callable[[int], float]) -> tuple[int, str, 
 
 
 def falling(rate: float) -> Callable[[int], float]:
-    """Rises to 0.5 over the skills phase (through the band), then decays toward 0.08."""
+    """Rises to 0.5 over the skills phase (through the band); in the style phase a shock
+    dips through and below the band for 20 steps, then the reward declines from 0.3 by
+    ``rate`` per step -- the shape the real warm-up has, faster or slower by CPU."""
 
     def mean(step: int) -> float:
         if step < RECIPE.steps:
             return 0.5 * step / RECIPE.steps
-        return 0.08 + 0.42 * math.exp(-rate * (step - RECIPE.steps + 1))
+        done = step - RECIPE.steps + 1
+        if done <= 20:
+            return 0.5 - 0.02 * done
+        return 0.3 - rate * (done - 20)
 
     return mean
 
 
-@pytest.mark.parametrize("rate", [0.01, 0.02, 0.035])
+RATES = (0.0008, 0.0015, 0.003)
+
+
+@pytest.mark.parametrize("rate", RATES)
 def test_curves_that_fall_at_different_speeds_all_stop_inside_the_band(rate: float) -> None:
     curve = falling(rate)
     step, reason, evaluated = run(RECIPE, curve)
@@ -52,19 +59,33 @@ def test_curves_that_fall_at_different_speeds_all_stop_inside_the_band(rate: flo
     assert reason == "in_band"
     assert low <= curve(step) <= high
     assert step == evaluated[-1] and (step - RECIPE.steps + 1) % RECIPE.style_eval_every == 0
-    assert all(curve(s) > high for s in evaluated[:-1])
+    assert step - RECIPE.steps + 1 >= RECIPE.style_min_steps
+    late = [s for s in evaluated[:-1] if s - RECIPE.steps + 1 >= RECIPE.style_min_steps]
+    assert all(curve(s) > high for s in late)
 
 
 def test_the_stop_step_follows_the_curve_not_a_fixed_count() -> None:
     """Control for the test above: the three speeds stop at three different steps."""
-    stops = {run(RECIPE, falling(rate))[0] for rate in (0.01, 0.02, 0.035)}
+    stops = {run(RECIPE, falling(rate))[0] for rate in RATES}
     assert len(stops) == 3
+
+
+def test_the_shock_at_the_start_of_the_style_phase_does_not_stop_it() -> None:
+    """Control for the minimum: without it the shock's dip through the band would stop
+    the phase in its first steps."""
+    curve = falling(0.0015)
+    shock = [s for s in range(RECIPE.steps, RECIPE.steps + 20) if style_evaluates(s, RECIPE)]
+    assert any(RECIPE.target_band[0] <= curve(s) <= RECIPE.target_band[1] for s in shock)
+    assert run(RECIPE.model_copy(update={"style_min_steps": 0}), curve)[0] in shock
+    assert run(RECIPE, curve)[0] not in shock
 
 
 def test_the_skills_phase_never_stops_even_inside_the_band() -> None:
     assert all(style_stop(s, 0.2, RECIPE) is None for s in (0, 400, RECIPE.steps - 1))
     assert not any(style_evaluates(s, RECIPE) for s in range(RECIPE.steps))
-    assert style_stop(RECIPE.steps, 0.2, RECIPE) == "in_band"
+    first = RECIPE.steps + RECIPE.style_min_steps - 1
+    assert style_stop(first - 1, 0.2, RECIPE) is None
+    assert style_stop(first, 0.2, RECIPE) == "in_band"
 
 
 def test_a_curve_that_stays_above_the_band_stops_at_the_cap() -> None:
@@ -85,7 +106,7 @@ def test_a_fall_across_the_whole_band_between_evaluations_is_recorded_as_such() 
         return 0.5 if step < RECIPE.steps + 6 else 0.1
 
     step, reason, _ = run(RECIPE, cliff)
-    assert (step, reason) == (RECIPE.steps + 7, "below_band")
+    assert (step, reason) == (RECIPE.steps + RECIPE.style_min_steps - 1, "below_band")
 
 
 def test_the_band_and_the_interval_are_part_of_the_cache_key(
@@ -99,7 +120,8 @@ def test_the_band_and_the_interval_are_part_of_the_cache_key(
             RECIPE,
             RECIPE.model_copy(update={"target_band": (0.16, 0.22)}),
             RECIPE.model_copy(update={"style_eval_every": 5}),
+            RECIPE.model_copy(update={"style_min_steps": 40}),
         )
     }
-    assert len(keys) == 3
+    assert len(keys) == 4
     assert warm.warm_fingerprint(RECIPE, python) == warm.warm_fingerprint(RECIPE, python)
