@@ -15,6 +15,7 @@ import os
 import subprocess
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -48,20 +49,66 @@ class WarmupRecipe(BaseModel):
     weight_decay: float = 0.01
     key_weight: float = 5.0
     """Loss weight of the tokens that carry the task (answer, tool argument) vs format."""
-    style_steps: int = 100
-    """A second phase after ``steps``: conversations where ``verbose_fraction`` of the final
-    answers are verbose ("The answer is 7."), which the check rejects. It gives the model
-    one format habit shared by every task -- the room RL has: the skills alone left it
-    little (sharpening a memorised table barely transfers to held-out facts). A phase of
-    its own because mixing the style in from the start slowed the skills down (600 mixed
-    steps: held-out add 0.17 vs 0.72 after 400 terse ones)."""
+    style_steps: int = 200
+    """The most steps of a second phase after ``steps``: conversations where
+    ``verbose_fraction`` of the final answers are verbose ("The answer is 7."), which the
+    check rejects. It gives the model one format habit shared by every task -- the room RL
+    has: the skills alone left it little (sharpening a memorised table barely transfers to
+    held-out facts). A phase of its own because mixing the style in from the start slowed
+    the skills down (600 mixed steps: held-out add 0.17 vs 0.72 after 400 terse ones).
+    The phase lowers the held-out expected reward from about 0.5 and ends as soon as it
+    is inside ``target_band`` (see :func:`style_stop`)."""
     style_lr: float = 1e-3
     verbose_fraction: float = 0.85
+    target_band: tuple[float, float] = (0.16, 0.21)
+    """Where the style phase stops, in held-out expected reward (mean). Floating point
+    differs across CPUs, so a fixed step count lands at a different reward on each
+    machine; stopping on the measured reward makes the band the recipe's, not the CPU's.
+    Inside the 0.15-0.6 RL needs, and around the 0.16-0.19 from which the demo's
+    training rose by about 0.2 (more verbose habit left means more room to rise)."""
+    style_eval_every: int = 4
+    """Held-out evaluation interval in the style phase."""
+    style_min_steps: int = 48
+    """Style steps before the phase may stop. Its first steps are a shock (loss ~4, the
+    held-out reward falls from ~0.5 to ~0.07 and swings back): a stop there would keep
+    a model whose verbose habit is barely formed."""
     threads: int = 1
     """One thread: on a shared 2-core box, two OpenMP threads run ~3x slower, not faster."""
     heldout_seed: int = HELDOUT_SEED
     heldout_excluded: int = HELDOUT_SIZE
     """The first N held-out cases of ``heldout_seed`` never appear in the warm-up data."""
+
+
+StopReason = Literal["in_band", "step_cap"]
+
+
+def style_evaluates(step: int, recipe: WarmupRecipe) -> bool:
+    """Whether the style phase evaluates the held-out reward after ``step`` (0-based):
+    every ``style_eval_every`` of its steps, and its last allowed one."""
+    if step < recipe.steps:
+        return False
+    done = step - recipe.steps + 1
+    return done % recipe.style_eval_every == 0 or done >= recipe.style_steps
+
+
+def style_stop(step: int, heldout_mean: float | None, recipe: WarmupRecipe) -> StopReason | None:
+    """Why the warm-up ends after ``step``, or None to go on.
+
+    Only the style phase stops early (the skills phase passes through the band on its
+    way up), and only after ``style_min_steps`` of it: ``in_band`` when the held-out
+    expected reward measured after ``step`` is inside ``target_band``, ``step_cap``
+    after ``style_steps`` steps without that. A reward below the band does not stop
+    it: from one evaluation to the next the reward swings by up to ~0.07 and comes
+    back into the band.
+    """
+    if step < recipe.steps:
+        return None
+    done = step - recipe.steps + 1
+    low, high = recipe.target_band
+    ready = done >= min(recipe.style_min_steps, recipe.style_steps)
+    if ready and heldout_mean is not None and low <= heldout_mean <= high:
+        return "in_band"
+    return "step_cap" if done >= recipe.style_steps else None
 
 
 class WarmModelError(RuntimeError):

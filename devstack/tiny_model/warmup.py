@@ -34,7 +34,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from .tasks import TaskCase, conversation, heldout_cases, iter_cases
 from .template import render_chat
-from .warm import WarmupRecipe
+from .warm import WarmupRecipe, style_evaluates, style_stop
 from .weights import hf_config
 
 COPIED_FILES = (
@@ -237,8 +237,11 @@ def train(
 ) -> dict[str, Any]:
     """Train and write the model directory ``out``; returns the training summary.
 
-    Every ``eval_every`` steps (and at the end) the curve gets the held-out cases'
-    :func:`expected_reward` per kind.
+    Every ``eval_every`` steps of the skills phase, every ``recipe.style_eval_every`` of
+    the style phase and at the end, the curve gets the held-out cases'
+    :func:`expected_reward` per kind. The style phase ends by :func:`style_stop`; the
+    summary's ``stop`` says at which step, why, and the reward there (the curve's last
+    point is that step).
     """
     torch.set_num_threads(recipe.threads)
     torch.use_deterministic_algorithms(True)
@@ -259,7 +262,8 @@ def train(
     ]
     model.train()
     started = time.monotonic()
-    curve: list[dict[str, float]] = []
+    curve: list[dict[str, Any]] = []
+    stop: dict[str, Any] = {}
     total = recipe.steps + recipe.style_steps
     for step, (short, tool) in enumerate(batches(tok, recipe)):
         if step == total:
@@ -273,21 +277,27 @@ def train(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        last = step == total - 1
-        if step % log_every == 0 or last:
+        evaluate = step % eval_every == 0 if step < recipe.steps else style_evaluates(step, recipe)
+        evaluate = evaluate or step == total - 1
+        reward = expected_reward(model, heldout, pad_id) if evaluate else None
+        mean = round(reward["mean"], 4) if reward else None
+        reason = style_stop(step, mean, recipe) or ("step_cap" if step == total - 1 else None)
+        if step % log_every == 0 or reward is not None or reason:
             point: dict[str, Any] = {
                 "step": step,
                 "loss": round(loss.item(), 4),
                 "token_acc": round((right_a + right_b) / (n_a + n_b), 4),
                 "elapsed_s": round(time.monotonic() - started, 1),
             }
-            if step % eval_every == 0 or last:
-                reward = expected_reward(model, heldout, pad_id)
+            if reward is not None:
                 point["heldout_expected_reward"] = {k: round(v, 4) for k, v in reward.items()}
             curve.append(point)
             print(json.dumps(point), flush=True)
+        if reason:
+            stop = {"step": step, "reason": reason, "heldout_expected_reward": mean}
+            break
     write_model(model, cfg, base, out)
-    summary = {"recipe": recipe.model_dump(), "curve": curve}
+    summary = {"recipe": recipe.model_dump(), "stop": stop, "curve": curve}
     summary["train_s"] = round(time.monotonic() - started, 1)
     (out / "warmup.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
