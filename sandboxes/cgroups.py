@@ -183,19 +183,22 @@ def remove_cgroups(dirs: list[str]) -> None:
                 time.sleep(0.02)
 
 
+def _counter(files: list[Path], key: str) -> int | None:
+    """The first `key N` line among cgroup event files (`memory.events`, `pids.events`,
+    v1's `memory.oom_control`); None if none has it."""
+    for f in files:
+        with contextlib.suppress(OSError, ValueError):
+            for line in f.read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == key:
+                    return int(v)
+    return None
+
+
 def oom_kill_count(dirs: list[str]) -> int | None:
     """Cumulative OOM kills in the sandbox's memory cgroup (None if unknown)."""
-    for d in dirs:
-        p = Path(d)
-        for fname in ("memory.oom_control", "memory.events"):
-            f = p / fname
-            if f.exists():
-                with contextlib.suppress(OSError, ValueError):
-                    for line in f.read_text().splitlines():
-                        k, _, v = line.partition(" ")
-                        if k == "oom_kill":
-                            return int(v)
-    return None
+    files = [Path(d) / f for d in dirs for f in ("memory.oom_control", "memory.events")]
+    return _counter(files, "oom_kill")
 
 
 def pids_limit_hits(dirs: list[str]) -> int | None:
@@ -204,26 +207,11 @@ def pids_limit_hits(dirs: list[str]) -> int | None:
     `dirs` are the sandbox's cgroups as its backend knows them; on cgroup v1 a memory
     cgroup's pids twin (same path under the pids hierarchy, as docker makes them) is
     read too."""
-    for d in [*dirs, *(_v1_twin(d, "pids") for d in dirs)]:
-        if d is None:
-            continue
-        f = Path(d) / "pids.events"
-        with contextlib.suppress(OSError, ValueError):
-            for line in f.read_text().splitlines():
-                k, _, v = line.partition(" ")
-                if k == "max":
-                    return int(v)
-    return None
-
-
-def _v1_twin(path: str, controller: str) -> str | None:
-    """The cgroup v1 directory of `controller` at the same place as memory cgroup `path`."""
-    rel = (
-        Path(path).relative_to(ROOT / "memory")
-        if Path(path).is_relative_to(ROOT / "memory")
-        else None
-    )
-    return None if rel is None else str(ROOT / controller / rel)
+    memory = ROOT / "memory"
+    twins = [
+        ROOT / "pids" / Path(d).relative_to(memory) for d in dirs if Path(d).is_relative_to(memory)
+    ]
+    return _counter([p / "pids.events" for p in [*map(Path, dirs), *twins]], "max")
 
 
 def memory_cgroup_of_pid(pid: int) -> str | None:

@@ -28,6 +28,7 @@ import pytest
 from devstack.background_server import BackgroundServer
 from devstack.ports import consecutive_free_ports
 from devstack.scripted_engine import Script, ScriptedEngine
+from tests.fixtures.gateway import wait_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -92,18 +93,6 @@ def kill_all(procs: Iterable[Proc]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"gateway exited with {proc.returncode}"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError(f"{url} did not become healthy")
-
-
 @pytest.mark.parametrize("processes", [1, 2])
 def test_sigkilled_gateway_leaves_no_process(
     tiny_model_dir: Path, tmp_path: Path, processes: int
@@ -127,7 +116,7 @@ def test_sigkilled_gateway_leaves_no_process(
         try:
             for i in range(processes):
                 control = f"http://127.0.0.1:{port + processes + i}"
-                wait_healthy(control, proc)
+                wait_healthy(control, proc, timeout_s=120)
                 auth = {"Authorization": f"Bearer {admin}"}
                 session = httpx.post(
                     f"{control}/sessions", json={"rollout_id": "r"}, headers=auth

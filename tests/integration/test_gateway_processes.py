@@ -7,7 +7,6 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +24,9 @@ from schemas.rollout import BAD_TASK_SPEC, SessionRequest
 from schemas.sampling import SamplingParams
 from schemas.scenes import SceneConfig
 from schemas.tasks import HarnessSpec
+from tests.fixtures.gateway import wait_healthy
 
 pytestmark = pytest.mark.integration
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gateway exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError(f"{url} did not become healthy")
 
 
 def test_two_processes_own_their_sessions(tiny_model_dir: Path, tmp_path: Path) -> None:

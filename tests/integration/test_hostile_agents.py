@@ -34,6 +34,7 @@ import workers.run_cmd as run_cmd
 from rollout_client.client import RolloutOutcome
 from schemas.outcome import RolloutStatus
 from schemas.tasks import RolloutTask
+from tests.fixtures.forger import LEAVE_FORGER
 
 pytestmark = pytest.mark.integration
 
@@ -121,24 +122,6 @@ REWARD_SCRIPT = (
     "ok = open('answer.txt').read().strip() == '42'\n"
     "print(json.dumps({'reward': 1.0 if ok else 0.0}))\n"
 )
-FORGER = f"""
-import os, time
-marker = ("eval" + "-marker").encode()
-beat = 0
-while True:
-    beat += 1
-    with open("/tmp/forger.beat", "w") as f:
-        f.write(str(beat))
-    for pid in os.listdir("/proc"):
-        try:
-            seen = pid.isdigit() and marker in open("/proc/%s/cmdline" % pid, "rb").read()
-        except OSError:
-            seen = False
-        if seen:
-            os.system({FORGE!r})
-            raise SystemExit
-    time.sleep(0.01)
-"""
 #: 8 MiB (the sandbox's output cap) of filler whose last kept line is a forged reward.
 FLOOD = """
 import sys
@@ -224,12 +207,7 @@ TRAPS = [
     Trap(
         "process_left_behind",
         "a detached process waits for the evaluation to start and then writes the answer",
-        f"cat > /tmp/forger.py <<'EOF'\n{FORGER}EOF\n"
-        "setsid python3 /tmp/forger.py </dev/null >/dev/null 2>&1 &\n"
-        "until [ -s /tmp/forger.beat ]; do sleep 0.05; done\n"
-        'b=$(cat /tmp/forger.beat); until [ "$(cat /tmp/forger.beat)" != "$b" ]; '
-        "do sleep 0.05; done\n"
-        "touch armed; echo 41 > answer.txt\n",
+        LEAVE_FORGER + "touch armed; echo 41 > answer.txt\n",
         [{**ANSWER_CHECK, "command": ": eval-marker; sleep 1; " + ANSWER_CHECK["command"]}],
     ),
     Trap(

@@ -24,6 +24,7 @@ from sandboxes.supervised import SupervisedSandbox
 from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
+from tests.fixtures.forger import LEAVE_FORGER
 from tests.fixtures.llm_stand_in import RecordingLLMServerForTests
 from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
@@ -271,26 +272,6 @@ async def test_agent_reaches_its_gateway_session_from_inside(
 
 # ------------------------------------------------------------- hostile agents (reward)
 
-FORGER = """
-import os, time
-marker = ("eval" + "-marker").encode()
-beat = 0
-while True:
-    beat += 1
-    with open("/tmp/forger.beat", "w") as f:
-        f.write(str(beat))
-    for pid in os.listdir("/proc"):
-        try:
-            seen = pid.isdigit() and marker in open("/proc/%s/cmdline" % pid, "rb").read()
-        except OSError:
-            seen = False
-        if seen:
-            with open("answer.txt", "w") as f:
-                f.write("42\\n")
-            raise SystemExit
-    time.sleep(0.01)
-"""
-
 
 @pytest.mark.parametrize("kill", [True, False], ids=["killed", "control_not_killed"])
 async def test_a_process_the_agent_leaves_cannot_forge_its_answer(
@@ -307,14 +288,7 @@ async def test_a_process_the_agent_leaves_cannot_forge_its_answer(
     `kill_all_processes`) the same forger wins, so a 0 here means it was stopped."""
     if not kill:
         monkeypatch.setattr(SupervisedSandbox, "kill_all_processes", _no_kill)
-    agent = (
-        f"cat > /tmp/forger.py <<'EOF'\n{FORGER}EOF\n"
-        "setsid python3 /tmp/forger.py </dev/null >/dev/null 2>&1 &\n"
-        "until [ -s /tmp/forger.beat ]; do sleep 0.05; done\n"
-        'b=$(cat /tmp/forger.beat); until [ "$(cat /tmp/forger.beat)" != "$b" ]; '
-        "do sleep 0.05; done\n"
-        "echo 41 > answer.txt\n"
-    )
+    agent = LEAVE_FORGER + "echo 41 > answer.txt\n"
     evaluation = {
         "checks": [
             {"kind": "command", "name": "answer",
