@@ -191,21 +191,6 @@ async def _existing_dirs(sandbox: Sandbox, dirs: Sequence[str]) -> list[str]:
     return [d for d in res.stdout.splitlines() if d in dirs]
 
 
-async def _whose_failure(sandbox: Sandbox, workdir: str, check_dirs: Sequence[str]) -> str | None:
-    """What the agent broke, if anything: the sandbox's own probe, then the check
-    directories that were there before the agent ran and are gone now. A probe that
-    cannot run finds nothing (a doubt stays ours)."""
-    damage = await sandbox.agent_damage(workdir)
-    if damage or not check_dirs:
-        return damage
-    try:
-        left = await _existing_dirs(sandbox, check_dirs)
-    except SandboxError:
-        return None
-    gone = [d for d in check_dirs if d not in left]
-    return "; ".join(f"{d} is gone (a check runs there)" for d in gone) or None
-
-
 async def evaluate(
     sandbox: Sandbox, spec: EvaluationSpec, workdir: str, check_dirs: Sequence[str] = ()
 ) -> EvaluationResult:
@@ -231,7 +216,7 @@ async def evaluate(
                 steps = step
     except (EvaluatorError, SandboxError, OSError) as e:
         # Whose failure: the agent's if it left the sandbox broken (reward 0), else ours.
-        damage = await _whose_failure(sandbox, workdir, check_dirs)
+        damage = await sandbox.agent_damage(workdir, check_dirs)
         return EvaluationResult(
             status="agent_broke_sandbox" if damage else "eval_error",
             reward=0.0 if damage else None,

@@ -227,11 +227,14 @@ DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 DAMAGE_PROBE_TIMEOUT_S = 30.0
 #: Bytes the damage probe writes into each directory an evaluation writes to.
 DAMAGE_PROBE_BYTES = 65536
-#: The damage probe: for each directory given, whether it is still there, and whether a
-#: new file of DAMAGE_PROBE_BYTES can be written into it; one line per problem.
+#: The damage probe: for each directory before ``--``, whether it is still there, and
+#: whether a new file of DAMAGE_PROBE_BYTES can be written into it; for each one after,
+#: only whether it is still there; one line per problem.
 _DAMAGE_PROBE = """
 n=$1; shift
 for d in "$@"; do
+  shift
+  [ "$d" = -- ] && break
   [ -n "$d" ] || continue
   if [ ! -d "$d" ]; then echo "$d is gone"; continue; fi
   if ! [ -r "$d" ] || ! [ -x "$d" ]; then echo "$d cannot be read (mode changed)"; continue; fi
@@ -239,6 +242,7 @@ for d in "$@"; do
   head -c "$n" /dev/zero > "$f" 2>/dev/null || echo "$d has no room for $n bytes (disk full)"
   rm -f "$f"
 done
+for d in "$@"; do [ -d "$d" ] || echo "$d is gone (a check runs there)"; done
 """
 #: Exit status and message of an exec whose process could not be started (supervisor).
 _SPAWN_FAILED = (126, "exec failed:")
@@ -447,26 +451,29 @@ class Sandbox(abc.ABC):
         survive.
         """
 
-    async def agent_damage(self, workdir: str) -> str | None:
+    async def agent_damage(self, workdir: str, check_dirs: Sequence[str] = ()) -> str | None:
         """What the agent broke in this sandbox that an evaluation needs, or None.
 
         The one rule for whose fault a failed step after the agent's run is: the
         sandbox is the agent's, so a step that failed in a sandbox showing damage the
         agent could have done (no process can start, its supervisor is gone, the
-        workdir, /tmp or home is gone, closed or full) failed by the agent's doing and
+        workdir, /tmp or home is gone, closed or full, one of `check_dirs` — directories
+        checks run in that existed before the agent ran — is gone) failed by the agent's doing and
         scores 0; in a sandbox without such damage it is ours (masked). Measured after
         the failure, from the host where the backend can (`_find_damage`); a probe
         that cannot decide finds nothing, so a doubt stays ours. Never raises.
         """
         try:
-            return await asyncio.wait_for(self._find_damage(workdir), DAMAGE_PROBE_TIMEOUT_S + 15)
+            return await asyncio.wait_for(
+                self._find_damage(workdir, check_dirs), DAMAGE_PROBE_TIMEOUT_S + 15
+            )
         except Exception:
             return None
 
-    async def _find_damage(self, workdir: str) -> str | None:
+    async def _find_damage(self, workdir: str, check_dirs: Sequence[str]) -> str | None:
         """The probe run inside the sandbox (`_DAMAGE_PROBE`); backends add host-side
         measurements first. An exec the backend could not deliver decides nothing."""
-        dirs = [workdir, "/tmp", self.env.get("HOME", "")]
+        dirs = [workdir, "/tmp", self.env.get("HOME", ""), "--", *check_dirs]
         try:
             res = await self.exec(
                 ["/bin/sh", "-c", _DAMAGE_PROBE, "probe", str(DAMAGE_PROBE_BYTES), *dirs],

@@ -21,7 +21,7 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -127,7 +127,7 @@ class SupervisedSandbox(Sandbox):
     async def kill_all_processes(self) -> None:
         await self.supervisor.kill_all()
 
-    async def _find_damage(self, workdir: str) -> str | None:
+    async def _find_damage(self, workdir: str, check_dirs: Sequence[str]) -> str | None:
         """Measured from the host first: the supervisor runs as the agent's uid inside
         the sandbox, so a sandbox we did not destroy whose supervisor is gone or mute
         was ended from inside (killed, stopped, or starved of memory or pids). Then the
@@ -147,7 +147,7 @@ class SupervisedSandbox(Sandbox):
         hits = pids_limit_hits(self._memory_cgroups())
         if hits:
             return f"it ran into its pids limit ({hits} forks refused)"
-        return await super()._find_damage(workdir)
+        return await super()._find_damage(workdir, check_dirs)
 
 
 def _disk_full(mount: Path) -> str | None:

@@ -6,6 +6,7 @@ failure and cancellation."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -126,7 +127,7 @@ class _Sb(FakeSandbox):
         if self._backend.fail_kill:  # type: ignore[attr-defined]
             raise SandboxError("processes survived SIGKILL: [42]")
 
-    async def _find_damage(self, workdir: str) -> str | None:
+    async def _find_damage(self, workdir: str, check_dirs: Sequence[str]) -> str | None:
         EVENTS.append("sandbox.probe")
         if self._backend.damage == "hang":  # type: ignore[attr-defined]
             await asyncio.sleep(3600)
