@@ -103,6 +103,11 @@ class TrainConfig(StrictModel):
     )
     agreement_limit: float = Field(default=0.01, gt=0, description="mean |Δ logprob| alarm")
     seed: int = 0
+    trainer: Literal["reference", "trl"] = Field(
+        default="reference",
+        description="who computes the update: `reference` (trainer.loop) or `trl` (TRL's "
+        "GRPOTrainer through bridges.trl, in its own environment; no resume, no overlap)",
+    )
     run_id: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,60}$",

@@ -15,6 +15,11 @@ def main(argv: list[str]) -> int:
         print("usage: python -m trainer CONFIG.json", file=sys.stderr)
         return 2
     cfg = TrainConfig.model_validate_json(Path(argv[0]).read_text())
+    if cfg.trainer == "trl":
+        from trainer.trl_loop import run
+
+        run(cfg)
+        return 0
     from trainer.loop import Trainer
 
     asyncio.run(Trainer(cfg).run())

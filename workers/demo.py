@@ -377,6 +377,10 @@ def demo_cmd(
         int, typer.Option(min=1, help="--train: optimiser steps per step")
     ] = _TRAIN.updates_per_step,
     seed: Annotated[int, typer.Option(help="--train: trainer seed")] = _TRAIN.seed,
+    trainer: Annotated[
+        str,
+        typer.Option(help="--train: reference (our GRPO trainer) | trl (TRL's GRPOTrainer)"),
+    ] = _TRAIN.trainer,
     out: Annotated[
         Path | None, typer.Option(help="--train: output dir (default DATA_DIR/train-<time>)")
     ] = None,
@@ -388,6 +392,8 @@ def demo_cmd(
         raise typer.BadParameter("engine must be vllm or scripted")
     if train and engine != "vllm":
         raise typer.BadParameter("--train needs the vLLM engine")
+    if trainer not in ("reference", "trl"):
+        raise typer.BadParameter("trainer must be reference or trl")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     try:
@@ -402,9 +408,10 @@ def demo_cmd(
                 lr=lr,
                 updates_per_step=updates_per_step,
                 seed=seed,
+                trainer=trainer,
                 out=out,
             )
-            python = ensure_trainer_python(console)
+            python = ensure_trainer_python(console, opts.trainer)
             policy = ensure_policy_model(model, console)
             data_dir = data_dir.resolve()
             data_dir.mkdir(parents=True, exist_ok=True)

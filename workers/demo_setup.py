@@ -46,9 +46,11 @@ def ensure_engine_python(console: "Console") -> Path:
     return venv_python(venv)
 
 
-def ensure_trainer_python(console: "Console") -> Path:
-    """The trainer overlay's interpreter (torch from the engine venv + client packages)."""
+def ensure_trainer_python(console: "Console", trainer: str = "reference") -> Path:
+    """The trainer overlay's interpreter (torch from the engine venv + client packages,
+    plus the trainer framework's own packages for `trainer`)."""
     from devstack.trainer_env import (
+        TRAINER_EXTRAS,
         ensure_trainer_env,
         trainer_env_dir,
         trainer_env_install_log,
@@ -56,15 +58,17 @@ def ensure_trainer_python(console: "Console") -> Path:
     )
 
     ensure_engine_python(console)
-    env_dir = trainer_env_dir()
+    extras = TRAINER_EXTRAS[trainer]
+    env_dir = trainer_env_dir(extras=extras)
     if not trainer_env_ready(env_dir):
         try:
             run_step(
                 console,
-                "creating the trainer environment",
-                ensure_trainer_env,
+                f"creating the trainer environment ({trainer})",
+                lambda: ensure_trainer_env(extras=extras),
                 trainer_env_install_log(env_dir),
-                expect="about a minute: temporalio, pyarrow, matplotlib",
+                expect="about a minute: temporalio, pyarrow, matplotlib"
+                + (f", {', '.join(extras)}" if extras else ""),
             )
         except VllmVenvError as exc:
             raise DemoSetupError(f"{exc}\n{INSTALL_HINT}") from exc

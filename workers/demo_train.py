@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -69,6 +69,9 @@ class TrainDemoOptions(BaseModel):
     lr: float = Field(default=6e-4, gt=0)
     updates_per_step: int = Field(default=1, ge=1)
     seed: int = 0
+    trainer: Literal["reference", "trl"] = Field(
+        default="reference", description="who computes the update (TrainConfig.trainer)"
+    )
     out: Path | None = Field(default=None, description="None: DATA_DIR/train-<UTC time>")
 
 
@@ -238,9 +241,11 @@ async def run_train_demo(
             lr=opts.lr,
             updates_per_step=opts.updates_per_step,
             seed=opts.seed,
+            trainer=opts.trainer,
         )
         console.print(
-            f"training: {opts.steps} steps × {opts.tasks_per_step} tasks × {opts.group_size} "
+            f"training ({opts.trainer} trainer): {opts.steps} steps × "
+            f"{opts.tasks_per_step} tasks × {opts.group_size} "
             f"rollouts, held-out {opts.heldout_tasks} tasks × {opts.heldout_samples} "
             f"{_heldout_when(opts.heldout_every)}, "
             f"lr {opts.lr}, "

@@ -23,13 +23,18 @@ def trainer_process(
     cfg: TrainConfig, python: Path | None = None, admin_token: str | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """Write `cfg` into OUT and return the trainer's (argv, environment)."""
-    from devstack.trainer_env import trainer_environment, trainer_python, trainer_pythonpath
+    from devstack.trainer_env import (
+        TRAINER_EXTRAS,
+        trainer_environment,
+        trainer_python,
+        trainer_pythonpath,
+    )
 
     out = Path(cfg.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "train_config.json"
     config_path.write_text(cfg.model_dump_json(indent=2) + "\n")
-    interpreter = python or trainer_python()
+    interpreter = python or trainer_python(extras=TRAINER_EXTRAS[cfg.trainer])
     link_dir = trainer_pythonpath(
         Path(schemas.__file__).resolve().parent.parent, out / ".trainer-pythonpath"
     )
@@ -86,8 +91,15 @@ def train_cmd(
         bool, typer.Option(help="one-step off-policy: next rollouts run while a step trains")
     ] = True,
     seed: int = 0,
+    trainer: Annotated[
+        str, typer.Option(help="reference (trainer.loop) | trl (TRL's GRPOTrainer, --gateway only)")
+    ] = "reference",
 ) -> None:
     """Train the policy with GRPO on rollouts from the service (resumes a previous --out)."""
+    if trainer not in ("reference", "trl"):
+        raise typer.BadParameter("--trainer must be reference or trl")
+    if trainer == "trl" and gateway is None:
+        raise typer.BadParameter("--trainer trl publishes through the Gateway: give --gateway")
     for path in (tasks, init_policy, *([heldout] if heldout else [])):
         if not path.exists():
             raise typer.BadParameter(f"{path} does not exist")
@@ -111,6 +123,7 @@ def train_cmd(
         max_staleness=max_staleness,
         overlap=overlap,
         seed=seed,
+        trainer=trainer,
     )
     if gateway is None and not engine:
         raise typer.BadParameter("give --gateway (its control URL) or --engine")

@@ -370,3 +370,47 @@ def test_an_unusable_checkpoint_is_refused_and_the_old_policy_keeps_serving(
         timeout=120,
     )
     assert reply.status_code == 200
+
+
+def test_trl_grpo_trainer_closes_the_loop(stack: TrainStack, tmp_path: Path) -> None:
+    """`--trainer trl`: TRL's own GRPOTrainer takes the update. Two steps: step 1's
+    rollouts run through the real stack under v0, TRL's optimizer step makes v1, the
+    bridge's callback publishes it through the Gateway's POST /policy, and step 2's
+    rollouts are labelled v1 and every one of their calls was sampled by v1 (TRL asks
+    for a batch only after the step: no overlap). The metrics carry the held-out reward,
+    the policy and the agreement of TRL's recomputed log-probs with the engine's."""
+    out = tmp_path / "trl"
+    output = run_train(stack, out, 2, "--trainer=trl", "--heldout-every=0")
+    assert [(m["step"], m["policy"]) for m in step_lines(output)] == [("1", "v1"), ("2", "v2")]
+    assert output.rstrip().splitlines()[-1] == f"trained: {out}"
+    run = run_id(out)
+    first, second = (StepMetrics.model_validate_json(ln) for ln in (out / "metrics.jsonl").open())
+    assert (first.sampled_by, first.policy) == (f"{run}-v0", f"{run}-v1")
+    assert (second.sampled_by, second.policy) == (f"{run}-v1", f"{run}-v2")
+    for m in (first, second):
+        assert m.rollouts == 4 and m.rows_trained > 0 and m.tokens_trained > 0
+        assert m.grad_norm > 0 and m.staleness_max == 0
+        assert m.agree_mean < 0.01, m
+    assert first.heldout_reward is not None and second.heldout_reward is None
+    for step, version in ((1, "v0"), (2, "v1")):
+        table = read_samples(out / "samples" / f"step-{step:04d}")
+        assert set(table.column("policy_version").to_pylist()) == {f"{run}-{version}"}
+        calls = {v for vs in table.column("call_policy_versions").to_pylist() for v in vs}
+        assert calls == {f"{run}-{version}"}, (step, calls)
+    history = httpx.get(
+        f"{stack.gateway.control_url}/policy", headers=stack.gateway.admin_headers
+    ).json()["history"]
+    assert [h["policy_version"] for h in history if h["status"] == "ok"][-3:] == [
+        f"{run}-v0",
+        f"{run}-v1",
+        f"{run}-v2",
+    ]
+    assert httpx.get(f"{stack.engine.url}/weight_info").json() == {"weight_version": f"{run}-v2"}
+    assert sorted(p.name for p in (out / "policies").iterdir()) == [
+        f"{run}-v0",
+        f"{run}-v1",
+        f"{run}-v2",
+    ]
+    final = FinalEval.model_validate_json((out / "final_heldout.json").read_text())
+    assert final.policy == f"{run}-v2" and final.heldout_rollouts == 1
+    assert (out / "reward_curve.png").stat().st_size > 0
