@@ -23,6 +23,13 @@ fi
 echo "== vLLM CPU virtual environment (cached under $ROLLOUT_CACHE_DIR)"
 .venv/bin/python -c "from devstack.vllm_server import ensure_vllm_venv; print(ensure_vllm_venv())"
 
+echo "== trainer environments: one overlay per trainer (devstack.trainer_env.TRAINER_EXTRAS; cached)"
+.venv/bin/python -c "
+from devstack.trainer_env import TRAINER_EXTRAS, ensure_trainer_env
+for name, extras in TRAINER_EXTRAS.items():
+    print(name, ensure_trainer_env(extras=extras))
+"
+
 if [ -f scripts/build_base_image.sh ]; then
   echo "== sandbox base image (cached by recipe hash)"
   PYTHON=.venv/bin/python bash scripts/build_base_image.sh

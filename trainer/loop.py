@@ -51,6 +51,7 @@ from schemas.training import (
     run_id_for,
 )
 from trainer.batch import TrainRow, prepare_batch, tasks_for_step
+from trainer.heldout import collect, mean_reward, rewards, run_seed, submit_heldout, versioned
 from trainer.loss import agreement, batch_loss
 from trainer.policy import load_policy, save_policy
 from trainer.report import fmt, plot_curve, read_metrics, step_line, write_metrics
@@ -192,13 +193,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def _versioned(self, tasks: list[RolloutTask], version: str) -> list[RolloutTask]:
-        return [t.model_copy(update={"policy_version": version}) for t in tasks]
+        return versioned(tasks, version)
 
     async def _collect(self, client: RolloutClient, batch: Batch) -> list[RolloutOutcome]:
-        outcomes: list[RolloutOutcome] = []
-        async for outcome in client.results(batch, poll_s=0.5):
-            outcomes.append(outcome)
-        return outcomes
+        return await collect(client, batch)
 
     async def _submit(
         self, client: RolloutClient, state: RunState, step: int, label: str, train: bool = True
@@ -207,7 +205,6 @@ class Trainer:
         `label`; returns a future of their results. The label is in the batch id, so a
         rerun that serves the same version reuses the rollouts already run."""
         started = time.monotonic()
-        run_seed = self.cfg.seed * 100_003
         batch: Batch | None = None
         if train:
             batch = await client.submit(
@@ -215,20 +212,19 @@ class Trainer:
                 str(self.samples / f"step-{step:04d}"),
                 samples_per_task=self.cfg.group_size,
                 batch_id=f"{label}-s{step}",
-                seed=run_seed + step,
+                seed=run_seed(self.cfg.seed) + step,
                 rerun_failed=True,
             )
         held: Batch | None = None
         if self.heldout and (not train or self.cfg.heldout_due(step)):
-            held = await client.submit(
-                self._versioned(self.heldout, label),
-                str(self.samples / f"heldout-{step:04d}"),
-                samples_per_task=self.cfg.heldout_samples,
-                batch_id=f"{label}-h{step}",
-                # the same seeds at every pass: two policies' held-out rewards then differ
-                # by the policies, not by the draws (common random numbers)
-                seed=run_seed + 50_000,
-                rerun_failed=True,
+            held = await submit_heldout(
+                client,
+                self.heldout,
+                label,
+                self.samples,
+                step,
+                self.cfg.heldout_samples,
+                self.cfg.seed,
             )
 
         async def gather() -> Rollouts:
@@ -312,8 +308,7 @@ class Trainer:
         )
         self._save_optimizer(step)
         self.version = version
-        rewards = [o.result.reward for o in ro.outcomes if o.result and o.result.reward is not None]
-        held = [o.result.reward for o in ro.heldout if o.result and o.result.reward is not None]
+        scored = rewards(ro.outcomes)
         lags = batch.staleness
         return {
             "rollouts": len(ro.outcomes),
@@ -324,9 +319,9 @@ class Trainer:
             "rows_stale": batch.stale,
             "stale_calls": batch.stale_calls,
             "tokens_trained": batch.tokens,
-            "reward_mean": statistics.fmean(rewards) if rewards else None,
-            "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-            "heldout_reward": statistics.fmean(held) if held else None,
+            "reward_mean": statistics.fmean(scored) if scored else None,
+            "reward_std": statistics.pstdev(scored) if len(scored) > 1 else 0.0,
+            "heldout_reward": mean_reward(ro.heldout),
             "agree_mean": agree.mean,
             "agree_max": agree.max,
             "ratio_mean": agree.ratio_mean,
@@ -411,10 +406,9 @@ class Trainer:
             if final.policy == self.version:
                 return final
         ro = await (await self._submit(client, state, state.step + 1, self.version, train=False))
-        rewards = [o.result.reward for o in ro.heldout if o.result and o.result.reward is not None]
         final = FinalEval(
             policy=self.version,
-            heldout_reward=statistics.fmean(rewards) if rewards else None,
+            heldout_reward=mean_reward(ro.heldout),
             heldout_rollouts=len(ro.heldout),
         )
         path.write_text(final.model_dump_json() + "\n")
