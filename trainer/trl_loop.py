@@ -155,8 +155,9 @@ class TrlRunner:
         return fields
 
     def _record(self, step: int, logs: dict[str, Any]) -> None:
-        gen = self.generations[step]
-        held = self.held.get(step, [])
+        # popped: the runner keeps one batch of samples at a time, like the bridge
+        gen = self.generations.pop(step)
+        held = self.held.pop(step, [])
         converted = gen.converted
         scored = rewards(gen.outcomes)
         lags = converted.staleness
@@ -219,8 +220,7 @@ class TrlRunner:
             def on_log(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
                 logs = kw.get("logs") or {}
                 step = int(state.global_step)
-                done = any(m.step == step for m in runner.metrics)
-                if "loss" in logs and step in runner.generations and not done:
+                if "loss" in logs and step in runner.generations:
                     runner._record(step, logs)
                 return control
 
