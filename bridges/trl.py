@@ -70,40 +70,49 @@ class TrlBridgeError(ValueError):
 
 
 def _sample(rollout: TrainingRollout | None, placeholder_id: int) -> dict[str, Any]:
-    """One TRL sample; a rollout that trains nothing still needs non-empty ids (TRL reads
-    the last completion id to detect truncation), so it gets one placeholder token."""
-    if rollout is not None:
-        seg = rollout.primary
-        n = len(seg.response_ids)
-        for name, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
-            if len(values) != n:
-                raise ConversionError(
-                    rollout.rollout_id, name, f"{len(values)} entries for {n} response_ids"
-                )
-        if n and seg.prompt_ids and rollout.trained:
-            return {
-                "prompt_ids": list(seg.prompt_ids),
-                "completion_ids": list(seg.response_ids),
-                "logprobs": list(seg.logprobs),
-                "env_mask": list(seg.loss_mask),
-                "rollout_id": rollout.rollout_id,
-                "rollout_reward": rollout.reward if rollout.in_baseline else None,
-                "rollout_status": rollout.status.value,
-                "policy_versions": rollout.policy_versions,
-            }
+    """One TRL sample. A rollout that trains nothing (our failure, all calls stale or
+    masked, or absent: `None`) still needs non-empty ids — TRL reads the last completion
+    id to detect truncation — so it gets one placeholder token with `env_mask` 0."""
+    if rollout is None:
+        return {
+            "prompt_ids": [placeholder_id],
+            "completion_ids": [placeholder_id],
+            "logprobs": [0.0],
+            "env_mask": [0],
+            "rollout_id": None,
+            "rollout_reward": None,
+            "rollout_status": "missing",
+            "policy_versions": [],
+        }
+    seg = rollout.primary
+    n = len(seg.response_ids)
+    for name, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
+        if len(values) != n:
+            raise ConversionError(
+                rollout.rollout_id, name, f"{len(values)} entries for {n} response_ids"
+            )
+    if rollout.trained and n and seg.prompt_ids:
+        tokens = {
+            "prompt_ids": list(seg.prompt_ids),
+            "completion_ids": list(seg.response_ids),
+            "logprobs": list(seg.logprobs),
+            "env_mask": list(seg.loss_mask),
+        }
+    else:
+        tokens = {
+            "prompt_ids": list(seg.prompt_ids) or [placeholder_id],
+            "completion_ids": [placeholder_id],
+            "logprobs": [0.0],
+            "env_mask": [0],
+        }
     return {
-        "prompt_ids": list(rollout.primary.prompt_ids or [placeholder_id])
-        if rollout
-        else [placeholder_id],
-        "completion_ids": [placeholder_id],
-        "logprobs": [0.0],
-        "env_mask": [0],
-        "rollout_id": rollout.rollout_id if rollout else None,
-        # in the baseline but trains nothing (stale under "mask", truncated under "mask"):
-        # its reward still counts; out of it (infra_error, missing): unscorable
-        "rollout_reward": rollout.reward if rollout and rollout.in_baseline else None,
-        "rollout_status": rollout.status.value if rollout else "missing",
-        "policy_versions": rollout.policy_versions if rollout else [],
+        **tokens,
+        "rollout_id": rollout.rollout_id,
+        # None = unscorable for TRL: out of its group's baseline, advantage 0. A rollout
+        # in the baseline that trains nothing (stale or truncated under "mask") keeps it.
+        "rollout_reward": rollout.reward if rollout.in_baseline else None,
+        "rollout_status": rollout.status.value,
+        "policy_versions": rollout.policy_versions,
     }
 
 
