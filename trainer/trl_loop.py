@@ -28,6 +28,7 @@ import os
 import random
 import statistics
 import time
+import warnings
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,10 @@ class TrlRunner:
 
     # ------------------------------------------------------------------ run
     def run(self) -> Path:
+        # the step lines are the output: TRL's notices about its experimental rollout_func
+        # and about a vLLM newer than it lists (it never drives vLLM here) are not
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
         from datasets import Dataset
         from transformers import AutoTokenizer
         from trl import GRPOConfig
