@@ -237,7 +237,7 @@ class TrlRunner:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
         from datasets import Dataset
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PrinterCallback
         from trl import GRPOConfig
 
         cfg = self.cfg
@@ -320,6 +320,8 @@ class TrlRunner:
             rollout_func=self._rollout_func,
             callbacks=self._callbacks(),
         )
+        # transformers prints every log dict when tqdm is off; our step line replaces it
+        trainer.remove_callback(PrinterCallback)
         try:
             trainer.train()
             final = self._final(model)
