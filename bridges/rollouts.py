@@ -18,7 +18,9 @@ baseline is decided here and nowhere else:
   `agent_broke_sandbox`) are trained with the reward they got.
 - **Staleness is per call.** Each call carries the policy version that sampled it. A
   call lagging the trainer's version by more than `max_staleness` (or newer than it,
-  or with no readable version) is stale: its tokens get loss 0. A rollout whose calls
+  or with no readable version) is stale: its tokens get loss 0. A call the Gateway
+  labelled `unknown` (an engine in an unknown state after a failed weight load) is
+  never trained, with or without a current version. A rollout whose calls
   are all stale is dropped with its reward (`stale="drop"`) or kept in the baseline
   without loss (`stale="mask"`).
 - **Truncated rollouts** (the agent ran out of context or turns) are trained with
@@ -41,6 +43,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
+from schemas.policy import UNKNOWN_WEIGHTS
 from schemas.samples import token_versions
 from schemas.training import policy_version_index
 
@@ -286,7 +289,7 @@ def _rollout(
         segments.append(segment)
         calls += n_calls
         fresh_calls += n_fresh
-    all_stale = rules.current_version is not None and fresh_calls == 0 and calls > 0
+    all_stale = fresh_calls == 0 and calls > 0
     if excused:
         out.infra_error += 1
     elif all_stale:
@@ -317,7 +320,7 @@ def _segment(
     response = list(row["response_ids"])
     mask = list(map(int, row["loss_mask"]))
     lags: list[int | None] = [None] * len(versions)
-    fresh = [True] * len(versions)
+    fresh = [v != UNKNOWN_WEIGHTS for v in versions]
     if rules.current_version is not None:
         lags = [_lag(v, rules.current_version) for v in versions]
         out.staleness.extend(lag for lag in lags if lag is not None)
