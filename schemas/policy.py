@@ -234,5 +234,10 @@ class PolicyState(StrictModel):
     held_for: str | None = Field(
         default=None, description="the update_id of the external hold this process coordinates"
     )
+    waiting_calls: int = Field(
+        default=0,
+        description="engine calls that came to this process's gate since it closed, all "
+        "waiting (0 while it is open)",
+    )
     engines: list[EngineServing] = Field(default_factory=list)
     history: list[PolicyUpdateRecord]

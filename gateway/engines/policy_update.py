@@ -242,6 +242,7 @@ class PolicyUpdater:
             checkpoint=self.checkpoint if self.gate.version is not None else None,
             updating=self._lock.locked() or self._peer_hold is not None,
             held_for=self.held_for,
+            waiting_calls=self.gate.held if self.gate.closed else 0,
             engines=list(self.serving.values()),
             history=self.history(),
         )
