@@ -115,6 +115,16 @@ def _engine_message(status: int, body: bytes) -> str:
     return text[:500]
 
 
+def _no_route(body: bytes) -> bool:
+    """The server's own "no such route" answer (FastAPI's and Starlette's), not an
+    endpoint's 404 such as vLLM's for a model it does not serve."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.strip() in (b"Not Found", b"Method Not Allowed", b"")
+    return isinstance(parsed, dict) and parsed.get("detail") in ("Not Found", "Method Not Allowed")
+
+
 def _retry_after(value: str | None) -> float:
     if value is not None:
         try:
@@ -132,10 +142,8 @@ def _status_error(
     """Map an engine HTTP error to what the agent should see; a sampling endpoint the
     engine does not have is named with what offers it."""
     message = _engine_message(status, body)
-    if status in (404, 405) and path in _MISSING:
-        return GatewayError(
-            "engine_bad_reply", f"engine at {url} has no {path} ({message}): {_MISSING[path]}"
-        )
+    if status in (404, 405) and path in _MISSING and _no_route(body):
+        return GatewayError("engine_bad_reply", f"engine at {url} has no {path}: {_MISSING[path]}")
     if status == 400:
         return GatewayError("invalid_request", message)
     if status == 413:

@@ -273,6 +273,12 @@ async def test_an_engine_without_the_generate_endpoint_says_how_to_get_it(
     )
     assert "has no /inference/v1/generate" in err.message
     assert "--enable-scale-out" in err.message and "--engine-api completions" in err.message
+    unknown_model = {"error": {"message": "The model `m` does not exist.", "code": 404}}
+    fake.scripted.append(JSONResponse(unknown_model, 404))
+    err = await expect_error(
+        gen_client.complete(gen_client.urls[0], PROMPT, SamplingParams()), 502, "engine_bad_reply"
+    )
+    assert "has no" not in err.message and "The model `m` does not exist." in err.message
 
 
 async def test_non_json_reply_is_502(client: EngineRouter, fake: FakeVllmForTests) -> None:
