@@ -19,7 +19,9 @@ history gets the entry, every peer and this gate resume on it, and the caller ge
 error naming what failed and what the engines serve. Updates are serialized and run to
 their end even if their caller leaves; a peer paused by one update refuses another (409)
 instead of deadlocking two coordinators. The history (`policy_history`) is on the shared
-data dir, so every process (and a restarted one) reports the same.
+data dir, so every process (and a restarted one) reports the same. A trainer that moves
+weights into the engines itself splits the same pause and drain around its sync
+(`external_sync`: hold, release), holding this updater's lock meanwhile.
 """
 
 import asyncio
