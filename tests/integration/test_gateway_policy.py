@@ -286,49 +286,6 @@ def test_updates_are_serialized_and_a_version_names_one_checkpoint(
     assert "a version names one checkpoint" in clash.json()["error"]["message"]
 
 
-def test_every_gateway_process_ends_on_the_new_version(
-    engine: VllmServer, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """`--processes 2` share the engine: an update sent to process 1 pauses process 0
-    too (through its control listener), and both then report and record the new
-    version."""
-    admin = secrets.token_urlsafe(12)
-    port = consecutive_free_ports(4)
-    cmd = [
-        sys.executable, "-m", "workers.cli", "gateway", "--engine", engine.url,
-        "--model", engine.model, "--tokenizer", str(tiny_model_dir), "--port", str(port),
-        "--control-port", str(port + 2), "--processes", "2",
-        "--data-dir", str(tmp_path / "gw"), "--checkpoint-root", str(tmp_path),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
-    auth = {"Authorization": f"Bearer {admin}"}
-    controls = [f"http://127.0.0.1:{port + 2}", f"http://127.0.0.1:{port + 3}"]
-    try:
-        for control in controls:
-            wait_for(f"{control} healthy", lambda c=control: _healthy(c, proc))
-        ckpt = checkpoint(tiny_model_dir, tmp_path / "ckpt")
-        reply = httpx.post(
-            f"{controls[1]}/policy",
-            json={"policy_version": "p-multi", "checkpoint": str(ckpt)},
-            headers=auth,
-            timeout=600,
-        )
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["processes"] == 2
-        for control in controls:
-            state = httpx.get(f"{control}/policy", headers=auth).json()
-            assert (state["policy_version"], state["updating"]) == ("p-multi", False)
-            created = httpx.post(f"{control}/sessions", json={"rollout_id": "r"}, headers=auth)
-            ask(created.json(), [{"role": "user", "content": "hi"}])
-            calls = httpx.get(
-                f"{control}/sessions/{created.json()['session_id']}/trajectory", headers=auth
-            ).json()["calls"]
-            assert [c["policy_version"] for c in calls] == ["p-multi"]
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) is not None
-
-
 def _healthy(control: str, proc: subprocess.Popen[bytes]) -> bool:
     assert proc.poll() is None, f"gateway exited with {proc.returncode}"
     try:
@@ -586,19 +543,20 @@ def trainer_sync(engine_url: str, version: str, ckpt: Path) -> None:
     )
 
 
-def test_a_trainer_that_syncs_itself_holds_every_process_and_labels_the_next_calls(
+def test_every_gateway_process_holds_for_a_trainers_own_sync_then_loads_a_checkpoint(
     engine: VllmServer,
     proxied: tuple[RecordingProxy, str],
     tiny_model_dir: Path,
     tmp_path: Path,
     pool: ThreadPoolExecutor,
 ) -> None:
-    """`rollout gateway --processes 2` in front of the trainer's vLLM. A hold sent to
-    process 1 pauses process 0 too and answers only once the call running on process 0
-    has finished; a call arriving meanwhile waits at process 0's gate. The trainer syncs
-    its engine, releases with its version: the waiting call is sampled by the new
-    weights and recorded with that version, the one that ran before keeps its label,
-    and both processes report the external entry in their history."""
+    """`rollout gateway --processes 2` share the engine. A hold sent to process 1 pauses
+    process 0 too and answers only once the call running on process 0 has finished; a
+    call arriving meanwhile waits at process 0's gate. The trainer syncs its engine and
+    releases with its version: the waiting call is sampled by the new weights and
+    recorded with that version, the one that ran before keeps its label, and both
+    processes report the external entry. Then a checkpoint update sent to process 1
+    pauses process 0 through its control listener, and both record its version."""
     proxy, proxy_url = proxied
     admin = secrets.token_urlsafe(12)
     port = consecutive_free_ports(4)
@@ -606,6 +564,7 @@ def test_a_trainer_that_syncs_itself_holds_every_process_and_labels_the_next_cal
         sys.executable, "-m", "workers.cli", "gateway", "--engine", proxy_url,
         "--model", engine.model, "--tokenizer", str(tiny_model_dir), "--port", str(port),
         "--control-port", str(port + 2), "--processes", "2", "--data-dir", str(tmp_path / "gw"),
+        "--checkpoint-root", str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
     auth = {"Authorization": f"Bearer {admin}"}
@@ -617,7 +576,7 @@ def test_a_trainer_that_syncs_itself_holds_every_process_and_labels_the_next_cal
         return PolicyState.model_validate_json(reply.content)
 
     def session(control: str, label: str) -> dict[str, Any]:
-        body = {"rollout_id": f"r-{label}", "policy_version": label}
+        body = {"rollout_id": f"r-{secrets.token_hex(4)}", "policy_version": label}
         created = httpx.post(f"{control}/sessions", json=body, headers=auth)
         assert created.status_code == 201, created.text
         return created.json()
@@ -672,6 +631,25 @@ def test_a_trainer_that_syncs_itself_holds_every_process_and_labels_the_next_cal
             assert versions(control, fresh) == ["p-ext"]
         late = post_release(one, auth, "ext-1", policy_version="p-ext")
         assert late.status_code == 409 and "already ended" in late.json()["error"]["message"]
+
+        ckpt = checkpoint(tiny_model_dir, tmp_path / "ckpt")
+        reply = httpx.post(
+            f"{one}/policy",
+            json={"policy_version": "p-multi", "checkpoint": str(ckpt)},
+            headers=auth,
+            timeout=600,
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["processes"] == 2
+        for control in (zero, one):
+            now = state(control)
+            assert (now.policy_version, now.updating) == ("p-multi", False)
+            assert [(r.kind, r.policy_version) for r in now.history] == [
+                ("external", "p-ext"), ("checkpoint", "p-multi"),
+            ]  # fmt: skip
+            fresh = session(control, "label-v0")
+            ask(fresh, [{"role": "user", "content": "hi"}])
+            assert versions(control, fresh) == ["p-multi"]
     finally:
         proxy.release()
         proc.terminate()
