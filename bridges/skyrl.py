@@ -414,7 +414,7 @@ class RolloutGenerator(GeneratorInterface):
             batch_id=self.batch_id(meta),
         )
         outcomes = [o async for o in client.results(batch)]
-        rows = client.load_samples([o for o in outcomes if o.ok]).to_pylist()
+        rows = client.load_samples(outcomes).to_pylist()  # a failed rollout has no rows
         rules = self.rules
         if self.version_index is not None:
             rules = rules.model_copy(update={"current_version": self.version_index(meta)})
