@@ -46,6 +46,7 @@ from bridges.rollouts import (
 )
 from rollout_client import RolloutClient
 from schemas.tasks import ID_PATTERN, RolloutTask, group_id_for, rollout_id_for
+from schemas.training import policy_version_name
 
 try:  # SkyRL's own types where it is installed (Python 3.12 in practice; see the doc)
     from skyrl.train.generators.base import (
@@ -354,6 +355,16 @@ class RolloutGenerator(GeneratorInterface):
     connecting there, lazily, keeps the Temporal client on that loop). `output`: where
     the workers write samples (a directory or `s3://…`). `version_index`: the trainer's
     policy index for a batch (for the staleness rule), from SkyRL's `BatchMetadata`.
+
+    `policy`: the Gateway's policy client (`GatewayPolicyClient`, its `external_update`)
+    when SkyRL syncs weights into the engines behind the Gateway itself. SkyRL's
+    synchronous trainer syncs after each step's update, before it asks for the next
+    batch, and no rollout of ours is in flight then; so before a training batch whose
+    step the Gateway has not been told of, the generator holds and releases the Gateway
+    with `<run_id>-v<global_step - 1>` (the weights after that many updates), labels the
+    batch's tasks with it, and, unless `version_index` is given, checks staleness against
+    that index. A trainer that overlaps generation with its sync (SkyRL's fully async
+    trainer) must hold around its own pause/resume instead (docs/trainers/skyrl.md).
     """
 
     def __init__(
@@ -367,6 +378,7 @@ class RolloutGenerator(GeneratorInterface):
         filler_token_id: int = 0,
         min_group_size: int = 2,
         version_index: Callable[[Any], int | None] | None = None,
+        policy: Any | None = None,
     ) -> None:
         if isinstance(tasks, Mapping):
             self.tasks = dict(tasks)
@@ -381,6 +393,9 @@ class RolloutGenerator(GeneratorInterface):
         self.filler_token_id = filler_token_id
         self.min_group_size = min_group_size
         self.version_index = version_index
+        self.policy = policy
+        self.labelled: int | None = None
+        """The policy index the Gateway was last told its engines serve."""
         self.calls = 0
 
     async def client(self) -> RolloutClient:
@@ -406,20 +421,39 @@ class RolloutGenerator(GeneratorInterface):
         meta = input_batch.get("batch_metadata")
         min_size = 1 if meta is not None and meta.training_phase == "eval" else self.min_group_size
         groups = plan_groups(input_batch, self.tasks, min_size)
+        tasks = [g.task for g in groups]
+        rules = self.rules
+        served = await self.label_served(meta)
+        if served is not None:
+            name = policy_version_name(self.run_id, served)
+            tasks = [t.model_copy(update={"policy_version": name}) for t in tasks]
+            rules = rules.model_copy(update={"current_version": served})
+        if self.version_index is not None:
+            rules = rules.model_copy(update={"current_version": self.version_index(meta)})
         client = await self.client()
         batch = await client.submit(
-            [g.task for g in groups],
+            tasks,
             self.output,
             samples_per_task=len(groups[0].rows),
             batch_id=self.batch_id(meta),
         )
         outcomes = [o async for o in client.results(batch)]
         rows = client.load_samples(outcomes).to_pylist()  # a failed rollout has no rows
-        rules = self.rules
-        if self.version_index is not None:
-            rules = rules.model_copy(update={"current_version": self.version_index(meta)})
         converted = to_training_rollouts(rows, rules)
         return self.output_for(input_batch, groups, batch.batch_id, converted)
+
+    async def label_served(self, meta: Any) -> int | None:
+        """With `policy`: the index of the weights the engines serve for this batch (the
+        Gateway told first if it does not know it yet); None without, or for eval."""
+        if self.policy is None or meta is None or meta.training_phase != "train":
+            return None
+        served = max(meta.global_step - 1, 0)
+        if served != self.labelled:
+            name = policy_version_name(self.run_id, served)
+            async with self.policy.external_update(name):
+                pass  # SkyRL's sync is done; the hold drains nothing, the release labels
+            self.labelled = served
+        return served
 
     def output_for(
         self,

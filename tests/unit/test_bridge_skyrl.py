@@ -9,6 +9,8 @@ from rows given up front: the real client needs Temporal, workers and an engine,
 the integration tests of the client cover; here only the bridge's use of it is checked.
 """
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -333,3 +335,64 @@ def test_a_run_id_that_makes_no_batch_id_is_refused() -> None:
     gen = bridge.RolloutGenerator(ListedClient([]), "/out", run_id="bad id")
     with pytest.raises(bridge.SkyRLInputError, match="run_id 'bad id'"):
         gen.batch_id(None)
+
+
+class HoldRecorder:
+    """Stand-in for `GatewayPolicyClient.external_update` (the Gateway's hold/release
+    pair): records the versions it was asked to label; the Gateway side has its own
+    integration tests."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def external_update(self, policy_version: str) -> AsyncIterator[None]:
+        yield
+        self.released.append(policy_version)
+
+
+async def test_with_skyrl_syncing_weights_the_gateway_is_told_once_per_step() -> None:
+    """Step k samples the weights after k-1 updates: `<run>-v<k-1>`, told once per step
+    (dynamic sampling asks again within a step), never for eval; the tasks carry it and
+    staleness is measured against it (a call by v0 at step 3 lags 2 > 1)."""
+
+    class Rows(ListedClient):
+        def load_samples(self, outcomes: list[RolloutOutcome]) -> pa.Table:
+            bid = self.batch.batch_id
+            return pa.Table.from_pylist(
+                [
+                    sample_row(bid, "mul", 0, 1.0, version="r1-v2"),
+                    sample_row(bid, "mul", 1, 0.0, version="r1-v0"),
+                ]
+            )
+
+    client, policy = Rows([]), HoldRecorder()
+    gen = bridge.RolloutGenerator(
+        connecting(client), "/out", tasks=[MUL], run_id="r1", policy=policy
+    )
+    batch = skyrl_input([("u1", 0, {"task_id": "mul"}), ("u1", 1, {"task_id": "mul"})])
+    out = await gen.generate(batch)
+    await gen.generate(batch)
+    assert policy.released == ["r1-v2"]
+    assert client.submitted[0][2] == "r1-t3-1"
+    assert out["loss_masks"][0] == [1, 1, 0, 1] and out["loss_masks"][1] == [0]
+    batch["batch_metadata"] = bridge.BatchMetadata(global_step=4, training_phase="eval")
+    await gen.generate(batch)
+    batch["batch_metadata"] = bridge.BatchMetadata(global_step=4, training_phase="train")
+    await gen.generate(batch)
+    assert policy.released == ["r1-v2", "r1-v3"]
+
+
+async def test_submitted_tasks_carry_the_served_version() -> None:
+    seen: list[str] = []
+
+    class Tasks(ListedClient):
+        async def submit(self, tasks: list[RolloutTask], *args: Any, **kw: Any) -> Batch:
+            seen.extend(t.policy_version for t in tasks)
+            return await super().submit(tasks, *args, **kw)
+
+    gen = bridge.RolloutGenerator(
+        connecting(Tasks([])), "/out", tasks=[MUL], run_id="r1", policy=HoldRecorder()
+    )
+    await gen.generate(skyrl_input([("u1", 0, {"task_id": "mul"}), ("u1", 1, {"task_id": "mul"})]))
+    assert seen == ["r1-v2"] and MUL.policy_version == "tiny-random-v0"
