@@ -42,6 +42,7 @@ from bridges.rollouts import (
     ConversionRules,
     ConvertedBatch,
     TrainingRollout,
+    TrainingSegment,
     to_training_rollouts,
 )
 from rollout_client import RolloutClient
@@ -206,8 +207,8 @@ def plan_groups(
     return list(groups.values())
 
 
-def _checked(rollout: TrainingRollout) -> None:
-    """Never hand SkyRL a sample whose masks and ids disagree in length."""
+def _checked(rollout: TrainingRollout) -> TrainingSegment:
+    """The primary segment, never one whose masks and ids disagree in length."""
     seg = rollout.primary
     n = len(seg.response_ids)
     for name, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
@@ -221,6 +222,7 @@ def _checked(rollout: TrainingRollout) -> None:
         raise ConversionError(
             rollout.rollout_id, "response_ids", f"empty (segment {seg.segment_id})"
         )
+    return seg
 
 
 def _token_rewards(rollout: TrainingRollout, reward: float) -> list[float]:
@@ -281,13 +283,13 @@ def _assemble(
             env_metrics.append({"rollout_id": None, "status": "missing"})
             masked += 1
             continue
-        _checked(r)
-        seg = r.primary
+        seg = _checked(r)
         reward = r.reward if r.in_baseline else baseline.get(slot.group_id, 0.0)
-        prompt_ids.append(list(seg.prompt_ids))
-        response_ids.append(list(seg.response_ids))
-        loss_masks.append(list(seg.loss_mask) if trained else [0] * len(seg.loss_mask))
-        logprobs.append(list(seg.logprobs))
+        # the segment's own lists, not copies: the converted batch is SkyRL's from here
+        prompt_ids.append(seg.prompt_ids)
+        response_ids.append(seg.response_ids)
+        loss_masks.append(seg.loss_mask if trained else [0] * len(seg.loss_mask))
+        logprobs.append(seg.logprobs)
         rewards.append(_token_rewards(r, reward) if reward_shape == "token" else reward)
         stop_reasons.append("length" if r.truncated else FINISHED if r.in_baseline else "error")
         masked += not trained
