@@ -11,21 +11,27 @@ puts a `typing.TypedDict` in a pydantic model, which pydantic refuses before Pyt
 3.12. The snippet makes `typing.TypedDict` the `typing_extensions` one (what 3.12's
 typing provides) before importing SkyRL; nothing else of SkyRL is changed.
 
-Rollouts are not run here: the rows are our sample schema's, built in the test (the
-workflow that writes them is covered by the stack tests).
+The first test builds our rows by hand (every case: an infra error, a rollout without
+rows); the second runs the live path: Temporal dev server, a worker with local sandboxes,
+the Gateway in front of vLLM CPU serving the tiny model, `generate` called on SkyRL's batch.
 """
 
 import json
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from devstack.temporal_dev_server import TemporalDevServer
 from devstack.trainer_env import TRAINER_EXTRAS, trainer_python, trainer_pythonpath
-from devstack.vllm_server import INSTALL_HINT, VllmVenvError
+from devstack.vllm_server import INSTALL_HINT, VllmServer, VllmVenvError
 from examples.make_tasks import task as make_task
+from tests.fixtures.gateway import start_gateway
 from tests.fixtures.trainer import TrainerPython
+from tests.integration.test_controller import WorkerProcess
 from tests.unit.test_bridge_skyrl import sample_row
 
 pytestmark = pytest.mark.integration
@@ -150,3 +156,95 @@ def test_skyrl_takes_the_bridges_output_with_its_own_checks(
         r = by_id[("uid-cap", i)]
         assert r["skyrl_adv"] == pytest.approx(r["our_adv"] * (3 / 4) ** 0.5, rel=1e-5)
         assert r["logprob_sum"] == pytest.approx(-0.75)
+
+
+LIVE = r"""
+import typing, typing_extensions
+typing.TypedDict = typing_extensions.TypedDict  # SkyRL 0.3.0 on Python 3.11 (module doc)
+import asyncio, json
+from skyrl.train.generators.utils import prepare_generator_input
+from skyrl.train.utils.trainer_utils import validate_generator_output
+import bridges.skyrl as bridge
+from rollout_client import RolloutClient
+from schemas.tasks import RolloutTask
+
+data = json.loads(DATA)
+tasks = [RolloutTask.model_validate(t) for t in data["tasks"]]
+gen = bridge.RolloutGenerator(
+    lambda: RolloutClient.connect(data["temporal"], task_queue=data["queue"]),
+    data["out"], tasks=tasks, run_id="live",
+)
+prompts = [
+    {"prompt": [{"role": "user", "content": t.prompt}], "env_class": None,
+     "env_extras": {"task_id": t.task_id}, "uid": f"uid-{t.task_id}"}
+    for t in tasks
+]
+ginput, uids = prepare_generator_input(prompts, 2, {"temperature": 1.0}, "rollout", "train", 1)
+out = asyncio.run(gen.generate(ginput))
+validate_generator_output(len(ginput["prompts"]), out)
+print(json.dumps({
+    "rollouts": [m["rollout_id"] for m in out["env_metrics"]],
+    "status": [m["status"] for m in out["env_metrics"]],
+    "turns": [m["num_turns"] for m in out["env_metrics"]],
+    "trained": [sum(m) for m in out["loss_masks"]],
+    "tool_tokens": [len(m) - sum(m) for m in out["loss_masks"]],
+    "logprobs_on_mask": [
+        all((lp < 0) == bool(m) for lp, m in zip(lps, mask) if m)
+        for lps, mask in zip(out["rollout_logprobs"], out["loss_masks"])
+    ],
+    "rewards": out["rewards"], "stop": out["stop_reasons"],
+    "metrics": out["rollout_metrics"],
+}))
+"""
+
+
+def test_generate_runs_skyrls_batch_as_our_rollouts(
+    skyrl_env: TrainerPython,
+    temporal_server: TemporalDevServer,
+    vllm_server: VllmServer,
+    tiny_model_dir: Path,
+) -> None:
+    """The live path: SkyRL's own batch for one task × 2 repetitions, `generate` submits
+    it through Temporal to a worker whose agent (two turns, local sandbox) calls the tiny
+    model through the Gateway; SkyRL's `validate_generator_output` takes the result."""
+    work = Path(tempfile.mkdtemp(prefix="rollout-skyrl-", dir="/tmp"))
+    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
+    gateway = start_gateway(vllm_server.url, tiny_model_dir, work / "gateway", vllm_server.model)
+    queue = "skyrl-bridge"
+    worker = WorkerProcess(
+        [
+            "--role=all",
+            f"--temporal={temporal_server.address}",
+            f"--task-queue={queue}",
+            "--host-id=skyrl-host",
+            f"--gateway={gateway.control_url}",
+            f"--admin-token={gateway.admin_token}",
+            f"--sandbox-state-dir={work / 'sandboxes'}",
+            f"--data-dir={work / 'worker'}",
+            "--graceful-shutdown-s=5",
+        ],
+        work / "worker.log",
+        dict(os.environ),
+    )
+    task = make_task("mul", "What is 6 times 7? Reply with the number only.", "42")
+    task["sampling"] = {"temperature": 1.0, "max_tokens": 16}
+    data = {
+        "tasks": [task],
+        "temporal": temporal_server.address,
+        "queue": queue,
+        "out": str(work / "samples"),
+    }
+    try:
+        worker.start()
+        got = skyrl_env.run_json(f"DATA = {json.dumps(json.dumps(data))}\n{LIVE}", timeout=600)
+    finally:
+        worker.stop()
+        gateway.server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    assert got["rollouts"] == ["live-t1-1-mul-0", "live-t1-1-mul-1"]
+    assert set(got["status"]) <= {"ok", "truncated"}, got
+    assert got["turns"] == [2, 2]  # the example agent calls the model twice
+    assert all(n > 0 for n in got["trained"]) and all(n > 0 for n in got["tool_tokens"])
+    assert all(got["logprobs_on_mask"])
+    assert all(r in (0.0, 1.0) for r in got["rewards"])
+    assert got["metrics"]["rollout/infra_error"] == 0
