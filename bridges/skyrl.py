@@ -22,7 +22,8 @@ The contract, decided here and documented in docs/trainers/skyrl.md:
   baseline rollouts: SkyRL's GRPO cannot leave a sample out of a group, so this keeps the
   group mean what it is without it (the std over the group shrinks by
   sqrt((k-1)/(n-1)) for k baseline rollouts of n; advantages of the others grow by the
-  inverse). A row without any rollout row at all gets one filler token.
+  inverse). A row whose rollout left no rows here (its workflow failed, or every call
+  was stale under `stale="drop"`) gets one filler token as prompt and response.
 
 Only this module imports SkyRL (import contract). Where SkyRL does not import, the
 stand-ins below have SkyRL's documented field shapes, so the conversion is the same.
@@ -280,7 +281,7 @@ def _assemble(
             reward = baseline.get(slot.group_id, 0.0)
             rewards.append([reward] if reward_shape == "token" else reward)
             stop_reasons.append("error")
-            env_metrics.append({"rollout_id": None, "status": "missing"})
+            env_metrics.append({"rollout_id": None, "status": "no_rows"})
             masked += 1
             continue
         seg = _checked(r)

@@ -195,7 +195,7 @@ def test_infra_error_and_missing_rollouts_are_masked_at_the_group_mean() -> None
     assert out["response_ids"][2] == [12, 13, 14, 15]  # its tokens, no loss
     assert out["prompt_token_ids"][0] == [7] and out["response_ids"][0] == [7]
     assert out["loss_masks"][0] == [0] and out["rollout_logprobs"][0] == [0.0]
-    assert out["env_metrics"][0] == {"rollout_id": None, "status": "missing"}
+    assert out["env_metrics"][0] == {"rollout_id": None, "status": "no_rows"}
     assert out["rollout_metrics"]["rollout/infra_error"] == 1
     assert out["rollout_metrics"]["rollout/masked_samples"] == 2
     for ids, mask, lps in zip(
