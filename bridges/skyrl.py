@@ -362,12 +362,13 @@ class RolloutGenerator(GeneratorInterface):
     `policy`: the Gateway's policy client (`GatewayPolicyClient`, its `external_update`)
     when SkyRL syncs weights into the engines behind the Gateway itself. SkyRL's
     synchronous trainer syncs after each step's update, before it asks for the next
-    batch, and no rollout of ours is in flight then; so before a training batch whose
-    step the Gateway has not been told of, the generator holds and releases the Gateway
-    with `<run_id>-v<global_step - 1>` (the weights after that many updates), labels the
-    batch's tasks with it, and, unless `version_index` is given, checks staleness against
-    that index. A trainer that overlaps generation with its sync (SkyRL's fully async
-    trainer) must hold around its own pause/resume instead (docs/trainers/skyrl.md).
+    batch, and no rollout of ours is in flight then; so before a batch whose weights the
+    Gateway has not been told of, the generator holds and releases the Gateway with
+    `<run_id>-v<index>` (the weights after `index` updates: `global_step - 1` in
+    training, `global_step` in eval), labels the batch's tasks with it, and in training,
+    unless `version_index` is given, checks staleness against that index. A trainer
+    that overlaps generation with its sync (SkyRL's fully async trainer) must hold
+    around its own pause/resume instead (docs/trainers/skyrl.md).
     """
 
     def __init__(
@@ -430,7 +431,8 @@ class RolloutGenerator(GeneratorInterface):
         if served is not None:
             name = policy_version_name(self.run_id, served)
             tasks = [t.model_copy(update={"policy_version": name}) for t in tasks]
-            rules = rules.model_copy(update={"current_version": served})
+            if meta.training_phase == "train":  # eval rewards are reported, never masked
+                rules = rules.model_copy(update={"current_version": served})
         if self.version_index is not None:
             rules = rules.model_copy(update={"current_version": self.version_index(meta)})
         client = await self.client()
@@ -447,10 +449,13 @@ class RolloutGenerator(GeneratorInterface):
 
     async def label_served(self, meta: Any) -> int | None:
         """With `policy`: the index of the weights the engines serve for this batch (the
-        Gateway told first if it does not know it yet); None without, or for eval."""
-        if self.policy is None or meta is None or meta.training_phase != "train":
+        Gateway told first if it does not know it yet), else None. SkyRL trains step k on
+        the weights after k-1 updates and evaluates at step k after k updates (step 0:
+        before training)."""
+        if self.policy is None or meta is None:
             return None
-        served = max(meta.global_step - 1, 0)
+        train = meta.training_phase == "train"
+        served = max(meta.global_step - 1, 0) if train else meta.global_step
         if served != self.labelled:
             name = policy_version_name(self.run_id, served)
             async with self.policy.external_update(name):

@@ -351,10 +351,11 @@ class HoldRecorder:
         self.released.append(policy_version)
 
 
-async def test_with_skyrl_syncing_weights_the_gateway_is_told_once_per_step() -> None:
-    """Step k samples the weights after k-1 updates: `<run>-v<k-1>`, told once per step
-    (dynamic sampling asks again within a step), never for eval; the tasks carry it and
-    staleness is measured against it (a call by v0 at step 3 lags 2 > 1)."""
+async def test_with_skyrl_syncing_weights_the_gateway_is_told_once_per_version() -> None:
+    """Training step k samples the weights after k-1 updates (`<run>-v<k-1>`), eval at
+    step k those after k. The Gateway is told once per version (dynamic sampling asks
+    again within a step); the tasks carry it, and training batches measure staleness
+    against it (a call by v0 at step 3 lags 2 > 1), eval batches do not."""
 
     class Rows(ListedClient):
         def load_samples(self, outcomes: list[RolloutOutcome]) -> pa.Table:
@@ -376,11 +377,13 @@ async def test_with_skyrl_syncing_weights_the_gateway_is_told_once_per_step() ->
     assert policy.released == ["r1-v2"]
     assert client.submitted[0][2] == "r1-t3-1"
     assert out["loss_masks"][0] == [1, 1, 0, 1] and out["loss_masks"][1] == [0]
-    batch["batch_metadata"] = bridge.BatchMetadata(global_step=4, training_phase="eval")
-    await gen.generate(batch)
+    batch["batch_metadata"] = bridge.BatchMetadata(global_step=3, training_phase="eval")
+    out = await gen.generate(batch)
+    assert policy.released == ["r1-v2", "r1-v3"]
+    assert out["loss_masks"][1] == [1, 1, 0, 1] and out["rewards"] == [1.0, 0.0]
     batch["batch_metadata"] = bridge.BatchMetadata(global_step=4, training_phase="train")
     await gen.generate(batch)
-    assert policy.released == ["r1-v2", "r1-v3"]
+    assert policy.released == ["r1-v2", "r1-v3"]  # step 4 trains on v3: already told
 
 
 async def test_submitted_tasks_carry_the_served_version() -> None:
