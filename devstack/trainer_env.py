@@ -60,6 +60,7 @@ TRAINER_EXTRAS: dict[str, tuple[str, ...]] = {
         "datasets==5.2.0",
         "torchdata==0.11.0",
     ),
+    "openrlhf": ("--no-deps openrlhf==0.11.2", "ray==2.55.0", "pylatexenc==2.11"),
 }
 """Per trainer, what its overlay adds (pip requirements); each distinct tuple is its own
 overlay, so a trainer framework's pins never move another trainer's packages."""
