@@ -297,21 +297,26 @@ def to_slime_samples(
 
     `prompt_groups`: our group id → slime's prompt samples of that group, in sample-index
     order; each rollout's samples take its prompt sample's `index` (also their shared
-    `rollout_id`), `group_index`, `prompt`, `label` and `metadata`. Without it (a batch
+    `rollout_id`), `group_index`, `prompt`, `label` and `metadata`, and the groups come
+    in its order; rollouts come in sample-index order. Without it (a batch
     not sampled through slime) indexes count from `first_rollout_id`. A group none of
     whose rollouts has rows is left out (slime has nothing to train on there).
     `segments="primary"`: one sample per rollout (its primary segment), for evaluation."""
     cls = _sample_cls(sample_cls)
     out: list[list[list[Any]]] = []
     counter = first_rollout_id
-    for group_index, group in enumerate(batch.groups):
+    groups = batch.groups
+    if prompt_groups is not None:  # slime's order, not the order rollouts finished in
+        order = {group_id: position for position, group_id in enumerate(prompt_groups)}
+        groups = sorted(groups, key=lambda g: order.get(g.group_id, len(order)))
+    for group_index, group in enumerate(groups):
         prompts = prompt_groups.get(group.group_id) if prompt_groups is not None else None
         if prompt_groups is not None and prompts is None:
             raise ValueError(f"group {group.group_id!r}: not one of the submitted slime groups")
         advantages = group.advantages()
         stats = group.baseline()
         slime_group: list[list[Any]] = []
-        for rollout in group.rollouts:
+        for rollout in sorted(group.rollouts, key=lambda r: r.sample_index):
             prompt = None
             if prompts is not None:
                 if not 0 <= rollout.sample_index < len(prompts):
@@ -552,7 +557,8 @@ async def _train_step(
     rows = RolloutClient.load_samples([o for o in outcomes if o.ok]).to_pylist()
     current = policy_version_index(version) if version is not None else None
     converted = to_training_rollouts(rows, config.rules(current))
-    prompt_groups = {group_id: groups[i] for group_id, i in positions.items()}
+    ordered = sorted(positions.items(), key=lambda item: item[1])
+    prompt_groups = {group_id: groups[i] for group_id, i in ordered}
     samples = to_slime_samples(converted, prompt_groups)
     if not samples:
         raise _no_samples(f"slime step {rollout_id}", outcomes)

@@ -115,7 +115,11 @@ def test_without_slime_prompts_rollout_ids_count_from_the_first_one() -> None:
 
 def test_infra_error_is_aborted_removed_and_out_of_the_advantages() -> None:
     """Baseline of the two agent rollouts (1, 0): mean .5, std .5 → ±1; infra → 0."""
-    rows = [row("a", 1.0, index=0), row("b", 0.0, index=1), row("c", 0.0, status="infra_error")]
+    rows = [
+        row("a", 1.0, index=0),
+        row("b", 0.0, index=1),
+        row("c", 0.0, index=2, status="infra_error"),
+    ]
     (a, b, c) = flat(bridge.to_slime_samples(to_training_rollouts(rows, V3)))
     assert c.status == c.Status.ABORTED and c.remove_sample and c.loss_mask == [0, 0]
     assert [s.metadata[bridge.META_KEY]["advantage"] for s in (a, b, c)] == pytest.approx(
@@ -267,3 +271,12 @@ def test_published_versions_are_named_after_slime_weight_directories() -> None:
 def test_publish_without_a_gateway_is_refused_naming_the_setting() -> None:
     with pytest.raises(ValueError, match="agentic_rollout_gateway"):
         bridge.publish_policy(argparse.Namespace(), "/ckpt/weight_v000001", [])
+
+
+def test_groups_come_in_slimes_order_and_rollouts_in_sample_order() -> None:
+    """Rows arrive in the order rollouts finished; slime gets its own order back."""
+    rows = [row("u1", group="b-u", index=1), row("t1", index=1), row("u0", group="b-u")]
+    rows.append(row("t0"))
+    prompts = {"b-t": [prompt(0, 0), prompt(1, 0)], "b-u": [prompt(2, 1), prompt(3, 1)]}
+    groups = bridge.to_slime_samples(to_training_rollouts(rows, V3), prompts)
+    assert [[r[0].rollout_id for r in g] for g in groups] == [[0, 1], [2, 3]]
