@@ -13,7 +13,8 @@ other hooks a run needs:
   in `agentic_rollout_tasks`), submits each group as one GRPO group through
   `RolloutClient`, waits, converts the rows with `bridges.rollouts.to_training_rollouts`
   (the rules written once) and returns `RolloutFnTrainOutput(samples=groups × rollouts ×
-  segments)`.
+  segments)`. With `evaluation=True` it runs the tasks of slime's eval datasets
+  (`--eval-prompt-data`) and returns `RolloutFnEvalOutput`.
 - :func:`post_process_rewards` — for `--custom-reward-post-process-path`: GRPO over
   *rollouts* (each counted once, whatever its number of segments; `infra_error` out of
   the baseline). slime's default normalisation reshapes by `n_samples_per_prompt` and
@@ -178,7 +179,6 @@ class SlimeBridgeConfig(BaseModel):
     tasks: str | None = Field(
         default=None, description="JSONL of RolloutTask, for prompts that name a task_id"
     )
-    eval_tasks: str | None = Field(default=None, description="JSONL of held-out RolloutTask")
     gateway: str | None = Field(
         default=None,
         description="the Gateway's control URL: labels each step with the version it "
@@ -565,38 +565,59 @@ async def _train_step(
     return RolloutFnTrainOutput(samples=samples, metrics=_metrics(converted, outcomes))
 
 
+def eval_tasks(dataset: Any) -> list[RolloutTask]:
+    """The tasks of one of slime's eval datasets (`--eval-prompt-data NAME PATH`): a JSONL
+    of prompt lines like `prompt_data_rows` writes, the task under the dataset's
+    `metadata_key`."""
+    path = Path(dataset.path)
+    if path.suffix != ".jsonl":
+        raise ValueError(f"eval dataset {dataset.name!r}: {path} is not a .jsonl of prompt lines")
+    key = getattr(dataset, "metadata_key", None) or "metadata"
+    tasks: list[RolloutTask] = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            metadata = json.loads(line).get(key) or {}
+            prompt = SampleShape(index=number - 1, group_index=number - 1, metadata=metadata)
+            try:
+                tasks.append(task_for_group([prompt], None))
+            except ValueError as exc:
+                raise ValueError(f"eval dataset {dataset.name!r}: {path}:{number}: {exc}") from None
+    if not tasks:
+        raise ValueError(f"eval dataset {dataset.name!r}: {path} holds no prompt line")
+    return tasks
+
+
 async def _eval_step(args: Any, rollout_id: int, config: SlimeBridgeConfig) -> Any:
-    if config.eval_tasks is None:
-        raise ValueError("slime evaluation needs agentic_rollout_eval_tasks (a JSONL of tasks)")
-    tasks = load_tasks(config.eval_tasks)
-    for task in tasks:
-        if task.evaluation is None:
-            raise ValueError(
-                f"agentic_rollout_eval_tasks: task {task.task_id!r}: evaluation is missing"
-            )
-    group_size = int(getattr(args, "n_samples_per_eval_prompt", 1) or 1)
-    _, outcomes = await _sample_groups(config, f"{config.run}-e{rollout_id}", tasks, group_size)
-    rows = RolloutClient.load_samples([o for o in outcomes if o.ok]).to_pylist()
-    converted = to_training_rollouts(rows, config.rules(None))
-    # One sample per rollout (its primary segment); infra errors say nothing of the policy.
-    samples = [
-        rollout[0]
-        for group in to_slime_samples(converted, segments="primary")
-        for rollout in group
-        if rollout[0].metadata[META_KEY]["in_baseline"]
-    ]
-    if not samples:
-        raise _no_samples(f"slime eval {rollout_id}", outcomes)
-    return RolloutFnEvalOutput(
-        data={
-            META_KEY: {
-                "rewards": [s.reward for s in samples],
-                "truncated": [s.status == s.Status.TRUNCATED for s in samples],
-                "samples": samples,
-            }
-        },
-        metrics=_metrics(converted, outcomes),
-    )
+    """slime's evaluation: every eval dataset's tasks, `n_samples_per_eval_prompt` rollouts
+    each; one sample per rollout (its primary segment); infra errors left out (they say
+    nothing of the policy)."""
+    datasets = list(getattr(args, "eval_datasets", None) or [])
+    if not datasets:
+        raise ValueError("slime evaluation needs eval datasets (--eval-prompt-data NAME PATH)")
+    data: dict[str, dict[str, Any]] = {}
+    metrics: dict[str, Any] = {}
+    for number, dataset in enumerate(datasets):
+        tasks = eval_tasks(dataset)
+        group_size = int(getattr(dataset, "n_samples_per_eval_prompt", None) or 1)
+        batch_prefix = f"{config.run}-e{rollout_id}-d{number}"
+        _, outcomes = await _sample_groups(config, batch_prefix, tasks, group_size)
+        rows = RolloutClient.load_samples([o for o in outcomes if o.ok]).to_pylist()
+        converted = to_training_rollouts(rows, config.rules(None))
+        samples = [
+            rollout[0]
+            for group in to_slime_samples(converted, segments="primary")
+            for rollout in group
+            if rollout[0].metadata[META_KEY]["in_baseline"]
+        ]
+        if not samples:
+            raise _no_samples(f"slime eval {rollout_id}, dataset {dataset.name!r}", outcomes)
+        data[dataset.name] = {
+            "rewards": [s.reward for s in samples],
+            "truncated": [s.status == s.Status.TRUNCATED for s in samples],
+            "samples": samples,
+        }
+        metrics.update({f"{k}/{dataset.name}": v for k, v in _metrics(converted, outcomes).items()})
+    return RolloutFnEvalOutput(data=data, metrics=metrics)
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:

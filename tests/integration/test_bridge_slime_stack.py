@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -129,7 +130,6 @@ def slime_args(stack: Stack, out: Path, **extra: Any) -> argparse.Namespace:
     return argparse.Namespace(
         rollout_batch_size=2,
         n_samples_per_prompt=2,
-        n_samples_per_eval_prompt=1,
         advantage_estimator="grpo",
         rewards_normalization=True,
         agentic_rollout_output=str(out),
@@ -150,8 +150,12 @@ def test_a_slime_step_publishes_samples_and_trains_on_exact_rows(
     monkeypatch.setenv("ROLLOUT_ADMIN_TOKEN", stack.gateway.admin_token or "")
     out = tmp_path / "samples"
     heldout = tmp_path / "heldout.jsonl"
-    heldout.write_text(json.dumps(tasks()[1].model_dump(mode="json")) + "\n")
-    args = slime_args(stack, out, eval_tasks=str(heldout))
+    heldout.write_text(json.dumps(bridge.prompt_data_rows(tasks()[1:])[0]) + "\n")
+    args = slime_args(stack, out)
+    # slime's --eval-prompt-data heldout PATH, as its EvalDatasetConfig
+    args.eval_datasets = [
+        SimpleNamespace(name="heldout", path=str(heldout), n_samples_per_eval_prompt=1)
+    ]
 
     version_dir = stack.work / "sync" / "weight_v000001"
     shutil.copytree(stack.model, version_dir)
@@ -182,6 +186,6 @@ def test_a_slime_step_publishes_samples_and_trains_on_exact_rows(
     assert raw == [s.reward for s in samples] and len(rewards) == len(samples)
 
     evaluation = bridge.generate_rollout(args, 0, source, evaluation=True)
-    held = evaluation.data[bridge.META_KEY]
+    held = evaluation.data["heldout"]
     assert len(held["rewards"]) == len(held["samples"]) == 1
     assert held["samples"][0].metadata[bridge.META_KEY]["task_id"] == "fr"

@@ -280,3 +280,23 @@ def test_groups_come_in_slimes_order_and_rollouts_in_sample_order() -> None:
     prompts = {"b-t": [prompt(0, 0), prompt(1, 0)], "b-u": [prompt(2, 1), prompt(3, 1)]}
     groups = bridge.to_slime_samples(to_training_rollouts(rows, V3), prompts)
     assert [[r[0].rollout_id for r in g] for g in groups] == [[0, 1], [2, 3]]
+
+
+def test_eval_datasets_are_prompt_lines_and_bad_ones_name_the_line(tmp_path: Any) -> None:
+    good = tmp_path / "heldout.jsonl"
+    task = RolloutTask.model_validate(task_json("h1"))
+    good.write_text(json.dumps(bridge.prompt_data_rows([task])[0]) + "\n\n")
+    dataset = SimpleNamespace(name="heldout", path=str(good))
+    assert bridge.eval_tasks(dataset) == [task]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"input": "x", "metadata": {}}) + "\n")
+    with pytest.raises(ValueError, match=r"'bad': .*bad.jsonl:1: .*neither 'rollout_task'"):
+        bridge.eval_tasks(SimpleNamespace(name="bad", path=str(bad)))
+    with pytest.raises(ValueError, match=r"is not a .jsonl of prompt lines"):
+        bridge.eval_tasks(SimpleNamespace(name="pq", path=str(tmp_path / "x.parquet")))
+
+
+def test_evaluation_without_eval_datasets_names_the_slime_argument() -> None:
+    args = argparse.Namespace(agentic_rollout_output="/tmp/x")
+    with pytest.raises(ValueError, match=r"--eval-prompt-data NAME PATH"):
+        bridge.generate_rollout(args, 0, None, evaluation=True)
