@@ -233,6 +233,7 @@ def _sample_cls(sample_cls: type | None) -> type:
 
 def _segment_sample(
     cls: type,
+    statuses: Mapping[RolloutStatus, Any],
     rollout: TrainingRollout,
     segment: TrainingSegment,
     *,
@@ -281,7 +282,7 @@ def _segment_sample(
         remove_sample=not trained,
         metadata=metadata,
     )
-    sample.status = cls.Status[_STATUS[rollout.status]]
+    sample.status = statuses[rollout.status]
     return sample
 
 
@@ -303,6 +304,7 @@ def to_slime_samples(
     whose rollouts has rows is left out (slime has nothing to train on there).
     `segments="primary"`: one sample per rollout (its primary segment), for evaluation."""
     cls = _sample_cls(sample_cls)
+    statuses = {ours: cls.Status[theirs] for ours, theirs in _STATUS.items()}
     out: list[list[list[Any]]] = []
     counter = first_rollout_id
     groups = batch.groups
@@ -334,6 +336,7 @@ def to_slime_samples(
                 [
                     _segment_sample(
                         cls,
+                        statuses,
                         rollout,
                         segment,
                         slime_rollout_id=slime_rollout_id,
