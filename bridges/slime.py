@@ -669,3 +669,19 @@ def publish_policy(args: Any, version_dir: str, rollout_engines: Sequence[Any]) 
     )
     client = GatewayPolicyClient(config.gateway, os.environ.get("ROLLOUT_ADMIN_TOKEN"))
     _run(client.update(update))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m bridges.slime TASKS.jsonl > prompts.jsonl`: slime `--prompt-data` lines
+    (and `--eval-prompt-data` ones) for a JSONL of our tasks."""
+    import sys
+
+    paths = list(sys.argv[1:] if argv is None else argv)
+    if len(paths) != 1:
+        raise SystemExit("usage: python -m bridges.slime TASKS.jsonl > prompts.jsonl")
+    for line in prompt_data_rows(load_tasks(paths[0])):
+        print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main()

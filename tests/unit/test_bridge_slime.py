@@ -300,3 +300,13 @@ def test_evaluation_without_eval_datasets_names_the_slime_argument() -> None:
     args = argparse.Namespace(agentic_rollout_output="/tmp/x")
     with pytest.raises(ValueError, match=r"--eval-prompt-data NAME PATH"):
         bridge.generate_rollout(args, 0, None, evaluation=True)
+
+
+def test_the_command_writes_prompt_lines_for_a_task_file(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(task_json("a")) + "\n" + json.dumps(task_json("b")) + "\n")
+    bridge.main([str(path)])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["metadata"]["rollout_task"]["task_id"] for line in lines] == ["a", "b"]
