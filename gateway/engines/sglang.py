@@ -25,10 +25,10 @@ Tested against `FakeSglangForTests` only: SGLang does not run on this CPU box.
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
 from pydantic import ValidationError
@@ -164,6 +164,8 @@ class SglangStreamMerge:
             if len(new) < seen or (seen and new[seen - 1][1] != self.entries[-1][1]):
                 raise bad_reply(self.url, "a cumulative stream chunk does not extend the last")
             new = new[seen:]
+        if any(lp is None for lp, _, _ in new):
+            raise bad_reply(self.url, "a stream chunk has a sampled token without a logprob")
         self.entries.extend(new)
         self.text = self.text + chunk.text if self.incremental else chunk.text
         self.last = chunk
@@ -222,7 +224,7 @@ class SglangEngine(VllmEngine):
                 if tokens is not None and tokens[0]:
                     on_tokens(*tokens)
             finished = True
-        except TimeoutError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._transport_error(url, exc, during="mid-stream") from exc
         finally:
             if finished:
@@ -283,8 +285,6 @@ class SglangWeightLoader:
             message = result.get("message") or reply.text[:500]
             raise WeightLoadError(f"{self.url}: weight load failed: {message}", touched=True)
         took = time.monotonic() - start
-        if not math.isfinite(took):
-            took = 0.0
         return WeightUpdateReport(
             engine=self.url,
             policy_version=update.policy_version,

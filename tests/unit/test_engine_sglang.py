@@ -202,6 +202,17 @@ async def test_a_cumulative_stream_that_does_not_extend_itself_is_refused() -> N
         await engine.aclose()
 
 
+async def test_a_streamed_token_without_a_logprob_is_refused() -> None:
+    fake = FakeSglangForTests()
+    fake.scripted.append({"text": "a", "meta_info": meta([5], {"type": "stop"})})
+    fake.scripted[0]["meta_info"]["output_token_logprobs"] = [[None, 5, None]]
+    with serve_on_loopback(fake.app) as url:
+        engine = SglangEngine(MODEL, request_timeout_s=5, connect_retries=0)
+        with pytest.raises(GatewayError, match="without a logprob"):
+            await engine.stream(url, PROMPT, SamplingParams(), lambda i, lp: None)
+        await engine.aclose()
+
+
 async def test_model_info_reads_the_server_arguments(
     engine: EngineRouter, fake: FakeSglangForTests, url: str
 ) -> None:
