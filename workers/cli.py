@@ -23,6 +23,7 @@ class Routing(StrEnum):
 class EngineApiChoice(StrEnum):
     completions = "completions"
     generate = "generate"
+    sglang = "sglang"
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agentic Rollout")
@@ -148,7 +149,8 @@ def gateway(
         EngineApiChoice,
         typer.Option(
             help="completions: /v1/completions; generate: vLLM's token-in/token-out "
-            "/inference/v1/generate (vLLM >= 0.32 with --enable-scale-out; leaner)"
+            "/inference/v1/generate (vLLM >= 0.32 with --enable-scale-out; leaner); "
+            "sglang: SGLang's native /generate (e.g. a trainer's own SGLang engines)"
         ),
     ] = EngineApiChoice.completions,
     checkpoint_root: Annotated[
