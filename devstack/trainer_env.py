@@ -51,9 +51,26 @@ TRAINER_PACKAGES = ("schemas", "rollout_client", "bridges", "trainer", "gateway/
 TRAINER_EXTRAS: dict[str, tuple[str, ...]] = {
     "reference": (),
     "trl": ("trl==1.16.0",),  # its transformers>=4.56.2 is met by the vLLM venv's 5.19
+    "skyrl": (
+        "--no-deps skyrl==0.3.0",
+        "skyrl-gym==0.4.0",
+        "ray==2.56.0",
+        "tensordict==0.15.3",
+        "jaxtyping==0.3.11",
+        "peft==0.18.1",
+        "datasets==5.2.0",
+        "torchdata==0.11.0",
+    ),
+    "openrlhf": ("--no-deps openrlhf==0.11.2", "ray==2.55.0", "pylatexenc==2.11"),
 }
 """Per trainer, what its overlay adds (pip requirements); each distinct tuple is its own
 overlay, so a trainer framework's pins never move another trainer's packages."""
+
+NO_DEPS = "--no-deps "
+"""An extra starting with this is installed without its dependencies, after the others:
+for a trainer whose declared pins contradict the vLLM venv's (verl 0.9.1 wants
+transformers < 5.11, the overlay uses the venv's 5.19), with the dependencies it really
+imports listed as extras of their own."""
 
 
 class TrainerEnvMarker(BaseModel):
@@ -157,7 +174,11 @@ def ensure_trainer_env(cache_dir: Path | None = None, extras: tuple[str, ...] = 
         )
         pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
         requirements = [*TRAINER_REQUIREMENTS, *extras]
-        _run([*pip, "install", "-c", str(constraints), *requirements], log, "pip install")
+        plain = [r for r in requirements if not r.startswith(NO_DEPS)]
+        bare = [r.removeprefix(NO_DEPS) for r in requirements if r.startswith(NO_DEPS)]
+        _run([*pip, "install", "-c", str(constraints), *plain], log, "pip install")
+        if bare:
+            _run([*pip, "install", "--no-deps", *bare], log, "pip install --no-deps")
         probe = "import torch, transformers, temporalio, pyarrow, matplotlib, pydantic, httpx"
         _run([str(python), "-c", probe], log, "import check")
         info = TrainerEnvMarker(

@@ -31,6 +31,7 @@ from starlette.applications import Starlette
 from gateway import lifeline
 from gateway.calls.pipeline import Gateway
 from gateway.engines.routing import EngineRouter, EngineRouting
+from gateway.engines.sglang import SglangEngine
 from gateway.engines.vllm import EngineApi, VllmEngine
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
@@ -110,8 +111,9 @@ class GatewaySettings(BaseModel):
     max_prompt_messages: int = Field(default=10_000, ge=0)
     max_prompt_chars: int = Field(default=4 * 2**20, ge=0)
     engine_routing: EngineRouting = "sticky"
-    #: generate: vLLM's token-in/token-out endpoint (vLLM started with --enable-scale-out).
-    engine_api: EngineApi = "completions"
+    #: generate: vLLM's token-in/token-out endpoint (vLLM started with --enable-scale-out);
+    #: sglang: SGLang's native /generate (gateway/engines/sglang.py).
+    engine_api: EngineApi | Literal["sglang"] = "completions"
     #: The control listener on its own thread and event loop (False: on the agent
     #: listener's loop, to measure what that buys; bench/control_listener.py).
     control_own_loop: bool = True
@@ -251,13 +253,19 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         session_max_stored_request_bytes=settings.session_max_stored_request_bytes,
         session_max_stored_bytes=settings.session_max_stored_bytes,
     )
-    vllm = VllmEngine(
-        settings.model,
-        request_timeout_s=settings.request_timeout_s,
-        connect_retries=3,
-        api=settings.engine_api,
-    )
-    engine = EngineRouter(settings.engine_urls, vllm, routing=settings.engine_routing)
+    client: VllmEngine
+    if settings.engine_api == "sglang":
+        client = SglangEngine(
+            settings.model, request_timeout_s=settings.request_timeout_s, connect_retries=3
+        )
+    else:
+        client = VllmEngine(
+            settings.model,
+            request_timeout_s=settings.request_timeout_s,
+            connect_retries=3,
+            api=settings.engine_api,
+        )
+    engine = EngineRouter(settings.engine_urls, client, routing=settings.engine_routing)
     return Gateway(options, template, incremental, parser, engine, clock=clock)
 
 
