@@ -99,6 +99,10 @@ class TrlRunner:
         self.heldout = load_tasks(cfg.heldout) if cfg.heldout else []
         if cfg.gateway is None:
             raise SystemExit("the TRL runner publishes through the Gateway: give `gateway`")
+        if cfg.updates_per_step != 1:
+            # TRL's num_iterations would take several optimizer steps per batch, each one
+            # a global step (and a publish): not the reference's meaning of a step
+            raise SystemExit("updates_per_step: the TRL runner takes 1 update per step")
         self.gateway = GatewayPolicyClient(cfg.gateway, os.environ.get("ROLLOUT_ADMIN_TOKEN"))
         self.loop = EventLoopThread()
         self.metrics: list[StepMetrics] = []
@@ -285,7 +289,7 @@ class TrlRunner:
             num_generations=cfg.group_size,
             steps_per_generation=1,
             gradient_accumulation_steps=1,
-            num_iterations=cfg.updates_per_step,
+            num_iterations=1,
             max_steps=cfg.steps,
             learning_rate=cfg.lr,
             adam_epsilon=cfg.adam_eps,
