@@ -128,7 +128,7 @@ class TrlRunner:
         return len(tasks_for_step(self.tasks, 1, self.cfg.tasks_per_step))
 
     def _save(self, model: Any, path: Path, version: str) -> None:
-        parent = self.label.version if hasattr(self, "label") else None
+        parent = self.label.version or str(self.cfg.init_policy)  # v0's parent: the start
         step = int(version.rsplit("-v", 1)[-1])
         info = {"policy_version": version, "step": step, "parent": parent, "trainer": "trl"}
         save_policy(model, Path(self.cfg.init_policy), path, info)
