@@ -43,9 +43,16 @@ from devstack.vllm_server import VllmVenvError, ensure_vllm_venv, venv_python
 #: What the trainer needs beyond the vLLM venv (torch, transformers, pydantic, httpx).
 TRAINER_REQUIREMENTS = ("temporalio==1.35.0", "pyarrow>=15", "matplotlib>=3.8", "boto3>=1.34")
 MARKER_NAME = ".rollout-trainer-ready.json"
-TRAINER_PACKAGES = ("schemas", "rollout_client", "trainer", "gateway/engines")
+TRAINER_PACKAGES = ("schemas", "rollout_client", "bridges", "trainer", "gateway/engines")
 """Package directories the trainer imports; a nested one comes with only its parents'
 ``__init__.py``."""
+
+
+TRAINER_EXTRAS: dict[str, tuple[str, ...]] = {
+    "reference": (),
+}
+"""Per trainer, what its overlay adds (pip requirements); each distinct tuple is its own
+overlay, so a trainer framework's pins never move another trainer's packages."""
 
 
 class TrainerEnvMarker(BaseModel):
@@ -56,15 +63,17 @@ class TrainerEnvMarker(BaseModel):
     install_s: float
 
 
-def _key(base: Path) -> str:
-    digest = hashlib.sha256(json.dumps([str(base), *TRAINER_REQUIREMENTS]).encode())
+def _key(base: Path, extras: tuple[str, ...]) -> str:
+    digest = hashlib.sha256(json.dumps([str(base), *TRAINER_REQUIREMENTS, *extras]).encode())
     return digest.hexdigest()[:12]
 
 
-def trainer_env_dir(cache_dir: Path | None = None, base: Path | None = None) -> Path:
+def trainer_env_dir(
+    cache_dir: Path | None = None, base: Path | None = None, extras: tuple[str, ...] = ()
+) -> Path:
     base = base or ensure_vllm_venv(cache_dir)
     root = Path(cache_dir) if cache_dir else default_cache_dir()
-    return root / f"trainer-env-{_key(base)}"
+    return root / f"trainer-env-{_key(base, tuple(extras))}"
 
 
 def trainer_env_install_log(env_dir: Path) -> Path:
@@ -104,10 +113,12 @@ def _run(cmd: list[str], log: Path, what: str) -> None:
         raise VllmVenvError(f"trainer env: {what} failed (exit {code}); log {log}\n{tail}")
 
 
-def ensure_trainer_env(cache_dir: Path | None = None) -> Path:
-    """The trainer overlay venv (created on first use); returns its directory."""
+def ensure_trainer_env(cache_dir: Path | None = None, extras: tuple[str, ...] = ()) -> Path:
+    """The trainer overlay venv with `extras` too (created on first use); returns its
+    directory."""
+    extras = tuple(extras)
     base = ensure_vllm_venv(cache_dir)
-    env_dir = trainer_env_dir(cache_dir, base)
+    env_dir = trainer_env_dir(cache_dir, base, extras)
     marker = env_dir / MARKER_NAME
     if marker.exists():
         return env_dir
@@ -144,11 +155,12 @@ def ensure_trainer_env(cache_dir: Path | None = None) -> Path:
             "\n".join(ln for ln in freeze.splitlines() if "==" in ln and " @ " not in ln) + "\n"
         )
         pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-        _run([*pip, "install", "-c", str(constraints), *TRAINER_REQUIREMENTS], log, "pip install")
+        requirements = [*TRAINER_REQUIREMENTS, *extras]
+        _run([*pip, "install", "-c", str(constraints), *requirements], log, "pip install")
         probe = "import torch, transformers, temporalio, pyarrow, matplotlib, pydantic, httpx"
         _run([str(python), "-c", probe], log, "import check")
         info = TrainerEnvMarker(
-            requirements=list(TRAINER_REQUIREMENTS),
+            requirements=requirements,
             base_venv=str(base),
             install_s=round(time.monotonic() - started, 1),
         )
@@ -156,8 +168,8 @@ def ensure_trainer_env(cache_dir: Path | None = None) -> Path:
     return env_dir
 
 
-def trainer_python(cache_dir: Path | None = None) -> Path:
-    return venv_python(ensure_trainer_env(cache_dir))
+def trainer_python(cache_dir: Path | None = None, extras: tuple[str, ...] = ()) -> Path:
+    return venv_python(ensure_trainer_env(cache_dir, extras))
 
 
 def trainer_pythonpath(root: Path, link_dir: Path | None = None) -> Path:

@@ -3,10 +3,12 @@
 Python's `json` accepts what the rest of the Gateway cannot handle: nesting deep enough to
 exhaust recursion (in the parser itself, in pydantic's serializer when a call is recorded,
 in a template's `tojson`), and `\\ud800` escapes that become lone surrogates (the tokenizer
-and the record writer cannot encode them); it also takes `NaN` and `Infinity`, which are not
-JSON. `loads` refuses all of them with a `ValueError` naming the field path, so callers that
-already treat bad JSON as a client error (a 400, or "not JSON, keep the text") need nothing
-else. Request bodies, tool-call arguments and opaque tokens echoed by clients go through it.
+and the record writer cannot encode them), integers past 64 bits (orjson, which writes
+records, retry keys and engine payloads, cannot encode them); it also takes `NaN` and
+`Infinity`, which are not JSON. `loads` refuses all of them with a `ValueError` naming the
+field path, so callers that already treat bad JSON as a client error (a 400, or "not JSON,
+keep the text") need nothing else. Request bodies, tool-call arguments and opaque tokens
+echoed by clients go through it.
 
 The fast path is pydantic-core's parser, which itself refuses lone surrogates and nesting
 past its recursion limit; only text it refuses is parsed again, slowly, to say exactly
@@ -34,6 +36,12 @@ the text (bytes decoded with `surrogatepass`)."""
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
+_MAYBE_BIG_INT = re.compile(r"\d{19}")
+"""Where an integer past 64 bits can come from: a run of 19 digits (2**63 has 19)."""
+
+INT_RANGE = (-(2**63), 2**64 - 1)
+"""Integers the Gateway holds: what orjson encodes (int64 and uint64)."""
+
 
 class UnsafeJsonError(ValueError):
     """Well-formed JSON the Gateway cannot safely hold; `path` is the offending field
@@ -53,10 +61,12 @@ def loads(text: str | bytes, *, allow_nan: bool = False) -> Any:
     `UnicodeDecodeError`) for text that is not JSON at all. Bytes must be UTF-8.
     """
     try:
-        return pydantic_core.from_json(text, allow_inf_nan=allow_nan)
+        data = pydantic_core.from_json(text, allow_inf_nan=allow_nan)
     except ValueError:
-        pass
-    return _explain(text, allow_nan)
+        return _explain(text, allow_nan)
+    if _MAYBE_BIG_INT.search(text if isinstance(text, str) else text.decode("latin-1")):
+        _check_tree(data, surrogates=False, big_ints=True)
+    return data
 
 
 def _explain(text: str | bytes, allow_nan: bool) -> Any:
@@ -69,7 +79,11 @@ def _explain(text: str | bytes, allow_nan: bool) -> Any:
         data = json.loads(text, parse_constant=constant)
     except RecursionError as exc:
         raise UnsafeJsonError(_too_deep(), "") from exc
-    _check_tree(data, surrogates=_MAYBE_SURROGATE.search(text) is not None)
+    _check_tree(
+        data,
+        surrogates=_MAYBE_SURROGATE.search(text) is not None,
+        big_ints=_MAYBE_BIG_INT.search(text) is not None,
+    )
     return data
 
 
@@ -88,12 +102,24 @@ def _lone_surrogate(what: str) -> str:
     )
 
 
-def _check_tree(data: Any, *, surrogates: bool) -> None:
-    """Depth limit, and (when the text may hold one) no lone surrogate in any key or string.
-    Iterative, so no input can exhaust the stack here."""
+def _big_int(value: Any) -> bool:
+    return type(value) is int and not INT_RANGE[0] <= value <= INT_RANGE[1]
+
+
+def _too_big(value: int) -> str:
+    digits = str(value)
+    shown = digits if len(digits) <= 24 else f"{digits[:24]}…"
+    return f"the integer {shown} does not fit in 64 bits"
+
+
+def _check_tree(data: Any, *, surrogates: bool, big_ints: bool = False) -> None:
+    """Depth limit, and (when the text may hold one) no lone surrogate in any key or string
+    and no integer past 64 bits. Iterative, so no input can exhaust the stack here."""
     if not isinstance(data, dict | list):
         if surrogates and isinstance(data, str) and _SURROGATE.search(data):
             raise UnsafeJsonError(_lone_surrogate("text"), "")
+        if big_ints and _big_int(data):
+            raise UnsafeJsonError(_too_big(data), "")
         return
     stack: list[tuple[Any, str, int]] = [(data, "", 1)]
     while stack:
@@ -108,6 +134,8 @@ def _check_tree(data: Any, *, surrogates: bool) -> None:
                 stack.append((child, _child_path(path, key), depth + 1))
             elif surrogates and isinstance(child, str) and _SURROGATE.search(child):
                 raise UnsafeJsonError(_lone_surrogate("text"), _child_path(path, key))
+            elif big_ints and _big_int(child):
+                raise UnsafeJsonError(_too_big(child), _child_path(path, key))
 
 
 def _child_path(path: str, key: int | str) -> str:

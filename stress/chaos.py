@@ -588,8 +588,14 @@ class Faults:
         count = len(self.stack.config.faults)
         return [max(1, round(n * (0.05 + 0.45 * i / max(1, count - 1)))) for i in range(count)]
 
-    async def run(self, progress: Progress) -> None:
+    async def run(self, progress: Progress, ready: Callable[[], bool] = lambda: True) -> None:
+        """`ready` holds back the first fault (60 s at most): the fuzzer's first request can
+        take seconds to generate on a loaded box, and a fault it did not overlap proves
+        nothing."""
         n = self.stack.config.n
+        deadline = time.monotonic() + 60
+        while not ready() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         for fault, threshold in zip(self.stack.config.faults, self.thresholds(n), strict=True):
             while progress.done < threshold and not progress.finished:
                 await asyncio.sleep(0.2)
@@ -738,6 +744,17 @@ def run_fuzz(target: LiveTarget, examples: int, seed: int, out: FuzzRun) -> None
     for thread in threads:
         thread.join()
     out.ended = time.monotonic()
+
+
+def gateway_tracebacks(work: Path, most: int = 3) -> list[str]:
+    """The last `most` tracebacks the gateway processes logged (a 5xx the fuzzer got is
+    explained there, and the run's work directory is removed afterwards)."""
+    out: list[str] = []
+    for log in sorted(work.glob("gateway*.log")):
+        text = log.read_text(errors="replace")
+        for block in text.split("Traceback (most recent call last):")[1:]:
+            out.append(f"{log.name}: Traceback{block[:3000]}")
+    return out[-most:]
 
 
 def sent_during(sent_at: list[float], start: float, end: float) -> int:
@@ -977,7 +994,8 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     faults = Faults(stack, rng, t0)
     deadline = t0 + config.deadline_s
     follower = asyncio.ensure_future(progress.follow(client, batch.batch_id, len(ids), deadline))
-    injector = asyncio.ensure_future(faults.run(progress))
+    fuzzing = (lambda: bool(target.sent_at)) if fuzz_thread else (lambda: True)
+    injector = asyncio.ensure_future(faults.run(progress, ready=fuzzing))
     injector.add_done_callback(lambda _: fuzz_run.faults_over.set())
     releaser = asyncio.ensure_future(release_held(stack, injector, follower))
     last = -1
@@ -1099,6 +1117,8 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
         f"fuzz {e.protocol}: {e.status} {e.code} at {e.at - t0:.1f}s: {e.text[:200]}"
         for e in target.server_errors[:10]
     ]
+    if len(target.server_errors) > engine_down_5xx:  # the work dir goes: keep the why
+        details += gateway_tracebacks(stack.work)
     return Report(
         n=len(ids),
         wall_s=round(wall, 1),

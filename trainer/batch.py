@@ -1,31 +1,16 @@
-"""From sample rows to what the loss sees: staleness, masking and GRPO advantages.
+"""From sample rows to what the loss sees: the rules of `bridges.rollouts` (staleness
+per call, infra errors masked and out of the baseline, group-relative advantages over
+rollouts), flattened to one `TrainRow` per segment with its rollout's advantage.
 
-Pure Python (no torch) so the rules are unit-tested in any environment:
-
-- staleness is per call: a row carries the version that sampled each of its calls
-  (`call_policy_versions`; a rollout may span a policy update). A call that lags the
-  trainer's version by more than `max_staleness` (or has no readable version) is
-  stale, and its tokens get no loss. A row whose calls are all stale is *stale*:
-  `drop` removes it from the batch and from its group's baseline; `mask` keeps its
-  reward in the baseline but gives it no loss;
-- an `infra_error` row is never trained and never part of a baseline (its reward says
-  nothing about the policy);
-- advantage = (rollout reward − group mean) / (group std + eps), with mean and std over
-  *rollouts* of the group (a rollout may have several rows, one per segment), every
-  row of a rollout getting its rollout's advantage.
+Pure Python (no torch) so it is unit-tested in any environment.
 """
 
-import statistics
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from schemas.samples import token_versions
-from schemas.training import policy_version_index
+from bridges.rollouts import ConversionRules, to_training_rollouts
 
 T = TypeVar("T")
-
-INFRA_ERROR = "infra_error"
 
 
 @dataclass
@@ -66,11 +51,6 @@ class PreparedBatch:
         return sum(sum(r.loss_mask) for r in self.trained)
 
 
-def staleness_of(policy_version: str, current: int) -> int | None:
-    index = policy_version_index(policy_version)
-    return None if index is None else current - index
-
-
 def prepare_batch(
     rows: list[dict[str, Any]],
     current_version: int,
@@ -79,77 +59,37 @@ def prepare_batch(
     eps: float = 1e-6,
 ) -> PreparedBatch:
     """Sample rows (dicts with the Parquet columns) → rows with advantages and flags."""
-    out = PreparedBatch()
-    kept: list[tuple[dict[str, Any], int | None, bool]] = []
-    for row in rows:
-        calls = row.get("call_policy_versions") or [row["policy_version"]]
-        starts = row.get("call_starts") or [0]
-        lags = [staleness_of(v, current_version) for v in calls]
-        out.staleness.extend(lag for lag in lags if lag is not None)
-        fresh = [lag is not None and 0 <= lag <= max_staleness for lag in lags]
-        is_stale = not any(fresh)
-        if row["status"] == INFRA_ERROR:
-            out.infra_error += 1
-            kept.append((row, lags[0], False))
-            continue
-        if is_stale:
-            out.stale += 1
-            if stale == "drop":
-                continue
-        elif not all(fresh):
-            out.stale_calls += fresh.count(False)
-            row = _mask_calls(row, calls, starts, fresh)
-        fresh_lags = [lag for lag, ok in zip(lags, fresh, strict=True) if ok]
-        kept.append((row, max(fresh_lags) if fresh_lags else lags[0], not is_stale))
-    baseline: dict[str, dict[str, float]] = defaultdict(dict)
-    for row, _lag, _trained in kept:
-        if row["status"] != INFRA_ERROR:
-            baseline[row["group_id"]][row["rollout_id"]] = float(row["reward"])
-    stats: dict[str, tuple[float, float]] = {}
-    for group, by_rollout in baseline.items():
-        values = list(by_rollout.values())
-        std = statistics.pstdev(values) if len(values) > 1 else 0.0
-        stats[group] = (statistics.fmean(values), std)
-    for row, lag, trained in kept:
-        advantage = 0.0
-        if trained and row["group_id"] in stats:
-            mean, std = stats[row["group_id"]]
-            centred = float(row["reward"]) - mean
-            advantage = centred / (std + eps) if centred else 0.0  # equal rewards: no signal
-        out.rows.append(
-            TrainRow(
-                rollout_id=row["rollout_id"],
-                segment_id=row["segment_id"],
-                group_id=row["group_id"],
-                prompt_ids=list(row["prompt_ids"]),
-                response_ids=list(row["response_ids"]),
-                loss_mask=[int(b) for b in row["loss_mask"]],
-                logprobs=[float(x) for x in row["logprobs"]],
-                reward=float(row["reward"]),
-                advantage=advantage,
-                staleness=lag,
-                trained=trained and sum(row["loss_mask"]) > 0,
-                token_versions=token_versions(
-                    row.get("call_policy_versions") or [row["policy_version"]],
-                    row.get("call_starts") or [0],
-                    len(row["response_ids"]),
-                ),
-            )
-        )
+    rules = ConversionRules(
+        current_version=current_version, max_staleness=max_staleness, stale=stale
+    )
+    converted = to_training_rollouts(rows, rules)
+    out = PreparedBatch(
+        infra_error=converted.infra_error,
+        stale=converted.stale,
+        stale_calls=converted.stale_calls,
+        staleness=converted.staleness,
+    )
+    for group in converted.groups:
+        advantages = group.advantages(eps)
+        for rollout in group.rollouts:
+            out.rows += [
+                TrainRow(
+                    rollout_id=rollout.rollout_id,
+                    segment_id=segment.segment_id,
+                    group_id=rollout.group_id,
+                    prompt_ids=segment.prompt_ids,
+                    response_ids=segment.response_ids,
+                    loss_mask=segment.loss_mask,
+                    logprobs=segment.logprobs,
+                    reward=rollout.reward,
+                    advantage=advantages[rollout.rollout_id] if segment.trained else 0.0,
+                    staleness=segment.staleness,
+                    trained=segment.trained,
+                    token_versions=segment.token_versions,
+                )
+                for segment in rollout.segments
+            ]
     return out
-
-
-def _mask_calls(
-    row: dict[str, Any], calls: list[str], starts: list[int], fresh: list[bool]
-) -> dict[str, Any]:
-    """The row with the loss of its stale calls' tokens switched off."""
-    versions = token_versions(calls, starts, len(row["response_ids"]))
-    stale_versions = {v for v, ok in zip(calls, fresh, strict=True) if not ok}
-    mask = [
-        0 if version in stale_versions else int(bit)
-        for bit, version in zip(row["loss_mask"], versions, strict=True)
-    ]
-    return {**row, "loss_mask": mask}
 
 
 def tasks_for_step(tasks: list[T], step: int, per_step: int | None) -> list[T]:

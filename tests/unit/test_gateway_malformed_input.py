@@ -188,6 +188,33 @@ def test_reserved_chat_template_kwargs_are_400(
     assert "set by the gateway" in message
 
 
+# --- integers past 64 bits -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("protocol", "path"), BODY_ENDPOINTS)
+@pytest.mark.parametrize("value", [2**64, -(2**63) - 1], ids=["over-uint64", "under-int64"])
+def test_integer_past_64_bits_is_400(
+    target: FuzzTarget, protocol: Protocol, path: str, value: int, unchanged: None
+) -> None:
+    """Found by the chaos fuzzer: in a tool's parameters it crashed the prompt-size check
+    (orjson cannot encode it: 500); anywhere else it would crash the record writer."""
+    text = json.dumps({**protocol.body, "metadata": {"n": value}})
+    message = assert_error(
+        post(target, protocol, path, text), protocol, 400, "invalid_request", "metadata.n"
+    )
+    assert "does not fit in 64 bits" in message
+
+
+@pytest.mark.parametrize(("protocol", "path"), AGENT_ENDPOINTS)
+def test_64_bit_integers_and_long_digit_strings_are_accepted(
+    target: FuzzTarget, protocol: Protocol, path: str
+) -> None:
+    """The bounds themselves, and 20 digits inside a string, are not refused."""
+    extra = {"metadata": {"max": 2**64 - 1, "min": -(2**63), "text": "1" * 20}}
+    reply = post(target, protocol, path, json.dumps({**protocol.body, **extra}))
+    assert reply.status_code < 500 and "64 bits" not in reply.text, reply.text
+
+
 # --- lone surrogates ---------------------------------------------------------------------
 
 
