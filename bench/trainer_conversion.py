@@ -16,18 +16,23 @@ is not timed.
 
 Printed per trainer: whether its bridge module is present, which path it took — its
 trainer's own classes when that package imports in this interpreter, else the bridge's
-documented-field shapes — the bridge's rows/s alone and together with the conversion
+documented-field shapes; `needs <package>` when the bridge cannot be imported without
+its trainer here — the bridge's rows/s alone and together with the conversion
 layer (rows = rollouts: one row per rollout here), and its peak memory.
 
 - rows/s: rows over *thread CPU time* (`time.thread_time`), summed over all batches, so
   other jobs on a shared machine inflate it less than wall time would.
+- `--trainer-envs`: each bridge whose trainer declares an overlay
+  (`devstack.trainer_env.TRAINER_EXTRAS`) is measured in a child process on that
+  overlay's interpreter, where its trainer's own classes import (path `own classes
+  (trainer env)`); the others, and the conversion layer, in this interpreter.
 - peak memory: `tracemalloc`'s peak of Python allocations while converting one batch,
   above what was allocated before (the input rows and, for a bridge, the converted
   batch it reads are excluded: they exist already). A separate pass, since tracing
   slows Python down. The process's peak RSS (`ru_maxrss`, everything incl. the input)
   is printed once at the end.
 
-Run: `python -m bench.trainer_conversion [--rollouts 10000] [--calls 8]`.
+Run: `python -m bench.trainer_conversion [--rollouts 10000] [--calls 8] [--trainer-envs]`.
 """
 
 from __future__ import annotations
@@ -35,12 +40,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import random
 import resource
+import subprocess
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bridges.rollouts import ConversionRules, ConvertedBatch, to_training_rollouts
@@ -58,6 +66,7 @@ TRAINER_MODULES = {
     "openrlhf": "openrlhf",
 }
 VERSION = "bench-v3"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -142,7 +151,8 @@ def load_bridge(name: str) -> Bridge:
     except ModuleNotFoundError as exc:
         if exc.name == f"bridges.{name}":
             return Bridge(name, None, "not present")
-        raise
+        # the bridge imports its trainer unconditionally: it has no documented-field path
+        return Bridge(name, None, f"needs {exc.name}")
     try:
         own = importlib.util.find_spec(TRAINER_MODULES[name]) is not None
     except (ImportError, ValueError):
@@ -165,32 +175,11 @@ def traced_peak(run: Callable[[], Any]) -> int:
     return peak
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rollouts", type=int, default=10_000)
-    parser.add_argument("--calls", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--batch-rollouts", type=int, default=256, help="rollouts per batch")
-    parser.add_argument("--prompt-tokens", type=int, default=1024)
-    parser.add_argument("--sampled", type=int, default=160, help="policy tokens per call")
-    parser.add_argument("--env-tokens", type=int, default=240, help="tool tokens after a call")
-    parser.add_argument("--trainers", default=",".join(TRAINERS))
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    shape = Shape(
-        args.rollouts,
-        args.calls,
-        args.group_size,
-        args.batch_rollouts,
-        args.prompt_tokens,
-        args.sampled,
-        args.env_tokens,
-        args.seed,
-    )
+def measure(shape: Shape, names: list[str]) -> dict[str, Any]:
+    """Time and trace the layer and each named bridge over every batch of `shape`."""
     rules = ConversionRules(current_version=3, max_staleness=1)
-    bridges = [load_bridge(n) for n in args.trainers.split(",") if n]
+    bridges = [load_bridge(n) for n in names]
     live = [b for b in bridges if b.convert is not None]
-
     rows_total = 0
     layer_cpu = 0.0
     layer_peak = 0
@@ -212,34 +201,128 @@ def main() -> None:
                 assert convert is not None
                 bridge.peak_bytes = traced_peak(lambda c=convert, b=converted: c(b))
         del converted, rows
+    return {
+        "rows": rows_total,
+        "layer_cpu_s": layer_cpu,
+        "layer_peak_bytes": layer_peak,
+        "bridges": [
+            {"name": b.name, "path": b.path, "cpu_s": b.cpu_s, "peak_bytes": b.peak_bytes}
+            for b in bridges
+        ],
+        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
+
+def in_trainer_env(name: str, argv: list[str]) -> dict[str, Any] | None:
+    """The bridge measured in its trainer's overlay (`devstack.trainer_env`, built on
+    first use), where the trainer's own classes import; None: no overlay declared."""
+    from devstack.trainer_env import TRAINER_EXTRAS, trainer_environment, trainer_python
+
+    extras = TRAINER_EXTRAS.get(name)
+    if extras is None:
+        return None
+    python = trainer_python(extras=extras)
+    proc = subprocess.run(
+        [str(python), "-m", "bench.trainer_conversion", *argv, "--trainers", name, "--json"],
+        capture_output=True,
+        text=True,
+        env=trainer_environment(REPO),
+        cwd=REPO,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} in its trainer env failed:\n{proc.stderr[-3000:]}")
+    [bridge] = json.loads(proc.stdout.strip().splitlines()[-1])["bridges"]
+    bridge["path"] += " (trainer env)"
+    return dict(bridge)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollouts", type=int, default=10_000)
+    parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--batch-rollouts", type=int, default=256, help="rollouts per batch")
+    parser.add_argument("--prompt-tokens", type=int, default=1024)
+    parser.add_argument("--sampled", type=int, default=160, help="policy tokens per call")
+    parser.add_argument("--env-tokens", type=int, default=240, help="tool tokens after a call")
+    parser.add_argument("--trainers", default=",".join(TRAINERS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--trainer-envs",
+        action="store_true",
+        help="measure each bridge in its trainer's overlay (TRAINER_EXTRAS), where its "
+        "trainer's own classes import; builds a missing overlay (minutes, once)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    args = parser.parse_args()
+    shape = Shape(
+        args.rollouts,
+        args.calls,
+        args.group_size,
+        args.batch_rollouts,
+        args.prompt_tokens,
+        args.sampled,
+        args.env_tokens,
+        args.seed,
+    )
+    names = [n for n in args.trainers.split(",") if n]
+    own_env: dict[str, dict[str, Any]] = {}
+    if args.trainer_envs:
+        argv = [
+            f"--rollouts={shape.rollouts}",
+            f"--calls={shape.calls}",
+            f"--group-size={shape.group_size}",
+            f"--batch-rollouts={shape.batch_rollouts}",
+            f"--prompt-tokens={shape.prompt_tokens}",
+            f"--sampled={shape.sampled}",
+            f"--env-tokens={shape.env_tokens}",
+            f"--seed={shape.seed}",
+        ]
+        for name in names:
+            if load_bridge(name).path == "not present":
+                continue
+            found = in_trainer_env(name, argv)
+            if found is not None:
+                own_env[name] = found
+    figures = measure(shape, [n for n in names if n not in own_env])
+    by_name = {b["name"]: b for b in figures["bridges"]} | own_env
+    figures["bridges"] = [by_name[n] for n in names]
+    if args.json:
+        print(json.dumps(figures))
+        return
+    report(shape, figures)
+
+
+def report(shape: Shape, figures: dict[str, Any]) -> None:
     mib = 1024 * 1024
+    rows, layer_cpu = figures["rows"], figures["layer_cpu_s"]
     tokens = shape.prompt_tokens + shape.calls * (shape.sampled + shape.env_tokens)
     print(
-        f"{rows_total} rollouts x {shape.calls} calls ({tokens} tokens each: "
+        f"{rows} rollouts x {shape.calls} calls ({tokens} tokens each: "
         f"{shape.prompt_tokens} prompt + {shape.calls} x ({shape.sampled} sampled + "
         f"{shape.env_tokens} tool)), groups of {shape.group_size}, batches of "
         f"{shape.batch_rollouts}; rows/s over thread CPU time; peak = tracemalloc peak "
         "while converting one batch"
     )
-    head = f"{'stage':<24} {'path':<18} {'rows/s alone':>13} {'rows/s w/ layer':>16}"
+    head = f"{'stage':<24} {'path':<30} {'rows/s alone':>13} {'rows/s w/ layer':>16}"
     print(f"{head} {'peak MiB':>9}")
     print(
-        f"{'to_training_rollouts':<24} {'pure Python':<18} {rows_total / layer_cpu:>13,.0f} "
-        f"{'':>16} {layer_peak / mib:>9.1f}"
+        f"{'to_training_rollouts':<24} {'pure Python':<30} {rows / layer_cpu:>13,.0f} "
+        f"{'':>16} {figures['layer_peak_bytes'] / mib:>9.1f}"
     )
-    for bridge in bridges:
-        if bridge.convert is None:
-            print(f"{'bridges.' + bridge.name:<24} {bridge.path:<18}")
+    for bridge in figures["bridges"]:
+        label = f"bridges.{bridge['name']}"
+        if not bridge["cpu_s"]:
+            print(f"{label:<24} {bridge['path']:<30}")
             continue
-        alone = rows_total / bridge.cpu_s if bridge.cpu_s else float("inf")
-        both = rows_total / (bridge.cpu_s + layer_cpu)
+        alone = rows / bridge["cpu_s"]
+        both = rows / (bridge["cpu_s"] + layer_cpu)
         print(
-            f"{'bridges.' + bridge.name:<24} {bridge.path:<18} {alone:>13,.0f} {both:>16,.0f} "
-            f"{bridge.peak_bytes / mib:>9.1f}"
+            f"{label:<24} {bridge['path']:<30} {alone:>13,.0f} {both:>16,.0f} "
+            f"{bridge['peak_bytes'] / mib:>9.1f}"
         )
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"process peak RSS (everything, incl. building the input): {rss:.0f} MiB")
+    print(f"process peak RSS (everything, incl. building the input): {figures['rss_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":
