@@ -14,17 +14,18 @@ per-call versions and starts; they go through the Arrow table and `to_pylist()`,
 dicts a bridge gets from `RolloutClient.load_samples(...).to_pylist()`. Building them
 is not timed.
 
-Printed per trainer: whether its bridge module is present, which path it took — its
-trainer's own classes when that package imports in this interpreter, else the bridge's
-documented-field shapes; `needs <package>` when the bridge cannot be imported without
-its trainer here — the bridge's rows/s alone and together with the conversion
+Printed per trainer: whether its bridge module is present, which path it took —
+`package imports` when its trainer's package imports in this interpreter (the bridge
+then builds the trainer's own classes where it has any), else `documented fields` (the
+bridge's field shapes without the package); `needs <package>` when the bridge cannot be
+imported without its trainer here — the bridge's rows/s alone and together with the conversion
 layer (rows = rollouts: one row per rollout here), and its peak memory.
 
 - rows/s: rows over *thread CPU time* (`time.thread_time`), summed over all batches, so
   other jobs on a shared machine inflate it less than wall time would.
 - `--trainer-envs`: each bridge whose trainer declares an overlay
   (`devstack.trainer_env.TRAINER_EXTRAS`) is measured in a child process on that
-  overlay's interpreter, where its trainer's own classes import (path `own classes
+  overlay's interpreter, where its trainer's package imports (path `package imports
   (trainer env)`); the others, and the conversion layer, in this interpreter.
 - peak memory: `tracemalloc`'s peak of Python allocations while converting one batch,
   above what was allocated before (the input rows and, for a bridge, the converted
@@ -61,7 +62,7 @@ TRAINERS = ("trl", "verl", "skyrl", "slime", "openrlhf")
 TRAINER_MODULES = {
     "trl": "trl",
     "verl": "verl.experimental.agent_loop",
-    "skyrl": "skyrl_train.generators.base",
+    "skyrl": "skyrl.train.generators.base",
     "slime": "slime.utils.types",
     "openrlhf": "openrlhf",
 }
@@ -153,11 +154,13 @@ def load_bridge(name: str) -> Bridge:
             return Bridge(name, None, "not present")
         # the bridge imports its trainer unconditionally: it has no documented-field path
         return Bridge(name, None, f"needs {exc.name}")
+    except Exception as exc:  # its trainer's import broke in another way: say how
+        return Bridge(name, None, f"import failed: {type(exc).__name__}")
     try:
         own = importlib.util.find_spec(TRAINER_MODULES[name]) is not None
-    except (ImportError, ValueError):
+    except Exception:  # a parent package that fails to import: not importable here
         own = False
-    path = "own classes" if own else "documented fields"
+    path = "package imports" if own else "documented fields"
     return Bridge(name, module.convert_batch, path)
 
 
