@@ -18,7 +18,9 @@ baseline is decided here and nowhere else:
   `agent_broke_sandbox`) are trained with the reward they got.
 - **Staleness is per call.** Each call carries the policy version that sampled it. A
   call lagging the trainer's version by more than `max_staleness` (or newer than it,
-  or with no readable version) is stale: its tokens get loss 0. A rollout whose calls
+  or with no readable version) is stale: its tokens get loss 0. A call the Gateway
+  labelled `unknown` (an engine in an unknown state after a failed weight load) is
+  never trained, with or without a current version. A rollout whose calls
   are all stale is dropped with its reward (`stale="drop"`) or kept in the baseline
   without loss (`stale="mask"`).
 - **Truncated rollouts** (the agent ran out of context or turns) are trained with
@@ -32,14 +34,16 @@ to convert a large batch (`bench/trainer_conversion.py`).
 
 from __future__ import annotations
 
+import functools
 import itertools
-import statistics
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
+from schemas.policy import UNKNOWN_WEIGHTS
 from schemas.samples import token_versions
 from schemas.training import policy_version_index
 
@@ -169,7 +173,8 @@ class TrainingGroup(BaseModel):
         rewards = [r.reward for r in self.rollouts if r.in_baseline]
         if not rewards:
             return None
-        return statistics.fmean(rewards), statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+        mean = math.fsum(rewards) / len(rewards)  # floats (statistics.pstdev is exact, slow)
+        return mean, math.sqrt(math.fsum((x - mean) ** 2 for x in rewards) / len(rewards))
 
     def advantages(self, eps: float = 1e-6) -> dict[str, float]:
         """GRPO advantage per rollout: (reward − mean) / (std + eps) over the baseline;
@@ -243,7 +248,7 @@ def _check_row(row: Mapping[str, Any]) -> None:
             raise ConversionError(
                 rollout_id, name, f"{len(row[name])} entries for {n} response_ids"
             )
-    if any(bit not in (0, 1) for bit in row["loss_mask"]):
+    if not set(row["loss_mask"]) <= {0, 1}:
         raise ConversionError(rollout_id, "loss_mask", "holds values other than 0 and 1")
     if row["status"] not in SAMPLE_STATUSES:
         raise ConversionError(rollout_id, "status", f"{row['status']!r} is not a sample status")
@@ -284,7 +289,7 @@ def _rollout(
         segments.append(segment)
         calls += n_calls
         fresh_calls += n_fresh
-    all_stale = rules.current_version is not None and fresh_calls == 0 and calls > 0
+    all_stale = fresh_calls == 0 and calls > 0
     if excused:
         out.infra_error += 1
     elif all_stale:
@@ -313,9 +318,9 @@ def _segment(
     versions = list(row.get("call_policy_versions") or [row["policy_version"]])
     starts = list(row.get("call_starts") or [0])
     response = list(row["response_ids"])
-    mask = [int(bit) for bit in row["loss_mask"]]
+    mask = list(map(int, row["loss_mask"]))
     lags: list[int | None] = [None] * len(versions)
-    fresh = [True] * len(versions)
+    fresh = [v != UNKNOWN_WEIGHTS for v in versions]
     if rules.current_version is not None:
         lags = [_lag(v, rules.current_version) for v in versions]
         out.staleness.extend(lag for lag in lags if lag is not None)
@@ -335,7 +340,7 @@ def _segment(
         prompt_ids=list(row["prompt_ids"]),
         response_ids=response,
         loss_mask=mask,
-        logprobs=[float(x) for x in row["logprobs"]],
+        logprobs=list(map(float, row["logprobs"])),
         call_starts=starts,
         call_policy_versions=versions,
         trained=any(mask),
@@ -345,5 +350,10 @@ def _segment(
 
 
 def _lag(version: str, current: int) -> int | None:
-    index = policy_version_index(version)
+    index = _version_index(version)
     return None if index is None else current - index
+
+
+@functools.lru_cache(maxsize=4096)
+def _version_index(version: str) -> int | None:
+    return policy_version_index(version)

@@ -17,8 +17,9 @@ The surface (import it from here):
 - `load_keys`, `new_key`, `parse_key`, `PayloadKeyError`: the payload encryption keys.
 - `read_table`, `read_many`, `read_samples`, `write_table`, `write_samples`: sample
   tables in a local directory or `s3://bucket/prefix`, schema-version checked.
-- `GatewayPolicyClient`, `PolicyUpdateError`: publish a checkpoint as the new policy
-  version through the Gateway's control API (`POST /policy`).
+- `GatewayPolicyClient`, `PolicyUpdateError`, `ExternalUpdate`: publish a checkpoint as
+  the new policy version through the Gateway's control API (`POST /policy`), or hold the
+  Gateway around a weight sync the trainer does itself (`external_update`).
 
 The request, result and sample models (`RolloutTask`, `RolloutResult`, `SampleRow`,
 `PolicyUpdate`, …) stay in `schemas`, the pure contracts.
@@ -34,13 +35,14 @@ storage modules too, so both sides agree on the wire and the file layout.
 
 from rollout_client.client import Batch, RolloutClient, RolloutOutcome, connect
 from rollout_client.codec import PayloadKeyError, load_keys, new_key, parse_key
-from rollout_client.policy import GatewayPolicyClient, PolicyUpdateError
+from rollout_client.policy import ExternalUpdate, GatewayPolicyClient, PolicyUpdateError
 from rollout_client.storage import read_many, read_samples, read_table, write_samples, write_table
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
 from rollout_client.training import TrainingInputError
 
 __all__ = [
     "Batch",
+    "ExternalUpdate",
     "GatewayPolicyClient",
     "PayloadKeyError",
     "PolicyUpdateError",

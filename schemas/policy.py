@@ -1,17 +1,20 @@
-"""The bodies of the Gateway's policy-update control call (`POST /policy`, `GET /policy`).
+"""The bodies of the Gateway's policy-update control calls (`POST /policy`, `GET /policy`,
+`POST /policy/hold`, `POST /policy/release`).
 
-Why here: the Gateway serves it and the trainer calls it (`rollout_client.policy`), and
-`schemas` is the one package both may import. An update pauses new engine calls (they
+Why here: the Gateway serves them and the trainer calls them (`rollout_client.policy`),
+and `schemas` is the one package both may import. An update pauses new engine calls (they
 wait, they are not failed), drains the ones in flight, has every engine load the
 checkpoint, sets the version that later calls record, and resumes; with several gateway
 processes the one that gets the call pauses the others first (through their control
-listeners).
+listeners). An external update is the same pause and drain split in two calls around a
+weight sync the trainer does itself (NCCL, IPC: no checkpoint directory): hold, sync,
+release with the version the engines now serve.
 """
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from schemas.base import StrictModel
 
@@ -42,10 +45,25 @@ class WeightUpdateReport(StrictModel):
     total_s: float
 
 
+def _not_reserved(value: str) -> str:
+    if value == UNKNOWN_WEIGHTS:
+        raise ValueError(f"{UNKNOWN_WEIGHTS!r} is reserved for engines in an unknown state")
+    return value
+
+
+Version = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_not_reserved)]
+"""A policy version a caller names (never the reserved `unknown`)."""
+
+UpdateId = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+]
+"""An external update's id, chosen by the trainer: a name it logs (no spaces, no slashes)."""
+
+
 class PolicyUpdate(StrictModel):
     """Body of `POST /policy`."""
 
-    policy_version: str = Field(min_length=1, max_length=256)
+    policy_version: Version
     checkpoint: str = Field(
         min_length=1, description="model directory every engine can read (absolute path)"
     )
@@ -53,12 +71,66 @@ class PolicyUpdate(StrictModel):
         default=600.0, gt=0, le=3600, description="how long in-flight calls may take to finish"
     )
 
-    @field_validator("policy_version")
-    @classmethod
-    def _not_reserved(cls, value: str) -> str:
-        if value == UNKNOWN_WEIGHTS:
-            raise ValueError(f"{UNKNOWN_WEIGHTS!r} is reserved for engines in an unknown state")
-        return value
+
+class PolicyHold(StrictModel):
+    """Body of `POST /policy/hold`: pause and drain every gateway process, as an update
+    does, and keep them paused while the trainer syncs weights into its engines itself.
+    New engine calls wait at the gate; the hold ends with `POST /policy/release`, or
+    after `lease_s` without one (then every engine is labelled `unknown`: the Gateway
+    cannot know whether the sync finished)."""
+
+    update_id: UpdateId
+    policy_version: Version | None = Field(
+        default=None,
+        description="the version the trainer is about to sync (for the history and logs; "
+        "the release names the version served)",
+    )
+    drain_timeout_s: float = Field(
+        default=600.0, gt=0, le=3600, description="how long in-flight calls may take to finish"
+    )
+    lease_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=7200,
+        description="how long the hold may last without a release (from the end of the drain)",
+    )
+
+
+class PolicyHeld(StrictModel):
+    """Reply of `POST /policy/hold`: every gateway process is paused and drained; no engine
+    call is in flight until the release."""
+
+    update_id: str
+    processes: int = Field(description="gateway processes paused (this one too)")
+    drained_calls: int = Field(description="engine calls that were in flight, all finished")
+    drain_s: float
+    previous_version: str | None = Field(description="the version served before the hold")
+    lease_s: float
+    expires_at: datetime = Field(description="when the hold ends by itself without a release")
+
+
+class PolicyRelease(StrictModel):
+    """Body of `POST /policy/release`: how the trainer's weight sync ended. `policy_version`
+    alone: the engines serve it now. `error`: the sync failed; `touched` says whether it
+    had begun to change weights (then every engine is labelled `unknown`) or not (the
+    previous version keeps serving). `policy_version` with `error` names the version the
+    sync was for (the history shows it)."""
+
+    update_id: UpdateId
+    policy_version: Version | None = None
+    error: str | None = Field(default=None, min_length=1, max_length=2000)
+    touched: bool = Field(
+        default=True,
+        description="with `error`: the sync may have changed the engines' weights",
+    )
+
+    @model_validator(mode="after")
+    def _outcome(self) -> Self:
+        if self.policy_version is None and self.error is None:
+            raise ValueError(
+                "give policy_version (the version the engines now serve) or error (the sync failed)"
+            )
+        return self
 
 
 class EngineServing(StrictModel):
@@ -92,6 +164,11 @@ class PeerPause(StrictModel):
         "whether it serves it",
     )
     checkpoint: str | None = None
+    external: bool = Field(
+        default=False,
+        description="paused for an external hold: a peer whose lease runs out cannot ask the "
+        "engines what the trainer loaded, so it labels them `unknown`",
+    )
 
 
 class PeerResume(StrictModel):
@@ -114,20 +191,30 @@ class PeerPaused(StrictModel):
 
 
 class PolicyUpdateRecord(StrictModel):
-    """One update, as `GET /policy` lists it (newest last) and `POST /policy` returns it."""
+    """One update, as `GET /policy` lists it (newest last) and `POST /policy` and
+    `POST /policy/release` return it. `kind`: `checkpoint` (the Gateway had every engine
+    load a checkpoint) or `external` (a hold and release around the trainer's own sync;
+    `checkpoint` is then None). `expired`: an external hold whose lease ran out."""
 
     update_id: str
-    policy_version: str
-    checkpoint: str
+    kind: Literal["checkpoint", "external"] = "checkpoint"
+    policy_version: str = Field(
+        description=f"the version updated to ({UNKNOWN_WEIGHTS!r}: an external update that "
+        "named none)"
+    )
+    checkpoint: str | None
     previous_version: str | None
-    status: Literal["ok", "failed", "unchanged"]
+    status: Literal["ok", "failed", "unchanged", "expired"]
     error: str | None = None
     started_at: datetime
     processes: int = Field(description="gateway processes paused for the update (this one too)")
     drained_calls: int = Field(description="engine calls in flight at the pause, all finished")
     held_calls: int = Field(description="engine calls that waited at the pause (this process)")
     drain_s: float = Field(description="pause + drain of every process")
-    load_s: float = Field(description="every engine loading the checkpoint")
+    load_s: float = Field(
+        description="every engine loading the checkpoint (external: from the end of the "
+        "drain to the release, the trainer's sync)"
+    )
     total_s: float = Field(description="pause + drain + load + resume")
     engines: list[WeightUpdateReport] = Field(default_factory=list)
     serving: list[EngineServing] = Field(
@@ -144,5 +231,13 @@ class PolicyState(StrictModel):
     policy_version: str | None
     checkpoint: str | None
     updating: bool
+    held_for: str | None = Field(
+        default=None, description="the update_id of the external hold this process coordinates"
+    )
+    waiting_calls: int = Field(
+        default=0,
+        description="engine calls that came to this process's gate since it closed, all "
+        "waiting (0 while it is open)",
+    )
     engines: list[EngineServing] = Field(default_factory=list)
     history: list[PolicyUpdateRecord]

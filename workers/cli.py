@@ -201,6 +201,30 @@ def gateway(
     serve(settings, processes=processes)
 
 
+@app.command("engine-check")
+def engine_check(
+    engine: Annotated[str, typer.Option(help="engine base URL(s), comma-separated")],
+    model: Annotated[str, typer.Option(help="model name served by the engine")],
+    engine_api: Annotated[
+        EngineApiChoice, typer.Option(help="the endpoint `rollout gateway` will use")
+    ] = EngineApiChoice.completions,
+) -> None:
+    """Check that an engine (a trainer's own inference server too) offers what `rollout
+    gateway --engine URL` needs; exit 1 when a required capability is missing."""
+    import asyncio
+
+    from gateway.engines.engine_check import check_engine
+
+    missing = False
+    for url in [u.strip() for u in engine.split(",") if u.strip()]:
+        typer.echo(url)
+        for found in asyncio.run(check_engine(url, model, api=engine_api.value)):
+            mark = "ok  " if found.ok else ("FAIL" if found.required else "no  ")
+            typer.echo(f"  {mark} {found.name}: {found.detail}")
+            missing |= found.required and not found.ok
+    raise typer.Exit(1 if missing else 0)
+
+
 @app.command("keygen")
 def keygen(
     out: Annotated[Path, typer.Argument(help="key file to create (mode 0600)")],

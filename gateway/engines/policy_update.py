@@ -19,7 +19,9 @@ history gets the entry, every peer and this gate resume on it, and the caller ge
 error naming what failed and what the engines serve. Updates are serialized and run to
 their end even if their caller leaves; a peer paused by one update refuses another (409)
 instead of deadlocking two coordinators. The history (`policy_history`) is on the shared
-data dir, so every process (and a restarted one) reports the same.
+data dir, so every process (and a restarted one) reports the same. A trainer that moves
+weights into the engines itself splits the same pause and drain around its sync
+(`external_sync`: hold, release), holding this updater's lock meanwhile.
 """
 
 import asyncio
@@ -54,7 +56,7 @@ from schemas.policy import (
 
 log = logging.getLogger("rollout.gateway")
 
-__all__ = ["HISTORY_FILE", "PolicyGate", "PolicyUpdater"]
+__all__ = ["HISTORY_FILE", "PolicyGate", "PolicyUpdater", "serving_text", "unknown_on"]
 
 PEER_ANSWER_S = 30.0
 """How long a peer may take to answer beyond the drain it was given (then: unreachable)."""
@@ -144,6 +146,11 @@ def _starting(url: str) -> EngineServing:
     return EngineServing(engine=url, policy_version=None, checkpoint=None)
 
 
+def unknown_on(url: str) -> EngineServing:
+    """Engine `url` serves weights nobody can name."""
+    return EngineServing(engine=url, policy_version=UNKNOWN_WEIGHTS, checkpoint=None)
+
+
 def serving_text(serving: dict[str, EngineServing]) -> str:
     """What the engines serve, for an error message."""
 
@@ -182,6 +189,8 @@ class PolicyUpdater:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[PolicyUpdateRecord]] = set()
         self._peer_hold: tuple[PeerPause, asyncio.Task[None] | None] | None = None
+        self.held_for: str | None = None
+        """The external hold this process coordinates (`external_sync`); it holds `_lock`."""
         self._ended: deque[str] = deque(maxlen=64)
         """Updates whose resume came when this process was not paused for them (its
         lease had resumed it, or the pause is still on its way): a late pause is refused."""
@@ -191,7 +200,7 @@ class PolicyUpdater:
         }
         self.history_file.repair()  # a torn last line from a crash: dropped, never fatal
         if gate.version is None:
-            self._apply(self._serving_from_history())
+            self.apply(self.serving_from_history())
 
     # ------------------------------------------------------------------ state
     @property
@@ -199,10 +208,15 @@ class PolicyUpdater:
         checkpoints = {s.checkpoint for s in self.serving.values()}
         return checkpoints.pop() if len(checkpoints) == 1 else None
 
+    @property
+    def paused_for(self) -> str | None:
+        """The update another process has paused this one for."""
+        return self._peer_hold[0].update_id if self._peer_hold is not None else None
+
     def history(self) -> list[PolicyUpdateRecord]:
         return self.history_file.read()
 
-    def _serving_from_history(self) -> dict[str, EngineServing]:
+    def serving_from_history(self) -> dict[str, EngineServing]:
         """What the last update left on each engine: its `serving`, or (older records)
         the version of the last applied one."""
         for record in reversed(self.history()):
@@ -218,7 +232,7 @@ class PolicyUpdater:
                 }
         return {u: _starting(u) for u in self.engine_urls}
 
-    def _apply(self, serving: dict[str, EngineServing]) -> None:
+    def apply(self, serving: dict[str, EngineServing]) -> None:
         self.serving = {
             u: serving.get(u, self.serving.get(u, _starting(u))) for u in self.engine_urls
         }
@@ -229,6 +243,8 @@ class PolicyUpdater:
             policy_version=self.gate.version,
             checkpoint=self.checkpoint if self.gate.version is not None else None,
             updating=self._lock.locked() or self._peer_hold is not None,
+            held_for=self.held_for,
+            waiting_calls=self.gate.held if self.gate.closed else 0,
             engines=list(self.serving.values()),
             history=self.history(),
         )
@@ -249,10 +265,14 @@ class PolicyUpdater:
                 and record.policy_version == update.policy_version
                 and record.checkpoint != real
             ):
+                source = (
+                    f"loaded from {record.checkpoint}; a version names one checkpoint"
+                    if record.checkpoint is not None
+                    else f"synced by the trainer (external update {record.update_id}); a "
+                    "version names one set of weights"
+                )
                 raise GatewayError(
-                    "conflict",
-                    f"policy_version {update.policy_version} was loaded from "
-                    f"{record.checkpoint}; a version names one checkpoint",
+                    "conflict", f"policy_version {update.policy_version} was {source}"
                 )
         return update.model_copy(update={"checkpoint": real})
 
@@ -260,16 +280,41 @@ class PolicyUpdater:
         """Run an update to its end even when the caller goes away (the gate and the
         peers must be resumed by whoever closed them)."""
         await asyncio.to_thread(self._check, update)  # bad input: refused before any wait
-        if self._peer_hold is not None:
-            raise GatewayError(
-                "conflict", "another gateway process is updating the policy; retry after it"
-            )
+        self.refuse_if_busy(queue=True)
         task = asyncio.create_task(self._serialized(update))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(task)
 
+    async def claim(self, update_id: str) -> None:
+        """Take the update lock for external update `update_id` at once, or 409: a hold is
+        never queued behind an update, nor an update behind a hold."""
+        self.refuse_if_busy()
+        await self._lock.acquire()  # free (checked just now): taken without waiting
+        self.held_for = update_id
+
+    def unclaim(self) -> None:
+        self.held_for = None
+        self._lock.release()
+
+    def refuse_if_busy(self, queue: bool = False) -> None:
+        """409 while an external hold is in force or another process pauses this one (an
+        update then waits for a running update of this process when `queue`)."""
+        if self.held_for is not None:
+            raise GatewayError(
+                "conflict",
+                f"external update {self.held_for} holds the policy (a trainer is syncing "
+                "weights); retry after its release",
+            )
+        if self._peer_hold is not None:
+            raise GatewayError(
+                "conflict", "another gateway process is updating the policy; retry after it"
+            )
+        if not queue and self._lock.locked():
+            raise GatewayError("conflict", "a policy update is running; retry after it")
+
     async def _serialized(self, update: PolicyUpdate) -> PolicyUpdateRecord:
+        self.refuse_if_busy(queue=True)  # a hold taken since `update` checked
         async with self._lock:  # serialized: a second update waits for the first
             checked = await asyncio.to_thread(self._check, update)  # the first may have moved
             if self._peer_hold is not None:
@@ -308,7 +353,7 @@ class PolicyUpdater:
             for s in before.values()
         ):
             done = record("unchanged", drained_calls=0, held_calls=0, drain_s=0.0, load_s=0.0)
-            await self._append(done)
+            await self.append(done)
             return done
         serving = dict(before)  # what each engine serves, kept true as the update goes
         to_resume: list[str] = []  # peers sent a pause (also one whose answer was lost)
@@ -317,9 +362,16 @@ class PolicyUpdater:
         failure: GatewayError | None = None
         cancelled: asyncio.CancelledError | None = None
         closed = False
-        renewing = asyncio.create_task(self._renew_leases(to_resume, update_id))
+        renewing = asyncio.create_task(self.renew_leases(to_resume, update_id))
         try:
-            drained = await self._pause_peers(update, update_id, to_resume)
+            pause = PeerPause(
+                update_id=update_id,
+                drain_timeout_s=update.drain_timeout_s,
+                lease_s=self.lease_s,
+                policy_version=update.policy_version,
+                checkpoint=update.checkpoint,
+            )
+            drained = await self.pause_peers(pause, to_resume)
             closed = True
             here, _ = await self.gate.close_and_drain(update.drain_timeout_s)
             drained += here
@@ -339,7 +391,7 @@ class PolicyUpdater:
         held = self.gate.held if closed else 0
         try:
             try:
-                self._apply(serving)
+                self.apply(serving)
                 error = None
                 if failure is not None:
                     error = (
@@ -356,11 +408,11 @@ class PolicyUpdater:
                     engines=reports,
                     serving=list(serving.values()),
                 )
-                written = await self._append(done)  # before the peers: their leases read it
+                written = await self.append(done)  # before the peers: their leases read it
             finally:
                 self.gate.open()
         finally:
-            await self._resume_peers(to_resume, update_id, serving)
+            await self.resume_peers(to_resume, update_id, serving)
         log.info(
             "policy update %s %s → %s: %s in %.2fs (drain %.2fs, load %.2fs)%s",
             update_id,
@@ -384,24 +436,17 @@ class PolicyUpdater:
             )
         return done
 
-    async def _pause_peers(self, update: PolicyUpdate, update_id: str, paused: list[str]) -> int:
+    async def pause_peers(self, pause: PeerPause, paused: list[str]) -> int:
         """Pause and drain every peer, each listed in `paused` before it is asked (so a
         pause whose answer is lost is resumed too); the calls they drained."""
         drained = 0
         for peer in self.peers:
             paused.append(peer)
-            pause = PeerPause(
-                update_id=update_id,
-                drain_timeout_s=update.drain_timeout_s,
-                lease_s=self.lease_s,
-                policy_version=update.policy_version,
-                checkpoint=update.checkpoint,
-            )
             reply = await self._peer(peer, "pause", pause)
             drained += PeerPaused.model_validate_json(reply.content).drained_calls
         return drained
 
-    async def _append(self, record: PolicyUpdateRecord) -> str | None:
+    async def append(self, record: PolicyUpdateRecord) -> str | None:
         """Write a history entry; the error text when it could not be."""
         try:
             await asyncio.to_thread(self.history_file.append, record)
@@ -488,7 +533,7 @@ class PolicyUpdater:
             )
         return reply
 
-    async def _renew_leases(self, peers: list[str], update_id: str) -> None:
+    async def renew_leases(self, peers: list[str], update_id: str) -> None:
         """While the update runs, extend the pause of every peer paused for it, so no
         lease runs out on a slow load (a peer that is gone is left to its lease)."""
         renew = PeerPause(update_id=update_id, lease_s=self.lease_s, renew=True)
@@ -500,7 +545,7 @@ class PolicyUpdater:
                 except GatewayError as exc:
                     log.warning("policy update %s: lease not renewed: %s", update_id, exc.message)
 
-    async def _resume_peers(
+    async def resume_peers(
         self, peers: list[str], update_id: str, serving: dict[str, EngineServing]
     ) -> None:
         versions = {s.policy_version for s in serving.values()}
@@ -527,6 +572,10 @@ class PolicyUpdater:
             return PeerPaused(drained_calls=0, drain_s=0.0)
         if pause.update_id in self._ended:
             raise GatewayError("conflict", f"update {pause.update_id} has already ended")
+        if self.held_for is not None:
+            raise GatewayError(
+                "conflict", f"this gateway process holds the policy for {self.held_for}"
+            )
         if self._lock.locked() or self._peer_hold is not None:
             raise GatewayError("conflict", "this gateway process is already in a policy update")
         self._peer_hold = (pause, None)  # held from now: no update of ours starts meanwhile
@@ -557,10 +606,10 @@ class PolicyUpdater:
             serving = await self._probe(pause)
         except Exception as exc:  # never stay closed
             log.error("policy update %s: engines not probed: %r", pause.update_id, exc)
-            serving = self._serving_from_history()
+            serving = self.serving_from_history()
         self._ended.append(pause.update_id)
         self._peer_hold = None
-        self._apply(serving)
+        self.apply(serving)
         self.gate.open()
 
     async def _probe(self, pause: PeerPause) -> dict[str, EngineServing]:
@@ -570,6 +619,8 @@ class PolicyUpdater:
         for record in reversed(await asyncio.to_thread(self.history)):
             if record.update_id == pause.update_id and record.serving:
                 return {s.engine: s for s in record.serving}
+        if pause.external:  # the trainer's sync: nothing here can tell whether it finished
+            return {u: unknown_on(u) for u in self.serving}
         serving: dict[str, EngineServing] = {}
         for url, now in self.serving.items():
             try:
@@ -597,14 +648,14 @@ class PolicyUpdater:
             if held[1] is not None:
                 held[1].cancel()
             self._peer_hold = None
-            self._apply(self._outcome(resume))
+            self.apply(self._outcome(resume))
             self.gate.open()
             return
         if resume.update_id in self._ended:
             log.warning(
                 "policy update %s: resume after the lease; taking its outcome", resume.update_id
             )
-            self._apply(self._outcome(resume))
+            self.apply(self._outcome(resume))
             return
         self._ended.append(resume.update_id)
         raise GatewayError("conflict", f"not paused for update {resume.update_id}")

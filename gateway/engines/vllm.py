@@ -40,6 +40,14 @@ _PATHS: dict[EngineApi, str] = {
     "generate": "/inference/v1/generate",
 }
 
+_MISSING = {
+    "/inference/v1/generate": "start vLLM >= 0.32 with --enable-scale-out, or run the "
+    "Gateway with --engine-api completions",
+    "/v1/completions": "the Gateway sends token-id prompts to an OpenAI /v1/completions "
+    "endpoint (vLLM's); an engine without one cannot be fronted",
+}
+"""What offers each sampling endpoint, for the error when an engine lacks it."""
+
 ENGINE_UNAVAILABLE_RETRY_AFTER_S = 5.0
 """Retry-After suggested to agents when no engine connection could be made."""
 
@@ -107,6 +115,16 @@ def _engine_message(status: int, body: bytes) -> str:
     return text[:500]
 
 
+def _no_route(body: bytes) -> bool:
+    """The server's own "no such route" answer (FastAPI's and Starlette's), not an
+    endpoint's 404 such as vLLM's for a model it does not serve."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.strip() in (b"Not Found", b"Method Not Allowed", b"")
+    return isinstance(parsed, dict) and parsed.get("detail") in ("Not Found", "Method Not Allowed")
+
+
 def _retry_after(value: str | None) -> float:
     if value is not None:
         try:
@@ -118,9 +136,14 @@ def _retry_after(value: str | None) -> float:
     return ENGINE_OVERLOADED_RETRY_AFTER_S
 
 
-def _status_error(url: str, status: int, body: bytes, retry_after: str | None) -> GatewayError:
-    """Map an engine HTTP error to what the agent should see."""
+def _status_error(
+    url: str, status: int, body: bytes, retry_after: str | None, path: str = ""
+) -> GatewayError:
+    """Map an engine HTTP error to what the agent should see; a sampling endpoint the
+    engine does not have is named with what offers it."""
     message = _engine_message(status, body)
+    if status in (404, 405) and path in _MISSING and _no_route(body):
+        return GatewayError("engine_bad_reply", f"engine at {url} has no {path}: {_MISSING[path]}")
     if status == 400:
         return GatewayError("invalid_request", message)
     if status == 413:
@@ -245,7 +268,7 @@ class VllmEngine:
                 raise self._transport_error(url, exc) from exc
             if resp.status >= 400:
                 reply = await self._read(url, resp)
-                raise _status_error(url, resp.status, reply, resp.headers.get("Retry-After"))
+                raise _status_error(url, resp.status, reply, resp.headers.get("Retry-After"), path)
             return resp
 
     def _transport_error(self, url: str, exc: BaseException, during: str = "") -> GatewayError:

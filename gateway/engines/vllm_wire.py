@@ -67,6 +67,26 @@ def bad_reply(url: str, what: str) -> GatewayError:
     return GatewayError("engine_bad_reply", f"engine at {url} returned a malformed reply: {what}")
 
 
+TOKEN_IDS_NEEDED = (
+    "it ignores `return_token_ids` (vLLM before 0.10.2, or another "
+    "server); the Gateway records each call's sampled ids exactly and cannot sample without "
+    "them: serve the model with vLLM >= 0.10.2"
+)
+LOGPROBS_NEEDED = (
+    "it ignores `logprobs` or has them turned off (vLLM "
+    "`--max-logprobs 0`); a trainer needs the behaviour logprob of every sampled token"
+)
+
+
+def missing_capability(url: str, what: str, field: str, detail: str) -> GatewayError:
+    """The engine answers, but without something the Gateway cannot do without: the
+    error names it and what offers it (a trainer's own inference server often differs
+    from a plain `vllm serve`)."""
+    return GatewayError(
+        "engine_bad_reply", f"engine at {url} does not return {what} (no {field}): {detail}"
+    )
+
+
 def validate_reply(url: str, wire: type[_Wire], content: bytes) -> _Wire:
     """`content` parsed as `wire`, or the engine_bad_reply that says what is wrong."""
     try:
@@ -91,9 +111,11 @@ def extract_completion(
     """
     choice = reply.choices[0]
     if choice.token_ids is None:
-        raise bad_reply(url, "choices[0].token_ids missing (engine must support return_token_ids)")
+        raise missing_capability(url, "sampled token ids", "choices[0].token_ids", TOKEN_IDS_NEEDED)
     if choice.logprobs is None:
-        raise bad_reply(url, "choices[0].logprobs missing")
+        raise missing_capability(
+            url, "logprobs of the sampled tokens", "choices[0].logprobs", LOGPROBS_NEEDED
+        )
     output_ids = choice.token_ids
     raw_logprobs = choice.logprobs.token_logprobs
     if len(raw_logprobs) != len(output_ids):

@@ -31,6 +31,7 @@ from starlette.routing import Route
 from gateway.calls.pipeline import Gateway
 from gateway.calls.prompt_limits import check_history_items, history_items
 from gateway.canonical import CanonicalRequest
+from gateway.engines.external_sync import ExternalSync
 from gateway.engines.policy_update import PolicyUpdater
 from gateway.errors import GatewayError, body_timed_out, body_too_large
 from gateway.http.streaming import stream_reply
@@ -42,7 +43,7 @@ from gateway.protocols.base import CountRoute, ErrorResponder, SamplingRoute
 from gateway.protocols.wire import field_error, load_object
 from gateway.sessions.live import LiveSession
 from gateway.sessions.reaper import SessionReaper
-from schemas.policy import PeerPause, PeerResume, PolicyUpdate
+from schemas.policy import PeerPause, PeerResume, PolicyHold, PolicyRelease, PolicyUpdate
 from schemas.session import SessionConfig, SessionList
 
 log = logging.getLogger("rollout.gateway")
@@ -106,6 +107,8 @@ class GatewayApp:
             loader=gateway.engine.weight_loader,
             checkpoint_roots=checkpoint_roots,
         )
+        #: holds around a weight sync the trainer does itself (`external_sync`)
+        self.external = ExternalSync(self.policy)
         registry = gateway.metrics.registry
         registry.register(EngineCollector(gateway.engine, gateway.incremental.tokenizer))
         self.loop_lag = LoopLagMonitor(registry)
@@ -219,6 +222,20 @@ class GatewayApp:
         self._require_admin(request)
         update = PolicyUpdate.model_validate(await self._read_json(request))
         done = await self._in_core(lambda: self.policy.update(update))
+        return Response(done.model_dump_json(), media_type="application/json")
+
+    async def hold_policy(self, request: Request) -> Response:
+        """Pause and drain every process for the trainer's own weight sync (`external_sync`)."""
+        self._require_admin(request)
+        hold = PolicyHold.model_validate(await self._read_json(request))
+        held = await self._in_core(lambda: self.external.hold(hold))
+        return Response(held.model_dump_json(), media_type="application/json")
+
+    async def release_policy(self, request: Request) -> Response:
+        """End a hold with the version the engines serve now; resume every process."""
+        self._require_admin(request)
+        release = PolicyRelease.model_validate(await self._read_json(request))
+        done = await self._in_core(lambda: self.external.release(release))
         return Response(done.model_dump_json(), media_type="application/json")
 
     async def pause_policy(self, request: Request) -> Response:
@@ -359,6 +376,8 @@ class GatewayApp:
             ("control", "/sessions/{session_id}", self.get_session, control, "GET"),
             ("control", "/policy", self.get_policy, control, "GET"),
             ("control", "/policy", self.update_policy, control, "POST"),
+            ("control", "/policy/hold", self.hold_policy, control, "POST"),
+            ("control", "/policy/release", self.release_policy, control, "POST"),
             ("control", "/policy/pause", self.pause_policy, control, "POST"),
             ("control", "/policy/resume", self.resume_policy, control, "POST"),
         ]

@@ -36,9 +36,16 @@ from devstack.background_server import BackgroundServer
 from devstack.ports import consecutive_free_ports
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.vllm_server import VllmServer, VllmServerConfig
-from gateway.engines.vllm_weights import tensor_shapes
+from gateway.engines.vllm_weights import VllmWeightLoader, tensor_shapes
 from rollout_client.policy import GatewayPolicyClient, PolicyUpdateError
-from schemas.policy import UNKNOWN_WEIGHTS, PolicyState, PolicyUpdate, PolicyUpdateRecord
+from schemas.policy import (
+    UNKNOWN_WEIGHTS,
+    PolicyHeld,
+    PolicyState,
+    PolicyUpdate,
+    PolicyUpdateRecord,
+    WeightUpdate,
+)
 from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
 from tests.fixtures.weight_endpoints import (
     FakeVllmDevEndpointsForTests,
@@ -279,49 +286,6 @@ def test_updates_are_serialized_and_a_version_names_one_checkpoint(
     assert "a version names one checkpoint" in clash.json()["error"]["message"]
 
 
-def test_every_gateway_process_ends_on_the_new_version(
-    engine: VllmServer, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """`--processes 2` share the engine: an update sent to process 1 pauses process 0
-    too (through its control listener), and both then report and record the new
-    version."""
-    admin = secrets.token_urlsafe(12)
-    port = consecutive_free_ports(4)
-    cmd = [
-        sys.executable, "-m", "workers.cli", "gateway", "--engine", engine.url,
-        "--model", engine.model, "--tokenizer", str(tiny_model_dir), "--port", str(port),
-        "--control-port", str(port + 2), "--processes", "2",
-        "--data-dir", str(tmp_path / "gw"), "--checkpoint-root", str(tmp_path),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
-    auth = {"Authorization": f"Bearer {admin}"}
-    controls = [f"http://127.0.0.1:{port + 2}", f"http://127.0.0.1:{port + 3}"]
-    try:
-        for control in controls:
-            wait_for(f"{control} healthy", lambda c=control: _healthy(c, proc))
-        ckpt = checkpoint(tiny_model_dir, tmp_path / "ckpt")
-        reply = httpx.post(
-            f"{controls[1]}/policy",
-            json={"policy_version": "p-multi", "checkpoint": str(ckpt)},
-            headers=auth,
-            timeout=600,
-        )
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["processes"] == 2
-        for control in controls:
-            state = httpx.get(f"{control}/policy", headers=auth).json()
-            assert (state["policy_version"], state["updating"]) == ("p-multi", False)
-            created = httpx.post(f"{control}/sessions", json={"rollout_id": "r"}, headers=auth)
-            ask(created.json(), [{"role": "user", "content": "hi"}])
-            calls = httpx.get(
-                f"{control}/sessions/{created.json()['session_id']}/trajectory", headers=auth
-            ).json()["calls"]
-            assert [c["policy_version"] for c in calls] == ["p-multi"]
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) is not None
-
-
 def _healthy(control: str, proc: subprocess.Popen[bytes]) -> bool:
     assert proc.poll() is None, f"gateway exited with {proc.returncode}"
     try:
@@ -543,3 +507,263 @@ def test_a_peer_whose_lease_runs_out_takes_the_version_its_engine_serves(
         f"{gw.control_url}/policy/pause", json=pause | {"renew": True}, headers=gw.admin_headers
     )
     assert late.status_code == 409 and "not paused for update u1" in late.text
+
+
+# ----------------------------------------------- external updates: the trainer syncs itself
+#
+# verl, slime, SkyRL and OpenRLHF move weights into their engines themselves. The test
+# plays that trainer: it holds the Gateway, reloads the engine through vLLM's own dev
+# endpoints (what such a trainer's sync does to its vLLM server: pause, load, version,
+# resume), and releases the Gateway with the version the engine now serves.
+
+
+def post_hold(control: str, headers: dict[str, str], update_id: str, **body: Any) -> httpx.Response:
+    return httpx.post(
+        f"{control}/policy/hold", json={"update_id": update_id, **body}, headers=headers,
+        timeout=600,
+    )  # fmt: skip
+
+
+def post_release(
+    control: str, headers: dict[str, str], update_id: str, **body: Any
+) -> httpx.Response:
+    return httpx.post(
+        f"{control}/policy/release", json={"update_id": update_id, **body}, headers=headers,
+        timeout=600,
+    )  # fmt: skip
+
+
+def trainer_sync(engine_url: str, version: str, ckpt: Path) -> None:
+    """The trainer's own weight sync into its vLLM server (here from a directory through
+    vLLM's dev endpoints; verl and SkyRL use NCCL or IPC, which need a GPU)."""
+    asyncio.run(
+        VllmWeightLoader(engine_url).load(
+            WeightUpdate(policy_version=version, checkpoint=str(ckpt))
+        )
+    )
+
+
+def test_every_gateway_process_holds_for_a_trainers_own_sync_then_loads_a_checkpoint(
+    engine: VllmServer,
+    proxied: tuple[RecordingProxy, str],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    pool: ThreadPoolExecutor,
+) -> None:
+    """`rollout gateway --processes 2` share the engine. A hold sent to process 1 pauses
+    process 0 too and answers only once the call running on process 0 has finished; a
+    call arriving meanwhile waits at process 0's gate. The trainer syncs its engine and
+    releases with its version: the waiting call is sampled by the new weights and
+    recorded with that version, the one that ran before keeps its label, and both
+    processes report the external entry. Then a checkpoint update sent to process 1
+    pauses process 0 through its control listener, and both record its version."""
+    proxy, proxy_url = proxied
+    admin = secrets.token_urlsafe(12)
+    port = consecutive_free_ports(4)
+    cmd = [
+        sys.executable, "-m", "workers.cli", "gateway", "--engine", proxy_url,
+        "--model", engine.model, "--tokenizer", str(tiny_model_dir), "--port", str(port),
+        "--control-port", str(port + 2), "--processes", "2", "--data-dir", str(tmp_path / "gw"),
+        "--checkpoint-root", str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
+    auth = {"Authorization": f"Bearer {admin}"}
+    zero, one = f"http://127.0.0.1:{port + 2}", f"http://127.0.0.1:{port + 3}"
+
+    def state(control: str) -> PolicyState:
+        reply = httpx.get(f"{control}/policy", headers=auth)
+        assert reply.status_code == 200, reply.text
+        return PolicyState.model_validate_json(reply.content)
+
+    def session(control: str, label: str) -> dict[str, Any]:
+        body = {"rollout_id": f"r-{secrets.token_hex(4)}", "policy_version": label}
+        created = httpx.post(f"{control}/sessions", json=body, headers=auth)
+        assert created.status_code == 201, created.text
+        return created.json()
+
+    def versions(control: str, opened: dict[str, Any]) -> list[str]:
+        path = f"{control}/sessions/{opened['session_id']}/trajectory"
+        return [c["policy_version"] for c in httpx.get(path, headers=auth).json()["calls"]]
+
+    try:
+        for control in (zero, one):
+            wait_for(f"{control} healthy", lambda c=control: _healthy(c, proc))
+        rollout = session(zero, "p-label")
+        first = [{"role": "user", "content": "hello"}]
+        reply = ask(rollout, first)
+        proxy.hold()
+        long_rollout = session(zero, "long-label")
+        long_call = pool.submit(ask, long_rollout, [{"role": "user", "content": "write a lot"}])
+        wait_for("the long call at the engine", lambda: len(proxy.exchanges) == 2)
+        held = pool.submit(post_hold, one, auth, "ext-1", policy_version="p-ext", lease_s=600)
+        wait_for("process 0 paused", lambda: state(zero).updating)
+        second = pool.submit(
+            ask, rollout, [*first, {"role": "assistant", "content": reply},
+                           {"role": "user", "content": "and again"}]
+        )  # fmt: skip
+        wait_for("the next call waiting at process 0", lambda: state(zero).waiting_calls == 1)
+        assert not held.done()  # the drain waits for the long call
+        proxy.release()
+        answer = held.result(timeout=600)
+        assert answer.status_code == 200, answer.text
+        hold = PolicyHeld.model_validate_json(answer.content)
+        assert (hold.processes, hold.drained_calls, hold.previous_version) == (2, 1, None)
+        long_call.result(timeout=600)
+        assert not second.done() and state(one).held_for == "ext-1"
+
+        trainer_sync(engine.url, "p-ext", checkpoint(tiny_model_dir, tmp_path / "synced"))
+        released = post_release(one, auth, "ext-1", policy_version="p-ext")
+        assert released.status_code == 200, released.text
+        record = PolicyUpdateRecord.model_validate_json(released.content)
+        assert (record.kind, record.status, record.policy_version) == ("external", "ok", "p-ext")
+        assert (record.checkpoint, record.drained_calls, record.processes) == (None, 1, 2)
+        second.result(timeout=600)
+        assert versions(zero, rollout) == ["p-label", "p-ext"]
+        assert versions(zero, long_rollout) == ["long-label"]
+        for control in (zero, one):
+            now = state(control)
+            assert (now.policy_version, now.updating, now.held_for) == ("p-ext", False, None)
+            assert [(r.kind, r.update_id, r.status) for r in now.history] == [
+                ("external", "ext-1", "ok")
+            ]
+            fresh = session(control, "label-v0")
+            ask(fresh, [{"role": "user", "content": "hi"}])
+            assert versions(control, fresh) == ["p-ext"]
+        late = post_release(one, auth, "ext-1", policy_version="p-ext")
+        assert late.status_code == 409 and "already ended" in late.json()["error"]["message"]
+
+        ckpt = checkpoint(tiny_model_dir, tmp_path / "ckpt")
+        reply = httpx.post(
+            f"{one}/policy",
+            json={"policy_version": "p-multi", "checkpoint": str(ckpt)},
+            headers=auth,
+            timeout=600,
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["processes"] == 2
+        for control in (zero, one):
+            now = state(control)
+            assert (now.policy_version, now.updating) == ("p-multi", False)
+            assert [(r.kind, r.policy_version) for r in now.history] == [
+                ("external", "p-ext"), ("checkpoint", "p-multi"),
+            ]  # fmt: skip
+            fresh = session(control, "label-v0")
+            ask(fresh, [{"role": "user", "content": "hi"}])
+            assert versions(control, fresh) == ["p-multi"]
+    finally:
+        proxy.release()
+        proc.terminate()
+        assert proc.wait(timeout=30) is not None
+
+
+def test_holds_and_updates_refuse_each_other_and_a_release_names_its_hold(
+    scripted_gw: RunningGateway,
+    tmp_path: Path,
+    weights: FakeVllmDevEndpointsForTests,
+    pool: ThreadPoolExecutor,
+) -> None:
+    """While a checkpoint update runs, a hold is a 409; while a hold is in force, an
+    update and a second hold are 409s, and a release naming another hold, or a version
+    loaded from a checkpoint, is a 409 that leaves the hold in force. Every refusal is
+    in the control API's error shape."""
+    gw = scripted_gw
+    v1 = make_checkpoint(tmp_path / "v1")
+    weights.hold.clear()  # the engine's reload waits: the update stays running
+    update = pool.submit(post_policy, gw, "p-v1", v1)
+    wait_for("the reload to start", weights.reloading.is_set)
+    during = post_hold(gw.control_url, gw.admin_headers, "h-1")
+    assert during.status_code == 409, during.text
+    assert "a policy update is running" in during.json()["error"]["message"]
+    weights.hold.set()
+    assert update.result(timeout=60).status_code == 200
+
+    assert post_hold(gw.control_url, gw.admin_headers, "h-1").status_code == 200
+    assert gw.gateway.policy.closed
+    refusals = [
+        (post_hold(gw.control_url, gw.admin_headers, "h-2"),
+         "external update h-1 already holds the policy"),
+        (post_policy(gw, "p-v2", make_checkpoint(tmp_path / "v2")),
+         "external update h-1 holds the policy"),
+        (post_release(gw.control_url, gw.admin_headers, "h-2", policy_version="p-x"),
+         "external update h-1 holds the policy, not h-2"),
+        (post_release(gw.control_url, gw.admin_headers, "h-1", policy_version="p-v1"),
+         f"policy_version p-v1 was loaded from {v1}"),
+    ]  # fmt: skip
+    for reply, text in refusals:
+        assert reply.status_code == 409, reply.text
+        error = reply.json()["error"]
+        assert (error["code"], error["type"]) == ("conflict", "conflict_error"), error
+        assert text in error["message"], error
+    bad = [
+        ({"update_id": "h-1"}, "give policy_version"),
+        ({"update_id": "h-1", "policy_version": "unknown"}, "reserved"),
+        ({"update_id": "h 1", "policy_version": "p"}, "pattern"),
+    ]
+    for body, text in bad:
+        reply = httpx.post(f"{gw.control_url}/policy/release", json=body, headers=gw.admin_headers)
+        assert reply.status_code == 400 and text in reply.json()["error"]["message"], reply.text
+    unauthorised = httpx.post(f"{gw.control_url}/policy/hold", json={"update_id": "h-3"})
+    assert unauthorised.json()["error"]["code"] == "authentication"
+    assert gw.gateway.policy.closed  # still held after every refusal
+    done = post_release(gw.control_url, gw.admin_headers, "h-1", policy_version="p-ext")
+    assert done.status_code == 200, done.text
+    assert call_version(gw) == "p-ext"
+    clash = post_policy(gw, "p-ext", make_checkpoint(tmp_path / "v3"))
+    assert clash.status_code == 409 and "synced by the trainer" in clash.text
+    history = policy_state(gw).history
+    assert [(r.kind, r.policy_version, r.status) for r in history] == [
+        ("checkpoint", "p-v1", "ok"), ("external", "p-ext", "ok"),
+    ]  # fmt: skip
+    assert (history[1].previous_version, history[1].checkpoint) == ("p-v1", None)
+
+
+def test_a_hold_without_release_ends_on_unknown_and_failures_say_what_serves(
+    scripted_gw: RunningGateway, tmp_path: Path
+) -> None:
+    """A hold whose lease runs out resumes every call labelled `unknown` (the Gateway
+    cannot know whether the sync finished) and the history says so; a late release is
+    refused. The client's `external_update` releases with the block's error: a sync that
+    failed before touching weights keeps the version served, one that may have changed
+    them leaves `unknown`; a clean block labels the next calls with its version."""
+    gw = scripted_gw
+    assert post_hold(gw.control_url, gw.admin_headers, "h-lapse", lease_s=0.3).status_code == 200
+    wait_for("the lease to run out", lambda: not gw.gateway.policy.closed)
+    assert call_version(gw) == UNKNOWN_WEIGHTS
+    [expired] = policy_state(gw).history
+    assert (expired.kind, expired.status, expired.policy_version) == (
+        "external", "expired", UNKNOWN_WEIGHTS,
+    )  # fmt: skip
+    assert expired.error is not None and "no release within its 0.3s lease" in expired.error
+    late = post_release(gw.control_url, gw.admin_headers, "h-lapse", policy_version="p-1")
+    assert late.status_code == 409, late.text
+    assert "has already ended: expired" in late.json()["error"]["message"]
+
+    client = GatewayPolicyClient(gw.control_url, gw.admin_token)
+
+    async def trainer() -> list[str | None]:
+        seen: list[str | None] = []
+        async with client.external_update("p-1") as update:
+            assert update.held.previous_version == UNKNOWN_WEIGHTS
+        assert update.record is not None and update.record.status == "ok"
+        seen.append(await asyncio.to_thread(call_version, gw))
+        with pytest.raises(RuntimeError, match="NCCL group not ready"):
+            async with client.external_update("p-2") as update:
+                update.touched = False
+                raise RuntimeError("NCCL group not ready")
+        seen.append(await asyncio.to_thread(call_version, gw))
+        with pytest.raises(RuntimeError, match="rank 3 died"):
+            async with client.external_update("p-3"):
+                raise RuntimeError("rank 3 died")
+        seen.append(await asyncio.to_thread(call_version, gw))
+        return seen
+
+    assert asyncio.run(trainer()) == ["p-1", "p-1", UNKNOWN_WEIGHTS]
+    history = policy_state(gw).history
+    assert [(r.policy_version, r.status) for r in history[1:]] == [
+        ("p-1", "ok"), ("p-2", "failed"), ("p-3", "failed"),
+    ]  # fmt: skip
+    assert history[2].error is not None and "NCCL group not ready" in history[2].error
+    assert history[2].error.endswith("every engine serves p-1")
+    assert history[3].error is not None and history[3].error.endswith(
+        f"every engine serves {UNKNOWN_WEIGHTS}"
+    )

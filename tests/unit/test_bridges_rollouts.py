@@ -122,6 +122,16 @@ def test_future_or_unreadable_version_is_stale(version: str) -> None:
     assert batch.rollouts == [] and batch.stale == 1
 
 
+def test_calls_of_unknown_weights_are_never_trained() -> None:
+    """`unknown` names no policy (an engine after a failed load): masked even when the
+    trainer checks no staleness, and the rollout counts as all stale."""
+    rows = [row("a", mask=[1, 1, 0, 1], versions=["v3", "unknown"], starts=[0, 3])]
+    segment = to_training_rollouts(rows).rollouts[0].primary
+    assert segment.loss_mask == [1, 1, 0, 0]
+    batch = to_training_rollouts([row("b", versions=["unknown"])])
+    assert batch.rollouts == [] and batch.stale == 1
+
+
 def test_without_a_current_version_nothing_is_stale() -> None:
     batch = to_training_rollouts([row("a", versions=["unversioned"])])
     assert batch.rollouts[0].trained and batch.stale == 0 and batch.staleness == []

@@ -214,8 +214,6 @@ def _mutations() -> list[tuple[str, Any]]:
         return lambda r: r["choices"][0]["logprobs"].update(token_logprobs=values)
 
     return [
-        ("no token_ids", drop("token_ids")),
-        ("no logprobs", drop("logprobs")),
         ("fewer logprobs", lps([-1.0, -1.0])),
         ("null logprob", lps([-1.0, None, -1.0])),
         ("string token id", choice(token_ids=[7, "8", 9])),
@@ -242,6 +240,45 @@ async def test_malformed_reply_is_502(
         client.complete(client.urls[0], PROMPT, SamplingParams()), 502, "engine_bad_reply"
     )
     assert "malformed" in err.message
+
+
+@pytest.mark.parametrize(
+    ("missing", "says"),
+    [
+        ("token_ids", "sampled token ids (no choices[0].token_ids): it ignores `return_token_ids`"),
+        ("logprobs", "logprobs of the sampled tokens (no choices[0].logprobs): it ignores"),
+    ],
+)
+async def test_an_engine_without_what_the_gateway_needs_is_named_so(
+    client: EngineRouter, fake: FakeVllmForTests, missing: str, says: str
+) -> None:
+    """A trainer's own server that answers without token ids (a vLLM before
+    `return_token_ids`) or logprobs: the error names the capability and the fix, not
+    just a malformed reply."""
+    reply = fake.good_reply(PROMPT, [7, 8, 9])
+    reply["choices"][0].pop(missing)
+    fake.scripted.append(JSONResponse(reply))
+    err = await expect_error(
+        client.complete(client.urls[0], PROMPT, SamplingParams()), 502, "engine_bad_reply"
+    )
+    assert f"engine at {client.urls[0]} does not return {says}" in err.message
+
+
+async def test_an_engine_without_the_generate_endpoint_says_how_to_get_it(
+    gen_client: EngineRouter, fake: FakeVllmForTests
+) -> None:
+    fake.scripted.append(JSONResponse({"detail": "Not Found"}, 404))
+    err = await expect_error(
+        gen_client.complete(gen_client.urls[0], PROMPT, SamplingParams()), 502, "engine_bad_reply"
+    )
+    assert "has no /inference/v1/generate" in err.message
+    assert "--enable-scale-out" in err.message and "--engine-api completions" in err.message
+    unknown_model = {"error": {"message": "The model `m` does not exist.", "code": 404}}
+    fake.scripted.append(JSONResponse(unknown_model, 404))
+    err = await expect_error(
+        gen_client.complete(gen_client.urls[0], PROMPT, SamplingParams()), 502, "engine_bad_reply"
+    )
+    assert "has no" not in err.message and "The model `m` does not exist." in err.message
 
 
 async def test_non_json_reply_is_502(client: EngineRouter, fake: FakeVllmForTests) -> None:
@@ -690,7 +727,7 @@ async def test_generate_payload_and_mapping(
             generate_reply([7], logprobs={"content": [{"token_id": 7, "logprob": -9999.0}]}),
             "no logprob for sampled token 0",
         ),
-        ("no logprobs", generate_reply([7], logprobs=None), "logprobs missing"),
+        ("no logprobs", generate_reply([7], logprobs=None), "does not return logprobs"),
         (
             "usage disagrees",
             {**generate_reply([7, 8]), "usage": generate_reply([7])["usage"]},
