@@ -75,8 +75,9 @@ def check_evaluated(tasks: Sequence[RolloutTask], allow_unevaluated: bool = Fals
 
 def served_versions(state: PolicyState) -> set[str]:
     """Every policy version the Gateway has served: the current one, each engine's, and
-    every update's target and predecessor (failed updates' targets excluded: their
-    weights never served a call)."""
+    every update's target and predecessor, checkpoint or external (the targets of failed
+    updates and of external holds that expired excluded: no call is known to have been
+    sampled by them)."""
     served: set[str] = set()
     if state.policy_version:
         served.add(state.policy_version)

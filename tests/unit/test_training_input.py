@@ -86,6 +86,7 @@ def test_served_versions_come_from_state_engines_and_history() -> None:
         record("run-v1", None),
         record("run-v2", "run-v1"),
         record("run-v3", "run-v2", status="failed"),
+        record("run-v4", "run-v2", status="expired"),  # an external hold that ran out
         engines=[
             EngineServing(engine="http://e1", policy_version="run-v2"),
             EngineServing(engine="http://e2", policy_version=UNKNOWN_WEIGHTS),
@@ -95,6 +96,8 @@ def test_served_versions_come_from_state_engines_and_history() -> None:
     check_served("run-v1", st)
     with pytest.raises(TrainingInputError, match=r"^policy_version: .*'run-v3'.*run-v1, run-v2"):
         check_served("run-v3", st)  # its update failed: those weights never sampled
+    with pytest.raises(TrainingInputError):
+        check_served("run-v4", st)  # nobody knows what the engines got
     with pytest.raises(TrainingInputError) as err:
         check_served(UNKNOWN_WEIGHTS, st)
     assert err.value.field == "policy_version"
