@@ -160,26 +160,37 @@ async def test_groups_stream_as_they_finish_and_a_slow_group_is_carried(stack: S
         poll_s=0.2,
     )
     batches = batcher.batches(tasks())
-    first = await asyncio.wait_for(anext(batches), HANG)
-    assert [g.task_id for g in first.groups] == ["fast1", "fast2"]
-    [wave] = batcher.stats.waves  # three distinct tasks: one submission
-    slow_ids = [f"{wave}-slow-0", f"{wave}-slow-1"]
-    statuses = [await stack.client.status_of(rid) for rid in slow_ids]
-    assert statuses == [WorkflowExecutionStatus.RUNNING] * 2  # not waited for
-    assert stack.gated.held >= 1
-    rollouts = first.converted.rollouts
-    assert len(rollouts) == 4 and {r.reward for r in rollouts} == {1.0}
-    assert all(r.primary.loss_mask and r.trained for r in rollouts)
+    try:
+        first = await asyncio.wait_for(anext(batches), HANG)
+        assert sorted(g.task_id for g in first.groups) == ["fast1", "fast2"]
+        [wave] = batcher.stats.waves  # three distinct tasks: one submission
+        slow_ids = [f"{wave}-slow-0", f"{wave}-slow-1"]
+        statuses = [await stack.client.status_of(rid) for rid in slow_ids]
+        assert statuses == [WorkflowExecutionStatus.RUNNING] * 2  # not waited for
+        rollouts = first.converted.rollouts
+        assert len(rollouts) == 4 and {r.reward for r in rollouts} == {1.0}
+        assert all(r.primary.loss_mask and r.trained for r in rollouts)
 
-    stack.gated.gate.set()  # the slow group may finish now
-    second = await asyncio.wait_for(anext(batches), HANG)
-    [carried] = second.groups
-    assert (carried.task_id, carried.carried, carried.rollouts) == ("slow", 1, 2)
-    assert sorted(r.rollout_id for r in second.converted.rollouts) == sorted(slow_ids)
-    assert {r.reward for r in second.converted.rollouts} == {1.0}
-    with pytest.raises(StopAsyncIteration):
-        await asyncio.wait_for(anext(batches), HANG)
-    assert batcher.stats.loaded_groups == 3 and batcher.stats.peak_held_groups <= 2
+        stack.gated.gate.set()  # the slow group may finish now
+        second = await asyncio.wait_for(anext(batches), HANG)
+        [carried] = second.groups
+        assert (carried.task_id, carried.carried, carried.rollouts) == ("slow", 1, 2)
+        assert sorted(r.rollout_id for r in second.converted.rollouts) == sorted(slow_ids)
+        assert stack.gated.held >= 1  # its calls did wait at the gate
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(anext(batches), HANG)
+        assert batcher.stats.loaded_groups == 3 and batcher.stats.peak_held_groups <= 2
+    finally:
+        stack.gated.gate.set()
+        await batches.aclose()  # cancels what still runs (nothing, on success)
+        for wave in batcher.stats.waves:  # let cancelled rollouts clean up before teardown
+            await asyncio.wait_for(no_running(stack.client, wave), HANG)
+
+
+async def no_running(client: RolloutClient, batch_id: str) -> None:
+    query = f"RolloutBatchId = '{batch_id}' AND ExecutionStatus = 'Running'"
+    while (await client.client.count_workflows(query)).count:
+        await asyncio.sleep(0.5)
 
 
 async def test_a_label_the_gateway_never_served_is_refused(stack: Stack) -> None:
