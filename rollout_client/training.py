@@ -92,18 +92,16 @@ def served_versions(state: PolicyState) -> set[str]:
 
 
 def check_served(policy_version: str, state: PolicyState) -> None:
-    """Refuse a batch label that names no weights the Gateway ever served."""
+    """Refuse a batch label that names no weights the Gateway ever served.
+
+    Before the first update the engines run the weights they were started with, whose
+    name only the trainer knows: any label is taken then (a run starts from its `v0`
+    without publishing it). From the first update on, the history says what was served.
+    """
     served = served_versions(state)
-    if policy_version in served:
+    if policy_version in served or not served:
         return
-    if not served:
-        hint = (
-            "the Gateway has served no published policy yet (its engines run the weights "
-            "they started with, whose version it cannot know): publish your initial "
-            "policy first (`GatewayPolicyClient.update`, `POST /policy`)"
-        )
-    else:
-        hint = f"it served {', '.join(sorted(served))}; publish this one first (`POST /policy`)"
+    hint = f"it served {', '.join(sorted(served))}; publish this one first (`POST /policy`)"
     raise TrainingInputError(
         "policy_version", f"the Gateway never served {policy_version!r}: {hint}"
     )

@@ -103,9 +103,10 @@ def test_served_versions_come_from_state_engines_and_history() -> None:
     assert err.value.field == "policy_version"
 
 
-def test_a_gateway_that_never_published_serves_no_known_label() -> None:
-    with pytest.raises(TrainingInputError, match="publish your initial policy first"):
-        check_served("run-v0", state(None))
+def test_before_the_first_update_the_trainer_names_the_start_weights() -> None:
+    """The engines run the weights they started with; only the trainer knows their name,
+    so a run's `v0` is taken without a publish (the reference trainer starts that way)."""
+    check_served("run-v0", state(None))
 
 
 class NeverCalled:
