@@ -50,9 +50,23 @@ TRAINER_PACKAGES = ("schemas", "rollout_client", "bridges", "trainer", "gateway/
 
 TRAINER_EXTRAS: dict[str, tuple[str, ...]] = {
     "reference": (),
+    "verl": (
+        "--no-deps verl==0.9.1",
+        "ray==2.60.0",
+        "hydra-core==1.3.8",
+        "tensordict==0.8.3",
+        "datasets==5.2.0",
+        "codetiming==1.4.0",
+    ),
 }
 """Per trainer, what its overlay adds (pip requirements); each distinct tuple is its own
 overlay, so a trainer framework's pins never move another trainer's packages."""
+
+NO_DEPS = "--no-deps "
+"""An extra starting with this is installed without its dependencies, after the others:
+for a trainer whose declared pins contradict the vLLM venv's (verl 0.9.1 wants
+transformers < 5.11, the overlay uses the venv's 5.19), with the dependencies it really
+imports listed as extras of their own."""
 
 
 class TrainerEnvMarker(BaseModel):
@@ -156,7 +170,11 @@ def ensure_trainer_env(cache_dir: Path | None = None, extras: tuple[str, ...] = 
         )
         pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
         requirements = [*TRAINER_REQUIREMENTS, *extras]
-        _run([*pip, "install", "-c", str(constraints), *requirements], log, "pip install")
+        plain = [r for r in requirements if not r.startswith(NO_DEPS)]
+        bare = [r.removeprefix(NO_DEPS) for r in requirements if r.startswith(NO_DEPS)]
+        _run([*pip, "install", "-c", str(constraints), *plain], log, "pip install")
+        if bare:
+            _run([*pip, "install", "--no-deps", *bare], log, "pip install --no-deps")
         probe = "import torch, transformers, temporalio, pyarrow, matplotlib, pydantic, httpx"
         _run([str(python), "-c", probe], log, "import check")
         info = TrainerEnvMarker(
