@@ -102,6 +102,7 @@ class VerlOptions(BaseModel):
         description="the Gateway's control URL: its served policy version is the trainer's "
         "current version for the staleness rule (None: no staleness check)",
     )
+    gateway_admin_token: str | None = None
     max_staleness: int = Field(default=1, ge=0)
     truncated: Literal["train", "mask"] = "train"
     infra_retries: int = Field(default=1, ge=0, description="re-runs of an infra_error rollout")
@@ -274,14 +275,18 @@ def task_of_row(row: Mapping[str, Any], tasks: Mapping[str, RolloutTask] | None)
     return tasks[str(task_id)]
 
 
-_sample_counter = itertools.count(secrets.randbelow(1 << 40))
+SAMPLE_INDEX_LIMIT = 2**31
+"""Sample indexes are int32 in the sample table (`schemas.samples`)."""
+
+_sample_counter = itertools.count(secrets.randbelow(SAMPLE_INDEX_LIMIT // 2))
 
 
 def _next_sample_index() -> int:
-    """A sample index unique in this process and, from a random start in 2**40, across
-    processes (two workers' ranges overlap with odds ~ rollouts per worker / 2**40): the n
-    copies of a row may run in different verl workers that do not coordinate."""
-    return next(_sample_counter)
+    """A sample index unique in this process and, from a random start, across processes:
+    the n copies of a row may run in different verl workers that do not coordinate. Two
+    copies of one row (one batch id) in different processes collide only when the starts
+    differ by exactly the difference of their counters: odds ~ 1 / 2**30 per pair."""
+    return next(_sample_counter) % SAMPLE_INDEX_LIMIT
 
 
 def plan_request(
@@ -312,28 +317,48 @@ def plan_request(
     )
 
 
-_clients: dict[tuple[str, str, str], RolloutClient] = {}
-_clients_lock = asyncio.Lock()
-_waiters: dict[int, asyncio.Semaphore] = {}
+class _PerLoop:
+    """What the loop objects of one event loop share: verl makes a loop object per row, and
+    its worker runs them all on one event loop; a Temporal client and asyncio primitives
+    belong to the event loop they were made on."""
+
+    def __init__(self, max_waiters: int) -> None:
+        self.lock = asyncio.Lock()
+        self.waiters = asyncio.Semaphore(max_waiters)
+        self.clients: dict[tuple[str, str, str], RolloutClient] = {}
+
+
+_per_loop: dict[int, _PerLoop] = {}
+
+
+def _shared(options: VerlOptions) -> _PerLoop:
+    loop = asyncio.get_running_loop()
+    shared = _per_loop.get(id(loop))
+    if shared is None:
+        shared = _per_loop[id(loop)] = _PerLoop(options.max_waiters)
+    return shared
 
 
 async def _client(options: VerlOptions) -> RolloutClient:
-    """One Temporal client per process (verl makes a loop object per row)."""
+    """One Temporal client per event loop and address."""
+    shared = _shared(options)
     key = (options.temporal_address, options.namespace, options.task_queue)
-    async with _clients_lock:
-        if key not in _clients:
-            _clients[key] = await RolloutClient.connect(
+    async with shared.lock:
+        if key not in shared.clients:
+            shared.clients[key] = await RolloutClient.connect(
                 options.temporal_address, options.namespace, options.task_queue
             )
-        return _clients[key]
+        return shared.clients[key]
 
 
-def _failed(request: RolloutRequest, outcome: RolloutOutcome) -> TrainingRollout:
+def _failed(request: RolloutRequest, outcome: RolloutOutcome) -> tuple[TrainingRollout, str]:
     """A rollout whose workflow ended without a result: our failure, out of the baseline."""
     status = RolloutStatus.infra_error
+    error = outcome.error or f"workflow {outcome.workflow_status}"
     if outcome.result is not None:
         status = outcome.result.status
-    return TrainingRollout(
+        error = outcome.result.error or f"{status.value} without sample rows"
+    rollout = TrainingRollout(
         rollout_id=request.rollout_id,
         group_id=request.group_id,
         task_id=request.task.task_id,
@@ -344,6 +369,7 @@ def _failed(request: RolloutRequest, outcome: RolloutOutcome) -> TrainingRollout
         segments=[],
         in_baseline=False,
     )
+    return rollout, error
 
 
 @register(AGENT_NAME)
@@ -369,7 +395,8 @@ class AgenticRolloutLoop(AgentLoopBase):
         """The trainer's policy index for the staleness rule: the Gateway's served version."""
         if self.options.gateway_url is None:
             return None
-        state = await GatewayPolicyClient(self.options.gateway_url).state()
+        policy = GatewayPolicyClient(self.options.gateway_url, self.options.gateway_admin_token)
+        state = await policy.state()
         return policy_version_index(state.policy_version) if state.policy_version else None
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
@@ -378,27 +405,32 @@ class AgenticRolloutLoop(AgentLoopBase):
         uid = str(kwargs.get("uid") or uuid.uuid4())
         sampling = sampling_params if self.options.use_verl_sampling else None
         client = await _client(self.options)
-        rollout: TrainingRollout | None = None
+        errors: list[str] = []
         for _attempt in range(self.options.infra_retries + 1):
             request = plan_request(task, uid, self.options.output, _next_sample_index(), sampling)
-            rollout = await self._one(client, request)
+            rollout, error = await self._one(client, request)
+            if error is not None:
+                errors.append(f"{request.rollout_id}: {error}")
             if rollout.in_baseline:
                 break
-        assert rollout is not None
         metrics = AgentLoopMetrics(generate_sequences=time.monotonic() - started)
         reward = None if rollout.in_baseline else self.options.infra_error_reward
-        return to_agent_loop_output(
+        out = to_agent_loop_output(
             rollout,
             self.limits,
             reward=reward,
             filler_token_id=self.options.filler_token_id,
             metrics=metrics,
         )
+        out.extra_fields[f"{EXTRA_PREFIX}errors"] = errors  # failed attempts, for the logs
+        return out
 
-    async def _one(self, client: RolloutClient, request: RolloutRequest) -> TrainingRollout:
+    async def _one(
+        self, client: RolloutClient, request: RolloutRequest
+    ) -> tuple[TrainingRollout, str | None]:
+        """The rollout converted, and why it failed (None: it did not)."""
         await client.start(request)
-        gate = _waiters.setdefault(id(client), asyncio.Semaphore(self.options.max_waiters))
-        async with gate:
+        async with _shared(self.options).waiters:
             outcome = await client.outcome(request.rollout_id)
         if not outcome.ok:
             return _failed(request, outcome)
@@ -419,7 +451,9 @@ class AgenticRolloutLoop(AgentLoopBase):
                 "rollout_id",
                 f"samples hold {[r.rollout_id for r in rollouts]}, not this rollout",
             )
-        return rollouts[0]
+        rollout = rollouts[0]
+        failed = outcome.result.error if outcome.result and not rollout.in_baseline else None
+        return rollout, failed or (None if rollout.in_baseline else rollout.status.value)
 
 
 def _tasks(path: str) -> dict[str, RolloutTask]:

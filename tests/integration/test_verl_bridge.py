@@ -24,11 +24,13 @@ from devstack.trainer_env import (
     trainer_pythonpath,
 )
 from devstack.vllm_server import INSTALL_HINT, VllmVenvError
+from tests.integration.test_trainer import QUEUE, TrainStack, stack  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("verl_probe.py")
+RUN_PROBE = Path(__file__).with_name("verl_run_probe.py")
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +148,54 @@ def test_the_loop_is_registered_by_name_and_made_by_hydra_as_verls_worker_does(
     assert loop["class"] == "bridges.verl.AgenticRolloutLoop" and loop["is_agent_loop_base"]
     assert loop["limits"] == {"prompt_length": 8, "response_length": 12}
     assert loop["output"] == "/tmp/samples"
+
+
+# ------------------------------------------------------------------ the loop on the stack
+
+
+@pytest.fixture(scope="module")
+def ran(stack: TrainStack, tmp_path_factory: pytest.TempPathFactory) -> Any:  # noqa: F811
+    """Three rows through `AgenticRolloutLoop.run` on the real stack (`verl_run_probe.py`)."""
+    python = trainer_python(extras=TRAINER_EXTRAS["verl"])
+    output = tmp_path_factory.mktemp("verl-samples")
+    settings = {
+        "tokenizer": str(stack.model),
+        "temporal_address": stack.temporal.address,
+        "task_queue": QUEUE,
+        "output": str(output),
+        "tasks_path": str(stack.tasks),
+        "gateway_url": stack.gateway.control_url,
+        "gateway_admin_token": stack.gateway.admin_token,
+    }
+    link_dir = trainer_pythonpath(REPO)
+    try:
+        proc = subprocess.run(
+            [str(python), str(RUN_PROBE), json.dumps(settings)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=trainer_environment(link_dir),
+            cwd=link_dir,
+        )
+    finally:
+        shutil.rmtree(link_dir)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_run_returns_one_trained_output_per_row_from_a_real_rollout(ran: Any) -> None:
+    assert [o["type"] for o in ran] == ["AgentLoopOutput"] * 3
+    for out in ran:
+        n_ids, n_mask, n_logprobs = out["len"]
+        assert n_ids == n_mask == n_logprobs
+        assert out["extra"]["rollout_status"] == "ok", out["extra"]
+        assert out["trained_tokens"] > 0 and out["prompt_tokens"] > 0
+        assert out["num_turns"] >= 1 and out["reward"] in (0.0, 1.0)
+
+
+def test_copies_of_a_row_share_a_group_and_other_rows_do_not(ran: Any) -> None:
+    groups = [o["extra"]["rollout_group_id"] for o in ran]
+    ids = [o["extra"]["rollout_id"] for o in ran]
+    assert groups[0] == groups[1] != groups[2]
+    assert len(set(ids)) == 3
+    assert [o["extra"]["rollout_task_id"] for o in ran] == ["mul", "mul", "cjk"]
