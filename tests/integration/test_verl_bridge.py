@@ -188,7 +188,9 @@ def test_run_returns_one_trained_output_per_row_from_a_real_rollout(ran: Any) ->
     for out in ran:
         n_ids, n_mask, n_logprobs = out["len"]
         assert n_ids == n_mask == n_logprobs
-        assert out["extra"]["rollout_status"] == "ok", out["extra"]
+        # the tiny model often runs out of its 24 tokens: truncated is the agent's, trained
+        assert out["extra"]["rollout_status"] in ("ok", "truncated"), out["extra"]
+        assert out["extra"]["rollout_in_baseline"] and out["extra"]["rollout_errors"] == []
         assert out["trained_tokens"] > 0 and out["prompt_tokens"] > 0
         assert out["num_turns"] >= 1 and out["reward"] in (0.0, 1.0)
 
