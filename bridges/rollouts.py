@@ -32,8 +32,9 @@ to convert a large batch (`bench/trainer_conversion.py`).
 
 from __future__ import annotations
 
+import functools
 import itertools
-import statistics
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -169,7 +170,8 @@ class TrainingGroup(BaseModel):
         rewards = [r.reward for r in self.rollouts if r.in_baseline]
         if not rewards:
             return None
-        return statistics.fmean(rewards), statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+        mean = math.fsum(rewards) / len(rewards)  # floats (statistics.pstdev is exact, slow)
+        return mean, math.sqrt(math.fsum((x - mean) ** 2 for x in rewards) / len(rewards))
 
     def advantages(self, eps: float = 1e-6) -> dict[str, float]:
         """GRPO advantage per rollout: (reward − mean) / (std + eps) over the baseline;
@@ -243,7 +245,7 @@ def _check_row(row: Mapping[str, Any]) -> None:
             raise ConversionError(
                 rollout_id, name, f"{len(row[name])} entries for {n} response_ids"
             )
-    if any(bit not in (0, 1) for bit in row["loss_mask"]):
+    if not set(row["loss_mask"]) <= {0, 1}:
         raise ConversionError(rollout_id, "loss_mask", "holds values other than 0 and 1")
     if row["status"] not in SAMPLE_STATUSES:
         raise ConversionError(rollout_id, "status", f"{row['status']!r} is not a sample status")
@@ -313,7 +315,7 @@ def _segment(
     versions = list(row.get("call_policy_versions") or [row["policy_version"]])
     starts = list(row.get("call_starts") or [0])
     response = list(row["response_ids"])
-    mask = [int(bit) for bit in row["loss_mask"]]
+    mask = list(map(int, row["loss_mask"]))
     lags: list[int | None] = [None] * len(versions)
     fresh = [True] * len(versions)
     if rules.current_version is not None:
@@ -335,7 +337,7 @@ def _segment(
         prompt_ids=list(row["prompt_ids"]),
         response_ids=response,
         loss_mask=mask,
-        logprobs=[float(x) for x in row["logprobs"]],
+        logprobs=list(map(float, row["logprobs"])),
         call_starts=starts,
         call_policy_versions=versions,
         trained=any(mask),
@@ -345,5 +347,10 @@ def _segment(
 
 
 def _lag(version: str, current: int) -> int | None:
-    index = policy_version_index(version)
+    index = _version_index(version)
     return None if index is None else current - index
+
+
+@functools.lru_cache(maxsize=4096)
+def _version_index(version: str) -> int | None:
+    return policy_version_index(version)
