@@ -179,7 +179,8 @@ def to_agent_loop_output(
         if len(values) != n:
             raise ConversionError(rid, name, f"{len(values)} entries for {n} response_ids")
     _check_prompt(rid, seg.prompt_ids, limits)
-    response, mask, logprobs = list(seg.response_ids), list(seg.loss_mask), list(seg.logprobs)
+    # no copies here: verl's model validates each list into a new one
+    response, mask, logprobs = seg.response_ids, seg.loss_mask, seg.logprobs
     cut = limits.response_length is not None and n > limits.response_length
     if cut:
         keep = limits.response_length or 0
@@ -187,7 +188,7 @@ def to_agent_loop_output(
     if not response:  # verl places the reward on the last response token
         response, mask, logprobs = [filler_token_id], [0], [0.0]
     return AgentLoopOutput(
-        prompt_ids=list(seg.prompt_ids),
+        prompt_ids=seg.prompt_ids,
         response_ids=response,
         response_mask=mask,
         response_logprobs=logprobs,
