@@ -150,6 +150,25 @@ def test_the_loop_is_registered_by_name_and_made_by_hydra_as_verls_worker_does(
     assert loop["output"] == "/tmp/samples"
 
 
+def test_a_row_names_its_task_by_json_or_by_id_and_a_bad_row_is_named(found: Any) -> None:
+    rows = found["rows"]
+    assert rows["column"] == rows["extra_info"] == rows["task_id"] == "mul"
+    assert "'rollout_task'" in rows["none"] and "extra_info.'task_id'" in rows["none"]
+    assert "'nope'" in rows["unknown"] and "tasks_path" in rows["unknown"]
+    assert "no tasks_path" in rows["no_tasks_path"]
+    assert "not a RolloutTask" in rows["not_a_task"]
+
+
+def test_copies_of_a_uid_get_one_group_and_verls_sampling(found: Any) -> None:
+    a0, a1, b0 = found["rows"]["requests"]
+    assert a0["group_id"] == a1["group_id"] != b0["group_id"]
+    assert a0["batch_id"] == a1["batch_id"] and a0["rollout_id"] != a1["rollout_id"]
+    assert all(0 <= r["sample_index"] < 2**31 for r in (a0, a1, b0))  # int32 column
+    # verl's greedy validation params win; its top_k=-1 is our "no top-k"; the rest stays
+    assert a0["sampling"] == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 24}
+    assert b0["sampling"] == {"temperature": 1.0, "max_tokens": 24}
+
+
 # ------------------------------------------------------------------ the loop on the stack
 
 

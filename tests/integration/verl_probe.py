@@ -34,6 +34,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from bridges import verl as bridge
 from bridges.rollouts import ConversionError, ConversionRules, to_training_rollouts
+from schemas.tasks import RolloutTask
 
 PROMPT_LENGTH = 8
 RESPONSE_LENGTH = 12
@@ -145,6 +146,53 @@ def errors() -> dict[str, str]:
     return found
 
 
+def rows_and_requests() -> dict[str, Any]:
+    """How a dataset row names its task, and the request made for it."""
+    task = RolloutTask.model_validate(
+        {
+            "task_id": "mul",
+            "prompt": "6*7?",
+            "harness": {"name": "command", "config": {"command": "true"}},
+            "sampling": {"temperature": 1.0, "max_tokens": 24},
+        }
+    )
+    tasks = {task.task_id: task}
+    found: dict[str, Any] = {
+        "column": bridge.task_of_row({"rollout_task": task.model_dump_json()}, None).task_id,
+        "extra_info": bridge.task_of_row(
+            {"extra_info": {"rollout_task": task.model_dump()}}, None
+        ).task_id,
+        "task_id": bridge.task_of_row({"extra_info": {"task_id": "mul"}}, tasks).task_id,
+    }
+    bad = {
+        "none": ({"extra_info": {}}, tasks),
+        "unknown": ({"extra_info": {"task_id": "nope"}}, tasks),
+        "no_tasks_path": ({"extra_info": {"task_id": "mul"}}, None),
+        "not_a_task": ({"rollout_task": "{}"}, None),
+    }
+    for name, (row_, known) in bad.items():
+        try:
+            bridge.task_of_row(row_, known)
+            found[name] = None
+        except ValueError as exc:
+            found[name] = str(exc)
+    sampling = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}
+    a0 = bridge.plan_request(task, "uid-a", "/tmp/out", bridge._next_sample_index(), sampling)
+    a1 = bridge.plan_request(task, "uid-a", "/tmp/out", bridge._next_sample_index(), sampling)
+    b0 = bridge.plan_request(task, "uid-b", "/tmp/out", bridge._next_sample_index(), None)
+    found["requests"] = [
+        {
+            "rollout_id": r.rollout_id,
+            "group_id": r.group_id,
+            "batch_id": r.batch_id,
+            "sample_index": r.sample_index,
+            "sampling": r.task.sampling.model_dump(exclude_defaults=True),
+        }
+        for r in (a0, a1, b0)
+    ]
+    return found
+
+
 def loop(tokenizer_dir: str, tokenizer: Any) -> dict[str, Any]:
     """Our loop made exactly as verl's worker makes a registered one."""
     config = OmegaConf.create(
@@ -203,6 +251,7 @@ def main() -> None:
         "verl": through_verl(tokenizer, outputs, uids),
         "errors": errors(),
         "loop": loop(tokenizer_dir, tokenizer),
+        "rows": rows_and_requests(),
     }
     print(json.dumps(result))
 
