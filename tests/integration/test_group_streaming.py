@@ -194,9 +194,14 @@ async def no_running(client: RolloutClient, batch_id: str) -> None:
 
 
 async def test_a_label_the_gateway_never_served_is_refused(stack: Stack) -> None:
+    """Once the Gateway has served a version (here through a trainer's own sync), a batch
+    labelled with one it never served is refused before anything starts."""
     gateway = GatewayPolicyClient(stack.gateway.control_url, stack.gateway.admin_token)
+    async with gateway.external_update("run-v1"):
+        pass  # the scripted engine has no weights to sync
     with pytest.raises(TrainingInputError) as err:
         await stack.client.submit_groups(
             tasks(), str(stack.out), 2, policy_version="run-v7", gateway=gateway
         )
     assert err.value.field == "policy_version" and "'run-v7'" in str(err.value)
+    assert "run-v1" in str(err.value)
