@@ -62,6 +62,14 @@ TRAINER_EXTRAS: dict[str, tuple[str, ...]] = {
         "torchdata==0.11.0",
     ),
     "openrlhf": ("--no-deps openrlhf==0.11.2", "ray==2.55.0", "pylatexenc==2.11"),
+    "verl": (
+        "--no-deps verl==0.9.1",
+        "ray==2.60.0",
+        "hydra-core==1.3.8",
+        "tensordict==0.8.3",
+        "datasets==5.2.0",
+        "codetiming==1.4.0",
+    ),
 }
 """Per trainer, what its overlay adds (pip requirements); each distinct tuple is its own
 overlay, so a trainer framework's pins never move another trainer's packages."""

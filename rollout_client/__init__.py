@@ -8,6 +8,9 @@ The surface (import it from here):
 - `RolloutClient`: `submit` a batch (N samples per task = one GRPO group per task),
   `results` (each `RolloutOutcome` once, in completion order), `counts`, `cancel` a
   batch, `load_samples` of finished rollouts. `Batch` is what `submit` returns.
+  `submit_groups` is the training submission: the same, checked first (group size >= 2,
+  every task evaluated, a label the Gateway served), refusing with `TrainingInputError`
+  (a `ValueError` naming the field); the checks alone are in `rollout_client.training`.
 - `TemporalTLS`, `TemporalConnectError`: TLS / mTLS / API key towards the Temporal
   frontend, read from the `TEMPORAL_TLS_*` / `TEMPORAL_API_KEY` environment like the
   `temporal` CLI.
@@ -35,6 +38,7 @@ from rollout_client.codec import PayloadKeyError, load_keys, new_key, parse_key
 from rollout_client.policy import ExternalUpdate, GatewayPolicyClient, PolicyUpdateError
 from rollout_client.storage import read_many, read_samples, read_table, write_samples, write_table
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
+from rollout_client.training import TrainingInputError
 
 __all__ = [
     "Batch",
@@ -46,6 +50,7 @@ __all__ = [
     "RolloutOutcome",
     "TemporalConnectError",
     "TemporalTLS",
+    "TrainingInputError",
     "connect",
     "load_keys",
     "new_key",

@@ -47,8 +47,10 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from rollout_client.codec import data_converter, load_keys
+from rollout_client.policy import GatewayPolicyClient
 from rollout_client.storage import read_many
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS, connect_failure
+from rollout_client.training import check_evaluated, check_group_size, check_served
 from schemas.rollout import SEARCH_ATTRIBUTES, RolloutResult
 from schemas.tasks import (
     ID_PATTERN,
@@ -300,6 +302,47 @@ class RolloutClient:
         await asyncio.gather(*(one(r) for r in requests))
         return batch
 
+    async def submit_groups(
+        self,
+        tasks: Sequence[RolloutTask],
+        output: str,
+        group_size: int,
+        *,
+        policy_version: str | None = None,
+        gateway: GatewayPolicyClient | None = None,
+        allow_unevaluated: bool = False,
+        batch_id: str | None = None,
+        seed: int | None = None,
+        max_concurrent_starts: int = 64,
+        rerun_failed: bool = False,
+    ) -> Batch:
+        """A training submission: one GRPO group of `group_size` rollouts per task,
+        checked before anything starts (`rollout_client.training`): `group_size` >= 2,
+        every task evaluated (unless `allow_unevaluated`), and — with `gateway` — the
+        label (`policy_version`, else each task's own) one the Gateway has served.
+        `policy_version` relabels every task. Raises `TrainingInputError` naming the
+        field; otherwise the same as `submit`."""
+        check_group_size(group_size)
+        check_evaluated(tasks, allow_unevaluated)
+        if policy_version is not None:
+            tasks = [
+                RolloutTask.model_validate({**t.model_dump(), "policy_version": policy_version})
+                for t in tasks
+            ]
+        if gateway is not None:
+            state = await gateway.state()
+            for label in sorted({t.policy_version for t in tasks}):
+                check_served(label, state)
+        return await self.submit(
+            tasks,
+            output,
+            samples_per_task=group_size,
+            batch_id=batch_id,
+            seed=seed,
+            max_concurrent_starts=max_concurrent_starts,
+            rerun_failed=rerun_failed,
+        )
+
     # ------------------------------------------------------------------ follow
     async def outcome(self, rollout_id: str) -> RolloutOutcome:
         """Result of a *finished* rollout (waits if it is still running)."""
@@ -368,6 +411,13 @@ class RolloutClient:
         batch_id = batch.batch_id if isinstance(batch, Batch) else batch
         query = f"RolloutBatchId = '{batch_id}' AND ExecutionStatus = 'Running'"
         ids = [wf.id async for wf in self.client.list_workflows(query)]
+        await self.cancel_rollouts(ids)
+        log.info("cancelled %d rollout(s) of %s: %s", len(ids), batch_id, reason)
+        return len(ids)
+
+    async def cancel_rollouts(self, rollout_ids: Sequence[str]) -> None:
+        """Cancel these rollouts (one group of a batch, say); finished or unknown ones
+        are left alone. Each cancelled one still cleans up and closes as cancelled."""
 
         async def one(rid: str) -> None:
             try:
@@ -376,9 +426,7 @@ class RolloutClient:
                 if exc.status != RPCStatusCode.NOT_FOUND:
                     raise
 
-        await asyncio.gather(*(one(r) for r in ids))
-        log.info("cancelled %d rollout(s) of %s: %s", len(ids), batch_id, reason)
-        return len(ids)
+        await asyncio.gather(*(one(r) for r in rollout_ids))
 
     # ------------------------------------------------------------------ samples
     @staticmethod
