@@ -71,7 +71,28 @@ class FileCheck(_CheckBase):
     strip: bool = True
 
 
-Check = Annotated[CommandCheck | ScriptCheck | FileCheck, Field(discriminator="kind")]
+class RewardFileCheck(_CheckBase):
+    """A verifier that writes its own reward to a file (Harbor's contract).
+
+    `command` runs (cwd: the workdir unless `cwd`); then `reward_dir/reward.json` (an
+    object of numeric metrics, `reward_key` the training reward, every other metric
+    recorded) or else `reward_dir/reward.txt` (one number) is the score. Anything in
+    `reward_dir` before the run is removed first, so a file the agent planted cannot
+    score. A missing, empty or non-numeric reward file is an evaluator error carrying
+    the command's output tail.
+    """
+
+    kind: Literal["reward_file"] = "reward_file"
+    command: str = "bash /tests/test.sh"
+    reward_dir: str = "/logs/verifier"
+    reward_key: str = "reward"
+    #: The user the verifier runs as; None: the sandbox's agent user.
+    user: str | None = None
+
+
+Check = Annotated[
+    CommandCheck | ScriptCheck | FileCheck | RewardFileCheck, Field(discriminator="kind")
+]
 
 
 class EvaluationSpec(StrictModel):
@@ -122,6 +143,8 @@ class EvaluationResult(StrictModel):
     error: str | None = None
     #: What the agent broke that the evaluation needed (status agent_broke_sandbox).
     damage: str | None = None
+    #: Every numeric metric a verifier reported besides the reward (recorded per sample).
+    metrics: dict[str, float] = Field(default_factory=dict)
 
     @property
     def problem(self) -> str | None:

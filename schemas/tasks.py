@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from schemas.base import StrictModel
+from schemas.environment import EnvironmentBuild
 from schemas.evaluation import EvaluationSpec
 from schemas.sampling import SamplingControl, SamplingParams
 from schemas.scenes import SceneConfig
@@ -97,9 +98,12 @@ class SandboxRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     backend: str = Field(default="local", min_length=1)
+    build: EnvironmentBuild | None = Field(
+        default=None, description="a Dockerfile built into `image` on the sandbox host"
+    )
 
     def spec_fields(self) -> dict[str, Any]:
-        """Everything except `backend`, as given (for `SandboxSpec.model_validate`)."""
+        """Everything except `backend` and `build`, as given (for `SandboxSpec`)."""
         return dict(self.model_extra or {})
 
     def repo(self) -> RepoSpec | None:
@@ -123,6 +127,16 @@ class RolloutBudget(StrictModel):
     setup_s: float = Field(default=300.0, gt=0, description="harness setup in the sandbox")
     hooks_s: float = Field(default=900.0, gt=0, description="one hook phase")
     cleanup_s: float = Field(default=120.0, gt=0, description="harness cleanup, on_error hooks")
+
+
+class TaskSource(StrictModel):
+    """Where a task came from, for lineage: every sample of it names this."""
+
+    format: str = Field(min_length=1, description="jsonl, harbor, swebench, …")
+    #: The task directory, or the instance id and its file.
+    ref: str = Field(min_length=1)
+    #: sha256 of everything that defines the task (becomes the samples' `env_version`).
+    content_hash: str | None = None
 
 
 class RolloutTask(StrictModel):
@@ -151,6 +165,7 @@ class RolloutTask(StrictModel):
         default=3, ge=1, le=5, description="whole attempts: new session + sandbox each"
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
+    source: TaskSource | None = Field(default=None, description="None: written as JSONL")
 
     def hook_specs(self) -> list[HookSpec]:
         """The hooks this task runs: its own list, or the defaults when it gives none."""
