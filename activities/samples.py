@@ -12,7 +12,10 @@ Pure functions (no I/O) so every rule is unit-testable:
 - an evaluator that broke gives no reward at all: rows are masked like infra errors;
 - a segment whose last call stopped on the token limit is `truncated`;
 - each call keeps its own policy version and sampling parameters (`call_sampling`):
-  with agent-chosen fields, the calls of one segment may be sampled differently.
+  with agent-chosen fields, the calls of one segment may be sampled differently;
+- every row names the task's source, its environment (`env_version`, `image_digest`)
+  and the verifier's metrics as it reported them (a masked row keeps them: they say
+  what was measured, not what is trained).
 """
 
 import json
@@ -20,7 +23,7 @@ from collections import Counter
 
 from schemas.outcome import RolloutStatus, sample_status
 from schemas.rollout import CollectRequest, SamplesSummary
-from schemas.samples import SampleRow
+from schemas.samples import SampleRow, metrics_json
 from schemas.sampling import SamplingParams
 from schemas.trajectory import CallStatus, Segment, Trajectory
 
@@ -39,6 +42,8 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
     calls = {c.call_id: c for c in traj.calls}
     scenes = set(req.trainable_scenes) if req.trainable_scenes is not None else None
     outcome = req.outcome
+    image = req.image_digest if req.image_digest is not None else req.env_version
+    metrics = metrics_json(outcome.reward_metrics)
     rows: list[SampleRow] = []
     for seg in traj.segments:
         if not _wanted(seg, scenes):
@@ -81,8 +86,11 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
                 call_starts=[start for _, start in sampled],
                 call_sampling=[sampling_json(calls[c].sampling) for c, _ in sampled],
                 env_version=req.env_version,
+                task_source=req.task_source,
+                image_digest=image,
                 prompt_template_version=traj.prompt_template_version,
                 reward_fn_version=outcome.reward_fn_version,
+                reward_metrics=metrics,
                 harness=outcome.harness,
                 harness_version=outcome.harness_version,
                 sampling=sampling_json(used),

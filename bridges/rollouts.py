@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.policy import UNKNOWN_WEIGHTS
-from schemas.samples import token_versions
+from schemas.samples import metrics_of, token_versions
 from schemas.training import policy_version_index
 
 _REQUIRED = (
@@ -131,6 +131,10 @@ class TrainingRollout(BaseModel):
     step_rewards: list[float] | None
     segments: list[TrainingSegment]
     in_baseline: bool = Field(description="its reward counts in its group's mean and std")
+    task_source: str = Field(default="", description="`<format>:<ref>` of the task")
+    reward_metrics: dict[str, float] = Field(
+        default_factory=dict, description="the verifier's metrics besides the reward"
+    )
 
     @property
     def truncated(self) -> bool:
@@ -308,7 +312,19 @@ def _rollout(
         step_rewards=first.get("step_rewards"),
         segments=segments,
         in_baseline=not excused,
+        task_source=str(first.get("task_source") or ""),
+        reward_metrics=_metrics(rollout_id, first.get("reward_metrics")),
     )
+
+
+def _metrics(rollout_id: str, raw: object) -> dict[str, float]:
+    """The row's `reward_metrics` JSON (absent in rows written before schema v4)."""
+    if raw is None or raw in ("", "{}"):
+        return {}
+    try:
+        return metrics_of(str(raw))
+    except ValueError as exc:
+        raise ConversionError(rollout_id, "reward_metrics", str(exc)) from exc
 
 
 def _segment(

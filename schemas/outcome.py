@@ -170,6 +170,11 @@ class RunOutcome(StrictModel):
         return {c.name: c.score for c in self.evaluation.checks} if self.evaluation else {}
 
     @property
+    def reward_metrics(self) -> dict[str, float]:
+        """What the verifier measured besides the reward (its `metrics`)."""
+        return dict(self.evaluation.metrics) if self.evaluation else {}
+
+    @property
     def step_rewards(self) -> list[float] | None:
         return self.evaluation.step_rewards if self.evaluation else None
 

@@ -204,7 +204,11 @@ class CollectRequest(StrictModel):
     sample_index: int
     seed: int | None
     session: SessionRef
-    env_version: str
+    env_version: str = Field(description="the rule of `RolloutTask.env_version`")
+    task_source: str = Field(default="", description="`RolloutTask.source_label()`")
+    image_digest: str | None = Field(
+        default=None, description="the sandbox's image (None: `env_version` is it)"
+    )
     outcome: RunOutcome
     sampling: SamplingParams
     output: str
@@ -248,7 +252,14 @@ class RolloutResult(StrictModel):
     harness: str
     harness_version: str
     policy_version: str
-    env_version: str | None = None
+    env_version: str | None = Field(
+        default=None, description="as the samples': the task's content hash or the image"
+    )
+    task_source: str | None = Field(default=None, description="`<format>:<ref>` of the task")
+    image_digest: str | None = None
+    reward_metrics: dict[str, float] = Field(
+        default_factory=dict, description="the verifier's metrics besides the reward"
+    )
     error: str | None = None
 
 

@@ -7,8 +7,14 @@ Version 2 added the per-call policy versions (a rollout that spans a policy upda
 calls of two versions in one segment); version-1 files still read, as one call each.
 Version 3 added each call's sampling parameters (`call_sampling`); older files read
 with every call given the row's `sampling`.
+Version 4 added the task's lineage: `task_source` (where the task came from),
+`image_digest` (the sandbox image) and `reward_metrics` (the verifier's other numbers),
+and `env_version` became the task's content hash when its source has one (see
+`RolloutTask.env_version`). Older files read with `task_source` empty, `image_digest`
+equal to their `env_version` (which was the image digest then) and no metrics.
 """
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -20,10 +26,14 @@ from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.scenes import Scene
 from schemas.tasks import check_rollout_id
 
-SCHEMA_VERSION = 3
-KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3})
+SCHEMA_VERSION = 4
+KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4})
 #: Columns each version added (a file of an older version lacks them).
-_ADDED_IN = {2: ("call_policy_versions", "call_starts"), 3: ("call_sampling",)}
+_ADDED_IN = {
+    2: ("call_policy_versions", "call_starts"),
+    3: ("call_sampling",),
+    4: ("task_source", "image_digest", "reward_metrics"),
+}
 
 
 class SampleRow(StrictModel):
@@ -55,9 +65,18 @@ class SampleRow(StrictModel):
         description="where each call's sampled tokens begin in response_ids; the tokens "
         "from one start to the next are that call's",
     )
-    env_version: str
+    env_version: str = Field(
+        description="the task's content hash when its source has one, else `image_digest`"
+    )
+    task_source: str = Field(
+        default="", description="'<format>:<ref>' of the task (empty: written before v4)"
+    )
+    image_digest: str = Field(default="", description="the sandbox's image digest or id")
     prompt_template_version: str
     reward_fn_version: str
+    reward_metrics: str = Field(
+        default="{}", description="JSON object: the verifier's metrics besides the reward"
+    )
     harness: str
     harness_version: str
     call_sampling: list[str] = Field(
@@ -88,6 +107,7 @@ class SampleRow(StrictModel):
             not 0 <= at <= n for at in self.call_starts
         ):
             raise ValueError("call_starts must be ascending positions in response_ids")
+        metrics_of(self.reward_metrics)
         return self
 
     def token_policy_versions(self) -> list[str]:
@@ -96,6 +116,24 @@ class SampleRow(StrictModel):
         if not self.call_policy_versions:
             return [self.policy_version] * len(self.response_ids)
         return token_versions(self.call_policy_versions, self.call_starts, len(self.response_ids))
+
+
+def metrics_json(metrics: dict[str, float]) -> str:
+    """Canonical JSON of a verifier's metrics (sorted names), as the column holds them."""
+    return json.dumps({name: float(v) for name, v in metrics.items()}, sort_keys=True)
+
+
+def metrics_of(raw: str) -> dict[str, float]:
+    """The `reward_metrics` column as a dict; anything but an object of numbers is refused."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
+    ):
+        raise ValueError(f"reward_metrics must be a JSON object of numbers, got {raw!r}")
+    return {name: float(v) for name, v in value.items()}
 
 
 def token_versions(versions: list[str], starts: list[int], n: int) -> list[str]:
@@ -131,8 +169,11 @@ SAMPLE_ARROW_SCHEMA = pa.schema(
         pa.field("call_starts", pa.list_(pa.int32()), nullable=False),
         pa.field("call_sampling", pa.list_(pa.string()), nullable=False),
         pa.field("env_version", pa.string(), nullable=False),
+        pa.field("task_source", pa.string(), nullable=False),
+        pa.field("image_digest", pa.string(), nullable=False),
         pa.field("prompt_template_version", pa.string(), nullable=False),
         pa.field("reward_fn_version", pa.string(), nullable=False),
+        pa.field("reward_metrics", pa.string(), nullable=False),
         pa.field("harness", pa.string(), nullable=False),
         pa.field("harness_version", pa.string(), nullable=False),
         pa.field("sampling", pa.string(), nullable=False),
@@ -202,7 +243,8 @@ def _schema_of(version: int) -> pa.Schema:
 
 def upgrade(table: pa.Table) -> pa.Table:
     """Fill the columns an older file lacks: one call of the row's `policy_version`,
-    starting at the first response token; every call sampled with the row's `sampling`."""
+    starting at the first response token; every call sampled with the row's `sampling`;
+    no known task source, the image digest its `env_version` named, no metrics."""
     if "call_policy_versions" not in table.column_names:
         versions = [[v] for v in table.column("policy_version").to_pylist()]
         table = table.append_column(
@@ -216,6 +258,11 @@ def upgrade(table: pa.Table) -> pa.Table:
         sampling = table.column("sampling").to_pylist()
         each = [[s] * len(c) for s, c in zip(sampling, calls, strict=True)]
         table = table.append_column("call_sampling", pa.array(each, pa.list_(pa.string())))
+    if "task_source" not in table.column_names:
+        n = table.num_rows
+        table = table.append_column("task_source", pa.array([""] * n, pa.string()))
+        table = table.append_column("image_digest", table.column("env_version"))
+        table = table.append_column("reward_metrics", pa.array(["{}"] * n, pa.string()))
     return table
 
 

@@ -138,6 +138,10 @@ class TaskSource(StrictModel):
     #: sha256 of everything that defines the task (becomes the samples' `env_version`).
     content_hash: str | None = None
 
+    def label(self) -> str:
+        """`<format>:<ref>`, as the samples' `task_source` column holds it."""
+        return f"{self.format}:{self.ref}"
+
 
 class RolloutTask(StrictModel):
     """One task; `samples_per_task` copies of it form a GRPO group."""
@@ -176,6 +180,19 @@ class RolloutTask(StrictModel):
         if self.reward_fn_version:
             return self.reward_fn_version
         return self.evaluation.reward_fn_version() if self.evaluation else "none"
+
+    def source_label(self) -> str:
+        """Lineage of the task: its source's `<format>:<ref>`; a task without one was
+        written as a JSONL line (or in code), named by its id: `jsonl:<task_id>`."""
+        return self.source.label() if self.source else f"jsonl:{self.task_id}"
+
+    def env_version(self, image_digest: str) -> str:
+        """Lineage of the environment: the task's content hash when its source has one
+        (it covers the environment's build context, so it names the environment before
+        any image exists), else the digest of the image the sandbox ran."""
+        if self.source is not None and self.source.content_hash:
+            return self.source.content_hash
+        return image_digest
 
 
 class RolloutRequest(StrictModel):

@@ -212,7 +212,10 @@ class RolloutWorkflow:
                 harness=outcome.harness,
                 harness_version=outcome.harness_version,
                 policy_version=task.policy_version,
-                env_version=sandbox.env_version if sandbox else None,
+                env_version=task.env_version(sandbox.env_version) if sandbox else None,
+                task_source=task.source_label(),
+                image_digest=sandbox.env_version if sandbox else None,
+                reward_metrics=outcome.reward_metrics,
                 error=outcome.problem,
             )
             final = Phase.done
@@ -409,7 +412,9 @@ class RolloutWorkflow:
             sample_index=req.sample_index,
             seed=req.seed,
             session=session,
-            env_version=sandbox.env_version if sandbox else "none",
+            env_version=task.env_version(sandbox.env_version if sandbox else "none"),
+            task_source=task.source_label(),
+            image_digest=sandbox.env_version if sandbox else "none",
             outcome=outcome,
             sampling=task.sampling,
             output=req.output,

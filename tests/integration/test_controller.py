@@ -54,6 +54,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")
 LINEAGE = (
     "policy_version",
     "env_version",
+    "task_source",
+    "image_digest",
     "prompt_template_version",
     "reward_fn_version",
     "harness",
@@ -294,6 +296,10 @@ async def test_batch_completes_with_rewards_and_exact_samples(
         for field in LINEAGE:
             assert getattr(row, field) not in (None, ""), field
         assert json.loads(row.sampling)["seed"] == row.seed
+        # a JSONL task has no content hash: its environment is the image it ran
+        assert row.task_source == result.task_source == f"jsonl:{row.task_id}"
+        assert row.env_version == row.image_digest == result.image_digest == result.env_version
+        assert row.reward_metrics == "{}" and result.reward_metrics == {}
     assert len({r.seed for r in rows}) == 6  # each sample its own recorded seed
     assert stack.sandboxes_left() == []
 

@@ -43,7 +43,7 @@ from schemas.rollout import (
     SessionRequest,
 )
 from schemas.sampling import SamplingControl, SamplingParams
-from schemas.tasks import RolloutTask
+from schemas.tasks import RolloutTask, TaskSource
 from workflows.rollout import RolloutWorkflow
 
 # One dev server for the whole test session, shared by every module that asks.
@@ -208,6 +208,54 @@ async def test_the_tasks_sampling_and_its_control_reach_the_session(
     assert session.sampling_control == t.sampling_control
     assert session.sampling == t.sampling.model_copy(update={"seed": req.seed})
     assert req.seed is not None
+
+
+async def test_lineage_reaches_collect_and_the_result(env: tuple[RolloutClient, Fakes]) -> None:
+    """A task with a source: the samples' env_version is its content hash, the image the
+    sandbox ran is kept beside it, and the verifier's metrics reach collect and the
+    result; a task without one is named by its id and versioned by its image."""
+    client, fakes = env
+    digest = "sha256:" + "ab" * 32
+    source = TaskSource(format="harbor", ref="tasks/hello", content_hash=digest)
+
+    def measured(req: HarnessRequest) -> RunOutcome:
+        return RunOutcome(
+            status=RolloutStatus.ok,
+            evaluation=EvaluationResult(
+                status="ok",
+                reward=0.5,
+                verdict="fail",
+                reward_fn_version="r1",
+                metrics={"tests_passed": 3.0, "tests_total": 6.0},
+            ),
+            harness=req.task.harness.name,
+            reward_fn_version="r1",
+        )
+
+    fakes.on_run = measured
+    sourced = await asyncio.wait_for(
+        (await start(client, task().model_copy(update={"source": source}))).result(), 30
+    )
+    plain = await asyncio.wait_for((await start(client, task())).result(), 30)
+    first, second = fakes.collected
+    assert (first.env_version, first.image_digest, first.task_source) == (
+        digest,
+        "sha256:fake",
+        "harbor:tasks/hello",
+    )
+    assert first.outcome.reward_metrics == {"tests_passed": 3.0, "tests_total": 6.0}
+    assert (sourced.env_version, sourced.image_digest, sourced.task_source) == (
+        digest,
+        "sha256:fake",
+        "harbor:tasks/hello",
+    )
+    assert sourced.reward_metrics == {"tests_passed": 3.0, "tests_total": 6.0}
+    assert (second.env_version, second.image_digest, second.task_source) == (
+        "sha256:fake",
+        "sha256:fake",
+        "jsonl:t",
+    )
+    assert (plain.env_version, plain.task_source) == ("sha256:fake", "jsonl:t")
 
 
 async def test_dead_host_reprovisions_on_a_live_one(env: tuple[RolloutClient, Fakes]) -> None:

@@ -27,7 +27,7 @@ from rollout_client.storage import read_samples, write_samples
 from schemas.evaluation import EvaluationResult
 from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.rollout import CollectRequest, SessionRef, SessionRequest
-from schemas.samples import table_to_rows
+from schemas.samples import SCHEMA_VERSION, table_to_rows
 from schemas.sampling import SamplingControl, SamplingParams
 from schemas.tasks import HarnessSpec
 from schemas.trajectory import Trajectory
@@ -296,7 +296,7 @@ def test_samples_carry_each_calls_settings_across_a_segment(
     assert [c.sampling_overridden for c in trajectory.calls] == [{"top_k": 4}] * 3
     write_samples([row], tmp_path / "r-1.parquet")
     [back] = table_to_rows(read_samples(tmp_path / "r-1.parquet"))
-    assert back.call_sampling == row.call_sampling and back.schema_version == 3
+    assert back.call_sampling == row.call_sampling and back.schema_version == SCHEMA_VERSION
 
 
 @pytest.mark.parametrize("engine_api", ["completions", "generate"])

@@ -170,6 +170,7 @@ def test_groups_are_separate_baselines() -> None:
         ({"status": "eval_error"}, "status"),
         ({"call_starts": [0, 1]}, "call_starts"),
         ({"call_policy_versions": ["v3", "v3"], "call_starts": [1, 0]}, "call_starts"),
+        ({"reward_metrics": '{"passed": "yes"}'}, "reward_metrics"),
     ],
 )
 def test_a_row_that_disagrees_is_refused_naming_rollout_and_field(
@@ -191,3 +192,12 @@ def test_a_missing_column_is_refused() -> None:
 def test_segments_of_one_rollout_must_agree_on_its_reward() -> None:
     with pytest.raises(ConversionError, match="reward: segments disagree"):
         to_training_rollouts([row("a", 1.0, segment="s0"), row("a", 0.0, segment="s1")], V3)
+
+
+def test_a_rollout_names_its_task_source_and_the_verifiers_metrics() -> None:
+    """Lineage travels with the rollout; rows written before schema v4 lack it."""
+    lineage = {"task_source": "harbor:tasks/hello", "reward_metrics": '{"passed": 3.0}'}
+    batch = to_training_rollouts([row("a") | lineage, row("b")], V3)
+    new, old = batch.rollouts
+    assert (new.task_source, new.reward_metrics) == ("harbor:tasks/hello", {"passed": 3.0})
+    assert (old.task_source, old.reward_metrics) == ("", {})

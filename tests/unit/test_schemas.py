@@ -13,6 +13,7 @@ from rollout_client.storage import read_samples, write_samples
 from schemas.outcome import RolloutStatus
 from schemas.samples import (
     SAMPLE_ARROW_SCHEMA,
+    SCHEMA_VERSION,
     SampleRow,
     UnknownSchemaVersionError,
     rows_to_table,
@@ -20,7 +21,7 @@ from schemas.samples import (
 )
 from schemas.scenes import Scene
 from schemas.session import SessionConfig
-from schemas.tasks import load_tasks
+from schemas.tasks import RolloutTask, TaskSource, load_tasks
 
 
 def make_row(**overrides: object) -> SampleRow:
@@ -47,6 +48,19 @@ def make_row(**overrides: object) -> SampleRow:
     }
     data.update(overrides)
     return SampleRow.model_validate(data)
+
+
+def as_version(table: pa.Table, version: int, drop: list[str]) -> pa.Table:
+    """The table as a writer of `version` made it: without the later columns, tagged."""
+    table = table.drop_columns(drop)
+    return table.set_column(
+        table.schema.get_field_index("schema_version"),
+        "schema_version",
+        pa.array([version] * table.num_rows, pa.int32()),
+    ).replace_schema_metadata({b"agentic_rollout.schema_version": str(version).encode()})
+
+
+V4_COLUMNS = ["task_source", "image_digest", "reward_metrics"]
 
 
 def test_session_config_rejects_unknown_fields() -> None:
@@ -140,14 +154,11 @@ def test_version_1_files_read_as_one_call_per_row(tmp_path) -> None:
     """A samples file written before per-call versions (schema v1: no call columns)
     still reads, each row as one call of its `policy_version` from the first token;
     a directory mixing v1 and v2 files reads as one table."""
-    table = rows_to_table([make_row()]).drop_columns(
-        ["call_policy_versions", "call_starts", "call_sampling"]
+    table = as_version(
+        rows_to_table([make_row()]),
+        1,
+        ["call_policy_versions", "call_starts", "call_sampling", *V4_COLUMNS],
     )
-    table = table.set_column(
-        table.schema.get_field_index("schema_version"),
-        "schema_version",
-        pa.array([1], pa.int32()),
-    ).replace_schema_metadata({b"agentic_rollout.schema_version": b"1"})
     pq.write_table(table, tmp_path / "old.parquet")
     [old] = table_to_rows(read_samples(tmp_path / "old.parquet"))
     assert (old.call_policy_versions, old.call_starts, old.schema_version) == (["p1"], [0], 1)
@@ -163,12 +174,7 @@ def test_version_2_files_read_with_every_call_sampled_as_the_row(tmp_path) -> No
     """A v2 file (per-call versions, no per-call sampling) reads with each call given the
     row's `sampling`, and concatenates with v3 files whose calls differ."""
     two = make_row(call_policy_versions=["p1", "p2"], call_starts=[0, 2])
-    table = rows_to_table([two]).drop_columns(["call_sampling"])
-    table = table.set_column(
-        table.schema.get_field_index("schema_version"),
-        "schema_version",
-        pa.array([2], pa.int32()),
-    ).replace_schema_metadata({b"agentic_rollout.schema_version": b"2"})
+    table = as_version(rows_to_table([two]), 2, ["call_sampling", *V4_COLUMNS])
     pq.write_table(table, tmp_path / "old.parquet")
     [old] = table_to_rows(read_samples(tmp_path / "old.parquet"))
     assert old.call_sampling == [two.sampling, two.sampling] and old.schema_version == 2
@@ -182,9 +188,67 @@ def test_version_2_files_read_with_every_call_sampled_as_the_row(tmp_path) -> No
     assert sorted(both) == sorted([old.call_sampling, new.call_sampling])
 
 
+def test_lineage_columns_round_trip(tmp_path) -> None:
+    row = make_row(
+        env_version="sha256:task",
+        task_source="harbor:tasks/hello",
+        image_digest="sha256:img",
+        reward_metrics='{"tests_passed": 3.0}',
+    )
+    write_samples([row], tmp_path / "s.parquet")
+    table = read_samples(tmp_path / "s.parquet")
+    assert table.schema.metadata[b"agentic_rollout.schema_version"] == b"4"
+    [back] = table_to_rows(table)
+    assert back == row and back.schema_version == SCHEMA_VERSION == 4
+
+
+def test_version_3_files_read_with_the_image_as_their_digest(tmp_path) -> None:
+    """Before v4, env_version was the image digest: a v3 row reads with that as its
+    `image_digest`, no task source and no metrics, and concatenates with v4 files."""
+    table = as_version(rows_to_table([make_row()]), 3, V4_COLUMNS)
+    pq.write_table(table, tmp_path / "old.parquet")
+    [old] = table_to_rows(read_samples(tmp_path / "old.parquet"))
+    assert (old.env_version, old.image_digest) == ("sha256:abc", "sha256:abc")
+    assert (old.task_source, old.reward_metrics, old.schema_version) == ("", "{}", 3)
+    write_samples(
+        [make_row(task_source="jsonl:t1", image_digest="sha256:x")], tmp_path / "n.parquet"
+    )
+    both = read_samples(tmp_path)
+    assert sorted(both.column("task_source").to_pylist()) == ["", "jsonl:t1"]
+
+
+def test_a_v4_file_without_a_lineage_column_is_refused(tmp_path) -> None:
+    table = rows_to_table([make_row()]).drop_columns(["reward_metrics"])
+    pq.write_table(table, tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="schema v4: missing column 'reward_metrics'"):
+        read_samples(tmp_path / "bad.parquet")
+
+
+@pytest.mark.parametrize("raw", ["[]", '{"passed": "yes"}', '{"ok": true}', "not json"])
+def test_reward_metrics_must_be_an_object_of_numbers(raw: str) -> None:
+    with pytest.raises(ValidationError, match="reward_metrics must be a JSON object of numbers"):
+        make_row(reward_metrics=raw)
+
+
+def test_env_version_is_the_tasks_content_hash_else_the_image() -> None:
+    """A task from a source with a content hash is versioned by it (it names the
+    environment's definition, whatever image was built from it); otherwise by the image
+    the sandbox ran. A task without a source is named by its id."""
+    plain = RolloutTask.model_validate({"task_id": "t1", "prompt": "p", "harness": {"name": "c"}})
+    assert plain.env_version("sha256:img") == "sha256:img"
+    assert plain.source_label() == "jsonl:t1"
+    hashed = TaskSource(format="harbor", ref="tasks/hello", content_hash="sha256:task")
+    task = plain.model_copy(update={"source": hashed})
+    assert task.env_version("sha256:img") == "sha256:task"
+    assert task.source_label() == "harbor:tasks/hello"
+    unhashed = plain.model_copy(update={"source": TaskSource(format="swebench", ref="x__y-1")})
+    assert unhashed.env_version("sha256:img") == "sha256:img"
+    assert unhashed.source_label() == "swebench:x__y-1"
+
+
 def test_a_v3_file_without_call_sampling_is_refused(tmp_path) -> None:
     """The version tag alone is the writer's word: a v3 file lacking the column is named."""
-    table = rows_to_table([make_row()]).drop_columns(["call_sampling"])
+    table = as_version(rows_to_table([make_row()]), 3, V4_COLUMNS).drop_columns(["call_sampling"])
     pq.write_table(table, tmp_path / "bad.parquet")
     with pytest.raises(ValueError, match="missing column 'call_sampling'"):
         read_samples(tmp_path / "bad.parquet")

@@ -68,6 +68,7 @@ def request(
         step_rewards=[0.5, 1.0] if reward is not None else None,
         verdict="pass" if reward else ("error" if reward is None else "fail"),
         reward_fn_version="eval-9",
+        metrics={"tests_passed": 2, "coverage": 0.5},
     )
     outcome = RunOutcome(
         status=status,
@@ -91,7 +92,7 @@ def request(
             gateway_url="http://g",
             owner_queue="q",
         ),
-        env_version="sha256:img",
+        env_version=kw.pop("env_version", "sha256:img"),
         outcome=outcome,
         sampling=SamplingParams(temperature=0.7),
         output="/tmp/x",
@@ -107,6 +108,7 @@ def test_ok_rows_carry_segment_tokens_reward_and_lineage() -> None:
     assert row.response_ids == [7, 8, 3, 7, 8] and row.loss_mask == [1, 1, 0, 1, 1]
     assert (row.rollout_id, row.task_id, row.group_id, row.sample_index) == ("r1", "t", "b-t", 1)
     assert row.policy_version == "pol-3" and row.env_version == "sha256:img"
+    assert row.image_digest == "sha256:img"  # a request without it: env_version was the image
     assert row.prompt_template_version == "tmpl-abc" and row.reward_fn_version == "eval-9"
     assert (row.harness, row.harness_version) == ("command", "cmd-1")
     # the sampling actually used (from the recorded call), not the task's request
@@ -211,3 +213,27 @@ def test_each_call_of_a_segment_carries_its_own_sampling() -> None:
     assert row.sampling == row.call_sampling[0]
     [old] = build_rows(trajectory([first, second], [segment("g1", ["c1", "c2"])]), request())
     assert old.call_sampling == [] and old.call_policy_versions == []
+
+
+def test_rows_carry_the_tasks_source_its_image_and_the_verifiers_metrics() -> None:
+    """env_version is what the workflow resolved (the task's content hash here); the
+    image and the source ride beside it; the metrics are the verifier's, as canonical
+    JSON, on every row, masked ones too (they say what was measured)."""
+    traj = trajectory(
+        [call("c1", "g1"), call("c2", "g2", status="engine_error")],
+        [segment("g1", ["c1"]), segment("g2", ["c2"])],
+    )
+    req = request(
+        env_version="sha256:task",
+        image_digest="sha256:img",
+        task_source="harbor:tasks/hello",
+    )
+    ok, failed = build_rows(traj, req)
+    assert failed.status == "infra_error"
+    for row in (ok, failed):
+        assert (row.env_version, row.image_digest, row.task_source) == (
+            "sha256:task",
+            "sha256:img",
+            "harbor:tasks/hello",
+        )
+        assert row.reward_metrics == '{"coverage": 0.5, "tests_passed": 2.0}'
