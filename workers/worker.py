@@ -31,6 +31,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
+from sandboxes.registry import BUILTIN_BACKENDS
 from workers.gc_policy import tune_gc_for_serving
 from workers.temporal_options import (
     ApiKey,
@@ -331,6 +332,14 @@ def worker_cmd(
     sandbox_state_dir: Annotated[
         Path | None, typer.Option(help="local backend state dir (reaper scope)")
     ] = None,
+    allow_public_network: Annotated[
+        bool,
+        typer.Option(
+            envvar="ROLLOUT_ALLOW_PUBLIC_NETWORK",
+            help="give tasks that ask for network mode 'public' the internet (docker: the "
+            "default bridge; e2b: internet on; local: always refused)",
+        ),
+    ] = False,
     data_dir: Annotated[Path, typer.Option(help="artifacts and worker state")] = Path(
         "./data/worker"
     ),
@@ -361,6 +370,11 @@ def worker_cmd(
     backend_config: dict[str, dict[str, Any]] = {}
     if sandbox_state_dir is not None:
         backend_config["local"] = {"state_dir": str(sandbox_state_dir)}
+    offered = [b.strip() for b in backends.split(",") if b.strip()]
+    if allow_public_network:
+        for b in offered:
+            if b in BUILTIN_BACKENDS:  # a registered backend may not take the option
+                backend_config.setdefault(b, {})["allow_public_network"] = True
     settings = WorkerSettings(
         role=role,  # type: ignore[arg-type]
         temporal=temporal,
@@ -377,7 +391,7 @@ def worker_cmd(
         host_id=host_id or default_host_id(),
         gateway_urls=[u.strip() for u in (gateway or "").split(",") if u.strip()],
         gateway_admin_token=admin_token or os.environ.get("ROLLOUT_ADMIN_TOKEN"),
-        sandbox_backends=[b.strip() for b in backends.split(",") if b.strip()],
+        sandbox_backends=offered,
         backend_config=backend_config,
         data_dir=data_dir,
         max_sandboxes=max_sandboxes,
