@@ -399,6 +399,9 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         routes = egress_routes(network)
         if routes:
             kw["extra_hosts"] = inside_names(routes)
+            # The supervisor (no capabilities) binds the relays, 80 and 443 included;
+            # docker's default since 20.10, set here for engines that lack it.
+            kw["sysctls"] = {"net.ipv4.ip_unprivileged_port_start": "0"}
         if r.memory_mb:
             kw["mem_limit"] = f"{r.memory_mb}m"
             kw["memswap_limit"] = f"{r.memory_mb}m"

@@ -110,8 +110,13 @@ def forward_args(routes: Sequence[EgressRoute], run_dir: str) -> list[str]:
 
 
 def hosts_file(image_hosts: str, routes: Sequence[EgressRoute]) -> str:
-    """The image's /etc/hosts with the allowlisted names added (local backend)."""
+    """The image's /etc/hosts with the allowlisted names added (local backend); with
+    the usual localhost lines first when it has none (an exported image's is empty:
+    docker writes it at run time)."""
     lines = [image_hosts.rstrip("\n")] if image_hosts.strip() else []
+    names = {w for ln in image_hosts.splitlines() for w in ln.split("#")[0].split()[1:]}
+    if "localhost" not in names:
+        lines[:0] = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
     lines.append("# allowlisted hosts, served by the sandbox's egress relays")
     lines += [f"{addr} {name}" for name, addr in inside_names(routes).items()]
     return "\n".join(lines) + "\n"

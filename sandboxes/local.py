@@ -62,7 +62,7 @@ from sandboxes.cgroups import (
     remove_cgroups,
 )
 from sandboxes.disk import make_disk
-from sandboxes.egress_relay import EgressRoute, egress_routes, forward_args, hosts_file, policy_key
+from sandboxes.egress_relay import EgressRoute, egress_routes, hosts_file, policy_key
 from sandboxes.host_state import owner_token, pid_alive, proc_start_time, state_root
 from sandboxes.images import rootfs_dir_for, rootfs_image_id, rootfs_ref_file
 from sandboxes.provisioning import SANDBOX_PATH
@@ -78,6 +78,8 @@ from sandboxes.supervisor_client import (
     SUPERVISOR_ARGV,
     SUPERVISOR_IN_SANDBOX,
     SUPERVISOR_PATH,
+    SupervisorClient,
+    control_socket_path,
     secure_control_socket,
     wait_ready,
 )
@@ -267,7 +269,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
     ) -> list[str]:
         """bwrap's argv; `rw` holds the writable tmp/home/work dirs (the sized disk
         when ``disk_mb`` is set, else the state dir); `routes`: the allowlist's relays
-        (their names in a generated /etc/hosts, the supervisor listening for them)."""
+        (their names in a generated /etc/hosts; `_serve_routes` starts their listeners)."""
         src = Path(rootfs) if rootfs else Path("/")
         top = workdir.strip("/").split("/")[0]
         args = [
@@ -328,7 +330,6 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
             args += ["--dir", workdir]
         args += ["--chdir", workdir, "--", *SUPERVISOR_ARGV, "--run-dir", RUN_DIR]
         args += ["--forward", f"{DEFAULT_GATEWAY_PORT}:{RUN_DIR}/gateway.sock"]
-        args += forward_args(routes, RUN_DIR)
         return [*args, "--own-pid-namespace"]
 
     @staticmethod
@@ -438,6 +439,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                     sdir / "run", self.ready_timeout, alive=lambda: proc.poll() is None
                 )
                 secure_control_socket(sdir)
+                await self._serve_routes(sdir, child, routes)
             except SandboxError as e:
                 logtail = (sdir / "bwrap.log").read_text(errors="replace")[-2000:]
                 raise SandboxError(f"{e}; bwrap said: {logtail}") from e
@@ -466,6 +468,25 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 "sandbox_uid": self.sandbox_uid,
             },
         )
+
+    async def _serve_routes(
+        self, sdir: Path, child: int | None, routes: Sequence[EgressRoute]
+    ) -> None:
+        """Start the supervisor's listeners for the allowlist, once ports below 1024
+        were opened where one is needed (`open_low_ports`)."""
+        if not routes:
+            return
+        if any(r.port < 1024 for r in routes):
+            if not self.is_root or not child:
+                raise NetworkPolicyRefused(
+                    "allowlisted ports below 1024 on the local backend need the worker to "
+                    "run as root (it opens them in the sandbox's network namespace); give "
+                    "the entries a port of 1024 or above, or use the docker backend"
+                )
+            await asyncio.to_thread(open_low_ports, child)
+        client = SupervisorClient(control_socket_path(sdir))
+        for r in routes:
+            await client.forward(r.port, f"{RUN_DIR}/{r.socket_name}", r.inside_addr)
 
     async def _stop(self, handle: SandboxHandle) -> None:
         sid = handle.sandbox_id
@@ -500,6 +521,23 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
 
     async def list(self) -> list[SandboxHandle]:
         return self._recorded_sandboxes()
+
+
+def open_low_ports(child_pid: int) -> None:
+    """Let the sandbox user bind ports below 1024 in the sandbox's own network namespace
+    (``ip_unprivileged_port_start=0`` there; its only network is ``lo``), so the
+    supervisor can serve allowlisted hosts on 80 and 443. Written from the host: inside,
+    the sandbox has no capability, and bubblewrap's nested user namespace
+    (``--disable-userns``) would not count one for its network namespace anyway. Needs
+    root (entering another network namespace)."""
+    r = subprocess.run(
+        ["nsenter", f"--net=/proc/{child_pid}/ns/net", "--", "/bin/sh", "-c",
+         "echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start"],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        raise SandboxError(f"cannot open ports below 1024 in the sandbox: {r.stderr.strip()}")
 
 
 def _check_traversable(p: Path) -> None:

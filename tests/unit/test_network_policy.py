@@ -127,6 +127,9 @@ def test_hosts_file_keeps_the_image_entries() -> None:
     text = hosts_file(image, egress_routes(allow("pypi.org")))
     assert text.startswith(image)
     assert text.splitlines()[-1] == "127.77.0.1 pypi.org"
+    # An exported image's /etc/hosts is empty (docker writes it at run time).
+    empty = hosts_file("", egress_routes(allow("pypi.org"))).splitlines()
+    assert empty[0] == "127.0.0.1 localhost" and empty[-1] == "127.77.0.1 pypi.org"
 
 
 def test_public_needs_the_operator_and_a_backend_that_can_give_it(
