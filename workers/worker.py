@@ -305,6 +305,20 @@ async def serve(settings: WorkerSettings) -> None:
     await worker.run()
 
 
+def backend_options(
+    offered: list[str], sandbox_state_dir: Path | None, allow_public_network: bool
+) -> dict[str, dict[str, Any]]:
+    """Per-backend settings from the worker's flags."""
+    config: dict[str, dict[str, Any]] = {}
+    if sandbox_state_dir is not None:
+        config["local"] = {"state_dir": str(sandbox_state_dir)}
+    if allow_public_network:
+        for b in offered:
+            if b in BUILTIN_BACKENDS:  # a registered backend may not take the option
+                config.setdefault(b, {})["allow_public_network"] = True
+    return config
+
+
 def worker_cmd(
     role: Annotated[str, typer.Option(help="orchestrator | sandbox-host | gateway-host | all")] = (
         "all"
@@ -367,14 +381,8 @@ def worker_cmd(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     if role not in ROLES:
         raise typer.BadParameter(f"role must be one of {', '.join(ROLES)}")
-    backend_config: dict[str, dict[str, Any]] = {}
-    if sandbox_state_dir is not None:
-        backend_config["local"] = {"state_dir": str(sandbox_state_dir)}
     offered = [b.strip() for b in backends.split(",") if b.strip()]
-    if allow_public_network:
-        for b in offered:
-            if b in BUILTIN_BACKENDS:  # a registered backend may not take the option
-                backend_config.setdefault(b, {})["allow_public_network"] = True
+    backend_config = backend_options(offered, sandbox_state_dir, allow_public_network)
     settings = WorkerSettings(
         role=role,  # type: ignore[arg-type]
         temporal=temporal,

@@ -186,3 +186,16 @@ def test_e2b_network_options() -> None:
     with pytest.raises(NetworkPolicyRefused, match="not allowed on this e2b backend"):
         network_options(public, False)
     assert network_options(public, True) == {"allow_internet_access": True}
+
+
+def test_worker_flag_gives_the_offered_backends_the_permission() -> None:
+    from pathlib import Path
+
+    from workers.worker import backend_options
+
+    assert backend_options(["local", "docker"], None, False) == {}
+    got = backend_options(["local", "docker", "custom"], Path("/s"), True)
+    assert got == {
+        "local": {"state_dir": "/s", "allow_public_network": True},
+        "docker": {"allow_public_network": True},
+    }
