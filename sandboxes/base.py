@@ -24,7 +24,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Workspace models are part of the task contract; the protocol re-exports them.
+# Workspace models and the network policy are part of the task contract; the protocol
+# re-exports them.
+from schemas.environment import NetworkPolicy
 from schemas.workspace import RepoSpec, SandboxFile
 
 __all__ = [
@@ -41,6 +43,8 @@ __all__ = [
     "Command",
     "ExecResult",
     "GatewayChannel",
+    "NetworkPolicy",
+    "NetworkPolicyRefused",
     "OutputCallback",
     "OutputChunk",
     "RepoSpec",
@@ -87,6 +91,12 @@ class ArchiveTooLarge(SandboxError):
         self.path = path
         self.max_bytes = max_bytes
         self.read_bytes = read_bytes
+
+
+class NetworkPolicyRefused(SandboxError, ValueError):
+    """The task's network policy cannot be given here (public without the operator's
+    permission, a mode the backend cannot enforce). A ValueError: the task is refused,
+    not retried."""
 
 
 class BackendUnavailable(SandboxError):
@@ -153,6 +163,8 @@ class SandboxSpec(BaseModel):
     setup_timeout_s: float = 600.0
     workdir: str = "/workspace"
     gateway: GatewayChannel | None = None
+    #: What the sandbox may reach besides the Gateway (see docs/sandboxes.md).
+    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     labels: dict[str, str] = Field(default_factory=dict)
     #: Backend-specific knobs (e.g. {"user": "agent"}); ignored by other backends.
     extra: dict[str, Any] = Field(default_factory=dict)

@@ -1,6 +1,8 @@
 """Docker backend: one container per rollout, via the docker SDK, with a warm pool.
 
-Containers run with ``network_mode="none"`` (only ``lo``), memory (= memory+swap, so
+Containers run with ``network_mode="none"`` (only ``lo``; an allowlisted host is
+reached through a relay, `egress_relay`; ``public``, when the operator allows it, is
+docker's default bridge), memory (= memory+swap, so
 no swap), CPU and pids limits (verified in the container's cgroups), ``disk_mb`` via
 ``storage_opt`` or a read-only root over a sized disk (`disk.py`), all capabilities
 dropped, ``no-new-privileges``, docker's init as PID 1 and the agent user (uid 1000).
@@ -45,6 +47,8 @@ from sandboxes.base import (
     BackendUnavailable,
     Command,
     ExecResult,
+    NetworkPolicy,
+    NetworkPolicyRefused,
     OutputCallback,
     OutputChunk,
     ResourceLimits,
@@ -55,6 +59,7 @@ from sandboxes.base import (
 )
 from sandboxes.cgroups import CgroupLimitError, limit_problems, memory_cgroup_of_pid
 from sandboxes.disk import DISK_DIR, DiskLimitUnavailable, make_disk
+from sandboxes.egress_relay import egress_routes, forward_args, inside_names, policy_key
 from sandboxes.host_state import owner_token, state_root
 from sandboxes.provisioning import merged_env
 from sandboxes.supervised import (
@@ -229,7 +234,12 @@ def seal_run_dir(run: Path, user: str) -> None:
 
 
 class DockerBackend(SupervisedBackend[DockerSandbox]):
-    """Docker containers on the local engine (the worker's host)."""
+    """Docker containers on the local engine (the worker's host).
+
+    Network: ``none`` for no-network and allowlist (relays, `egress_relay`;
+    `egress_hosts` pins names to addresses); docker's default bridge for `public`, only
+    with `allow_public_network` (or ``ROLLOUT_ALLOW_PUBLIC_NETWORK=1``).
+    """
 
     name = "docker"
     id_prefix = "dsb-"
@@ -244,8 +254,15 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         ready_timeout: float = 60.0,
         max_workers: int = 32,
         client: Any = None,
+        allow_public_network: bool | None = None,
+        egress_hosts: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(Path(state_dir) if state_dir else state_root("docker"), pool_size)
+        super().__init__(
+            Path(state_dir) if state_dir else state_root("docker"),
+            pool_size,
+            allow_public_network=allow_public_network,
+            egress_hosts=egress_hosts,
+        )
         self.image = image
         self.user = user
         self.ready_timeout = ready_timeout
@@ -324,12 +341,14 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         return self._workdir_ok[k]
 
     def _key(self, spec: SandboxSpec) -> Hashable:
-        return (spec.image or self.image, spec.workdir, spec.resources.model_dump_json())
+        res, net = spec.resources.model_dump_json(), policy_key(spec.network)
+        return (spec.image or self.image, spec.workdir, res, net)
 
     def _blank_spec(self, key: Hashable) -> SandboxSpec:
-        image, workdir, res_json = key  # type: ignore[misc]
+        image, workdir, res_json, net_json = key  # type: ignore[misc]
         res = ResourceLimits.model_validate_json(res_json)
-        return SandboxSpec(rollout_id="", image=image, workdir=workdir, resources=res)
+        net = NetworkPolicy.model_validate_json(net_json)
+        return SandboxSpec(rollout_id="", image=image, workdir=workdir, resources=res, network=net)
 
     def _sandbox(self, handle: SandboxHandle) -> DockerSandbox:
         supervised = handle.details.get("exec") == "supervisor"
@@ -337,7 +356,14 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
 
     # ----------------------------------------------------------------- lifecycle
     def _create_container(
-        self, sid: str, sdir: Path, image: str, workdir: str, r: ResourceLimits, rid: str
+        self,
+        sid: str,
+        sdir: Path,
+        image: str,
+        workdir: str,
+        r: ResourceLimits,
+        rid: str,
+        network: NetworkPolicy,
     ) -> tuple[Any, str, bool]:
         import docker.types
 
@@ -353,7 +379,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         kw: dict[str, Any] = {
             "name": f"ar-{sid}",
             "labels": labels,
-            "network_mode": "none",
+            "network_mode": "bridge" if network.effective_mode() == "public" else "none",
             "user": self.user,
             "working_dir": workdir,
             "init": True,
@@ -370,6 +396,12 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             ],
         }
         kw.update(run_dir_groups())
+        routes = egress_routes(network)
+        if routes:
+            kw["extra_hosts"] = inside_names(routes)
+            # The supervisor (no capabilities) binds the relays, 80 and 443 included;
+            # docker's default since 20.10, set here for engines that lack it.
+            kw["sysctls"] = {"net.ipv4.ip_unprivileged_port_start": "0"}
         if r.memory_mb:
             kw["mem_limit"] = f"{r.memory_mb}m"
             kw["memswap_limit"] = f"{r.memory_mb}m"
@@ -384,6 +416,12 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         if has_py:
             cmd = [*SUPERVISOR_ARGV, "--run-dir", RUN_DIR, "--own-pid-namespace"]
             cmd += ["--forward", f"{DEFAULT_GATEWAY_PORT}:{RUN_DIR}/gateway.sock"]
+            cmd += forward_args(routes, RUN_DIR)
+        elif routes:
+            raise NetworkPolicyRefused(
+                f"network mode 'allowlist' needs python3 in image {image} (its relays run "
+                "in the sandbox's supervisor)"
+            )
         else:
             cmd = ["sh", "-c", "while :; do sleep 3600; done"]
         writable = self._workdir_writable(iid, workdir)
@@ -465,7 +503,14 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         (sdir / "run").mkdir()
         open_run_dir(sdir / "run", self.user)
         container, iid, has_py = await self.sdk_call(
-            self._create_container, sid, sdir, image, spec.workdir, spec.resources, rid
+            self._create_container,
+            sid,
+            sdir,
+            image,
+            spec.workdir,
+            spec.resources,
+            rid,
+            spec.network,
         )
         try:
             if has_py:

@@ -7,8 +7,10 @@ in the background + wait, killed on timeout/cancel; files → tar uploaded/downl
 with `files.write`/`files.read` and unpacked with `tar` in the sandbox.
 
 Network: the sandbox is remote, so the Unix-socket Gateway channel does not apply;
-the agent talks to `gateway.public_url` and, when one is given, outbound traffic is
-restricted to that endpoint (`egress_policy`); otherwise internet access is off.
+the agent talks to `gateway.public_url` and outbound traffic is restricted to that
+endpoint (`egress_policy`) plus the task's allowlisted names (`network_options`);
+with neither, internet access is off. Network mode `public` turns it on, only with the
+operator's permission.
 
 Not available here: OOM reporting (E2B does not expose it; `oom_killed` stays
 False) and per-sandbox memory/CPU caps (they are properties of the template).
@@ -46,6 +48,7 @@ from sandboxes.base import (
     BackendUnavailable,
     Command,
     ExecResult,
+    NetworkPolicyRefused,
     OutputCallback,
     OutputChunk,
     Sandbox,
@@ -55,7 +58,9 @@ from sandboxes.base import (
     SandboxNotFound,
     SandboxSpec,
 )
+from sandboxes.egress_relay import check_policy, public_network_allowed
 from sandboxes.provisioning import base_env, merged_env, populate
+from schemas.environment import parse_allowed_host
 
 INSTALL_HINT = "the e2b backend needs the `e2b` package (pip install e2b) and E2B_API_KEY"
 HOME = "/home/user"
@@ -126,6 +131,35 @@ def egress_policy(gateway_url: str) -> dict[str, Any]:
             "Gateway's agent endpoint under a DNS name on port 443 (https) or 80 (http)."
         )
     return {"allow_out": [host], "deny_out": [ALL_TRAFFIC]}
+
+
+def network_options(spec: SandboxSpec, public_allowed: bool) -> dict[str, Any]:
+    """The SDK's network arguments for the task's policy plus the Gateway endpoint.
+
+    public (with the operator's permission): internet on, nothing filtered. allowlist:
+    the Gateway's name (`egress_policy`) and the allowed names, everything else denied;
+    E2B matches a name only on ports 80 and 443 (both, whichever the entry gives), so
+    an entry on another port is refused. no-network: the Gateway only, else internet off.
+    """
+    policy = spec.network
+    check_policy(policy, "e2b", public_allowed=public_allowed)
+    if policy.effective_mode() == "public":
+        return {"allow_internet_access": True}
+    gw_url = spec.gateway.public_url if spec.gateway else None
+    allow: list[str] = egress_policy(gw_url)["allow_out"] if gw_url else []
+    if policy.effective_mode() == "allowlist":
+        for entry in policy.allowed_hosts:
+            host, port = parse_allowed_host(entry)
+            if port not in (None, *_DEFAULT_PORTS.values()):
+                raise NetworkPolicyRefused(
+                    f"allowed host {entry!r} on the e2b backend: E2B's firewall matches a "
+                    "name only on ports 80 and 443, so any other port cannot be allowed alone"
+                )
+            if host not in allow:
+                allow.append(host)
+    if not allow:
+        return {"allow_internet_access": False}
+    return {"network": {"allow_out": allow, "deny_out": [ALL_TRAFFIC]}}
 
 
 def _is_ip(host: str) -> bool:
@@ -293,8 +327,11 @@ class E2BBackend(SandboxBackend):
         http_version: str | None = None,
         request_timeout: float | None = None,
         workdir: str = f"{HOME}/workspace",
+        allow_public_network: bool | None = None,
     ) -> None:
         self.template = template
+        #: The operator's permission for network mode `public`.
+        self.allow_public_network = public_network_allowed(allow_public_network)
         self.workdir = workdir
         opts: dict[str, Any] = {
             "api_key": api_key or os.environ.get("E2B_API_KEY"),
@@ -316,12 +353,9 @@ class E2BBackend(SandboxBackend):
         e2b = self._require()
         if not spec.rollout_id:
             raise ValueError("spec.rollout_id is required")
-        kw: dict[str, Any] = {}
         gw_url = spec.gateway.public_url if spec.gateway else None
-        if gw_url:
-            kw["network"] = egress_policy(gw_url)  # refused before anything is created
-        else:
-            kw["allow_internet_access"] = False
+        # Refused before anything is created.
+        kw = network_options(spec, self.allow_public_network)
         # Idempotent per rollout: a retried create kills what an earlier attempt made.
         for h in await self._list({ROLLOUT_LABEL: spec.rollout_id}):
             await self.destroy(h)

@@ -18,9 +18,13 @@ import os
 import socket
 import tempfile
 import threading
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
 from urllib.parse import urlparse
+
+#: Opens the upstream of one relayed connection (raises OSError when it cannot).
+Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
 def parse_target(target: str) -> tuple[str, Any]:
@@ -93,13 +97,12 @@ class _Hub:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return fut.result(timeout=30)
 
-    async def _open(self, listen_path: str, target: str, mode: int) -> None:
+    async def _open(self, listen_path: str, key: str, connect: Connector, mode: int) -> None:
         old = self._servers.get(listen_path)
         if old is not None:
-            if old[1] == target and os.path.exists(listen_path):
+            if old[1] == key and os.path.exists(listen_path):
                 return
             old[0].close()
-        kind, addr = parse_target(target)
 
         async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             relay = asyncio.current_task()
@@ -107,10 +110,7 @@ class _Hub:
             self._relays.add(relay)
             relay.add_done_callback(self._relays.discard)
             try:
-                if kind == "unix":
-                    ur, uw = await asyncio.open_unix_connection(addr)
-                else:
-                    ur, uw = await asyncio.open_connection(*addr)
+                ur, uw = await connect()
             except OSError:
                 w.close()
                 return
@@ -119,7 +119,7 @@ class _Hub:
             w.close()
 
         srv = await asyncio.start_unix_server(on_conn, sock=_bind_in_place(listen_path, mode))
-        self._servers[listen_path] = (srv, target)
+        self._servers[listen_path] = (srv, key)
 
     async def _close(self, listen_path: str) -> None:
         old = self._servers.pop(listen_path, None)
@@ -128,8 +128,8 @@ class _Hub:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(listen_path)
 
-    def open(self, listen_path: str, target: str, mode: int = 0o666) -> None:
-        self._call(self._open(listen_path, target, mode))
+    def open(self, listen_path: str, key: str, connect: Connector, mode: int = 0o666) -> None:
+        self._call(self._open(listen_path, key, connect, mode))
 
     def close(self, listen_path: str) -> None:
         self._call(self._close(listen_path))
@@ -156,7 +156,24 @@ def ensure_bridge(listen_path: str, target: str, mode: int = 0o666) -> None:
     The socket's dir may be writable by the sandbox; its parent must not be (the
     socket is prepared there, see `_bind_in_place`).
     """
-    _hub().open(listen_path, target, mode)
+    kind, addr = parse_target(target)
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if kind == "unix":
+            return await asyncio.open_unix_connection(addr)
+        return await asyncio.open_connection(*addr)
+
+    _hub().open(listen_path, target, connect, mode)
+
+
+def ensure_relay(listen_path: str, key: str, connect: Connector, mode: int = 0o666) -> None:
+    """Serve `listen_path` relaying every connection to what `connect` opens.
+
+    The general form of `ensure_bridge` (the egress relay decides per connection where
+    to connect); `key` names the destination, so re-opening with the same key is a
+    no-op. `connect` runs on the bridges' loop and signals refusal with OSError.
+    """
+    _hub().open(listen_path, key, connect, mode)
 
 
 def close_bridge(listen_path: str) -> None:

@@ -1,8 +1,9 @@
 """Local backend: one bubblewrap sandbox per rollout, the embedded default.
 
 Isolation: new user/pid/net/ipc/uts/cgroup namespaces (the net namespace has only
-``lo``: no route out), read-only system dirs, private writable workdir/home/tmp/run
-dirs from a per-sandbox host state dir, all capabilities dropped, no nested user
+``lo``: no route out; an allowlisted host is reached through a relay, `egress_relay`),
+read-only system dirs, private writable workdir/home/tmp/run dirs from a per-sandbox
+host state dir, all capabilities dropped, no nested user
 namespaces, a seccomp filter (`seccomp.py`). Limits: cgroups (memory → kernel OOM
 kill reported as ``oom_killed``, pids, cpu); a limit that cannot be applied fails the
 provision, and without cgroups (not root) the backend refuses to start unless
@@ -37,13 +38,15 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sandboxes.base import (
     DEFAULT_GATEWAY_PORT,
     BackendUnavailable,
+    NetworkPolicy,
+    NetworkPolicyRefused,
     ResourceLimits,
     SandboxError,
     SandboxHandle,
@@ -59,6 +62,7 @@ from sandboxes.cgroups import (
     remove_cgroups,
 )
 from sandboxes.disk import make_disk
+from sandboxes.egress_relay import EgressRoute, egress_routes, hosts_file, policy_key
 from sandboxes.host_state import owner_token, pid_alive, proc_start_time, state_root
 from sandboxes.images import rootfs_dir_for, rootfs_image_id, rootfs_ref_file
 from sandboxes.provisioning import SANDBOX_PATH
@@ -74,6 +78,8 @@ from sandboxes.supervisor_client import (
     SUPERVISOR_ARGV,
     SUPERVISOR_IN_SANDBOX,
     SUPERVISOR_PATH,
+    SupervisorClient,
+    control_socket_path,
     secure_control_socket,
     wait_ready,
 )
@@ -136,10 +142,18 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
     blank sandboxes per (system, resources, workdir) ready for `create`.
     `allow_no_cgroups`: run without cgroups (rlimits only) where this process cannot
     manage them, instead of refusing to start; `cgroup_root` is where they are mounted.
+    `egress_hosts`: allowlisted names pinned to an address (`egress_relay`);
+    `allow_public_network` is accepted like on every backend, but public network is
+    never given here (`public_refusal`).
     """
 
     name = "local"
     id_prefix = "lsb-"
+    public_refusal = (
+        "a bubblewrap sandbox could only share the host's network namespace, host "
+        "loopback services included (no user-mode network stack here); run tasks that "
+        "need public network on the docker backend"
+    )
 
     def __init__(
         self,
@@ -154,8 +168,15 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         use_cgroups: bool = True,
         allow_no_cgroups: bool = False,
         cgroup_root: str | os.PathLike[str] = CGROUP_ROOT,
+        allow_public_network: bool | None = None,
+        egress_hosts: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(Path(state_dir) if state_dir else state_root("local"), pool_size)
+        super().__init__(
+            Path(state_dir) if state_dir else state_root("local"),
+            pool_size,
+            allow_public_network=allow_public_network,
+            egress_hosts=egress_hosts,
+        )
         self.rootfs = rootfs
         self.image = image
         self.is_root = os.geteuid() == 0
@@ -219,12 +240,16 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
 
     def _key(self, spec: SandboxSpec) -> Hashable:
         rootfs, _, _ = self._system(spec)
-        return (rootfs, spec.workdir, spec.resources.model_dump_json())
+        net = policy_key(spec.network)
+        return (rootfs, spec.workdir, spec.resources.model_dump_json(), net)
 
     def _blank_spec(self, key: Hashable) -> SandboxSpec:
-        rootfs, workdir, res_json = key  # type: ignore[misc]
+        rootfs, workdir, res_json, net_json = key  # type: ignore[misc]
         res = ResourceLimits.model_validate_json(res_json)
-        return SandboxSpec(rollout_id="", workdir=workdir, resources=res, rootfs=rootfs)
+        net = NetworkPolicy.model_validate_json(net_json)
+        return SandboxSpec(
+            rollout_id="", workdir=workdir, resources=res, rootfs=rootfs, network=net
+        )
 
     def _sandbox(self, handle: SandboxHandle) -> LocalSandbox:
         return LocalSandbox(self, handle)
@@ -240,9 +265,11 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         info_fd: int,
         seccomp_fd: int,
         rw: Path,
+        routes: Sequence[EgressRoute] = (),
     ) -> list[str]:
         """bwrap's argv; `rw` holds the writable tmp/home/work dirs (the sized disk
-        when ``disk_mb`` is set, else the state dir)."""
+        when ``disk_mb`` is set, else the state dir); `routes`: the allowlist's relays
+        (their names in a generated /etc/hosts; `_serve_routes` starts their listeners)."""
         src = Path(rootfs) if rootfs else Path("/")
         top = workdir.strip("/").split("/")[0]
         args = [
@@ -288,6 +315,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 f"workdir {workdir} is inside read-only /{top}; use a top-level dir, "
                 f"a dir under {AGENT_HOME} or under /tmp"
             )
+        if routes:
+            args += ["--ro-bind", str(self._hosts_file(src, sdir, routes)), "/etc/hosts"]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
         args += ["--bind", str(rw / "tmp"), "/tmp"]
         args += ["--bind", str(rw / "home"), AGENT_HOME]
@@ -302,6 +331,20 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         args += ["--chdir", workdir, "--", *SUPERVISOR_ARGV, "--run-dir", RUN_DIR]
         args += ["--forward", f"{DEFAULT_GATEWAY_PORT}:{RUN_DIR}/gateway.sock"]
         return [*args, "--own-pid-namespace"]
+
+    @staticmethod
+    def _hosts_file(src: Path, sdir: Path, routes: Sequence[EgressRoute]) -> Path:
+        """The system's /etc/hosts plus the allowlisted names, bound over the original."""
+        image_hosts = src / "etc" / "hosts"
+        if not image_hosts.is_file():
+            raise NetworkPolicyRefused(
+                f"network mode 'allowlist' needs an /etc/hosts in the sandbox's system "
+                f"({image_hosts} is missing) to name the allowed hosts"
+            )
+        out = sdir / "hosts"
+        out.write_text(hosts_file(image_hosts.read_text(errors="replace"), routes))
+        out.chmod(0o644)
+        return out
 
     # ----------------------------------------------------------------- lifecycle
     async def _start(self, sid: str, sdir: Path, spec: SandboxSpec) -> SandboxHandle:
@@ -336,7 +379,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         os.write(sc_w, sandbox_filter_bpf())
         os.close(sc_w)
         try:
-            args = self._bwrap_args(rootfs, sdir, spec.workdir, info_w, sc_r, rw)
+            routes = egress_routes(spec.network)
+            args = self._bwrap_args(rootfs, sdir, spec.workdir, info_w, sc_r, rw, routes)
             limits = []
             if r.nofile:
                 limits.append(f"--nofile={r.nofile}:{r.nofile}")
@@ -395,6 +439,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                     sdir / "run", self.ready_timeout, alive=lambda: proc.poll() is None
                 )
                 secure_control_socket(sdir)
+                await self._serve_routes(sdir, child, routes)
             except SandboxError as e:
                 logtail = (sdir / "bwrap.log").read_text(errors="replace")[-2000:]
                 raise SandboxError(f"{e}; bwrap said: {logtail}") from e
@@ -423,6 +468,25 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 "sandbox_uid": self.sandbox_uid,
             },
         )
+
+    async def _serve_routes(
+        self, sdir: Path, child: int | None, routes: Sequence[EgressRoute]
+    ) -> None:
+        """Start the supervisor's listeners for the allowlist, once ports below 1024
+        were opened where one is needed (`open_low_ports`)."""
+        if not routes:
+            return
+        if any(r.port < 1024 for r in routes):
+            if not self.is_root or not child:
+                raise NetworkPolicyRefused(
+                    "allowlisted ports below 1024 on the local backend need the worker to "
+                    "run as root (it opens them in the sandbox's network namespace); give "
+                    "the entries a port of 1024 or above, or use the docker backend"
+                )
+            await asyncio.to_thread(open_low_ports, child)
+        client = SupervisorClient(control_socket_path(sdir))
+        for r in routes:
+            await client.forward(r.port, f"{RUN_DIR}/{r.socket_name}", r.inside_addr)
 
     async def _stop(self, handle: SandboxHandle) -> None:
         sid = handle.sandbox_id
@@ -457,6 +521,23 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
 
     async def list(self) -> list[SandboxHandle]:
         return self._recorded_sandboxes()
+
+
+def open_low_ports(child_pid: int) -> None:
+    """Let the sandbox user bind ports below 1024 in the sandbox's own network namespace
+    (``ip_unprivileged_port_start=0`` there; its only network is ``lo``), so the
+    supervisor can serve allowlisted hosts on 80 and 443. Written from the host: inside,
+    the sandbox has no capability, and bubblewrap's nested user namespace
+    (``--disable-userns``) would not count one for its network namespace anyway. Needs
+    root (entering another network namespace)."""
+    r = subprocess.run(
+        ["nsenter", f"--net=/proc/{child_pid}/ns/net", "--", "/bin/sh", "-c",
+         "echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start"],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        raise SandboxError(f"cannot open ports below 1024 in the sandbox: {r.stderr.strip()}")
 
 
 def _check_traversable(p: Path) -> None:

@@ -2,7 +2,8 @@
 
 The local (bubblewrap) and docker backends lay their sandboxes out alike: a
 per-sandbox state dir on the host (`host_state`) whose ``run`` dir is bind-mounted at
-`RUN_DIR` and holds the Gateway channel's socket; the supervisor binds its control
+`RUN_DIR` and holds the Gateway channel's socket and the allowlist's relay sockets
+(`egress_relay`); the supervisor binds its control
 socket there and the host moves it to the never-mounted ``ctl`` dir once it is ready.
 They also manage them alike, so that logic lives here once: a warm pool of blank
 sandboxes keyed by what cannot change after start, `create` idempotent per rollout
@@ -32,6 +33,7 @@ from sandboxes.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     Command,
     ExecResult,
+    NetworkPolicy,
     OutputCallback,
     Sandbox,
     SandboxBackend,
@@ -43,6 +45,15 @@ from sandboxes.base import (
 )
 from sandboxes.cgroups import oom_kill_count, pids_limit_hits
 from sandboxes.disk import DISK_DIR, release_disk
+from sandboxes.egress_relay import (
+    check_policy,
+    close_relays,
+    egress_routes,
+    open_relays,
+    public_network_allowed,
+    reopen_relays,
+    validate_pins,
+)
 from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
 from sandboxes.host_state import owner_token, remove_tree, rollout_key, should_reap
 from sandboxes.images import IMAGE_REPO
@@ -175,9 +186,22 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
 
     #: Sandbox ids are this prefix + 12 hex digits; checked before any path is built.
     id_prefix: str
+    #: Why this backend never gives a sandbox public network (None: it can, when allowed).
+    public_refusal: str | None = None
 
-    def __init__(self, state: Path, pool_size: int) -> None:
+    def __init__(
+        self,
+        state: Path,
+        pool_size: int,
+        *,
+        allow_public_network: bool | None = None,
+        egress_hosts: Mapping[str, str] | None = None,
+    ) -> None:
         self.state = state
+        #: The operator's permission for network mode `public` (`egress_relay`).
+        self.allow_public_network = public_network_allowed(allow_public_network)
+        #: Allowlisted names the operator pinned to an address (`egress_relay`).
+        self.egress_hosts = validate_pins(egress_hosts)
         (self.state / "by-rollout").mkdir(parents=True, exist_ok=True)
         self._id_re = re.compile(rf"^{re.escape(self.id_prefix)}[0-9a-f]{{12}}$")
         self._locks: dict[str, asyncio.Lock] = {}
@@ -297,9 +321,19 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
     async def _discard(self, sb: SB) -> None:
         await self.destroy(sb.handle)
 
+    def _check_network(self, policy: NetworkPolicy) -> None:
+        """Refuse a network policy this backend will not give, before anything starts."""
+        check_policy(
+            policy,
+            self.name,
+            public_allowed=self.allow_public_network,
+            public_refusal=self.public_refusal,
+        )
+
     async def create(self, spec: SandboxSpec) -> SB:
         if not spec.rollout_id:
             raise ValueError("spec.rollout_id is required")
+        self._check_network(spec.network)
         self._require_runtime()
         lock = self._locks.setdefault(spec.rollout_id, asyncio.Lock())
         async with lock:
@@ -318,6 +352,7 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
 
     async def warm(self, spec: SandboxSpec, wait: bool = True) -> None:
         """Start (and optionally wait for) the warm pool for specs shaped like `spec`."""
+        self._check_network(spec.network)
         self._require_runtime()
         key = self._key(spec)
         if wait:
@@ -337,7 +372,8 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
         return sb
 
     async def _bind_rollout(self, sb: SB, spec: SandboxSpec) -> None:
-        """Open the Gateway channel, record the rollout in the handle and link it.
+        """Open the Gateway channel and the egress relays, record the rollout in the
+        handle and link it.
 
         The handle and its handle.json (read by attach and the reaper) get the
         rollout id, env and expiry; ``by-rollout/<key>`` points at the state dir so a
@@ -351,6 +387,7 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
             if spec.gateway.inside_port != DEFAULT_GATEWAY_PORT:
                 await sb.supervisor.forward(spec.gateway.inside_port, f"{RUN_DIR}/gateway.sock")
             gw_url = f"http://127.0.0.1:{spec.gateway.inside_port}"
+        open_relays(sdir / "run", egress_routes(spec.network), self.egress_hosts)
         now = time.time()
         details = dict(sb.handle.details)
         details.update(
@@ -358,6 +395,7 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
             expires_at=now + spec.timeout_s,
             gateway_target=spec.gateway.target if spec.gateway else None,
             gateway_inside_port=spec.gateway.inside_port if spec.gateway else None,
+            network=spec.network.model_dump(mode="json"),
         )
         sb.handle = sb.handle.model_copy(
             update={
@@ -395,12 +433,16 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
         if target and not bridge_is_open(sock):
             # The process that opened the bridge may be gone: serve it from here.
             await asyncio.to_thread(ensure_bridge, sock, target)
+        routes = egress_routes(NetworkPolicy.model_validate(stored.details.get("network") or {}))
+        if routes:
+            await asyncio.to_thread(reopen_relays, sdir / "run", routes, self.egress_hosts)
         return self._sandbox(stored)
 
     async def destroy(self, handle: SandboxHandle) -> None:
         sid = handle.sandbox_id
         sdir = self._sdir(sid)
         await asyncio.to_thread(close_bridge, str(sdir / "run" / "gateway.sock"))
+        await asyncio.to_thread(close_relays, sdir / "run")
         await self._stop(handle)
         await asyncio.to_thread(release_disk, sdir)  # its processes are gone now
         await asyncio.to_thread(self._forget, sid, sdir, handle.rollout_id)

@@ -8,7 +8,8 @@ sandbox's long-lived process, so the host can
   * move files as tar streams, extracted/created *as the sandbox user*;
   * expose the Gateway inside the sandbox at http://127.0.0.1:PORT by forwarding each
     loopback connection to the bind-mounted Gateway Unix socket (the sandbox has no
-    route out, so this is the only way to the Gateway);
+    route out, so this is the only way to the Gateway), and each allowlisted host on
+    its own loopback address the same way (`egress_relay`);
   * kill every process the agent left behind before the evaluation runs.
 It must run with only what the sandbox has: any Python 3.8+, nothing else.
 
@@ -448,24 +449,36 @@ def _closer(a, b, c, u):
     u.close()
 
 
-def start_forward(port, path):
-    old = FORWARDERS.get(port)
+def start_forward(port, path, addr="127.0.0.1"):
+    """Listen on loopback `addr`:`port` and forward each connection to Unix `path`
+    (the Gateway channel on 127.0.0.1, an allowlisted host on its own 127.x address)."""
+    key = (addr, port)
+    old = FORWARDERS.get(key)
     if old is not None and old[1] == path:
         return {"ok": True, "port": port, "reused": True}
     if old is not None:
         old[0].close()
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", port))
+    ls.bind((addr, port))
     ls.listen(128)
-    FORWARDERS[port] = (ls, path)
+    FORWARDERS[key] = (ls, path)
     threading.Thread(target=serve_forward, args=(ls, path), daemon=True).start()
     return {"ok": True, "port": port}
 
 
+def parse_forward(spec):
+    """``PORT:UNIX_PATH`` (on 127.0.0.1) or ``ADDR:PORT:UNIX_PATH`` → (addr, port, path)."""
+    first, rest = spec.split(":", 1)
+    if "." in first:
+        port, path = rest.split(":", 1)
+        return first, int(port), path
+    return "127.0.0.1", int(first), rest
+
+
 def handle_forward(sock, req):
     try:
-        reply = start_forward(int(req["port"]), req["unix"])
+        reply = start_forward(int(req["port"]), req["unix"], req.get("addr") or "127.0.0.1")
     except OSError as e:
         reply = {"ok": False, "error": str(e)}
     sock.sendall((json.dumps(reply) + "\n").encode())
@@ -500,7 +513,7 @@ def handle(sock):
 
 
 def parse_args(argv):
-    """``--run-dir DIR [--forward PORT:UNIX_PATH]... [--own-pid-namespace]``.
+    """``--run-dir DIR [--forward [ADDR:]PORT:UNIX_PATH]... [--own-pid-namespace]``.
 
     Hand-parsed, and tarfile imported only when a file moves: this process lives in every
     sandbox, and argparse + tarfile held for its whole life cost ~1.2 MB of private memory
@@ -544,8 +557,8 @@ def main():
         os.unlink(path)
     for spec in forward:
         # Pre-started so taking a warm sandbox needs no round trip for the default port.
-        port, unix_path = spec.split(":", 1)
-        start_forward(int(port), unix_path)
+        addr, port, unix_path = parse_forward(spec)
+        start_forward(port, unix_path, addr)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # 0660: a non-root docker worker is another uid, reaching it through the group.
     umask = os.umask(0o117)

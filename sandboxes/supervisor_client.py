@@ -124,10 +124,12 @@ class SupervisorClient:
     async def ping(self, timeout: float = 5.0) -> dict[str, Any]:
         return await self.request({"op": "ping"}, timeout)
 
-    async def forward(self, port: int, unix_path: str) -> None:
-        res = await self.request({"op": "forward", "port": port, "unix": unix_path})
+    async def forward(self, port: int, unix_path: str, addr: str = "127.0.0.1") -> None:
+        """Listen on loopback `addr`:`port` in the sandbox, forwarding to `unix_path`."""
+        req = {"op": "forward", "port": port, "unix": unix_path, "addr": addr}
+        res = await self.request(req)
         if not res.get("ok"):
-            raise SandboxError(f"gateway forwarder failed: {res.get('error')}")
+            raise SandboxError(f"forwarder on {addr}:{port} failed: {res.get('error')}")
 
     async def put_archive(self, dest_dir: str, tar_bytes: bytes) -> None:
         r, w = await self._connect()

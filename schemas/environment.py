@@ -8,10 +8,11 @@ sandbox. They live with the task so a malformed one is refused when the task is 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from schemas.base import StrictModel
 
@@ -52,13 +53,74 @@ class EnvironmentBuild(StrictModel):
 
 NetworkMode = Literal["no-network", "allowlist", "public"]
 
+#: One DNS label: letters, digits and inner hyphens, 1-63 characters.
+_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def parse_allowed_host(entry: str) -> tuple[str, int | None]:
+    """``host`` or ``host:port`` → (lower-cased host name, port or None).
+
+    The host must be a DNS name: the sandbox reaches it by name through a relay (an IP
+    address has no name to map inside the sandbox), and ``localhost`` is the sandbox's
+    own loopback, never a host outside it. Raises ValueError saying what is wrong.
+    """
+    host, sep, port_text = entry.strip().rpartition(":")
+    if not sep:
+        host, port_text = port_text, ""
+    host = host.lower().rstrip(".")
+    port: int | None = None
+    if sep:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ValueError(f"allowed host {entry!r}: port must be a number 1-65535")
+        port = int(port_text)
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        pass
+    else:
+        raise ValueError(f"allowed host {entry!r}: must be a host name, not an IP address")
+    labels = host.split(".")
+    if not host or len(host) > 253 or not all(_LABEL_RE.match(lb) for lb in labels):
+        raise ValueError(
+            f"allowed host {entry!r}: not a valid host name (letters, digits, '-' and '.', "
+            "no wildcards, no scheme or path)"
+        )
+    if labels[-1] == "localhost":
+        raise ValueError(f"allowed host {entry!r}: localhost is the sandbox itself")
+    return host, port
+
 
 class NetworkPolicy(StrictModel):
     """What the sandbox may reach besides its Gateway session (always reachable).
 
-    `no-network`: nothing else. `allowlist`: only `allowed_hosts` (`host` or
-    `host:port`). `public`: anything, and only when the operator allowed it.
+    `no-network`: nothing else. `allowlist`: only `allowed_hosts`, each ``host`` (ports
+    80 and 443) or ``host:port``; an empty list is the same as no-network. `public`:
+    anything, and only when the operator allowed it. Entries are normalized to
+    lower-case ``host`` / ``host:port``.
     """
 
     mode: NetworkMode = "no-network"
     allowed_hosts: list[str] = Field(default_factory=list)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _valid_hosts(cls, v: list[str]) -> list[str]:
+        out: list[str] = []
+        for entry in v:
+            host, port = parse_allowed_host(entry)
+            norm = host if port is None else f"{host}:{port}"
+            if norm not in out:
+                out.append(norm)
+        return out
+
+    @model_validator(mode="after")
+    def _hosts_only_for_allowlist(self) -> NetworkPolicy:
+        if self.allowed_hosts and self.mode != "allowlist":
+            raise ValueError(f"allowed_hosts is only for mode 'allowlist', not {self.mode!r}")
+        return self
+
+    def effective_mode(self) -> NetworkMode:
+        """The mode a sandbox gets: an allowlist with no host is no-network."""
+        if self.mode == "allowlist" and not self.allowed_hosts:
+            return "no-network"
+        return self.mode

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from schemas.base import StrictModel
-from schemas.environment import EnvironmentBuild
+from schemas.environment import EnvironmentBuild, NetworkPolicy
 from schemas.evaluation import EvaluationSpec
 from schemas.sampling import SamplingControl, SamplingParams
 from schemas.scenes import SceneConfig
@@ -101,10 +101,17 @@ class SandboxRequest(BaseModel):
     build: EnvironmentBuild | None = Field(
         default=None, description="a Dockerfile built into `image` on the sandbox host"
     )
+    #: Checked when the task is read (a bad host entry refuses the task there).
+    network: NetworkPolicy | None = Field(
+        default=None, description="what the sandbox may reach besides its Gateway"
+    )
 
     def spec_fields(self) -> dict[str, Any]:
         """Everything except `backend` and `build`, as given (for `SandboxSpec`)."""
-        return dict(self.model_extra or {})
+        fields = dict(self.model_extra or {})
+        if self.network is not None:
+            fields["network"] = self.network.model_dump()
+        return fields
 
     def repo(self) -> RepoSpec | None:
         """The task's repository, if it has one."""

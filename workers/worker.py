@@ -31,6 +31,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
+from sandboxes.registry import BUILTIN_BACKENDS
 from workers.gc_policy import tune_gc_for_serving
 from workers.temporal_options import (
     ApiKey,
@@ -304,6 +305,20 @@ async def serve(settings: WorkerSettings) -> None:
     await worker.run()
 
 
+def backend_options(
+    offered: list[str], sandbox_state_dir: Path | None, allow_public_network: bool
+) -> dict[str, dict[str, Any]]:
+    """Per-backend settings from the worker's flags."""
+    config: dict[str, dict[str, Any]] = {}
+    if sandbox_state_dir is not None:
+        config["local"] = {"state_dir": str(sandbox_state_dir)}
+    if allow_public_network:
+        for b in offered:
+            if b in BUILTIN_BACKENDS:  # a registered backend may not take the option
+                config.setdefault(b, {})["allow_public_network"] = True
+    return config
+
+
 def worker_cmd(
     role: Annotated[str, typer.Option(help="orchestrator | sandbox-host | gateway-host | all")] = (
         "all"
@@ -331,6 +346,14 @@ def worker_cmd(
     sandbox_state_dir: Annotated[
         Path | None, typer.Option(help="local backend state dir (reaper scope)")
     ] = None,
+    allow_public_network: Annotated[
+        bool,
+        typer.Option(
+            envvar="ROLLOUT_ALLOW_PUBLIC_NETWORK",
+            help="give tasks that ask for network mode 'public' the internet (docker: the "
+            "default bridge; e2b: internet on; local: always refused)",
+        ),
+    ] = False,
     data_dir: Annotated[Path, typer.Option(help="artifacts and worker state")] = Path(
         "./data/worker"
     ),
@@ -358,9 +381,8 @@ def worker_cmd(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     if role not in ROLES:
         raise typer.BadParameter(f"role must be one of {', '.join(ROLES)}")
-    backend_config: dict[str, dict[str, Any]] = {}
-    if sandbox_state_dir is not None:
-        backend_config["local"] = {"state_dir": str(sandbox_state_dir)}
+    offered = [b.strip() for b in backends.split(",") if b.strip()]
+    backend_config = backend_options(offered, sandbox_state_dir, allow_public_network)
     settings = WorkerSettings(
         role=role,  # type: ignore[arg-type]
         temporal=temporal,
@@ -377,7 +399,7 @@ def worker_cmd(
         host_id=host_id or default_host_id(),
         gateway_urls=[u.strip() for u in (gateway or "").split(",") if u.strip()],
         gateway_admin_token=admin_token or os.environ.get("ROLLOUT_ADMIN_TOKEN"),
-        sandbox_backends=[b.strip() for b in backends.split(",") if b.strip()],
+        sandbox_backends=offered,
         backend_config=backend_config,
         data_dir=data_dir,
         max_sandboxes=max_sandboxes,

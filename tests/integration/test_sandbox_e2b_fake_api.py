@@ -19,6 +19,8 @@ import pytest
 from sandboxes.base import (
     ArchiveTooLarge,
     GatewayChannel,
+    NetworkPolicy,
+    NetworkPolicyRefused,
     SandboxFile,
     SandboxNotFound,
     SandboxSpec,
@@ -182,5 +184,48 @@ async def test_e2b_egress_allows_only_the_gateway_endpoint(
             "allowOut": ["agents.gw.example.invalid"],
             "denyOut": ["0.0.0.0/0"],
         }
+    finally:
+        await sb.destroy()
+
+
+async def test_e2b_allowlist_adds_the_tasks_names_to_the_gateway(
+    e2b_backend: Any, fake_e2b_api: Any
+) -> None:
+    """A task's allowlist reaches E2B as name entries beside the Gateway's, all else
+    denied; a port E2B cannot filter by is refused before any sandbox exists."""
+    net = NetworkPolicy(mode="allowlist", allowed_hosts=["pypi.org", "files.example.com:443"])
+    spec = SandboxSpec(
+        rollout_id=rid(),
+        gateway=GatewayChannel(public_url="https://gw.example.invalid/s/abc"),
+        network=net,
+    )
+    sb = await e2b_backend.create(spec)
+    try:
+        assert fake_e2b_api.sandboxes[sb.handle.sandbox_id]["network"] == {
+            "allowOut": ["gw.example.invalid", "pypi.org", "files.example.com"],
+            "denyOut": ["0.0.0.0/0"],
+        }
+    finally:
+        await sb.destroy()
+    creates = sum(c.startswith("POST /v2/sandboxes") for c in fake_e2b_api.calls)
+    bad = NetworkPolicy(mode="allowlist", allowed_hosts=["pypi.org:8080"])
+    with pytest.raises(NetworkPolicyRefused, match="only on ports 80 and 443"):
+        await e2b_backend.create(SandboxSpec(rollout_id=rid(), network=bad))
+    assert sum(c.startswith("POST /v2/sandboxes") for c in fake_e2b_api.calls) == creates
+
+
+async def test_e2b_public_only_with_the_operators_permission(
+    e2b_backend: Any, fake_e2b_api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = SandboxSpec(rollout_id=rid(), network=NetworkPolicy(mode="public"))
+    e2b_backend.allow_public_network = False
+    with pytest.raises(NetworkPolicyRefused, match="--allow-public-network"):
+        await e2b_backend.create(spec)
+    assert not any(c.startswith("POST /v2/sandboxes") for c in fake_e2b_api.calls)
+    e2b_backend.allow_public_network = True
+    sb = await e2b_backend.create(spec)
+    try:
+        created = fake_e2b_api.sandboxes[sb.handle.sandbox_id]
+        assert created["allow_internet_access"] is True and created["network"] is None
     finally:
         await sb.destroy()
