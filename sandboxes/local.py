@@ -67,8 +67,10 @@ from sandboxes.supervised import (
     AGENT_HOME,
     DEFAULT_IMAGE,
     RUN_DIR,
+    TASK_DIRS,
     SupervisedBackend,
     SupervisedSandbox,
+    make_task_dirs,
 )
 from sandboxes.supervisor_client import (
     SUPERVISOR_ARGV,
@@ -273,6 +275,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         for name in names:
             if name in _SKIP_TOP or name.startswith(".") or (name == top and not nested):
                 continue
+            if name in TASK_DIRS:
+                continue  # ours, writable (below): whatever the image has there is hidden
             p = src / name
             if p.is_symlink():
                 args += ["--symlink", os.readlink(p), f"/{name}"]
@@ -292,6 +296,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         args += ["--bind", str(rw / "tmp"), "/tmp"]
         args += ["--bind", str(rw / "home"), AGENT_HOME]
         args += ["--bind", str(sdir / "run"), RUN_DIR]
+        for name, target in TASK_DIRS.items():
+            args += ["--bind", str(rw / name), target]
         args += ["--ro-bind", str(SUPERVISOR_PATH), SUPERVISOR_IN_SANDBOX]
         if workdir.rstrip("/") not in ("/tmp", AGENT_HOME) and not workdir.startswith(
             ("/tmp/", AGENT_HOME)
@@ -325,6 +331,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 if owner is not None:
                     os.chown(sdir / sub, owner, owner)
         os.chmod(rw / "tmp", 0o1777 if not self.is_root else 0o700)
+        make_task_dirs(rw, owner)
         cg: list[str] = []
         if self.cgroup_mode:
             cg = await asyncio.to_thread(
