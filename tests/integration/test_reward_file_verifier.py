@@ -57,13 +57,17 @@ def harbor_evaluation(test_sh: str, **check: Any) -> dict[str, Any]:
 
 
 async def run_agent(
-    backend: SandboxBackend, tmp_path: Path, agent: str, evaluation: dict[str, Any]
+    backend: SandboxBackend,
+    tmp_path: Path,
+    agent: str,
+    evaluation: dict[str, Any],
+    resources: dict[str, Any] | None = None,
 ) -> RunOutcome:
     task = RolloutTask.model_validate(
         {
             "task_id": "reward-file",
             "prompt": "write 42 to answer.txt",
-            "sandbox": {"backend": backend.name},
+            "sandbox": {"backend": backend.name, "resources": resources or {}},
             "harness": {"name": "command", "config": {"command": agent}, "budget_s": 120},
             "evaluation": evaluation,
             "hooks": HOOKS,
@@ -93,10 +97,14 @@ exit 1
 """
 
 
+@pytest.mark.parametrize("disk_mb", [1024, None], ids=["sized-disk", "no-disk-limit"])
 async def test_reward_txt_scores_and_the_log_dirs_are_collected(
-    backend: SandboxBackend, tmp_path: Path
+    backend: SandboxBackend, tmp_path: Path, disk_mb: int | None
 ) -> None:
-    r = await run_agent(backend, tmp_path, HONEST_AGENT, harbor_evaluation(TXT_VERIFIER))
+    """With a sized disk the task dirs are on it (docker: bind mounts over a read-only
+    root); without one, docker makes them in the container's writable root."""
+    evaluation = harbor_evaluation(TXT_VERIFIER)
+    r = await run_agent(backend, tmp_path, HONEST_AGENT, evaluation, {"disk_mb": disk_mb})
     ev = r.evaluation
     assert ev is not None and ev.status == "ok", ev
     assert r.status == RolloutStatus.ok
