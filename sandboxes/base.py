@@ -119,7 +119,7 @@ class ResourceLimits(BaseModel):
     cpus: float | None = 1.0
     memory_mb: int | None = 2048
     pids: int | None = 1024
-    #: Cap on everything the agent can write (workdir, home, /tmp together): a sized
+    #: Cap on everything the agent can write (workdir, home, /tmp, /tests, /logs): a sized
     #: filesystem per sandbox (local/docker: loop-mounted ext4, or docker's
     #: storage-opt). A backend that cannot enforce it fails the provision.
     disk_mb: int | None = 4096

@@ -436,8 +436,9 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         workdir_writable: bool,
     ) -> None:
         """Make ``disk_mb`` real: the storage driver's quota (``storage_opt``) where it
-        has one, else a read-only root whose writable dirs (workdir, home, /tmp) are one
-        sized filesystem (`disk.py`). Raises `DiskLimitUnavailable` where neither works."""
+        has one, else a read-only root whose writable dirs (workdir, home, /tmp, /tests,
+        /logs) are one sized filesystem (`disk.py`). Raises `DiskLimitUnavailable` where
+        neither works."""
         import docker.types
 
         if workdir_writable and self._storage_opt_supported(iid):

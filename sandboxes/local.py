@@ -2,14 +2,15 @@
 
 Isolation: new user/pid/net/ipc/uts/cgroup namespaces (the net namespace has only
 ``lo``: no route out), read-only system dirs, private writable workdir/home/tmp/run
-dirs from a per-sandbox host state dir, all capabilities dropped, no nested user
-namespaces, a seccomp filter (`seccomp.py`). Limits: cgroups (memory → kernel OOM
-kill reported as ``oom_killed``, pids, cpu); a limit that cannot be applied fails the
-provision, and without cgroups (not root) the backend refuses to start unless
-``allow_no_cgroups`` (then rlimits: RLIMIT_AS for memory, allocations fail instead of
-an OOM kill). ``disk_mb``: workdir, home and /tmp live on one sized filesystem
-(`disk.py`). Open files via rlimits. As root the sandbox runs as an unprivileged host
-uid (`sandbox_uid`), so even the host-fallback system dirs expose nothing root-only.
+dirs and task dirs (``/tests``, ``/logs``: `supervised.TASK_DIRS`) from a per-sandbox
+host state dir, all capabilities dropped, no nested user namespaces, a seccomp filter
+(`seccomp.py`). Limits: cgroups (memory → kernel OOM kill reported as ``oom_killed``,
+pids, cpu); a limit that cannot be applied fails the provision, and without cgroups
+(not root) the backend refuses to start unless ``allow_no_cgroups`` (then rlimits:
+RLIMIT_AS for memory, allocations fail instead of an OOM kill). ``disk_mb``: workdir,
+home, /tmp and the task dirs live on one sized filesystem (`disk.py`). Open files via
+rlimits. As root the sandbox runs as an unprivileged host uid (`sandbox_uid`), so even
+the host-fallback system dirs expose nothing root-only.
 
 System dirs: the exported rootfs of the Docker base image when it has been exported
 (``scripts/build_base_image.sh`` does it), so the agent sees the same system as
@@ -243,7 +244,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         seccomp_fd: int,
         rw: Path,
     ) -> list[str]:
-        """bwrap's argv; `rw` holds the writable tmp/home/work dirs (the sized disk
+        """bwrap's argv; `rw` holds the writable tmp/home/work and task dirs (the sized disk
         when ``disk_mb`` is set, else the state dir)."""
         src = Path(rootfs) if rootfs else Path("/")
         top = workdir.strip("/").split("/")[0]
