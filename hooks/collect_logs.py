@@ -2,9 +2,10 @@
 
 The harness profile says where its agent writes (Claude Code's `projects/**.jsonl`,
 Codex's `sessions/**`, mini's trajectory, Hermes' logs and state db); the runtime hands
-those `LogSpec`s to the hooks. This hook moves them to the rollout's artifacts dir after
-the run *and* on error, because the transcript of a failed or cancelled run is exactly
-what an operator needs to look at.
+those `LogSpec`s to the hooks; a task in Harbor's layout also has the agent write
+`/logs/agent` and `/logs/artifacts` (`TASK_LOG_SPECS`). This hook moves them to the
+rollout's artifacts dir after the run *and* on error, because the transcript of a
+failed or cancelled run is exactly what an operator needs to look at.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pydantic import Field
 from hooks.base import Hook, HookContext, register_hook
 from sandboxes.base import (
     DEFAULT_MAX_ARCHIVE_BYTES,
+    LOGS_DIR,
     ArchiveTooLarge,
     Sandbox,
     SandboxError,
@@ -27,10 +29,21 @@ from sandboxes.base import (
 from schemas.base import StrictModel
 from schemas.outcome import LogFile, LogSpec
 
+#: Log kind (and artifacts subdir under ``logs/``) of the task's own log dirs.
+TASK_LOG_KIND = "task_logs"
+#: The dirs of Harbor's layout the agent writes during its run (`sandboxes.base.LOGS_DIR`):
+#: its logs and the artifacts a task asks it to leave.
+TASK_LOG_SPECS = [
+    LogSpec(path=f"{LOGS_DIR}/agent", kind=TASK_LOG_KIND),
+    LogSpec(path=f"{LOGS_DIR}/artifacts", kind=TASK_LOG_KIND),
+]
+
 
 class CollectLogsParams(StrictModel):
     #: More sandbox locations to collect (besides the harness's own).
     extra: list[LogSpec] = Field(default_factory=list)
+    #: Also collect `TASK_LOG_SPECS` (absent or empty: nothing is added).
+    task_dirs: bool = True
     subdir: str = "logs"
     #: Cap on the archive read per log location (the agent decides how much it logs).
     max_bytes: int = Field(default=DEFAULT_MAX_ARCHIVE_BYTES, gt=0)
@@ -99,6 +112,8 @@ class CollectLogsHook(Hook):
 
     async def after_run(self, ctx: HookContext) -> None:
         specs = [*ctx.log_specs, *self.params.extra]
+        if self.params.task_dirs:
+            specs += TASK_LOG_SPECS
         errors: list[str] = []
         logs = await collect_log_files(
             ctx.sandbox,

@@ -28,10 +28,20 @@ import re
 import shlex
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from hooks.base import Hook, HookContext, register_hook
-from sandboxes.base import ArchiveTooLarge, Sandbox, SandboxError
+from hooks.collect_logs import TASK_LOG_KIND, collect_log_files
+from hooks.reward_file import (
+    MAX_REWARD_FILE_BYTES,
+    REWARD_JSON,
+    REWARD_TXT,
+    RewardFileError,
+    parse_reward_json,
+    parse_reward_txt,
+)
+from sandboxes.base import TESTS_DIR, ArchiveTooLarge, Sandbox, SandboxError, SandboxNotFound
 from schemas.base import StrictModel
 from schemas.evaluation import (
     CheckResult,
@@ -39,10 +49,15 @@ from schemas.evaluation import (
     EvaluationResult,
     EvaluationSpec,
     FileCheck,
+    RewardFileCheck,
     ScriptCheck,
 )
+from schemas.outcome import LogSpec
 
 _DETAIL_CHARS = 4000
+#: Log kind (and artifacts subdir under ``logs/``) of what a verifier left in its reward
+#: dir: beside the agent's `/logs` dirs that `collect_logs` collects.
+VERIFIER_LOG_KIND = TASK_LOG_KIND
 #: Runs a script check: the script comes on stdin into a fresh private directory; the
 #: interpreter gets a real path (some resolve it) and /dev/null as stdin, as before.
 #: No directory → exit 126, an evaluator error.
@@ -50,6 +65,25 @@ _SCRIPT_RUNNER = (
     "d=$(mktemp -d) || exit 126; trap 'rm -rf \"$d\"' EXIT; "
     'cat > "$d/script" && {interpreter} "$d/script" </dev/null'
 )
+
+
+#: Empties each directory given (made if missing; a symlink or file there is replaced),
+#: after checking the evaluation runs as the user asked for (`$1`; empty: any). Exit 3:
+#: another user; 1: a directory could not be emptied (the reason on stdout).
+_PREPARE_DIRS = r"""
+want=$1; shift
+if [ -n "$want" ] && [ "$want" != "$(id -un)" ] && [ "$want" != "$(id -u)" ]; then
+  echo "$(id -un) (uid $(id -u))"; exit 3
+fi
+for d; do
+  if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then rm -f -- "$d" || exit 1; fi
+  mkdir -p -- "$d" || exit 1
+  chmod -R u+rwX -- "$d" 2>/dev/null
+  find "$d" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + 2>&1
+  left=$(ls -A -- "$d") || exit 1
+  [ -z "$left" ] || { echo "$d could not be emptied (left: $(echo $left | head -c 200))"; exit 1; }
+done
+"""
 
 
 def _isolated(interpreter: str) -> str:
@@ -103,24 +137,127 @@ async def _file_problems(sandbox: Sandbox, check: FileCheck, path: str) -> list[
     return problems
 
 
+async def _prepare_dirs(
+    sandbox: Sandbox, dirs: Sequence[str], *, user: str | None = None, what: str
+) -> None:
+    """Kill every process, then check the evaluation runs as `user` and empty `dirs`;
+    EvaluatorError naming `what` if it cannot."""
+    try:
+        res = await sandbox.evaluator_exec(
+            ["/bin/sh", "-c", _PREPARE_DIRS, "prepare", user or "", *dirs],
+            cwd="/",
+            timeout=120,
+        )
+    except SandboxError as e:
+        raise EvaluatorError(f"{what}: sandbox error {e!r}") from e
+    out = _tail(res.stdout + res.stderr).strip()
+    if res.exit_code == 3:
+        raise EvaluatorError(
+            f"{what}: the verifier must run as user {user!r}, but this sandbox backend "
+            f"runs every evaluation step as the agent's user, {out}, and cannot switch "
+            "users; leave the verifier user unset (or set it to the agent's user)"
+        )
+    if res.timed_out or res.exit_code != 0:
+        raise EvaluatorError(f"{what}: could not empty {list(dirs)}: {out}")
+
+
+async def _read_reward_file(sandbox: Sandbox, path: str) -> bytes | None:
+    """The file at `path` (None: there is none), read with the reward file's cap."""
+    try:
+        return await sandbox.get_file(path, max_bytes=MAX_REWARD_FILE_BYTES + 4096)
+    except ArchiveTooLarge as e:
+        raise RewardFileError(f"{path} is larger than {MAX_REWARD_FILE_BYTES} bytes") from e
+    except (SandboxNotFound, FileNotFoundError):
+        return None
+
+
+async def _run_reward_file_check(
+    sandbox: Sandbox, check: RewardFileCheck, name: str, cwd: str
+) -> tuple[CheckResult, dict[str, float]]:
+    """Harbor's verifier: empty the reward dir, run the command, read the reward it wrote.
+
+    The command's exit code is recorded, never scored: the reward file decides.
+    """
+    t0 = time.monotonic()
+    rdir = posixpath.normpath(posixpath.join(cwd, check.reward_dir))
+    if rdir == "/" or _inside(cwd, rdir) or _inside(TESTS_DIR, rdir):
+        # Emptied before the run: never a dir holding the agent's work or the tests.
+        raise EvaluatorError(
+            f"verifier {name}: reward_dir {check.reward_dir!r} would empty {rdir}, which "
+            f"holds the workdir or {TESTS_DIR}; give the verifier a directory of its own"
+        )
+    await _prepare_dirs(sandbox, [rdir], user=check.user, what=f"verifier {name}")
+    try:
+        res = await sandbox.evaluator_exec(
+            check.command, cwd=cwd, env=check.env or None, timeout=check.timeout_s,
+            stop_processes=False,
+        )  # fmt: skip
+        # Whatever the verifier started (the agent's code under test) stops here, so the
+        # reward file is read as the verifier left it.
+        await sandbox.kill_all_processes()
+    except SandboxError as e:
+        raise EvaluatorError(f"verifier {name}: sandbox error {e!r}") from e
+    output = _tail(res.stdout + ("\n" + res.stderr if res.stderr else ""))
+    if res.timed_out:
+        raise EvaluatorError(
+            f"verifier {name} timed out after {check.timeout_s}s (its timeout); "
+            f"output tail: {output}"
+        )
+    metrics: dict[str, float] = {}
+    try:
+        raw = await _read_reward_file(sandbox, posixpath.join(rdir, REWARD_JSON))
+        if raw is not None:
+            source = REWARD_JSON
+            score, metrics = parse_reward_json(raw, check.reward_key)
+        else:
+            source = REWARD_TXT
+            raw = await _read_reward_file(sandbox, posixpath.join(rdir, REWARD_TXT))
+            if raw is None:
+                raise RewardFileError(f"it wrote neither {REWARD_JSON} nor {REWARD_TXT} in {rdir}")
+            score = parse_reward_txt(raw)
+    except RewardFileError as e:
+        raise EvaluatorError(
+            f"verifier {name} (exit {res.exit_code}): {e}; output tail: {output}"
+        ) from e
+    return CheckResult(
+        name=name,
+        kind=check.kind,
+        passed=score >= 1.0,
+        score=score,
+        exit_code=res.exit_code,
+        duration_s=round(time.monotonic() - t0, 3),
+        detail=_tail(f"reward {score} from {source} (exit {res.exit_code})\n{output}"),
+    ), metrics
+
+
 async def _run_check(
-    sandbox: Sandbox, check: CommandCheck | ScriptCheck | FileCheck, workdir: str, idx: int
-) -> tuple[CheckResult, list[float] | None]:
+    sandbox: Sandbox,
+    check: CommandCheck | ScriptCheck | FileCheck | RewardFileCheck,
+    workdir: str,
+    idx: int,
+) -> tuple[CheckResult, list[float] | None, dict[str, float]]:
     name = check.name or f"{check.kind}{idx}"
     cwd = posixpath.join(workdir, check.cwd) if check.cwd else workdir
     t0 = time.monotonic()
+    if isinstance(check, RewardFileCheck):
+        result, metrics = await _run_reward_file_check(sandbox, check, name, cwd)
+        return result, None, metrics
     if isinstance(check, FileCheck):
         path = check.path if check.path.startswith("/") else f"{cwd.rstrip('/')}/{check.path}"
         problems = await _file_problems(sandbox, check, path)
         ok = not problems
-        return CheckResult(
-            name=name,
-            kind=check.kind,
-            passed=ok,
-            score=1.0 if ok else 0.0,
-            duration_s=round(time.monotonic() - t0, 3),
-            detail="; ".join(problems) or "ok",
-        ), None
+        return (
+            CheckResult(
+                name=name,
+                kind=check.kind,
+                passed=ok,
+                score=1.0 if ok else 0.0,
+                duration_s=round(time.monotonic() - t0, 3),
+                detail="; ".join(problems) or "ok",
+            ),
+            None,
+            {},
+        )
 
     stdin: bytes | None = None
     if isinstance(check, ScriptCheck):
@@ -162,15 +299,24 @@ async def _run_check(
     else:
         passed = res.exit_code in check.pass_exit_codes
         score = 1.0 if passed else 0.0
-    return CheckResult(
-        name=name,
-        kind=check.kind,
-        passed=passed,
-        score=score,
-        exit_code=res.exit_code,
-        duration_s=round(time.monotonic() - t0, 3),
-        detail=output,
-    ), step
+    return (
+        CheckResult(
+            name=name,
+            kind=check.kind,
+            passed=passed,
+            score=score,
+            exit_code=res.exit_code,
+            duration_s=round(time.monotonic() - t0, 3),
+            detail=output,
+        ),
+        step,
+        {},
+    )
+
+
+def _inside(path: str, directory: str) -> bool:
+    p = posixpath.normpath(path)
+    return p == directory or p.startswith(directory.rstrip("/") + "/")
 
 
 def _check_dirs(spec: EvaluationSpec, workdir: str) -> list[str]:
@@ -202,18 +348,26 @@ async def evaluate(
     version = spec.reward_fn_version()
     results: list[CheckResult] = []
     steps: list[float] | None = None
+    metrics: dict[str, float] = {}
+    verifiers = [c for c in spec.checks if isinstance(c, RewardFileCheck)]
     try:
-        if spec.files:
+        if spec.files or verifiers:
             # Nothing may be running when the hidden files arrive.
             await sandbox.kill_all_processes()
+        if verifiers or any(_inside(f.path, TESTS_DIR) for f in spec.files):
+            # The tests dir holds only the task's files: whatever the agent put there
+            # (a conftest.py, a test.sh of its own) is gone before they arrive.
+            await _prepare_dirs(sandbox, [TESTS_DIR], what=f"preparing {TESTS_DIR}")
         for f in spec.files:
             path = f.path if f.path.startswith("/") else f"{workdir.rstrip('/')}/{f.path}"
             await sandbox.put_file(path, f.data(), mode=f.mode)
         for i, check in enumerate(spec.checks):
-            r, step = await _run_check(sandbox, check, workdir, i)
+            r, step, found = await _run_check(sandbox, check, workdir, i)
             results.append(r)
             if step is not None and len(spec.checks) == 1:
                 steps = step
+            prefix = f"{r.name}." if len(verifiers) > 1 else ""
+            metrics.update({f"{prefix}{k}": v for k, v in found.items()})
     except (EvaluatorError, SandboxError, OSError) as e:
         # Whose failure: the agent's if it left the sandbox broken (reward 0), else ours.
         damage = await sandbox.agent_damage(workdir, check_dirs)
@@ -245,6 +399,7 @@ async def evaluate(
         checks=results,
         reward_fn_version=version,
         duration_s=round(time.monotonic() - t0, 3),
+        metrics=metrics,
     )
 
 
@@ -280,3 +435,20 @@ class EvaluateHook(Hook):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(evaluation.model_dump_json(indent=2))
         ctx.add_artifact(path, "evaluation")
+        await self._collect_verifier_logs(ctx, spec)
+
+    async def _collect_verifier_logs(self, ctx: HookContext, spec: EvaluationSpec) -> None:
+        """What each verifier left in its reward dir (its reward file, its test logs):
+        artifacts, also after an evaluator error, where they say what went wrong."""
+        dirs = sorted({c.reward_dir for c in spec.checks if isinstance(c, RewardFileCheck)})
+        if not dirs:
+            return
+        errors: list[str] = []
+        specs = [LogSpec(path=d, kind=VERIFIER_LOG_KIND) for d in dirs]
+        files = await collect_log_files(
+            ctx.sandbox, ctx.artifacts_dir / "logs", specs, errors=errors
+        )
+        ctx.outcome.hook_errors += [f"{self.name}: {e}" for e in errors]
+        for lf in files:
+            if lf.local_path:
+                ctx.add_artifact(Path(lf.local_path), lf.kind)

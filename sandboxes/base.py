@@ -35,9 +35,12 @@ __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "EVALUATOR_GIT_CONFIG",
     "EVALUATOR_PATH",
+    "EVAL_LOG_SUBDIRS",
+    "LOGS_DIR",
     "MANAGED_LABEL",
     "NO_PROFILE_ENV",
     "ROLLOUT_LABEL",
+    "TESTS_DIR",
     "ArchiveTooLarge",
     "BackendUnavailable",
     "Command",
@@ -67,6 +70,15 @@ ROLLOUT_LABEL = "agentic-rollout.rollout-id"
 MANAGED_LABEL = "agentic-rollout.managed"
 #: Loopback port inside the sandbox where the Gateway forwarder listens.
 DEFAULT_GATEWAY_PORT = 18080
+#: Where a task's hidden tests go after the agent stopped (Harbor's layout). The
+#: evaluation empties it before placing them, so nothing the agent put there survives.
+TESTS_DIR = "/tests"
+#: Harbor's log root: the agent may write `LOGS_DIR/agent` and `LOGS_DIR/artifacts`
+#: during its run (collected as artifacts); the verifier writes its reward to
+#: `LOGS_DIR/verifier`. The local and docker backends give every sandbox both
+#: directories, writable by the agent user and on its sized disk.
+LOGS_DIR = "/logs"
+EVAL_LOG_SUBDIRS = ("agent", "verifier", "artifacts")
 
 
 class SandboxError(RuntimeError):
@@ -117,7 +129,7 @@ class ResourceLimits(BaseModel):
     cpus: float | None = 1.0
     memory_mb: int | None = 2048
     pids: int | None = 1024
-    #: Cap on everything the agent can write (workdir, home, /tmp together): a sized
+    #: Cap on everything the agent can write (workdir, home, /tmp, /tests, /logs): a sized
     #: filesystem per sandbox (local/docker: loop-mounted ext4, or docker's
     #: storage-opt). A backend that cannot enforce it fails the provision.
     disk_mb: int | None = 4096

@@ -29,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import os
 import re
+import tarfile
 import time
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +43,8 @@ from sandboxes.base import (
     DEFAULT_GATEWAY_PORT,
     DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_OUTPUT_BYTES,
+    EVAL_LOG_SUBDIRS,
+    LOGS_DIR,
     MANAGED_LABEL,
     ROLLOUT_LABEL,
     ArchiveTooLarge,
@@ -66,8 +70,10 @@ from sandboxes.supervised import (
     AGENT_HOME,
     DEFAULT_IMAGE,
     RUN_DIR,
+    TASK_DIRS,
     SupervisedBackend,
     SupervisedSandbox,
+    make_task_dirs,
 )
 from sandboxes.supervisor_client import (
     SUPERVISOR_ARGV,
@@ -200,6 +206,22 @@ class _SdkExecSandbox(DockerSandbox):
     async def kill_all_processes(self) -> None:
         c = await self.backend.sdk_call(self.backend.container, self.handle)
         await self.backend.sdk_call(c.restart, timeout=0)
+
+
+def _task_dirs_tar(user: str) -> bytes:
+    """A tar of the empty `TASK_DIRS` (with the log subdirs), owned by `user` (uid:gid)."""
+    uid, gid = (int(x) for x in user.split(":"))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for target in TASK_DIRS.values():
+            top = target.strip("/")
+            subs = [top, *(f"{top}/{s}" for s in EVAL_LOG_SUBDIRS)] if target == LOGS_DIR else [top]
+            for name in subs:
+                ti = tarfile.TarInfo(name)
+                ti.type, ti.mode, ti.uid, ti.gid = tarfile.DIRTYPE, 0o755, uid, gid
+                ti.mtime = int(time.time())
+                tf.addfile(ti)
+    return buf.getvalue()
 
 
 def open_run_dir(run: Path, user: str) -> None:
@@ -435,6 +457,10 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
                 os.chown(sdir / "work", uid, gid)
             kw["mounts"].append(docker.types.Mount(workdir, str(sdir / "work"), type="bind"))
         c = self.client.containers.run(iid, cmd, entrypoint=[], **kw)
+        # A writable root (inside storage_opt's quota, if any): the engine makes the task
+        # dirs there as the agent user's (the agent cannot create dirs in /).
+        if not kw.get("read_only") and not c.put_archive("/", _task_dirs_tar(self.user)):
+            raise SandboxError(f"could not create {sorted(TASK_DIRS.values())} in {iid}")
         return c, iid, has_py
 
     def _limit_disk(
@@ -448,8 +474,9 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         workdir_writable: bool,
     ) -> None:
         """Make ``disk_mb`` real: the storage driver's quota (``storage_opt``) where it
-        has one, else a read-only root whose writable dirs (workdir, home, /tmp) are one
-        sized filesystem (`disk.py`). Raises `DiskLimitUnavailable` where neither works."""
+        has one, else a read-only root whose writable dirs (workdir, home, /tmp, /tests,
+        /logs) are one sized filesystem (`disk.py`). Raises `DiskLimitUnavailable` where
+        neither works."""
         import docker.types
 
         if workdir_writable and self._storage_opt_supported(iid):
@@ -469,6 +496,8 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             if sub == "work" and workdir.rstrip("/") in (AGENT_HOME, "/tmp"):
                 continue
             kw["mounts"].append(docker.types.Mount(target, str(disk / sub), type="bind"))
+        for host_dir, target in make_task_dirs(disk, uid).items():
+            kw["mounts"].append(docker.types.Mount(target, str(host_dir), type="bind"))
 
     def _storage_opt_supported(self, image_id: str) -> bool:
         """Whether the storage driver enforces ``storage_opt`` size (probed once)."""

@@ -2,15 +2,16 @@
 
 Isolation: new user/pid/net/ipc/uts/cgroup namespaces (the net namespace has only
 ``lo``: no route out; an allowlisted host is reached through a relay, `egress_relay`),
-read-only system dirs, private writable workdir/home/tmp/run dirs from a per-sandbox
-host state dir, all capabilities dropped, no nested user
-namespaces, a seccomp filter (`seccomp.py`). Limits: cgroups (memory → kernel OOM
-kill reported as ``oom_killed``, pids, cpu); a limit that cannot be applied fails the
-provision, and without cgroups (not root) the backend refuses to start unless
-``allow_no_cgroups`` (then rlimits: RLIMIT_AS for memory, allocations fail instead of
-an OOM kill). ``disk_mb``: workdir, home and /tmp live on one sized filesystem
-(`disk.py`). Open files via rlimits. As root the sandbox runs as an unprivileged host
-uid (`sandbox_uid`), so even the host-fallback system dirs expose nothing root-only.
+read-only system dirs, private writable workdir/home/tmp/run dirs and task dirs
+(``/tests``, ``/logs``: `supervised.TASK_DIRS`) from a per-sandbox host state dir, all
+capabilities dropped, no nested user namespaces, a seccomp filter (`seccomp.py`).
+Limits: cgroups (memory → kernel OOM kill reported as ``oom_killed``, pids, cpu); a
+limit that cannot be applied fails the provision, and without cgroups (not root) the
+backend refuses to start unless ``allow_no_cgroups`` (then rlimits: RLIMIT_AS for
+memory, allocations fail instead of an OOM kill). ``disk_mb``: workdir, home, /tmp and
+the task dirs live on one sized filesystem (`disk.py`). Open files via rlimits. As root
+the sandbox runs as an unprivileged host uid (`sandbox_uid`), so even the host-fallback
+system dirs expose nothing root-only.
 
 System dirs: the exported rootfs of the Docker base image when it has been exported
 (``scripts/build_base_image.sh`` does it), so the agent sees the same system as
@@ -71,8 +72,10 @@ from sandboxes.supervised import (
     AGENT_HOME,
     DEFAULT_IMAGE,
     RUN_DIR,
+    TASK_DIRS,
     SupervisedBackend,
     SupervisedSandbox,
+    make_task_dirs,
 )
 from sandboxes.supervisor_client import (
     SUPERVISOR_ARGV,
@@ -267,8 +270,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         rw: Path,
         routes: Sequence[EgressRoute] = (),
     ) -> list[str]:
-        """bwrap's argv; `rw` holds the writable tmp/home/work dirs (the sized disk
-        when ``disk_mb`` is set, else the state dir); `routes`: the allowlist's relays
+        """bwrap's argv; `rw` holds the writable tmp/home/work and task dirs (the sized
+        disk when ``disk_mb`` is set, else the state dir); `routes`: the allowlist's relays
         (their names in a generated /etc/hosts; `_serve_routes` starts their listeners)."""
         src = Path(rootfs) if rootfs else Path("/")
         top = workdir.strip("/").split("/")[0]
@@ -300,6 +303,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         for name in names:
             if name in _SKIP_TOP or name.startswith(".") or (name == top and not nested):
                 continue
+            if name in TASK_DIRS:
+                continue  # ours, writable (below): whatever the image has there is hidden
             p = src / name
             if p.is_symlink():
                 args += ["--symlink", os.readlink(p), f"/{name}"]
@@ -321,6 +326,8 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
         args += ["--bind", str(rw / "tmp"), "/tmp"]
         args += ["--bind", str(rw / "home"), AGENT_HOME]
         args += ["--bind", str(sdir / "run"), RUN_DIR]
+        for name, target in TASK_DIRS.items():
+            args += ["--bind", str(rw / name), target]
         args += ["--ro-bind", str(SUPERVISOR_PATH), SUPERVISOR_IN_SANDBOX]
         if workdir.rstrip("/") not in ("/tmp", AGENT_HOME) and not workdir.startswith(
             ("/tmp/", AGENT_HOME)
@@ -368,6 +375,7 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
                 if owner is not None:
                     os.chown(sdir / sub, owner, owner)
         os.chmod(rw / "tmp", 0o1777 if not self.is_root else 0o700)
+        make_task_dirs(rw, owner)
         cg: list[str] = []
         if self.cgroup_mode:
             cg = await asyncio.to_thread(

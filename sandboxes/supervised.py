@@ -31,6 +31,9 @@ from sandboxes.base import (
     DEFAULT_GATEWAY_PORT,
     DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_OUTPUT_BYTES,
+    EVAL_LOG_SUBDIRS,
+    LOGS_DIR,
+    TESTS_DIR,
     Command,
     ExecResult,
     NetworkPolicy,
@@ -67,6 +70,10 @@ RUN_DIR = "/run/rollout"
 AGENT_HOME = "/home/agent"
 #: How long the supervisor has to answer a ping when a failed step is looked into.
 PING_TIMEOUT_S = 10.0
+
+#: The task directories every supervised sandbox gets outside its workdir (Harbor's
+#: layout): name of the host dir (beside the writable tmp/home/work dirs) → mount point.
+TASK_DIRS = {"tests": TESTS_DIR, "logs": LOGS_DIR}
 
 #: The recipe-built base image (`sandboxes.images`), the default system of both backends.
 DEFAULT_IMAGE = f"{IMAGE_REPO}:latest"
@@ -159,6 +166,22 @@ class SupervisedSandbox(Sandbox):
         if hits:
             return f"it ran into its pids limit ({hits} forks refused)"
         return await super()._find_damage(workdir, check_dirs)
+
+
+def make_task_dirs(rw: Path, owner_uid: int | None) -> dict[Path, str]:
+    """Create the `TASK_DIRS` (and the log subdirs) under `rw`, the sandbox's writable
+    area (its sized disk when it has one, so they count against ``disk_mb``), owned by
+    `owner_uid` (None: by us). Returns host dir → mount point in the sandbox."""
+    made: dict[Path, str] = {}
+    for name, target in TASK_DIRS.items():
+        d = rw / name
+        subs = [d, *(d / s for s in EVAL_LOG_SUBDIRS)] if target == LOGS_DIR else [d]
+        for sub in subs:
+            sub.mkdir(exist_ok=True)
+            if owner_uid is not None:
+                os.chown(sub, owner_uid, owner_uid)
+        made[d] = target
+    return made
 
 
 def _disk_full(mount: Path) -> str | None:
