@@ -30,6 +30,13 @@ for name, extras in TRAINER_EXTRAS.items():
     print(name, ensure_trainer_env(extras=extras))
 "
 
+echo "== warm tiny model (cached by recipe; minutes of CPU training on a fresh machine)"
+.venv/bin/python -c "
+from devstack.tiny_model.warm import ensure_warm_model
+from devstack.vllm_server import ensure_vllm_venv, venv_python
+print(ensure_warm_model(venv_python(ensure_vllm_venv())))
+"
+
 if [ -f scripts/build_base_image.sh ]; then
   echo "== sandbox base image (cached by recipe hash)"
   PYTHON=.venv/bin/python bash scripts/build_base_image.sh

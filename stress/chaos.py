@@ -581,6 +581,7 @@ class Faults:
         self.records: list[FaultRecord] = []
         #: (killed, back) of each record, unrounded (monotonic time).
         self.windows: list[tuple[float, float]] = []
+        self.sent_since: Callable[[float], bool] = lambda _: True
         self.engine_down: list[tuple[float, float]] = []
         self._worker_kills = 0
 
@@ -588,14 +589,15 @@ class Faults:
         count = len(self.stack.config.faults)
         return [max(1, round(n * (0.05 + 0.45 * i / max(1, count - 1)))) for i in range(count)]
 
-    async def run(self, progress: Progress, ready: Callable[[], bool] = lambda: True) -> None:
-        """`ready` holds back the first fault (60 s at most): the fuzzer's first request can
-        take seconds to generate on a loaded box, and a fault it did not overlap proves
+    async def run(
+        self, progress: Progress, sent_since: Callable[[float], bool] = lambda _: True
+    ) -> None:
+        """`sent_since(t)`: whether the fuzzer sent a request after `t`. A part stays down
+        until one was sent while it was (30 s more at most): on a loaded box the fuzzer
+        can pause for seconds between requests, and a fault it did not overlap proves
         nothing."""
+        self.sent_since = sent_since
         n = self.stack.config.n
-        deadline = time.monotonic() + 60
-        while not ready() and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
         for fault, threshold in zip(self.stack.config.faults, self.thresholds(n), strict=True):
             while progress.done < threshold and not progress.finished:
                 await asyncio.sleep(0.2)
@@ -615,8 +617,15 @@ class Faults:
             return bool(talking_sessions(stack.gateway_dir, owner))
         return True
 
+    async def stay_down(self, killed: float) -> None:
+        """The part's down time, then until the fuzzer sent a request since `killed`."""
+        await asyncio.sleep(self.stack.config.down_s)
+        deadline = time.monotonic() + 30
+        while not self.sent_since(killed) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+
     async def fire(self, fault: Fault, done: int) -> None:
-        stack, down = self.stack, self.stack.config.down_s
+        stack = self.stack
         deadline = time.monotonic() + 30
         busy = self.in_flight(fault)  # looked at once per try: the kill follows what was seen
         while not busy and time.monotonic() < deadline:
@@ -630,24 +639,24 @@ class Faults:
             worker = stack.workers[index]
             target = worker.name
             worker.kill()
-            await asyncio.sleep(down)
+            await self.stay_down(killed)
             await asyncio.to_thread(worker.start)
         elif fault is Fault.gateway:
             index = len(stack.gateway.agent_urls) - 1
             target = f"gateway process {index} ({stack.gateway.agent_urls[index]})"
             env = stack.gateway.kill(index)
-            await asyncio.sleep(down)
+            await self.stay_down(killed)
             log = stack.work / f"gateway-{index}-restarted.log"
             await asyncio.to_thread(stack.gateway.restart, index, env, log)
         elif fault is Fault.temporal:
             target = f"temporal dev server ({stack.temporal.address})"
             stack.temporal.kill()
-            await asyncio.sleep(down)
+            await self.stay_down(killed)
             await stack.temporal.restart()
         else:
             target = f"engine ({stack.config.engine})"
             stack.engine.kill()
-            await asyncio.sleep(down)
+            await self.stay_down(killed)
             await asyncio.to_thread(stack.engine.start)
         back = time.monotonic()
         if fault is Fault.engine:
@@ -994,8 +1003,11 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     faults = Faults(stack, rng, t0)
     deadline = t0 + config.deadline_s
     follower = asyncio.ensure_future(progress.follow(client, batch.batch_id, len(ids), deadline))
-    fuzzing = (lambda: bool(target.sent_at)) if fuzz_thread else (lambda: True)
-    injector = asyncio.ensure_future(faults.run(progress, ready=fuzzing))
+
+    def fuzzed_since(t: float) -> bool:
+        return fuzz_thread is None or bool(target.sent_at and max(target.sent_at[-8:]) >= t)
+
+    injector = asyncio.ensure_future(faults.run(progress, sent_since=fuzzed_since))
     injector.add_done_callback(lambda _: fuzz_run.faults_over.set())
     releaser = asyncio.ensure_future(release_held(stack, injector, follower))
     last = -1
