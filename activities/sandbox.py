@@ -32,6 +32,7 @@ from temporalio.worker import (
 )
 
 from activities.errors import bad_task
+from activities.task_env import EnvironmentUnavailable, prepare_image
 from sandboxes.base import (
     ROLLOUT_LABEL,
     BackendUnavailable,
@@ -269,6 +270,12 @@ class SandboxActivities:
         creating = _beat("create", [*earlier, claim] if claim not in earlier else earlier)
         activity.heartbeat(creating)
         await asyncio.sleep(0)
+        try:
+            spec = await prepare_image(
+                req.task, spec, lambda aw, s: with_heartbeat(aw, s, creating), interval
+            )
+        except EnvironmentUnavailable as exc:
+            raise ApplicationError(str(exc), type="SandboxUnavailable") from exc
         try:
             sandbox = await with_heartbeat(backend.create(spec), interval, creating)
         except BackendUnavailable as exc:
