@@ -210,9 +210,9 @@ def rewrite(text: str, replacements: dict[int, str]) -> str:
             pattern = re.compile(r"--from=" + re.escape(src) + r"(?!\S)")
             repl = f"--from={new}"
         for n in range(ins.lines[0], ins.lines[1] + 1):
-            # the keyword itself never matches a reference (FROM/COPY are not refs)
-            if pattern.search(lines[n]):
-                lines[n] = pattern.sub(lambda _m: repl, lines[n], count=1)
+            m = pattern.search(lines[n])
+            if m:
+                lines[n] = lines[n][: m.start()] + repl + lines[n][m.end() :]
                 break
         else:  # pragma: no cover - the reference was read from these lines
             raise DockerfileError(f"cannot find {ins.text!r} to rewrite")

@@ -94,7 +94,7 @@ def _api() -> Any:
 
                 _client = docker.from_env().api
                 _client.ping()
-            except Exception as exc:  # noqa: BLE001 - any failure means: no engine
+            except Exception as exc:  # any failure means: no engine
                 _client = None
                 raise DockerUnavailable(
                     f"docker engine not reachable ({exc}); task images are built with it: "
