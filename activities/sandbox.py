@@ -32,7 +32,7 @@ from temporalio.worker import (
 )
 
 from activities.errors import bad_task
-from activities.task_env import EnvironmentUnavailable, prepare_image
+from activities.task_env import EnvironmentUnavailable, prepare_image, refuse_unbuildable
 from sandboxes.base import (
     ROLLOUT_LABEL,
     BackendUnavailable,
@@ -256,6 +256,7 @@ class SandboxActivities:
             spec = build_spec(req)
         except (ValidationError, ValueError) as exc:
             raise bad_task("sandbox spec", exc) from exc
+        refuse_unbuildable(req.task)
         backend = self._backend(req.task.sandbox.backend)
         interval = _heartbeat_interval()
         claim = SandboxClaim(

@@ -36,6 +36,20 @@ class EnvironmentUnavailable(RuntimeError):
     """This host cannot make the image (no Docker engine): retry elsewhere."""
 
 
+def refuse_unbuildable(task: RolloutTask) -> None:
+    """A build for a backend that does not run local images: the task's fault, said
+    before that backend is even set up."""
+    backend = task.sandbox.backend
+    build = task.sandbox.build
+    if build is None or backend in IMAGE_BACKENDS or task.sandbox.spec_fields().get("image"):
+        return
+    raise bad_task(
+        f"task {task.task_id}: sandbox.build: the {backend} backend cannot run an image "
+        "built on this host; build a template from the Dockerfile with the backend's own "
+        "tooling (e2b: `e2b template build`) and name it in sandbox.image"
+    )
+
+
 async def prepare_image(
     task: RolloutTask, spec: SandboxSpec, beat: Any, interval_s: float
 ) -> SandboxSpec:
@@ -47,12 +61,7 @@ async def prepare_image(
     backend = task.sandbox.backend
     build = task.sandbox.build
     if build is not None and spec.image is None:
-        if backend not in IMAGE_BACKENDS:
-            raise bad_task(
-                f"sandbox.build: the {backend} backend cannot build a Dockerfile on this host; "
-                "build a template from it with the backend's own tooling (e2b: `e2b template "
-                "build`) and name it in sandbox.image"
-            )
+        refuse_unbuildable(task)
         try:
             img = await beat(asyncio.to_thread(ensure_task_image, build), interval_s)
         except TaskImageError as exc:

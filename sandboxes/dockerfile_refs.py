@@ -191,13 +191,20 @@ def lookup(ref: str, image_map: dict[str, str]) -> str | None:
     return None
 
 
-def rewrite(text: str, replacements: dict[int, str]) -> str:
-    """The Dockerfile with instruction `i`'s external image replaced by `replacements[i]`.
+def rewrite(
+    text: str, replacements: dict[int, str], root_after: frozenset[int] = frozenset()
+) -> str:
+    """The Dockerfile with instruction `i`'s external image replaced by `replacements[i]`,
+    and `USER root` added after each FROM in `root_after`.
 
     Only the physical line holding the reference changes; every other byte stays as
-    written (continuations, comments, RUN lines).
+    written (continuations, comments, RUN lines). `root_after`: a stand-in base that sets
+    another user would run the Dockerfile's steps unlike the official image it replaces,
+    which starts as root.
     """
     lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith(("\n", "\r")):
+        lines[-1] += "\n"
     instructions = _instructions(text)
     for i, new in replacements.items():
         ins = instructions[i]
@@ -216,4 +223,7 @@ def rewrite(text: str, replacements: dict[int, str]) -> str:
                 break
         else:  # pragma: no cover - the reference was read from these lines
             raise DockerfileError(f"cannot find {ins.text!r} to rewrite")
+        if i in root_after:
+            last = ins.lines[1]
+            lines[last] = lines[last] + "USER root\n"
     return "".join(lines)

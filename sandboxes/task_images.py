@@ -7,9 +7,10 @@ those bases resolve to (a rebuilt base is a new key), tagged
 `agentic-rollout/task-env:<key>`; a second provision finds the tag and builds nothing.
 Every external image must be local or mapped (`--image-map FROM=LOCAL_TAG`) before the
 build starts; the Dockerfile is rewritten through the map into a copy outside the
-context. A per-key file lock makes concurrent provisions of tasks sharing a Dockerfile
-build once. Logs are kept under the cache dir (`builds/<key>.log`, the newest
-`KEEP_LOGS`); the build's `timeout_s` kills it.
+context; a mapped base that sets a non-root user gets `USER root` after its FROM, since
+the official images such maps stand in for start as root. A per-key file lock makes
+concurrent provisions of tasks sharing a Dockerfile build once. Logs are kept under the
+cache dir (`builds/<key>.log`, the newest `KEEP_LOGS`); the build's `timeout_s` kills it.
 """
 
 from __future__ import annotations
@@ -141,6 +142,19 @@ def resolve_image(ref: str, image_map: dict[str, str] | None = None) -> str:
     return ref
 
 
+def content_hash_of(context: Path | str) -> str:
+    """`sha256:<hex>` of every file under `context` (relative path and bytes): the
+    `EnvironmentBuild.content_hash` of a context, for callers that make builds by hand
+    (a task format's loader computes its own)."""
+    root = Path(context)
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            h.update(str(p.relative_to(root)).encode() + b"\0")
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return "sha256:" + h.hexdigest()
+
+
 # ------------------------------------------------------------------ the build plan
 class _Plan(BaseModel):
     key: str
@@ -174,11 +188,12 @@ def _plan(build: EnvironmentBuild) -> _Plan:
     used: dict[str, str] = {}
     base_ids: dict[str, str] = {}
     replacements: dict[int, str] = {}
+    as_root: set[int] = set()
     for ref in refs:
         mapped = dockerfile_refs.lookup(ref.resolved, build.base_image_map)
         local = mapped if mapped is not None else ref.resolved
-        iid = image_id(local)
-        if iid is None:
+        info = image_info(local)
+        if info is None:
             where = f"{dockerfile}: {ref.keyword} {ref.written}"
             if mapped is not None:
                 raise ImageNotAvailable(
@@ -192,7 +207,10 @@ def _plan(build: EnvironmentBuild) -> _Plan:
         if mapped is not None:
             used[ref.resolved] = mapped
             replacements[ref.instruction] = mapped
-        base_ids[local] = iid
+            user = str((info.get("Config") or {}).get("User") or "")
+            if ref.keyword == "FROM" and user not in ("", "root", "0", "0:0", "root:root"):
+                as_root.add(ref.instruction)
+        base_ids[local] = str(info["Id"])
     key_inputs = {
         "recipe": BUILD_RECIPE_VERSION,
         "content_hash": build.content_hash,
@@ -204,7 +222,7 @@ def _plan(build: EnvironmentBuild) -> _Plan:
     return _Plan(
         key=key,
         tag=f"{TASK_IMAGE_REPO}:{key}",
-        dockerfile_text=dockerfile_refs.rewrite(text, replacements),
+        dockerfile_text=dockerfile_refs.rewrite(text, replacements, frozenset(as_root)),
         used_map=used,
         base_ids=base_ids,
     )

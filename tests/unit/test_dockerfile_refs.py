@@ -92,3 +92,10 @@ def test_map_matches_however_the_image_is_spelled() -> None:
     assert lookup("python:latest", m) == "local/py"
     assert lookup("ubuntu:22.04", m) is None
     assert lookup("localhost:5000/ubuntu", m) is None
+
+
+def test_user_root_follows_a_stand_in_base_that_sets_another_user() -> None:
+    text = "FROM ubuntu:24.04 \\\n  AS base\nRUN apt-get update\nFROM base\nRUN id"
+    refs = external_refs(text)
+    out = rewrite(text, {refs[0].instruction: LOCAL}, frozenset({refs[0].instruction}))
+    assert out == f"FROM {LOCAL} \\\n  AS base\nUSER root\nRUN apt-get update\nFROM base\nRUN id\n"
