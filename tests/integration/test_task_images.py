@@ -80,7 +80,7 @@ def context(tmp_path: Path, dockerfile: str = DOCKERFILE, marker: str | None = N
     ctx = tmp_path / f"ctx-{uuid.uuid4().hex[:8]}"
     ctx.mkdir()
     (ctx / "Dockerfile").write_text(dockerfile)
-    (ctx / "marker.txt").write_text(marker or uuid.uuid4().hex)
+    (ctx / "marker.txt").write_text((marker or uuid.uuid4().hex) + "\n")
     return ctx
 
 
@@ -126,7 +126,7 @@ def test_changed_context_file_or_rebuilt_base_is_a_new_key(
 ) -> None:
     ctx = context(tmp_path, marker="one")
     first = built.add(ensure_task_image(build_of(ctx)))
-    (ctx / "marker.txt").write_text("two")
+    (ctx / "marker.txt").write_text("two\n")
     changed = built.add(ensure_task_image(build_of(ctx)))
     assert changed.key != first.key and not changed.cached
     assert run_in(changed.tag, "/opt/marker.txt") == "two"
@@ -277,26 +277,43 @@ async def host(sandbox_state_dir: Path) -> Any:
     await backends.aclose()
 
 
-@session_loop
-@pytest.mark.parametrize("backend", ["docker", "local"])
-async def test_provision_runs_the_built_image(
-    backend: str, tmp_path: Path, cache: Path, built: Built, host: SandboxActivities
-) -> None:
-    token = uuid.uuid4().hex
-    build = build_of(context(tmp_path, marker=token))
-    env = ActivityEnvironment()
-    ref = await env.run(host.provision_sandbox, provision_request(task("t1", backend, build)))
-    img = built.add(ensure_task_image(build))
-    assert img.cached  # provision built it
+async def provision_and_read(host: SandboxActivities, t: RolloutTask) -> tuple[Any, str]:
+    """Provision `t` through the real activity; its sandbox's view of the built files."""
+    ref = await ActivityEnvironment().run(host.provision_sandbox, provision_request(t))
     handle = SandboxHandle.model_validate(ref.handle)
-    assert ref.env_version == img.image_id
-    sb = await host.backends.get(backend).attach(handle)
+    sb = await host.backends.get(t.sandbox.backend).attach(handle)
     try:
         r = await sb.exec(["cat", "/opt/marker.txt", "/opt/built.txt"], timeout=30)
         assert r.exit_code == 0, r.stderr
-        assert r.stdout.split() == [token, "built-by-dockerfile"]
+        return ref, r.stdout
     finally:
         await sb.destroy()
+
+
+@session_loop
+async def test_provision_builds_and_the_docker_backend_runs_the_image(
+    tmp_path: Path, cache: Path, built: Built, host: SandboxActivities
+) -> None:
+    token = uuid.uuid4().hex
+    build = build_of(context(tmp_path, marker=token))
+    ref, seen = await provision_and_read(host, task("t1", "docker", build))
+    img = built.add(ensure_task_image(build))
+    assert img.cached  # the provision built it
+    assert ref.env_version == img.image_id
+    assert seen.split() == [token, "built-by-dockerfile"]
+
+
+@session_loop
+async def test_the_local_backend_runs_the_built_image_rootfs(
+    tmp_path: Path, sandbox_base_image: Any, host: SandboxActivities
+) -> None:
+    """On this host's real cache dir with a fixed context: the rootfs export of a ~3 GB
+    image is slow, so its image (and export) is kept for the next run, like the base's."""
+    ctx = context(tmp_path, marker="local-backend-task-image")
+    ref, seen = await provision_and_read(host, task("t1", "local", build_of(ctx)))
+    img = ensure_task_image(build_of(ctx))
+    assert ref.env_version == img.image_id
+    assert seen.split() == ["local-backend-task-image", "built-by-dockerfile"]
 
 
 @session_loop
