@@ -7,6 +7,7 @@ build really runs; the cache dir (logs, locks, exported rootfs) is per test.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import threading
@@ -224,6 +225,38 @@ def test_prebuild_refuses_bad_tasks_and_keeps_the_rest(
     assert set(refused) == {"c", "d"}
     assert "exit 7" in refused["c"] or "non-zero code: 7" in refused["c"]
     assert "never-built/" in refused["d"] and "--image-map" in refused["d"]
+
+
+def test_images_build_command_builds_a_task_file(tmp_path: Path, cache: Path, built: Built) -> None:
+    """`rollout images build` on a JSONL task file: one build for two tasks, then cached;
+    a task whose build fails is listed and the exit status says so."""
+    from typer.testing import CliRunner
+
+    from workers.cli import app
+
+    good = build_of(context(tmp_path))
+    bad = build_of(context(tmp_path, dockerfile="FROM ubuntu:24.04\nRUN exit 9\n"))
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(
+        "\n".join(
+            t.model_dump_json() for t in (task("a", "docker", good), task("b", "docker", good))
+        )
+        + "\n"
+    )
+    runner = CliRunner()
+    first = runner.invoke(app, ["images", "build", str(path), "--json"])
+    assert first.exit_code == 0, first.output
+    out = json.loads(first.stdout)
+    assert out["ready"] == ["a", "b"] and out["refused"] == []
+    assert [i["cached"] for i in out["images"]] == [False]
+    built.tags.add(out["images"][0]["tag"])
+    again = json.loads(runner.invoke(app, ["images", "build", str(path), "--json"]).stdout)
+    assert [i["cached"] for i in again["images"]] == [True]
+    path.write_text(task("c", "docker", bad).model_dump_json() + "\n")
+    failed = runner.invoke(app, ["images", "build", str(path)])
+    assert failed.exit_code == 1 and "refused c: sandbox.build:" in failed.output
+    bad_map = runner.invoke(app, ["images", "build", str(path), "--image-map", "nothing"])
+    assert bad_map.exit_code == 2 and "FROM=LOCAL_TAG" in bad_map.output
 
 
 # ------------------------------------------------------------------ through provision
