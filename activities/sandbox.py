@@ -32,6 +32,7 @@ from temporalio.worker import (
 )
 
 from activities.errors import bad_task
+from activities.task_env import EnvironmentUnavailable, prepare_image, refuse_unbuildable
 from sandboxes.base import (
     ROLLOUT_LABEL,
     BackendUnavailable,
@@ -255,6 +256,7 @@ class SandboxActivities:
             spec = build_spec(req)
         except (ValidationError, ValueError) as exc:
             raise bad_task("sandbox spec", exc) from exc
+        refuse_unbuildable(req.task)
         backend = self._backend(req.task.sandbox.backend)
         interval = _heartbeat_interval()
         claim = SandboxClaim(
@@ -269,6 +271,12 @@ class SandboxActivities:
         creating = _beat("create", [*earlier, claim] if claim not in earlier else earlier)
         activity.heartbeat(creating)
         await asyncio.sleep(0)
+        try:
+            spec = await prepare_image(
+                req.task, spec, lambda aw, s: with_heartbeat(aw, s, creating), interval
+            )
+        except EnvironmentUnavailable as exc:
+            raise ApplicationError(str(exc), type="SandboxUnavailable") from exc
         try:
             sandbox = await with_heartbeat(backend.create(spec), interval, creating)
         except BackendUnavailable as exc:

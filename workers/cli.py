@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from workers.images_cmd import images_app
 from workers.templates_cmd import templates_app
 
 
@@ -28,6 +29,7 @@ class EngineApiChoice(StrEnum):
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agentic Rollout")
 app.add_typer(templates_app, name="templates")
+app.add_typer(images_app, name="images")
 
 
 @app.command("make-tiny-model")
