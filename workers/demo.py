@@ -443,8 +443,6 @@ def demo_cmd(
             stack = DemoStack(data_dir, console)
             code = asyncio.run(run_train_demo(stack, data_dir, policy, python, opts, console))
         else:
-            if engine == "vllm":
-                ensure_engine_python(console)
             task_list = None
             if tasks is not None:
                 options = load_options(
@@ -456,6 +454,8 @@ def demo_cmd(
                     public_network=public_network,
                 )
                 task_list = read_task_source(tasks, task_format, options, console)
+            if engine == "vllm":
+                ensure_engine_python(console)
             code = asyncio.run(
                 run_demo(data_dir, engine, samples_per_task, keep, console, tasks=task_list)
             )

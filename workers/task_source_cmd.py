@@ -122,7 +122,7 @@ def load_options(
             f"{public_network!r}: one of {', '.join(_PUBLIC)}", param_hint="--public-network"
         )
     config = _harness_config(harness_config)
-    if config and harness is None:
+    if harness_config is not None and harness is None:
         raise typer.BadParameter("needs --harness", param_hint="--harness-config")
     spec = HarnessSpec(name=harness, config=config) if harness else None
     network: PublicNetwork = public_network  # type: ignore[assignment]
