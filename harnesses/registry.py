@@ -14,6 +14,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "hermes": ("harnesses.hermes", "HermesHarness"),
     "mini_swe_agent": ("harnesses.mini_swe_agent", "MiniSweAgentHarness"),
     "command": ("harnesses.command", "CommandHarness"),
+    "oracle": ("harnesses.oracle", "OracleHarness"),
 }
 _REGISTERED: dict[str, type[AgentHarness]] = {}
 

@@ -17,6 +17,9 @@ The surface (import it from here):
 - `load_keys`, `new_key`, `parse_key`, `PayloadKeyError`: the payload encryption keys.
 - `read_table`, `read_many`, `read_samples`, `write_table`, `write_samples`: sample
   tables in a local directory or `s3://bucket/prefix`, schema-version checked.
+- `load_task_source`, `LoadOptions`, `LoadedTasks`, `RefusedTask`: read a dataset (our
+  JSONL, a Harbor task directory or a directory of them) into `RolloutTask`s to submit;
+  refused tasks come back named, with the field at fault (from `task_formats`).
 - `GatewayPolicyClient`, `PolicyUpdateError`, `ExternalUpdate`: publish a checkpoint as
   the new policy version through the Gateway's control API (`POST /policy`), or hold the
   Gateway around a weight sync the trainer does itself (`external_update`).
@@ -27,7 +30,8 @@ The request, result and sample models (`RolloutTask`, `RolloutResult`, `SampleRo
 Why a package of its own: `schemas` is pure data (no network, storage, crypto or
 Temporal) so every part may import it; this package holds the I/O a trainer needs and
 runs in the trainer's own environment (temporalio, pyarrow, boto3, httpx, cryptography;
-no server frameworks). Of our packages it imports only `schemas`: never gateway,
+no server frameworks). Of our packages it imports only `schemas` and `task_formats`
+(pure reading of datasets): never gateway,
 workers, activities, workflows, sandboxes, harnesses, hooks, devstack or trainer
 (import contracts say so). The workers and the collect activity use its codec, connection and
 storage modules too, so both sides agree on the wire and the file layout.
@@ -39,13 +43,17 @@ from rollout_client.policy import ExternalUpdate, GatewayPolicyClient, PolicyUpd
 from rollout_client.storage import read_many, read_samples, read_table, write_samples, write_table
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
 from rollout_client.training import TrainingInputError
+from task_formats import LoadedTasks, LoadOptions, RefusedTask, load_task_source
 
 __all__ = [
     "Batch",
     "ExternalUpdate",
     "GatewayPolicyClient",
+    "LoadOptions",
+    "LoadedTasks",
     "PayloadKeyError",
     "PolicyUpdateError",
+    "RefusedTask",
     "RolloutClient",
     "RolloutOutcome",
     "TemporalConnectError",
@@ -53,6 +61,7 @@ __all__ = [
     "TrainingInputError",
     "connect",
     "load_keys",
+    "load_task_source",
     "new_key",
     "parse_key",
     "read_many",

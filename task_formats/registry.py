@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from task_formats.base import LoadedTasks, LoadOptions, TaskFormat
+from task_formats.harbor import HarborFormat
 from task_formats.jsonl import JsonlFormat
 
 #: Every format by name; detection tries them in this order.
-FORMATS: dict[str, TaskFormat] = {f.name: f for f in (JsonlFormat(),)}
+FORMATS: dict[str, TaskFormat] = {f.name: f for f in (JsonlFormat(), HarborFormat())}
 
 
 def detect_format(path: Path) -> str:

@@ -31,12 +31,23 @@ from workers.demo_setup import (
     ensure_trainer_python,
 )
 from workers.demo_train import TrainDemoOptions, run_train_demo
+from workers.task_source_cmd import (
+    FormatOpt,
+    HarnessConfigOpt,
+    HarnessOpt,
+    ImageMapFileOpt,
+    ImageMapOpt,
+    PublicNetworkOpt,
+    load_options,
+    read_task_source,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
     from devstack.background_server import BackgroundServer
+    from schemas.tasks import RolloutTask
 
 DEMO_SCRIPT_RULES = [
     ("6 times 7", "42"),
@@ -280,20 +291,24 @@ async def run_demo(
     console: "Console",
     tasks_file: Path | None = None,
     model_dir: Path | None = None,
+    tasks: "list[RolloutTask] | None" = None,
 ) -> int:
-    """Run `tasks_file` (default: the example tasks) on a fresh embedded stack; the exit code.
+    """Run `tasks` (read already), else `tasks_file` (default: the example tasks) on a
+    fresh embedded stack; the exit code.
 
     `model_dir` (engine vllm): the model to serve instead of the tiny random one."""
     from rollout_client.client import RolloutClient
     from schemas.tasks import load_tasks
-    from workers.run_cmd import run_batch, summary_table
+    from workers.run_cmd import prebuild_images, run_batch, summary_table
 
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     main = asyncio.current_task()
     if main is not None:  # SIGTERM (CI timeouts, `kill`) must still stop everything
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
-    tasks = load_tasks(tasks_file or repo_root() / "examples" / "tasks.jsonl")
+    if tasks is None:
+        tasks = load_tasks(tasks_file or repo_root() / "examples" / "tasks.jsonl")
+    tasks = prebuild_images(tasks, console)
     stack = DemoStack(data_dir, console)
     try:
         temporal = await stack.start_temporal()
@@ -348,8 +363,18 @@ def demo_cmd(
         bool | None, typer.Option("--keep/--no-keep", help="default: keep running if a TTY")
     ] = None,
     tasks: Annotated[
-        Path | None, typer.Option(help="tasks JSONL (default: examples/tasks.jsonl)")
+        Path | None,
+        typer.Option(help="tasks JSONL or a Harbor task directory (default: examples/tasks.jsonl)"),
     ] = None,
+    task_format: FormatOpt = "auto",
+    harness: HarnessOpt = None,
+    harness_config: HarnessConfigOpt = None,
+    backend: Annotated[
+        str, typer.Option(help="datasets: sandbox backend (local, docker, e2b)")
+    ] = "local",
+    image_map: ImageMapOpt = None,
+    image_map_file: ImageMapFileOpt = None,
+    public_network: PublicNetworkOpt = "no-network",
     train: Annotated[
         bool, typer.Option("--train", help="a short GRPO run on the tiny task family instead")
     ] = False,
@@ -418,9 +443,22 @@ def demo_cmd(
             stack = DemoStack(data_dir, console)
             code = asyncio.run(run_train_demo(stack, data_dir, policy, python, opts, console))
         else:
+            task_list = None
+            if tasks is not None:
+                options = load_options(
+                    harness=harness,
+                    harness_config=harness_config,
+                    backend=backend,
+                    image_map=image_map,
+                    image_map_file=image_map_file,
+                    public_network=public_network,
+                )
+                task_list = read_task_source(tasks, task_format, options, console)
             if engine == "vllm":
                 ensure_engine_python(console)
-            code = asyncio.run(run_demo(data_dir, engine, samples_per_task, keep, console, tasks))
+            code = asyncio.run(
+                run_demo(data_dir, engine, samples_per_task, keep, console, tasks=task_list)
+            )
     except DemoSetupError as exc:
         console.print(f"set-up failed: {exc}", markup=False, highlight=False, soft_wrap=True)
         code = 1

@@ -1,4 +1,7 @@
-"""`rollout run TASKS.jsonl`: submit a batch, show live progress, print a summary.
+"""`rollout run PATH`: submit a batch, show live progress, print a summary.
+
+PATH is a JSONL file of tasks or a dataset (a Harbor task directory or a directory of
+them; see `workers/task_source_cmd.py` for the options a dataset needs).
 
 Samples are written by the workers (one Parquet file per rollout under
 `<out>/<batch_id>/`); this command adds `<out>/<batch_id>/_manifest.json` with every
@@ -23,7 +26,17 @@ from rich.table import Table
 
 from rollout_client.client import Batch, RolloutClient, RolloutOutcome
 from schemas.samples import is_s3
-from schemas.tasks import RolloutTask, load_tasks
+from schemas.tasks import RolloutTask
+from workers.task_source_cmd import (
+    FormatOpt,
+    HarnessConfigOpt,
+    HarnessOpt,
+    ImageMapFileOpt,
+    ImageMapOpt,
+    PublicNetworkOpt,
+    load_options,
+    read_task_source,
+)
 from workers.temporal_options import (
     ApiKey,
     TlsCa,
@@ -163,8 +176,21 @@ def summary_table(report: BatchReport) -> Table:
     return table
 
 
+def prebuild_images(tasks: list[RolloutTask], console: Console) -> list[RolloutTask]:
+    """Build the environments tasks bring as Dockerfiles before the batch is submitted,
+    so the rollouts start on a built image. The one place the build step is called
+    (`rollout run` and `rollout demo`); until it is wired the tasks pass unchanged and
+    each sandbox host builds on a cache miss."""
+    return tasks
+
+
 def run_cmd(
-    tasks_file: Annotated[Path, typer.Argument(help="JSONL file, one task per line")],
+    tasks_file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="PATH", help="JSONL file (one task per line) or a Harbor task directory"
+        ),
+    ],
     out: Annotated[str, typer.Option(help="samples dir or s3://bucket/prefix")] = "./data/samples",
     samples_per_task: Annotated[int, typer.Option(min=1, help="rollouts per task (a group)")] = 1,
     temporal: Annotated[str, typer.Option(help="Temporal frontend host:port")] = "127.0.0.1:7233",
@@ -182,8 +208,17 @@ def run_cmd(
     rerun_failed: Annotated[
         bool, typer.Option(help="with --batch-id: re-run its failed rollouts")
     ] = False,
+    task_format: FormatOpt = "auto",
+    harness: HarnessOpt = None,
+    harness_config: HarnessConfigOpt = None,
+    backend: Annotated[
+        str, typer.Option(help="datasets: sandbox backend (docker, local, e2b)")
+    ] = "docker",
+    image_map: ImageMapOpt = None,
+    image_map_file: ImageMapFileOpt = None,
+    public_network: PublicNetworkOpt = "no-network",
 ) -> None:
-    """Submit TASKS.jsonl, show progress, print a summary table, write samples."""
+    """Submit the tasks at PATH, show progress, print a summary table, write samples."""
     console = Console()
     tls = tls_settings(
         temporal_tls,
@@ -193,10 +228,15 @@ def run_cmd(
         temporal_tls_server_name,
         temporal_api_key,
     )
-    try:
-        tasks = load_tasks(tasks_file)
-    except (OSError, ValueError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    options = load_options(
+        harness=harness,
+        harness_config=harness_config,
+        backend=backend,
+        image_map=image_map,
+        image_map_file=image_map_file,
+        public_network=public_network,
+    )
+    tasks = prebuild_images(read_task_source(tasks_file, task_format, options, console), console)
 
     async def main() -> BatchReport:
         client = await RolloutClient.connect(temporal, namespace, task_queue, tls=tls)

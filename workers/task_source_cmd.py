@@ -1,0 +1,167 @@
+"""What `rollout run` and `rollout demo` share: reading a task source from the command line.
+
+A task source is our JSONL file or a dataset (a Harbor task directory, a directory of
+them, SWE-bench instances) read by `task_formats`. Datasets name no agent, sandbox
+backend or image policy, so the run chooses them here (`--harness`, `--backend`,
+`--image-map`, `--public-network`). Refused tasks are printed one line each and the
+rest runs; a source with nothing left to run is an error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from schemas.tasks import HarnessSpec, RolloutTask
+from task_formats import FORMATS, LoadedTasks, LoadOptions, detect_format, load_task_source
+from task_formats.base import PublicNetwork
+
+FormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format", help="task source format: auto (detected), jsonl, harbor, swebench, …"
+    ),
+]
+HarnessOpt = Annotated[
+    str | None,
+    typer.Option("--harness", help="datasets: the agent to run (e.g. claude_code, oracle)"),
+]
+HarnessConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--harness-config", help="datasets: JSON file, the harness's config object"),
+]
+ImageMapOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--image-map",
+        help="datasets: FROM=TO, a base image that cannot be pulled → a local tag (repeatable)",
+    ),
+]
+ImageMapFileOpt = Annotated[
+    Path | None,
+    typer.Option("--image-map-file", help="datasets: image map as a JSON object or FROM=TO lines"),
+]
+PublicNetworkOpt = Annotated[
+    str,
+    typer.Option(
+        "--public-network",
+        help="datasets: a task asking for the public network: no-network (run without, "
+        "noted), allow, or refuse",
+    ),
+]
+_PUBLIC = ("no-network", "allow", "refuse")
+
+
+def _pair(text: str, where: str) -> tuple[str, str]:
+    source, sep, target = text.partition("=")
+    if not sep or not source.strip() or not target.strip():
+        raise typer.BadParameter(f"{where}: {text!r} is not FROM=TO", param_hint="--image-map")
+    return source.strip(), target.strip()
+
+
+def parse_image_map(pairs: list[str] | None, file: Path | None) -> dict[str, str]:
+    """`--image-map-file` (JSON object, or FROM=TO lines with # comments), then every
+    `--image-map FROM=TO` on top."""
+    mapping: dict[str, str] = {}
+    if file is not None:
+        try:
+            text = file.read_text()
+        except OSError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--image-map-file") from None
+        if text.lstrip().startswith("{"):
+            try:
+                data = json.loads(text)
+            except ValueError as exc:
+                raise typer.BadParameter(
+                    f"{file}: not valid JSON: {exc}", param_hint="--image-map-file"
+                ) from None
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+                raise typer.BadParameter(
+                    f"{file}: image names and tags must be strings", param_hint="--image-map-file"
+                )
+            mapping.update(data)
+        else:
+            for number, line in enumerate(text.splitlines(), start=1):
+                if line.strip() and not line.lstrip().startswith("#"):
+                    source, target = _pair(line, f"{file}:{number}")
+                    mapping[source] = target
+    for pair in pairs or []:
+        source, target = _pair(pair, "--image-map")
+        mapping[source] = target
+    return mapping
+
+
+def _harness_config(file: Path | None) -> dict[str, Any]:
+    if file is None:
+        return {}
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"{file}: {exc}", param_hint="--harness-config") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{file}: must hold a JSON object", param_hint="--harness-config")
+    return data
+
+
+def load_options(
+    *,
+    harness: str | None,
+    harness_config: Path | None,
+    backend: str,
+    image_map: list[str] | None,
+    image_map_file: Path | None,
+    public_network: str,
+) -> LoadOptions:
+    """The command line's choices for a dataset, checked."""
+    if public_network not in _PUBLIC:
+        raise typer.BadParameter(
+            f"{public_network!r}: one of {', '.join(_PUBLIC)}", param_hint="--public-network"
+        )
+    config = _harness_config(harness_config)
+    if harness_config is not None and harness is None:
+        raise typer.BadParameter("needs --harness", param_hint="--harness-config")
+    spec = HarnessSpec(name=harness, config=config) if harness else None
+    network: PublicNetwork = public_network  # type: ignore[assignment]
+    return LoadOptions(
+        harness=spec,
+        backend=backend,
+        image_map=parse_image_map(image_map, image_map_file),
+        public_network=network,
+    )
+
+
+def read_task_source(
+    path: Path, fmt: str, options: LoadOptions, console: Console
+) -> list[RolloutTask]:
+    """The tasks of `path`; each refused one printed; BadParameter when none is left."""
+    name = None if fmt == "auto" else fmt
+    if name is not None and name not in FORMATS:
+        raise typer.BadParameter(
+            f"{fmt!r}: one of auto, {', '.join(FORMATS)}", param_hint="--format"
+        )
+    try:
+        name = name or detect_format(path)
+        if name == "jsonl" and options.harness is not None:
+            raise typer.BadParameter(
+                "JSONL tasks name their own harness; --harness is for datasets",
+                param_hint="--harness",
+            )
+        loaded: LoadedTasks = load_task_source(path, options, name)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="PATH") from None
+    for refused in loaded.refused:
+        console.print(f"refused: {refused}", markup=False, highlight=False, soft_wrap=True)
+    if not loaded.tasks:
+        raise typer.BadParameter(
+            f"{path}: every task was refused ({len(loaded.refused)})", param_hint="PATH"
+        )
+    if loaded.refused:
+        console.print(
+            f"{len(loaded.tasks)} task(s) read, {len(loaded.refused)} refused",
+            highlight=False,
+        )
+    return loaded.tasks
