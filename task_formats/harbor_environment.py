@@ -10,7 +10,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 
-from schemas.environment import NetworkMode, NetworkPolicy
+from schemas.environment import NetworkMode, NetworkPolicy, parse_allowed_host
 from task_formats.base import PublicNetwork
 from task_formats.harbor_config import HarborAgent, HarborEnvironment, HarborVerifier
 
@@ -103,19 +103,19 @@ def resolve_env(values: Mapping[str, str], host: Mapping[str, str], field: str) 
 
 
 def _hosts(hosts: list[str], field: str) -> list[str]:
-    """Harbor's rule: host names or IPv4 addresses, lower-cased, no trailing dot; no
-    URLs, ports, CIDRs or paths."""
+    """The entries as the sandbox's network policy reads them (`parse_allowed_host`:
+    ``host``, meaning ports 80 and 443, or ``host:port``; names, not IP addresses)."""
     out: list[str] = []
     for host in hosts:
-        value = host.strip().lower().rstrip(".")
-        if not value:
+        if not host.strip():
             continue
-        if "://" in value or "/" in value or ":" in value:
-            raise TaskRefusal(
-                field, f"{host!r}: entries are host names or IPv4 addresses (no URL, port, path)"
-            )
-        if value not in out:
-            out.append(value)
+        try:
+            name, port = parse_allowed_host(host)
+        except ValueError as exc:
+            raise TaskRefusal(field, str(exc)) from None
+        entry = name if port is None else f"{name}:{port}"
+        if entry not in out:
+            out.append(entry)
     return out
 
 

@@ -269,7 +269,7 @@ def test_one_bad_task_never_stops_the_rest() -> None:
             "NOT_SET_ANYWHERE",
         ),
         ("[verifier]\nenv = { K = '${MISSING}' }\n", "verifier.env.K", "MISSING"),
-        ("[agent]\nallowed_hosts = ['pypi.org:443']\n", "agent.allowed_hosts", "port"),
+        ("[agent]\nallowed_hosts = ['10.0.0.1']\n", "agent.allowed_hosts", "IP address"),
         (
             "[environment]\nnetwork_mode = 'public'\nallowed_hosts = ['a.test']\n",
             "environment.allowed_hosts",
