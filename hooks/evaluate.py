@@ -17,7 +17,9 @@ agent left can run code in the evaluator. Nothing they use may sit where the age
 could have prepared it either: a script check's script arrives on stdin and is written
 into a directory `mktemp -d` creates at run time (random name, created exclusively,
 mode 0700), never to a path the agent could guess, pre-create or symlink
-(`_SCRIPT_RUNNER`); a Python interpreter gets ``-s`` (no user site dir).
+(`_SCRIPT_RUNNER`); a Python interpreter gets ``-s`` (no user site dir). A `swebench`
+check (`hooks.swebench_check`) places its hidden tests with a git of its own and is
+checked before the agent starts, so a later failure to place them is the agent's.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import posixpath
 import re
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,8 @@ from hooks.reward_file import (
     parse_reward_json,
     parse_reward_txt,
 )
+from hooks.swebench_check import SweBenchEvalError, run_swebench_check
+from hooks.swebench_check import preflight as swebench_preflight
 from sandboxes.base import TESTS_DIR, ArchiveTooLarge, Sandbox, SandboxError, SandboxNotFound
 from schemas.base import StrictModel
 from schemas.evaluation import (
@@ -51,6 +55,7 @@ from schemas.evaluation import (
     FileCheck,
     RewardFileCheck,
     ScriptCheck,
+    SweBenchCheck,
 )
 from schemas.outcome import LogSpec
 
@@ -232,15 +237,22 @@ async def _run_reward_file_check(
 
 async def _run_check(
     sandbox: Sandbox,
-    check: CommandCheck | ScriptCheck | FileCheck | RewardFileCheck,
+    check: CommandCheck | ScriptCheck | FileCheck | RewardFileCheck | SweBenchCheck,
     workdir: str,
     idx: int,
+    preflight_problem: str | None = "",
 ) -> tuple[CheckResult, list[float] | None, dict[str, float]]:
     name = check.name or f"{check.kind}{idx}"
     cwd = posixpath.join(workdir, check.cwd) if check.cwd else workdir
     t0 = time.monotonic()
     if isinstance(check, RewardFileCheck):
         result, metrics = await _run_reward_file_check(sandbox, check, name, cwd)
+        return result, None, metrics
+    if isinstance(check, SweBenchCheck):
+        try:
+            result, metrics = await run_swebench_check(sandbox, check, name, preflight_problem)
+        except SweBenchEvalError as e:
+            raise EvaluatorError(str(e)) from e
         return result, None, metrics
     if isinstance(check, FileCheck):
         path = check.path if check.path.startswith("/") else f"{cwd.rstrip('/')}/{check.path}"
@@ -322,6 +334,7 @@ def _inside(path: str, directory: str) -> bool:
 def _check_dirs(spec: EvaluationSpec, workdir: str) -> list[str]:
     """The directories checks run in other than the workdir (which is always probed)."""
     dirs = {posixpath.join(workdir, c.cwd) for c in spec.checks if c.cwd}
+    dirs |= {c.repo_path for c in spec.checks if isinstance(c, SweBenchCheck)}
     return sorted(d for d in dirs if d.rstrip("/") != workdir.rstrip("/"))
 
 
@@ -337,19 +350,38 @@ async def _existing_dirs(sandbox: Sandbox, dirs: Sequence[str]) -> list[str]:
     return [d for d in res.stdout.splitlines() if d in dirs]
 
 
+async def preflight_checks(sandbox: Sandbox, spec: EvaluationSpec) -> dict[int, str | None]:
+    """Before the agent: per `swebench` check (by index), what keeps its tests from being
+    placed (None: nothing), so a failure after the agent can be told apart."""
+    found: dict[int, str | None] = {}
+    for i, check in enumerate(spec.checks):
+        if isinstance(check, SweBenchCheck):
+            try:
+                found[i] = await swebench_preflight(sandbox, check)
+            except SandboxError as e:
+                found[i] = f"sandbox error {e!r}"
+    return found
+
+
 async def evaluate(
-    sandbox: Sandbox, spec: EvaluationSpec, workdir: str, check_dirs: Sequence[str] = ()
+    sandbox: Sandbox,
+    spec: EvaluationSpec,
+    workdir: str,
+    check_dirs: Sequence[str] = (),
+    preflight: Mapping[int, str | None] | None = None,
 ) -> EvaluationResult:
     """Run every check in order and aggregate; evaluator failures give eval_error.
 
     `check_dirs`: check directories that existed before the agent ran; one of them
-    gone after a failure is the agent's doing."""
+    gone after a failure is the agent's doing. `preflight`: `preflight_checks` before
+    the agent ran."""
     t0 = time.monotonic()
     version = spec.reward_fn_version()
     results: list[CheckResult] = []
     steps: list[float] | None = None
     metrics: dict[str, float] = {}
     verifiers = [c for c in spec.checks if isinstance(c, RewardFileCheck)]
+    graded = [c for c in spec.checks if isinstance(c, RewardFileCheck | SweBenchCheck)]
     try:
         if spec.files or verifiers:
             # Nothing may be running when the hidden files arrive.
@@ -362,11 +394,12 @@ async def evaluate(
             path = f.path if f.path.startswith("/") else f"{workdir.rstrip('/')}/{f.path}"
             await sandbox.put_file(path, f.data(), mode=f.mode)
         for i, check in enumerate(spec.checks):
-            r, step, found = await _run_check(sandbox, check, workdir, i)
+            before = (preflight or {}).get(i, "")
+            r, step, found = await _run_check(sandbox, check, workdir, i, before)
             results.append(r)
             if step is not None and len(spec.checks) == 1:
                 steps = step
-            prefix = f"{r.name}." if len(verifiers) > 1 else ""
+            prefix = f"{r.name}." if len(graded) > 1 else ""
             metrics.update({f"{prefix}{k}": v for k, v in found.items()})
     except (EvaluatorError, SandboxError, OSError) as e:
         # Whose failure: the agent's if it left the sandbox broken (reward 0), else ours.
@@ -416,19 +449,28 @@ class EvaluateHook(Hook):
     def _key(self) -> str:
         return f"evaluate.{id(self)}.check_dirs"
 
+    @property
+    def _preflight_key(self) -> str:
+        return f"evaluate.{id(self)}.preflight"
+
     async def before_run(self, ctx: HookContext) -> None:
         """Notes which check directories exist before the agent can touch them: one
         gone after a failed check is then the agent's doing, a task's wrong path ours."""
         spec = self.params.spec or ctx.task.evaluation
         if spec is not None:
             ctx.state[self._key] = await _existing_dirs(ctx.sandbox, _check_dirs(spec, ctx.workdir))
+            ctx.state[self._preflight_key] = await preflight_checks(ctx.sandbox, spec)
 
     async def after_run(self, ctx: HookContext) -> None:
         spec = self.params.spec or ctx.task.evaluation
         if spec is None:
             return
         evaluation = await evaluate(
-            ctx.sandbox, spec, ctx.workdir, check_dirs=ctx.state.get(self._key, [])
+            ctx.sandbox,
+            spec,
+            ctx.workdir,
+            check_dirs=ctx.state.get(self._key, []),
+            preflight=ctx.state.get(self._preflight_key),
         )
         ctx.outcome.evaluation = evaluation
         path = ctx.artifacts_dir / "evaluation.json"

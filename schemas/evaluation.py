@@ -14,10 +14,10 @@ import hashlib
 import json
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from schemas.base import StrictModel
-from schemas.workspace import SandboxFile
+from schemas.workspace import SandboxFile, full_commit
 
 #: Bump when the scoring rules of the `evaluate` hook change meaning.
 SCORING_VERSION = "2"
@@ -90,8 +90,56 @@ class RewardFileCheck(_CheckBase):
     user: str | None = None
 
 
+class SweBenchCheck(_CheckBase):
+    """SWE-bench's resolved rule: the hidden test patch applied, the tests run and read.
+
+    After the agent stopped, every file `test_patch` touches is set to its content at
+    `base_commit` with the patch applied (the agent's edits to those files are dropped,
+    files it planted where the patch creates one are replaced); then `test_command` runs
+    in `repo_path`, its output is read by the log parser named `log_parser`, and the
+    check passes only when every `fail_to_pass` and `pass_to_pass` test passed. Each
+    test's status is recorded (`CheckResult.tests`). `cwd` is not used: the tests run
+    in `repo_path`.
+    """
+
+    kind: Literal["swebench"] = "swebench"
+    timeout_s: float = Field(default=1800.0, gt=0)
+    #: The repository's top directory in the sandbox (its `.git` holds `base_commit`).
+    repo_path: str = "/testbed"
+    base_commit: str
+    #: A git diff adding the tests; never shown to the agent.
+    test_patch: str = Field(min_length=1)
+    #: Shell command run in `repo_path` (the test files already filled in).
+    test_command: str = Field(min_length=1)
+    fail_to_pass: list[str] = Field(default_factory=list)
+    pass_to_pass: list[str] = Field(default_factory=list)
+    #: A test-log parser by name (`pytest`, `unittest`, or one registered by the user).
+    log_parser: str = Field(default="pytest", min_length=1)
+
+    @field_validator("base_commit")
+    @classmethod
+    def _full_commit(cls, v: str) -> str:
+        return full_commit(v, "base_commit")
+
+    @field_validator("repo_path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"repo_path must be absolute, got {v!r}")
+        return v.rstrip("/") or "/"
+
+    @model_validator(mode="after")
+    def _has_tests(self) -> SweBenchCheck:
+        if not self.fail_to_pass and not self.pass_to_pass:
+            raise ValueError("fail_to_pass and pass_to_pass are both empty: nothing to check")
+        if not any(ln.startswith(("diff --git ", "--- ")) for ln in self.test_patch.splitlines()):
+            raise ValueError("test_patch is not a diff (no 'diff --git' or '---' line)")
+        return self
+
+
 Check = Annotated[
-    CommandCheck | ScriptCheck | FileCheck | RewardFileCheck, Field(discriminator="kind")
+    CommandCheck | ScriptCheck | FileCheck | RewardFileCheck | SweBenchCheck,
+    Field(discriminator="kind"),
 ]
 
 
@@ -124,6 +172,9 @@ class CheckResult(StrictModel):
     timed_out: bool = False
     duration_s: float = 0.0
     detail: str = ""
+    #: Per test (a `swebench` check): PASSED, FAILED, ERROR, SKIPPED, XFAIL, XPASS or
+    #: MISSING (not in the test log).
+    tests: dict[str, str] = Field(default_factory=dict)
 
 
 class EvaluationResult(StrictModel):

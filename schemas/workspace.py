@@ -15,6 +15,14 @@ from pydantic import BaseModel, ConfigDict, field_validator
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
 
+def full_commit(value: str, field: str = "repo.commit") -> str:
+    """`value` lower-cased if it is a full commit hash (immutable), else a ValueError."""
+    v = value.strip().lower()
+    if not _COMMIT_RE.match(v):
+        raise ValueError(f"{field} must be a full commit hash (immutable), not a ref")
+    return v
+
+
 class SandboxFile(BaseModel):
     """A file to place in the sandbox (at create time, or before evaluation)."""
 
@@ -51,7 +59,4 @@ class RepoSpec(BaseModel):
     @field_validator("commit")
     @classmethod
     def _immutable(cls, v: str) -> str:
-        v = v.strip().lower()
-        if not _COMMIT_RE.match(v):
-            raise ValueError("repo.commit must be a full commit hash (immutable), not a ref")
-        return v
+        return full_commit(v)

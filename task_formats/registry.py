@@ -7,9 +7,13 @@ from pathlib import Path
 from task_formats.base import LoadedTasks, LoadOptions, TaskFormat
 from task_formats.harbor import HarborFormat
 from task_formats.jsonl import JsonlFormat
+from task_formats.swebench import SweBenchFormat
 
-#: Every format by name; detection tries them in this order.
-FORMATS: dict[str, TaskFormat] = {f.name: f for f in (JsonlFormat(), HarborFormat())}
+#: Every format by name; detection tries them in this order (`swebench` never claims
+#: a path: its JSONL looks like ours, so a run names it).
+FORMATS: dict[str, TaskFormat] = {
+    f.name: f for f in (JsonlFormat(), HarborFormat(), SweBenchFormat())
+}
 
 
 def detect_format(path: Path) -> str:
