@@ -33,12 +33,14 @@ from workers.demo_setup import (
 from workers.demo_train import TrainDemoOptions, run_train_demo
 from workers.task_source_cmd import (
     FormatOpt,
+    FormatOptionOpt,
     HarnessConfigOpt,
     HarnessOpt,
     ImageMapFileOpt,
     ImageMapOpt,
     PublicNetworkOpt,
     load_options,
+    prebuild_images,
     read_task_source,
 )
 
@@ -299,7 +301,7 @@ async def run_demo(
     `model_dir` (engine vllm): the model to serve instead of the tiny random one."""
     from rollout_client.client import RolloutClient
     from schemas.tasks import load_tasks
-    from workers.run_cmd import prebuild_images, run_batch, summary_table
+    from workers.run_cmd import run_batch, summary_table
 
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -375,6 +377,7 @@ def demo_cmd(
     image_map: ImageMapOpt = None,
     image_map_file: ImageMapFileOpt = None,
     public_network: PublicNetworkOpt = "no-network",
+    format_option: FormatOptionOpt = None,
     train: Annotated[
         bool, typer.Option("--train", help="a short GRPO run on the tiny task family instead")
     ] = False,
@@ -452,6 +455,7 @@ def demo_cmd(
                     image_map=image_map,
                     image_map_file=image_map_file,
                     public_network=public_network,
+                    format_options=format_option,
                 )
                 task_list = read_task_source(tasks, task_format, options, console)
             if engine == "vllm":

@@ -29,12 +29,14 @@ from schemas.samples import is_s3
 from schemas.tasks import RolloutTask
 from workers.task_source_cmd import (
     FormatOpt,
+    FormatOptionOpt,
     HarnessConfigOpt,
     HarnessOpt,
     ImageMapFileOpt,
     ImageMapOpt,
     PublicNetworkOpt,
     load_options,
+    prebuild_images,
     read_task_source,
 )
 from workers.temporal_options import (
@@ -176,14 +178,6 @@ def summary_table(report: BatchReport) -> Table:
     return table
 
 
-def prebuild_images(tasks: list[RolloutTask], console: Console) -> list[RolloutTask]:
-    """Build the environments tasks bring as Dockerfiles before the batch is submitted,
-    so the rollouts start on a built image. The one place the build step is called
-    (`rollout run` and `rollout demo`); until it is wired the tasks pass unchanged and
-    each sandbox host builds on a cache miss."""
-    return tasks
-
-
 def run_cmd(
     tasks_file: Annotated[
         Path,
@@ -217,6 +211,7 @@ def run_cmd(
     image_map: ImageMapOpt = None,
     image_map_file: ImageMapFileOpt = None,
     public_network: PublicNetworkOpt = "no-network",
+    format_option: FormatOptionOpt = None,
 ) -> None:
     """Submit the tasks at PATH, show progress, print a summary table, write samples."""
     console = Console()
@@ -235,6 +230,7 @@ def run_cmd(
         image_map=image_map,
         image_map_file=image_map_file,
         public_network=public_network,
+        format_options=format_option,
     )
     tasks = prebuild_images(read_task_source(tasks_file, task_format, options, console), console)
 

@@ -45,6 +45,14 @@ ImageMapFileOpt = Annotated[
     Path | None,
     typer.Option("--image-map-file", help="datasets: image map as a JSON object or FROM=TO lines"),
 ]
+FormatOptionOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--format-option",
+        help="datasets: KEY=VALUE, a setting of the format (VALUE read as JSON when it "
+        "parses, else as text; repeatable), e.g. swebench's repo_url_template",
+    ),
+]
 PublicNetworkOpt = Annotated[
     str,
     typer.Option(
@@ -95,6 +103,21 @@ def parse_image_map(pairs: list[str] | None, file: Path | None) -> dict[str, str
     return mapping
 
 
+def parse_format_options(pairs: list[str] | None) -> dict[str, Any]:
+    """`--format-option KEY=VALUE` pairs; a VALUE that parses as JSON is taken as JSON
+    (objects, numbers, booleans), any other as its text."""
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--format-option")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options
+
+
 def _harness_config(file: Path | None) -> dict[str, Any]:
     if file is None:
         return {}
@@ -115,6 +138,7 @@ def load_options(
     image_map: list[str] | None,
     image_map_file: Path | None,
     public_network: str,
+    format_options: list[str] | None = None,
 ) -> LoadOptions:
     """The command line's choices for a dataset, checked."""
     if public_network not in _PUBLIC:
@@ -131,6 +155,7 @@ def load_options(
         backend=backend,
         image_map=parse_image_map(image_map, image_map_file),
         public_network=network,
+        format_options=parse_format_options(format_options),
     )
 
 
@@ -165,3 +190,30 @@ def read_task_source(
             highlight=False,
         )
     return loaded.tasks
+
+
+def prebuild_images(tasks: list[RolloutTask], console: Console) -> list[RolloutTask]:
+    """Build the environments tasks bring as Dockerfiles (and check their images) before
+    anything is submitted, so a task whose environment cannot be made is refused here,
+    with its build log's tail, and the rest run. Without a Docker engine on this machine
+    the sandbox hosts build on their first cache miss instead."""
+    if not any(t.sandbox.build or t.sandbox.spec_fields().get("image") for t in tasks):
+        return tasks
+    from sandboxes.task_images import DockerUnavailable, prebuild_tasks  # the docker SDK
+
+    try:
+        built = prebuild_tasks(tasks)
+    except DockerUnavailable as exc:
+        console.print(f"images not prebuilt here ({exc}); the sandbox hosts build them")
+        return tasks
+    for image in built.images:
+        state = "cached" if image.cached else f"built in {image.build_seconds:.0f}s"
+        console.print(f"image {image.tag} ({state})", highlight=False)
+    for task_id, reason in built.refused:
+        console.print(f"refused: {task_id}: {reason}", markup=False, highlight=False)
+    if not built.tasks:
+        raise typer.BadParameter(
+            f"every task was refused ({len(built.refused)}): no environment could be made",
+            param_hint="PATH",
+        )
+    return built.tasks

@@ -16,7 +16,12 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from workers.cli import app
-from workers.task_source_cmd import load_options, parse_image_map, read_task_source
+from workers.task_source_cmd import (
+    load_options,
+    parse_format_options,
+    parse_image_map,
+    read_task_source,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 BROKEN = DATA / "harbor_broken"
@@ -127,3 +132,12 @@ def test_cli_run_needs_a_harness_for_a_dataset() -> None:
     result = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["run", str(DATA / "harbor")])
     assert result.exit_code == 2
     assert "--harness" in result.output
+
+
+def test_format_options_take_json_values_else_text() -> None:
+    assert parse_format_options(
+        ["repo_url_template=/data/repos/{repo}", "test_timeout_s=60", 'test_env={"A": "1"}']
+    ) == {"repo_url_template": "/data/repos/{repo}", "test_timeout_s": 60, "test_env": {"A": "1"}}
+    assert opts(format_options=["repo_path=/src"]).format_options == {"repo_path": "/src"}
+    with pytest.raises(typer.BadParameter, match="KEY=VALUE"):
+        parse_format_options(["no-equals-sign"])
