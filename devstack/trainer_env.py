@@ -43,7 +43,14 @@ from devstack.vllm_server import VllmVenvError, ensure_vllm_venv, venv_python
 #: What the trainer needs beyond the vLLM venv (torch, transformers, pydantic, httpx).
 TRAINER_REQUIREMENTS = ("temporalio==1.35.0", "pyarrow>=15", "matplotlib>=3.8", "boto3>=1.34")
 MARKER_NAME = ".rollout-trainer-ready.json"
-TRAINER_PACKAGES = ("schemas", "rollout_client", "bridges", "trainer", "gateway/engines")
+TRAINER_PACKAGES = (
+    "schemas",
+    "rollout_client",
+    "task_formats",
+    "bridges",
+    "trainer",
+    "gateway/engines",
+)
 """Package directories the trainer imports; a nested one comes with only its parents'
 ``__init__.py``."""
 
