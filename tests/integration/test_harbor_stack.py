@@ -78,7 +78,7 @@ FETCH = (
 SOLVES = {
     "/app/hello.txt": "printf 'Hello, world!\\n' > /app/hello.txt",
     "/app/numbers.txt": "seq 1 5 > /app/numbers.txt",
-    "seen.txt": "ls -d /tests /solution > /app/seen.txt 2>&1",
+    "seen.txt": "{ ls -A /solution; ls -A /tests; } > /app/seen.txt 2>&1",
     "ALLOWLIST_URL": FETCH,
 }
 #: Rewards when each task is done as its instruction says (`failing` always scores 0).
