@@ -46,7 +46,7 @@ from task_formats import LoadOptions, load_task_source
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.sandboxes import require_bwrap
 from tests.fixtures.swebench_repo import FIX, FORMAT_OPTIONS, write_calc_instances
-from tests.integration.test_controller import WorkerProcess
+from tests.fixtures.worker_process import WorkerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
