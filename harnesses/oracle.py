@@ -21,12 +21,11 @@ from harnesses.base import (
     HarnessContext,
     HarnessSetupError,
 )
-from sandboxes.base import Sandbox
+from sandboxes.base import SOLUTION_DIR, Sandbox
 from schemas.scenes import SceneRule
 from schemas.workspace import SandboxFile
 
-#: Where the solution is placed and the script the oracle runs.
-SOLUTION_DIR = "/solution"
+#: The script the oracle runs (the solution goes to the sandbox's empty SOLUTION_DIR).
 SOLVE_SCRIPT = f"{SOLUTION_DIR}/solve.sh"
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "MANAGED_LABEL",
     "NO_PROFILE_ENV",
     "ROLLOUT_LABEL",
+    "SOLUTION_DIR",
     "TESTS_DIR",
     "ArchiveTooLarge",
     "BackendUnavailable",
@@ -73,6 +74,9 @@ DEFAULT_GATEWAY_PORT = 18080
 #: Where a task's hidden tests go after the agent stopped (Harbor's layout). The
 #: evaluation empties it before placing them, so nothing the agent put there survives.
 TESTS_DIR = "/tests"
+#: Where the oracle harness places a task's reference solution (Harbor's layout). Made
+#: empty in every sandbox, since a read-only root cannot get a new top-level dir later.
+SOLUTION_DIR = "/solution"
 #: Harbor's log root: the agent may write `LOGS_DIR/agent` and `LOGS_DIR/artifacts`
 #: during its run (collected as artifacts); the verifier writes its reward to
 #: `LOGS_DIR/verifier`. The local and docker backends give every sandbox both

@@ -33,6 +33,7 @@ from sandboxes.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     EVAL_LOG_SUBDIRS,
     LOGS_DIR,
+    SOLUTION_DIR,
     TESTS_DIR,
     Command,
     ExecResult,
@@ -73,7 +74,7 @@ PING_TIMEOUT_S = 10.0
 
 #: The task directories every supervised sandbox gets outside its workdir (Harbor's
 #: layout): name of the host dir (beside the writable tmp/home/work dirs) → mount point.
-TASK_DIRS = {"tests": TESTS_DIR, "logs": LOGS_DIR}
+TASK_DIRS = {"tests": TESTS_DIR, "logs": LOGS_DIR, "solution": SOLUTION_DIR}
 
 #: The recipe-built base image (`sandboxes.images`), the default system of both backends.
 DEFAULT_IMAGE = f"{IMAGE_REPO}:latest"

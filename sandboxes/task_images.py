@@ -383,6 +383,7 @@ def prebuild_tasks(tasks: list[RolloutTask]) -> Prebuilt:
     """Build every distinct `sandbox.build` once (sequentially, each cached) and check
     every direct `image` on a docker/local task; a task whose environment cannot be made
     is refused with the reason (a failed build's log tail included), the rest run.
+    `images`: each image once, however many task directories share its Dockerfile.
 
     For the submitting side when Docker is reachable there: the sandbox hosts then find
     the images built (same host) or the failures are known before anything is submitted.
@@ -402,7 +403,8 @@ def prebuild_tasks(tasks: list[RolloutTask]) -> Prebuilt:
         if k not in by_build:
             try:
                 by_build[k] = img = ensure_task_image(build)
-                out.images.append(img)
+                if all(seen.key != img.key for seen in out.images):
+                    out.images.append(img)  # one line per image, not per task dir using it
             except TaskImageError as exc:
                 by_build[k] = str(exc)
         result = by_build[k]

@@ -305,8 +305,26 @@ async def serve(settings: WorkerSettings) -> None:
     await worker.run()
 
 
+#: Backends whose allowlist relays take the operator's name pins (`egress_hosts`).
+RELAY_BACKENDS = ("docker", "local")
+
+
+def parse_egress_hosts(pairs: list[str] | None) -> dict[str, str]:
+    """`--egress-host NAME=ADDRESS` pairs → the backends' `egress_hosts` option."""
+    pins: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, address = pair.partition("=")
+        if not sep or not name.strip() or not address.strip():
+            raise typer.BadParameter(f"{pair!r} is not NAME=ADDRESS", param_hint="--egress-host")
+        pins[name.strip()] = address.strip()
+    return pins
+
+
 def backend_options(
-    offered: list[str], sandbox_state_dir: Path | None, allow_public_network: bool
+    offered: list[str],
+    sandbox_state_dir: Path | None,
+    allow_public_network: bool,
+    egress_hosts: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per-backend settings from the worker's flags."""
     config: dict[str, dict[str, Any]] = {}
@@ -316,6 +334,10 @@ def backend_options(
         for b in offered:
             if b in BUILTIN_BACKENDS:  # a registered backend may not take the option
                 config.setdefault(b, {})["allow_public_network"] = True
+    if egress_hosts:
+        for b in offered:
+            if b in RELAY_BACKENDS:
+                config.setdefault(b, {})["egress_hosts"] = dict(egress_hosts)
     return config
 
 
@@ -354,6 +376,13 @@ def worker_cmd(
             "default bridge; e2b: internet on; local: always refused)",
         ),
     ] = False,
+    egress_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=ADDRESS: an allowlisted name the docker/local relays connect to at "
+            "ADDRESS (e.g. a mirror on a private network; repeatable)"
+        ),
+    ] = None,
     data_dir: Annotated[Path, typer.Option(help="artifacts and worker state")] = Path(
         "./data/worker"
     ),
@@ -382,7 +411,9 @@ def worker_cmd(
     if role not in ROLES:
         raise typer.BadParameter(f"role must be one of {', '.join(ROLES)}")
     offered = [b.strip() for b in backends.split(",") if b.strip()]
-    backend_config = backend_options(offered, sandbox_state_dir, allow_public_network)
+    backend_config = backend_options(
+        offered, sandbox_state_dir, allow_public_network, parse_egress_hosts(egress_host)
+    )
     settings = WorkerSettings(
         role=role,  # type: ignore[arg-type]
         temporal=temporal,

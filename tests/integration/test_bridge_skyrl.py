@@ -31,7 +31,7 @@ from devstack.vllm_server import INSTALL_HINT, VllmServer, VllmVenvError
 from examples.make_tasks import task as make_task
 from tests.fixtures.gateway import start_gateway
 from tests.fixtures.trainer import TrainerPython
-from tests.integration.test_controller import WorkerProcess
+from tests.fixtures.worker_process import WorkerProcess
 from tests.unit.test_bridge_skyrl import sample_row
 
 pytestmark = pytest.mark.integration

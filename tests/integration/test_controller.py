@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from schemas.rollout import BAD_TASK_SPEC
 from schemas.samples import table_to_rows
 from schemas.tasks import RolloutTask
 from tests.fixtures.gateway import RunningGateway, start_gateway
+from tests.fixtures.worker_process import WorkerProcess
 from workflows.rollout import RolloutWorkflow
 
 # One dev server for the whole test session, shared by every module that asks.
@@ -64,57 +64,6 @@ LINEAGE = (
     "seed",
     "schema_version",
 )
-
-
-class WorkerProcess:
-    """`python -m workers.worker` as a child process: start, SIGKILL, restart."""
-
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str]) -> None:
-        self.args = args
-        self.log_path = log_path
-        self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 60.0) -> None:
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "workers.worker", *self.args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=self.env,
-            )
-        finally:
-            log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            text = self.log_path.read_bytes()[offset:].decode(errors="replace")
-            if "worker up" in text:
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise RuntimeError(f"worker did not start:\n{self.log_tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL, like a host losing power: no cleanup code runs in the worker."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def log_tail(self, n: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
 
 
 @dataclass

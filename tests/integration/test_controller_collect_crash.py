@@ -32,7 +32,7 @@ from rollout_client.client import RolloutClient
 from sandboxes.local import LocalBackend
 from schemas.tasks import RolloutTask
 from tests.fixtures.gateway import start_gateway
-from tests.integration.test_controller import WorkerProcess
+from tests.fixtures.worker_process import WorkerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

@@ -29,7 +29,7 @@ from examples.make_tasks import task as make_task
 from rollout_client import GatewayPolicyClient
 from rollout_client.storage import read_samples
 from tests.fixtures.gateway import RunningGateway, start_gateway
-from tests.integration.test_controller import WorkerProcess
+from tests.fixtures.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

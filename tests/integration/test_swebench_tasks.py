@@ -11,8 +11,6 @@ with unittest (the base image has no pytest) and grades them.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     sandbox_base_image,
     sandbox_state_dir,
 )
+from tests.fixtures.swebench_repo import F2P, FIX, FORMAT_OPTIONS, P2P, write_calc_instances
 
 pytestmark = pytest.mark.integration
 
@@ -40,20 +39,6 @@ SESSION = SessionCreated(
     openai_base_url="http://127.0.0.1:9/v1",
     anthropic_base_url="http://127.0.0.1:9",
 )
-CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a + b\n"
-TESTS = (
-    "import unittest\n\nfrom calc import add\n\n\n"
-    "class TestCalc(unittest.TestCase):\n"
-    "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n"
-)
-#: The test file after the hidden test patch: `test_sub` added.
-PATCHED_TESTS = (
-    TESTS.replace("from calc import add", "from calc import add, sub")
-    + "\n    def test_sub(self):\n        self.assertEqual(sub(5, 3), 2)\n"
-)
-F2P = "test_sub (tests.test_calc.TestCalc.test_sub)"
-P2P = "test_add (tests.test_calc.TestCalc.test_add)"
-FIX = "sed -i 's/return a + b$/return a - b/; 1,2s/return a - b/return a + b/' calc.py"
 #: The agent rewrites the hidden test's future file so that "test_sub" passes anyway.
 PLANT = (
     "printf 'import unittest\\n\\nclass TestCalc(unittest.TestCase):\\n"
@@ -62,40 +47,10 @@ PLANT = (
 )
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
 @pytest.fixture
 def instances(tmp_path: Path) -> Path:
     """The repo at its base commit, and a one-instance file pointing at it."""
-    repo = tmp_path / "calc"
-    (repo / "tests").mkdir(parents=True)
-    (repo / "calc.py").write_text(CALC)
-    (repo / "tests" / "test_calc.py").write_text(TESTS)
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "base")
-    # The test patch as git writes it; the repo stays at the base commit without it.
-    (repo / "tests" / "test_calc.py").write_text(PATCHED_TESTS)
-    test_patch = _git(repo, "diff") + "\n"
-    _git(repo, "checkout", "--", ".")
-    record = {
-        "instance_id": "local__calc-1",
-        "repo": "local/calc",
-        "base_commit": _git(repo, "rev-parse", "HEAD"),
-        "patch": "never placed",
-        "test_patch": test_patch,
-        "problem_statement": "sub(5, 3) returns 8; it should return 2.",
-        "FAIL_TO_PASS": json.dumps([F2P]),
-        "PASS_TO_PASS": json.dumps([P2P]),
-        "version": "0.1",
-    }
-    path = tmp_path / "instances.jsonl"
-    path.write_text(json.dumps(record) + "\n")
-    return path
+    return write_calc_instances(tmp_path)
 
 
 async def run_instance(
@@ -104,13 +59,7 @@ async def run_instance(
     options = LoadOptions(
         harness=HarnessSpec(name="command", config={"command": agent}, budget_s=120),
         backend=backend.name,
-        format_options={
-            "repo_url_template": str(instances.parent / "calc"),
-            "image_template": "agentic-rollout/sandbox-base:latest",
-            "test_command": "python3 -m unittest -v {tests}",
-            "log_parser": "unittest",
-            "test_timeout_s": 120,
-        },
+        format_options={"repo_url_template": str(instances.parent / "calc"), **FORMAT_OPTIONS},
     )
     loaded = load_task_source(instances, options, fmt="swebench")
     assert loaded.refused == []

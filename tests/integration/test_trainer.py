@@ -31,7 +31,7 @@ from schemas.policy import WeightUpdate
 from schemas.training import FinalEval, StepMetrics
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.trainer import TrainerPython
-from tests.integration.test_controller import WorkerProcess
+from tests.fixtures.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

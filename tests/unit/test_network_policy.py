@@ -199,3 +199,17 @@ def test_worker_flag_gives_the_offered_backends_the_permission() -> None:
         "local": {"state_dir": "/s", "allow_public_network": True},
         "docker": {"allow_public_network": True},
     }
+
+
+def test_worker_flag_pins_egress_names_on_the_relay_backends() -> None:
+    import typer
+
+    from workers.worker import backend_options, parse_egress_hosts
+
+    pins = parse_egress_hosts(["allowed.test=127.0.0.1", " mirror.internal = 10.0.0.5 "])
+    assert pins == {"allowed.test": "127.0.0.1", "mirror.internal": "10.0.0.5"}
+    got = backend_options(["local", "docker", "e2b"], None, False, pins)
+    assert got == {"local": {"egress_hosts": pins}, "docker": {"egress_hosts": pins}}
+    assert backend_options(["docker"], None, False, {}) == {}
+    with pytest.raises(typer.BadParameter, match="not NAME=ADDRESS"):
+        parse_egress_hosts(["allowed.test"])

@@ -1,4 +1,4 @@
 #!/bin/bash
-# The oracle itself runs from /solution, so it records only whether /tests existed.
-ls -d /tests > /app/seen.txt 2>&1
+# The oracle itself runs from /solution, so it records only what /tests held.
+ls -A /tests > /app/seen.txt 2>&1
 true
