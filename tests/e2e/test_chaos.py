@@ -40,7 +40,9 @@ def report() -> Report:
         pause_s=0.3,
         held_tasks=1,
         max_sandboxes=6,
-        heartbeat_s=5,
+        # A held rollout can lose two attempts to the two worker kills by design; a
+        # heartbeat missed on a loaded box must not cost it the third (seen at 5 s).
+        heartbeat_s=10,
         reaper_interval_s=5,
         deadline_s=600,
     )  # its own work dir under /tmp: the sandbox uid must traverse it (pytest's is 0700)
