@@ -45,6 +45,7 @@ import json
 import random
 import resource
 import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -147,6 +148,14 @@ class Bridge:
 
 
 def load_bridge(name: str) -> Bridge:
+    if name == "skyrl" and sys.version_info < (3, 12):
+        # SkyRL 0.3.0 needs 3.12's TypedDict in its pydantic models; on 3.11 the tests
+        # and this bench swap in typing_extensions' (docs/trainers/skyrl.md)
+        import typing
+
+        import typing_extensions
+
+        typing.TypedDict = typing_extensions.TypedDict  # type: ignore[assignment]
     try:
         module = importlib.import_module(f"bridges.{name}")
     except ModuleNotFoundError as exc:
