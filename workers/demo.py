@@ -356,7 +356,10 @@ def demo_cmd(
     ] = None,
     tasks: Annotated[
         Path | None,
-        typer.Option(help="tasks JSONL or a Harbor task directory (default: examples/tasks.jsonl)"),
+        typer.Option(
+            help="tasks JSONL, a Harbor task directory or SWE-bench instances (--format "
+            "swebench); default: examples/tasks.jsonl"
+        ),
     ] = None,
     *,
     source: TaskSourceArgs,

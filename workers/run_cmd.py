@@ -1,7 +1,8 @@
 """`rollout run PATH`: submit a batch, show live progress, print a summary.
 
 PATH is a JSONL file of tasks or a dataset (a Harbor task directory or a directory of
-them; see `workers/task_source_cmd.py` for the options a dataset needs).
+them, SWE-bench instances with `--format swebench`; see `workers/task_source_cmd.py`
+for the options a dataset needs).
 
 Samples are written by the workers (one Parquet file per rollout under
 `<out>/<batch_id>/`); this command adds `<out>/<batch_id>/_manifest.json` with every
@@ -174,7 +175,9 @@ def run_cmd(
     tasks_file: Annotated[
         Path,
         typer.Argument(
-            metavar="PATH", help="JSONL file (one task per line) or a Harbor task directory"
+            metavar="PATH",
+            help="JSONL file (one task per line), a Harbor task directory (or a directory of "
+            "them) or SWE-bench instances (--format swebench)",
         ),
     ],
     out: Annotated[str, typer.Option(help="samples dir or s3://bucket/prefix")] = "./data/samples",
