@@ -382,21 +382,19 @@ async def test_cancel_destroys_sandbox_and_closes_session(
     stack: Stack, client: RolloutClient
 ) -> None:
     """Cancelling a running rollout kills the agent, destroys its sandbox and closes
-    its session (cleanup in `finally`), and the workflow ends Canceled."""
-    spec = make_task("cancel", "What is 6 times 7?", "42", turns=3, sleep_s=30)
+    its session (cleanup in `finally`), and the workflow ends Canceled. The agent's
+    first call is held at the engine until then."""
+    spec = make_task("cancel", "What is 6 times 7? (held: cancel)", "42")
     spec["budget"] = {"heartbeat_s": 3}
-    batch = await client.submit(tasks_of(spec), str(stack.out_dir / "cancel"), 1)
-    rid = batch.rollout_ids[0]
-
-    async def running() -> str | None:
-        phase, sid = await phase_and_session(client, rid)
-        return sid if phase == "running" and stack.sandboxes_left() else None
-
-    session_id = await wait_until(running, 60, "the agent to start")
-    await asyncio.sleep(1)
-    assert await client.cancel(batch) == 1
-    with pytest.raises(WorkflowFailureError) as err:
-        await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 60)
+    async with hold_rollouts(stack, "(held: cancel)") as first_held:
+        batch = await client.submit(tasks_of(spec), str(stack.out_dir / "cancel"), 1)
+        rid = batch.rollout_ids[0]
+        await first_held()
+        session_id = (await phase_and_session(client, rid))[1]
+        assert session_id and stack.sandboxes_left()
+        assert await client.cancel(batch) == 1
+        with pytest.raises(WorkflowFailureError) as err:
+            await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 60)
     assert isinstance(err.value.cause, CancelledError)
     desc = await client.client.get_workflow_handle(rid).describe()
     assert desc.status == WorkflowExecutionStatus.CANCELED
@@ -607,26 +605,24 @@ async def test_rerun_of_a_cancelled_rollout_gets_a_new_session(
 ) -> None:
     """Rerunning a rollout that ended without a result (a new run of the same workflow id)
     creates a new session: the session key names the run, so the first run's closed
-    session is not found again (that was a 409 failing the rerun as a bad task)."""
-    spec = make_task("rerun", "What is 6 times 7?", "42", turns=2, sleep_s=30)
+    session is not found again (that was a 409 failing the rerun as a bad task). The
+    first run is held at the engine until it is cancelled."""
+    spec = make_task("rerun", "What is 6 times 7? (held: rerun)", "42")
     spec["budget"] = {"heartbeat_s": 3}
     out = str(stack.out_dir / "rerun")
-    batch = await client.submit(tasks_of(spec), out, 1, batch_id="rerun1")
-    rid = batch.rollout_ids[0]
-
-    async def running() -> str | None:
-        phase, sid = await phase_and_session(client, rid)
-        return sid if phase == "running" else None
-
-    first_session = await wait_until(running, 60, "the agent to start")
-    first_run = (await client.client.get_workflow_handle(rid).describe()).run_id
-    assert await client.cancel(batch) == 1
-    with pytest.raises(WorkflowFailureError):
-        await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 60)
+    async with hold_rollouts(stack, "(held: rerun)") as first_held:
+        batch = await client.submit(tasks_of(spec), out, 1, batch_id="rerun1")
+        rid = batch.rollout_ids[0]
+        await first_held()
+        first_session = (await phase_and_session(client, rid))[1]
+        assert first_session
+        first_run = (await client.client.get_workflow_handle(rid).describe()).run_id
+        assert await client.cancel(batch) == 1
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 60)
     assert stack.session_closed(first_session)
 
-    fast = {**spec, "harness": make_task("rerun", "What is 6 times 7?", "42")["harness"]}
-    again = await client.submit(tasks_of(fast), out, 1, batch_id="rerun1", rerun_failed=True)
+    again = await client.submit(tasks_of(spec), out, 1, batch_id="rerun1", rerun_failed=True)
     assert again.rollout_ids == [rid]
     outcome = await asyncio.wait_for(client.outcome(rid), 120)
     assert outcome.ok, f"{outcome.error}\n{stack.worker.log_tail()}"
