@@ -18,8 +18,9 @@ The surface (import it from here):
 - `read_table`, `read_many`, `read_samples`, `write_table`, `write_samples`: sample
   tables in a local directory or `s3://bucket/prefix`, schema-version checked.
 - `load_task_source`, `LoadOptions`, `LoadedTasks`, `RefusedTask`: read a dataset (our
-  JSONL, a Harbor task directory or a directory of them) into `RolloutTask`s to submit;
-  refused tasks come back named, with the field at fault (from `task_formats`).
+  JSONL, a Harbor task directory or a directory of them, SWE-bench instances) into
+  `RolloutTask`s to submit; refused tasks come back named, with the field at fault
+  (from `task_formats`).
 - `GatewayPolicyClient`, `PolicyUpdateError`, `ExternalUpdate`: publish a checkpoint as
   the new policy version through the Gateway's control API (`POST /policy`), or hold the
   Gateway around a weight sync the trainer does itself (`external_update`).

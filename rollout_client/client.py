@@ -1,6 +1,6 @@
 """Trainer client: submit batches of rollouts, stream results, cancel, load samples.
 
-The trainer talks to the Controller with the ordinary Temporal client — this module is
+The trainer talks to the rollout workflows with the ordinary Temporal client — this module is
 a thin, typed layer over it. It refers to the workflow by name, so a trainer needs only
 `rollout_client` and `schemas` (+ temporalio, pyarrow, boto3), never the runtime.
 

@@ -31,18 +31,7 @@ from workers.demo_setup import (
     ensure_trainer_python,
 )
 from workers.demo_train import TrainDemoOptions, run_train_demo
-from workers.task_source_cmd import (
-    FormatOpt,
-    FormatOptionOpt,
-    HarnessConfigOpt,
-    HarnessOpt,
-    ImageMapFileOpt,
-    ImageMapOpt,
-    PublicNetworkOpt,
-    load_options,
-    prebuild_images,
-    read_task_source,
-)
+from workers.task_source_cmd import TaskSourceArgs, prebuild_images, task_source_options
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -353,6 +342,7 @@ async def run_demo(
 _TRAIN = TrainDemoOptions()
 
 
+@task_source_options(backend="local", backend_help="datasets: sandbox backend (local, docker, e2b)")
 def demo_cmd(
     data_dir: Annotated[Path, typer.Option(help="where Temporal DB, gateway data, samples go")] = (
         Path("./data/demo")
@@ -366,18 +356,13 @@ def demo_cmd(
     ] = None,
     tasks: Annotated[
         Path | None,
-        typer.Option(help="tasks JSONL or a Harbor task directory (default: examples/tasks.jsonl)"),
+        typer.Option(
+            help="tasks JSONL, a Harbor task directory or SWE-bench instances (--format "
+            "swebench); default: examples/tasks.jsonl"
+        ),
     ] = None,
-    task_format: FormatOpt = "auto",
-    harness: HarnessOpt = None,
-    harness_config: HarnessConfigOpt = None,
-    backend: Annotated[
-        str, typer.Option(help="datasets: sandbox backend (local, docker, e2b)")
-    ] = "local",
-    image_map: ImageMapOpt = None,
-    image_map_file: ImageMapFileOpt = None,
-    public_network: PublicNetworkOpt = "no-network",
-    format_option: FormatOptionOpt = None,
+    *,
+    source: TaskSourceArgs,
     train: Annotated[
         bool, typer.Option("--train", help="a short GRPO run on the tiny task family instead")
     ] = False,
@@ -448,16 +433,7 @@ def demo_cmd(
         else:
             task_list = None
             if tasks is not None:
-                options = load_options(
-                    harness=harness,
-                    harness_config=harness_config,
-                    backend=backend,
-                    image_map=image_map,
-                    image_map_file=image_map_file,
-                    public_network=public_network,
-                    format_options=format_option,
-                )
-                task_list = read_task_source(tasks, task_format, options, console)
+                task_list = source.read(tasks, console)
             if engine == "vllm":
                 ensure_engine_python(console)
             code = asyncio.run(

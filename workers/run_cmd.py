@@ -1,7 +1,8 @@
 """`rollout run PATH`: submit a batch, show live progress, print a summary.
 
 PATH is a JSONL file of tasks or a dataset (a Harbor task directory or a directory of
-them; see `workers/task_source_cmd.py` for the options a dataset needs).
+them, SWE-bench instances with `--format swebench`; see `workers/task_source_cmd.py`
+for the options a dataset needs).
 
 Samples are written by the workers (one Parquet file per rollout under
 `<out>/<batch_id>/`); this command adds `<out>/<batch_id>/_manifest.json` with every
@@ -27,18 +28,7 @@ from rich.table import Table
 from rollout_client.client import Batch, RolloutClient, RolloutOutcome
 from schemas.samples import is_s3
 from schemas.tasks import RolloutTask
-from workers.task_source_cmd import (
-    FormatOpt,
-    FormatOptionOpt,
-    HarnessConfigOpt,
-    HarnessOpt,
-    ImageMapFileOpt,
-    ImageMapOpt,
-    PublicNetworkOpt,
-    load_options,
-    prebuild_images,
-    read_task_source,
-)
+from workers.task_source_cmd import TaskSourceArgs, prebuild_images, task_source_options
 from workers.temporal_options import (
     ApiKey,
     TlsCa,
@@ -178,11 +168,16 @@ def summary_table(report: BatchReport) -> Table:
     return table
 
 
+@task_source_options(
+    backend="docker", backend_help="datasets: sandbox backend (docker, local, e2b)"
+)
 def run_cmd(
     tasks_file: Annotated[
         Path,
         typer.Argument(
-            metavar="PATH", help="JSONL file (one task per line) or a Harbor task directory"
+            metavar="PATH",
+            help="JSONL file (one task per line), a Harbor task directory (or a directory of "
+            "them) or SWE-bench instances (--format swebench)",
         ),
     ],
     out: Annotated[str, typer.Option(help="samples dir or s3://bucket/prefix")] = "./data/samples",
@@ -202,16 +197,8 @@ def run_cmd(
     rerun_failed: Annotated[
         bool, typer.Option(help="with --batch-id: re-run its failed rollouts")
     ] = False,
-    task_format: FormatOpt = "auto",
-    harness: HarnessOpt = None,
-    harness_config: HarnessConfigOpt = None,
-    backend: Annotated[
-        str, typer.Option(help="datasets: sandbox backend (docker, local, e2b)")
-    ] = "docker",
-    image_map: ImageMapOpt = None,
-    image_map_file: ImageMapFileOpt = None,
-    public_network: PublicNetworkOpt = "no-network",
-    format_option: FormatOptionOpt = None,
+    *,
+    source: TaskSourceArgs,
 ) -> None:
     """Submit the tasks at PATH, show progress, print a summary table, write samples."""
     console = Console()
@@ -223,16 +210,7 @@ def run_cmd(
         temporal_tls_server_name,
         temporal_api_key,
     )
-    options = load_options(
-        harness=harness,
-        harness_config=harness_config,
-        backend=backend,
-        image_map=image_map,
-        image_map_file=image_map_file,
-        public_network=public_network,
-        format_options=format_option,
-    )
-    tasks = prebuild_images(read_task_source(tasks_file, task_format, options, console), console)
+    tasks = prebuild_images(source.read(tasks_file, console), console)
 
     async def main() -> BatchReport:
         client = await RolloutClient.connect(temporal, namespace, task_queue, tls=tls)

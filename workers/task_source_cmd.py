@@ -9,9 +9,13 @@ rest runs; a source with nothing left to run is an error.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -190,6 +194,83 @@ def read_task_source(
             highlight=False,
         )
     return loaded.tasks
+
+
+@dataclass(frozen=True)
+class TaskSourceArgs:
+    """The dataset options of a command line, as given (see `task_source_options`)."""
+
+    task_format: str
+    harness: str | None
+    harness_config: Path | None
+    backend: str
+    image_map: list[str] | None
+    image_map_file: Path | None
+    public_network: str
+    format_option: list[str] | None
+
+    def load_options(self) -> LoadOptions:
+        return load_options(
+            harness=self.harness,
+            harness_config=self.harness_config,
+            backend=self.backend,
+            image_map=self.image_map,
+            image_map_file=self.image_map_file,
+            public_network=self.public_network,
+            format_options=self.format_option,
+        )
+
+    def read(self, path: Path, console: Console) -> list[RolloutTask]:
+        """The tasks of `path` under these options (`read_task_source`)."""
+        return read_task_source(path, self.task_format, self.load_options(), console)
+
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def task_source_options(*, backend: str, backend_help: str) -> Callable[[Command], Command]:
+    """Give a typer command the dataset options, declared once here for `rollout run` and
+    `rollout demo`: the command declares a `source: TaskSourceArgs` parameter, and its
+    command line gets `--format`, `--harness`, … in that place (`backend` is the
+    `--backend` default, which differs between them); the command receives them as one
+    `TaskSourceArgs`."""
+    declared: dict[str, tuple[Any, Any]] = {
+        "task_format": (FormatOpt, "auto"),
+        "harness": (HarnessOpt, None),
+        "harness_config": (HarnessConfigOpt, None),
+        "backend": (Annotated[str, typer.Option(help=backend_help)], backend),
+        "image_map": (ImageMapOpt, None),
+        "image_map_file": (ImageMapFileOpt, None),
+        "public_network": (PublicNetworkOpt, "no-network"),
+        "format_option": (FormatOptionOpt, None),
+    }
+    options = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hint, default=default)
+        for name, (hint, default) in declared.items()
+    ]
+
+    def decorate(command: Command) -> Command:
+        signature = inspect.signature(command, eval_str=True)
+        params = list(signature.parameters.values())
+        at = [p.name for p in params].index("source")
+        params[at : at + 1] = options
+        # typer reads the command's parameters from its signature: keyword-only from
+        # `source` on, so the options after it keep their defaults' order.
+        params = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if i >= at else p
+            for i, p in enumerate(params)
+        ]
+
+        @functools.wraps(command)
+        def with_source(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in declared}
+            return command(*args, source=TaskSourceArgs(**given), **kwargs)
+
+        with_source.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        with_source.__annotations__ = {p.name: p.annotation for p in params}
+        return with_source  # type: ignore[return-value]
+
+    return decorate
 
 
 def prebuild_images(tasks: list[RolloutTask], console: Console) -> list[RolloutTask]:

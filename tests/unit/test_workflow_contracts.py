@@ -1,4 +1,4 @@
-"""Controller contracts without services: tasks, batch planning, queue names, sandbox
+"""Rollout workflow contracts without services: tasks, batch planning, queue names, sandbox
 spec building, sample storage (local and S3 via moto's in-process mock), GRPO."""
 
 import json
