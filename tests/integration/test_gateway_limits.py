@@ -378,6 +378,44 @@ def test_a_trickled_body_on_the_shared_port_gets_a_408_from_the_relaying_process
     )
 
 
+def test_the_demos_in_process_gateway_cuts_a_trickled_head_on_both_listeners(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`rollout demo` (and the benches) serve the Gateway in a thread of their own process
+    (`workers.demo.serve_gateway`): its agent and control listeners cut a client that
+    trickles its head, as `rollout gateway`'s do, and serve whole requests meanwhile.
+    Without the deadlines uvicorn keeps such a client open (the control in
+    tests/unit/test_gateway_limits.py), and `read_to_eof` would time out here."""
+    from workers.demo import serve_gateway
+
+    engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
+    with BackgroundServer(engine.app()) as engine_server:
+        server, control_url, admin = serve_gateway(
+            engine_server.url,
+            "tiny-qwen3",
+            tiny_model_dir,
+            tmp_path / "gw",
+            settings={"header_timeout_s": READ_TIMEOUT_S, "tokenize_offload_chars": 0},
+        )
+        try:
+            for url in (server.url, control_url):
+                host, port = url.removeprefix("http://").split(":")
+                with socket.create_connection((host, int(port))) as slow:
+                    slow.settimeout(60)
+                    slow.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\nX-Slow: ")
+                    health = httpx.get(f"{control_url}/health")  # served meanwhile
+                    assert until_cut(slow) == b"", f"{url}: a head is cut without a reply"
+                assert health.status_code == 200
+            session = httpx.post(
+                f"{control_url}/sessions",
+                json={"rollout_id": "r-demo"},
+                headers={"Authorization": f"Bearer {admin}"},
+            ).json()
+            assert each_protocol(session)["chat"]().choices[0].message.content == "ok"
+        finally:
+            server.stop()
+
+
 def test_rollout_gateway_flags_set_the_limits(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The flags reach the serving process: the body cap and the head deadline, and the
     session defaults, which a session's own `limits` override."""
