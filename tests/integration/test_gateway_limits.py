@@ -162,6 +162,7 @@ def test_a_call_past_max_concurrent_calls_is_a_429_in_each_protocol(
     assert [c["status"] for c in calls_of(gw, session)] == ["ok"] * 4
     assert refusals(gw, "max_concurrent_calls") == before + 4
     assert live.inflight == 0
+    assert gw.trajectory(session["session_id"])["limit_refusals"] == {"max_concurrent_calls": 4}
 
 
 def test_a_request_past_max_body_bytes_is_a_413_in_each_protocol(gw: RunningGateway) -> None:
@@ -177,6 +178,7 @@ def test_a_request_past_max_body_bytes_is_a_413_in_each_protocol(gw: RunningGate
     assert refusals(gw, "max_body_bytes") == before + 3
     each_protocol(session)["messages"]()
     assert len(calls_of(gw, session)) == 2
+    assert gw.trajectory(session["session_id"])["limit_refusals"] == {"max_body_bytes": 3}
 
 
 def test_a_session_whose_records_are_full_gets_a_413_in_each_protocol_and_keeps_them(
@@ -199,6 +201,9 @@ def test_a_session_whose_records_are_full_gets_a_413_in_each_protocol_and_keeps_
     assert refusals(gw, "max_stored_bytes") == before + 3
     each_protocol(session, "a small one")["messages"]()
     assert len(calls_of(gw, session)) == 2
+    trajectory = gw.trajectory(session["session_id"])
+    assert trajectory["limit_refusals"] == {"max_stored_bytes": 3}
+    assert gw.trajectory(probe["session_id"])["limit_refusals"] == {}, "counted per session"
 
 
 def test_a_raw_request_past_max_stored_request_bytes_is_kept_cut_with_its_size_and_hash(
@@ -307,6 +312,7 @@ def test_a_body_that_stops_coming_gets_a_408_in_its_protocol_and_the_listener_se
     assert_408(reply, protocol)
     assert served is not None and [c["status"] for c in calls_of(gw, session)] == ["ok"]
     assert refusals(gw, "body_timeout_s") == before + 1
+    assert gw.trajectory(session["session_id"])["limit_refusals"] == {"body_timeout_s": 1}
 
 
 def test_clients_trickling_a_head_or_a_body_are_cut_and_the_listener_serves_others(
