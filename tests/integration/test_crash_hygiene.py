@@ -144,6 +144,68 @@ def test_sigkilled_gateway_leaves_no_process(
             kill_all(captured)
 
 
+DEMO_PARENT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import httpx
+    from devstack.background_server import BackgroundServer
+    from devstack.scripted_engine import Script, ScriptedEngine
+    from workers.demo import serve_gateway
+
+    model_dir, data_dir, big = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    engine = ScriptedEngine(model_dir / "tokenizer.json", Script(default_reply="ok"))
+    engine_server = BackgroundServer(engine.app()).start()
+    server, control, admin = serve_gateway(
+        engine_server.url, "tiny-qwen3", model_dir, data_dir,
+        settings={"tokenize_offload_chars": 1000},
+    )
+    session = httpx.post(
+        f"{control}/sessions", json={"rollout_id": "r"},
+        headers={"Authorization": f"Bearer {admin}"},
+    ).json()
+    reply = httpx.post(
+        f"{session['openai_base_url']}/chat/completions",
+        headers={"Authorization": f"Bearer {session['token']}"},
+        json={"model": "tiny-qwen3", "messages": [{"role": "user", "content": big}]},
+        timeout=60,
+    )
+    print(reply.status_code, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_sigkilled_demo_leaves_no_process_of_its_in_process_gateway(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`rollout demo` serves its Gateway from a thread of its own process: the tokenizer
+    pool that gateway starts (from that thread, so only the pidfd watch can tell) and the
+    resource tracker go when the demo is SIGKILLed."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", DEMO_PARENT, str(tiny_model_dir), str(tmp_path / "gw"), BIG],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    captured: set[Proc] = set()
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline().strip() == "200"
+        captured = descendants(parent.pid)
+        lines = [cmdline(pid) for pid, _ in captured]
+        assert sum("spawn_main" in c for c in lines) == 1, lines
+        assert sum("resource_tracker" in c for c in lines) == 1, lines
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        left = left_after_poll(captured)
+        assert not left, [cmdline(pid) for pid, _ in left]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        kill_all(captured)
+
+
 CONTROL_PARENT = textwrap.dedent(
     """
     import asyncio, multiprocessing, sys, time
