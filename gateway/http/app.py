@@ -106,6 +106,7 @@ class GatewayApp:
             admin_token,
             loader=gateway.engine.weight_loader,
             checkpoint_roots=checkpoint_roots,
+            owner=gateway.options.public_url,
         )
         #: holds around a weight sync the trainer does itself (`external_sync`)
         self.external = ExternalSync(self.policy)

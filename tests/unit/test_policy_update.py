@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from devstack.background_server import BackgroundServer
+from gateway.engines.external_sync import ExternalSync
 from gateway.engines.policy_history import HISTORY_FILE
 from gateway.engines.policy_update import PolicyGate, PolicyUpdater
 from gateway.engines.vllm_weights import VllmWeightLoader
@@ -26,6 +27,8 @@ from schemas.policy import (
     UNKNOWN_WEIGHTS,
     PeerPause,
     PeerResume,
+    PolicyHold,
+    PolicyRelease,
     PolicyUpdate,
     WeightUpdate,
     WeightUpdateReport,
@@ -639,6 +642,73 @@ def test_a_history_that_cannot_be_written_still_resumes_everyone_on_what_engines
     assert first.version == "v1" and not first.paused
     assert (updater.gate.version, updater.gate.closed) == ("v1", False)
     assert (peer.updater.gate.version, peer.updater.gate.closed) == ("v1", False)
+
+
+def test_a_process_killed_mid_update_restarts_with_its_engines_unknown(
+    engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]], tmp_path: Path
+) -> None:
+    """Process A serves v0, then starts the update to v1 and is killed while the engine
+    reloads (here: A is left hanging and a new `PolicyUpdater` of A's address starts on
+    the same data dir, as the restarted process does). The restarted A labels the engine
+    `unknown`, not v0, and the history says why. Controls: process B, started meanwhile,
+    has no update of its own in progress and starts on the history's v0; an update that
+    ended leaves no mark, so a later restart of A starts on what it loaded."""
+    (first, _), (one, _) = engines
+    v0, v1 = make_checkpoint(tmp_path / "v0"), make_checkpoint(tmp_path / "v1", 2.0)
+    a = updater_for([one], tmp_path, owner="http://a:1")
+
+    async def run() -> None:
+        await a.update(PolicyUpdate(policy_version="v0", checkpoint=v0))
+        assert a.marker is not None and not a.marker.path.exists()
+        first.hold.clear()
+        update = asyncio.create_task(a.update(PolicyUpdate(policy_version="v1", checkpoint=v1)))
+        while not first.reloading.is_set():
+            await asyncio.sleep(0.01)
+        b = updater_for([one], tmp_path, owner="http://b:2")
+        assert b.gate.version_on(one) == "v0"
+        restarted = updater_for([one], tmp_path, owner="http://a:1")
+        assert (restarted.gate.version, restarted.gate.version_on(one)) == (
+            UNKNOWN_WEIGHTS, UNKNOWN_WEIGHTS,
+        )  # fmt: skip
+        last = restarted.history()[-1]
+        assert (last.policy_version, last.status, last.kind) == ("v1", "failed", "checkpoint")
+        assert last.error is not None and "stopped in its middle" in last.error
+        assert restarted.marker is not None and not restarted.marker.path.exists()
+        first.hold.set()
+        await update
+
+    asyncio.run(run())
+    again = updater_for([one], tmp_path, owner="http://a:1")
+    assert again.gate.version_on(one) == "v1"
+
+
+def test_a_process_killed_while_holding_for_a_trainers_sync_restarts_with_engines_unknown(
+    engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]], tmp_path: Path
+) -> None:
+    """A hold for the trainer's own weight sync, then the holding process is killed: the
+    restarted process cannot know whether the sync ran, so its engines are `unknown`
+    (they were labelled v0 before, which the sync may have replaced). A hold released
+    before a restart leaves nothing behind (the control)."""
+    (_, _), (one, _) = engines
+    v0 = make_checkpoint(tmp_path / "v0")
+    a = updater_for([one], tmp_path, owner="http://a:1")
+    sync = ExternalSync(a)
+
+    async def run() -> None:
+        await a.update(PolicyUpdate(policy_version="v0", checkpoint=v0))
+        await sync.hold(PolicyHold(update_id="h1", policy_version="v1", drain_timeout_s=5))
+        restarted = updater_for([one], tmp_path, owner="http://a:1")
+        assert restarted.gate.version_on(one) == UNKNOWN_WEIGHTS
+        last = restarted.history()[-1]
+        assert (last.update_id, last.kind, last.status) == ("h1", "external", "failed")
+        await sync.release(PolicyRelease(update_id="h1", policy_version="v1"))  # cleanup
+        c = updater_for([one], tmp_path, owner="http://c:3")
+        c_sync = ExternalSync(c)
+        await c_sync.hold(PolicyHold(update_id="h2", drain_timeout_s=5))
+        await c_sync.release(PolicyRelease(update_id="h2", policy_version="v2"))
+
+    asyncio.run(run())
+    assert updater_for([one], tmp_path, owner="http://c:3").gate.version_on(one) == "v2"
 
 
 def test_the_gate_holds_new_calls_until_running_ones_have_drained() -> None:
