@@ -111,4 +111,5 @@ def summarize(
         trainable_tokens=sum(sum(r.loss_mask) for r in rows),
         statuses=dict(Counter(str(r.status) for r in rows)),
         session_closed=closed,
+        limit_refusals=dict(traj.limit_refusals),
     )

@@ -27,6 +27,9 @@ baseline is decided here and nowhere else:
   their reward by default; `truncated="mask"` treats them like stale ones under `mask`.
 - **A segment that trains nothing has an all-0 loss mask**, so a bridge that forgets
   to look at `trained` still applies no loss.
+- **Each call keeps its sampling parameters** (`TrainingSegment.call_sampling`, aligned
+  with its calls): the tokens from one call start to the next were sampled with them,
+  so a trainer that corrects for the behaviour policy reads them per call, not per row.
 
 Pure Python and pydantic (no torch): unit-tested in any environment, and cheap enough
 to convert a large batch (`bench/trainer_conversion.py`).
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
@@ -100,6 +104,11 @@ class TrainingSegment(BaseModel):
     logprobs: list[float] = Field(description="behaviour log-probs, aligned with response_ids")
     call_starts: list[int]
     call_policy_versions: list[str]
+    call_sampling: list[str] = Field(
+        default_factory=list,
+        description="JSON of the sampling parameters each call was sampled with, aligned "
+        "with call_starts (a row without `call_sampling`: its `sampling` for every call)",
+    )
     trained: bool
     staleness: int | None = Field(description="largest lag of its trained calls")
 
@@ -115,6 +124,11 @@ class TrainingSegment(BaseModel):
     def token_versions(self) -> list[str]:
         """The version that sampled each response token."""
         return token_versions(self.call_policy_versions, self.call_starts, len(self.response_ids))
+
+    def sampling_of_calls(self) -> list[dict[str, Any]]:
+        """`call_sampling` parsed: each call's parameters (a field absent was the
+        engine's default)."""
+        return [json.loads(text) for text in self.call_sampling]
 
 
 class TrainingRollout(BaseModel):
@@ -265,6 +279,13 @@ def _check_row(row: Mapping[str, Any]) -> None:
         )
     if any(b < a for a, b in itertools.pairwise(starts)) or any(not 0 <= s <= n for s in starts):
         raise ConversionError(rollout_id, "call_starts", f"not ascending within 0..{n}")
+    sampling = row.get("call_sampling") or []
+    if sampling and len(sampling) != len(versions):
+        raise ConversionError(
+            rollout_id,
+            "call_sampling",
+            f"{len(sampling)} entries for {len(versions)} call_policy_versions",
+        )
 
 
 def _rollout(
@@ -333,6 +354,9 @@ def _segment(
     """The row as a segment; (segment, its calls, its fresh calls)."""
     versions = list(row.get("call_policy_versions") or [row["policy_version"]])
     starts = list(row.get("call_starts") or [0])
+    sampling = list(row.get("call_sampling") or [])
+    if not sampling and row.get("sampling"):
+        sampling = [str(row["sampling"])] * len(versions)
     response = list(row["response_ids"])
     mask = list(map(int, row["loss_mask"]))
     lags: list[int | None] = [None] * len(versions)
@@ -359,6 +383,7 @@ def _segment(
         logprobs=list(map(float, row["logprobs"])),
         call_starts=starts,
         call_policy_versions=versions,
+        call_sampling=sampling,
         trained=any(mask),
         staleness=max(fresh_lags) if fresh_lags else (lags[0] if lags else None),
     )

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from sandboxes.host_commands import dies_with_this_thread
+
 RECIPE_DIR = Path(__file__).parent / "image"
 IMAGE_REPO = "agentic-rollout/sandbox-base"
 DEBIAN_REPO = "agentic-rollout/debian"
@@ -287,9 +289,15 @@ def ensure_rootfs(image_ref: str) -> Path:
             ["docker", "create", iid], check=True, capture_output=True, text=True
         ).stdout.strip()
         try:
-            exp = subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE)
+            tied = dies_with_this_thread()  # a killed worker's export stops too
+            exp = subprocess.Popen(
+                ["docker", "export", cid], stdout=subprocess.PIPE, preexec_fn=tied
+            )
             subprocess.run(
-                ["tar", "--numeric-owner", "-x", "-C", str(tmp)], stdin=exp.stdout, check=True
+                ["tar", "--numeric-owner", "-x", "-C", str(tmp)],
+                stdin=exp.stdout,
+                check=True,
+                preexec_fn=tied,
             )
             if exp.wait():
                 raise RuntimeError("docker export failed")

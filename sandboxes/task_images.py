@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sandboxes import dockerfile_refs
+from sandboxes.host_commands import dies_with_this_thread
 from sandboxes.images import cache_dir
 from schemas.environment import EnvironmentBuild
 from schemas.tasks import RolloutTask
@@ -305,6 +306,7 @@ def _run_build(build: EnvironmentBuild, plan: _Plan, log_path: Path) -> None:
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, "DOCKER_BUILDKIT": "0"},
                 start_new_session=True,
+                preexec_fn=dies_with_this_thread(),  # a killed worker's build stops too
             )
             try:
                 rc = proc.wait(timeout=build.timeout_s)

@@ -225,6 +225,9 @@ class SamplesSummary(StrictModel):
     trainable_tokens: int = 0
     statuses: dict[str, int] = Field(default_factory=dict)
     session_closed: bool = False
+    limit_refusals: dict[str, int] = Field(
+        default_factory=dict, description="the session's calls a Gateway limit refused, by limit"
+    )
 
 
 # ----------------------------------------------------------------------------- result
@@ -259,6 +262,11 @@ class RolloutResult(StrictModel):
     image_digest: str | None = None
     reward_metrics: dict[str, float] = Field(
         default_factory=dict, description="the verifier's metrics besides the reward"
+    )
+    limit_refusals: dict[str, int] = Field(
+        default_factory=dict,
+        description="the agent's calls a per-session Gateway limit refused, by limit name "
+        "(`max_stored_bytes`, `max_concurrent_calls`, …): what the agent was told no to",
     )
     error: str | None = None
 

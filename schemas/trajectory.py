@@ -112,3 +112,8 @@ class Trajectory(StrictModel):
     calls: list[RecordedCall]
     segments: list[Segment]
     metadata: dict[str, Any] = Field(default_factory=dict)
+    limit_refusals: dict[str, int] = Field(
+        default_factory=dict,
+        description="the agent's calls a per-session limit refused, by limit name (counted "
+        "by the process serving the session since it took it; none are recorded as calls)",
+    )

@@ -17,8 +17,9 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -83,11 +84,13 @@ def serve_gateway(
     tokenizer: Path,
     data_dir: Path,
     checkpoint_roots: list[Path] | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> tuple["BackgroundServer", str, str]:
     """A Gateway in front of `engine_url`, both listeners on loopback in a background
     thread of this process, with a fresh admin token: (server, control API URL, token).
     The agent API is `server.url`; `server.stop()` stops both. `checkpoint_roots`: where
-    policy updates may load from (none: no updates)."""
+    policy updates may load from (none: no updates); `settings`: other `GatewaySettings`
+    fields (the read deadlines, the limits), else `rollout gateway`'s defaults."""
     from devstack.background_server import BackgroundServer
     from workers.gateway_server import GatewaySettings, build_apps
 
@@ -102,9 +105,10 @@ def serve_gateway(
         data_dir=data_dir,
         admin_token=token,
         checkpoint_roots=checkpoint_roots or [],
+        **(settings or {}),
     )
-    agent_app, control_app = build_apps(settings)
-    server = BackgroundServer(agent_app, port=port)
+    agent_app, control_app, http = build_apps(settings)
+    server = BackgroundServer(agent_app, port=port, http=http)  # read deadlines: both apps
     control_url = server.add(control_app)
     return server.start(), control_url, token
 

@@ -216,6 +216,7 @@ class RolloutWorkflow:
                 task_source=task.source_label(),
                 image_digest=sandbox.env_version if sandbox else None,
                 reward_metrics=outcome.reward_metrics,
+                limit_refusals=summary.limit_refusals,
                 error=outcome.problem,
             )
             final = Phase.done

@@ -81,7 +81,21 @@ class Gateway(SessionService):
         is still running, once it finishes (see `retries` for why only declared retries).
         With a `relay` the engine streams and the relay sees the tokens as they arrive
         (an answered retry never reaches it: the caller replays the result). Every call,
-        retries included, holds one of the session's call slots while it runs (`limits`)."""
+        retries included, holds one of the session's call slots while it runs (`limits`);
+        a call a limit refuses is counted on the session (its trajectory says so)."""
+        try:
+            return await self._complete(session, request, raw_request, relay)
+        except GatewayError as err:
+            session.refused(err.limit)
+            raise
+
+    async def _complete(
+        self,
+        session: LiveSession,
+        request: CanonicalRequest,
+        raw_request: dict[str, Any],
+        relay: StreamRelay | None,
+    ) -> Reply:
         self.check_prompt_size(request)
         with call_slot(session, limits_of(session.meta.config, self.options)):
             digest = request_digest(request.path, raw_request)

@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from gateway.engines.policy_update import PolicyUpdater, serving_text, unknown_on
+from gateway.engines.update_marker import UpdateMark
 from gateway.errors import GatewayError
 from schemas.policy import (
     UNKNOWN_WEIGHTS,
@@ -116,6 +117,16 @@ class ExternalSync:
         )
         renewing = asyncio.create_task(u.renew_leases(hold.peers, request.update_id))
         try:
+            await u.mark(
+                UpdateMark(
+                    update_id=request.update_id,
+                    kind="external",
+                    policy_version=request.policy_version,
+                    checkpoint=None,
+                    previous_version=hold.previous,
+                    started_at=hold.started_at,
+                )
+            )
             drained = await u.pause_peers(pause, hold.peers)
             here, _ = await u.gate.close_and_drain(request.drain_timeout_s)
         except BaseException as exc:
@@ -295,6 +306,8 @@ class ExternalSync:
             try:
                 u.apply(serving)
                 written = await u.append(record)  # before the peers: their leases read it
+                if written is None:
+                    await u.unmark()
             finally:
                 u.gate.open()
         finally:

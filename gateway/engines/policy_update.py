@@ -39,6 +39,7 @@ import httpx
 from gateway.engines.base import WeightLoader, WeightLoadError
 from gateway.engines.checkpoint_roots import resolve_checkpoint, resolve_roots
 from gateway.engines.policy_history import HISTORY_FILE, PolicyHistory
+from gateway.engines.update_marker import UpdateMark, UpdateMarker
 from gateway.engines.vllm_weights import VllmWeightLoader, check_checkpoint
 from gateway.errors import GatewayError
 from schemas.policy import (
@@ -176,7 +177,10 @@ class PolicyUpdater:
         loader: LoaderFactory = VllmWeightLoader,
         checkpoint_roots: list[Path] | None = None,
         lease_s: float = PEER_LEASE_S,
+        owner: str | None = None,
     ) -> None:
+        """`owner`: this process's own address, which names its mark of an update in
+        progress (`update_marker`); None: no mark (a process nothing restarts)."""
         self.gate = gate
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
         self.history_file = PolicyHistory(data_dir)
@@ -201,6 +205,8 @@ class PolicyUpdater:
         self.history_file.repair()  # a torn last line from a crash: dropped, never fatal
         if gate.version is None:
             self.apply(self.serving_from_history())
+        self.marker = UpdateMarker(data_dir, owner) if owner is not None else None
+        self._after_a_killed_update()
 
     # ------------------------------------------------------------------ state
     @property
@@ -237,6 +243,66 @@ class PolicyUpdater:
             u: serving.get(u, self.serving.get(u, _starting(u))) for u in self.engine_urls
         }
         self.gate.serve({u: s.policy_version for u, s in self.serving.items()})
+
+    def _after_a_killed_update(self) -> None:
+        """This process was killed in the middle of an update or hold it ran (its mark is
+        left): unless the history has that update's end, every engine is `unknown`, and
+        the history says why."""
+        left = self.marker.left() if self.marker is not None else None
+        if left is None or self.marker is None:
+            return
+        if any(r.update_id == left.update_id for r in self.history()):
+            self.marker.end()  # it ended; only the mark's removal was lost
+            return
+        serving = {u: unknown_on(u) for u in self.engine_urls}
+        self.apply(serving)
+        error = (
+            f"{left.kind} update {left.update_id} to {left.policy_version or 'a version not named'}"
+            ": this gateway process stopped in its middle, so what the engines serve is not "
+            f"known; {serving_text(serving)} until the next update"
+        )
+        log.error("%s", error)
+        record = PolicyUpdateRecord(
+            update_id=left.update_id,
+            kind=left.kind,
+            policy_version=left.policy_version or UNKNOWN_WEIGHTS,
+            checkpoint=left.checkpoint,
+            previous_version=left.previous_version,
+            status="failed",
+            error=error,
+            started_at=left.started_at,
+            processes=1 + len(self.peers),
+            drained_calls=0,
+            held_calls=0,
+            drain_s=0.0,
+            load_s=0.0,
+            total_s=round((datetime.now(UTC) - left.started_at).total_seconds(), 4),
+            serving=list(serving.values()),
+        )
+        try:
+            self.history_file.append(record)
+        except OSError as exc:  # labelled unknown all the same; the mark stays for next time
+            log.error("policy update %s: history not written: %s", left.update_id, exc)
+            return
+        self.marker.end()
+
+    async def mark(self, mark: UpdateMark) -> None:
+        """Mark an update this process runs before it pauses anyone (503 if it cannot)."""
+        if self.marker is None:
+            return
+        try:
+            await asyncio.to_thread(self.marker.begin, mark)
+        except OSError as exc:
+            raise GatewayError(
+                "storage_unavailable",
+                f"update {mark.update_id} not started: its mark could not be written ({exc})",
+            ) from exc
+
+    async def unmark(self) -> None:
+        """The update's history entry is written: its mark goes."""
+        if self.marker is not None:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(self.marker.end)
 
     def state(self) -> PolicyState:
         return PolicyState(
@@ -355,6 +421,16 @@ class PolicyUpdater:
             done = record("unchanged", drained_calls=0, held_calls=0, drain_s=0.0, load_s=0.0)
             await self.append(done)
             return done
+        await self.mark(
+            UpdateMark(
+                update_id=update_id,
+                kind="checkpoint",
+                policy_version=update.policy_version,
+                checkpoint=update.checkpoint,
+                previous_version=previous,
+                started_at=started_at,
+            )
+        )
         serving = dict(before)  # what each engine serves, kept true as the update goes
         to_resume: list[str] = []  # peers sent a pause (also one whose answer was lost)
         reports: list[WeightUpdateReport] = []
@@ -409,6 +485,8 @@ class PolicyUpdater:
                     serving=list(serving.values()),
                 )
                 written = await self.append(done)  # before the peers: their leases read it
+                if written is None:
+                    await self.unmark()
             finally:
                 self.gate.open()
         finally:

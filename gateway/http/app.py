@@ -106,6 +106,7 @@ class GatewayApp:
             admin_token,
             loader=gateway.engine.weight_loader,
             checkpoint_roots=checkpoint_roots,
+            owner=gateway.options.public_url,
         )
         #: holds around a weight sync the trainer does itself (`external_sync`)
         self.external = ExternalSync(self.policy)
@@ -265,7 +266,11 @@ class GatewayApp:
         """Authenticate, read and translate an agent call with its protocol's parser."""
         session = self.gateway.authenticate(_bearer(request))
         lap("auth")
-        body = await self._read_json(request)
+        try:
+            body = await self._read_json(request)
+        except GatewayError as err:  # a body too large or too slow: counted on the session
+            session.refused(err.limit)
+            raise
         headers, path = dict(request.headers), request.url.path
         canonical = await self._parse(
             body, lambda: route.parse(body, headers, path, session.history, session.seal), session

@@ -27,6 +27,9 @@ class LiveSession:
         self.failed_calls = 0
         self.inflight = 0
         """Calls of this session running now (`limits.call_slot`)."""
+        self.limit_refusals: dict[str, int] = {}
+        """Calls refused by a limit since this process took the session, by limit name;
+        replaced, never changed in place, so a thread may read it (`refused`)."""
         self.replies = RetryReplies()
         self.history: HistoryCache | None = HistoryCache()
         """The request history already converted (None: convert every request in full)."""
@@ -35,6 +38,14 @@ class LiveSession:
         """One parse at a time uses `history` (a long one runs in a thread)."""
         self.closed = False
         self.last_active = now  # wall clock, like created_at and file mtimes
+
+    def refused(self, limit: str | None) -> None:
+        """Count a call refused by `limit` (None: a refusal that is no limit's)."""
+        if limit is not None:
+            self.limit_refusals = {
+                **self.limit_refusals,
+                limit: self.limit_refusals.get(limit, 0) + 1,
+            }
 
     def checkpoint(self, plan: PromptPlan) -> Callable[[], None]:
         """An undo for committing `plan`: drops the segments it adds and restores the one it

@@ -285,6 +285,7 @@ class SessionService:
             calls=recorded_calls(records),
             segments=segments,
             metadata=meta.config.metadata,
+            limit_refusals=live.limit_refusals if (live := self.sessions.get(session_id)) else {},
         )
 
     def authenticate(self, token: str | None) -> LiveSession:

@@ -64,6 +64,8 @@ class Fakes:
     log: list[tuple[str, Any]] = field(default_factory=list)
     collected: list[CollectRequest] = field(default_factory=list)
     sessions: list[SessionRequest] = field(default_factory=list)
+    limit_refusals: dict[str, int] = field(default_factory=dict)
+    """What collect reports the Gateway refused of the session's calls."""
 
     def names(self, kind: str) -> list[Any]:
         return [v for k, v in self.log if k == kind]
@@ -119,7 +121,9 @@ class Fakes:
     @activity.defn(name=COLLECT_TRAJECTORY)
     async def collect_trajectory(self, req: CollectRequest) -> SamplesSummary:
         self.collected.append(req)
-        return SamplesSummary(uri=None, num_samples=0, session_closed=True)
+        return SamplesSummary(
+            uri=None, num_samples=0, session_closed=True, limit_refusals=self.limit_refusals
+        )
 
     @activity.defn(name=CLOSE_SESSION)
     async def close_session(self, req: CloseSessionRequest) -> None:
@@ -208,6 +212,20 @@ async def test_the_tasks_sampling_and_its_control_reach_the_session(
     assert session.sampling_control == t.sampling_control
     assert session.sampling == t.sampling.model_copy(update={"seed": req.seed})
     assert req.seed is not None
+
+
+async def test_the_limits_that_refused_the_agent_reach_the_result(
+    env: tuple[RolloutClient, Fakes],
+) -> None:
+    """Refused calls are not in the samples; the result says which limits refused how
+    many, so a rollout whose agent hit its session's record cap shows it."""
+    client, fakes = env
+    fakes.limit_refusals = {"max_stored_bytes": 3}
+    result = await asyncio.wait_for((await start(client, task())).result(), 30)
+    assert result.limit_refusals == {"max_stored_bytes": 3}
+    fakes.limit_refusals = {}
+    plain = await asyncio.wait_for((await start(client, task())).result(), 30)
+    assert plain.limit_refusals == {}
 
 
 async def test_lineage_reaches_collect_and_the_result(env: tuple[RolloutClient, Fakes]) -> None:

@@ -144,6 +144,68 @@ def test_sigkilled_gateway_leaves_no_process(
             kill_all(captured)
 
 
+DEMO_PARENT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import httpx
+    from devstack.background_server import BackgroundServer
+    from devstack.scripted_engine import Script, ScriptedEngine
+    from workers.demo import serve_gateway
+
+    model_dir, data_dir, big = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    engine = ScriptedEngine(model_dir / "tokenizer.json", Script(default_reply="ok"))
+    engine_server = BackgroundServer(engine.app()).start()
+    server, control, admin = serve_gateway(
+        engine_server.url, "tiny-qwen3", model_dir, data_dir,
+        settings={"tokenize_offload_chars": 1000},
+    )
+    session = httpx.post(
+        f"{control}/sessions", json={"rollout_id": "r"},
+        headers={"Authorization": f"Bearer {admin}"},
+    ).json()
+    reply = httpx.post(
+        f"{session['openai_base_url']}/chat/completions",
+        headers={"Authorization": f"Bearer {session['token']}"},
+        json={"model": "tiny-qwen3", "messages": [{"role": "user", "content": big}]},
+        timeout=60,
+    )
+    print(reply.status_code, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_sigkilled_demo_leaves_no_process_of_its_in_process_gateway(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`rollout demo` serves its Gateway from a thread of its own process: the tokenizer
+    pool that gateway starts (from that thread, so only the pidfd watch can tell) and the
+    resource tracker go when the demo is SIGKILLed."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", DEMO_PARENT, str(tiny_model_dir), str(tmp_path / "gw"), BIG],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    captured: set[Proc] = set()
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline().strip() == "200"
+        captured = descendants(parent.pid)
+        lines = [cmdline(pid) for pid, _ in captured]
+        assert sum("spawn_main" in c for c in lines) == 1, lines
+        assert sum("resource_tracker" in c for c in lines) == 1, lines
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        left = left_after_poll(captured)
+        assert not left, [cmdline(pid) for pid, _ in left]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        kill_all(captured)
+
+
 CONTROL_PARENT = textwrap.dedent(
     """
     import asyncio, multiprocessing, sys, time
@@ -257,3 +319,116 @@ def test_tethered_command_dies_with_its_shim() -> None:
         assert not left_after_poll(command)
     finally:
         kill_all(command)
+
+
+HOST_COMMAND_PARENT = textwrap.dedent(
+    """
+    import asyncio, subprocess
+    from sandboxes.host_commands import dies_with_this_thread
+
+    def start(tied):  # as a worker thread starts and waits for `docker build`
+        arm = dies_with_this_thread() if tied else None
+        proc = subprocess.Popen(["sleep", "600"], start_new_session=True, preexec_fn=arm)
+        print("tied" if tied else "plain", proc.pid, flush=True)
+        proc.wait()
+
+    async def main():
+        await asyncio.gather(asyncio.to_thread(start, True), asyncio.to_thread(start, False))
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_host_command_a_worker_thread_waits_for_dies_with_the_worker() -> None:
+    """What a worker uses for `docker build` and `docker export | tar`: a command started
+    from a thread of the event loop's pool (in its own session, as the build is) goes when
+    the worker is SIGKILLed; the same command started without it stays (the control)."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", HOST_COMMAND_PARENT], stdout=subprocess.PIPE, text=True
+    )
+    captured: set[Proc] = set()
+    try:
+        assert parent.stdout is not None
+        pids = dict(parent.stdout.readline().split() for _ in range(2))
+        captured = descendants(parent.pid)
+        tied = {p for p in captured if p[0] == int(pids["tied"])}
+        plain = {p for p in captured if p[0] == int(pids["plain"])}
+        assert tied and plain, captured
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        assert not left_after_poll(tied)
+        assert alive(plain) == plain  # control: the untied one is a leak the check sees
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        kill_all(captured)
+
+
+BUILDING_WORKER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from sandboxes.task_images import content_hash_of, ensure_task_image
+    from schemas.environment import EnvironmentBuild
+
+    context, base = sys.argv[1], sys.argv[2]
+    build = EnvironmentBuild(
+        context=context, content_hash=content_hash_of(context), timeout_s=900,
+        base_image_map={"ubuntu:24.04": base},
+    )
+    asyncio.run(asyncio.to_thread(ensure_task_image, build))  # as task_env runs it
+    """
+)
+
+
+def test_a_task_image_build_stops_when_its_worker_is_sigkilled(tmp_path: Path) -> None:
+    """Real Docker engine: a worker process building a task's image (a Dockerfile whose
+    RUN sleeps) is SIGKILLed mid-build; the `docker build` client goes with it, and the
+    daemon, its client gone, stops the build's container."""
+    from tests.fixtures.sandboxes import require_docker
+
+    require_docker()
+    base = "agentic-rollout/sandbox-base:latest"
+    if subprocess.run(["docker", "image", "inspect", base], capture_output=True).returncode:
+        pytest.fail(f"{base} missing: build it with `rollout images build`")
+    marker = f"sleep {600 + secrets.randbelow(300)}"  # names this build's container
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM ubuntu:24.04\nRUN {marker}\n")
+    (context / "nonce.txt").write_text(secrets.token_hex(8))  # a new key: a build runs
+    env = dict(os.environ, AGENTIC_ROLLOUT_CACHE=str(tmp_path / "cache"))
+    worker = subprocess.Popen([sys.executable, "-c", BUILDING_WORKER, str(context), base], env=env)
+
+    def sleeping_containers() -> list[str]:
+        out = subprocess.run(
+            ["docker", "ps", "--no-trunc", "--format", "{{.ID}} {{.Command}}"],
+            capture_output=True,
+            text=True,
+        ).stdout
+        return [line.split()[0] for line in out.splitlines() if marker in line]
+
+    captured: set[Proc] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not sleeping_containers():
+            assert worker.poll() is None, "the build ended early"
+            assert time.monotonic() < deadline, "the build's RUN never started"
+            time.sleep(0.2)
+        captured = descendants(worker.pid)
+        clients = {p for p in captured if "docker build" in cmdline(p[0])}
+        assert clients, [cmdline(pid) for pid, _ in captured]
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        assert not left_after_poll(captured), [cmdline(pid) for pid, _ in alive(captured)]
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while sleeping_containers() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not sleeping_containers(), "the build's container still runs"
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+        kill_all(captured)
+        for cid in sleeping_containers():
+            subprocess.run(["docker", "rm", "-f", cid], capture_output=True)

@@ -162,6 +162,7 @@ def test_a_call_past_max_concurrent_calls_is_a_429_in_each_protocol(
     assert [c["status"] for c in calls_of(gw, session)] == ["ok"] * 4
     assert refusals(gw, "max_concurrent_calls") == before + 4
     assert live.inflight == 0
+    assert gw.trajectory(session["session_id"])["limit_refusals"] == {"max_concurrent_calls": 4}
 
 
 def test_a_request_past_max_body_bytes_is_a_413_in_each_protocol(gw: RunningGateway) -> None:
@@ -177,6 +178,7 @@ def test_a_request_past_max_body_bytes_is_a_413_in_each_protocol(gw: RunningGate
     assert refusals(gw, "max_body_bytes") == before + 3
     each_protocol(session)["messages"]()
     assert len(calls_of(gw, session)) == 2
+    assert gw.trajectory(session["session_id"])["limit_refusals"] == {"max_body_bytes": 3}
 
 
 def test_a_session_whose_records_are_full_gets_a_413_in_each_protocol_and_keeps_them(
@@ -199,6 +201,9 @@ def test_a_session_whose_records_are_full_gets_a_413_in_each_protocol_and_keeps_
     assert refusals(gw, "max_stored_bytes") == before + 3
     each_protocol(session, "a small one")["messages"]()
     assert len(calls_of(gw, session)) == 2
+    trajectory = gw.trajectory(session["session_id"])
+    assert trajectory["limit_refusals"] == {"max_stored_bytes": 3}
+    assert gw.trajectory(probe["session_id"])["limit_refusals"] == {}, "counted per session"
 
 
 def test_a_raw_request_past_max_stored_request_bytes_is_kept_cut_with_its_size_and_hash(
@@ -307,6 +312,7 @@ def test_a_body_that_stops_coming_gets_a_408_in_its_protocol_and_the_listener_se
     assert_408(reply, protocol)
     assert served is not None and [c["status"] for c in calls_of(gw, session)] == ["ok"]
     assert refusals(gw, "body_timeout_s") == before + 1
+    assert gw.trajectory(session["session_id"])["limit_refusals"] == {"body_timeout_s": 1}
 
 
 def test_clients_trickling_a_head_or_a_body_are_cut_and_the_listener_serves_others(
@@ -376,6 +382,44 @@ def test_a_trickled_body_on_the_shared_port_gets_a_408_from_the_relaying_process
         )
         == 1
     )
+
+
+def test_the_demos_in_process_gateway_cuts_a_trickled_head_on_both_listeners(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`rollout demo` (and the benches) serve the Gateway in a thread of their own process
+    (`workers.demo.serve_gateway`): its agent and control listeners cut a client that
+    trickles its head, as `rollout gateway`'s do, and serve whole requests meanwhile.
+    Without the deadlines uvicorn keeps such a client open (the control in
+    tests/unit/test_gateway_limits.py), and `read_to_eof` would time out here."""
+    from workers.demo import serve_gateway
+
+    engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
+    with BackgroundServer(engine.app()) as engine_server:
+        server, control_url, admin = serve_gateway(
+            engine_server.url,
+            "tiny-qwen3",
+            tiny_model_dir,
+            tmp_path / "gw",
+            settings={"header_timeout_s": READ_TIMEOUT_S, "tokenize_offload_chars": 0},
+        )
+        try:
+            for url in (server.url, control_url):
+                host, port = url.removeprefix("http://").split(":")
+                with socket.create_connection((host, int(port))) as slow:
+                    slow.settimeout(60)
+                    slow.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\nX-Slow: ")
+                    health = httpx.get(f"{control_url}/health")  # served meanwhile
+                    assert until_cut(slow) == b"", f"{url}: a head is cut without a reply"
+                assert health.status_code == 200
+            session = httpx.post(
+                f"{control_url}/sessions",
+                json={"rollout_id": "r-demo"},
+                headers={"Authorization": f"Bearer {admin}"},
+            ).json()
+            assert each_protocol(session)["chat"]().choices[0].message.content == "ok"
+        finally:
+            server.stop()
 
 
 def test_rollout_gateway_flags_set_the_limits(tiny_model_dir: Path, tmp_path: Path) -> None:

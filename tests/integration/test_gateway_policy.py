@@ -767,3 +767,66 @@ def test_a_hold_without_release_ends_on_unknown_and_failures_say_what_serves(
     assert history[3].error is not None and history[3].error.endswith(
         f"every engine serves {UNKNOWN_WEIGHTS}"
     )
+
+
+def test_a_gateway_sigkilled_while_holding_restarts_labelling_its_engine_unknown(
+    scripted_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`rollout gateway` loads p-v1, then holds the policy for a trainer's sync and is
+    SIGKILLed. Restarted on the same data dir and port, it cannot know whether the sync
+    ran: its engine is `unknown` (not p-v1), calls are recorded so, and the history has
+    the hold as failed, saying why. The control: restarted after an update that ended,
+    the process labels calls with the version it loaded."""
+    admin = secrets.token_urlsafe(12)
+    auth = {"Authorization": f"Bearer {admin}"}
+    port = consecutive_free_ports(2)
+    control = f"http://127.0.0.1:{port + 1}"
+    cmd = [
+        sys.executable, "-m", "workers.cli", "gateway", "--engine", scripted_url,
+        "--model", "tiny-qwen3", "--tokenizer", str(tiny_model_dir), "--port", str(port),
+        "--control-port", str(port + 1), "--data-dir", str(tmp_path / "gw"),
+        "--checkpoint-root", str(tmp_path), "--tokenize-offload-chars", "0",
+    ]  # fmt: skip
+
+    def started() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
+        wait_for("gateway healthy", lambda: _healthy(control, proc))
+        return proc
+
+    def recorded_version() -> str:
+        body = {"rollout_id": f"r-{secrets.token_hex(4)}", "policy_version": "label"}
+        opened = httpx.post(f"{control}/sessions", json=body, headers=auth).json()
+        assert ask(opened, [{"role": "user", "content": "hi"}]) == "ok"
+        path = f"{control}/sessions/{opened['session_id']}/trajectory"
+        [call] = httpx.get(path, headers=auth).json()["calls"]
+        return str(call["policy_version"])
+
+    proc = started()
+    try:
+        ckpt = make_checkpoint(tmp_path / "v1")
+        loaded = httpx.post(
+            f"{control}/policy", json={"policy_version": "p-v1", "checkpoint": ckpt},
+            headers=auth, timeout=60,
+        )  # fmt: skip
+        assert loaded.status_code == 200, loaded.text
+        proc.kill()  # SIGKILL after an update that ended
+        proc.wait(30)
+        proc = started()
+        assert recorded_version() == "p-v1"  # control
+        held = post_hold(control, auth, "ext-1", policy_version="p-v2")
+        assert held.status_code == 200, held.text
+        proc.kill()  # SIGKILL while the trainer may be syncing
+        proc.wait(30)
+        proc = started()
+        assert recorded_version() == UNKNOWN_WEIGHTS
+        reply = httpx.get(f"{control}/policy", headers=auth)
+        state = PolicyState.model_validate_json(reply.content)
+        assert [e.policy_version for e in state.engines] == [UNKNOWN_WEIGHTS]
+        last = state.history[-1]
+        assert (last.update_id, last.kind, last.status) == ("ext-1", "external", "failed")
+        assert last.error is not None and "stopped in its middle" in last.error
+        released = post_release(control, auth, "ext-1", policy_version="p-v2")
+        assert released.status_code == 409  # the hold ended with the process
+    finally:
+        proc.kill()
+        proc.wait(30)

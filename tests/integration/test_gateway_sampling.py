@@ -156,6 +156,44 @@ def test_claude_code_style_sampling_is_overridden_for_anthropic_agents(
     assert call["sampling_overridden"] == {"temperature": 1.0, "top_p": 0.5, "top_k": 3}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_pinned_fields_reach_the_engine_whatever_a_responses_agent_sends(
+    proxied: tuple[RunningGateway, RecordingProxy], stream: bool
+) -> None:
+    """The Responses API carries temperature and top_p (Codex sends its own): pinned, the
+    engine gets the session's and the record says what the agent asked; a session that
+    refuses answers 400 naming the field; left to the agent, its value reaches the engine
+    (the control)."""
+    gw, proxy = proxied
+    asked: dict[str, Any] = {"model": MODEL, "input": "What is 2+2?", "max_output_tokens": 32}
+    agent = {"temperature": 0.1, "top_p": 0.2}
+
+    def respond(session: dict[str, Any]) -> str:
+        client = chat(session)
+        if not stream:
+            return client.responses.create(**asked, **agent).output_text
+        with client.responses.stream(**asked, **agent) as events:
+            return events.get_final_response().output_text
+
+    session = gw.create_session(sampling=POLICY)
+    assert REPLY in respond(session)
+    assert sent_sampling(proxy) == {"temperature": 1.0, "top_p": 1.0, "seed": 11}
+    [call] = gw.trajectory(session["session_id"])["calls"]
+    assert call["sampling_overridden"] == agent
+
+    strict = gw.create_session(sampling=POLICY, sampling_control={"on_conflict": "refuse"})
+    with pytest.raises(openai.BadRequestError) as refused:
+        respond(strict)
+    assert refused.value.body["param"] == "temperature"  # type: ignore[index]
+    assert gw.trajectory(strict["session_id"])["calls"] == []
+
+    free = gw.create_session(
+        sampling=POLICY, sampling_control={"temperature": "agent", "top_p": "agent"}
+    )
+    respond(free)
+    assert sent_sampling(proxy) == {**agent, "seed": 11}
+
+
 def test_a_session_that_refuses_answers_400_naming_the_field(
     proxied: tuple[RunningGateway, RecordingProxy],
 ) -> None:

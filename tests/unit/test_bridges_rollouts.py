@@ -171,6 +171,7 @@ def test_groups_are_separate_baselines() -> None:
         ({"call_starts": [0, 1]}, "call_starts"),
         ({"call_policy_versions": ["v3", "v3"], "call_starts": [1, 0]}, "call_starts"),
         ({"reward_metrics": '{"passed": "yes"}'}, "reward_metrics"),
+        ({"call_sampling": ['{"temperature":1.0}'] * 2}, "call_sampling"),
     ],
 )
 def test_a_row_that_disagrees_is_refused_naming_rollout_and_field(
@@ -201,3 +202,22 @@ def test_a_rollout_names_its_task_source_and_the_verifiers_metrics() -> None:
     new, old = batch.rollouts
     assert (new.task_source, new.reward_metrics) == ("harbor:tasks/hello", {"passed": 3.0})
     assert (old.task_source, old.reward_metrics) == ("", {})
+
+
+def test_each_call_keeps_the_sampling_it_was_sampled_with() -> None:
+    """A two-call segment whose agent changed an agent-chosen field between calls: the
+    segment lists each call's parameters, aligned with its calls. A row written before
+    `call_sampling` (schema v2) gets its `sampling` for every call; one with neither,
+    none."""
+    first, second = '{"temperature":0.3,"top_p":1.0}', '{"temperature":0.9,"top_p":1.0}'
+    two_calls = {"versions": ["v3", "v3"], "starts": [0, 2], "mask": [1, 1, 0, 1]}
+    rows = [
+        row("a", **two_calls) | {"call_sampling": [first, second], "sampling": first},
+        row("b", **two_calls) | {"sampling": second},
+        row("c", **two_calls),
+    ]
+    a, b, c = (r.primary for r in to_training_rollouts(rows, V3).rollouts)
+    assert a.call_sampling == [first, second]
+    assert [p["temperature"] for p in a.sampling_of_calls()] == [0.3, 0.9]
+    assert b.call_sampling == [second, second]
+    assert c.call_sampling == []

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from devstack.background_server import BackgroundServer
+from gateway.engines.external_sync import ExternalSync
 from gateway.engines.policy_history import HISTORY_FILE
 from gateway.engines.policy_update import PolicyGate, PolicyUpdater
 from gateway.engines.vllm_weights import VllmWeightLoader
@@ -26,6 +27,8 @@ from schemas.policy import (
     UNKNOWN_WEIGHTS,
     PeerPause,
     PeerResume,
+    PolicyHold,
+    PolicyRelease,
     PolicyUpdate,
     WeightUpdate,
     WeightUpdateReport,
@@ -132,12 +135,24 @@ def test_engines_left_on_different_weights_label_their_calls_with_what_each_serv
     assert (updater.gate.version, updater.gate.version_on(two)) == ("v2", "v2")
 
 
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        pytest.param(truncated, "truncated or padded", id="truncated"),
+        pytest.param(lambda _good, where: bad_header(where), "unreadable safetensors header",
+                     id="bad-header"),
+    ],
+)  # fmt: skip
 def test_a_checkpoint_that_breaks_between_check_and_load_fails_the_update_cleanly(
-    engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]], tmp_path: Path
+    engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]],
+    tmp_path: Path,
+    damage: Callable[[str, Path], str],
+    says: str,
 ) -> None:
     """The checkpoint passes the checks before the pause, then its weights file is cut
-    short before the engine's loader reads it (the loader checks again): the engine is
-    never touched, the update answers 502 naming the file, and the old version serves."""
+    short, or its header garbled, before the engine's loader reads it (the loader checks
+    again): the engine is never touched, the update answers 502 naming the problem, the
+    old version serves and the history has the failure."""
     (first, _), (one, _) = engines
     good = make_checkpoint(tmp_path / "good")
     later = make_checkpoint(tmp_path / "later", 3.0)
@@ -146,10 +161,8 @@ def test_a_checkpoint_that_breaks_between_check_and_load_fails_the_update_cleanl
         class CutsFirst(VllmWeightLoader):
             async def load(self, update: WeightUpdate) -> WeightUpdateReport:
                 if update.checkpoint == later:
-                    truncated(good, tmp_path / "cut")
-                    os.replace(
-                        tmp_path / "cut" / "model.safetensors", Path(later) / "model.safetensors"
-                    )
+                    damaged = Path(damage(good, tmp_path / "cut"))
+                    os.replace(damaged / "model.safetensors", Path(later) / "model.safetensors")
                 return await super().load(update)
 
         return CutsFirst(url)
@@ -161,7 +174,7 @@ def test_a_checkpoint_that_breaks_between_check_and_load_fails_the_update_cleanl
         return await failed(updater, "v2", later)
 
     error = asyncio.run(run())
-    assert error.status == 502 and "truncated or padded" in error.message
+    assert error.status == 502 and says in error.message
     assert error.message.endswith("every engine serves v1")
     assert first.calls.count("/collective_rpc") == 1  # v1's only
     assert (first.version, updater.gate.version, updater.gate.closed) == ("v1", "v1", False)
@@ -519,6 +532,183 @@ def test_a_drain_that_times_out_leaves_everything_open_and_is_recorded(
     assert error.status == 409 and "1 engine call(s) still running" in error.message
     assert first.calls == [] and not updater.gate.closed
     assert [r.status for r in updater.history()] == ["failed"]
+
+
+def test_an_unexpected_error_in_a_load_is_a_failed_update_with_engines_put_back(
+    engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]], tmp_path: Path
+) -> None:
+    """A loader that raises something other than `WeightLoadError` (a bug) on engine 2
+    after engine 1 loaded v-new: engine 2 counts as touched, both are put back on v-old,
+    the answer names the exception, the gate is open and the history has the failure."""
+    (first, second), (one, two) = engines
+    old, new = make_checkpoint(tmp_path / "old"), make_checkpoint(tmp_path / "new", 2.0)
+
+    def buggy_loader(url: str) -> VllmWeightLoader:
+        class Buggy(VllmWeightLoader):
+            async def load(self, update: WeightUpdate) -> WeightUpdateReport:
+                if url == two and update.checkpoint == new:
+                    raise KeyError("weight_map")
+                return await super().load(update)
+
+        return Buggy(url)
+
+    updater = updater_for([one, two], tmp_path, loader=buggy_loader)
+
+    async def run() -> GatewayError:
+        await updater.update(PolicyUpdate(policy_version="v-old", checkpoint=old))
+        return await failed(updater, "v-new", new)
+
+    error = asyncio.run(run())
+    assert (error.status, error.kind) == (502, "engine_bad_reply")
+    assert f"engine {two} did not load {new}: KeyError('weight_map')" in error.message
+    assert error.message.endswith("every engine serves v-old")
+    assert [(f.version, f.checkpoint, f.paused) for f in (first, second)] == [
+        ("v-old", old, False),
+        ("v-old", old, False),
+    ]
+    assert (updater.gate.version, updater.gate.closed) == ("v-old", False)
+    assert [r.status for r in updater.history()] == ["ok", "failed"]
+
+
+class JunkPeerForTests:
+    """A gateway process whose pause answers 200 with a body that is no `PeerPaused` (a
+    bug on its side); it keeps the resumes it is sent."""
+
+    def __init__(self) -> None:
+        self.resumes: list[dict[str, object]] = []
+
+    def app(self) -> Starlette:
+        async def pause(request: Request) -> Response:
+            return JSONResponse({"paused": "yes"})
+
+        async def resume(request: Request) -> Response:
+            self.resumes.append(await request.json())
+            return JSONResponse({"resumed": True})
+
+        return Starlette(
+            routes=[
+                Route("/policy/pause", pause, methods=["POST"]),
+                Route("/policy/resume", resume, methods=["POST"]),
+            ]
+        )
+
+
+def test_an_exception_mid_update_resumes_every_process_and_is_recorded(
+    engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]], tmp_path: Path
+) -> None:
+    """Peer 1 pauses; peer 2's answer cannot be read (an exception in the coordinator,
+    not a refusal): a 500 that names it, no engine touched, both peers sent the resume
+    (peer 1 is open again), the coordinator's gate open, the failure in the history."""
+    (first, _), (one, _) = engines
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    good, junk = PeerForTests([one], tmp_path / "gw"), JunkPeerForTests()
+    with BackgroundServer(good.app()) as p1, BackgroundServer(junk.app()) as p2:
+        updater = updater_for([one], tmp_path, peers=[p1.url, p2.url])
+        error = asyncio.run(failed(updater, "v1", ckpt))
+    assert (error.status, error.kind) == (500, "internal")
+    assert "unexpected ValidationError" in error.message
+    assert error.message.endswith("every engine serves its starting weights")
+    assert first.calls == []
+    assert not good.updater.gate.closed and good.updater._peer_hold is None
+    assert [r["update_id"] for r in junk.resumes] == [updater.history()[0].update_id]
+    assert not updater.gate.closed
+    [record] = updater.history()
+    assert (record.status, record.error) == ("failed", error.message)
+
+
+def test_a_history_that_cannot_be_written_still_resumes_everyone_on_what_engines_serve(
+    engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engines load v1, then the history entry cannot be written (the disk is full,
+    injected at the write: as root no permission makes a file unwritable): the answer is
+    a 503 saying v1 serves and that a restarted gateway would not know it; this gate and
+    the peer are open on v1, the version the engines really serve."""
+    (first, _), (one, _) = engines
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    peer = PeerForTests([one], tmp_path / "peer-data")
+
+    def disk_full(self: object, record: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with BackgroundServer(peer.app()) as p1:
+        updater = updater_for([one], tmp_path, peers=[p1.url])
+        monkeypatch.setattr(type(updater.history_file), "append", disk_full)
+        error = asyncio.run(failed(updater, "v1", ckpt))
+    assert (error.status, error.kind) == (503, "storage_unavailable")
+    assert "every engine serves v1, but its history entry could not be written" in error.message
+    assert "No space left on device" in error.message
+    assert first.version == "v1" and not first.paused
+    assert (updater.gate.version, updater.gate.closed) == ("v1", False)
+    assert (peer.updater.gate.version, peer.updater.gate.closed) == ("v1", False)
+
+
+def test_a_process_killed_mid_update_restarts_with_its_engines_unknown(
+    engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]], tmp_path: Path
+) -> None:
+    """Process A serves v0, then starts the update to v1 and is killed while the engine
+    reloads (here: A is left hanging and a new `PolicyUpdater` of A's address starts on
+    the same data dir, as the restarted process does). The restarted A labels the engine
+    `unknown`, not v0, and the history says why. Controls: process B, started meanwhile,
+    has no update of its own in progress and starts on the history's v0; an update that
+    ended leaves no mark, so a later restart of A starts on what it loaded."""
+    (first, _), (one, _) = engines
+    v0, v1 = make_checkpoint(tmp_path / "v0"), make_checkpoint(tmp_path / "v1", 2.0)
+    a = updater_for([one], tmp_path, owner="http://a:1")
+
+    async def run() -> None:
+        await a.update(PolicyUpdate(policy_version="v0", checkpoint=v0))
+        assert a.marker is not None and not a.marker.path.exists()
+        first.hold.clear()
+        update = asyncio.create_task(a.update(PolicyUpdate(policy_version="v1", checkpoint=v1)))
+        while not first.reloading.is_set():
+            await asyncio.sleep(0.01)
+        b = updater_for([one], tmp_path, owner="http://b:2")
+        assert b.gate.version_on(one) == "v0"
+        restarted = updater_for([one], tmp_path, owner="http://a:1")
+        assert (restarted.gate.version, restarted.gate.version_on(one)) == (
+            UNKNOWN_WEIGHTS, UNKNOWN_WEIGHTS,
+        )  # fmt: skip
+        last = restarted.history()[-1]
+        assert (last.policy_version, last.status, last.kind) == ("v1", "failed", "checkpoint")
+        assert last.error is not None and "stopped in its middle" in last.error
+        assert restarted.marker is not None and not restarted.marker.path.exists()
+        first.hold.set()
+        await update
+
+    asyncio.run(run())
+    again = updater_for([one], tmp_path, owner="http://a:1")
+    assert again.gate.version_on(one) == "v1"
+
+
+def test_a_process_killed_while_holding_for_a_trainers_sync_restarts_with_engines_unknown(
+    engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]], tmp_path: Path
+) -> None:
+    """A hold for the trainer's own weight sync, then the holding process is killed: the
+    restarted process cannot know whether the sync ran, so its engines are `unknown`
+    (they were labelled v0 before, which the sync may have replaced). A hold released
+    before a restart leaves nothing behind (the control)."""
+    (_, _), (one, _) = engines
+    v0 = make_checkpoint(tmp_path / "v0")
+    a = updater_for([one], tmp_path, owner="http://a:1")
+    sync = ExternalSync(a)
+
+    async def run() -> None:
+        await a.update(PolicyUpdate(policy_version="v0", checkpoint=v0))
+        await sync.hold(PolicyHold(update_id="h1", policy_version="v1", drain_timeout_s=5))
+        restarted = updater_for([one], tmp_path, owner="http://a:1")
+        assert restarted.gate.version_on(one) == UNKNOWN_WEIGHTS
+        last = restarted.history()[-1]
+        assert (last.update_id, last.kind, last.status) == ("h1", "external", "failed")
+        await sync.release(PolicyRelease(update_id="h1", policy_version="v1"))  # cleanup
+        c = updater_for([one], tmp_path, owner="http://c:3")
+        c_sync = ExternalSync(c)
+        await c_sync.hold(PolicyHold(update_id="h2", drain_timeout_s=5))
+        await c_sync.release(PolicyRelease(update_id="h2", policy_version="v2"))
+
+    asyncio.run(run())
+    assert updater_for([one], tmp_path, owner="http://c:3").gate.version_on(one) == "v2"
 
 
 def test_the_gate_holds_new_calls_until_running_ones_have_drained() -> None:

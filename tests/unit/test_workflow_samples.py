@@ -184,6 +184,17 @@ def test_summary_counts_tokens_and_statuses() -> None:
     assert summary.num_samples == 2 and summary.num_calls == 2 and summary.failed_calls == 1
     assert summary.trainable_tokens == 4
     assert summary.statuses == {"ok": 1, "infra_error": 1}
+    assert summary.limit_refusals == {}
+
+
+def test_the_summary_says_which_limits_refused_the_agents_calls() -> None:
+    """Refused calls are never recorded; the session's count of them travels with the
+    summary (and from it to the rollout's result)."""
+    traj = trajectory([call("c1", "g1")], [segment("g1", ["c1"])]).model_copy(
+        update={"limit_refusals": {"max_stored_bytes": 2, "max_concurrent_calls": 1}}
+    )
+    summary = summarize(traj, build_rows(traj, request()), None, closed=True)
+    assert summary.limit_refusals == {"max_stored_bytes": 2, "max_concurrent_calls": 1}
 
 
 def test_a_segment_spanning_a_policy_update_carries_each_calls_version() -> None:
