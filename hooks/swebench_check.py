@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from hooks.test_logs import TestStatus, get_parser
-from sandboxes.base import ArchiveTooLarge, Sandbox, SandboxError
+from sandboxes.base import SYSTEM_TOOLS_ENV, ArchiveTooLarge, Sandbox, SandboxError
 from schemas.evaluation import CheckResult, SweBenchCheck
 
 #: How much of the end of a test log is read (the pytest summary is at the end).
@@ -169,7 +169,7 @@ async def _run_tests(sandbox: Sandbox, check: SweBenchCheck, name: str) -> tuple
     scratch = next((w for w in words if w.startswith("/tmp/rollout-swebench.")), None)
     log = await _read_log(sandbox, scratch) if scratch else ""
     if scratch:
-        await sandbox.exec(["rm", "-rf", scratch], cwd="/", timeout=120)
+        await sandbox.exec(["rm", "-rf", "--", scratch], env=SYSTEM_TOOLS_ENV, cwd="/", timeout=120)
     if res.timed_out:
         raise SweBenchEvalError(
             f"check {name}: the tests timed out after {check.timeout_s}s; log tail: " + _tail(log)
