@@ -413,3 +413,74 @@ async def test_capture_diff_of_a_dir_inside_the_task_repo_is_that_dirs_change(
         "sub/b.txt",
     }
     assert (r.diff.files_changed, r.diff.insertions, r.diff.deletions) == (2, 2, 1)
+
+
+# ------------------------------------- the task's PATH names a dir the agent can write
+
+#: A task whose env puts a directory of the workdir first on PATH (a venv's bin, say).
+TASK_PATH = "/workspace/bin:/usr/local/bin:/usr/bin:/bin"
+#: The agent plants there the programs the evaluator's own commands call; each records
+#: that it ran, and `mktemp` hands out a file in /tmp whatever directory it is asked for.
+PATH_AGENT = """
+set -e
+mkdir -p bin /tmp/fired
+for p in rm head dirname; do
+  printf '#!/bin/sh\\ntouch /tmp/fired/%s\\nexec /bin/%s "$@"\\n' "$p" "$p" > "bin/$p"
+done
+printf '#!/bin/sh\\ntouch /tmp/fired/mktemp\\necho /tmp/planted\\n' > bin/mktemp
+chmod +x bin/*
+rm -f /tmp/nothing && head -c 1 /dev/null && dirname / >/dev/null && mktemp >/dev/null
+echo "armed: $(ls /tmp/fired | tr '\\n' ' ')"
+rm -rf /tmp/fired/* && echo 41 > answer.txt
+"""
+PATH_TOOLS = ("rm", "head", "dirname", "mktemp")
+
+
+async def test_programs_on_the_tasks_path_do_not_run_in_the_evaluators_own_commands(
+    local_backend: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The task's env puts an agent-writable dir first on PATH; the agent plants `rm`,
+    `head`, `dirname` and `mktemp` there. The evaluator's own commands after the agent
+    (capture_diff's cleanup, the evaluation's probes) never run them."""
+    evaluation = {
+        "aggregate": "mean",
+        "checks": [{"kind": "file", "name": t, "path": f"/tmp/fired/{t}"} for t in PATH_TOOLS],
+    }
+    hooks = [{"name": "capture_diff"}, {"name": "evaluate"}]
+    r = await run_agent(
+        local_backend, tmp_path, PATH_AGENT, evaluation, hooks, env={"PATH": TASK_PATH}
+    )
+    out = r.agent.stdout_tail if r.agent else ""
+    armed = next(ln for ln in out.splitlines() if ln.startswith("armed: ")).split()[1:]
+    assert sorted(armed) == sorted(PATH_TOOLS), out
+    assert fired(r) == dict.fromkeys(PATH_TOOLS, False)
+
+
+@pytest.mark.parametrize("defended", [True, False], ids=["system_tools", "control_task_path"])
+async def test_a_planted_mktemp_cannot_hide_damage_from_the_probe(
+    local_backend: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    defended: bool,
+) -> None:
+    """The agent closes its workdir for new files and plants a `mktemp` (first on the
+    task's PATH) that hands out a writable file elsewhere: the damage probe still finds
+    the workdir closed. Control: the probe run with the task's PATH is fooled (no
+    damage found: the failure would be masked), so the planted program is where it
+    would run."""
+    import sandboxes.base as sandbox_base
+
+    if not defended:
+        monkeypatch.setattr(sandbox_base, "SYSTEM_TOOLS_ENV", {})
+    spec = SandboxSpec(rollout_id=f"it-clean-probe-{time.monotonic_ns()}", env={"PATH": TASK_PATH})
+    sb = await local_backend.create(spec)
+    try:
+        plant = await sb.exec(PATH_AGENT + "chmod 555 /workspace\n", cwd="/workspace")
+        assert plant.ok, plant
+        damage = await sb.agent_damage(sb.workdir)
+        if defended:
+            assert damage == "/workspace takes no new file", damage
+        else:
+            assert damage is None
+    finally:
+        await sb.destroy()
