@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hooks.swebench_check import LOG_TAIL_BYTES
 from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.session import SessionCreated
@@ -56,6 +57,16 @@ def instances(tmp_path: Path) -> Path:
 async def run_instance(
     backend: SandboxBackend, tmp_path: Path, instances: Path, agent: str
 ) -> RunOutcome:
+    r = await run_any(backend, tmp_path, instances, agent)
+    assert r.status == RolloutStatus.ok, r.error
+    assert r.evaluation is not None and r.evaluation.status == "ok", r.evaluation
+    return r
+
+
+async def run_any(
+    backend: SandboxBackend, tmp_path: Path, instances: Path, agent: str
+) -> RunOutcome:
+    """One rollout of the instance, whatever its evaluation gives."""
     options = LoadOptions(
         harness=HarnessSpec(name="command", config={"command": agent}, budget_s=120),
         backend=backend.name,
@@ -66,9 +77,7 @@ async def run_instance(
     (task,) = loaded.tasks
     rid = f"it-swebench-{time.monotonic_ns()}"
     r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(task, SESSION, rid)
-    assert r.status == RolloutStatus.ok, r.error
     assert r.agent is not None and r.agent.exit_code == 0, r.agent and r.agent.stderr_tail
-    assert r.evaluation is not None and r.evaluation.status == "ok", r.evaluation
     return r
 
 
@@ -130,3 +139,25 @@ async def test_removing_the_git_data_fails_the_check_not_the_evaluator(
     assert r.evaluation is not None and r.evaluation.reward == 0.0
     (check,) = r.evaluation.checks
     assert not check.passed and "changed the repository's git data" in check.detail
+
+
+async def test_a_test_log_over_the_cap_is_an_evaluator_error(
+    local_backend: SandboxBackend,  # noqa: F811
+    tmp_path: Path,
+    instances: Path,
+) -> None:
+    """The code under test prints more than the log's cap: only the log's tail is read,
+    so the statuses before it are lost and its end may be what the code printed (here
+    `ok` for both listed tests, which a cut log would grade as resolved). A cut log is
+    never graded."""
+    forged = "".join(f"\\n{t} ... ok" for t in (F2P, P2P))
+    flood = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: print('x' * (17 << 20) + '{forged}', file=sys.stderr))\n"
+    )
+    agent = f"cat >> calc.py <<'EOF'\n{flood}EOF\n"
+    r = await run_any(local_backend, tmp_path, instances, agent)
+    assert r.status == RolloutStatus.eval_error, r.error
+    assert r.evaluation is not None and r.evaluation.status == "eval_error", r.evaluation
+    assert r.reward is None and r.evaluation.damage is None
+    assert f"over the {LOG_TAIL_BYTES}-byte cap" in (r.evaluation.error or "")
