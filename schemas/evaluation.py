@@ -20,7 +20,7 @@ from schemas.base import StrictModel
 from schemas.workspace import SandboxFile, full_commit
 
 #: Bump when the scoring rules of the `evaluate` hook change meaning.
-SCORING_VERSION = "2"
+SCORING_VERSION = "3"
 
 
 class _CheckBase(StrictModel):
