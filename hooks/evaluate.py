@@ -13,8 +13,11 @@ result models are in `schemas.evaluation`.
 The checks run in the agent's own sandbox, each in the clean room
 (`Sandbox.evaluator_exec`: every process killed first, fresh HOME, system PATH, no user
 site, neutral git), and the hidden files are placed right after a kill, so nothing the
-agent left can run code in the evaluator. Nothing they use may sit where the agent
-could have prepared it either: a script check's script arrives on stdin and is written
+agent left can run code in the evaluator. What the evaluation writes (the hidden files,
+`/tests`, a verifier's reward dir) is probed before the agent starts (`unwritable`), so
+a write the agent blocked is its doing, not a masked error. Nothing the checks use may
+sit where the agent could have prepared it either: a script check's script arrives on
+stdin and is written
 into a directory `mktemp -d` creates at run time (random name, created exclusively,
 mode 0700), never to a path the agent could guess, pre-create or symlink
 (`_SCRIPT_RUNNER`); a Python interpreter gets ``-s`` (no user site dir). A `swebench`
@@ -100,7 +103,8 @@ done
 
 #: For each pair `KIND PATH` (f: a file the evaluation writes, d: a directory it
 #: empties), one line ``PATH<TAB>why`` if it could not be written now; nothing if it
-#: could. Writes nothing, needs no new file (it must answer on a full disk too).
+#: could. Paths are absolute. Writes nothing and starts no program (it must answer on a
+#: full disk, and run nothing the agent planted).
 _WRITABLE_PROBE = r"""
 while [ $# -ge 2 ]; do
   kind=$1 p=$2; shift 2
@@ -109,8 +113,8 @@ while [ $# -ge 2 ]; do
     elif [ ! -O "$p" ]; then printf '%s\t%s belongs to another user\n' "$p" "$p"; fi
     continue
   fi
-  a=$(dirname -- "$p")
-  while [ ! -e "$a" ] && [ ! -L "$a" ]; do a=$(dirname -- "$a"); done
+  a=${p%/*}; a=${a:-/}
+  while [ ! -e "$a" ] && [ ! -L "$a" ]; do a=${a%/*}; a=${a:-/}; done
   if [ -L "$a" ] && [ ! -e "$a" ]; then why="$a is a dangling symlink"
   elif [ ! -d "$a" ]; then why="$a is not a directory"
   elif [ ! -w "$a" ] || [ ! -x "$a" ]; then why="$a takes no new file"
@@ -548,8 +552,11 @@ class EvaluateHook(Hook):
         if spec is not None:
             ctx.state[self._key] = await _existing_dirs(ctx.sandbox, _check_dirs(spec, ctx.workdir))
             ctx.state[self._preflight_key] = await preflight_checks(ctx.sandbox, spec)
-            targets = _write_targets(spec, ctx.workdir)
-            ctx.state[self._unwritable_key] = await unwritable(ctx.sandbox, targets)
+            try:
+                targets = _write_targets(spec, ctx.workdir)
+                ctx.state[self._unwritable_key] = await unwritable(ctx.sandbox, targets)
+            except SandboxError:
+                pass  # not known: a failed write later stays ours
 
     async def after_run(self, ctx: HookContext) -> None:
         spec = self.params.spec or ctx.task.evaluation
