@@ -484,3 +484,58 @@ async def test_a_planted_mktemp_cannot_hide_damage_from_the_probe(
             assert damage is None
     finally:
         await sb.destroy()
+
+
+# --------------------------------------------------------------- /dev entries a check uses
+
+#: The agent points /dev/fd and /dev/stdin at files of its own saying 42.
+DEV_PLANT = """
+mkdir -p /tmp/fds && for i in $(seq 0 255); do echo 42 > /tmp/fds/$i; done
+rm -f /dev/fd /dev/stdin; ln -s /tmp/fds /dev/fd; ln -s /tmp/fds/0 /dev/stdin
+true
+"""
+#: A check reading through both: a process substitution and `cat /dev/stdin`.
+DEV_CHECK = ["bash", "-c", "cat <(echo honest) /dev/stdin"]
+
+
+async def _dev_entries_seen_by_a_check(backend: SandboxBackend) -> tuple[str, str]:
+    """(what a check read through /dev after the agent's plant, /dev/shm's echo)."""
+    sb = await backend.create(SandboxSpec(rollout_id=f"it-clean-dev-{time.monotonic_ns()}"))
+    try:
+        assert (await sb.exec(["bash", "-c", DEV_PLANT])).ok
+        shm = await sb.exec(["sh", "-c", "echo shm > /dev/shm/f && cat /dev/shm/f"])
+        res = await sb.evaluator_exec(DEV_CHECK, stdin=b"real\n")
+        assert res.ok, res
+        return res.stdout, shm.stdout
+    finally:
+        await sb.destroy()
+
+
+async def test_the_agent_cannot_replace_dev_entries_a_check_resolves(
+    backend: SandboxBackend,
+) -> None:
+    """/dev is read-only to the agent (local: remounted so; docker: root's), so a check's
+    process substitution and /dev/stdin are the real ones; /dev/shm stays writable."""
+    seen, shm = await _dev_entries_seen_by_a_check(backend)
+    assert (seen, shm) == ("honest\nreal\n", "shm\n")
+
+
+async def test_control_a_writable_dev_lets_the_agent_answer_for_a_check(
+    local_backend: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Control: the local sandbox with /dev left writable (bwrap's default) — the same
+    plant makes the check read the agent's 42, so the test above sees the defence."""
+    from sandboxes.local import LocalBackend
+
+    real = LocalBackend._bwrap_args
+
+    def writable_dev(self: LocalBackend, *args: Any, **kwargs: Any) -> list[str]:
+        argv = real(self, *args, **kwargs)
+        i = argv.index("--remount-ro")
+        assert argv[i + 1] == "/dev", argv
+        return argv[:i] + argv[i + 2 :]
+
+    monkeypatch.setattr(LocalBackend, "_bwrap_args", writable_dev)
+    seen, _ = await _dev_entries_seen_by_a_check(local_backend)
+    assert seen == "42\n42\n"
