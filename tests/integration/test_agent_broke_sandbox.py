@@ -282,3 +282,38 @@ async def test_control_a_hidden_file_the_task_cannot_place_stays_masked(
     r = await _run(local_backend, gateway, tmp_path, task)
     assert r.status == RolloutStatus.eval_error, r.problem
     assert r.reward is None and r.evaluation is not None and r.evaluation.damage is None
+
+
+#: A reward script that needs 96 MiB: more than a sandbox whose memory the agent filled
+#: with files has left, well within one the agent left alone.
+HUNGRY = {
+    "checks": [
+        {
+            "kind": "script",
+            "name": "reward",
+            "interpreter": "/usr/bin/python3",
+            "reward_from": "stdout_json",
+            "script": "room = bytearray(96 << 20)\n" + REWARD_SCRIPT,
+        }
+    ]
+}
+FILL_SHM = "head -c 176M /dev/zero > /dev/shm/fill 2>/dev/null; true\n"
+
+
+@pytest.mark.parametrize("fill", [True, False], ids=["filled", "control_not_filled"])
+async def test_filling_memory_with_files_scores_0(
+    local_backend: SandboxBackend,  # noqa: F811
+    gateway: RecordingLLMServerForTests,
+    tmp_path: Path,
+    fill: bool,
+) -> None:
+    """The agent leaves files in /dev/shm (memory, charged to its 256 MiB limit), which
+    no kill frees: the reward script is killed for want of memory. Control: without the
+    files the same script runs and scores the wrong answer 0."""
+    agent = ANSWER + (FILL_SHM if fill else "")
+    task = _task("local", agent, evaluation=HUNGRY, resources={"memory_mb": 256})
+    r = await _run(local_backend, gateway, tmp_path, task)
+    if fill:
+        _assert_agents_fault(r, "files in memory (tmpfs: /dev/shm, /run) hold 176 MiB")
+    else:
+        assert (r.status, r.reward) == (RolloutStatus.ok, 0.0), r.problem
