@@ -17,10 +17,9 @@ agent left can run code in the evaluator. What the evaluation writes (the hidden
 `/tests`, a verifier's reward dir) is probed before the agent starts (`unwritable`), so
 a write the agent blocked is its doing, not a masked error. Nothing the checks use may
 sit where the agent could have prepared it either: a script check's script arrives on
-stdin and is written
-into a directory `mktemp -d` creates at run time (random name, created exclusively,
-mode 0700), never to a path the agent could guess, pre-create or symlink
-(`_SCRIPT_RUNNER`); a Python interpreter gets ``-s`` (no user site dir). A `swebench`
+stdin and is written into a directory `mktemp -d` creates at run time (random name,
+created exclusively, mode 0700), never to a path the agent could guess, pre-create or
+symlink (`_SCRIPT_RUNNER`); a Python interpreter gets ``-s`` (no user site dir). A `swebench`
 check (`hooks.swebench_check`) places its hidden tests with a git of its own and is
 checked before the agent starts, so a later failure to place them is the agent's.
 """
