@@ -255,7 +255,7 @@ VERIFIER = {
     ids=["file_in_place_of_its_dir", "dangling_symlink", "closed_dir", "reward_dir_blocked"],
 )
 async def test_blocking_where_the_evaluation_writes_scores_0(
-    local_backend: SandboxBackend,  # noqa: F811
+    sandbox_backend: SandboxBackend,  # noqa: F811
     gateway: RecordingLLMServerForTests,
     tmp_path: Path,
     evaluation: dict[str, Any],
@@ -265,8 +265,8 @@ async def test_blocking_where_the_evaluation_writes_scores_0(
     """The agent blocks the path a hidden file or the verifier's reward dir is written to
     (a file where its directory goes, a symlink to nowhere, a closed directory): it could
     be written before the agent ran, so the failure is the agent's, named."""
-    task = _task("local", ANSWER + block + "\n", evaluation=evaluation)
-    r = await _run(local_backend, gateway, tmp_path, task)
+    task = _task(sandbox_backend.name, ANSWER + block + "\n", evaluation=evaluation)
+    r = await _run(sandbox_backend, gateway, tmp_path, task)
     _assert_agents_fault(r, where)
 
 
