@@ -161,3 +161,51 @@ async def test_a_test_log_over_the_cap_is_an_evaluator_error(
     assert r.evaluation is not None and r.evaluation.status == "eval_error", r.evaluation
     assert r.reward is None and r.evaluation.damage is None
     assert f"over the {LOG_TAIL_BYTES}-byte cap" in (r.evaluation.error or "")
+
+
+#: Applies the fix to the repo (at the format's default `repo_path`) and records which
+#: trap ran.
+_FIXER = """#!/bin/sh
+mkdir -p /tmp/fired && touch "/tmp/fired/$1"
+sed -i 's/return a + b$/return a - b/; 1,2s/return a - b/return a + b/' /testbed/calc.py
+case "$1" in smudge) exec cat ;; esac
+exit 0
+"""
+GIT_TRAPS = ("fsmonitor", "smudge", "hook")
+#: The agent writes git config into the task repo and a `.gitattributes` naming a smudge
+#: filter; each program, if git runs it, fixes `sub` so the instance resolves.
+REPO_GIT_AGENT = f"""
+set -e
+cat > .git/fixer <<'EOF'
+{_FIXER}EOF
+chmod +x .git/fixer
+git config core.fsmonitor "$PWD/.git/fixer fsmonitor"
+git config filter.evil.smudge "$PWD/.git/fixer smudge"
+printf '#!/bin/sh\\nexec "$(git rev-parse --git-dir)/fixer" hook\\n' > .git/hooks/post-index-change
+cp .git/hooks/post-index-change .git/hooks/post-checkout
+chmod +x .git/hooks/post-index-change .git/hooks/post-checkout
+echo '* filter=evil' > .gitattributes
+cp calc.py /tmp/calc.orig
+git status --porcelain >/dev/null
+rm -f tests/test_calc.py && git checkout-index -f tests/test_calc.py
+grep -q 'return a - b' calc.py && echo "armed: $(ls /tmp/fired | tr '\\n' ' ')"
+rm -rf /tmp/fired && cp /tmp/calc.orig calc.py
+"""
+
+
+async def test_the_repos_git_config_and_attributes_do_not_run_when_the_tests_are_placed(
+    sandbox_backend: SandboxBackend,  # noqa: F811
+    tmp_path: Path,
+    instances: Path,
+) -> None:
+    """The agent writes fsmonitor, a smudge filter (named by its `.gitattributes`) and
+    hooks into the task repo; each would fix the bug if git ran it. Placing the hidden
+    tests (which writes files with git) and grading run none of them: the unfixed
+    instance is not resolved. Armed: the agent's own git runs all three."""
+    r = await run_instance(sandbox_backend, tmp_path, instances, REPO_GIT_AGENT)
+    out = r.agent.stdout_tail if r.agent else ""
+    armed = next(ln for ln in out.splitlines() if ln.startswith("armed: ")).split()[1:]
+    assert sorted(armed) == sorted(GIT_TRAPS), out
+    assert r.evaluation is not None and r.evaluation.reward == 0.0
+    (check,) = r.evaluation.checks
+    assert check.tests == {F2P: "FAILED", P2P: "PASSED"}
