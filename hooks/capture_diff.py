@@ -25,7 +25,12 @@ from pathlib import Path
 from pydantic import Field
 
 from hooks.base import Hook, HookContext, register_hook
-from sandboxes.base import DEFAULT_MAX_ARCHIVE_BYTES, ArchiveTooLarge, SandboxError
+from sandboxes.base import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
+    SYSTEM_TOOLS_ENV,
+    ArchiveTooLarge,
+    SandboxError,
+)
 from schemas.base import StrictModel
 from schemas.outcome import DiffSummary
 
@@ -117,7 +122,12 @@ class CaptureDiffHook(Hook):
         try:
             await self._diff(ctx, info, scratch)
         finally:
-            await sb.exec(["rm", "-rf", scratch], cwd="/", timeout=self.params.timeout_s)
+            await sb.exec(
+                ["rm", "-rf", "--", scratch],
+                env=SYSTEM_TOOLS_ENV,
+                cwd="/",
+                timeout=self.params.timeout_s,
+            )
         if info.get("baseline"):
             Path(info["baseline"]).unlink(missing_ok=True)
 

@@ -13,11 +13,13 @@ result models are in `schemas.evaluation`.
 The checks run in the agent's own sandbox, each in the clean room
 (`Sandbox.evaluator_exec`: every process killed first, fresh HOME, system PATH, no user
 site, neutral git), and the hidden files are placed right after a kill, so nothing the
-agent left can run code in the evaluator. Nothing they use may sit where the agent
-could have prepared it either: a script check's script arrives on stdin and is written
-into a directory `mktemp -d` creates at run time (random name, created exclusively,
-mode 0700), never to a path the agent could guess, pre-create or symlink
-(`_SCRIPT_RUNNER`); a Python interpreter gets ``-s`` (no user site dir). A `swebench`
+agent left can run code in the evaluator. What the evaluation writes (the hidden files,
+`/tests`, a verifier's reward dir) is probed before the agent starts (`unwritable`), so
+a write the agent blocked is its doing, not a masked error. Nothing the checks use may
+sit where the agent could have prepared it either: a script check's script arrives on
+stdin and is written into a directory `mktemp -d` creates at run time (random name,
+created exclusively, mode 0700), never to a path the agent could guess, pre-create or
+symlink (`_SCRIPT_RUNNER`); a Python interpreter gets ``-s`` (no user site dir). A `swebench`
 check (`hooks.swebench_check`) places its hidden tests with a git of its own and is
 checked before the agent starts, so a later failure to place them is the agent's.
 """
@@ -45,7 +47,14 @@ from hooks.reward_file import (
 )
 from hooks.swebench_check import SweBenchEvalError, run_swebench_check
 from hooks.swebench_check import preflight as swebench_preflight
-from sandboxes.base import TESTS_DIR, ArchiveTooLarge, Sandbox, SandboxError, SandboxNotFound
+from sandboxes.base import (
+    SYSTEM_TOOLS_ENV,
+    TESTS_DIR,
+    ArchiveTooLarge,
+    Sandbox,
+    SandboxError,
+    SandboxNotFound,
+)
 from schemas.base import StrictModel
 from schemas.evaluation import (
     CheckResult,
@@ -87,6 +96,29 @@ for d; do
   find "$d" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + 2>&1
   left=$(ls -A -- "$d") || exit 1
   [ -z "$left" ] || { echo "$d could not be emptied (left: $(echo $left | head -c 200))"; exit 1; }
+done
+"""
+
+
+#: For each pair `KIND PATH` (f: a file the evaluation writes, d: a directory it
+#: empties), one line ``PATH<TAB>why`` if it could not be written now; nothing if it
+#: could. Paths are absolute. Writes nothing and starts no program (it must answer on a
+#: full disk, and run nothing the agent planted).
+_WRITABLE_PROBE = r"""
+while [ $# -ge 2 ]; do
+  kind=$1 p=$2; shift 2
+  if [ -d "$p" ] && [ ! -L "$p" ]; then
+    if [ "$kind" = f ]; then printf '%s\t%s is a directory\n' "$p" "$p"
+    elif [ ! -O "$p" ]; then printf '%s\t%s belongs to another user\n' "$p" "$p"; fi
+    continue
+  fi
+  a=${p%/*}; a=${a:-/}
+  while [ ! -e "$a" ] && [ ! -L "$a" ]; do a=${a%/*}; a=${a:-/}; done
+  if [ -L "$a" ] && [ ! -e "$a" ]; then why="$a is a dangling symlink"
+  elif [ ! -d "$a" ]; then why="$a is not a directory"
+  elif [ ! -w "$a" ] || [ ! -x "$a" ]; then why="$a takes no new file"
+  else continue; fi
+  printf '%s\t%s\n' "$p" "$why"
 done
 """
 
@@ -164,6 +196,55 @@ async def _prepare_dirs(
         )
     if res.timed_out or res.exit_code != 0:
         raise EvaluatorError(f"{what}: could not empty {list(dirs)}: {out}")
+
+
+def _write_targets(spec: EvaluationSpec, workdir: str) -> list[tuple[str, str]]:
+    """What the evaluation writes outside what a check does itself: ("d", dir) for a dir
+    it empties (/tests, a verifier's reward dir), ("f", path) for a hidden file."""
+    targets: list[tuple[str, str]] = []
+    verifiers = [c for c in spec.checks if isinstance(c, RewardFileCheck)]
+    if verifiers or any(_inside(f.path, TESTS_DIR) for f in spec.files):
+        targets.append(("d", TESTS_DIR))
+    for c in verifiers:
+        cwd = posixpath.join(workdir, c.cwd) if c.cwd else workdir
+        targets.append(("d", posixpath.normpath(posixpath.join(cwd, c.reward_dir))))
+    for f in spec.files:
+        targets.append(("f", f.path if f.path.startswith("/") else posixpath.join(workdir, f.path)))
+    return targets
+
+
+async def unwritable(sandbox: Sandbox, targets: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Those of `targets` (`_write_targets`) the evaluation could not write now, with why.
+
+    Run before the agent (a path the task cannot write is the task's problem) and after
+    a failed write (a path that became unwritable meanwhile is the agent's doing).
+    """
+    if not targets:
+        return {}
+    res = await sandbox.exec(
+        ["/bin/sh", "-c", _WRITABLE_PROBE, "probe", *(x for t in targets for x in t)],
+        env=SYSTEM_TOOLS_ENV,
+        cwd="/",
+        timeout=60,
+    )
+    if res.timed_out or res.exit_code != 0:
+        raise SandboxError(f"the write probe failed (exit {res.exit_code}): {res.stderr[-500:]}")
+    found = (ln.split("\t", 1) for ln in res.stdout.splitlines() if "\t" in ln)
+    return {path: why for path, why in found}
+
+
+async def _blocked_by_agent(
+    sandbox: Sandbox, targets: Sequence[tuple[str, str]], before: Mapping[str, str]
+) -> str | None:
+    """What the evaluation writes that the agent made unwritable (it could be written
+    before the agent ran), or None; a probe that cannot run finds nothing."""
+    try:
+        now = await unwritable(sandbox, targets)
+    except SandboxError:
+        return None
+    new = [f"{why} (it could be written before the agent ran)" for p, why in now.items()
+           if p not in before]  # fmt: skip
+    return "; ".join(new) or None
 
 
 async def _read_reward_file(sandbox: Sandbox, path: str) -> bytes | None:
@@ -369,12 +450,14 @@ async def evaluate(
     workdir: str,
     check_dirs: Sequence[str] = (),
     preflight: Mapping[int, str | None] | None = None,
+    unwritable_before: Mapping[str, str] | None = None,
 ) -> EvaluationResult:
     """Run every check in order and aggregate; evaluator failures give eval_error.
 
     `check_dirs`: check directories that existed before the agent ran; one of them
     gone after a failure is the agent's doing. `preflight`: `preflight_checks` before
-    the agent ran."""
+    the agent ran. `unwritable_before`: `unwritable` for `_write_targets` before the
+    agent ran; one that became unwritable after a failure is the agent's doing."""
     t0 = time.monotonic()
     version = spec.reward_fn_version()
     results: list[CheckResult] = []
@@ -404,6 +487,9 @@ async def evaluate(
     except (EvaluatorError, SandboxError, OSError) as e:
         # Whose failure: the agent's if it left the sandbox broken (reward 0), else ours.
         damage = await sandbox.agent_damage(workdir, check_dirs)
+        if damage is None and unwritable_before is not None:
+            targets = _write_targets(spec, workdir)
+            damage = await _blocked_by_agent(sandbox, targets, unwritable_before)
         return EvaluationResult(
             status="agent_broke_sandbox" if damage else "eval_error",
             reward=0.0 if damage else None,
@@ -453,13 +539,23 @@ class EvaluateHook(Hook):
     def _preflight_key(self) -> str:
         return f"evaluate.{id(self)}.preflight"
 
+    @property
+    def _unwritable_key(self) -> str:
+        return f"evaluate.{id(self)}.unwritable"
+
     async def before_run(self, ctx: HookContext) -> None:
-        """Notes which check directories exist before the agent can touch them: one
-        gone after a failed check is then the agent's doing, a task's wrong path ours."""
+        """Notes which check directories exist and which paths the evaluation writes
+        can be written before the agent can touch them: one gone or blocked after a
+        failed check is then the agent's doing, a task's wrong path ours."""
         spec = self.params.spec or ctx.task.evaluation
         if spec is not None:
             ctx.state[self._key] = await _existing_dirs(ctx.sandbox, _check_dirs(spec, ctx.workdir))
             ctx.state[self._preflight_key] = await preflight_checks(ctx.sandbox, spec)
+            try:
+                targets = _write_targets(spec, ctx.workdir)
+                ctx.state[self._unwritable_key] = await unwritable(ctx.sandbox, targets)
+            except SandboxError:
+                pass  # not known: a failed write later stays ours
 
     async def after_run(self, ctx: HookContext) -> None:
         spec = self.params.spec or ctx.task.evaluation
@@ -471,6 +567,7 @@ class EvaluateHook(Hook):
             ctx.workdir,
             check_dirs=ctx.state.get(self._key, []),
             preflight=ctx.state.get(self._preflight_key),
+            unwritable_before=ctx.state.get(self._unwritable_key),
         )
         ctx.outcome.evaluation = evaluation
         path = ctx.artifacts_dir / "evaluation.json"

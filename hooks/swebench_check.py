@@ -27,7 +27,13 @@ import time
 from collections.abc import Iterable, Mapping
 
 from hooks.test_logs import TestStatus, get_parser
-from sandboxes.base import ArchiveTooLarge, Sandbox, SandboxError
+from sandboxes.base import (
+    EVALUATOR_PATH,
+    SYSTEM_TOOLS_ENV,
+    ArchiveTooLarge,
+    Sandbox,
+    SandboxError,
+)
 from schemas.evaluation import CheckResult, SweBenchCheck
 
 #: How much of the end of a test log is read (the pytest summary is at the end).
@@ -58,14 +64,17 @@ $changed --diff-filter=D | xargs -0 -r rm -rf -- || exit 5
 $changed --diff-filter=AM | git checkout-index -f -z --stdin || exit 5
 """
 
-#: Runs the test command (argv: the command) with its output to a fresh file; prints
-#: the exit code and the scratch dir, and leaves the log's tail in "$d/tail".
+#: Runs the test command (argv: the command; with the PATH the check's env gives) with
+#: its output to a fresh file; prints the exit code, the scratch dir and the log's size,
+#: and leaves the log's tail in "$d/tail". Its own tools come from the system dirs.
 _RUN_TESTS = rf"""
+test_path=$PATH PATH={EVALUATOR_PATH}
 d=$({_SCRATCH}) || exit 126
-/bin/sh -c "$1" > "$d/log" 2>&1 </dev/null
+PATH=$test_path /bin/sh -c "$1" > "$d/log" 2>&1 </dev/null
 rc=$?
-tail -c {LOG_TAIL_BYTES} "$d/log" > "$d/tail"
-echo "$rc $d"
+size=$(wc -c < "$d/log") || exit 126
+tail -c {LOG_TAIL_BYTES} "$d/log" > "$d/tail" || exit 126
+echo "$rc $d $size"
 """
 
 
@@ -169,15 +178,22 @@ async def _run_tests(sandbox: Sandbox, check: SweBenchCheck, name: str) -> tuple
     scratch = next((w for w in words if w.startswith("/tmp/rollout-swebench.")), None)
     log = await _read_log(sandbox, scratch) if scratch else ""
     if scratch:
-        await sandbox.exec(["rm", "-rf", scratch], cwd="/", timeout=120)
+        await sandbox.exec(["rm", "-rf", "--", scratch], env=SYSTEM_TOOLS_ENV, cwd="/", timeout=120)
     if res.timed_out:
         raise SweBenchEvalError(
             f"check {name}: the tests timed out after {check.timeout_s}s; log tail: " + _tail(log)
         )
-    if res.exit_code != 0 or len(words) < 2 or not words[0].isdigit():
+    if res.exit_code != 0 or len(words) < 3 or not (words[0] + words[2]).isdigit():
         raise SweBenchEvalError(
             f"check {name}: the test runner could not start (exit {res.exit_code}): "
             + _tail(res.stdout + res.stderr)
+        )
+    if int(words[2]) > LOG_TAIL_BYTES:
+        # Only the tail was read: a test whose status was printed before it is lost,
+        # and the tail may end in lines the code under test printed.
+        raise SweBenchEvalError(
+            f"check {name}: the test log is {words[2]} bytes, over the {LOG_TAIL_BYTES}-byte "
+            "cap; a cut log cannot be graded; log tail: " + _tail(log)
         )
     return int(words[0]), log
 

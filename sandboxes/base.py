@@ -41,6 +41,7 @@ __all__ = [
     "NO_PROFILE_ENV",
     "ROLLOUT_LABEL",
     "SOLUTION_DIR",
+    "SYSTEM_TOOLS_ENV",
     "TESTS_DIR",
     "ArchiveTooLarge",
     "BackendUnavailable",
@@ -295,6 +296,11 @@ EVALUATOR_GIT_CONFIG = {
 #: ``bash -l -c``): a HOME where no profile file can exist (/proc: nobody creates files
 #: there), no startup file.
 NO_PROFILE_ENV = {"HOME": "/proc", "BASH_ENV": "", "ENV": ""}
+#: For the evaluator's own small commands after the agent that must not depend on making
+#: a directory, so cannot use the clean room (a cleanup, the damage probe on a full disk):
+#: programs from the system dirs only, whatever PATH the task's env gives the sandbox (it
+#: may name a venv the agent can write), and no profile file of the agent's.
+SYSTEM_TOOLS_ENV = {"PATH": EVALUATOR_PATH, **NO_PROFILE_ENV}
 #: Variables of the sandbox's env an evaluation step never inherits: the clean room sets
 #: them itself, or they make a program load code from a path (`evaluator_env`).
 _NOT_INHERITED = re.compile(
@@ -505,6 +511,7 @@ class Sandbox(abc.ABC):
         try:
             res = await self.exec(
                 ["/bin/sh", "-c", _DAMAGE_PROBE, "probe", str(DAMAGE_PROBE_BYTES), *dirs],
+                env=SYSTEM_TOOLS_ENV,
                 cwd="/",
                 timeout=DAMAGE_PROBE_TIMEOUT_S,
             )

@@ -214,6 +214,24 @@ def pids_limit_hits(dirs: list[str]) -> int | None:
     return _counter([p / "pids.events" for p in [*map(Path, dirs), *twins]], "max")
 
 
+def memory_held_in_files(dirs: list[str]) -> tuple[int, int] | None:
+    """(bytes of the sandbox's memory held by tmpfs files such as /dev/shm's, its memory
+    limit) from its memory cgroup (v1 or v2); None when unknown or unlimited.
+
+    Why: such files outlive every process, so after the kill they are memory the agent
+    left taken, and a check may find none to start in."""
+    for d in map(Path, dirs):
+        stat = _read(d / "memory.stat")
+        limit = _read(d / "memory.max") or _read(d / "memory.limit_in_bytes")
+        if stat is None or limit is None or not limit.strip().isdigit():
+            continue
+        fields = dict(line.partition(" ")[::2] for line in stat.splitlines())
+        held = fields.get("total_shmem") or fields.get("shmem")
+        if held is not None and held.strip().isdigit() and int(limit) < 1 << 60:
+            return int(held), int(limit)
+    return None
+
+
 def memory_cgroup_of_pid(pid: int) -> str | None:
     """Host path of the memory cgroup a process is in (docker containers, too)."""
     try:

@@ -322,7 +322,11 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
             )
         if routes:
             args += ["--ro-bind", str(self._hosts_file(src, sdir, routes)), "/etc/hosts"]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
+        # /dev read-only, as under docker (root's there): its /dev/fd, /dev/stdin... are
+        # symlinks a process substitution or a `cat /dev/stdin` of a check resolves, so
+        # the agent must not replace them. /dev/shm stays a writable tmpfs of its own.
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+        args += ["--remount-ro", "/dev", "--tmpfs", "/run"]
         args += ["--bind", str(rw / "tmp"), "/tmp"]
         args += ["--bind", str(rw / "home"), AGENT_HOME]
         args += ["--bind", str(sdir / "run"), RUN_DIR]

@@ -47,7 +47,7 @@ from sandboxes.base import (
     SandboxSpec,
     unchecked,
 )
-from sandboxes.cgroups import oom_kill_count, pids_limit_hits
+from sandboxes.cgroups import memory_held_in_files, oom_kill_count, pids_limit_hits
 from sandboxes.disk import DISK_DIR, release_disk
 from sandboxes.egress_relay import (
     check_policy,
@@ -150,8 +150,9 @@ class SupervisedSandbox(Sandbox):
         """Measured from the host first: the supervisor runs as the agent's uid inside
         the sandbox, so a sandbox we did not destroy whose supervisor is gone or mute
         was ended from inside (killed, stopped, or starved of memory or pids). Then the
-        sized disk's free space (`disk.py`), the pids cgroup's refused forks, then the
-        in-sandbox probe."""
+        sized disk's free space (`disk.py`), the pids cgroup's refused forks, memory the
+        agent's tmpfs files hold (over half the limit: no process of it is alive, so
+        nothing else holds it), then the in-sandbox probe."""
         if not self.supervisor.socket_path or not os.path.lexists(self.supervisor.socket_path):
             return None  # destroyed by us (its state dir is gone): not the agent's doing
         try:
@@ -166,6 +167,13 @@ class SupervisedSandbox(Sandbox):
         hits = pids_limit_hits(self._memory_cgroups())
         if hits:
             return f"it ran into its pids limit ({hits} forks refused)"
+        held = memory_held_in_files(self._memory_cgroups())
+        if held and held[0] * 2 > held[1]:
+            mib = 1024 * 1024
+            return (
+                f"files in memory (tmpfs: /dev/shm, /run) hold {held[0] // mib} MiB of its "
+                f"{held[1] // mib} MiB memory limit"
+            )
         return await super()._find_damage(workdir, check_dirs)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -20,7 +21,7 @@ from schemas.base import StrictModel
 from schemas.workspace import SandboxFile, full_commit
 
 #: Bump when the scoring rules of the `evaluate` hook change meaning.
-SCORING_VERSION = "2"
+SCORING_VERSION = "3"
 
 
 class _CheckBase(StrictModel):
@@ -88,6 +89,19 @@ class RewardFileCheck(_CheckBase):
     reward_key: str = "reward"
     #: The user the verifier runs as; None: the sandbox's agent user.
     user: str | None = None
+
+    @field_validator("reward_dir")
+    @classmethod
+    def _a_dir_of_its_own(cls, v: str) -> str:
+        """It is emptied before the verifier runs: never the root, the check's cwd or
+        above it, or the tests dir."""
+        p = posixpath.normpath(v)
+        if p in ("/", ".", "..", "/tests") or p.startswith(("/tests/", "../")):
+            raise ValueError(
+                f"reward_dir {v!r} would be emptied before the verifier runs, with what it "
+                "holds; give the verifier a directory of its own (default /logs/verifier)"
+            )
+        return v
 
 
 class SweBenchCheck(_CheckBase):

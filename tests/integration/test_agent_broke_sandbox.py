@@ -219,3 +219,101 @@ async def test_taking_every_pid_scores_0(
     r = await _run(sandbox_backend, gateway, tmp_path, task)
     assert r.status == "agent_broke_sandbox", (r.status, r.problem)
     assert r.reward == 0.0 and r.problem
+
+
+#: A hidden test the evaluation places under a directory of the workdir, and the check
+#: that runs it.
+HIDDEN_TEST = {
+    "checks": [{"kind": "command", "name": "test", "command": "sh tests/hidden.sh"}],
+    "files": [{"path": "tests/hidden.sh", "content": 'test "$(cat answer.txt)" = 42\n'}],
+}
+#: Harbor's verifier: its tests under /tests, its reward file in /logs/verifier.
+VERIFIER = {
+    "checks": [{"kind": "reward_file", "command": "bash /tests/test.sh"}],
+    "files": [
+        {
+            "path": "/tests/test.sh",
+            "content": 'if test "$(cat answer.txt)" = 42; then r=1; else r=0; fi\n'
+            "echo $r > /logs/verifier/reward.txt\n",
+        }
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "block", "where"),
+    [
+        (HIDDEN_TEST, "rm -rf tests && echo x > tests", "/workspace/tests is not a directory"),
+        (HIDDEN_TEST, "ln -s /nowhere/at/all tests", "/workspace/tests is a dangling symlink"),
+        (HIDDEN_TEST, "mkdir -p tests && chmod 555 tests", "/workspace/tests takes no new file"),
+        (
+            VERIFIER,
+            "rm -rf /logs/verifier && echo x > /logs/verifier && chmod 555 /logs",
+            "/logs takes no new file",
+        ),
+    ],
+    ids=["file_in_place_of_its_dir", "dangling_symlink", "closed_dir", "reward_dir_blocked"],
+)
+async def test_blocking_where_the_evaluation_writes_scores_0(
+    sandbox_backend: SandboxBackend,  # noqa: F811
+    gateway: RecordingLLMServerForTests,
+    tmp_path: Path,
+    evaluation: dict[str, Any],
+    block: str,
+    where: str,
+) -> None:
+    """The agent blocks the path a hidden file or the verifier's reward dir is written to
+    (a file where its directory goes, a symlink to nowhere, a closed directory): it could
+    be written before the agent ran, so the failure is the agent's, named."""
+    task = _task(sandbox_backend.name, ANSWER + block + "\n", evaluation=evaluation)
+    r = await _run(sandbox_backend, gateway, tmp_path, task)
+    _assert_agents_fault(r, where)
+
+
+async def test_control_a_hidden_file_the_task_cannot_place_stays_masked(
+    local_backend: SandboxBackend,  # noqa: F811
+    gateway: RecordingLLMServerForTests,
+    tmp_path: Path,
+) -> None:
+    """A hidden file under a read-only system dir could not be placed before the agent
+    ran either: the task's fault, ours, masked — whatever the agent did."""
+    evaluation = {**HIDDEN_TEST, "files": [{"path": "/usr/lib/hidden.sh", "content": "true\n"}]}
+    task = _task("local", ANSWER + "mkdir -p tests && chmod 555 tests\n", evaluation=evaluation)
+    r = await _run(local_backend, gateway, tmp_path, task)
+    assert r.status == RolloutStatus.eval_error, r.problem
+    assert r.reward is None and r.evaluation is not None and r.evaluation.damage is None
+
+
+#: A reward script that needs 96 MiB: more than a sandbox whose memory the agent filled
+#: with files has left, well within one the agent left alone.
+HUNGRY = {
+    "checks": [
+        {
+            "kind": "script",
+            "name": "reward",
+            "interpreter": "/usr/bin/python3",
+            "reward_from": "stdout_json",
+            "script": "room = bytearray(96 << 20)\n" + REWARD_SCRIPT,
+        }
+    ]
+}
+FILL_SHM = "head -c 176M /dev/zero > /dev/shm/fill 2>/dev/null; true\n"
+
+
+@pytest.mark.parametrize("fill", [True, False], ids=["filled", "control_not_filled"])
+async def test_filling_memory_with_files_scores_0(
+    local_backend: SandboxBackend,  # noqa: F811
+    gateway: RecordingLLMServerForTests,
+    tmp_path: Path,
+    fill: bool,
+) -> None:
+    """The agent leaves files in /dev/shm (memory, charged to its 256 MiB limit), which
+    no kill frees: the reward script is killed for want of memory. Control: without the
+    files the same script runs and scores the wrong answer 0."""
+    agent = ANSWER + (FILL_SHM if fill else "")
+    task = _task("local", agent, evaluation=HUNGRY, resources={"memory_mb": 256})
+    r = await _run(local_backend, gateway, tmp_path, task)
+    if fill:
+        _assert_agents_fault(r, "files in memory (tmpfs: /dev/shm, /run) hold 176 MiB")
+    else:
+        assert (r.status, r.reward) == (RolloutStatus.ok, 0.0), r.problem

@@ -413,3 +413,129 @@ async def test_capture_diff_of_a_dir_inside_the_task_repo_is_that_dirs_change(
         "sub/b.txt",
     }
     assert (r.diff.files_changed, r.diff.insertions, r.diff.deletions) == (2, 2, 1)
+
+
+# ------------------------------------- the task's PATH names a dir the agent can write
+
+#: A task whose env puts a directory of the workdir first on PATH (a venv's bin, say).
+TASK_PATH = "/workspace/bin:/usr/local/bin:/usr/bin:/bin"
+#: The agent plants there the programs the evaluator's own commands call; each records
+#: that it ran, and `mktemp` hands out a file in /tmp whatever directory it is asked for.
+PATH_AGENT = """
+set -e
+mkdir -p bin /tmp/fired
+for p in rm head dirname; do
+  printf '#!/bin/sh\\ntouch /tmp/fired/%s\\nexec /bin/%s "$@"\\n' "$p" "$p" > "bin/$p"
+done
+printf '#!/bin/sh\\ntouch /tmp/fired/mktemp\\necho /tmp/planted\\n' > bin/mktemp
+chmod +x bin/*
+rm -f /tmp/nothing && head -c 1 /dev/null && dirname / >/dev/null && mktemp >/dev/null
+echo "armed: $(ls /tmp/fired | tr '\\n' ' ')"
+rm -rf /tmp/fired/* && echo 41 > answer.txt
+"""
+PATH_TOOLS = ("rm", "head", "dirname", "mktemp")
+
+
+async def test_programs_on_the_tasks_path_do_not_run_in_the_evaluators_own_commands(
+    local_backend: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The task's env puts an agent-writable dir first on PATH; the agent plants `rm`,
+    `head`, `dirname` and `mktemp` there. The evaluator's own commands after the agent
+    (capture_diff's cleanup, the evaluation's probes) never run them."""
+    evaluation = {
+        "aggregate": "mean",
+        "checks": [{"kind": "file", "name": t, "path": f"/tmp/fired/{t}"} for t in PATH_TOOLS],
+    }
+    hooks = [{"name": "capture_diff"}, {"name": "evaluate"}]
+    r = await run_agent(
+        local_backend, tmp_path, PATH_AGENT, evaluation, hooks, env={"PATH": TASK_PATH}
+    )
+    out = r.agent.stdout_tail if r.agent else ""
+    armed = next(ln for ln in out.splitlines() if ln.startswith("armed: ")).split()[1:]
+    assert sorted(armed) == sorted(PATH_TOOLS), out
+    assert fired(r) == dict.fromkeys(PATH_TOOLS, False)
+
+
+@pytest.mark.parametrize("defended", [True, False], ids=["system_tools", "control_task_path"])
+async def test_a_planted_mktemp_cannot_hide_damage_from_the_probe(
+    local_backend: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    defended: bool,
+) -> None:
+    """The agent closes its workdir for new files and plants a `mktemp` (first on the
+    task's PATH) that hands out a writable file elsewhere: the damage probe still finds
+    the workdir closed. Control: the probe run with the task's PATH is fooled (no
+    damage found: the failure would be masked), so the planted program is where it
+    would run."""
+    import sandboxes.base as sandbox_base
+
+    if not defended:
+        monkeypatch.setattr(sandbox_base, "SYSTEM_TOOLS_ENV", {})
+    spec = SandboxSpec(rollout_id=f"it-clean-probe-{time.monotonic_ns()}", env={"PATH": TASK_PATH})
+    sb = await local_backend.create(spec)
+    try:
+        plant = await sb.exec(PATH_AGENT + "chmod 555 /workspace\n", cwd="/workspace")
+        assert plant.ok, plant
+        damage = await sb.agent_damage(sb.workdir)
+        if defended:
+            assert damage == "/workspace takes no new file", damage
+        else:
+            assert damage is None
+    finally:
+        await sb.destroy()
+
+
+# --------------------------------------------------------------- /dev entries a check uses
+
+#: The agent points /dev/fd and /dev/stdin at files of its own saying 42.
+DEV_PLANT = """
+mkdir -p /tmp/fds && for i in $(seq 0 255); do echo 42 > /tmp/fds/$i; done
+rm -f /dev/fd /dev/stdin; ln -s /tmp/fds /dev/fd; ln -s /tmp/fds/0 /dev/stdin
+true
+"""
+#: A check reading through both: a process substitution and `cat /dev/stdin`.
+DEV_CHECK = ["bash", "-c", "cat <(echo honest) /dev/stdin"]
+
+
+async def _dev_entries_seen_by_a_check(backend: SandboxBackend) -> tuple[str, str]:
+    """(what a check read through /dev after the agent's plant, /dev/shm's echo)."""
+    sb = await backend.create(SandboxSpec(rollout_id=f"it-clean-dev-{time.monotonic_ns()}"))
+    try:
+        assert (await sb.exec(["bash", "-c", DEV_PLANT])).ok
+        shm = await sb.exec(["sh", "-c", "echo shm > /dev/shm/f && cat /dev/shm/f"])
+        res = await sb.evaluator_exec(DEV_CHECK, stdin=b"real\n")
+        assert res.ok, res
+        return res.stdout, shm.stdout
+    finally:
+        await sb.destroy()
+
+
+async def test_the_agent_cannot_replace_dev_entries_a_check_resolves(
+    backend: SandboxBackend,
+) -> None:
+    """/dev is read-only to the agent (local: remounted so; docker: root's), so a check's
+    process substitution and /dev/stdin are the real ones; /dev/shm stays writable."""
+    seen, shm = await _dev_entries_seen_by_a_check(backend)
+    assert (seen, shm) == ("honest\nreal\n", "shm\n")
+
+
+async def test_control_a_writable_dev_lets_the_agent_answer_for_a_check(
+    local_backend: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Control: the local sandbox with /dev left writable (bwrap's default) — the same
+    plant makes the check read the agent's 42, so the test above sees the defence."""
+    from sandboxes.local import LocalBackend
+
+    real = LocalBackend._bwrap_args
+
+    def writable_dev(self: LocalBackend, *args: Any, **kwargs: Any) -> list[str]:
+        argv = real(self, *args, **kwargs)
+        i = argv.index("--remount-ro")
+        assert argv[i + 1] == "/dev", argv
+        return argv[:i] + argv[i + 2 :]
+
+    monkeypatch.setattr(LocalBackend, "_bwrap_args", writable_dev)
+    seen, _ = await _dev_entries_seen_by_a_check(local_backend)
+    assert seen == "42\n42\n"

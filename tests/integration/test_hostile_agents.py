@@ -5,10 +5,12 @@ The tasks run as a user runs them, `rollout demo --tasks FILE --engine scripted`
 bubblewrap sandboxes, the default hooks), all in one batch. The agent is a shell script
 (the `command` harness) that answers 41 where 42 is right and then sets one trap: code
 the evaluator or the `capture_diff` hook would run (a `.pth` in the user site, git
-config, hooks and filters, the baseline git dir in the agent's `/tmp`), a process left
-behind, a planted symlink, an output flood ending in a forged reward line, or damage to
-the sandbox that would turn its 0 into a masked status (a full disk, a killed
-supervisor, a deleted test directory, a closed /tmp).
+config, hooks and filters, the baseline git dir in the agent's `/tmp`, a program on the
+task's PATH), `/dev` entries pointed at its own files, a process left behind, a planted
+symlink, an output flood ending in a forged reward line, reward files and tests planted
+for Harbor's verifier, or damage to the sandbox that would turn its 0 into a masked
+status (a full disk, memory full of files, a killed supervisor, a deleted test
+directory, a closed /tmp, a blocked hidden-test or reward dir).
 
 Control: every trap that plants code first proves it works — the agent fires it in its
 own environment (a git command, a Python start) and keeps a file `armed` only if that
@@ -81,6 +83,8 @@ class Trap:
     files: list[dict[str, Any]] = field(default_factory=list)
     given: list[dict[str, Any]] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)
+    #: The task's sandbox env (its PATH, say).
+    env: dict[str, str] = field(default_factory=dict)
     #: Why the honest outcome is not reached yet (a strict xfail), if so.
     open_hole: str | None = None
 
@@ -103,6 +107,7 @@ class Trap:
                 "sandbox": {
                     "backend": "local",
                     "files": files,
+                    "env": self.env,
                     "resources": {"cpus": 1.0, "memory_mb": 512, "pids": 256, **self.resources},
                 },
                 "evaluation": evaluation,
@@ -131,6 +136,17 @@ n, rest = divmod(cap - len(forged), len(line))
 out = sys.stdout.buffer
 out.write(line * n + b"y" * (rest - 1) + b"\\n" + forged + line * 64)
 """
+
+#: Harbor's verifier: the hidden /tests/test.sh writes 1 to the reward file only for
+#: the right answer, with a Python the evaluator starts (user site and all).
+VERIFIER_SH = (
+    "if python3 -c \"import sys; sys.exit(open('answer.txt').read().strip() != '42')\"; "
+    "then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+)
+VERIFIER_CHECK = {"kind": "reward_file", "name": "answer"}
+VERIFIER_FILES = [{"path": "/tests/test.sh", "content": VERIFIER_SH}]
+#: A task env whose PATH starts with a directory of the workdir (a venv's bin, say).
+TASK_PATH = f"{WORK}/bin:/usr/local/bin:/usr/bin:/bin"
 
 TRAPS = [
     Trap(
@@ -203,6 +219,16 @@ TRAPS = [
         + f"GIT_WORK_TREE={WORK} GIT_INDEX_FILE=/tmp/probe.index git add -A\n"
         + ARM,
         [ANSWER_CHECK],
+    ),
+    Trap(
+        "dev_fd_replaced",
+        "/dev/fd made a symlink to the agent's files: a check's process substitution "
+        "(`<(...)`) would read the agent's text (local /dev is read-only: it cannot be)",
+        "mkdir -p /tmp/fds && for i in $(seq 0 255); do echo 42 > /tmp/fds/$i; done\n"
+        "rm -f /dev/fd /dev/stdin; ln -s /tmp/fds /dev/fd; ln -s /tmp/fds/0 /dev/stdin\n"
+        "echo 41 > answer.txt\n",
+        [{**ANSWER_CHECK, "command": "bash -c 'test \"$(cat <(cat answer.txt))\" = 42'"}],
+        armed=False,  # planting fails where /dev is read-only; the old code shows it forged
     ),
     Trap(
         "process_left_behind",
@@ -282,6 +308,76 @@ TRAPS = [
         "the agent closes /tmp, where a script check's file is written (scored 0, not masked)",
         "echo 41 > answer.txt; chmod 000 /tmp && touch armed\n",
         [{"kind": "script", "name": "answer", "script": ANSWER_CHECK["command"]}],
+        status=BROKE_SANDBOX,
+    ),
+    Trap(
+        "verifier_reward_and_tests_planted",
+        "Harbor's verifier: the agent writes reward files into /logs/verifier and its own "
+        "test.sh and conftest.py into /tests",
+        "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt\n"
+        "echo '{\"reward\": 1.0}' > /logs/verifier/reward.json\n"
+        "echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh\n"
+        "echo 'raise SystemExit(0)' > /tests/conftest.py\n"
+        "test -s /logs/verifier/reward.json && test -s /tests/test.sh && touch armed\n"
+        "echo 41 > answer.txt\n",
+        [VERIFIER_CHECK],
+        files=VERIFIER_FILES,
+    ),
+    Trap(
+        "verifier_pth_in_user_site",
+        "Harbor's verifier runs Python: a .pth in the agent's user site writes the right "
+        "answer as that Python starts",
+        'site=$(python3 -m site --user-site) && mkdir -p "$site"\n'
+        f"echo \"import os; open('{WORK}/answer.txt', 'w').write('42')\" > \"$site/zz.pth\"\n"
+        "python3 -c pass\n" + ARM,
+        [VERIFIER_CHECK],
+        files=VERIFIER_FILES,
+    ),
+    Trap(
+        "program_on_the_tasks_path",
+        "the task's PATH starts with a dir of the workdir: an `rm` planted there would run "
+        "in capture_diff's cleanup, after the agent and before the evaluation",
+        "mkdir -p bin\n"
+        + _program(f"{WORK}/bin/rm", FORGE + '\nexec /bin/rm "$@"')
+        + "rm -f /tmp/nothing\n"
+        + ARM,
+        [ANSWER_CHECK],
+        env={"PATH": TASK_PATH},
+    ),
+    Trap(
+        "hidden_test_dir_closed",
+        "the agent closes the directory a hidden test goes into (scored 0, not masked)",
+        "echo 41 > answer.txt; mkdir -p tests && chmod 555 tests\n",
+        [{**ANSWER_CHECK, "command": "sh tests/check.sh"}],
+        files=[{"path": "tests/check.sh", "content": ANSWER_CHECK["command"] + "\n"}],
+        armed=False,  # the hidden files are placed before any check runs
+        status=BROKE_SANDBOX,
+    ),
+    Trap(
+        "verifier_reward_dir_blocked",
+        "the agent puts a file where the verifier's reward dir goes and closes /logs "
+        "(scored 0, not masked)",
+        "echo 41 > answer.txt; rm -rf /logs/verifier && echo x > /logs/verifier && "
+        "chmod 555 /logs && touch armed\n",
+        [VERIFIER_CHECK],
+        files=VERIFIER_FILES,
+        status=BROKE_SANDBOX,
+    ),
+    Trap(
+        "memory_filled_with_files",
+        "the agent leaves files in /dev/shm, memory no kill frees: the reward script "
+        "is killed for want of memory (scored 0, not masked)",
+        "echo 41 > answer.txt; head -c 176M /dev/zero > /dev/shm/fill; touch armed\n",
+        [
+            {
+                "kind": "script",
+                "name": "answer",
+                "interpreter": "python3",
+                "reward_from": "stdout_json",
+                "script": "room = bytearray(96 << 20)\n" + REWARD_SCRIPT,
+            }
+        ],
+        resources={"memory_mb": 256},
         status=BROKE_SANDBOX,
     ),
     Trap(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hooks.swebench_check import LOG_TAIL_BYTES
 from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.session import SessionCreated
@@ -56,6 +57,16 @@ def instances(tmp_path: Path) -> Path:
 async def run_instance(
     backend: SandboxBackend, tmp_path: Path, instances: Path, agent: str
 ) -> RunOutcome:
+    r = await run_any(backend, tmp_path, instances, agent)
+    assert r.status == RolloutStatus.ok, r.error
+    assert r.evaluation is not None and r.evaluation.status == "ok", r.evaluation
+    return r
+
+
+async def run_any(
+    backend: SandboxBackend, tmp_path: Path, instances: Path, agent: str
+) -> RunOutcome:
+    """One rollout of the instance, whatever its evaluation gives."""
     options = LoadOptions(
         harness=HarnessSpec(name="command", config={"command": agent}, budget_s=120),
         backend=backend.name,
@@ -66,9 +77,7 @@ async def run_instance(
     (task,) = loaded.tasks
     rid = f"it-swebench-{time.monotonic_ns()}"
     r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(task, SESSION, rid)
-    assert r.status == RolloutStatus.ok, r.error
     assert r.agent is not None and r.agent.exit_code == 0, r.agent and r.agent.stderr_tail
-    assert r.evaluation is not None and r.evaluation.status == "ok", r.evaluation
     return r
 
 
@@ -130,3 +139,73 @@ async def test_removing_the_git_data_fails_the_check_not_the_evaluator(
     assert r.evaluation is not None and r.evaluation.reward == 0.0
     (check,) = r.evaluation.checks
     assert not check.passed and "changed the repository's git data" in check.detail
+
+
+async def test_a_test_log_over_the_cap_is_an_evaluator_error(
+    local_backend: SandboxBackend,  # noqa: F811
+    tmp_path: Path,
+    instances: Path,
+) -> None:
+    """The code under test prints more than the log's cap: only the log's tail is read,
+    so the statuses before it are lost and its end may be what the code printed (here
+    `ok` for both listed tests, which a cut log would grade as resolved). A cut log is
+    never graded."""
+    forged = "".join(f"\\n{t} ... ok" for t in (F2P, P2P))
+    flood = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: print('x' * (17 << 20) + '{forged}', file=sys.stderr))\n"
+    )
+    agent = f"cat >> calc.py <<'EOF'\n{flood}EOF\n"
+    r = await run_any(local_backend, tmp_path, instances, agent)
+    assert r.status == RolloutStatus.eval_error, r.error
+    assert r.evaluation is not None and r.evaluation.status == "eval_error", r.evaluation
+    assert r.reward is None and r.evaluation.damage is None
+    assert f"over the {LOG_TAIL_BYTES}-byte cap" in (r.evaluation.error or "")
+
+
+#: Applies the fix to the repo (at the format's default `repo_path`) and records which
+#: trap ran.
+_FIXER = """#!/bin/sh
+mkdir -p /tmp/fired && touch "/tmp/fired/$1"
+sed -i 's/return a + b$/return a - b/; 1,2s/return a - b/return a + b/' /testbed/calc.py
+case "$1" in smudge) exec cat ;; esac
+exit 0
+"""
+GIT_TRAPS = ("fsmonitor", "smudge", "hook")
+#: The agent writes git config into the task repo and a `.gitattributes` naming a smudge
+#: filter; each program, if git runs it, fixes `sub` so the instance resolves.
+REPO_GIT_AGENT = f"""
+set -e
+cat > .git/fixer <<'EOF'
+{_FIXER}EOF
+chmod +x .git/fixer
+git config core.fsmonitor "$PWD/.git/fixer fsmonitor"
+git config filter.evil.smudge "$PWD/.git/fixer smudge"
+printf '#!/bin/sh\\nexec "$(git rev-parse --git-dir)/fixer" hook\\n' > .git/hooks/post-index-change
+cp .git/hooks/post-index-change .git/hooks/post-checkout
+chmod +x .git/hooks/post-index-change .git/hooks/post-checkout
+echo '* filter=evil' > .gitattributes
+cp calc.py /tmp/calc.orig
+git status --porcelain >/dev/null
+rm -f tests/test_calc.py && git checkout-index -f tests/test_calc.py
+grep -q 'return a - b' calc.py && echo "armed: $(ls /tmp/fired | tr '\\n' ' ')"
+rm -rf /tmp/fired && cp /tmp/calc.orig calc.py
+"""
+
+
+async def test_the_repos_git_config_and_attributes_do_not_run_when_the_tests_are_placed(
+    sandbox_backend: SandboxBackend,  # noqa: F811
+    tmp_path: Path,
+    instances: Path,
+) -> None:
+    """The agent writes fsmonitor, a smudge filter (named by its `.gitattributes`) and
+    hooks into the task repo; each would fix the bug if git ran it. Placing the hidden
+    tests (which writes files with git) and grading run none of them: the unfixed
+    instance is not resolved. Armed: the agent's own git runs all three."""
+    r = await run_instance(sandbox_backend, tmp_path, instances, REPO_GIT_AGENT)
+    out = r.agent.stdout_tail if r.agent else ""
+    armed = next(ln for ln in out.splitlines() if ln.startswith("armed: ")).split()[1:]
+    assert sorted(armed) == sorted(GIT_TRAPS), out
+    assert r.evaluation is not None and r.evaluation.reward == 0.0
+    (check,) = r.evaluation.checks
+    assert check.tests == {F2P: "FAILED", P2P: "PASSED"}

@@ -209,6 +209,27 @@ def test_refused_forks_are_read_from_the_pids_cgroup(tmp_path: Path) -> None:
     assert pids_limit_hits([str(memory), str(pids)]) == 7
 
 
+@pytest.mark.parametrize(
+    ("limit_file", "limit", "stat", "expected"),
+    [
+        ("memory.max", "268435456\n", "anon 1\nshmem 184549376\n", (184549376, 268435456)),
+        ("memory.max", "max\n", "shmem 5\n", None),  # unlimited: nothing to fill
+        ("memory.limit_in_bytes", "268435456\n", "shmem 1\ntotal_shmem 7\n", (7, 268435456)),
+        ("memory.limit_in_bytes", "9223372036854771712\n", "total_shmem 7\n", None),
+    ],
+    ids=["v2", "v2_unlimited", "v1_hierarchical", "v1_unlimited"],
+)
+def test_memory_held_by_files_is_read_from_the_memory_cgroup(
+    tmp_path: Path, limit_file: str, limit: str, stat: str, expected: tuple[int, int] | None
+) -> None:
+    from sandboxes.cgroups import memory_held_in_files
+
+    assert memory_held_in_files([str(tmp_path)]) is None
+    (tmp_path / limit_file).write_text(limit)
+    (tmp_path / "memory.stat").write_text(stat)
+    assert memory_held_in_files([str(tmp_path)]) == expected
+
+
 def test_a_v1_memory_cgroup_finds_its_pids_twin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from rollout_client.storage import read_samples, write_samples
+from schemas.evaluation import RewardFileCheck
 from schemas.outcome import RolloutStatus
 from schemas.samples import (
     SAMPLE_ARROW_SCHEMA,
@@ -129,6 +130,15 @@ def test_a_task_file_with_a_malformed_check_is_refused_at_load(tmp_path: Path) -
     path.write_text(json.dumps(bad) + "\n")
     with pytest.raises(ValueError, match=r"tasks.jsonl:1: invalid task"):
         load_tasks(path)
+
+
+@pytest.mark.parametrize("reward_dir", ["/", ".", "..", "../up", "/tests", "/tests/out/"])
+def test_a_reward_dir_the_evaluation_would_wipe_is_refused_at_load(reward_dir: str) -> None:
+    """The reward dir is emptied before the verifier runs: the root, the check's own
+    directory or one above it, or the tests dir would take the answer or the tests."""
+    with pytest.raises(ValidationError, match=r"reward_dir .* would be emptied"):
+        RewardFileCheck(reward_dir=reward_dir)
+    assert RewardFileCheck(reward_dir="out/verifier").reward_dir == "out/verifier"
 
 
 def test_step_metrics_without_scored_rollouts_read_back() -> None:
