@@ -199,7 +199,7 @@ async def main() -> int:
     a = ap.parse_args()
     state = Path(tempfile.mkdtemp(prefix="ar-bench-ti-", dir="/tmp"))
     state.chmod(0o755)
-    os.environ["AGENTIC_ROLLOUT_CACHE"] = str(state / "cache")  # logs, locks: this run's
+    os.environ["ROLLOUT_SANDBOX_CACHE_DIR"] = str(state / "cache")  # logs, locks: this run's
     try:
         out = await run(a.tasks, a.wave, state)
     finally:

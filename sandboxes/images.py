@@ -61,8 +61,10 @@ class BaseImage(BaseModel):
 
 
 def cache_dir() -> Path:
-    """Where exported rootfs trees and the build lock live."""
-    env = os.environ.get("AGENTIC_ROLLOUT_CACHE")
+    """Where exported rootfs trees, task image build logs and the build locks live:
+    `$ROLLOUT_SANDBOX_CACHE_DIR`, else a system cache as root (shared by the host's
+    workers), else the user's `~/.cache/agentic-rollout`."""
+    env = os.environ.get("ROLLOUT_SANDBOX_CACHE_DIR")
     if env:
         p = Path(env)
     elif os.geteuid() == 0:

@@ -397,7 +397,7 @@ def test_a_task_image_build_stops_when_its_worker_is_sigkilled(tmp_path: Path) -
     context.mkdir()
     (context / "Dockerfile").write_text(f"FROM ubuntu:24.04\nRUN {marker}\n")
     (context / "nonce.txt").write_text(secrets.token_hex(8))  # a new key: a build runs
-    env = dict(os.environ, AGENTIC_ROLLOUT_CACHE=str(tmp_path / "cache"))
+    env = dict(os.environ, ROLLOUT_SANDBOX_CACHE_DIR=str(tmp_path / "cache"))
     worker = subprocess.Popen([sys.executable, "-c", BUILDING_WORKER, str(context), base], env=env)
 
     def sleeping_containers() -> list[str]:

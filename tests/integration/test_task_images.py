@@ -64,7 +64,7 @@ def cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sandbox_base_image: Any
 ) -> Iterator[Path]:
     d = tmp_path / "cache"
-    monkeypatch.setenv("AGENTIC_ROLLOUT_CACHE", str(d))
+    monkeypatch.setenv("ROLLOUT_SANDBOX_CACHE_DIR", str(d))
     yield d
     shutil.rmtree(d, ignore_errors=True)  # an exported rootfs is large
 
