@@ -1,16 +1,19 @@
 """The control listener under a saturated agent listener: `/health`, `GET /policy` and a
 `POST /policy` the gateway refuses at once (a no-op that still runs on the agent loop,
-where policy updates live), timed idle and while K agents (default 500) send calls back
+where policy updates live), timed idle and while K agent streams (default 500) run back
 to back, with the control listener on its own thread and loop (the default) and on the
 agent loop (`control_own_loop` off, as before), side by side in one run.
 
 The engine is `devstack.fixed_latency_engine` (a FAKE answering every call after
-`--engine-latency-ms`, in its own process): the load is the Gateway's. The agents are
-`bench.gateway_load`'s raw keep-alive clients with no think time, in a child process so
-their event loop cannot delay the probes; the probes are sequential, one every
-`--probe-interval-ms`, from this process.
+`--engine-latency-ms`, streamed token by token over that delay when the call streams, in
+its own process): the load is the Gateway's. The agents are `bench.gateway_load`'s raw
+keep-alive clients with no think time, every call a streamed Chat Completions call
+(`--no-stream`: whole replies, as before), in a child process so their event loop cannot
+delay the probes; the probes are sequential, one every `--probe-interval-ms`, from this
+process.
 
-Run: `python -m bench.control_listener [--agents 500] [--seconds 30] [--modes shared,own]`.
+Run: `python -m bench.control_listener [--agents 500] [--seconds 30] [--modes shared,own]
+[--no-stream]`.
 """
 
 from __future__ import annotations
@@ -38,11 +41,11 @@ from devstack.tiny_model import ensure_tiny_model
 PROBES = ("GET /health", "GET /policy", "POST /policy (refused)")
 
 
-def _agents(sessions: list[dict[str, Any]], seconds: float, out: Any) -> None:
+def _agents(sessions: list[dict[str, Any]], seconds: float, stream: bool, out: Any) -> None:
     """Child process: every agent calls back to back until the deadline."""
     args = argparse.Namespace(
         turns=10**6, warmup_s=1.0, think_s=0.0, large_every=0, large_chars=0,
-        engine_latency_ms=0.0,
+        engine_latency_ms=0.0, stream=stream,
     )  # fmt: skip
     results = Results()
     deadline = time.monotonic() + seconds
@@ -51,7 +54,9 @@ def _agents(sessions: list[dict[str, Any]], seconds: float, out: Any) -> None:
         await asyncio.gather(*(agent(s, args, results, deadline) for s in sessions))
 
     asyncio.run(run())
-    out.put({"calls": len(results.latencies), "errors": results.errors})
+    out.put({"calls": len(results.latencies), "errors": results.errors,
+             "content_types": results.content_types,
+             "events_p50": percentile([float(n) for n in results.stream_events], 0.5)})  # fmt: skip
 
 
 def probe(client: httpx.Client, control: str, what: str) -> float:
@@ -103,7 +108,7 @@ def run_mode(args: argparse.Namespace, model: Path, engine_url: str, own_loop: b
             out: Any = multiprocessing.get_context("spawn").Queue()
             load_s = args.warmup_s + args.seconds
             child = multiprocessing.get_context("spawn").Process(
-                target=_agents, args=(sessions, load_s, out)
+                target=_agents, args=(sessions, load_s, args.stream, out)
             )
             child.start()
             time.sleep(args.warmup_s)
@@ -134,6 +139,9 @@ def main() -> None:
     parser.add_argument("--probe-interval-ms", type=float, default=50.0)
     parser.add_argument("--engine-latency-ms", type=float, default=50.0)
     parser.add_argument("--modes", default="own,shared", help="own: own loop; shared: agent's")
+    parser.add_argument(
+        "--no-stream", dest="stream", action="store_false", help="agents' calls not streamed"
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model = ensure_tiny_model()
@@ -141,8 +149,10 @@ def main() -> None:
     with fixed_latency_engine(model, args.engine_latency_ms) as engine_url:
         for mode in args.modes.split(","):
             rows.append(run_mode(args, model, engine_url, own_loop=mode == "own"))
+    calls = "streamed calls (SSE)" if args.stream else "whole (not streamed) calls"
     print(
-        f"\n{args.agents} agents back to back, engine latency {args.engine_latency_ms:g} ms, "
+        f"\n{args.agents} agents, {calls} back to back, "
+        f"engine latency {args.engine_latency_ms:g} ms, "
         f"probes every {args.probe_interval_ms:g} ms, idle {args.idle_seconds:g} s, "
         f"loaded {args.seconds:g} s after a {args.warmup_s:g} s ramp\n"
     )
@@ -168,6 +178,10 @@ def main() -> None:
             f"{where}: agent calls/s {r['calls_per_s']:.0f}, agent loop lag p50 / p99 "
             f"≤{r['lag_p50_ms']:g} / ≤{r['lag_p99_ms']:g} ms, agent errors {errors} "
             f"{r['load']['errors'] or ''}"
+        )
+        print(
+            f"{where}: agent replies by content type {r['load']['content_types']}, "
+            f"SSE events per call p50 {r['load']['events_p50']:g}"
         )
 
 

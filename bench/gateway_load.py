@@ -13,9 +13,14 @@ measure itself. The agents are raw HTTP/1.1 keep-alive connections (one per sess
 this process — an SDK per session would cost the client more CPU than the gateway.
 Each session runs up to `--turns` turns; the measurement window is `--seconds` after a
 `--warmup-s` ramp, so at large K sessions do not reach the last turn (reported).
+With `--stream` every call is a streamed Chat Completions call (`stream: true`; the engine
+streams too, token by token over its fixed delay): the agent reads the SSE events off its
+connection, rebuilds the assistant message and its tool call from the deltas, and times the
+call to its last event; a stream that breaks the protocol counts as an error.
 
 Run: `python -m bench.gateway_load [--processes 1,2] [--sessions 100,500,2000]
-[--shared-port] [--large-every 0 --large-chars 60000] [--tokenize-offload-chars 16384]`.
+[--shared-port] [--large-every 0 --large-chars 60000] [--tokenize-offload-chars 16384]
+[--stream]`.
 """
 
 import argparse
@@ -29,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +110,15 @@ class Connection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def post(self, path: str, token: str, body: bytes) -> tuple[int, bytes]:
+    async def post(
+        self,
+        path: str,
+        token: str,
+        body: bytes,
+        on_piece: Callable[[bytes], None] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        """(status, lower-cased headers, body); `on_piece` gets each piece of a chunked
+        body the moment it is read (a stream's events as they arrive)."""
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
@@ -121,11 +135,15 @@ class Connection:
             headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
             if "content-length" in headers:
                 data = await self.reader.readexactly(int(headers["content-length"]))
+                if on_piece is not None:
+                    on_piece(data)
             else:  # chunked
                 parts = []
                 while (size := int((await self.reader.readline()).strip(), 16)) > 0:
                     parts.append(await self.reader.readexactly(size))
                     await self.reader.readline()
+                    if on_piece is not None:
+                        on_piece(parts[-1])
                 await self.reader.readline()
                 data = b"".join(parts)
         except Exception:
@@ -133,7 +151,7 @@ class Connection:
             raise
         if headers.get("connection", "").lower() == "close":
             self.close()
-        return status, data
+        return status, headers, data
 
     def close(self) -> None:
         if self.writer is not None:
@@ -141,11 +159,87 @@ class Connection:
         self.reader = self.writer = None
 
 
+class StreamError(Exception):
+    """A streamed reply that breaks the protocol; its message is the error's key."""
+
+
+class ChatStream:
+    """A streamed Chat Completions reply, read as it arrives: each SSE event's `data` and
+    when it completed, then the assistant message rebuilt from the deltas."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.events: list[tuple[float, str]] = []
+
+    def feed(self, piece: bytes) -> None:
+        self.buffer += piece
+        while (end := self.buffer.find(b"\n\n")) >= 0:
+            event, self.buffer = self.buffer[:end].decode(), self.buffer[end + 2 :]
+            data = [line[5:].strip() for line in event.split("\n") if line.startswith("data:")]
+            if data:
+                self.events.append((time.monotonic(), "\n".join(data)))
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message (content and its one tool call), or StreamError."""
+        if self.buffer.strip():
+            raise StreamError("stream: bytes after the last event")
+        if not self.events or self.events[-1][1] != "[DONE]":
+            raise StreamError("stream: [DONE] missing or not last")
+        content, finish = "", None
+        calls: dict[int, dict[str, str]] = {}
+        for _, data in self.events[:-1]:
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise StreamError("stream: an event is not JSON") from None
+            if isinstance(chunk, dict) and "error" in chunk:
+                raise StreamError(f"stream error event: {str(chunk['error'])[:80]}")
+            try:
+                content, finish = self._absorb(chunk, calls, content, finish)
+            except (KeyError, TypeError, AttributeError) as exc:
+                raise StreamError(f"stream: malformed chunk ({exc!r})"[:80]) from None
+        if finish != "tool_calls" or len(calls) != 1:
+            raise StreamError(f"stream: finish {finish!r} with {len(calls)} tool calls")
+        (call,) = calls.values()
+        try:
+            json.loads(call["arguments"])
+        except ValueError:
+            raise StreamError("stream: tool call arguments are not JSON") from None
+        if not call["id"] or not call["name"]:
+            raise StreamError("stream: tool call without id or name")
+        function = {"name": call["name"], "arguments": call["arguments"]}
+        tool_call = {"id": call["id"], "type": "function", "function": function}
+        return {"content": content or None, "tool_calls": [tool_call]}
+
+    @staticmethod
+    def _absorb(
+        chunk: Any, calls: dict[int, dict[str, str]], content: str, finish: str | None
+    ) -> tuple[str, str | None]:
+        """One `chat.completion.chunk` into (content so far, finish reason); tool call
+        deltas into `calls` by index."""
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            finish = choice.get("finish_reason") or finish
+            for part in delta.get("tool_calls") or []:
+                call = calls.setdefault(part["index"], {"id": "", "name": "", "arguments": ""})
+                call["id"] += part.get("id") or ""
+                function = part.get("function") or {}
+                call["name"] += function.get("name") or ""
+                call["arguments"] += function.get("arguments") or ""
+        return content, finish
+
+
 @dataclass
 class Results:
     latencies: list[tuple[float, float]] = field(default_factory=list)  # (finished, seconds)
     errors: dict[str, int] = field(default_factory=dict)
     turns: list[int] = field(default_factory=list)
+    stream_events: list[int] = field(default_factory=list)  # events per streamed call
+    content_types: dict[str, int] = field(default_factory=dict)  # of the 200 replies
+
+    def error(self, key: str) -> None:
+        self.errors[key] = self.errors.get(key, 0) + 1
 
 
 async def agent(
@@ -162,15 +256,20 @@ async def agent(
     turn = 0
     try:
         while turn < args.turns and time.monotonic() < deadline:
-            body = json.dumps(
-                {"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 64}
-            )
+            request: dict[str, Any] = {
+                "model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 64,
+            }  # fmt: skip
+            if args.stream:
+                request["stream"] = True
+            body = json.dumps(request)
+            stream = ChatStream() if args.stream else None
             started = time.monotonic()
             try:
-                status, data = await conn.post(path, session["token"], body.encode())
+                status, headers, data = await conn.post(
+                    path, session["token"], body.encode(), stream and stream.feed
+                )
             except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-                key = type(exc).__name__
-                results.errors[key] = results.errors.get(key, 0) + 1
+                results.error(type(exc).__name__)
                 break
             finished = time.monotonic()
             if status != 200:
@@ -178,11 +277,24 @@ async def agent(
                     key = f"HTTP {status}: {json.loads(data)['error']['message'][:80]}"
                 except (ValueError, KeyError, TypeError):
                     key = f"HTTP {status}"
-                results.errors[key] = results.errors.get(key, 0) + 1
+                results.error(key)
                 break
+            kind = headers.get("content-type", "").split(";")[0]
+            results.content_types[kind] = results.content_types.get(kind, 0) + 1
+            if stream is not None:
+                try:
+                    if kind != "text/event-stream":
+                        raise StreamError(f"stream: content-type {kind!r}")
+                    message = stream.message()
+                except StreamError as exc:
+                    results.error(str(exc))
+                    break
+                finished = stream.events[-1][0]  # the call ends with its last event
+                results.stream_events.append(len(stream.events))
+            else:
+                message = json.loads(data)["choices"][0]["message"]
             results.latencies.append((finished, finished - started))
             turn += 1
-            message = json.loads(data)["choices"][0]["message"]
             call = message["tool_calls"][0]
             messages.append(
                 {"role": "assistant", "content": message.get("content"), "tool_calls": [call]}
@@ -256,6 +368,8 @@ async def drive(
         "forwarded_share": forwarded / gw_calls if gw_calls else 0.0,
         "turns_mean": statistics.fmean(results.turns) if results.turns else 0.0,
         "errors": results.errors,
+        "content_types": results.content_types,
+        "stream_events_p50": percentile([float(n) for n in results.stream_events], 0.5),
     }
 
 
@@ -319,6 +433,7 @@ def main() -> None:
     parser.add_argument("--large-every", type=int, default=0, help="every Nth tool output large")
     parser.add_argument("--large-chars", type=int, default=60000)
     parser.add_argument("--tokenize-offload-chars", type=int, default=16384)
+    parser.add_argument("--stream", action="store_true", help="streamed calls (SSE)")
     parser.add_argument("--json", action="store_true", help="print rows as JSON lines too")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children on the way out
@@ -340,7 +455,8 @@ def main() -> None:
         f"{args.turns} turns max, window {args.seconds:g} s, fsync {args.fsync}, "
         f"shared port {'on' if args.shared_port else 'off'}, large tool output every "
         f"{args.large_every or '-'} turns ({args.large_chars} chars), offload ≥ "
-        f"{args.tokenize_offload_chars or 'off'} chars\n"
+        f"{args.tokenize_offload_chars or 'off'} chars, "
+        f"{'streamed (SSE)' if args.stream else 'not streamed'}\n"
     )
     print(
         "| processes | sessions | calls/s | calls/s per process | added p50 ms | added p99 ms "
@@ -364,6 +480,12 @@ def main() -> None:
                 f"{r['processes']} processes ÷ 1 at {r['sessions']} sessions: "
                 f"{r['calls_per_s'] / base[r['sessions']]:.2f}×"
             )
+    if args.stream:
+        print(
+            "replies by content type: "
+            f"{[r['content_types'] for r in rows]}; SSE events per call (p50): "
+            f"{[r['stream_events_p50'] for r in rows]}"
+        )
     client_cpu = [round(r["client_cpu_ms_per_call"], 2) for r in rows]
     client_lag = [round(r["client_lag_p99_ms"], 1) for r in rows]
     print(f"client CPU ms/call: {client_cpu}; client loop lag p99 ms: {client_lag}")

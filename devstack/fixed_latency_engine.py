@@ -1,5 +1,7 @@
 """FakeFixedLatencyEngine: a FAKE engine that answers every `/v1/completions` call after a
-fixed delay with the same precomputed tool call, in vLLM's token-ID reply shape.
+fixed delay with the same precomputed tool call, in vLLM's token-ID reply shape — whole, or
+with `stream: true` as vLLM's stream (one token per chunk, spread over the delay, then the
+usage chunk and `[DONE]`), so the gateway's streamed path gets a token stream to relay.
 
 Why a fake: `bench/gateway_load.py` measures what the *gateway* adds per call and how
 many calls a gateway process serves, with thousands of sessions at once. A real engine
@@ -55,6 +57,27 @@ class FakeFixedLatencyEngine:
         self.logprobs = [-0.1] * len(self.output_ids)
         self.text = REPLY
         self.calls = 0
+        starts = [start for start, _ in tokenizer.encode(REPLY, add_special_tokens=False).offsets]
+        ends = [*starts[1:], len(REPLY)]
+        texts = [REPLY[a:b] for a, b in zip(starts, ends, strict=True)] + [""]  # EOS: no text
+        self.stream_chunks = [
+            self._chunk(text, token, finish=i == len(texts) - 1)
+            for i, (text, token) in enumerate(zip(texts, self.output_ids, strict=True))
+        ]
+
+    def _chunk(self, text: str, token: int, finish: bool) -> bytes:
+        """One token's stream chunk, made once at start: the gateway reads no `id`."""
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": {"token_logprobs": [-0.1]},
+            "finish_reason": "stop" if finish else None,
+            "stop_reason": None,
+            "token_ids": [token],
+        }
+        body = {"id": "cmpl-stream", "object": "text_completion", "created": 0,
+                "model": self.model, "choices": [choice], "usage": None}  # fmt: skip
+        return b"data: " + _dumps(body) + b"\n\n"
 
     def _reply(self, prompt: list[int], max_tokens: int) -> bytes:
         ids, logprobs, finish = self.output_ids, self.logprobs, "stop"
@@ -105,6 +128,9 @@ class FakeFixedLatencyEngine:
                 await _send(send, 400, _dumps({"error": {"message": str(exc)}}))
                 return
             self.calls += 1
+            if body.get("stream"):
+                await self._stream(send, len(prompt), max_tokens)
+                return
             await asyncio.sleep(self.latency_s)
             await _send(send, 200, self._reply(prompt, max_tokens))
         elif path == "/v1/models":
@@ -114,6 +140,28 @@ class FakeFixedLatencyEngine:
             await _send(send, 200, b"{}")
         else:
             await _send(send, 404, b'{"error": {"message": "not found"}}')
+
+    async def _stream(self, send: Send, prompt_tokens: int, max_tokens: int) -> None:
+        """The reply token by token, the i-th of n chunks at i/n of the delay: the whole
+        stream takes the fixed delay, as the whole reply does."""
+        chunks, max_tokens = self.stream_chunks, max(1, max_tokens)
+        if len(chunks) > max_tokens:  # cut at max_tokens, the last chunk says so
+            last = json.loads(chunks[max_tokens - 1][6:])
+            last["choices"][0]["finish_reason"] = "length"
+            chunks = [*chunks[: max_tokens - 1], b"data: " + _dumps(last) + b"\n\n"]
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for i, chunk in enumerate(chunks):
+            await asyncio.sleep(
+                max(0.0, started + self.latency_s * (i + 1) / len(chunks) - loop.time())
+            )
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(chunks),
+                 "total_tokens": prompt_tokens + len(chunks)}  # fmt: skip
+        tail = b"data: " + _dumps({"id": "cmpl-stream", "choices": [], "usage": usage})
+        await send({"type": "http.response.body", "body": tail + b"\n\ndata: [DONE]\n\n"})
 
 
 def _dumps(value: Any) -> bytes:
