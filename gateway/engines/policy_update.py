@@ -316,7 +316,7 @@ class PolicyUpdater:
         )
 
     # ------------------------------------------------------------------ the update
-    def _check(self, update: PolicyUpdate) -> PolicyUpdate:
+    def check(self, update: PolicyUpdate) -> PolicyUpdate:
         """Bad input before anything pauses: a path outside the checkpoint roots is a
         403, a missing checkpoint a 404, an unusable one a 400, a version already served
         from another checkpoint a 409. The update with the checkpoint's real path."""
@@ -345,7 +345,7 @@ class PolicyUpdater:
     async def update(self, update: PolicyUpdate) -> PolicyUpdateRecord:
         """Run an update to its end even when the caller goes away (the gate and the
         peers must be resumed by whoever closed them)."""
-        await asyncio.to_thread(self._check, update)  # bad input: refused before any wait
+        await asyncio.to_thread(self.check, update)  # bad input: refused before any wait
         self.refuse_if_busy(queue=True)
         task = asyncio.create_task(self._serialized(update))
         self._tasks.add(task)
@@ -382,7 +382,7 @@ class PolicyUpdater:
     async def _serialized(self, update: PolicyUpdate) -> PolicyUpdateRecord:
         self.refuse_if_busy(queue=True)  # a hold taken since `update` checked
         async with self._lock:  # serialized: a second update waits for the first
-            checked = await asyncio.to_thread(self._check, update)  # the first may have moved
+            checked = await asyncio.to_thread(self.check, update)  # the first may have moved
             if self._peer_hold is not None:
                 raise GatewayError(
                     "conflict", "another gateway process is updating the policy; retry after it"

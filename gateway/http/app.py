@@ -222,6 +222,8 @@ class GatewayApp:
         """Pause, drain, load into every engine, set the version, resume (`policy_update`)."""
         self._require_admin(request)
         update = PolicyUpdate.model_validate(await self._read_json(request))
+        # Bad input is answered from here: a loaded agent loop never delays a refusal.
+        await asyncio.to_thread(self.policy.check, update)
         done = await self._in_core(lambda: self.policy.update(update))
         return Response(done.model_dump_json(), media_type="application/json")
 
