@@ -10,9 +10,9 @@ of `--batch-rollouts` rollouts at a time — as a trainer meets them, and as
 The rows are synthetic but shaped like an agent's: each one a `SampleRow` (schema
 checked), a `--prompt-tokens` first prompt, then per call `--sampled` policy tokens
 (mask 1, with logprobs) followed by `--env-tokens` tool/environment tokens (mask 0),
-per-call versions and starts; they go through the Arrow table and `to_pylist()`, the
-dicts a bridge gets from `RolloutClient.load_samples(...).to_pylist()`. Building them
-is not timed.
+per-call versions, starts and sampling settings; they go through the Arrow table and
+`to_pylist()`, the dicts a bridge gets from `RolloutClient.load_samples(...).to_pylist()`.
+Building them is not timed.
 
 Printed per trainer: whether its bridge module is present, which path it took —
 `package imports` when its trainer's package imports in this interpreter (the bridge
@@ -68,6 +68,8 @@ TRAINER_MODULES = {
     "openrlhf": "openrlhf",
 }
 VERSION = "bench-v3"
+SAMPLING = '{"temperature": 1.0, "top_p": 1.0, "max_tokens": 512}'
+"""A session's sampling settings as the Gateway records them, on every call of a row."""
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -124,7 +126,8 @@ def make_rows(shape: Shape, first: int, count: int, rng: random.Random) -> list[
                 reward_fn_version="rf",
                 harness="command",
                 harness_version="1",
-                sampling="{}",
+                sampling=SAMPLING,
+                call_sampling=[SAMPLING] * shape.calls,
                 seed=index,
             )
         )
