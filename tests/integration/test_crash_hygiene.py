@@ -19,8 +19,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -93,6 +94,27 @@ def kill_all(procs: Iterable[Proc]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def sigkill(parent: subprocess.Popen[Any]) -> None:
+    """The crash under test: the parent is SIGKILLed and reaped (no cleanup of its runs)."""
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+
+
+@contextlib.contextmanager
+def killed_at_the_end(parent: subprocess.Popen[Any]) -> Iterator[set[Proc]]:
+    """The descendants a test captures (add them to the set it yields): they and the
+    parent are SIGKILLed when the test ends, whatever it found, so no check's failure
+    leaves processes behind for the next test."""
+    captured: set[Proc] = set()
+    try:
+        yield captured
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        kill_all(captured)
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 def test_sigkilled_gateway_leaves_no_process(
     tiny_model_dir: Path, tmp_path: Path, processes: int
@@ -112,8 +134,7 @@ def test_sigkilled_gateway_leaves_no_process(
             "--data-dir", str(tmp_path / "gw"), "--tokenize-offload-chars", "1000",
         ]  # fmt: skip
         proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
-        captured: set[Proc] = set()
-        try:
+        with killed_at_the_end(proc) as captured:
             for i in range(processes):
                 control = f"http://127.0.0.1:{port + processes + i}"
                 wait_healthy(control, proc, timeout_s=120)
@@ -128,20 +149,14 @@ def test_sigkilled_gateway_leaves_no_process(
                     timeout=60,
                 )
                 assert reply.status_code == 200, reply.text
-            captured = descendants(proc.pid)
+            captured |= descendants(proc.pid)
             lines = [cmdline(pid) for pid, _ in captured]
             # What the check must see go: each gateway's pool worker and resource tracker.
             assert sum("spawn_main" in c for c in lines) == processes, lines
             assert sum("resource_tracker" in c for c in lines) == processes, lines
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
+            sigkill(proc)
             left = left_after_poll(captured)
             assert not left, [cmdline(pid) for pid, _ in left]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-            kill_all(captured)
 
 
 DEMO_PARENT = textwrap.dedent(
@@ -187,23 +202,16 @@ def test_sigkilled_demo_leaves_no_process_of_its_in_process_gateway(
         stdout=subprocess.PIPE,
         text=True,
     )
-    captured: set[Proc] = set()
-    try:
+    with killed_at_the_end(parent) as captured:
         assert parent.stdout is not None
         assert parent.stdout.readline().strip() == "200"
-        captured = descendants(parent.pid)
+        captured |= descendants(parent.pid)
         lines = [cmdline(pid) for pid, _ in captured]
         assert sum("spawn_main" in c for c in lines) == 1, lines
         assert sum("resource_tracker" in c for c in lines) == 1, lines
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
+        sigkill(parent)
         left = left_after_poll(captured)
         assert not left, [cmdline(pid) for pid, _ in left]
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(10)
-        kill_all(captured)
 
 
 CONTROL_PARENT = textwrap.dedent(
@@ -230,25 +238,18 @@ def test_control_the_check_catches_an_unprotected_child(tiny_model_dir: Path) ->
         stdout=subprocess.PIPE,
         text=True,
     )
-    captured: set[Proc] = set()
-    try:
+    with killed_at_the_end(parent) as captured:
         assert parent.stdout is not None
         plain_pid = int(parent.stdout.readline())
-        captured = descendants(parent.pid)
+        captured |= descendants(parent.pid)
         plain = {p for p in captured if p[0] == plain_pid}
         protected = {p for p in captured if "spawn_main" in cmdline(p[0])} - plain
         assert plain and len(protected) == 1, [cmdline(pid) for pid, _ in captured]
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
+        sigkill(parent)
         assert not left_after_poll(protected)  # the pool worker went with its parent ...
         # ... the unprotected child did not (nor, as it holds its pipe, the resource
         # tracker): a leak is seen.
         assert plain <= alive(captured)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(10)
-        kill_all(captured)
 
 
 TETHER_PARENT = textwrap.dedent(
@@ -271,25 +272,19 @@ def test_tethered_process_group_dies_with_its_starter() -> None:
     parent = subprocess.Popen(
         [sys.executable, "-c", TETHER_PARENT], stdout=subprocess.PIPE, text=True
     )
-    captured: set[Proc] = set()
-    try:
+    with killed_at_the_end(parent) as captured:
         assert parent.stdout is not None
         tied_pid, plain_pid = map(int, parent.stdout.readline().split())
         deadline = time.monotonic() + GONE_WITHIN_S
-        while len(captured := descendants(parent.pid)) < 4 and time.monotonic() < deadline:
+        while len(found := descendants(parent.pid)) < 4 and time.monotonic() < deadline:
             time.sleep(0.1)  # the shim, sh's background sleep, the exec'd sleep, the plain one
+        captured |= found
         plain = {p for p in captured if p[0] == plain_pid}
         tied = captured - plain
         assert len(tied) == 3 and any(p[0] == tied_pid for p in tied), captured
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
+        sigkill(parent)
         assert not left_after_poll(tied)
         assert alive(captured) == plain  # control: the untethered one is a leak the check sees
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(10)
-        kill_all(captured)
 
 
 def test_tethered_command_stops_as_before() -> None:
@@ -347,23 +342,16 @@ def test_a_host_command_a_worker_thread_waits_for_dies_with_the_worker() -> None
     parent = subprocess.Popen(
         [sys.executable, "-c", HOST_COMMAND_PARENT], stdout=subprocess.PIPE, text=True
     )
-    captured: set[Proc] = set()
-    try:
+    with killed_at_the_end(parent) as captured:
         assert parent.stdout is not None
         pids = dict(parent.stdout.readline().split() for _ in range(2))
-        captured = descendants(parent.pid)
+        captured |= descendants(parent.pid)
         tied = {p for p in captured if p[0] == int(pids["tied"])}
         plain = {p for p in captured if p[0] == int(pids["plain"])}
         assert tied and plain, captured
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
+        sigkill(parent)
         assert not left_after_poll(tied)
         assert alive(plain) == plain  # control: the untied one is a leak the check sees
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(10)
-        kill_all(captured)
 
 
 BUILDING_WORKER = textwrap.dedent(
@@ -408,27 +396,22 @@ def test_a_task_image_build_stops_when_its_worker_is_sigkilled(tmp_path: Path) -
         ).stdout
         return [line.split()[0] for line in out.splitlines() if marker in line]
 
-    captured: set[Proc] = set()
     try:
-        deadline = time.monotonic() + 120
-        while not sleeping_containers():
-            assert worker.poll() is None, "the build ended early"
-            assert time.monotonic() < deadline, "the build's RUN never started"
-            time.sleep(0.2)
-        captured = descendants(worker.pid)
-        clients = {p for p in captured if "docker build" in cmdline(p[0])}
-        assert clients, [cmdline(pid) for pid, _ in captured]
-        worker.send_signal(signal.SIGKILL)
-        worker.wait(10)
-        assert not left_after_poll(captured), [cmdline(pid) for pid, _ in alive(captured)]
-        deadline = time.monotonic() + GONE_WITHIN_S
-        while sleeping_containers() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not sleeping_containers(), "the build's container still runs"
+        with killed_at_the_end(worker) as captured:
+            deadline = time.monotonic() + 120
+            while not sleeping_containers():
+                assert worker.poll() is None, "the build ended early"
+                assert time.monotonic() < deadline, "the build's RUN never started"
+                time.sleep(0.2)
+            captured |= descendants(worker.pid)
+            clients = {p for p in captured if "docker build" in cmdline(p[0])}
+            assert clients, [cmdline(pid) for pid, _ in captured]
+            sigkill(worker)
+            assert not left_after_poll(captured), [cmdline(pid) for pid, _ in alive(captured)]
+            deadline = time.monotonic() + GONE_WITHIN_S
+            while sleeping_containers() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not sleeping_containers(), "the build's container still runs"
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
-        kill_all(captured)
         for cid in sleeping_containers():
             subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
