@@ -17,9 +17,7 @@ the Gateway in front of vLLM CPU serving the tiny model, `generate` called on Sk
 """
 
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,9 +27,8 @@ from devstack.temporal_dev_server import TemporalDevServer
 from devstack.trainer_env import TRAINER_EXTRAS, trainer_python, trainer_pythonpath
 from devstack.vllm_server import INSTALL_HINT, VllmServer, VllmVenvError
 from examples.make_tasks import task as make_task
-from tests.fixtures.gateway import start_gateway
+from tests.fixtures.rollout_stack import rollout_stack
 from tests.fixtures.trainer import TrainerPython
-from tests.fixtures.worker_process import WorkerProcess
 from tests.unit.test_bridge_skyrl import sample_row
 
 pytestmark = pytest.mark.integration
@@ -207,40 +204,16 @@ def test_generate_runs_skyrls_batch_as_our_rollouts(
     """The live path: SkyRL's own batch for one task × 2 repetitions, `generate` submits
     it through Temporal to a worker whose agent (two turns, local sandbox) calls the tiny
     model through the Gateway; SkyRL's `validate_generator_output` takes the result."""
-    work = Path(tempfile.mkdtemp(prefix="rollout-skyrl-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
-    gateway = start_gateway(vllm_server.url, tiny_model_dir, work / "gateway", vllm_server.model)
-    queue = "skyrl-bridge"
-    worker = WorkerProcess(
-        [
-            "--role=all",
-            f"--temporal={temporal_server.address}",
-            f"--task-queue={queue}",
-            "--host-id=skyrl-host",
-            f"--gateway={gateway.control_url}",
-            f"--admin-token={gateway.admin_token}",
-            f"--sandbox-state-dir={work / 'sandboxes'}",
-            f"--data-dir={work / 'worker'}",
-            "--graceful-shutdown-s=5",
-        ],
-        work / "worker.log",
-        dict(os.environ),
-    )
     task = make_task("mul", "What is 6 times 7? Reply with the number only.", "42")
     task["sampling"] = {"temperature": 1.0, "max_tokens": 16}
-    data = {
-        "tasks": [task],
-        "temporal": temporal_server.address,
-        "queue": queue,
-        "out": str(work / "samples"),
-    }
-    try:
-        worker.start()
+    with rollout_stack(temporal_server, tiny_model_dir, "skyrl", engine=vllm_server) as stack:
+        data = {
+            "tasks": [task],
+            "temporal": temporal_server.address,
+            "queue": stack.queue,
+            "out": str(stack.work / "samples"),
+        }
         got = skyrl_env.run_json(f"DATA = {json.dumps(json.dumps(data))}\n{LIVE}", timeout=600)
-    finally:
-        worker.stop()
-        gateway.server.stop()
-        shutil.rmtree(work, ignore_errors=True)
     assert got["rollouts"] == ["live-t1-1-mul-0", "live-t1-1-mul-1"]
     assert set(got["status"]) <= {"ok", "truncated"}, got
     assert got["turns"] == [2, 2]  # the example agent calls the model twice

@@ -14,11 +14,8 @@ rows the rollouts wrote. Kept small for 2 cores: 2 tasks × 2 rollouts, 1 held-o
 import argparse
 import copy
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,16 +24,13 @@ import pytest
 
 from bridges import slime as bridge
 from devstack.temporal_dev_server import TemporalDevServer
-from devstack.vllm_server import VllmServer, VllmServerConfig
 from examples.make_tasks import task as make_task
 from rollout_client.storage import read_samples
 from schemas.tasks import RolloutTask
-from tests.fixtures.gateway import RunningGateway, start_gateway
-from tests.fixtures.worker_process import WorkerProcess
+from tests.fixtures.rollout_stack import RolloutStack, rollout_stack
 
 pytestmark = pytest.mark.integration
 
-QUEUE = "slime-bridge-tests"
 SLIME_STATUS = {
     "ok": "completed",
     "truncated": "truncated",
@@ -46,45 +40,10 @@ SLIME_STATUS = {
 }
 
 
-@dataclass
-class Stack:
-    temporal: TemporalDevServer
-    gateway: RunningGateway
-    work: Path
-    model: Path
-
-
 @pytest.fixture(scope="module")
-def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[Stack]:
-    work = Path(tempfile.mkdtemp(prefix="rollout-slime-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
-    engine = VllmServer(VllmServerConfig.trainable(tiny_model_dir)).start()
-    gateway = start_gateway(
-        engine.url, tiny_model_dir, work / "gateway", engine.model, checkpoint_roots=[work]
-    )
-    worker = WorkerProcess(
-        [
-            "--role=all",
-            f"--temporal={temporal_server.address}",
-            f"--task-queue={QUEUE}",
-            "--host-id=slime-host",
-            f"--gateway={gateway.control_url}",
-            f"--admin-token={gateway.admin_token}",
-            f"--sandbox-state-dir={work / 'sandboxes'}",
-            f"--data-dir={work / 'worker'}",
-            "--graceful-shutdown-s=5",
-        ],
-        work / "worker.log",
-        dict(os.environ),
-    )
-    try:
-        worker.start()
-        yield Stack(temporal=temporal_server, gateway=gateway, work=work, model=tiny_model_dir)
-    finally:
-        worker.stop()
-        gateway.server.stop()
-        engine.stop()
-        shutil.rmtree(work, ignore_errors=True)
+def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[RolloutStack]:
+    with rollout_stack(temporal_server, tiny_model_dir, "slime-bridge") as running:
+        yield running
 
 
 class PromptGroupsForTests:
@@ -125,7 +84,7 @@ def tasks() -> list[RolloutTask]:
     ]
 
 
-def slime_args(stack: Stack, out: Path, **extra: Any) -> argparse.Namespace:
+def slime_args(stack: RolloutStack, out: Path, **extra: Any) -> argparse.Namespace:
     """What slime's parser and `--custom-config-path` YAML would hand the hooks."""
     return argparse.Namespace(
         rollout_batch_size=2,
@@ -134,7 +93,7 @@ def slime_args(stack: Stack, out: Path, **extra: Any) -> argparse.Namespace:
         rewards_normalization=True,
         agentic_rollout_output=str(out),
         agentic_rollout_temporal=stack.temporal.address,
-        agentic_rollout_task_queue=QUEUE,
+        agentic_rollout_task_queue=stack.queue,
         agentic_rollout_gateway=stack.gateway.control_url,
         agentic_rollout_run="slimetest",
         **{f"agentic_rollout_{k}": v for k, v in extra.items()},
@@ -142,7 +101,7 @@ def slime_args(stack: Stack, out: Path, **extra: Any) -> argparse.Namespace:
 
 
 def test_a_slime_step_publishes_samples_and_trains_on_exact_rows(
-    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stack: RolloutStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """slime's disk sync writes weight_v000001 → publish_policy makes the Gateway serve it
     as slimetest-v1 → generate_rollout labels the step with it, runs 2 groups of 2, and

@@ -46,7 +46,7 @@ from schemas.samples import table_to_rows
 from schemas.tasks import RolloutTask
 from tests.fixtures.gated_engine import GatedEngine
 from tests.fixtures.gateway import RunningGateway, start_gateway
-from tests.fixtures.worker_process import WorkerProcess
+from tests.fixtures.worker_process import WorkerProcess, one_host_args
 from workflows.rollout import RolloutWorkflow
 
 # One dev server for the whole test session, shared by every module that asks.
@@ -134,17 +134,14 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
     os.environ.update(aws)
     boto3.client("s3").create_bucket(Bucket="samples")
     worker = WorkerProcess(
-        [
-            "--role=all",
-            f"--temporal={temporal_server.address}",
-            "--task-queue=ctl-tests",
-            "--host-id=ctl-host",
-            f"--gateway={gateway.control_url}",
-            f"--admin-token={gateway.admin_token}",
-            f"--sandbox-state-dir={state}",
-            f"--data-dir={work / 'worker'}",
-            "--graceful-shutdown-s=5",
-        ],
+        one_host_args(
+            temporal_server.address,
+            "ctl-tests",
+            "ctl-host",
+            gateway.control_url,
+            gateway.admin_token,
+            work,
+        ),
         work / "worker.log",
         dict(os.environ),
     )

@@ -32,7 +32,7 @@ from rollout_client.client import RolloutClient
 from sandboxes.local import LocalBackend
 from schemas.tasks import RolloutTask
 from tests.fixtures.gateway import start_gateway
-from tests.fixtures.worker_process import WorkerProcess
+from tests.fixtures.worker_process import WorkerProcess, one_host_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -77,17 +77,14 @@ async def test_worker_killed_mid_collect_is_replaced_after_the_heartbeat_timeout
         proxy = HoldingProxy(gateway.control_url)
         with BackgroundServer(proxy.app()) as proxy_server:
             worker = WorkerProcess(
-                [
-                    "--role=all",
-                    f"--temporal={temporal_server.address}",
-                    "--task-queue=collect-crash",
-                    "--host-id=collect-crash",
-                    f"--gateway={proxy_server.url}",
-                    f"--admin-token={gateway.admin_token}",
-                    f"--sandbox-state-dir={work / 'sandboxes'}",
-                    f"--data-dir={work / 'worker'}",
-                    "--graceful-shutdown-s=5",
-                ],
+                one_host_args(
+                    temporal_server.address,
+                    "collect-crash",
+                    "collect-crash",
+                    proxy_server.url,
+                    gateway.admin_token,
+                    work,
+                ),
                 work / "worker.log",
                 dict(os.environ),
             )

@@ -46,7 +46,7 @@ from task_formats import LoadOptions, load_task_source
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.sandboxes import require_bwrap
 from tests.fixtures.swebench_repo import FIX, FORMAT_OPTIONS, write_calc_instances
-from tests.fixtures.worker_process import WorkerProcess
+from tests.fixtures.worker_process import WorkerProcess, one_host_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -163,19 +163,16 @@ def stack(temporal_server: TemporalDevServer, sandbox_base_image: Any) -> Iterat
     assert f"allowed.test:{port}/" in text and f'"allowed.test:{port}"' in text
     toml.write_text(text)
     worker = WorkerProcess(
-        [
-            "--role=all",
-            f"--temporal={temporal_server.address}",
-            f"--task-queue={QUEUE}",
-            "--host-id=harbor-host",
+        one_host_args(
+            temporal_server.address,
+            QUEUE,
+            "harbor-host",
+            gateway.control_url,
+            gateway.admin_token,
+            work,
             "--backends=docker,local",
-            f"--gateway={gateway.control_url}",
-            f"--admin-token={gateway.admin_token}",
-            f"--sandbox-state-dir={work / 'sandboxes'}",
-            f"--data-dir={work / 'worker'}",
             "--egress-host=allowed.test=127.0.0.1",
-            "--graceful-shutdown-s=5",
-        ],
+        ),
         work / "worker.log",
         dict(os.environ),
     )

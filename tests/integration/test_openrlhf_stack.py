@@ -12,11 +12,8 @@ the Parquet rows the rollouts wrote. Kept small for 2 cores: 1 prompt × 2 rollo
 
 import asyncio
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,58 +21,20 @@ import pytest
 
 from bridges import openrlhf as bridge
 from devstack.temporal_dev_server import TemporalDevServer
-from devstack.vllm_server import VllmServer, VllmServerConfig
 from examples.make_tasks import task as make_task
 from rollout_client import GatewayPolicyClient
 from rollout_client.storage import read_samples
-from tests.fixtures.gateway import RunningGateway, start_gateway
-from tests.fixtures.worker_process import WorkerProcess
+from tests.fixtures.rollout_stack import RolloutStack, rollout_stack
 
 pytestmark = pytest.mark.integration
 
-QUEUE = "openrlhf-bridge-tests"
 N = 2
 
 
-@dataclass
-class Stack:
-    temporal: TemporalDevServer
-    gateway: RunningGateway
-    work: Path
-    model: Path
-
-
 @pytest.fixture(scope="module")
-def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[Stack]:
-    work = Path(tempfile.mkdtemp(prefix="rollout-openrlhf-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
-    engine = VllmServer(VllmServerConfig.trainable(tiny_model_dir)).start()
-    gateway = start_gateway(
-        engine.url, tiny_model_dir, work / "gateway", engine.model, checkpoint_roots=[work]
-    )
-    worker = WorkerProcess(
-        [
-            "--role=all",
-            f"--temporal={temporal_server.address}",
-            f"--task-queue={QUEUE}",
-            "--host-id=openrlhf-host",
-            f"--gateway={gateway.control_url}",
-            f"--admin-token={gateway.admin_token}",
-            f"--sandbox-state-dir={work / 'sandboxes'}",
-            f"--data-dir={work / 'worker'}",
-            "--graceful-shutdown-s=5",
-        ],
-        work / "worker.log",
-        dict(os.environ),
-    )
-    try:
-        worker.start()
-        yield Stack(temporal=temporal_server, gateway=gateway, work=work, model=tiny_model_dir)
-    finally:
-        worker.stop()
-        gateway.server.stop()
-        engine.stop()
-        shutil.rmtree(work, ignore_errors=True)
+def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[RolloutStack]:
+    with rollout_stack(temporal_server, tiny_model_dir, "openrlhf-bridge") as running:
+        yield running
 
 
 def tokenizer_stand_in(text: str, add_special_tokens: bool) -> dict[str, list[int]]:
@@ -85,7 +44,7 @@ def tokenizer_stand_in(text: str, add_special_tokens: bool) -> dict[str, list[in
 
 
 def test_openrlhf_calls_publish_the_checkpoint_and_return_the_rows(
-    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stack: RolloutStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """OpenRLHF saved global_step1_hf → the first group publishes it as orltest-v1, runs
     2 rollouts labelled with it, and each call gets its rollout's row in OpenRLHF's shape."""
@@ -97,7 +56,7 @@ def test_openrlhf_calls_publish_the_checkpoint_and_return_the_rows(
         output=str(out),
         samples_per_prompt=N,
         temporal=stack.temporal.address,
-        task_queue=QUEUE,
+        task_queue=stack.queue,
         gateway=stack.gateway.control_url,
         checkpoint_root=str(ckpt),
         run_id="orltest",

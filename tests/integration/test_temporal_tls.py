@@ -29,6 +29,7 @@ from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
 from schemas.tasks import RolloutTask
 from tests.fixtures.gateway import start_gateway
 from tests.fixtures.temporal_tls import Pki, TlsFrontendForTests, make_pki
+from tests.fixtures.worker_process import one_host_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -121,18 +122,15 @@ async def test_worker_and_trainer_run_a_rollout_over_mtls_with_an_api_key(
     log = work / "worker.log"
     env = dict(os.environ, TEMPORAL_API_KEY=API_KEY)
     worker = start_worker(
-        [
-            "--role=all",
-            f"--temporal={frontend.address}",
+        one_host_args(
+            frontend.address,
+            QUEUE,
+            "tls-host",
+            gateway.control_url,
+            gateway.admin_token,
+            work,
             *tls_options(pki),
-            f"--task-queue={QUEUE}",
-            "--host-id=tls-host",
-            f"--gateway={gateway.control_url}",
-            f"--admin-token={gateway.admin_token}",
-            f"--sandbox-state-dir={work / 'sandboxes'}",
-            f"--data-dir={work / 'worker'}",
-            "--graceful-shutdown-s=5",
-        ],
+        ),
         log,
         env,
     )

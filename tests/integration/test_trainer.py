@@ -8,11 +8,9 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,21 +20,20 @@ import httpx
 import pytest
 
 from devstack.temporal_dev_server import TemporalDevServer
-from devstack.vllm_server import VllmServer, VllmServerConfig
+from devstack.vllm_server import VllmServer
 from examples.make_tasks import task as make_task
 from gateway.engines.base import WeightLoadError
 from gateway.engines.vllm_weights import VllmWeightLoader
 from rollout_client.storage import read_samples
 from schemas.policy import WeightUpdate
 from schemas.training import FinalEval, StepMetrics
-from tests.fixtures.gateway import RunningGateway, start_gateway
+from tests.fixtures.gateway import RunningGateway
+from tests.fixtures.rollout_stack import rollout_stack
 from tests.fixtures.trainer import TrainerPython
-from tests.fixtures.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-QUEUE = "trainer-tests"
 STEP_LINE = re.compile(
     r"^step (?P<step>\d+) policy=\S+-(?P<policy>v\d+) reward=(?P<reward>[-0-9.]+) "
     r"heldout=(?P<heldout>[-0-9.]+) agree_mean=(?P<agree_mean>[0-9.e+-]+) "
@@ -50,8 +47,8 @@ class TrainStack:
     temporal: TemporalDevServer
     engine: VllmServer
     gateway: RunningGateway
-    worker: WorkerProcess
     work: Path
+    queue: str
     tasks: Path
     heldout: Path
     model: Path
@@ -72,54 +69,27 @@ def stack(
     tiny_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[TrainStack]:
-    work = Path(tempfile.mkdtemp(prefix="rollout-train-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
-    engine = VllmServer(VllmServerConfig.trainable(tiny_model_dir)).start()
     # the tests' trainers write their policies under their own tmp_path
-    roots = [work, tmp_path_factory.getbasetemp()]
-    gateway = start_gateway(
-        engine.url, tiny_model_dir, work / "gateway", engine.model, checkpoint_roots=roots
-    )
-    worker = WorkerProcess(
-        [
-            "--role=all",
-            f"--temporal={temporal_server.address}",
-            f"--task-queue={QUEUE}",
-            "--host-id=train-host",
-            f"--gateway={gateway.control_url}",
-            f"--admin-token={gateway.admin_token}",
-            f"--sandbox-state-dir={work / 'sandboxes'}",
-            f"--data-dir={work / 'worker'}",
-            "--graceful-shutdown-s=5",
-        ],
-        work / "worker.log",
-        dict(os.environ),
-    )
-    try:
-        worker.start()
+    roots = [tmp_path_factory.getbasetemp()]
+    with rollout_stack(temporal_server, tiny_model_dir, "trainer", checkpoint_roots=roots) as s:
         yield TrainStack(
-            temporal=temporal_server,
-            engine=engine,
-            gateway=gateway,
-            worker=worker,
-            work=work,
+            temporal=s.temporal,
+            engine=s.engine,
+            gateway=s.gateway,
+            work=s.work,
+            queue=s.queue,
             tasks=write_tasks(
-                work / "tasks.jsonl",
+                s.work / "tasks.jsonl",
                 [
                     ("mul", "What is 6 times 7? Reply with the number only.", "42"),
                     ("cjk", "把数字三写成阿拉伯数字。只回答数字。", "3"),
                 ],
             ),
             heldout=write_tasks(
-                work / "heldout.jsonl", [("fr", "The capital of France? One word.", "Paris")]
+                s.work / "heldout.jsonl", [("fr", "The capital of France? One word.", "Paris")]
             ),
             model=tiny_model_dir,
         )
-    finally:
-        worker.stop()
-        gateway.server.stop()
-        engine.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def train_argv(stack: TrainStack, out: Path, steps: int, *extra: str) -> list[str]:
@@ -132,7 +102,7 @@ def train_argv(stack: TrainStack, out: Path, steps: int, *extra: str) -> list[st
         f"--init-policy={stack.model}",
         f"--out={out}",
         f"--temporal={stack.temporal.address}",
-        f"--task-queue={QUEUE}",
+        f"--task-queue={stack.queue}",
         f"--gateway={stack.gateway.control_url}",
         f"--admin-token={stack.gateway.admin_token}",
         f"--heldout={stack.heldout}",
