@@ -21,8 +21,10 @@ from sandboxes.base import SandboxHandle
 
 
 def state_root(kind: str) -> Path:
-    """Host directory holding per-sandbox state (pid files, run dirs, workdirs)."""
-    env = os.environ.get("AGENTIC_ROLLOUT_STATE")
+    """Host directory holding per-sandbox state (pid files, run dirs, workdirs) and the
+    repos' git mirrors: `$ROLLOUT_SANDBOX_STATE_DIR`, else `/var/lib/agentic-rollout` as
+    root, else `$XDG_STATE_HOME/agentic-rollout` (`~/.local/state`)."""
+    env = os.environ.get("ROLLOUT_SANDBOX_STATE_DIR")
     if env:
         base = Path(env)
     elif os.geteuid() == 0:

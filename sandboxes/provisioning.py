@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import io
-import os
 import posixpath
 import shutil
 import subprocess
@@ -69,6 +69,43 @@ def _git(*args: str, cwd: str | None = None) -> str:
     return r.stdout
 
 
+def _is_git_dir(path: Path) -> bool:
+    return (
+        subprocess.run(
+            ["git", f"--git-dir={path}", "rev-parse", "--git-dir"], capture_output=True
+        ).returncode
+        == 0
+    )
+
+
+def _mirror(url: str, commit: str, cache: Path) -> Path:
+    """The cached bare mirror of `url`, holding `commit`.
+
+    Made and updated under a lock per URL: the rollouts of one repo start together (a
+    worker's threads, a host's workers), and each must find the mirror whole, never
+    another's half-made clone. A mirror found broken is made again.
+    """
+    mirror = cache / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+    with open(mirror.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if mirror.exists() and not _is_git_dir(mirror):
+            shutil.rmtree(mirror)
+        if not mirror.exists():
+            tmp = Path(tempfile.mkdtemp(prefix=f"{mirror.name}.", dir=cache))
+            try:
+                _git("clone", "--quiet", "--mirror", url, str(tmp))
+                tmp.rename(mirror)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        if subprocess.run(
+            ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=mirror, capture_output=True
+        ).returncode:
+            _git("fetch", "--quiet", "origin", "+refs/*:refs/*", cwd=str(mirror))
+            with contextlib.suppress(SandboxError):
+                _git("fetch", "--quiet", "origin", commit, cwd=str(mirror))
+    return mirror
+
+
 def repo_tar(url: str, commit: str, cache: Path | None = None) -> bytes:
     """Host-side checkout of `url` at `commit`, as a tar whose root is the repo.
 
@@ -76,21 +113,7 @@ def repo_tar(url: str, commit: str, cache: Path | None = None) -> bytes:
     """
     if shutil.which("git") is None:
         raise SandboxError("git is required on the host to materialise spec.repo")
-    cache = cache or state_root("git-cache")
-    mirror = cache / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
-    if not mirror.exists():
-        tmp = mirror.with_suffix(f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        _git("clone", "--quiet", "--mirror", url, str(tmp))
-        with contextlib.suppress(OSError):
-            tmp.rename(mirror)
-        shutil.rmtree(tmp, ignore_errors=True)
-    if subprocess.run(
-        ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=mirror, capture_output=True
-    ).returncode:
-        _git("fetch", "--quiet", "origin", "+refs/*:refs/*", cwd=str(mirror))
-        with contextlib.suppress(SandboxError):
-            _git("fetch", "--quiet", "origin", commit, cwd=str(mirror))
+    mirror = _mirror(url, commit, cache or state_root("git-cache"))
     with tempfile.TemporaryDirectory(prefix="repo-") as tmp:
         work = Path(tmp) / "repo"
         _git("clone", "--quiet", "--no-checkout", "--no-hardlinks", str(mirror), str(work))
