@@ -24,7 +24,7 @@ from devstack.trainer_env import (
     trainer_pythonpath,
 )
 from devstack.vllm_server import INSTALL_HINT, VllmVenvError
-from tests.integration.test_trainer import QUEUE, TrainStack, stack  # noqa: F401 (fixture)
+from tests.integration.test_trainer import TrainStack, stack  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -180,7 +180,7 @@ def ran(stack: TrainStack, tmp_path_factory: pytest.TempPathFactory) -> Any:  # 
     settings = {
         "tokenizer": str(stack.model),
         "temporal_address": stack.temporal.address,
-        "task_queue": QUEUE,
+        "task_queue": stack.queue,
         "output": str(output),
         "tasks_path": str(stack.tasks),
         "gateway_url": stack.gateway.control_url,
