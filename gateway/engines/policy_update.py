@@ -248,8 +248,7 @@ class PolicyUpdater:
         """This process was killed in the middle of an update or hold it ran (its mark is
         left): unless the history has that update's end, every engine is `unknown`, and
         the history says why."""
-        left = self.marker.left() if self.marker is not None else None
-        if left is None or self.marker is None:
+        if self.marker is None or (left := self.marker.left()) is None:
             return
         if any(r.update_id == left.update_id for r in self.history()):
             self.marker.end()  # it ended; only the mark's removal was lost
