@@ -46,6 +46,7 @@ __all__ = [
     "ArchiveTooLarge",
     "BackendUnavailable",
     "Command",
+    "EvalHeadroom",
     "ExecResult",
     "GatewayChannel",
     "NetworkPolicy",
@@ -126,6 +127,48 @@ class BackendUnavailable(SandboxError):
 # --------------------------------------------------------------------------- spec
 
 
+MIB = 1024 * 1024
+
+
+class EvalHeadroom(BaseModel):
+    """Free space an evaluation needs in the sandbox after the agent ran.
+
+    A step after the agent that failed in a sandbox with less free than this (on the
+    disk holding its workdir, /tmp or home; in /dev/shm) failed by the agent's doing
+    (`Sandbox.agent_damage`): the agent used up what the verifier needs (pip installs,
+    test caches, multiprocessing's semaphores). None: derived from the filesystem's
+    size — 1/16 of the disk between 4 and 256 MiB, 1/4 of /dev/shm up to 16 MiB.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    disk_mb: float | None = Field(default=None, ge=0)
+    shm_mb: float | None = Field(default=None, ge=0)
+
+    def disk_bytes(self, total: int) -> int:
+        """Bytes needed free on a disk of `total` bytes."""
+        if self.disk_mb is not None:
+            return int(self.disk_mb * MIB)
+        return min(max(total // 16, 4 * MIB), 256 * MIB, total // 2)
+
+    def shm_bytes(self, total: int) -> int:
+        """Bytes needed free in a /dev/shm of `total` bytes."""
+        if self.shm_mb is not None:
+            return int(self.shm_mb * MIB)
+        return min(total // 4, 16 * MIB)
+
+
+def short_of_room(where: str, free: int, total: int, need: int) -> str | None:
+    """The damage line for a filesystem with `free` of `total` bytes when `need` are
+    needed (None: enough room)."""
+    if free >= need:
+        return None
+    return (
+        f"{where} is full ({free / MIB:.1f} MiB free of {total / MIB:.0f} MiB; "
+        f"an evaluation needs {need / MIB:.0f} MiB, resources.eval_headroom)"
+    )
+
+
 class ResourceLimits(BaseModel):
     """Per-sandbox resource caps. `None` means "backend default / unlimited"."""
 
@@ -140,6 +183,8 @@ class ResourceLimits(BaseModel):
     disk_mb: int | None = 4096
     #: Max open files per process.
     nofile: int | None = 4096
+    #: Free space an evaluation needs after the agent (not a cap: see `EvalHeadroom`).
+    eval_headroom: EvalHeadroom = Field(default_factory=EvalHeadroom)
 
 
 class GatewayChannel(BaseModel):
@@ -256,11 +301,16 @@ DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 DAMAGE_PROBE_TIMEOUT_S = 30.0
 #: Bytes the damage probe writes into each directory an evaluation writes to.
 DAMAGE_PROBE_BYTES = 65536
+#: Where the damage probe measures shared memory (`EvalHeadroom.shm_mb`).
+SHM_DIR = "/dev/shm"
 #: The damage probe: for each directory before ``--``, whether it is still there, and
-#: whether a new file of DAMAGE_PROBE_BYTES can be written into it; for each one after,
-#: only whether it is still there; one line per problem.
-_DAMAGE_PROBE = """
+#: whether a new file of DAMAGE_PROBE_BYTES can be written into it (one line per
+#: problem), and its filesystem's size and free space (``free<TAB>dir<TAB>blocks<TAB>
+#: available<TAB>block size``, from ``stat -f``; nothing where stat cannot say); for
+#: each one after, only whether it is still there. /dev/shm is measured too.
+_DAMAGE_PROBE = r"""
 n=$1; shift
+room() { s=$(stat -f -c '%b %a %S' "$1" 2>/dev/null) && printf 'free\t%s\t%s\n' "$1" "$s"; }
 for d in "$@"; do
   shift
   [ "$d" = -- ] && break
@@ -270,7 +320,9 @@ for d in "$@"; do
   f=$(mktemp "$d/.rollout-probe.XXXXXX" 2>/dev/null) || { echo "$d takes no new file"; continue; }
   head -c "$n" /dev/zero > "$f" 2>/dev/null || echo "$d has no room for $n bytes (disk full)"
   rm -f "$f"
+  room "$d"
 done
+[ -d /dev/shm ] && room /dev/shm
 for d in "$@"; do [ -d "$d" ] || echo "$d is gone (a check runs there)"; done
 """
 #: Exit status and message of an exec whose process could not be started (supervisor).
@@ -485,26 +537,36 @@ class Sandbox(abc.ABC):
         survive.
         """
 
-    async def agent_damage(self, workdir: str, check_dirs: Sequence[str] = ()) -> str | None:
+    async def agent_damage(
+        self,
+        workdir: str,
+        check_dirs: Sequence[str] = (),
+        headroom: EvalHeadroom | None = None,
+    ) -> str | None:
         """What the agent broke in this sandbox that an evaluation needs, or None.
 
         The one rule for whose fault a failed step after the agent's run is: the
         sandbox is the agent's, so a step that failed in a sandbox showing damage the
         agent could have done (no process can start, its supervisor is gone, the
-        workdir, /tmp or home is gone, closed or full, one of `check_dirs` — directories
-        checks run in that existed before the agent ran — is gone) failed by the agent's doing and
-        scores 0; in a sandbox without such damage it is ours (masked). Measured after
-        the failure, from the host where the backend can (`_find_damage`); a probe
-        that cannot decide finds nothing, so a doubt stays ours. Never raises.
+        workdir, /tmp or home is gone, closed, or has less free space than `headroom`
+        (default: `EvalHeadroom()`), /dev/shm is short of it, one of `check_dirs` —
+        directories checks run in that existed before the agent ran — is gone) failed
+        by the agent's doing and scores 0; in a sandbox without such damage it is ours
+        (masked). Measured after the failure, from the host where the backend can
+        (`_find_damage`); a probe that cannot decide finds nothing, so a doubt stays
+        ours. Never raises.
         """
         try:
             return await asyncio.wait_for(
-                self._find_damage(workdir, check_dirs), DAMAGE_PROBE_TIMEOUT_S + 15
+                self._find_damage(workdir, check_dirs, headroom or EvalHeadroom()),
+                DAMAGE_PROBE_TIMEOUT_S + 15,
             )
         except Exception:
             return None
 
-    async def _find_damage(self, workdir: str, check_dirs: Sequence[str]) -> str | None:
+    async def _find_damage(
+        self, workdir: str, check_dirs: Sequence[str], headroom: EvalHeadroom
+    ) -> str | None:
         """The probe run inside the sandbox (`_DAMAGE_PROBE`); backends add host-side
         measurements first. An exec the backend could not deliver decides nothing."""
         dirs = [workdir, "/tmp", self.env.get("HOME", ""), "--", *check_dirs]
@@ -522,7 +584,16 @@ class Sandbox(abc.ABC):
         code, marker = _SPAWN_FAILED
         if res.exit_code == code and marker in res.stderr:
             return f"no process can start in it ({res.stderr.strip()[:200]})"
-        found = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+        found: list[str] = []
+        measured: set[tuple[str, ...]] = set()
+        for line in res.stdout.splitlines():
+            if not line.startswith("free\t"):
+                if line.strip():
+                    found.append(line.strip())
+                continue
+            short = _short_of_room(line, headroom, measured)
+            if short:
+                found.append(short)
         return "; ".join(found) or None
 
     async def put_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
@@ -632,6 +703,24 @@ class SandboxBackend(abc.ABC):
     async def close(self) -> None:
         """Release client resources (pools, HTTP clients). Does not destroy sandboxes."""
         return None
+
+
+def _short_of_room(line: str, headroom: EvalHeadroom, seen: set[tuple[str, ...]]) -> str | None:
+    """The damage line for one ``free`` line of the probe (None: room enough, already
+    reported for the same filesystem, or unreadable)."""
+    try:
+        _, where, sizes = line.split("\t", 2)
+        blocks, avail, bsize = (int(x) for x in sizes.split())
+    except ValueError:
+        return None
+    key = (where == SHM_DIR, str(blocks), str(avail), str(bsize))
+    if key in seen or blocks <= 0:
+        return None
+    seen.add(key)
+    total, free = blocks * bsize, avail * bsize
+    if where == SHM_DIR:
+        return short_of_room(SHM_DIR, free, total, headroom.shm_bytes(total))
+    return short_of_room(f"the disk of {where}", free, total, headroom.disk_bytes(total))
 
 
 def unchecked(handle: SandboxHandle, checked: frozenset[str] | None) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import posixpath
 from typing import Annotated, Literal
 
@@ -21,7 +22,7 @@ from schemas.base import StrictModel
 from schemas.workspace import SandboxFile, full_commit
 
 #: Bump when the scoring rules of the `evaluate` hook change meaning.
-SCORING_VERSION = "3"
+SCORING_VERSION = "4"
 
 
 class _CheckBase(StrictModel):
@@ -72,15 +73,33 @@ class FileCheck(_CheckBase):
     strip: bool = True
 
 
+class VerifierEvidence(StrictModel):
+    """A run of a task's verifier the agent could not have interfered with (the task's
+    own solution, `rollout run --harness oracle`), that finished within its timeout and
+    wrote a reward in range. Recorded per task content, image and backend
+    (`task_formats.verifier_evidence`); with it, a verifier that writes no reward after
+    an agent ran fails by the agent's doing."""
+
+    #: The oracle rollout that showed it.
+    rollout_id: str = Field(min_length=1)
+    reward: float
+    #: The image the oracle's sandbox ran, when it is the same on every host (a pulled
+    #: image's id); a sandbox running another image is not covered. None: any (built).
+    image_digest: str | None = None
+    recorded_at: str = ""
+
+
 class RewardFileCheck(_CheckBase):
     """A verifier that writes its own reward to a file (Harbor's contract).
 
-    `command` runs (cwd: the workdir unless `cwd`); then `reward_dir/reward.json` (an
-    object of numeric metrics, `reward_key` the training reward, every other metric
-    recorded) or else `reward_dir/reward.txt` (one number) is the score. Anything in
-    `reward_dir` before the run is removed first, so a file the agent planted cannot
-    score. A missing, empty or non-numeric reward file is an evaluator error carrying
-    the command's output tail.
+    `command` runs (cwd: the workdir unless `cwd`); then `reward_dir/reward.txt` (one
+    number) or else `reward_dir/reward.json` (an object of numeric metrics, `reward_key`
+    the training reward) is the score, and the JSON's other metrics are recorded
+    (`hooks.reward_file`). Anything in `reward_dir` before the run is removed first, so
+    a file the agent planted cannot score. A reward outside `reward_range` is the
+    agent's failure (reward 0). A missing, empty or non-numeric reward file is an
+    evaluator error carrying the command's output tail — or the agent's failure when
+    `shown_working` says the verifier gave a reward without the agent.
     """
 
     kind: Literal["reward_file"] = "reward_file"
@@ -89,6 +108,10 @@ class RewardFileCheck(_CheckBase):
     reward_key: str = "reward"
     #: The user the verifier runs as; None: the sandbox's agent user.
     user: str | None = None
+    #: The closed range every reward of the task lies in; outside it: the agent's doing.
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    #: Evidence the verifier works here without the agent (None: not shown).
+    shown_working: VerifierEvidence | None = None
 
     @field_validator("reward_dir")
     @classmethod
@@ -101,6 +124,14 @@ class RewardFileCheck(_CheckBase):
                 f"reward_dir {v!r} would be emptied before the verifier runs, with what it "
                 "holds; give the verifier a directory of its own (default /logs/verifier)"
             )
+        return v
+
+    @field_validator("reward_range")
+    @classmethod
+    def _a_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        low, high = v
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"reward_range {list(v)} must be two finite numbers, low < high")
         return v
 
 
@@ -173,7 +204,9 @@ class EvaluationSpec(StrictModel):
     def reward_fn_version(self) -> str:
         if self.version:
             return self.version
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        # The evidence a verifier works says nothing about how it scores.
+        dump = self.model_dump(mode="json", exclude={"checks": {"__all__": {"shown_working"}}})
+        blob = json.dumps(dump, sort_keys=True).encode()
         return f"eval{SCORING_VERSION}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
 
@@ -189,6 +222,9 @@ class CheckResult(StrictModel):
     #: Per test (a `swebench` check): PASSED, FAILED, ERROR, SKIPPED, XFAIL, XPASS or
     #: MISSING (not in the test log).
     tests: dict[str, str] = Field(default_factory=dict)
+    #: Where the verdict was read from, for a check that reads one ("reward.txt",
+    #: "reward.json", "junit-xml", "log:pytest", …): which evidence a reward rests on.
+    source: str | None = None
 
 
 class EvaluationResult(StrictModel):

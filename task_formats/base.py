@@ -7,10 +7,11 @@ of a dataset, and nothing is refused silently.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from schemas.base import StrictModel
 from schemas.tasks import HarnessSpec, RolloutTask
@@ -33,6 +34,17 @@ class LoadOptions(StrictModel):
     public_network: PublicNetwork = "no-network"
     #: Format-specific settings (e.g. the SWE-bench image template), validated by the format.
     format_options: dict[str, Any] = Field(default_factory=dict)
+    #: Harbor: the closed range every reward of the dataset lies in; a verifier's reward
+    #: outside it is the agent's failure (`RewardFileCheck.reward_range`).
+    reward_range: tuple[float, float] = (0.0, 1.0)
+
+    @field_validator("reward_range")
+    @classmethod
+    def _a_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        low, high = v
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"reward_range {list(v)} must be two finite numbers, low < high")
+        return v
 
 
 class RefusedTask(StrictModel):

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas.environment import EnvironmentBuild, NetworkPolicy
-from schemas.evaluation import EvaluationSpec, RewardFileCheck
+from schemas.evaluation import SCORING_VERSION, EvaluationSpec, RewardFileCheck
 from schemas.tasks import TASK_ID_MAX, RolloutBudget, RolloutTask, SandboxRequest, TaskSource
 from schemas.workspace import SandboxFile
 from task_formats.base import LoadedTasks, LoadOptions, RefusedTask
@@ -282,7 +282,10 @@ class HarborFormat:
         tests = _inline_files(task_dir / "tests", "/tests", "tests")
         verifier_dump = cfg.verifier.model_dump(mode="json") | {"env": verifier_env}
         tests_hash = hash_tree(task_dir / "tests")
-        blob = json.dumps({"tests": tests_hash, "verifier": verifier_dump}, sort_keys=True)
+        scoring = {"reward_range": options.reward_range, "rules": SCORING_VERSION}
+        blob = json.dumps(
+            {"tests": tests_hash, "verifier": verifier_dump, "scoring": scoring}, sort_keys=True
+        )
         evaluation = EvaluationSpec(
             checks=[
                 RewardFileCheck(
@@ -291,6 +294,7 @@ class HarborFormat:
                     env=verifier_env,
                     user=None if cfg.verifier.user is None else str(cfg.verifier.user),
                     cwd=workdir,
+                    reward_range=options.reward_range,
                 )
             ],
             files=tests,

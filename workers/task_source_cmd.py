@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,14 @@ import typer
 from rich.console import Console
 
 from schemas.tasks import HarnessSpec, RolloutTask
-from task_formats import FORMATS, LoadedTasks, LoadOptions, detect_format, load_task_source
+from task_formats import (
+    FORMATS,
+    LoadedTasks,
+    LoadOptions,
+    detect_format,
+    load_task_source,
+    verifier_evidence,
+)
 from task_formats.base import PublicNetwork
 
 FormatOpt = Annotated[
@@ -65,7 +73,42 @@ PublicNetworkOpt = Annotated[
         "noted), allow, or refuse",
     ),
 ]
+RewardRangeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reward-range",
+        help="Harbor datasets: LOW,HIGH, the range every reward lies in (default 0,1); "
+        "a verifier's reward outside it is the agent's failure",
+    ),
+]
+EvidenceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--verifier-evidence",
+        help="datasets: the file of oracle runs that showed each verifier works "
+        "(written by --harness oracle, read by other runs; default "
+        "$ROLLOUT_VERIFIER_EVIDENCE or ~/.local/state/agentic-rollout/verifier-evidence.json)",
+    ),
+]
 _PUBLIC = ("no-network", "allow", "refuse")
+
+
+def parse_reward_range(text: str | None) -> tuple[float, float]:
+    """`LOW,HIGH` as two floats (None: [0, 1])."""
+    if text is None:
+        return (0.0, 1.0)
+    low, sep, high = text.partition(",")
+    try:
+        if not sep:
+            raise ValueError
+        pair = (float(low), float(high))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not LOW,HIGH", param_hint="--reward-range") from None
+    if not (math.isfinite(pair[0]) and math.isfinite(pair[1]) and pair[0] < pair[1]):
+        raise typer.BadParameter(
+            f"{text!r}: two finite numbers, LOW < HIGH", param_hint="--reward-range"
+        )
+    return pair
 
 
 def _pair(text: str, where: str) -> tuple[str, str]:
@@ -143,6 +186,7 @@ def load_options(
     image_map_file: Path | None,
     public_network: str,
     format_options: list[str] | None = None,
+    reward_range: str | None = None,
 ) -> LoadOptions:
     """The command line's choices for a dataset, checked."""
     if public_network not in _PUBLIC:
@@ -160,6 +204,7 @@ def load_options(
         image_map=parse_image_map(image_map, image_map_file),
         public_network=network,
         format_options=parse_format_options(format_options),
+        reward_range=parse_reward_range(reward_range),
     )
 
 
@@ -208,6 +253,13 @@ class TaskSourceArgs:
     image_map_file: Path | None
     public_network: str
     format_option: list[str] | None
+    reward_range: str | None = None
+    verifier_evidence: Path | None = None
+
+    @property
+    def evidence_path(self) -> Path:
+        """Where oracle runs record, and other runs read, verifier evidence."""
+        return self.verifier_evidence or verifier_evidence.default_path()
 
     def load_options(self) -> LoadOptions:
         return load_options(
@@ -218,11 +270,26 @@ class TaskSourceArgs:
             image_map_file=self.image_map_file,
             public_network=self.public_network,
             format_options=self.format_option,
+            reward_range=self.reward_range,
         )
 
     def read(self, path: Path, console: Console) -> list[RolloutTask]:
-        """The tasks of `path` under these options (`read_task_source`)."""
-        return read_task_source(path, self.task_format, self.load_options(), console)
+        """The tasks of `path` under these options (`read_task_source`), each verifier
+        an oracle run showed working marked so (`task_formats.verifier_evidence`)."""
+        tasks = read_task_source(path, self.task_format, self.load_options(), console)
+        if self.harness is None or not any(verifier_evidence.evidence_key(t) for t in tasks):
+            return tasks
+        try:
+            tasks, covered = verifier_evidence.apply(tasks, self.evidence_path)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--verifier-evidence") from None
+        console.print(
+            f"verifier evidence: {covered} of {len(tasks)} task(s) shown working by an oracle "
+            f"run ({self.evidence_path})",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return tasks
 
 
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -243,6 +310,8 @@ def task_source_options(*, backend: str, backend_help: str) -> Callable[[Command
         "image_map_file": (ImageMapFileOpt, None),
         "public_network": (PublicNetworkOpt, "no-network"),
         "format_option": (FormatOptionOpt, None),
+        "reward_range": (RewardRangeOpt, None),
+        "verifier_evidence": (EvidenceOpt, None),
     }
     options = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hint, default=default)

@@ -17,6 +17,7 @@ from harnesses.base import AgentHarness, HarnessConfig, HarnessContext
 from harnesses.registry import register_harness
 from hooks.base import Hook, HookContext, register_hook
 from sandboxes.base import (
+    EvalHeadroom,
     ExecResult,
     Sandbox,
     SandboxBackend,
@@ -127,7 +128,9 @@ class _Sb(FakeSandbox):
         if self._backend.fail_kill:  # type: ignore[attr-defined]
             raise SandboxError("processes survived SIGKILL: [42]")
 
-    async def _find_damage(self, workdir: str, check_dirs: Sequence[str]) -> str | None:
+    async def _find_damage(
+        self, workdir: str, check_dirs: Sequence[str], headroom: EvalHeadroom
+    ) -> str | None:
         EVENTS.append("sandbox.probe")
         if self._backend.damage == "hang":  # type: ignore[attr-defined]
             await asyncio.sleep(3600)
