@@ -6,9 +6,11 @@ not found, time-out, unparsable reward output, sandbox failure) the result is
 that the agent did not earn — unless the agent broke the sandbox the check needed
 (filled its disk, ended its supervisor, removed or closed its workdir: measured after
 the failure by `Sandbox.agent_damage`; or removed a directory a check runs in that was
-there before the agent started, noted in `before_run`). Then the failure is the agent's doing:
-`status="agent_broke_sandbox"`, reward 0, and what was broken in `damage`. The spec and
-result models are in `schemas.evaluation`.
+there before the agent started, noted in `before_run`), or unless the check's own
+evidence says the agent caused it (`AgentFault`: a verifier's reward outside the task's
+range; no reward from a verifier an oracle run showed working, `shown_working`). Then
+the failure is the agent's doing: `status="agent_broke_sandbox"`, reward 0, and why in
+`damage`. The spec and result models are in `schemas.evaluation`.
 
 The checks run in the agent's own sandbox, each in the clean room
 (`Sandbox.evaluator_exec`: every process killed first, fresh HOME, system PATH, no user
@@ -327,8 +329,8 @@ async def _run_reward_file_check(
     except RewardOutOfRange as e:
         raise AgentFault(
             f"verifier {name} (exit {res.exit_code}): {e}; output tail: {output}",
-            f"the reward the verifier read is out of range: {e} (the task's verifier "
-            "writes none such; a dataset on another scale sets its range, --reward-range)",
+            f"{e}: the task's verifier writes no such reward, the code it ran did (a "
+            "dataset on another scale declares it: --reward-range)",
         ) from e
     except RewardFileError as e:
         raise _no_reward(sandbox, check, name, f"{e} in {rdir}", res.exit_code, output) from e

@@ -89,7 +89,9 @@ async def test_a_reward_out_of_range_is_the_agents_failure(written: str) -> None
     sb = verifier({"reward.txt": written})
     r = await evaluate(sb, spec(), "/workspace")
     assert (r.status, r.reward, r.verdict) == ("agent_broke_sandbox", 0.0, "fail"), r
-    assert "out of range" in (r.damage or "") and "[0.0, 1.0]" in (r.damage or ""), r.damage
+    damage = r.damage or ""
+    assert "outside the task's range [0.0, 1.0]" in damage, damage
+    assert "the code it ran did" in damage, damage
 
 
 async def test_a_declared_range_holds_the_datasets_scale() -> None:
