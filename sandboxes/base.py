@@ -585,13 +585,13 @@ class Sandbox(abc.ABC):
         if res.exit_code == code and marker in res.stderr:
             return f"no process can start in it ({res.stderr.strip()[:200]})"
         found: list[str] = []
-        measured: set[tuple[str, ...]] = set()
+        reported: set[tuple[bool, int, int]] = set()
         for line in res.stdout.splitlines():
             if not line.startswith("free\t"):
                 if line.strip():
                     found.append(line.strip())
                 continue
-            short = _short_of_room(line, headroom, measured)
+            short = _room_line(line, headroom, reported)
             if short:
                 found.append(short)
         return "; ".join(found) or None
@@ -705,22 +705,26 @@ class SandboxBackend(abc.ABC):
         return None
 
 
-def _short_of_room(line: str, headroom: EvalHeadroom, seen: set[tuple[str, ...]]) -> str | None:
-    """The damage line for one ``free`` line of the probe (None: room enough, already
-    reported for the same filesystem, or unreadable)."""
+def _room_line(line: str, headroom: EvalHeadroom, seen: set[tuple[bool, int, int]]) -> str | None:
+    """The damage line for one ``free`` line of the probe (None: room enough, unreadable,
+    or a filesystem of the same size already reported: the workdir, /tmp and home
+    usually share one disk)."""
     try:
         _, where, sizes = line.split("\t", 2)
         blocks, avail, bsize = (int(x) for x in sizes.split())
     except ValueError:
         return None
-    key = (where == SHM_DIR, str(blocks), str(avail), str(bsize))
+    total, free = blocks * bsize, avail * bsize
+    key = (where == SHM_DIR, blocks, bsize)
     if key in seen or blocks <= 0:
         return None
-    seen.add(key)
-    total, free = blocks * bsize, avail * bsize
     if where == SHM_DIR:
-        return short_of_room(SHM_DIR, free, total, headroom.shm_bytes(total))
-    return short_of_room(f"the disk of {where}", free, total, headroom.disk_bytes(total))
+        short = short_of_room(SHM_DIR, free, total, headroom.shm_bytes(total))
+    else:
+        short = short_of_room(f"the disk of {where}", free, total, headroom.disk_bytes(total))
+    if short:
+        seen.add(key)
+    return short
 
 
 def unchecked(handle: SandboxHandle, checked: frozenset[str] | None) -> bool:
