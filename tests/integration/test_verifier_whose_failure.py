@@ -325,3 +325,53 @@ async def test_a_unittest_module_in_the_workdir_shadows_nothing(
     r = await run(sandbox_backend, tmp_path, task)
     assert r.status == RolloutStatus.ok, r.problem
     assert r.reward == (0.0 if safe_path else 1.0)
+
+
+#: A test.sh that makes its venv in the workdir (as many do) and reads which index
+#: pip would install from: reward 1 for PyPI's default, 0 for another.
+PIP_SH = """\
+#!/bin/bash
+python3 -m venv --system-site-packages --without-pip .venv-test
+index=$(.venv-test/bin/python -m pip config list 2>&1 | grep index-url || true)
+echo "index: [$index]"
+if [ -z "$index" ]; then r=1; else r=0; fi
+echo $r > /logs/verifier/reward.txt
+"""
+#: Leaves a pip.conf where the verifier's venv will be (pip reads `$VIRTUAL_ENV/pip.conf`).
+PIP_CONF_AGENT = (
+    "mkdir -p .venv-test && printf '[global]\\nindex-url = http://agent.invalid/simple\\n' "
+    "> .venv-test/pip.conf\n"
+)
+
+
+@pytest.mark.parametrize("isolated", [True, False], ids=["isolated", "control_config_read"])
+async def test_a_pip_conf_in_the_workdir_does_not_choose_the_verifiers_index(
+    sandbox_backend: SandboxBackend,  # noqa: F811
+    tmp_path: Path,
+    isolated: bool,
+) -> None:
+    """PIP_CONFIG_FILE=/dev/null: pip loads no config file, the venv's neither. Control:
+    the task pointing PIP_CONFIG_FILE at a file that does not exist (pip then reads its
+    usual files) gets the agent's index."""
+    env = {} if isolated else {"PIP_CONFIG_FILE": "/nonexistent/pip.conf"}
+    task = RolloutTask.model_validate(
+        {
+            "task_id": "pip-conf",
+            "prompt": "anything",
+            "sandbox": {"backend": sandbox_backend.name},
+            "harness": {"name": "command", "config": {"command": PIP_CONF_AGENT}},
+            "evaluation": {
+                "aggregate": "sum",
+                "checks": [{"kind": "reward_file", "env": env}],
+                "files": [{"path": "/tests/test.sh", "content": PIP_SH}],
+            },
+            "hooks": [{"name": "evaluate"}],
+        }
+    )
+    r = await run(sandbox_backend, tmp_path, task)
+    assert r.status == RolloutStatus.ok, r.problem
+    detail = r.evaluation.checks[0].detail  # type: ignore[union-attr]
+    if isolated:
+        assert r.reward == 1.0 and "index: []" in detail, detail
+    else:
+        assert r.reward == 0.0 and "agent.invalid" in detail, detail
