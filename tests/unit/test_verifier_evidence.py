@@ -165,3 +165,46 @@ def test_the_reward_range_option() -> None:
     [task] = load(GOOD / "hello", reward_range=(0.0, 10.0))
     [check] = task.evaluation.checks  # type: ignore[union-attr]
     assert isinstance(check, RewardFileCheck) and check.reward_range == (0.0, 10.0)
+
+
+def test_rollout_run_records_after_an_oracle_batch_and_marks_the_next_run(
+    tmp_path: Path,
+) -> None:
+    """The command line's two halves: an oracle run's outcomes recorded in the file
+    `--verifier-evidence` names, and a later run with another harness reading it."""
+    from rich.console import Console
+
+    from rollout_client.client import Batch, RolloutOutcome
+    from workers.run_cmd import BatchReport, _record_evidence
+    from workers.task_source_cmd import TaskSourceArgs
+
+    store = tmp_path / "evidence.json"
+
+    def args(harness: str) -> TaskSourceArgs:
+        return TaskSourceArgs(
+            task_format="harbor",
+            harness=harness,
+            harness_config=None,
+            backend="docker",
+            image_map=["ubuntu:24.04=agentic-rollout/sandbox-base:latest"],
+            image_map_file=None,
+            public_network="no-network",
+            format_option=None,
+            verifier_evidence=store,
+        )
+
+    console = Console(record=True, width=200)
+    oracle_tasks = args("oracle").read(GOOD, console)
+    ok = oracle_tasks[0]
+    report = BatchReport(
+        Batch(batch_id="b", output=str(tmp_path), rollout_ids=["r"], groups={}),
+        outcomes=[
+            RolloutOutcome(rollout_id="r", workflow_status="COMPLETED", result=result(ok)),
+            RolloutOutcome(rollout_id="x", workflow_status="FAILED", error="host lost"),
+        ],
+    )
+    _record_evidence(args("oracle"), oracle_tasks, report, console)
+    assert f"verifier evidence: 1 task(s) recorded, 0 dropped → {store}" in console.export_text()
+    later = args("command").read(GOOD, console)
+    assert [t.task_id for t in later if shown(t) is not None] == [ok.task_id]
+    assert f"verifier evidence: 1 of {len(later)} task(s) shown working" in console.export_text()
