@@ -116,8 +116,9 @@ def ask(session: dict[str, Any], messages: list[dict[str, str]], **extra: Any) -
     )
 
 
-#: Series the traffic test below asserts (family names, as the registry has them).
+#: Series the tests of this module assert (family names, as the registry has them).
 ASSERTED_HERE = {
+    "rollout_gateway_engine_cached_prompt_tokens",  # on vLLM
     "rollout_gateway_calls",
     "rollout_gateway_errors",
     "rollout_gateway_requests_stored_truncated",
@@ -139,7 +140,6 @@ ASSERTED_HERE = {
 }
 #: Series asserted (by name, on their value) in a test of their own feature.
 ASSERTED_ELSEWHERE = {
-    "rollout_gateway_engine_cached_prompt_tokens": "test_gateway_metrics.py",  # vLLM, below
     "rollout_gateway_limit_refusals": "test_gateway_limits.py",
     "rollout_gateway_sessions_expired": "test_session_lifetime.py",
     "rollout_gateway_call_span_seconds": "test_gateway_spans.py",
@@ -152,6 +152,8 @@ ASSERTED_ELSEWHERE = {
 def test_traffic_moves_every_series_by_what_it_did(
     held: tuple[RunningGateway, HeldEngine, str],
 ) -> None:
+    """Two sessions: a two-turn conversation, an SDK retry, a refused body, a call the
+    engine fails, a raw request kept cut, a call held in flight; then one session closed."""
     gw, engine, url = held
     before = scrape(gw)
     started = time.monotonic()
@@ -241,7 +243,7 @@ def test_traffic_moves_every_series_by_what_it_did(
         sum(c["duration_s"] for c in ok), abs=1e-6
     )
     assert moved("rollout_gateway_prepare_seconds_count") == len(calls)  # the failed one too
-    assert 0 < moved("rollout_gateway_prepare_seconds_sum") <= elapsed
+    assert moved("rollout_gateway_prepare_seconds_sum") > 0
     busy = "rollout_gateway_engine_busy_seconds_total"
     assert value(during, busy, engine=url) < value(inflight, busy, engine=url)
     assert 0 < moved(busy, engine=url) <= elapsed
