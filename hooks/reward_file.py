@@ -98,6 +98,15 @@ def _json_object(data: bytes) -> dict[str, Any]:
     return payload
 
 
+def _metrics(payload: dict[str, Any], reward_key: str) -> dict[str, float]:
+    """Every key of a ``reward.json`` but the reward, each a finite number."""
+    return {
+        str(k): _finite(v, f"{REWARD_JSON} key {k!r}")
+        for k, v in payload.items()
+        if k != reward_key
+    }
+
+
 def parse_reward_json(data: bytes, reward_key: str = "reward") -> tuple[float, dict[str, float]]:
     """(reward, the other metrics) from a ``reward.json``'s bytes. The reward may be
     any number (inf when too large for a float: the range check refuses it); the
@@ -108,12 +117,7 @@ def parse_reward_json(data: bytes, reward_key: str = "reward") -> tuple[float, d
             f"{REWARD_JSON} has no {reward_key!r} key (the reward); keys: {sorted(payload)[:20]}"
         )
     reward = _number(payload[reward_key], f"{REWARD_JSON} key {reward_key!r}")
-    metrics = {
-        str(k): _finite(v, f"{REWARD_JSON} key {k!r}")
-        for k, v in payload.items()
-        if k != reward_key
-    }
-    return reward, metrics
+    return reward, _metrics(payload, reward_key)
 
 
 def parse_reward_txt(data: bytes) -> float:
@@ -124,14 +128,21 @@ def parse_reward_txt(data: bytes) -> float:
     return float(text)
 
 
-def check_range(reward: float, reward_range: tuple[float, float], source: str) -> float:
-    """`reward` if it lies in the closed `reward_range`, else `RewardOutOfRange`."""
-    low, high = reward_range
-    if not low <= reward <= high:  # also NaN and ±inf
-        raise RewardOutOfRange(
-            f"{source} holds reward {reward!r}, outside the task's range [{low}, {high}]"
+def _beside_txt(reading: RewardReading, data: bytes, reward_key: str) -> None:
+    """A ``reward.json`` next to the deciding ``reward.txt``: its metrics, and notes on
+    what is not used."""
+    try:
+        payload = _json_object(data)
+        reading.metrics = _metrics(payload, reward_key)
+    except RewardFileError as e:
+        reading.notes.append(f"{REWARD_JSON} skipped, its metrics not kept: {e}")
+        return
+    other = payload.get(reward_key)
+    if other is not None and other != reading.reward:
+        reading.notes.append(
+            f"{REWARD_JSON} says {reward_key}={json.dumps(other)[:50]}; "
+            f"{REWARD_TXT} decides (Harbor's precedence)"
         )
-    return reward
 
 
 def read_reward_files(
@@ -141,30 +152,21 @@ def read_reward_files(
     reward_range: tuple[float, float] = (0.0, 1.0),
 ) -> RewardReading:
     """The reward from the bytes of ``reward.txt`` and ``reward.json`` (None: absent),
-    by Harbor's precedence; `RewardFileError` when they give none."""
+    by Harbor's precedence; `RewardFileError` when they give none, `RewardOutOfRange`
+    when it lies outside the closed `reward_range`."""
     if txt is not None:
         reading = RewardReading(reward=parse_reward_txt(txt), source=REWARD_TXT)
         if json_data is not None:
-            try:
-                payload = _json_object(json_data)
-                other = payload.get(reward_key)
-                reading.metrics = {
-                    str(k): _finite(v, f"{REWARD_JSON} key {k!r}")
-                    for k, v in payload.items()
-                    if k != reward_key
-                }
-            except RewardFileError as e:
-                reading.notes.append(f"{REWARD_JSON} skipped, its metrics not kept: {e}")
-            else:
-                if other is not None and other != reading.reward:
-                    reading.notes.append(
-                        f"{REWARD_JSON} says {reward_key}={json.dumps(other)[:50]}; "
-                        f"{REWARD_TXT} decides (Harbor's precedence)"
-                    )
+            _beside_txt(reading, json_data, reward_key)
     elif json_data is not None:
         reward, metrics = parse_reward_json(json_data, reward_key)
         reading = RewardReading(reward=reward, source=REWARD_JSON, metrics=metrics)
     else:
         raise RewardFileError(f"it wrote neither {REWARD_TXT} nor {REWARD_JSON}")
-    check_range(reading.reward, reward_range, reading.source)
+    low, high = reward_range
+    if not low <= reading.reward <= high:  # ±inf too
+        raise RewardOutOfRange(
+            f"{reading.source} holds reward {reading.reward!r}, outside the task's range "
+            f"[{low}, {high}]"
+        )
     return reading

@@ -16,7 +16,7 @@ import math
 import posixpath
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from schemas.base import StrictModel
 from schemas.workspace import SandboxFile, full_commit
@@ -73,6 +73,19 @@ class FileCheck(_CheckBase):
     strip: bool = True
 
 
+def valid_reward_range(v: tuple[float, float]) -> tuple[float, float]:
+    """`v` if it is two finite numbers, low < high; else ValueError."""
+    low, high = v
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"reward_range {list(v)} must be two finite numbers, low < high")
+    return v
+
+
+#: The closed range every reward of a task lies in (a verifier's reward outside it is
+#: the agent's doing).
+RewardRange = Annotated[tuple[float, float], AfterValidator(valid_reward_range)]
+
+
 class VerifierEvidence(StrictModel):
     """A run of a task's verifier the agent could not have interfered with (the task's
     own solution, `rollout run --harness oracle`), that finished within its timeout and
@@ -109,7 +122,7 @@ class RewardFileCheck(_CheckBase):
     #: The user the verifier runs as; None: the sandbox's agent user.
     user: str | None = None
     #: The closed range every reward of the task lies in; outside it: the agent's doing.
-    reward_range: tuple[float, float] = (0.0, 1.0)
+    reward_range: RewardRange = (0.0, 1.0)
     #: Evidence the verifier works here without the agent (None: not shown).
     shown_working: VerifierEvidence | None = None
 
@@ -124,14 +137,6 @@ class RewardFileCheck(_CheckBase):
                 f"reward_dir {v!r} would be emptied before the verifier runs, with what it "
                 "holds; give the verifier a directory of its own (default /logs/verifier)"
             )
-        return v
-
-    @field_validator("reward_range")
-    @classmethod
-    def _a_range(cls, v: tuple[float, float]) -> tuple[float, float]:
-        low, high = v
-        if not (math.isfinite(low) and math.isfinite(high) and low < high):
-            raise ValueError(f"reward_range {list(v)} must be two finite numbers, low < high")
         return v
 
 

@@ -7,13 +7,13 @@ of a dataset, and nothing is refused silently.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from schemas.base import StrictModel
+from schemas.evaluation import RewardRange
 from schemas.tasks import HarnessSpec, RolloutTask
 
 #: What to do with a task that asks for the public network (Harbor's default).
@@ -36,15 +36,7 @@ class LoadOptions(StrictModel):
     format_options: dict[str, Any] = Field(default_factory=dict)
     #: Harbor: the closed range every reward of the dataset lies in; a verifier's reward
     #: outside it is the agent's failure (`RewardFileCheck.reward_range`).
-    reward_range: tuple[float, float] = (0.0, 1.0)
-
-    @field_validator("reward_range")
-    @classmethod
-    def _a_range(cls, v: tuple[float, float]) -> tuple[float, float]:
-        low, high = v
-        if not (math.isfinite(low) and math.isfinite(high) and low < high):
-            raise ValueError(f"reward_range {list(v)} must be two finite numbers, low < high")
-        return v
+    reward_range: RewardRange = (0.0, 1.0)
 
 
 class RefusedTask(StrictModel):

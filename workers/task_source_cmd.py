@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from schemas.evaluation import valid_reward_range
 from schemas.tasks import HarnessSpec, RolloutTask
 from task_formats import (
     FORMATS,
@@ -97,18 +97,13 @@ def parse_reward_range(text: str | None) -> tuple[float, float]:
     """`LOW,HIGH` as two floats (None: [0, 1])."""
     if text is None:
         return (0.0, 1.0)
-    low, sep, high = text.partition(",")
+    low, _, high = text.partition(",")
     try:
-        if not sep:
-            raise ValueError
-        pair = (float(low), float(high))
+        return valid_reward_range((float(low), float(high)))
     except ValueError:
-        raise typer.BadParameter(f"{text!r} is not LOW,HIGH", param_hint="--reward-range") from None
-    if not (math.isfinite(pair[0]) and math.isfinite(pair[1]) and pair[0] < pair[1]):
         raise typer.BadParameter(
-            f"{text!r}: two finite numbers, LOW < HIGH", param_hint="--reward-range"
-        )
-    return pair
+            f"{text!r}: LOW,HIGH, two finite numbers with LOW < HIGH", param_hint="--reward-range"
+        ) from None
 
 
 def _pair(text: str, where: str) -> tuple[str, str]:
