@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hooks.base import Hook, HookContext, register_hook
+from hooks.check_failures import AgentCausedEvalFailure
 from hooks.collect_logs import TASK_LOG_KIND, collect_log_files
 from hooks.reward_file import (
     MAX_REWARD_FILE_BYTES,
@@ -484,9 +485,11 @@ async def evaluate(
                 steps = step
             prefix = f"{r.name}." if len(graded) > 1 else ""
             metrics.update({f"{prefix}{k}": v for k, v in found.items()})
-    except (EvaluatorError, SandboxError, OSError) as e:
-        # Whose failure: the agent's if it left the sandbox broken (reward 0), else ours.
-        damage = await sandbox.agent_damage(workdir, check_dirs)
+    except (EvaluatorError, SandboxError, OSError, AgentCausedEvalFailure) as e:
+        # Whose failure: the agent's if it left the sandbox broken (reward 0), or a check
+        # shows the agent caused it, else ours.
+        damage = e.reason if isinstance(e, AgentCausedEvalFailure) else None
+        damage = damage or await sandbox.agent_damage(workdir, check_dirs)
         if damage is None and unwritable_before is not None:
             targets = _write_targets(spec, workdir)
             damage = await _blocked_by_agent(sandbox, targets, unwritable_before)
