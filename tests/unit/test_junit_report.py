@@ -23,7 +23,7 @@ from hooks.test_logs.junit import (
     parse_junit,
 )
 
-TESTS = '''\
+TESTS = """\
 import pytest
 
 
@@ -85,7 +85,7 @@ class TestBox:
     class TestInner:
         def test_nested(self):
             assert False
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +98,9 @@ def pytest_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, bytes]:
     report = root / "out" / "report.xml"
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONSAFEPATH": "1"}
     env.pop("PYTEST_ADDOPTS", None)
+    args = ["-rA", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
     res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider"]
-        + ["--continue-on-collection-errors", f"--junitxml={report}", "pkg", "test_broken.py"],
+        [sys.executable, "-m", "pytest", *args, f"--junitxml={report}", "pkg", "test_broken.py"],
         cwd=root,
         env=env,
         capture_output=True,
