@@ -81,7 +81,7 @@ _REPORT = "report.xml"
 #: Exit 3: base commit missing / not a repo; 4: the test patch does not apply; 5: the
 #: files could not be written; 6: the work tree could not be searched for runner config.
 #: argv: repo, base commit, mode (check|write); the patch on stdin.
-_PLACE_TESTS = rf"""
+_PLACE_HEAD = rf"""
 repo=$1 base=$2 mode=$3
 d=$({_SCRATCH}) || exit 126
 trap 'rm -rf "$d"' EXIT
@@ -99,13 +99,22 @@ git apply --cached --whitespace=nowarn "$d/test.patch" 2>&1 || {{
 [ "$mode" = write ] || exit 0
 changed="git diff --cached --no-renames --no-ext-diff --no-textconv --name-only -z $base"
 $changed --diff-filter=D | xargs -0 -r rm -rf -- || exit 5
+"""
+#: The runner's config: every such file in the work tree goes, then the index's (base +
+#: test patch) are written back.
+_RESTORE_RUNNER_CONFIG = rf"""
 find "$repo" -name .git -prune -o \( {_FIND_NAMES} \) -print0 > "$d/config" 2>"$d/err" || {{
   echo "the repository could not be searched for test-runner config:"; head -c 2000 "$d/err"
   exit 6; }}
 xargs -0 -r rm -rf -- < "$d/config" || exit 5
 git ls-files -z -- {_PATHSPECS} | git checkout-index -f -z --stdin || exit 5
+"""
+_WRITE_PATCHED = """
 $changed --diff-filter=AM | git checkout-index -f -z --stdin || exit 5
 """
+PLACE_TESTS = _PLACE_HEAD + _RESTORE_RUNNER_CONFIG + _WRITE_PATCHED
+#: The same without the runner-config restore (the bench's baseline).
+PLACE_TESTS_ONLY = _PLACE_HEAD + _WRITE_PATCHED
 
 #: Runs the test command (argv: the command, its timeout in seconds, pytest options;
 #: with the PATH the check's env gives) with its output to a fresh file, pytest's JUnit
@@ -140,7 +149,7 @@ async def _place_tests(
     sandbox: Sandbox, check: SweBenchCheck, mode: str, *, stop_processes: bool
 ) -> tuple[int, str]:
     res = await sandbox.evaluator_exec(
-        ["/bin/sh", "-c", _PLACE_TESTS, "swebench", check.repo_path, check.base_commit, mode],
+        ["/bin/sh", "-c", PLACE_TESTS, "swebench", check.repo_path, check.base_commit, mode],
         cwd=check.repo_path,
         timeout=min(check.timeout_s, 600),
         stdin=check.test_patch.encode(),
