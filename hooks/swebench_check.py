@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from hooks.check_failures import AgentCausedEvalFailure
-from hooks.test_logs import STATUS_RANK, TestStatus, get_parser
+from hooks.test_logs import STATUS_RANK, TestLogParser, TestStatus, get_parser
 from hooks.test_logs.junit import MAX_JUNIT_BYTES, JunitReportError, junit_address, parse_junit
 from sandboxes.base import (
     EVALUATOR_PATH,
@@ -52,6 +52,7 @@ from sandboxes.base import (
     ArchiveTooLarge,
     Sandbox,
     SandboxError,
+    SandboxNotFound,
 )
 from schemas.evaluation import CheckResult, SweBenchCheck
 
@@ -234,19 +235,22 @@ class _Run:
     """One run of the test command: what it printed and left."""
 
     exit_code: int
-    timed_out: bool
     log: str = ""
     log_size: int = 0
     #: The JUnit report's size (None: there is none) and content (None: not read).
     report_size: int | None = None
     report: bytes | None = None
+    #: Why the run gives no verdict, whatever it left (None: it may give one).
+    problem: str | None = None
 
 
-async def _read(sandbox: Sandbox, path: str, cap: int, what: str) -> bytes:
+async def _read(sandbox: Sandbox, path: str, cap: int) -> bytes | str:
+    """The file, or why it cannot be read: the run's scratch dir is the evaluation's,
+    so one missing or replaced there was changed by what the tests started."""
     try:
         return await sandbox.get_file(path, max_bytes=cap + 64 * 1024)
-    except (ArchiveTooLarge, FileNotFoundError, SandboxError) as e:
-        raise SweBenchEvalError(f"the {what} could not be read: {e!r}") from e
+    except (ArchiveTooLarge, FileNotFoundError, SandboxNotFound) as e:
+        return f"{path} was changed while the tests ran: {e}"
 
 
 async def _run_tests(sandbox: Sandbox, check: SweBenchCheck, name: str, pytest: bool) -> _Run:
@@ -262,25 +266,35 @@ async def _run_tests(sandbox: Sandbox, check: SweBenchCheck, name: str, pytest: 
     )
     # Whatever the tests started (the agent's code) stops before anything is read.
     await sandbox.kill_all_processes()
-    first, _, rest = res.stdout.partition("\n")
-    scratch = first if first.startswith("/tmp/rollout-swebench.") else None
+    lines = res.stdout.strip().split("\n")
+    scratch = lines[0] if lines[0].startswith("/tmp/rollout-swebench.") else None
+    timed_out = _Run(124, problem=f"the tests timed out after {check.timeout_s}s")
     try:
         if res.timed_out:
-            return _Run(exit_code=124, timed_out=True)
-        words = rest.split()
-        if res.exit_code != 0 or scratch is None or len(words) != 4:
+            return timed_out
+        if res.exit_code != 0 or scratch is None:
             raise SweBenchEvalError(
                 f"check {name}: the test runner could not start (exit {res.exit_code}): "
                 + _tail(res.stdout + res.stderr)
             )
+        words = lines[-1].split()
+        if len(lines) < 2 or len(words) != 4 or not "".join(words[:3]).isdigit():
+            # The script's last line, which its last command prints: something the tests
+            # started wrote into the evaluation's own output.
+            return _Run(-1, problem=f"the test run's status line was overwritten: {lines[-1]!r}")
         rc, took, size = (int(w) for w in words[:3])
-        log = await _read(sandbox, f"{scratch}/tail", LOG_TAIL_BYTES, "test log")
-        run = _Run(rc, rc in (124, 137) and took >= limit, log.decode(errors="replace"), size)
-        if pytest and words[3] != "-":
-            run.report_size = int(words[3])
+        log = await _read(sandbox, f"{scratch}/tail", LOG_TAIL_BYTES)
+        if isinstance(log, str):
+            return _Run(rc, problem=log)
+        run = _Run(rc, log.decode(errors="replace"), size)
+        if rc in (124, 137) and took >= limit:
+            run.problem = timed_out.problem
+        elif pytest and words[3] != "-":
+            run.report_size = int(words[3]) if words[3].isdigit() else MAX_JUNIT_BYTES + 1
             if run.report_size <= MAX_JUNIT_BYTES:
-                run.report = await _read(
-                    sandbox, f"{scratch}/{_REPORT}", MAX_JUNIT_BYTES, "JUnit report"
+                report = await _read(sandbox, f"{scratch}/{_REPORT}", MAX_JUNIT_BYTES)
+                run.report, run.problem = (
+                    (None, report) if isinstance(report, str) else (report, None)
                 )
         return run
     finally:
@@ -291,37 +305,30 @@ async def _run_tests(sandbox: Sandbox, check: SweBenchCheck, name: str, pytest: 
 
 
 def _verdict(
-    run: _Run, check: SweBenchCheck, pytest: bool, parser_name: str
+    run: _Run, pytest: bool, parser: TestLogParser
 ) -> tuple[dict[str, TestStatus], str, str | None]:
     """(each test's status, the verdict's source, why there is no verdict or None)."""
-    if run.timed_out:
-        return {}, "", f"the tests timed out after {check.timeout_s}s"
+    source = "junit-xml" if pytest else f"log:{parser.name}"
+    if run.problem is not None:
+        return {}, source, run.problem
     if pytest:
         if run.report_size is None:
             why = f"pytest wrote no JUnit report: the test run ended first (exit {run.exit_code})"
-            return {}, "junit-xml", why
+            return {}, source, why
         if run.report is None:
-            why = f"pytest's JUnit report is {run.report_size} bytes, over the cap"
-            return {}, "junit-xml", why
+            return {}, source, f"pytest's JUnit report is {run.report_size} bytes, over the cap"
         try:
             found = parse_junit(run.report)
         except JunitReportError as e:
-            return {}, "junit-xml", f"pytest's JUnit report could not be read: {e}"
-        return found, "junit-xml", None if found else "pytest's JUnit report has no test"
-    source = f"log:{parser_name}"
+            return {}, source, f"pytest's JUnit report could not be read: {e}"
+        return found, source, None if found else "pytest's JUnit report has no test"
     if run.log_size > LOG_TAIL_BYTES:
         # Only the tail was read: a test whose status was printed before it is lost,
         # and the tail may end in lines the code under test printed.
-        return (
-            {},
-            source,
-            (
-                f"the test log is {run.log_size} bytes, over the {LOG_TAIL_BYTES}-byte cap; a "
-                "cut log cannot be graded"
-            ),
-        )
-    found = get_parser(parser_name).parse(run.log)
-    return found, source, None if found else f"the {parser_name} parser found no test in it"
+        why = f"the test log is {run.log_size} bytes, over the {LOG_TAIL_BYTES}-byte cap"
+        return {}, source, why + "; a cut log cannot be graded"
+    found = parser.parse(run.log)
+    return found, source, None if found else f"the {parser.name} parser found no test in it"
 
 
 async def run_swebench_check(
@@ -373,7 +380,7 @@ async def run_swebench_check(
         run = await _run_tests(sandbox, check, name, pytest)
     except SandboxError as e:
         raise SweBenchEvalError(f"check {name}: sandbox error {e!r}") from e
-    found, source, missing = _verdict(run, check, pytest, parser.name)
+    found, source, missing = _verdict(run, pytest, parser)
     if missing is not None:
         detail = f"{shlex.quote(check.test_command)}; log tail: {_tail(run.log)}"
         if preflight_problem is None:
