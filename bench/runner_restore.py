@@ -108,6 +108,7 @@ async def run(backend_name: str, config_files: int, files: int, rounds: int) -> 
     from sandboxes.registry import get_backend
 
     with tempfile.TemporaryDirectory(prefix="bench-restore-") as tmp:
+        Path(tmp).chmod(0o755)  # the local backend's sandbox uid reaches its state dir
         repo, base, patch = make_repo(Path(tmp), config_files, files)
         backend: Any = get_backend(backend_name, state_dir=Path(tmp) / "state")
         spec = SandboxSpec(
