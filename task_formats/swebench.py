@@ -10,8 +10,8 @@ images: `/testbed`), or, with `repo_url_template`, cloned on the sandbox host at
 `base_commit` and copied to `repo_path`. Where a setting can come from the run's
 options, the instance or the default, an option the run sets explicitly wins, then the
 instance's own value (`image_name`/`docker_image`, `pytest_plugins`, SWE-rebench's
-`install_config`), then the default. Only chosen by name (`--format swebench`): a JSONL file is ours
-unless the run says otherwise.
+`install_config`), then the default. Only chosen by name (`--format swebench`): a JSONL
+file is ours unless the run says otherwise.
 """
 
 from __future__ import annotations
