@@ -29,6 +29,7 @@ from hooks.base import Hook, HookContext, register_hook
 from sandboxes.base import (
     DEFAULT_MAX_ARCHIVE_BYTES,
     LOGS_DIR,
+    UNREADABLE_PAX,
     ArchiveTooLarge,
     Sandbox,
     SandboxError,
@@ -163,6 +164,9 @@ def _copy_archive(raw: bytes, spec: LogSpec, dest_dir: Path, got: _Collection) -
                 continue
             if member.is_absolute() or ".." in member.parts:
                 got.skip(m.name, "path leaves its location")
+                continue
+            if UNREADABLE_PAX in m.pax_headers:
+                got.skip(inside, f"unreadable in the sandbox: {m.pax_headers[UNREADABLE_PAX]}")
                 continue
             if not m.isfile():
                 got.skip(inside, f"not a regular file ({_kind_of(m)})", problem=False)
