@@ -209,7 +209,10 @@ async def _collect(
         except SandboxError as e:
             got.skip(spec.path, f"could not read: {e}")
             continue
-        _copy_archive(raw, spec, dest_dir, got)
+        try:
+            _copy_archive(raw, spec, dest_dir, got)
+        except tarfile.TarError as e:  # not a tar at all
+            got.skip(spec.path, f"archive unreadable: {e}")
     return got
 
 

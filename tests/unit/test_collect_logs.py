@@ -153,6 +153,12 @@ async def test_an_archive_cut_short_keeps_what_came_before_and_says_so(tmp_path:
     assert errors == [
         "skipped /logs/agent: archive ended early after /logs/agent/a.log: nothing more was read"
     ]
+    # Not a tar at all: the location is skipped, and said so.
+    errors.clear()
+    got = await collect_log_files(
+        TarSandbox(b""), tmp_path / "3", [LogSpec(path="/logs/agent")], errors=errors
+    )
+    assert got == [] and errors == ["skipped /logs/agent: archive unreadable: empty file"]
 
 
 async def test_total_bytes_cap_skips_what_would_pass_it(tmp_path: Path) -> None:
