@@ -349,7 +349,8 @@ def _add_tree(tarfile, tf, path, arcname):
     """`tf.add(path)`, entry by entry: one that cannot be read (no permission, a path
     past PATH_MAX) goes as an empty member whose `UNREADABLE_PAX` header says why, and
     the rest of the tree still goes (the sandbox writes these trees, so one bad entry
-    must not cut the stream). Iterative: a tree may be deeper than Python's recursion."""
+    must not cut the stream). Iterative: a tree may be deeper than Python's recursion.
+    `tarfile` is the module, imported by the caller only when a file moves."""
     todo = [(path, arcname)]
     while todo:
         path, arcname = todo.pop()
