@@ -9,7 +9,9 @@ Every external image must be local or mapped (`--image-map FROM=LOCAL_TAG`) befo
 build starts; the Dockerfile is rewritten through the map into a copy outside the
 context; a mapped base that sets a non-root user gets `USER root` after its FROM, since
 the official images such maps stand in for start as root. A per-key file lock makes
-concurrent provisions of tasks sharing a Dockerfile build once. Logs are kept under the
+concurrent provisions of tasks sharing a Dockerfile build once. RUN steps get the
+build's `network` (`none` unless the run said `--build-network`; part of the key), so a
+dataset's Dockerfile cannot fetch code or reach this host's services. Logs are kept under the
 cache dir (`builds/<key>.log`, the newest `KEEP_LOGS`); the build's `timeout_s` kills it.
 """
 
@@ -218,6 +220,7 @@ def _plan(build: EnvironmentBuild) -> _Plan:
         "dockerfile": build.dockerfile,
         "map": used,
         "bases": base_ids,
+        "network": build.network,
     }
     key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True).encode()).hexdigest()[:16]
     return _Plan(
@@ -290,7 +293,7 @@ def _run_build(build: EnvironmentBuild, plan: _Plan, log_path: Path) -> None:
         dockerfile = Path(tmp) / "Dockerfile"
         dockerfile.write_text(plan.dockerfile_text)
         cmd = [
-            "docker", "build", "--pull=false", "--network", "host", "--force-rm",
+            "docker", "build", "--pull=false", "--network", build.network, "--force-rm",
             "-f", str(dockerfile), "-t", plan.tag,
             "--label", f"{KEY_LABEL}={plan.key}",
             "--label", f"{CONTENT_LABEL}={build.content_hash}",
