@@ -122,6 +122,31 @@ def test_builds_once_then_cached(tmp_path: Path, cache: Path, built: Built) -> N
     assert log.read_text() == ""
 
 
+NET_DOCKERFILE = (
+    "FROM ubuntu:24.04\n"
+    "COPY marker.txt /opt/marker.txt\n"
+    "RUN ls /sys/class/net > /opt/ifaces.txt && chmod 644 /opt/ifaces.txt\n"
+)
+
+
+def test_run_steps_build_without_network_unless_the_run_says_otherwise(
+    tmp_path: Path, cache: Path, built: Built
+) -> None:
+    """The RUN step lists its network interfaces (no traffic is sent): only `lo` by
+    default; the control, the same Dockerfile built with `host`, sees the host's, so the
+    listing would have shown a network. The network is part of the cache key."""
+    ctx = context(tmp_path, NET_DOCKERFILE)
+    default = build_of(ctx)
+    assert default.network == "none"
+    isolated = built.add(ensure_task_image(default))
+    assert run_in(isolated.tag, "/opt/ifaces.txt").split() == ["lo"]
+    assert "--network none" in Path(isolated.log_path or "").read_text()
+    host = built.add(ensure_task_image(default.model_copy(update={"network": "host"})))
+    assert host.key != isolated.key and not host.cached
+    host_ifaces = run_in(host.tag, "/opt/ifaces.txt").split()
+    assert "lo" in host_ifaces and len(host_ifaces) > 1, host_ifaces
+
+
 def test_changed_context_file_or_rebuilt_base_is_a_new_key(
     tmp_path: Path, cache: Path, built: Built
 ) -> None:

@@ -216,7 +216,7 @@ def test_agent_section_overrides_the_environment_network(hello: Path) -> None:
 
 
 def test_allowlist_task() -> None:
-    """(`${VAR}` in env values: tests/unit/test_harbor_env_allowlist.py.)"""
+    """(`${VAR}` in env values: tests/unit/test_dataset_supply_chain.py.)"""
     task = read_one(GOOD / "allowlist")
     fields = task.sandbox.spec_fields()
     assert fields["network"] == {"mode": "allowlist", "allowed_hosts": ["allowed.test"]}

@@ -1,4 +1,5 @@
-"""Unit tests: a Harbor task's `${VAR}` reads only the variables the run allows.
+"""Unit tests: what a dataset may take from the run: `${VAR}` only from the variables
+the run allows, and its Dockerfile builds without network unless the run says so.
 
 A dataset is not trusted with the loading process's environment: the real `rollout run`
 command line and the loader, on a copy of our own hello task.
@@ -6,6 +7,7 @@ command line and the loader, on a copy of our own hello task.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -117,3 +119,26 @@ def test_rollout_run_refuses_before_anything_runs_and_env_allow_lets_it_through(
         )
         (read,) = read_task_source(task, "auto", options, Console(file=None, quiet=True))
         assert read.sandbox.spec_fields()["env"] == {"T": "s3cret", "M": "m"}
+
+
+def test_build_network_reaches_the_task_build_and_is_checked(task: Path) -> None:
+    def build_of(**kw: str):  # type: ignore[no-untyped-def]
+        options = load_options(
+            harness="oracle",
+            harness_config=None,
+            backend="docker",
+            image_map=None,
+            image_map_file=None,
+            public_network="no-network",
+            **kw,
+        )
+        (read,) = HarborFormat(environ={}).load(task, options).tasks
+        return read.sandbox.build
+
+    assert build_of().network == "none"
+    assert build_of(build_network="host").network == "host"
+    with pytest.raises(typer.BadParameter, match="one of none, default, host"):
+        build_of(build_network="bridge")
+    shown = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["run", "--help"]).output
+    assert re.search(r"--build-network\s.*\[default: none\]", shown), shown
+    assert "--env-allow" in shown
