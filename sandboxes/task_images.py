@@ -10,9 +10,11 @@ build starts; the Dockerfile is rewritten through the map into a copy outside th
 context; a mapped base that sets a non-root user gets `USER root` after its FROM, since
 the official images such maps stand in for start as root. A per-key file lock makes
 concurrent provisions of tasks sharing a Dockerfile build once. RUN steps get the
-build's `network` (`none` unless the run said `--build-network`; part of the key), so a
-dataset's Dockerfile cannot fetch code or reach this host's services. Logs are kept under the
-cache dir (`builds/<key>.log`, the newest `KEEP_LOGS`); the build's `timeout_s` kills it.
+build's `network` (`none` unless the run said `--build-network`; part of the key, and a
+label after every FROM so docker's layer cache never hands a network-less build a step
+run with network), so a dataset's Dockerfile cannot fetch code or reach this host's
+services. Logs are kept under the cache dir (`builds/<key>.log`, the newest
+`KEEP_LOGS`); the build's `timeout_s` kills it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from schemas.tasks import RolloutTask
 TASK_IMAGE_REPO = "agentic-rollout/task-env"
 KEY_LABEL = "agentic-rollout.task-env-key"
 CONTENT_LABEL = "agentic-rollout.content-hash"
+NETWORK_LABEL = "agentic-rollout.build-network"
 #: Build logs kept per host (oldest removed first).
 KEEP_LOGS = 200
 #: Characters of the log's end carried by a build error.
@@ -226,7 +229,14 @@ def _plan(build: EnvironmentBuild) -> _Plan:
     return _Plan(
         key=key,
         tag=f"{TASK_IMAGE_REPO}:{key}",
-        dockerfile_text=dockerfile_refs.rewrite(text, replacements, frozenset(as_root)),
+        # The label after every FROM keeps docker's layer cache apart per network: a
+        # network-less build never reuses a step an earlier build ran with network.
+        dockerfile_text=dockerfile_refs.rewrite(
+            text,
+            replacements,
+            frozenset(as_root),
+            after_every_from=f"LABEL {NETWORK_LABEL}={build.network}\n",
+        ),
         used_map=used,
         base_ids=base_ids,
     )
