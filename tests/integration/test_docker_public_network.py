@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -76,7 +77,7 @@ class HostListener:
     """A TCP listener on one of this host's addresses that counts connections."""
 
     def __init__(self, address: str) -> None:
-        self.accepted = 0
+        self.accepted: queue.Queue[str] = queue.Queue()
         self.sock = socket.create_server((address, 0))
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
@@ -84,24 +85,28 @@ class HostListener:
     def _serve(self) -> None:
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 return
-            self.accepted += 1
+            self.accepted.put(peer[0])
             conn.close()
 
     def close(self) -> None:
         self.sock.close()
 
 
+def _network_of(client: Any, cid: str) -> dict[str, Any]:
+    (net,) = client.api.inspect_container(cid)["NetworkSettings"]["Networks"].values()
+    return dict(net)
+
+
 def container_ip(client: Any, cid: str) -> str:
-    nets = client.api.inspect_container(cid)["NetworkSettings"]["Networks"]
-    (net,) = nets.values()
-    return str(net["IPAddress"])
+    return str(_network_of(client, cid)["IPAddress"])
 
 
-def gateway_ip(client: Any, network: str) -> str:
-    return str(client.api.inspect_network(network)["IPAM"]["Config"][0]["Gateway"])
+def gateway_ip(client: Any, cid: str) -> str:
+    """This host's address on the container's network (its default route's next hop)."""
+    return str(_network_of(client, cid)["Gateway"])
 
 
 async def probe(sb: Any, address: str, port: int) -> str:
@@ -197,19 +202,20 @@ async def test_public_sandbox_cannot_reach_the_hosts_services(
     control) reaches the first, and the host itself the second."""
     sb = await backend.create(SandboxSpec(rollout_id=rid(), network=PUBLIC))
     client = backend.client
-    docker0 = HostListener(gateway_ip(client, "bridge"))
-    own = HostListener(gateway_ip(client, network_name(sb.handle.sandbox_id)))
+    _, peer_c = default_bridge_pair
+    docker0 = HostListener(gateway_ip(client, peer_c.id))
+    own = HostListener(gateway_ip(client, sb.handle.details["container_id"]))
     try:
         routes = await sb.exec(["ip", "route"])
         assert routes.stdout.startswith("default via"), routes  # it has a way out
         for listener in (docker0, own):
             address = listener.sock.getsockname()[0]
             assert (await probe(sb, address, listener.port)).startswith("FAILED")
-        assert docker0.accepted == 0 and own.accepted == 0
-        _, peer_c = default_bridge_pair
+        assert docker0.accepted.empty() and own.accepted.empty()
         assert control_probe(peer_c, docker0.sock.getsockname()[0], docker0.port) == "CONNECTED"
+        assert docker0.accepted.get(timeout=10) == container_ip(client, peer_c.id)
         socket.create_connection(own.sock.getsockname(), timeout=5).close()
-        assert docker0.accepted >= 1 and own.accepted == 1
+        own.accepted.get(timeout=10)  # the listener was up: the host's own connection came
     finally:
         docker0.close()
         own.close()
