@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,21 +37,25 @@ def rid() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def sudo_template(
-    fake_e2b_api: Any, sandbox_base_image: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    """The base rootfs plus the stand-in sudo, as a template of the fake. A hard-linked
-    copy (no file of the base is written: the sandbox binds it read-only, and the
-    stand-in is a new file)."""
-    root = tmp_path_factory.mktemp("rootfs-with-sudo") / "rootfs"
+@pytest.fixture(scope="session")
+def sudo_rootfs(sandbox_base_image: Any, sandbox_state_dir: Path) -> Iterator[str]:
+    """The base rootfs plus the stand-in sudo. A hard-linked copy (no file of the base is
+    written: the sandbox binds it read-only, and the stand-in is a new file), where the
+    sandbox uid can reach it."""
+    root = sandbox_state_dir / f"rootfs-with-sudo-{uuid.uuid4().hex[:6]}"
     subprocess.run(["cp", "-al", sandbox_base_image.rootfs, str(root)], check=True)
     sudo = root / "usr" / "local" / "bin" / "sudo"
     sudo.write_text(STAND_IN_SUDO)
     sudo.chmod(0o755)
-    fake_e2b_api.template_rootfs[SUDO_TEMPLATE] = str(root)
-    yield SUDO_TEMPLATE
+    yield str(root)
     subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+@pytest.fixture
+def sudo_template(fake_e2b_api: Any, sudo_rootfs: str) -> str:
+    """A template of the fake whose sandboxes run `sudo_rootfs`."""
+    fake_e2b_api.template_rootfs[SUDO_TEMPLATE] = sudo_rootfs
+    return SUDO_TEMPLATE
 
 
 async def test_a_template_whose_user_can_sudo_is_refused_naming_task_and_field(
