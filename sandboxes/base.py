@@ -184,6 +184,9 @@ class SandboxSpec(BaseModel):
     #: What the sandbox may reach besides the Gateway (see docs/sandboxes.md).
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     labels: dict[str, str] = Field(default_factory=dict)
+    #: E2B: run even when the agent's user can become root in the template (`sudo -n
+    #: true` succeeds), which lets it reach everything the evaluation relies on.
+    allow_root_escalation: bool = False
     #: Backend-specific knobs (e.g. {"user": "agent"}); ignored by other backends.
     extra: dict[str, Any] = Field(default_factory=dict)
 
