@@ -6,11 +6,12 @@ not found, time-out, unparsable reward output, sandbox failure) the result is
 that the agent did not earn — unless the agent broke the sandbox the check needed
 (filled its disk, ended its supervisor, removed or closed its workdir: measured after
 the failure by `Sandbox.agent_damage`; or removed a directory a check runs in that was
-there before the agent started, noted in `before_run`), or unless the check's own
-evidence says the agent caused it (`AgentFault`: a verifier's reward outside the task's
-range; no reward from a verifier an oracle run showed working, `shown_working`). Then
-the failure is the agent's doing: `status="agent_broke_sandbox"`, reward 0, and why in
-`damage`. The spec and result models are in `schemas.evaluation`.
+there before the agent started, noted in `before_run`), or unless the check itself
+shows the agent caused it (`AgentCausedEvalFailure`: a verifier's reward outside the
+task's range; no reward from a verifier an oracle run showed working, `shown_working`;
+a SWE-bench check that worked before the agent). Then the failure is the agent's
+doing: `status="agent_broke_sandbox"`, reward 0, and why in `damage`. The spec and
+result models are in `schemas.evaluation`.
 
 The checks run in the agent's own sandbox, each in the clean room
 (`Sandbox.evaluator_exec`: every process killed first, fresh HOME, system PATH, no user
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from hooks.base import Hook, HookContext, register_hook
+from hooks.check_failures import AgentCausedEvalFailure
 from hooks.collect_logs import TASK_LOG_KIND, collect_log_files
 from hooks.reward_file import (
     MAX_REWARD_FILE_BYTES,
@@ -154,23 +156,6 @@ def _isolated(interpreter: str) -> str:
 
 class EvaluatorError(RuntimeError):
     """The check could not be carried out (not: the agent's answer was wrong)."""
-
-
-class AgentFault(EvaluatorError):
-    """The check could not be carried out, and the evidence says the agent caused it:
-    `reason` becomes the result's `damage` (status agent_broke_sandbox, reward 0)."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def _blamed_on_agent(error: Exception) -> str | None:
-    """Why a failed check is by itself the agent's doing (None: the sandbox decides,
-    `Sandbox.agent_damage`). The one place such errors are mapped."""
-    if isinstance(error, AgentFault):
-        return error.reason
-    return None
 
 
 class EvaluateParams(StrictModel):
@@ -327,10 +312,10 @@ async def _run_reward_file_check(
         data = await _read_reward_file(sandbox, posixpath.join(rdir, REWARD_JSON))
         reading = read_reward_files(txt, data, check.reward_key, check.reward_range)
     except RewardOutOfRange as e:
-        raise AgentFault(
-            f"verifier {name} (exit {res.exit_code}): {e}; output tail: {output}",
+        raise AgentCausedEvalFailure(
             f"{e}: the task's verifier writes no such reward, the code it ran did (a "
             "dataset on another scale declares it: --reward-range)",
+            f"verifier {name} (exit {res.exit_code}); output tail: {output}",
         ) from e
     except RewardFileError as e:
         raise _no_reward(sandbox, check, name, f"{e} in {rdir}", res.exit_code, output) from e
@@ -351,17 +336,17 @@ async def _run_reward_file_check(
 
 def _no_reward(
     sandbox: Sandbox, check: RewardFileCheck, name: str, why: str, code: int, output: str
-) -> EvaluatorError:
+) -> EvaluatorError | AgentCausedEvalFailure:
     """The error for a verifier that gave no reward: the agent's fault when the verifier
     was shown working in this environment, else ours, saying how to show it."""
     message = f"verifier {name} (exit {code}): {why}; output tail: {output}"
     evidence = check.shown_working
     if evidence is not None and _covers(evidence, sandbox):
-        return AgentFault(
-            message,
+        return AgentCausedEvalFailure(
             f"the verifier gave no reward after the agent ({why}), but wrote one in range "
             f"within its timeout where the agent could not interfere (oracle rollout "
             f"{evidence.rollout_id}, reward {evidence.reward})",
+            message,
         )
     if evidence is not None:
         shown = f"shown working on image {evidence.image_digest}, not on this sandbox's"
@@ -550,14 +535,14 @@ async def evaluate(
                 steps = step
             prefix = f"{r.name}." if len(graded) > 1 else ""
             metrics.update({f"{prefix}{k}": v for k, v in found.items()})
-    except (EvaluatorError, SandboxError, OSError) as e:
-        # Whose failure: the agent's if it left the sandbox broken or the error says so
-        # by itself (reward 0), else ours.
-        damage = await sandbox.agent_damage(workdir, check_dirs, headroom)
+    except (EvaluatorError, SandboxError, OSError, AgentCausedEvalFailure) as e:
+        # Whose failure: the agent's if a check shows it caused it or it left the
+        # sandbox broken (reward 0), else ours.
+        damage = e.reason if isinstance(e, AgentCausedEvalFailure) else None
+        damage = damage or await sandbox.agent_damage(workdir, check_dirs, headroom)
         if damage is None and unwritable_before is not None:
             targets = _write_targets(spec, workdir)
             damage = await _blocked_by_agent(sandbox, targets, unwritable_before)
-        damage = "; ".join(d for d in (damage, _blamed_on_agent(e)) if d) or None
         return EvaluationResult(
             status="agent_broke_sandbox" if damage else "eval_error",
             reward=0.0 if damage else None,

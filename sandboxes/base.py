@@ -43,6 +43,7 @@ __all__ = [
     "SOLUTION_DIR",
     "SYSTEM_TOOLS_ENV",
     "TESTS_DIR",
+    "UNREADABLE_PAX",
     "ArchiveTooLarge",
     "BackendUnavailable",
     "Command",
@@ -228,6 +229,9 @@ class SandboxSpec(BaseModel):
     #: What the sandbox may reach besides the Gateway (see docs/sandboxes.md).
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     labels: dict[str, str] = Field(default_factory=dict)
+    #: E2B: run even when the agent's user can become root in the template (`sudo -n
+    #: true` succeeds), which lets it reach everything the evaluation relies on.
+    allow_root_escalation: bool = False
     #: Backend-specific knobs (e.g. {"user": "agent"}); ignored by other backends.
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -331,6 +335,9 @@ _SPAWN_FAILED = (126, "exec failed:")
 #: Default cap on one archive read out of a sandbox (`get_archive`, `get_file`, `get_dir`):
 #: a sandbox that writes gigabytes must not take its host's memory with it.
 DEFAULT_MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
+#: PAX header of an archive member the sandbox could not read (the member is empty;
+#: the value says why). The in-sandbox supervisor writes it (a stdlib-only copy there).
+UNREADABLE_PAX = "ROLLOUT.unreadable"
 
 
 # --------------------------------------------------------------------------- clean room
@@ -524,7 +531,8 @@ class Sandbox(abc.ABC):
         """Tar archive of `path` (file or directory); members are rooted at its basename.
 
         Read in chunks; more than `max_bytes` raises `ArchiveTooLarge` with the read
-        stopped at about the cap.
+        stopped at about the cap. An entry the backend could not read may come as an
+        empty member with an `UNREADABLE_PAX` header saying why.
         """
 
     @abc.abstractmethod

@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import posixpath
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
@@ -145,11 +146,14 @@ class SweBenchCheck(_CheckBase):
 
     After the agent stopped, every file `test_patch` touches is set to its content at
     `base_commit` with the patch applied (the agent's edits to those files are dropped,
-    files it planted where the patch creates one are replaced); then `test_command` runs
-    in `repo_path`, its output is read by the log parser named `log_parser`, and the
-    check passes only when every `fail_to_pass` and `pass_to_pass` test passed. Each
-    test's status is recorded (`CheckResult.tests`). `cwd` is not used: the tests run
-    in `repo_path`.
+    files it planted where the patch creates one are replaced), and the test runner's
+    configuration (every conftest.py, pytest/tox/setup.cfg/pyproject file and
+    sitecustomize/usercustomize module in the repo) is set back to `base_commit`'s, the
+    agent's extra ones removed; then `test_command` runs in `repo_path` without plugin
+    autoloading or the cache provider, its verdict is read from pytest's JUnit report
+    (or by the log parser named `log_parser` for another runner), and the check passes
+    only when every `fail_to_pass` and `pass_to_pass` test passed. Each test's status is
+    recorded (`CheckResult.tests`). `cwd` is not used: the tests run in `repo_path`.
     """
 
     kind: Literal["swebench"] = "swebench"
@@ -164,7 +168,13 @@ class SweBenchCheck(_CheckBase):
     fail_to_pass: list[str] = Field(default_factory=list)
     pass_to_pass: list[str] = Field(default_factory=list)
     #: A test-log parser by name (`pytest`, `unittest`, or one registered by the user).
+    #: With `pytest` the verdict comes from pytest's JUnit XML report, not the log.
     log_parser: str = Field(default="pytest", min_length=1)
+    #: pytest plugins the test environment provides and the tests need, each given as
+    #: ``-p NAME`` (a module such as ``xdist.plugin``, or on pytest >= 8.4 an entry-point
+    #: name): the tests run with plugin autoloading off, so no other installed plugin
+    #: loads (one the agent installed included).
+    pytest_plugins: list[str] = Field(default_factory=list)
 
     @field_validator("base_commit")
     @classmethod
@@ -177,6 +187,14 @@ class SweBenchCheck(_CheckBase):
         if not v.startswith("/"):
             raise ValueError(f"repo_path must be absolute, got {v!r}")
         return v.rstrip("/") or "/"
+
+    @field_validator("pytest_plugins")
+    @classmethod
+    def _plugin_names(cls, v: list[str]) -> list[str]:
+        bad = [p for p in v if not re.fullmatch(r"[A-Za-z_][\w.-]*", p)]
+        if bad:
+            raise ValueError(f"pytest_plugins: {bad} are not plugin or module names")
+        return v
 
     @model_validator(mode="after")
     def _has_tests(self) -> SweBenchCheck:
