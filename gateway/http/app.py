@@ -77,6 +77,16 @@ def _require_json_content_type(request: Request) -> None:
         )
 
 
+def _body_pending(request: Request) -> bool:
+    """Whether the request has body bytes the app has not read. A reply before them
+    closes the connection: uvicorn would otherwise read the rest of the body, however
+    large, only to discard it."""
+    if getattr(request.state, "body_read", False):
+        return False
+    length = request.headers.get("content-length")
+    return "transfer-encoding" in request.headers or length not in (None, "0")
+
+
 def error_responder_for(path: str) -> ErrorResponder:
     """The error shape of the protocol a path speaks (`protocols.registry`); OpenAI's for
     the control API and any path no protocol owns."""
@@ -159,6 +169,7 @@ class GatewayApp:
                     chunks.append(chunk)
         except TimeoutError:
             raise body_timed_out(timeout, size) from None
+        request.state.body_read = True
         lap("body_read")
         return b"".join(chunks)
 
@@ -184,6 +195,8 @@ class GatewayApp:
             except Exception:  # the last line of defence: never a bare 500 page
                 log.exception("unhandled error on %s %s", request.method, request.url.path)
                 err_out = GatewayError("internal", "internal gateway error (see gateway log)")
+            if _body_pending(request):
+                err_out.close = True
             metrics = self.gateway.metrics
             metrics.errors.labels(str(err_out.status), err_out.kind).inc()
             if err_out.limit is not None:
