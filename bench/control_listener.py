@@ -158,11 +158,20 @@ async def _scrape(control: str) -> dict[str, float]:
 # --- --flood: one session's maximum-size bodies against another session and /health ------
 
 
+NONCE = "00000000"
+"""Where each flood post writes its number: a history no post before it sent, so the
+session's history cache never spares the parse (`gateway.protocols.history`)."""
+
+
+RETRY_AFTER_S = 1.0
+"""What the gateway's 429 for the session's body budget says."""
+
+
 def flood_body(size: int) -> bytes:
     """A Chat Completions tool loop of exactly `size` bytes of JSON: what a long agent
     context looks like (4 KB tool outputs), the kind of body a parse pays most for."""
     output = "".join(f"line {i}: value = compute(x{i}, 'text')\n" for i in range(100))
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug."}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Fix bug {NONCE}."}]
     request = {"model": "tiny", "messages": messages, "max_tokens": 8, "padding": ""}
     length = len(json.dumps(request))
     while True:
@@ -187,9 +196,10 @@ def flood_body(size: int) -> bytes:
 
 def _flood(url: str, token: str, size: int, posters: int, go: Any, done: Any, out: Any) -> None:
     """Child process: `posters` connections, each posting the body back to back while
-    `go` is set, until `done`; at the lowest CPU priority: on a small machine it stands for
-    a sandbox on other cores, so the figure is what the flood costs the gateway, not the
-    flooder's own CPU."""
+    `go` is set, until `done`; a refused post (429, or the connection reset before its
+    body was read) waits `RETRY_AFTER_S` first, as an SDK would. At the lowest CPU
+    priority: on a small machine it stands for a sandbox on other cores, so the figure is
+    what the flood costs the gateway, not what the flooder's own CPU takes from it."""
     os.nice(19)
     host, port = url.removeprefix("http://").split("/")[0].split(":")
     body = flood_body(size)
@@ -199,25 +209,34 @@ def _flood(url: str, token: str, size: int, posters: int, go: Any, done: Any, ou
     ).encode()
     outcomes: collections.Counter[str] = collections.Counter()
 
-    async def post() -> None:
+    nonce = body.index(NONCE.encode())
+    sent = 0
+
+    async def post() -> str:
+        nonlocal sent
+        sent += 1
+        numbered = b"%s%08d%s" % (body[:nonce], sent, body[nonce + len(NONCE) :])
         reader, writer = await asyncio.open_connection(host, int(port))
         try:
-            writer.write(head + body)
+            writer.write(head + numbered)
             with contextlib.suppress(OSError):  # refused before the body: the reply is there
                 await writer.drain()
             status = await reader.readline()
-            outcomes[status.split(b" ")[1].decode() if status else "reset"] += 1
+            return status.split(b" ")[1].decode() if status else "reset"
         except OSError:
-            outcomes["reset"] += 1
+            return "reset"
         finally:
             writer.close()
 
     async def poster() -> None:
         while not done.is_set():
-            if go.is_set():
-                await post()
-            else:
+            if not go.is_set():
                 await asyncio.sleep(0.05)
+                continue
+            outcome = await post()
+            outcomes[outcome] += 1
+            if outcome in ("429", "reset"):  # as an SDK does: wait, then try again
+                await asyncio.sleep(RETRY_AFTER_S)
 
     async def run() -> None:
         await asyncio.gather(*(poster() for _ in range(posters)))
