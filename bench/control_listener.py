@@ -324,6 +324,10 @@ def run_flood(args: argparse.Namespace, model: Path, engine_url: str, thread_byt
             done.set()
             outcomes = out.get(timeout=600)
             child.join()
+            recorded = httpx.get(f"{control}/sessions/{victim['session_id']}/trajectory")
+            made = len(idle["call"]) + len(flooded["call"])
+            if len(recorded.json()["calls"]) != made:
+                raise SystemExit(f"the other session made {made} calls; not all recorded")
             metrics = parse_metrics(httpx.get(f"{control}/metrics").text)
             refusals = {
                 name.split('"')[1]: int(value)
