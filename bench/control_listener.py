@@ -19,8 +19,11 @@ Run: `python -m bench.control_listener [--agents 500] [--seconds 30] [--modes sh
 and back to back (each exactly the session's body cap, a long tool-call conversation in
 Chat Completions, new connection each, from a child process, to loopback only), while
 another session's agent makes one small call after another and `/health` is probed; both
-timed idle and flooded, per `--parse-thread-bytes` setting, in one run:
-`python -m bench.control_listener --flood [--posters 200] [--parse-thread-bytes 1048576,0]`.
+timed idle and flooded in turns, in one run. The flood goes to the other session's gateway
+process, then (the control) to another gateway process on the same machine: what the
+machine alone takes. `--parse-thread-bytes 1048576,0` compares JSON parsed in a thread
+with JSON parsed on the loop:
+`python -m bench.control_listener --flood [--posters 200] [--flood-to same,apart]`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -285,7 +289,9 @@ def _add(into: dict[str, Any], window: dict[str, Any]) -> None:
     into["cpu"].append(window["cpu"])
 
 
-def run_flood(args: argparse.Namespace, model: Path, engine_url: str, thread_bytes: int) -> dict:
+@contextlib.contextmanager
+def _gateway(model: Path, engine_url: str, thread_bytes: int) -> Iterator[tuple[str, int]]:
+    """A gateway process on loopback: (its control URL, its pid)."""
     port = consecutive_free_ports(2)
     with tempfile.TemporaryDirectory(prefix="gw-flood-") as data_dir:
         settings = {
@@ -301,43 +307,62 @@ def run_flood(args: argparse.Namespace, model: Path, engine_url: str, thread_byt
         control = f"http://127.0.0.1:{port + 1}"
         try:
             wait_healthy(control, proc)
-            attacker, victim = asyncio.run(create_sessions([control], 2))
-            size = GatewayOptions.model_fields["session_max_body_bytes"].default
-            interval = args.probe_interval_ms / 1000
-            ctx = multiprocessing.get_context("spawn")
-            go, done, out = ctx.Event(), ctx.Event(), ctx.Queue()
-            child = ctx.Process(
-                target=_flood,
-                args=(attacker["openai_base_url"], attacker["token"], size, args.posters,
-                      go, done, out),
-            )  # fmt: skip
-            child.start()
-            idle: dict[str, Any] = {"call": [], "health": [], "cpu": []}
-            flooded: dict[str, Any] = {"call": [], "health": [], "cpu": []}
-            for _ in range(args.rounds):  # idle and flooded in turn: the machine's own load
-                time.sleep(args.warmup_s)  # evens out; the flood's last bodies settle
-                _add(idle, _timed(control, victim, args.idle_seconds, interval, proc.pid))
-                go.set()
-                time.sleep(args.warmup_s)
-                _add(flooded, _timed(control, victim, args.seconds, interval, proc.pid))
-                go.clear()
-            done.set()
-            outcomes = out.get(timeout=600)
-            child.join()
-            recorded = httpx.get(f"{control}/sessions/{victim['session_id']}/trajectory")
-            made = len(idle["call"]) + len(flooded["call"])
-            if len(recorded.json()["calls"]) != made:
-                raise SystemExit(f"the other session made {made} calls; not all recorded")
-            metrics = parse_metrics(httpx.get(f"{control}/metrics").text)
-            refusals = {
-                name.split('"')[1]: int(value)
-                for name, value in metrics.items()
-                if name.startswith("rollout_gateway_limit_refusals_total{")
-            }
+            yield control, proc.pid
         finally:
             stop_process(proc)
-    return {"thread_bytes": thread_bytes, "size": size, "idle": idle, "flooded": flooded,
-            "outcomes": outcomes, "refusals": refusals}  # fmt: skip
+
+
+def run_flood(
+    args: argparse.Namespace, model: Path, engine_url: str, thread_bytes: int, apart: bool
+) -> dict:
+    """Idle and flooded in turn; `apart`: the flood goes to another gateway process on
+    the same machine, the control that shows what the machine alone takes."""
+    with contextlib.ExitStack() as stack:
+        control, pid = stack.enter_context(_gateway(model, engine_url, thread_bytes))
+        flood_control = control
+        if apart:
+            flood_control, _ = stack.enter_context(_gateway(model, engine_url, thread_bytes))
+        (victim,) = asyncio.run(create_sessions([control], 1))
+        (attacker,) = asyncio.run(create_sessions([flood_control], 1))
+        size = GatewayOptions.model_fields["session_max_body_bytes"].default
+        interval = args.probe_interval_ms / 1000
+        ctx = multiprocessing.get_context("spawn")
+        go, done, out = ctx.Event(), ctx.Event(), ctx.Queue()
+        child = ctx.Process(
+            target=_flood,
+            args=(attacker["openai_base_url"], attacker["token"], size, args.posters,
+                  go, done, out),
+        )  # fmt: skip
+        child.start()
+        idle: dict[str, Any] = {"call": [], "health": [], "cpu": []}
+        flooded: dict[str, Any] = {"call": [], "health": [], "cpu": []}
+        for _ in range(args.rounds):  # idle and flooded in turn: the machine's own load
+            time.sleep(args.warmup_s)  # evens out; the flood's last bodies settle
+            _add(idle, _timed(control, victim, args.idle_seconds, interval, pid))
+            go.set()
+            time.sleep(args.warmup_s)
+            _add(flooded, _timed(control, victim, args.seconds, interval, pid))
+            go.clear()
+        done.set()
+        outcomes = out.get(timeout=600)
+        child.join()
+        recorded = httpx.get(f"{control}/sessions/{victim['session_id']}/trajectory")
+        made = len(idle["call"]) + len(flooded["call"])
+        if len(recorded.json()["calls"]) != made:
+            raise SystemExit(f"the other session made {made} calls; not all recorded")
+        metrics = parse_metrics(httpx.get(f"{flood_control}/metrics").text)
+        refusals = {
+            name.split('"')[1]: int(value)
+            for name, value in metrics.items()
+            if name.startswith("rollout_gateway_limit_refusals_total{")
+        }
+    return {"thread_bytes": thread_bytes, "apart": apart, "size": size, "idle": idle,
+            "flooded": flooded, "outcomes": outcomes, "refusals": refusals}  # fmt: skip
+
+
+def _row_name(r: dict) -> str:
+    parse = f"JSON in a thread from {r['thread_bytes']} B" if r["thread_bytes"] else "JSON on loop"
+    return f"{'another' if r['apart'] else 'the same'} process, {parse}"
 
 
 def print_flood(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -348,25 +373,22 @@ def print_flood(args: argparse.Namespace, rows: list[dict]) -> None:
         f"{args.rounds} turns of idle {args.idle_seconds:g} s and flooded {args.seconds:g} s, "
         f"each after {args.warmup_s:g} s\n"
     )
-    print("| JSON of a large body | measured | idle p50 / p99 ms | flooded p50 / p99 ms "
+    print("| flood sent to | measured | idle p50 / p99 ms | flooded p50 / p99 ms "
           "| flooded ÷ idle (p50, p99) |")  # fmt: skip
     print("|---|---|---|---|---|")
     for r in rows:
-        where = f"in a thread (≥ {r['thread_bytes']} B)" if r["thread_bytes"] else "on the loop"
         for what, label in (("call", "other session's call"), ("health", "GET /health")):
             idle, flooded = r["idle"][what], r["flooded"][what]
             i50, i99 = 1000 * percentile(idle, 0.5), 1000 * percentile(idle, 0.99)
             f50, f99 = 1000 * percentile(flooded, 0.5), 1000 * percentile(flooded, 0.99)
-            print(f"| {where} | {label} | {i50:.1f} / {i99:.1f} | {f50:.1f} / {f99:.1f} "
+            print(f"| {_row_name(r)} | {label} | {i50:.1f} / {i99:.1f} | {f50:.1f} / {f99:.1f} "
                   f"| {f50 / i50:.2f}× / {f99 / i99:.2f}× |")  # fmt: skip
     for r in rows:
-        where = f"thread ≥ {r['thread_bytes']} B" if r["thread_bytes"] else "on the loop"
         calls = len(r["flooded"]["call"])
-        print(f"{where}: flood posts by reply {r['outcomes']} (a reset: refused before "
-              f"the body, the rest of it cut); the gateway's refusals by limit "
-              f"{r['refusals']}; other session's calls "
-              f"{len(r['idle']['call'])} idle, {calls} flooded; gateway CPU "
-              f"{statistics.mean(r['idle']['cpu']):.0%} idle, "
+        print(f"{_row_name(r)}: flood posts by reply {r['outcomes']} (a reset: refused "
+              f"before the body, the rest of it cut); the flooded gateway's refusals by limit "
+              f"{r['refusals']}; other session's calls {len(r['idle']['call'])} idle, {calls} "
+              f"flooded; its gateway's CPU {statistics.mean(r['idle']['cpu']):.0%} idle, "
               f"{statistics.mean(r['flooded']['cpu']):.0%} flooded")  # fmt: skip
 
 
@@ -386,15 +408,21 @@ def main() -> None:
     parser.add_argument("--posters", type=int, default=200, help="--flood: parallel posts")
     parser.add_argument("--rounds", type=int, default=3, help="--flood: idle/flooded turns")
     parser.add_argument(
-        "--parse-thread-bytes", default="1048576,0", help="--flood: one row per setting"
+        "--parse-thread-bytes", default="1048576", help="--flood: one row per setting"
+    )
+    parser.add_argument(
+        "--flood-to", default="same,apart", help="--flood: the victim's gateway, or another"
     )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model = ensure_tiny_model()
     if args.flood:
         with fixed_latency_engine(model, args.engine_latency_ms) as engine_url:
-            settings = [int(b) for b in args.parse_thread_bytes.split(",")]
-            flood_rows = [run_flood(args, model, engine_url, b) for b in settings]
+            flood_rows = [
+                run_flood(args, model, engine_url, int(b), apart=to == "apart")
+                for b in args.parse_thread_bytes.split(",")
+                for to in args.flood_to.split(",")
+            ]
         print_flood(args, flood_rows)
         return
     rows = []
