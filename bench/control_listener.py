@@ -187,12 +187,12 @@ def flood_body(size: int) -> bytes:
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": f"c{turn}", "content": output},
         ]
-        grown = length + len(json.dumps(pair)) - 2 + 2  # its brackets out, ", " in
+        grown = length + len(json.dumps(pair))  # its "[]" out, a ", " in: as long
         if grown > size:
             break
         messages.extend(pair)
         length = grown
-    request["padding"] = "x" * (size - len(json.dumps(request).encode()))
+    request["padding"] = "x" * (size - len(json.dumps(request)))  # ASCII: chars are bytes
     body = json.dumps(request).encode()
     assert len(body) == size, (len(body), size)
     return body
@@ -212,9 +212,7 @@ def _flood(url: str, token: str, size: int, posters: int, go: Any, done: Any, ou
         f"Authorization: Bearer {token}\r\nContent-Length: {size}\r\n\r\n"
     ).encode()
     outcomes: collections.Counter[str] = collections.Counter()
-
-    nonce = body.index(NONCE.encode())
-    sent = 0
+    nonce, sent = body.index(NONCE.encode()), 0
 
     async def post() -> str:
         nonlocal sent
