@@ -21,8 +21,8 @@ Chat Completions, new connection each, from a child process, to loopback only), 
 another session's agent makes one small call after another and `/health` is probed; both
 timed idle and flooded in turns, in one run. The flood goes to the other session's gateway
 process, then (the control) to another gateway process on the same machine: what the
-machine alone takes. `--parse-thread-bytes 1048576,0` compares JSON parsed in a thread
-with JSON parsed on the loop:
+machine alone takes. `--parse-offload-bytes 1048576,0` compares large bodies parsed in
+the gateway's worker process with bodies parsed in the gateway process:
 `python -m bench.control_listener --flood [--posters 200] [--flood-to same,apart]`.
 """
 
@@ -168,7 +168,7 @@ session's history cache never spares the parse (`gateway.protocols.history`)."""
 
 
 RETRY_AFTER_S = 1.0
-"""What the gateway's 429 for the session's body budget says."""
+"""What a refused post whose reply it never saw (the connection reset) waits."""
 
 
 def flood_body(size: int) -> bytes:
@@ -200,10 +200,10 @@ def flood_body(size: int) -> bytes:
 
 def _flood(url: str, token: str, size: int, posters: int, go: Any, done: Any, out: Any) -> None:
     """Child process: `posters` connections, each posting the body back to back while
-    `go` is set, until `done`; a refused post (429, or the connection reset before its
-    body was read) waits `RETRY_AFTER_S` first, as an SDK would. At the lowest CPU
-    priority: on a small machine it stands for a sandbox on other cores, so the figure is
-    what the flood costs the gateway, not what the flooder's own CPU takes from it."""
+    `go` is set, until `done`; a refused post waits its 429's `Retry-After` (or, the
+    connection reset before its body was read, `RETRY_AFTER_S`) first, as an SDK would. At
+    the lowest CPU priority: on a small machine it stands for a sandbox on other cores, so
+    the figure is what the flood costs the gateway, not what the flooder's own CPU takes from it."""
     os.nice(19)
     host, port = url.removeprefix("http://").split("/")[0].split(":")
     body = flood_body(size)
@@ -214,7 +214,7 @@ def _flood(url: str, token: str, size: int, posters: int, go: Any, done: Any, ou
     outcomes: collections.Counter[str] = collections.Counter()
     nonce, sent = body.index(NONCE.encode()), 0
 
-    async def post() -> str:
+    async def post() -> tuple[str, float]:
         nonlocal sent
         sent += 1
         numbered = b"%s%08d%s" % (body[:nonce], sent, body[nonce + len(NONCE) :])
@@ -224,9 +224,16 @@ def _flood(url: str, token: str, size: int, posters: int, go: Any, done: Any, ou
             with contextlib.suppress(OSError):  # refused before the body: the reply is there
                 await writer.drain()
             status = await reader.readline()
-            return status.split(b" ")[1].decode() if status else "reset"
+            if not status:
+                return "reset", RETRY_AFTER_S
+            wait = 0.0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                if name.strip().lower() == "retry-after":
+                    wait = float(value)
+            return status.split(b" ")[1].decode(), wait
         except OSError:
-            return "reset"
+            return "reset", RETRY_AFTER_S
         finally:
             writer.close()
 
@@ -235,10 +242,9 @@ def _flood(url: str, token: str, size: int, posters: int, go: Any, done: Any, ou
             if not go.is_set():
                 await asyncio.sleep(0.05)
                 continue
-            outcome = await post()
+            outcome, wait = await post()
             outcomes[outcome] += 1
-            if outcome in ("429", "reset"):  # as an SDK does: wait, then try again
-                await asyncio.sleep(RETRY_AFTER_S)
+            await asyncio.sleep(wait)  # as an SDK does: wait, then try again
 
     async def run() -> None:
         await asyncio.gather(*(poster() for _ in range(posters)))
@@ -288,7 +294,7 @@ def _add(into: dict[str, Any], window: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def _gateway(model: Path, engine_url: str, thread_bytes: int) -> Iterator[tuple[str, int]]:
+def _gateway(model: Path, engine_url: str, offload_bytes: int) -> Iterator[tuple[str, int]]:
     """A gateway process on loopback: (its control URL, its pid)."""
     port = consecutive_free_ports(2)
     with tempfile.TemporaryDirectory(prefix="gw-flood-") as data_dir:
@@ -296,7 +302,7 @@ def _gateway(model: Path, engine_url: str, thread_bytes: int) -> Iterator[tuple[
             "engine_urls": [engine_url], "model": "tiny", "tokenizer": str(model),
             "insecure_dev": True, "port": port, "control_port": port + 1,
             "data_dir": data_dir, "context_window": 1048576,
-            "parse_thread_bytes": thread_bytes,
+            "parse_offload_bytes": offload_bytes,
         }  # fmt: skip
         env = dict(os.environ, ROLLOUT_GATEWAY_SETTINGS=json.dumps(settings))
         proc = subprocess.Popen(
@@ -311,15 +317,15 @@ def _gateway(model: Path, engine_url: str, thread_bytes: int) -> Iterator[tuple[
 
 
 def run_flood(
-    args: argparse.Namespace, model: Path, engine_url: str, thread_bytes: int, apart: bool
+    args: argparse.Namespace, model: Path, engine_url: str, offload_bytes: int, apart: bool
 ) -> dict:
     """Idle and flooded in turn; `apart`: the flood goes to another gateway process on
     the same machine, the control that shows what the machine alone takes."""
     with contextlib.ExitStack() as stack:
-        control, pid = stack.enter_context(_gateway(model, engine_url, thread_bytes))
+        control, pid = stack.enter_context(_gateway(model, engine_url, offload_bytes))
         flood_control = control
         if apart:
-            flood_control, _ = stack.enter_context(_gateway(model, engine_url, thread_bytes))
+            flood_control, _ = stack.enter_context(_gateway(model, engine_url, offload_bytes))
         (victim,) = asyncio.run(create_sessions([control], 1))
         (attacker,) = asyncio.run(create_sessions([flood_control], 1))
         size = GatewayOptions.model_fields["session_max_body_bytes"].default
@@ -354,12 +360,13 @@ def run_flood(
             for name, value in metrics.items()
             if name.startswith("rollout_gateway_limit_refusals_total{")
         }
-    return {"thread_bytes": thread_bytes, "apart": apart, "size": size, "idle": idle,
+    return {"offload_bytes": offload_bytes, "apart": apart, "size": size, "idle": idle,
             "flooded": flooded, "outcomes": outcomes, "refusals": refusals}  # fmt: skip
 
 
 def _row_name(r: dict) -> str:
-    parse = f"JSON in a thread from {r['thread_bytes']} B" if r["thread_bytes"] else "JSON on loop"
+    b = r["offload_bytes"]
+    parse = f"parsed in a worker from {b} B" if b else "parsed in process"
     return f"{'another' if r['apart'] else 'the same'} process, {parse}"
 
 
@@ -406,7 +413,7 @@ def main() -> None:
     parser.add_argument("--posters", type=int, default=200, help="--flood: parallel posts")
     parser.add_argument("--rounds", type=int, default=3, help="--flood: idle/flooded turns")
     parser.add_argument(
-        "--parse-thread-bytes", default="1048576", help="--flood: one row per setting"
+        "--parse-offload-bytes", default="1048576", help="--flood: one row per setting"
     )
     parser.add_argument(
         "--flood-to", default="same,apart", help="--flood: the victim's gateway, or another"
@@ -418,7 +425,7 @@ def main() -> None:
         with fixed_latency_engine(model, args.engine_latency_ms) as engine_url:
             flood_rows = [
                 run_flood(args, model, engine_url, int(b), apart=to == "apart")
-                for b in args.parse_thread_bytes.split(",")
+                for b in args.parse_offload_bytes.split(",")
                 for to in args.flood_to.split(",")
             ]
         print_flood(args, flood_rows)

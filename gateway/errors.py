@@ -118,8 +118,17 @@ class GatewayError(Exception):
             out["Connection"] = "close"
         return out
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickled whole (a worker process raises it: `http.body_parse`)."""
+        kw = {k: getattr(self, k) for k in ("status", "param", "retry_after", "allow", "limit")}
+        return (_rebuilt, (self.kind, self.message, {**kw, "close": self.close}))
+
     def __repr__(self) -> str:
         return f"GatewayError({self.status} {self.kind}: {self.message!r}, param={self.param!r})"
+
+
+def _rebuilt(kind: ErrorKind, message: str, kw: dict[str, object]) -> GatewayError:
+    return GatewayError(kind, message, **kw)  # type: ignore[arg-type]
 
 
 def body_too_large(what: str, limit: int) -> GatewayError:

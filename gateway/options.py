@@ -41,9 +41,9 @@ class GatewayOptions(BaseModel):
     plan_thread_messages: int = Field(default=128, ge=0)
     """A request of at least this many messages is planned in a thread, off the event
     loop (0: always on the loop)."""
-    parse_thread_bytes: int = Field(default=2**20, ge=0)
-    """An agent body of at least this many bytes has its JSON parsed in a thread, off the
-    event loop (0: always on the loop); see bench/control_listener.py."""
+    parse_offload_bytes: int = Field(default=2**20, ge=0)
+    """An agent body of at least this many bytes is parsed (JSON, protocol, prompt caps)
+    in a worker process, off this process's GIL (0: never); see `http.body_parse`."""
     stream_abort_grace_s: float = Field(default=2.0, ge=0)
     """How long a streamed call whose client left keeps sampling before the engine request
     is cancelled: an SDK that timed out resends within a second, and that retry then
@@ -59,3 +59,6 @@ class GatewayOptions(BaseModel):
     """Default of `SessionLimits.max_stored_bytes`."""
     session_max_body_bytes: int = Field(default=8 * 2**20, ge=1)
     """Default of `SessionLimits.max_body_bytes`."""
+    session_body_bytes_per_s: int = Field(default=4 * 2**20, ge=0)
+    """Bytes of request body a session may send per second on average, in bursts of one
+    second's worth or its `max_body_bytes` if more (0: no rate); `limits.body_budget`."""

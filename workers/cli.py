@@ -141,6 +141,10 @@ def gateway(
             min=1, help="per-session default: an agent request's body, and the bodies read at once"
         ),
     ] = 8 * 2**20,
+    session_body_bytes_per_s: Annotated[
+        int,
+        typer.Option(min=0, help="per-session: body bytes a second (bursts: 1 s of it, or a cap)"),
+    ] = 4 * 2**20,
     tokenize_offload_chars: Annotated[
         int, typer.Option(min=0, help="tokenize new text this long in a worker process (0: off)")
     ] = 16384,
@@ -202,6 +206,7 @@ def gateway(
         session_max_stored_request_bytes=session_max_stored_request_bytes,
         session_max_stored_bytes=session_max_stored_bytes,
         session_max_body_bytes=session_max_body_bytes,
+        session_body_bytes_per_s=session_body_bytes_per_s,
         tokenize_offload_chars=tokenize_offload_chars,
         max_prompt_messages=max_prompt_messages,
         max_prompt_chars=max_prompt_chars,

@@ -95,6 +95,7 @@ class GatewaySettings(BaseModel):
     session_max_stored_request_bytes: int = Field(default=2**20, ge=0)
     session_max_stored_bytes: int = Field(default=2**30, ge=1)
     session_max_body_bytes: int = Field(default=8 * 2**20, ge=1)
+    session_body_bytes_per_s: int = Field(default=4 * 2**20, ge=0)
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
     session_reaper_interval_s: float = Field(default=30.0, ge=0)
@@ -119,8 +120,8 @@ class GatewaySettings(BaseModel):
     #: The control listener on its own thread and event loop (False: on the agent
     #: listener's loop, to measure what that buys; bench/control_listener.py).
     control_own_loop: bool = True
-    #: An agent body this large has its JSON parsed in a thread (0: on the event loop).
-    parse_thread_bytes: int = Field(default=2**20, ge=0)
+    #: An agent body this large is parsed in a worker process (0: never).
+    parse_offload_bytes: int = Field(default=2**20, ge=0)
 
 
 def is_loopback(host: str) -> bool:
@@ -257,7 +258,8 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         session_max_stored_request_bytes=settings.session_max_stored_request_bytes,
         session_max_stored_bytes=settings.session_max_stored_bytes,
         session_max_body_bytes=settings.session_max_body_bytes,
-        parse_thread_bytes=settings.parse_thread_bytes,
+        session_body_bytes_per_s=settings.session_body_bytes_per_s,
+        parse_offload_bytes=settings.parse_offload_bytes,
     )
     client: VllmEngine
     if settings.engine_api == "sglang":

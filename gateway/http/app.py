@@ -34,6 +34,7 @@ from gateway.canonical import CanonicalRequest
 from gateway.engines.external_sync import ExternalSync
 from gateway.engines.policy_update import PolicyUpdater
 from gateway.errors import GatewayError, body_timed_out, body_too_large
+from gateway.http.body_parse import BodyParser, PromptCaps
 from gateway.http.streaming import stream_reply
 from gateway.observability.load_metrics import EngineCollector, LoopLagMonitor
 from gateway.observability.spans import SpanMiddleware, lap
@@ -124,6 +125,8 @@ class GatewayApp:
         registry = gateway.metrics.registry
         registry.register(EngineCollector(gateway.engine, gateway.incremental.tokenizer))
         self.loop_lag = LoopLagMonitor(registry)
+        #: the worker process that parses large agent bodies (`body_parse`)
+        self.body_parser = BodyParser()
         #: The agent listener's loop, which owns the core's asyncio state (set when the
         #: agent app starts); control handlers that touch that state run there.
         self.core_loop: asyncio.AbstractEventLoop | None = None
@@ -176,13 +179,6 @@ class GatewayApp:
     async def _read_json(self, request: Request) -> dict[str, Any]:
         """A control API body (admin token checked first)."""
         return load_object(await self._read_body(request, self.max_body_bytes))
-
-    async def _load(self, data: bytes) -> dict[str, Any]:
-        """An agent body's JSON, parsed in a thread from `parse_thread_bytes` on."""
-        threshold = self.gateway.options.parse_thread_bytes
-        if threshold and len(data) >= threshold:
-            return await asyncio.to_thread(load_object, data)
-        return load_object(data)
 
     def _guard(self, handler: Handler, respond: ErrorResponder) -> Handler:
         async def guarded(request: Request) -> Response:
@@ -303,28 +299,42 @@ class GatewayApp:
         session = self.gateway.authenticate(_bearer(request))
         lap("auth")
         headers, path = dict(request.headers), request.url.path
-        async with self._agent_body(request, session) as body:
-            canonical = await self._parse(
-                body,
-                lambda: route.parse(body, headers, path, session.history, session.seal),
-                session,
-            )
+        canonical, body = await self._agent_body(
+            request,
+            session,
+            lambda body: route.parse(body, headers, path, session.history, session.seal),
+            session.parse_lock,
+        )
         lap("body_parse")
         return session, canonical, body
 
-    @contextlib.asynccontextmanager
     async def _agent_body(
-        self, request: Request, session: LiveSession
-    ) -> AsyncIterator[dict[str, Any]]:
+        self,
+        request: Request,
+        session: LiveSession,
+        parse: Callable[[dict[str, Any]], CanonicalRequest],
+        lock: contextlib.AbstractAsyncContextManager[Any],
+    ) -> tuple[CanonicalRequest, dict[str, Any]]:
         """An agent call's body (the session authenticated from the headers first), read
         and parsed within the session's body budget (`limits.body_budget`): its cap, the
         session's own `max_body_bytes` under the process's, is known before any byte is
-        read. A refusal is counted on the session."""
-        cap = limits_of(session.meta.config, self.gateway.options).max_body_bytes
+        read. A body of `parse_offload_bytes` or more is parsed in the worker process
+        (`body_parse`), any other here with `parse` (its protocol's, which may use the
+        session's history cache under `lock`). A refusal is counted on the session."""
+        opts = self.gateway.options
+        cap = limits_of(session.meta.config, opts).max_body_bytes
         limit = min(cap, self.max_body_bytes)
         try:
-            with body_budget(session, limit) as take:
-                yield await self._load(await self._read_body(request, limit, take))
+            per_s, clock = opts.session_body_bytes_per_s, self.gateway.clock
+            with body_budget(session, limit, per_s, clock) as take:
+                data = await self._read_body(request, limit, take)
+                if opts.parse_offload_bytes and len(data) >= opts.parse_offload_bytes:
+                    caps = PromptCaps(opts.max_prompt_messages, opts.max_prompt_chars)
+                    return await self.body_parser.parse(
+                        data, request.url.path, request.headers, session.seal, caps
+                    )
+                body = load_object(data)
+                return await self._parse(body, lambda: parse(body), lock), body
         except GatewayError as err:
             session.refused(err.limit)
             raise
@@ -333,17 +343,15 @@ class GatewayApp:
         self,
         body: dict[str, Any],
         parse: Callable[[], CanonicalRequest],
-        session: LiveSession | None,
+        lock: contextlib.AbstractAsyncContextManager[Any],
     ) -> CanonicalRequest:
         """`parse()`, the protocol's parse of `body`: over the message cap, a 413 before it;
         a long history is parsed in a thread (its conversion is Python and pydantic, ~0.3 s
-        per 10,000 messages; a thread cuts the loop's longest stall 2-10x). One parse at a
-        time uses a session's history cache."""
+        per 10,000 messages; a thread cuts the loop's longest stall 2-10x)."""
         opts = self.gateway.options
         items = history_items(body)
         check_history_items(items, opts.max_prompt_messages)
         in_thread = bool(opts.plan_thread_messages) and items >= opts.plan_thread_messages
-        lock = session.parse_lock if session is not None else contextlib.nullcontext()
         async with lock:
             return await asyncio.to_thread(parse) if in_thread else parse()
 
@@ -365,10 +373,12 @@ class GatewayApp:
         async def count(request: Request) -> Response:
             session = self.gateway.authenticate(_bearer(request))
             headers, path = dict(request.headers), request.url.path
-            async with self._agent_body(request, session) as body:
-                canonical = await self._parse(
-                    body, lambda: route.parse(body, headers, path, session.seal), None
-                )
+            canonical, _ = await self._agent_body(
+                request,
+                session,
+                lambda body: route.parse(body, headers, path, session.seal),
+                contextlib.nullcontext(),
+            )
             return route.reply(await self.gateway.count_tokens(canonical))
 
         return count
@@ -491,6 +501,7 @@ class GatewayApp:
             tokenizer = self.gateway.incremental.tokenizer
             if isinstance(tokenizer, OffloadingTokenizer):
                 await asyncio.to_thread(tokenizer.close)
+            await asyncio.to_thread(self.body_parser.close)
 
 
 def _by_method(handlers: dict[str, Handler]) -> Handler:

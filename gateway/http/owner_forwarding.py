@@ -32,6 +32,7 @@ from prometheus_client import Counter
 
 from gateway.calls.pipeline import Gateway
 from gateway.errors import GatewayError, body_timed_out, body_too_large
+from gateway.sessions.limits import limits_of
 from gateway.sessions.live import hash_token
 
 log = logging.getLogger("rollout.gateway")
@@ -105,10 +106,12 @@ def _shape_path(scope: Scope) -> str:
 
 @dataclass(frozen=True)
 class Owner:
-    """Where a session owned by another process lives, and its token's hash."""
+    """Where a session owned by another process lives, its token's hash, and its body cap
+    (`limits.Limits.max_body_bytes`: the owner would refuse a longer body)."""
 
     url: httpx.URL
     token_sha256: str
+    max_body_bytes: int
 
 
 class OwnerForwarder:
@@ -155,7 +158,10 @@ class OwnerForwarder:
             url = meta.owner_url
             if url is None or url == self.gateway.options.public_url:
                 return None
-            owner = Owner(httpx.URL(url.rstrip("/")), meta.token_sha256)
+            cap = limits_of(meta.config, self.gateway.options).max_body_bytes
+            owner = Owner(
+                httpx.URL(url.rstrip("/")), meta.token_sha256, min(cap, self.max_body_bytes)
+            )
         except (OSError, ValueError, httpx.InvalidURL):
             return None  # the local app reports it
         self._owners[session_id] = owner
@@ -184,11 +190,12 @@ class OwnerForwarder:
             err = GatewayError("invalid_request", "the request target is not a valid path")
             await self._error(scope["path"], err, scope, receive, send)
             return
-        await self._relay(url, scope, receive, send)
+        await self._relay(url, owner.max_body_bytes, scope, receive, send)
 
-    async def _read_body(self, receive: Receive) -> bytes | GatewayError:
-        """The request body, or the error to answer: past `max_body_bytes` (the owner would
-        refuse it), or not whole within `body_timeout_s` (a trickling client)."""
+    async def _read_body(self, receive: Receive, limit: int) -> bytes | GatewayError:
+        """The request body, or the error to answer: past the session's body cap `limit`
+        (the owner would refuse it), or not whole within `body_timeout_s` (a trickling
+        client)."""
         chunks: list[bytes] = []
         size = 0
         timeout = self.gateway.options.body_timeout_s
@@ -200,19 +207,29 @@ class OwnerForwarder:
                         return b"".join(chunks)
                     chunk = message.get("body", b"")
                     size += len(chunk)
-                    if size > self.max_body_bytes:
-                        return body_too_large(
-                            f"body exceeds {self.max_body_bytes} bytes", self.max_body_bytes
-                        )
+                    if size > limit:
+                        err = body_too_large(f"body exceeds {limit} bytes", limit)
+                        err.close = True  # the rest is not read
+                        return err
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         return b"".join(chunks)
         except TimeoutError:
             return body_timed_out(timeout, size)
 
-    async def _relay(self, url: httpx.URL, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _relay(
+        self, url: httpx.URL, limit: int, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Relay to the owner; a Content-Length past the session's body cap is refused
+        before any byte of the body is read, and the connection closed after the 413."""
         path = scope["path"]
-        body = await self._read_body(receive)
+        declared = _content_length(scope["headers"])
+        if declared is not None and declared > limit:
+            err = body_too_large(f"body is {declared} bytes", limit)
+            err.close = True
+            await self._error(path, err, scope, receive, send)
+            return
+        body = await self._read_body(receive, limit)
         if isinstance(body, GatewayError):
             await self._error(path, body, scope, receive, send)
             return
@@ -255,6 +272,13 @@ class OwnerForwarder:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return None
 
 
 async def _raw(reply: httpx.Response) -> AsyncIterator[bytes]:

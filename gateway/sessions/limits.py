@@ -8,6 +8,7 @@ every other rollout. Each limit has a process default (`GatewayOptions.session_m
 before anything of the call is recorded, so the session's records stay as they were.
 """
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,15 +74,22 @@ def call_slot(session: LiveSession, limits: Limits) -> Iterator[None]:
 
 
 @contextmanager
-def body_budget(session: LiveSession, limit: int) -> Iterator[Callable[[int], None]]:
+def body_budget(
+    session: LiveSession, limit: int, per_s: int = 0, clock: Callable[[], float] = time.time
+) -> Iterator[Callable[[int], None]]:
     """Reserve room for one request body in the bytes the session's calls are reading and
     parsing at once (at most `limit`, the body cap: one maximum-size body, or several
-    smaller ones), until the body is parsed. Yields `take(size)`: call it with the body's
-    size as known so far (its Content-Length before reading anything, the bytes read so
-    far for a chunked body); 429 with `Retry-After` when the session has no room.
+    smaller ones), until the body is parsed, and spend its bytes from the session's
+    body-rate bucket (`per_s` bytes a second, holding one second's worth or one body cap,
+    whichever is more; 0: no rate). Yields
+    `take(size)`: call it with the body's size as known so far (its Content-Length before
+    reading anything, the bytes read so far for a chunked body); 429 with `Retry-After`
+    when the session has no room, or has sent its bodies faster than `per_s`.
 
     Refused at once, like a call past `max_concurrent_calls`: a body that waited would
-    hold its connection, and one agent's bodies never wait on another's."""
+    hold its connection, and one agent's bodies never wait on another's. The rate bounds
+    what one session's bodies cost the process to read and parse, whatever their number:
+    an agent resends its whole context every call, far below it."""
     held = 0
 
     def take(size: int) -> None:
@@ -97,6 +105,8 @@ def body_budget(session: LiveSession, limit: int) -> Iterator[Callable[[int], No
                 retry_after=BODY_RETRY_AFTER_S,
                 limit="max_body_bytes",
             )
+        if per_s:
+            _spend(session, size - held, max(limit, per_s), per_s, clock())
         session.body_bytes += size - held
         held = size
 
@@ -104,6 +114,23 @@ def body_budget(session: LiveSession, limit: int) -> Iterator[Callable[[int], No
         yield take
     finally:
         session.body_bytes -= held
+
+
+def _spend(session: LiveSession, size: int, burst: int, per_s: int, now: float) -> None:
+    """Take `size` bytes from the session's body-rate bucket (refilled at `per_s` since
+    it was last used, up to `burst`), or refuse with the wait until they are there."""
+    credit, at = session.body_credit or (float(burst), now)
+    credit = min(float(burst), credit + max(0.0, now - at) * per_s)
+    if size > credit:
+        wait = (size - credit) / per_s
+        raise GatewayError(
+            "rate_limited",
+            f"session {session.meta.session_id} sends request bodies faster than its limit "
+            f"session_body_bytes_per_s={per_s}; this one's {size} bytes fit in {wait:.1f} s",
+            retry_after=wait,
+            limit="session_body_bytes_per_s",
+        )
+    session.body_credit = (credit - size, now)
 
 
 def check_room(session_id: str, stored: int, adding: int, limits: Limits) -> None:

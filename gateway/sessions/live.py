@@ -30,6 +30,9 @@ class LiveSession:
         self.body_bytes = 0
         """Bytes of request body this session's calls are reading and parsing now
         (`limits.body_budget`)."""
+        self.body_credit: tuple[float, float] | None = None
+        """(bytes of body the session may still send, when that was so): its body-rate
+        bucket (`limits.body_budget`); None: full."""
         self.limit_refusals: dict[str, int] = {}
         """Calls refused by a limit since this process took the session, by limit name;
         replaced, never changed in place, so a thread may read it (`refused`)."""

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,12 @@ import pytest
 from devstack.background_server import BackgroundServer
 from devstack.ports import consecutive_free_ports
 from devstack.scripted_engine import Script, ScriptedEngine
+from gateway.calls.pipeline import Gateway
 from gateway.capture.store import CallEntry
 from gateway.errors import LIMIT_HEADER
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
-from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
+from tests.fixtures.gateway import ForwardClock, RecordingProxy, RunningGateway, start_gateway
 from tests.integration.test_gateway_processes import wait_healthy
 from workers.gateway_server import GatewaySettings, build_gateway, http_protocol
 
@@ -412,6 +414,47 @@ def test_a_sessions_bodies_read_at_once_share_its_budget_and_one_past_it_is_a_42
     assert gw.trajectory(session["session_id"])["limit_refusals"] == {"max_body_bytes": 3}
 
 
+def test_a_session_sending_bodies_faster_than_its_rate_gets_a_429_until_the_bucket_refills(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`session_body_bytes_per_s`: a session's bucket holds one body cap; once spent, the
+    next body is a 429 before it is read (in each protocol, naming the limit, with the
+    wait in Retry-After, nothing recorded), while another session sends as it likes; once
+    the (injected) clock has passed the wait, the body is served."""
+    engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
+    clock = ForwardClock()
+    with BackgroundServer(engine.app()) as engine_server:
+        rated = start_gateway(
+            engine_server.url,
+            tiny_model_dir,
+            tmp_path / "gw",
+            "tiny-qwen3",
+            clock=clock,
+            session_max_body_bytes=SESSION_BODY,
+            session_body_bytes_per_s=1000,
+        )
+        try:
+            session, other = rated.create_session(), rated.create_session()
+            pad = {"padding": "x" * (SESSION_BODY - 400)}
+            each_protocol(session)["chat"](extra_body=pad)  # the whole bucket at once
+            for protocol, ask in each_protocol(session).items():
+                with pytest.raises((openai.RateLimitError, anthropic.RateLimitError)) as refused:
+                    ask(extra_body=pad)
+                assert_refused(refused.value, protocol, 429, "session_body_bytes_per_s")
+                assert "session_body_bytes_per_s=1000" in refused.value.response.text
+                assert int(refused.value.response.headers["retry-after"]) >= 1
+            each_protocol(other)["messages"](extra_body=pad)
+            each_protocol(other)["responses"]()  # its own bucket: still room
+            clock.advance(SESSION_BODY / 1000)
+            each_protocol(session)["messages"](extra_body=pad)
+            assert [c["status"] for c in calls_of(rated, session)] == ["ok", "ok"]
+            assert refusals(rated, "session_body_bytes_per_s") == 3
+            limited = rated.trajectory(session["session_id"])["limit_refusals"]
+            assert limited == {"session_body_bytes_per_s": 3}
+        finally:
+            rated.server.stop()
+
+
 # --- slow clients ------------------------------------------------------------------------
 
 
@@ -513,12 +556,12 @@ def test_clients_trickling_a_head_or_a_body_are_cut_and_the_listener_serves_othe
     assert len(calls_of(gw, session)) == 1
 
 
-def test_a_trickled_body_on_the_shared_port_gets_a_408_from_the_relaying_process(
+@contextmanager
+def relaying_process(
     gw: RunningGateway, tiny_model_dir: Path
-) -> None:
-    """A second gateway process on the same data dir relays calls for `gw`'s sessions
-    (`OwnerForwarder`, the shared port's app): it reads the body before relaying it, under
-    the same deadline; a whole call it relays is served by the owner."""
+) -> Iterator[tuple[OwnerForwarder, Gateway, BackgroundServer]]:
+    """A second gateway process on `gw`'s data dir serving the shared port's app
+    (`OwnerForwarder`): every session of `gw` is relayed to it."""
     settings = GatewaySettings(
         engine_urls=gw.gateway.engine.urls,
         model="tiny-qwen3",
@@ -533,28 +576,69 @@ def test_a_trickled_body_on_the_shared_port_gets_a_408_from_the_relaying_process
     relaying = build_gateway(settings)
     agent = GatewayApp(relaying, gw.admin_token, MAX_BODY).build("agent")
     forwarder = OwnerForwarder(agent, relaying, error_responder_for, MAX_BODY)
-    http = http_protocol(settings, relaying.metrics)
+    with BackgroundServer(forwarder, http=http_protocol(settings, relaying.metrics)) as shared:
+        yield forwarder, relaying, shared
+
+
+def relayed_refusals(relaying: Gateway, limit: str) -> float | None:
+    return relaying.metrics.registry.get_sample_value(
+        "rollout_gateway_limit_refusals_total", {"limit": limit}
+    )
+
+
+def test_a_trickled_body_on_the_shared_port_gets_a_408_from_the_relaying_process(
+    gw: RunningGateway, tiny_model_dir: Path
+) -> None:
+    """The relaying process reads the body before relaying it, under the same deadline;
+    a whole call it relays is served by the owner."""
     session = gw.create_session()
-    head = (
-        "POST /v1/messages HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-        f"x-api-key: {session['token']}\r\nContent-Length: 1000\r\n\r\n"
-    ).encode()
-    with BackgroundServer(forwarder, http=http) as shared:
+    with relaying_process(gw, tiny_model_dir) as (forwarder, relaying, shared):
         relayed = {**session, "anthropic_base_url": shared.url}
         with socket.create_connection((shared.host, shared.port)) as slow:
             slow.settimeout(60)
-            slow.sendall(head + b'{"model"')
+            slow.sendall(head("/v1/messages", session["token"], 1000) + b'{"model"')
             each_protocol(relayed)["messages"]()  # relayed to the owner meanwhile
             reply = read_to_eof(slow)
-    assert_408(reply, "messages")
-    assert forwarder.forwarded._value.get() == 1
+        assert_408(reply, "messages")
+        assert forwarder.forwarded._value.get() == 1
+        assert relayed_refusals(relaying, "body_timeout_s") == 1
     assert [c["status"] for c in calls_of(gw, session)] == ["ok"], "recorded by the owner"
-    assert (
-        relaying.metrics.registry.get_sample_value(
-            "rollout_gateway_limit_refusals_total", {"limit": "body_timeout_s"}
-        )
-        == 1
-    )
+
+
+def test_the_relaying_process_refuses_a_body_past_the_sessions_cap_before_reading_it(
+    gw: RunningGateway, tiny_model_dir: Path
+) -> None:
+    """The shared port applies the session's own body cap (its `limits`, under the
+    process's): a Content-Length past it is a 413 in the protocol's shape, the connection
+    closed, before one byte of the body is sent and without contacting the owner; a
+    chunked body is cut once it passes the cap. The control: a body at the cap is relayed
+    and served by the owner."""
+    session = gw.create_session(limits={"max_body_bytes": SESSION_BODY})
+    body = padded("chat", SESSION_BODY)
+    with relaying_process(gw, tiny_model_dir) as (forwarder, relaying, shared):
+        with socket.create_connection((shared.host, shared.port)) as client:
+            client.settimeout(60)
+            client.sendall(head("/v1/chat/completions", session["token"], SESSION_BODY + 1))
+            status, headers, error = reply_of(read_to_eof(client))
+        assert status == 413 and headers["connection"] == "close"
+        assert headers[LIMIT_HEADER.lower()] == "max_body_bytes"
+        assert_shape("chat", 413, error, f"max_body_bytes={SESSION_BODY}", str(SESSION_BODY + 1))
+        with socket.create_connection((shared.host, shared.port)) as client:
+            client.settimeout(60)
+            client.sendall(head("/v1/chat/completions", session["token"], None))
+            client.sendall(b"%x\r\n%s\r\n" % (len(body), body) + b"1\r\n \r\n")
+            status, headers, error = reply_of(until_cut(client))
+        assert status == 413 and headers["connection"] == "close"
+        assert_shape("chat", 413, error, f"max_body_bytes={SESSION_BODY}")
+        assert forwarder.forwarded._value.get() == 0
+        assert relayed_refusals(relaying, "max_body_bytes") == 2
+        with socket.create_connection((shared.host, shared.port)) as client:
+            client.settimeout(60)
+            client.sendall(head("/v1/chat/completions", session["token"], SESSION_BODY) + body)
+            status, _, reply = reply_of(read_reply(client))
+        assert status == 200 and reply["choices"][0]["message"]["content"]
+        assert forwarder.forwarded._value.get() == 1
+    assert [c["status"] for c in calls_of(gw, session)] == ["ok"], "recorded by the owner"
 
 
 def test_the_demos_in_process_gateway_cuts_a_trickled_head_on_both_listeners(

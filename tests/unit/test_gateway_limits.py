@@ -116,6 +116,57 @@ def test_bodies_read_at_once_share_the_sessions_budget_and_give_it_back() -> Non
     assert session.body_bytes == 0
 
 
+class Clock:
+    """Time that the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_sessions_body_bytes_are_bounded_per_second_in_bursts_of_its_cap() -> None:
+    """The bucket starts full (one cap's worth at once), refills at `per_s` up to the cap
+    (or one second's worth, if more),
+    and a body past what it holds is a 429 naming `session_body_bytes_per_s` with the
+    wait until it fits; a refused body spends nothing, another session's bucket is its
+    own, and with no rate (0) nothing is refused."""
+    session, other, clock = live(), live(), Clock()
+
+    def send(who: LiveSession, size: int, per_s: int = 10) -> None:
+        with body_budget(who, 100, per_s, clock) as take:
+            take(size)
+
+    send(session, 100)  # a whole burst at once
+    with pytest.raises(GatewayError) as refused:
+        send(session, 30)
+    err = refused.value
+    assert (err.status, err.kind, err.limit) == (429, "rate_limited", "session_body_bytes_per_s")
+    assert "session_body_bytes_per_s=10" in err.message and err.retry_after == 3.0
+    assert err.headers()["Retry-After"] == "3"
+    send(other, 100)
+    clock.now = 1002.5
+    with pytest.raises(GatewayError):
+        send(session, 30)  # 25 bytes refilled: not yet
+    clock.now = 1003.0
+    send(session, 30)  # now it fits, and the bucket is empty again
+    with pytest.raises(GatewayError):
+        send(session, 1)
+    clock.now += 1000
+    send(session, 100)  # refilled to the cap, no more
+    with pytest.raises(GatewayError):
+        send(session, 1)
+    for _ in range(3):
+        send(session, 100, per_s=0)
+    clock.now += 1000
+    for _ in range(10):  # a rate past the cap: bursts of one second's worth
+        send(other, 100, per_s=1000)
+    with pytest.raises(GatewayError):
+        send(other, 100, per_s=1000)
+    assert session.body_bytes == 0
+
+
 def test_a_request_the_sessions_records_have_no_room_for_is_a_413() -> None:
     limits = Limits(1, max_stored_request_bytes=0, max_stored_bytes=100, max_body_bytes=1)
     check_room("s1", 60, 40, limits)  # exactly full still fits
