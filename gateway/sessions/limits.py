@@ -81,10 +81,10 @@ def body_budget(
     parsing at once (at most `limit`, the body cap: one maximum-size body, or several
     smaller ones), until the body is parsed, and spend its bytes from the session's
     body-rate bucket (`per_s` bytes a second, holding one second's worth or one body cap,
-    whichever is more; 0: no rate). Yields
-    `take(size)`: call it with the body's size as known so far (its Content-Length before
-    reading anything, the bytes read so far for a chunked body); 429 with `Retry-After`
-    when the session has no room, or has sent its bodies faster than `per_s`.
+    whichever is more; 0: no rate). Yields `take(size)`: call it with the body's size as
+    known so far (its Content-Length before reading anything, the bytes read so far for a
+    chunked body); 429 with `Retry-After` when the session has no room, or has sent its
+    bodies faster than `per_s`.
 
     Refused at once, like a call past `max_concurrent_calls`: a body that waited would
     hold its connection, and one agent's bodies never wait on another's. The rate bounds
