@@ -52,15 +52,15 @@ class PromptCaps:
 
 
 def parse_body(
-    data: bytes | dict[str, Any],
+    data: bytes,
     path: str,
     headers: Mapping[str, str],
     seal: TokenSeal,
     caps: PromptCaps,
 ) -> tuple[CanonicalRequest, dict[str, Any]]:
-    """A body of the route at `path`, parsed as JSON (unless already), checked against the
-    message cap before its protocol parse and the prompt caps after: (the canonical
-    request, the body). Raises `GatewayError` for anything the client must fix."""
+    """A body of the route at `path`, parsed as JSON, checked against the message cap
+    before its protocol parse and the prompt caps after: (the canonical request, the
+    body). Raises `GatewayError` for anything the client must fix."""
     body = load_object(data)
     check_history_items(history_items(body), caps.max_messages)
     canonical: CanonicalRequest | None = None
