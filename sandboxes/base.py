@@ -22,12 +22,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Workspace models and the network policy are part of the task contract; the protocol
 # re-exports them.
 from schemas.environment import NetworkPolicy
-from schemas.workspace import RepoSpec, SandboxFile
+from schemas.workspace import RepoSpec, SandboxFile, full_commit
 
 __all__ = [
     "DEFAULT_GATEWAY_PORT",
@@ -48,6 +48,7 @@ __all__ = [
     "Command",
     "ExecResult",
     "GatewayChannel",
+    "ImageRepo",
     "NetworkPolicy",
     "NetworkPolicyRefused",
     "OutputCallback",
@@ -158,6 +159,31 @@ class GatewayChannel(BaseModel):
     public_url: str | None = None
 
 
+class ImageRepo(BaseModel):
+    """A git repository the image already holds (SWE-bench's `/testbed`), at `commit`.
+
+    Provisioning cuts its history to `commit` and its ancestors before the agent starts
+    (`sandboxes.repo_trim`), as a repo cloned from `SandboxSpec.repo` is cut.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    commit: str
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"image_repos[].path must be absolute, got {v!r}")
+        return v.rstrip("/") or "/"
+
+    @field_validator("commit")
+    @classmethod
+    def _immutable(cls, v: str) -> str:
+        return full_commit(v, "image_repos[].commit")
+
+
 class SandboxSpec(BaseModel):
     """Everything needed to create a sandbox for one rollout."""
 
@@ -175,6 +201,8 @@ class SandboxSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     files: list[SandboxFile] = Field(default_factory=list)
     repo: RepoSpec | None = None
+    #: Repositories the image holds, each cut to its commit's history like `repo`.
+    image_repos: list[ImageRepo] = Field(default_factory=list)
     #: Shell commands run in order after files/repo are in place (cwd = workdir).
     setup: list[str] = Field(default_factory=list)
     setup_timeout_s: float = 600.0
@@ -213,6 +241,8 @@ class SandboxHandle(BaseModel):
     created_at: float = Field(default_factory=time.time)
     #: Backend-specific details (container name, pid, state dir...). Informational.
     details: dict[str, Any] = Field(default_factory=dict)
+    #: What provisioning did that the samples record (``repo_history: trimmed``).
+    facts: dict[str, str] = Field(default_factory=dict)
 
 
 class OutputChunk(BaseModel):

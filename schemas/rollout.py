@@ -158,6 +158,11 @@ class SandboxRef(StrictModel):
     host_queue: str
     env_version: str
     handle: dict[str, Any] = Field(description="the backend's SandboxHandle, as JSON")
+    facts: dict[str, str] = Field(
+        default_factory=dict,
+        description="what provisioning did that the samples record (`SandboxHandle.facts`,"
+        " e.g. repo_history: trimmed)",
+    )
     earlier: list[SandboxClaim] = Field(
         default_factory=list,
         description="sandboxes that failed attempts of this provision may have left on"
