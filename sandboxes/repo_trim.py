@@ -46,11 +46,13 @@ def fetch_commit(source: Path, commit: str, work: Path) -> None:
     """A new repository at `work` holding `commit` and its ancestors from `source`, HEAD
     detached at `commit` and checked out: no ref, remote, reflog or FETCH_HEAD.
 
-    Fetching one object id from a local repository works with git's protocol v2 (the
-    default since git 2.26), which takes any object the source has as a want.
+    Fetching one object id from a local repository needs git's protocol v2 (asked for
+    explicitly: a host's config may choose another), which takes any object the source
+    has as a want.
     """
     git("init", "--quiet", str(work))
-    git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", str(source), commit, cwd=work)
+    fetch = ("-c", "protocol.version=2", "fetch", "--quiet", "--no-tags", "--no-write-fetch-head")
+    git(*fetch, str(source), commit, cwd=work)
     git("checkout", "--quiet", "--detach", commit, cwd=work)
     shutil.rmtree(work / ".git" / "logs", ignore_errors=True)  # checkout's HEAD entry
 
@@ -75,13 +77,14 @@ head=$(g rev-parse -q --verify 'HEAD^{commit}')
   echo "the repository at $repo is at ${head:-no commit}, not at its base commit $base"; exit 5; }
 set -e
 g update-ref --no-deref HEAD "$base"
-g for-each-ref --format='delete %(refname)' | g update-ref --stdin
-for r in $(g remote); do g config --remove-section "remote.$r"; done
+g for-each-ref --format='delete %(refname)' | g update-ref --no-deref --stdin
+for r in $(g remote); do g config --remove-section "remote.$r" 2>/dev/null || true; done
 g reflog expire --expire=now --expire-unreachable=now --all
-(cd "$gd" && rm -rf packed-refs logs worktrees remotes branches rr-cache rebase-merge rebase-apply \
-  sequencer FETCH_HEAD ORIG_HEAD MERGE_HEAD MERGE_MSG MERGE_MODE SQUASH_MSG AUTO_MERGE \
-  CHERRY_PICK_HEAD REVERT_HEAD REBASE_HEAD BISECT_* COMMIT_EDITMSG info/grafts \
-  objects/pack/*.keep objects/pack/multi-pack-index* objects/info/commit-graph*)
+(cd "$gd" && rm -rf packed-refs logs worktrees remotes branches rr-cache lost-found \
+  rebase-merge rebase-apply sequencer FETCH_HEAD ORIG_HEAD MERGE_HEAD MERGE_MSG MERGE_MODE \
+  SQUASH_MSG AUTO_MERGE CHERRY_PICK_HEAD REVERT_HEAD REBASE_HEAD BISECT_* COMMIT_EDITMSG \
+  info/grafts info/refs objects/info/packs objects/info/commit-graph* \
+  objects/pack/*.keep objects/pack/multi-pack-index*)
 g repack -a -d -q
 g prune --expire=now
 rm -f "$gd/objects/info/alternates"

@@ -90,6 +90,31 @@ def test_the_image_repo_cut_drops_every_later_object_and_keeps_the_work_tree(
     assert_trimmed(probe(leaky.path), leaky)
 
 
+def test_kept_packs_borrowed_objects_and_commit_graphs_are_cut_too(
+    tmp_path: Path, leaky: LeakyRepo
+) -> None:
+    """A repo that borrows its objects from another (alternates), keeps a pack marked
+    `.keep` (which a plain repack leaves) and has a commit-graph naming later commits."""
+    shared = tmp_path / "shared"
+    git(tmp_path, "clone", "-q", "--shared", str(leaky.path), str(shared))
+    git(shared, "checkout", "-q", "--detach", leaky.base)
+    git(
+        shared, "fetch", "-q", str(leaky.path), "refs/stash:refs/stash", "refs/notes/*:refs/notes/*"
+    )
+    git(leaky.path, "repack", "-q", "-a", "-d")
+    for pack in (leaky.path / ".git" / "objects" / "pack").glob("*.pack"):
+        pack.with_suffix(".keep").touch()
+    git(leaky.path, "commit-graph", "write", "--reachable")
+    assert_leaks(probe(shared), leaky)  # control
+    for repo in (shared, leaky.path):
+        r = trim(repo, leaky.base)
+        assert r.returncode == 0, r.stdout + r.stderr
+    shutil.rmtree(leaky.path)  # what `shared` borrowed was copied in: it stands alone
+    assert_trimmed(probe(shared), leaky)
+    assert not (shared / ".git" / "objects" / "info" / "alternates").exists()
+    assert subprocess.run(["git", "-C", str(shared), "fsck", "--strict"]).returncode == 0
+
+
 def test_the_image_repo_cut_refuses_what_is_not_the_tasks_repo(
     tmp_path: Path, leaky: LeakyRepo
 ) -> None:
