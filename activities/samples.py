@@ -13,9 +13,10 @@ Pure functions (no I/O) so every rule is unit-testable:
 - a segment whose last call stopped on the token limit is `truncated`;
 - each call keeps its own policy version and sampling parameters (`call_sampling`):
   with agent-chosen fields, the calls of one segment may be sampled differently;
-- every row names the task's source, its environment (`env_version`, `image_digest`)
-  and the verifier's metrics as it reported them (a masked row keeps them: they say
-  what was measured, not what is trained).
+- every row names the task's source, its environment (`env_version`, `image_digest`,
+  `sandbox_facts`), the verifier's metrics as it reported them, what each verdict was
+  read from and why the status is what it is (a masked row keeps them: they say what
+  was measured, not what is trained).
 """
 
 import json
@@ -23,7 +24,7 @@ from collections import Counter
 
 from schemas.outcome import RolloutStatus, sample_status
 from schemas.rollout import CollectRequest, SamplesSummary
-from schemas.samples import SampleRow, metrics_json
+from schemas.samples import SampleRow, labels_json, metrics_json
 from schemas.sampling import SamplingParams
 from schemas.trajectory import CallStatus, Segment, Trajectory
 
@@ -44,6 +45,9 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
     outcome = req.outcome
     image = req.image_digest if req.image_digest is not None else req.env_version
     metrics = metrics_json(outcome.reward_metrics)
+    reason = outcome.status_reason
+    sources = labels_json(outcome.verdict_sources)
+    facts = labels_json(req.sandbox_facts)
     rows: list[SampleRow] = []
     for seg in traj.segments:
         if not _wanted(seg, scenes):
@@ -91,6 +95,9 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
                 prompt_template_version=traj.prompt_template_version,
                 reward_fn_version=outcome.reward_fn_version,
                 reward_metrics=metrics,
+                status_reason=reason,
+                verdict_sources=sources,
+                sandbox_facts=facts,
                 harness=outcome.harness,
                 harness_version=outcome.harness_version,
                 sampling=sampling_json(used),

@@ -189,6 +189,9 @@ class CheckResult(StrictModel):
     #: Per test (a `swebench` check): PASSED, FAILED, ERROR, SKIPPED, XFAIL, XPASS or
     #: MISSING (not in the test log).
     tests: dict[str, str] = Field(default_factory=dict)
+    #: Where the verdict was read from, for a check that reads one ("reward.txt",
+    #: "reward.json", "junit-xml", "log:pytest", …): which evidence a reward rests on.
+    source: str | None = None
 
 
 class EvaluationResult(StrictModel):

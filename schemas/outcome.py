@@ -54,6 +54,8 @@ SAMPLE_STATUSES = frozenset(
         RolloutStatus.infra_error,
     }
 )
+#: How much of a status reason a sample row keeps.
+_REASON_CHARS = 1000
 #: Statuses whose reward is the agent's doing: 0 whatever the evaluation said.
 ZERO_REWARD = frozenset({RolloutStatus.agent_timeout, RolloutStatus.agent_broke_sandbox})
 
@@ -191,6 +193,22 @@ class RunOutcome(StrictModel):
         if ev is not None and ev.status != "ok" and ev.status == self.status:
             return ev.problem
         return "; ".join(self.hook_errors) or None
+
+    @property
+    def status_reason(self) -> str:
+        """Why the status is what it is, capped for a sample row: what the agent broke,
+        why the evaluator or the run failed; empty for a run that ended ok."""
+        if self.status is RolloutStatus.ok:
+            return ""
+        if self.status is RolloutStatus.agent_timeout:
+            return "the agent spent its time budget"
+        return (self.problem or "")[:_REASON_CHARS]
+
+    @property
+    def verdict_sources(self) -> dict[str, str]:
+        """Per check that reads a verdict, what it read it from (`CheckResult.source`)."""
+        checks = self.evaluation.checks if self.evaluation else []
+        return {c.name: c.source for c in checks if c.source}
 
 
 def run_status(agent: AgentResult | None, evaluation: EvaluationResult | None) -> RolloutStatus:

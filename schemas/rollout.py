@@ -160,8 +160,8 @@ class SandboxRef(StrictModel):
     handle: dict[str, Any] = Field(description="the backend's SandboxHandle, as JSON")
     facts: dict[str, str] = Field(
         default_factory=dict,
-        description="what provisioning did that the samples record (`SandboxHandle.facts`,"
-        " e.g. repo_history: trimmed)",
+        description="what provisioning did to the environment that a sample should say "
+        "(e.g. the repository's history trimmed): carried to the samples' `sandbox_facts`",
     )
     earlier: list[SandboxClaim] = Field(
         default_factory=list,
@@ -213,6 +213,9 @@ class CollectRequest(StrictModel):
     task_source: str = Field(default="", description="`RolloutTask.source_label()`")
     image_digest: str | None = Field(
         default=None, description="the sandbox's image (None: `env_version` is it)"
+    )
+    sandbox_facts: dict[str, str] = Field(
+        default_factory=dict, description="`SandboxRef.facts` of the sandbox that ran"
     )
     outcome: RunOutcome
     sampling: SamplingParams

@@ -12,6 +12,11 @@ Version 4 added the task's lineage: `task_source` (where the task came from),
 and `env_version` became the task's content hash when its source has one (see
 `RolloutTask.env_version`). Older files read with `task_source` empty, `image_digest`
 equal to their `env_version` (which was the image digest then) and no metrics.
+Version 5 added why a reward is what it is: `status_reason` (the evidence behind a
+non-ok status, such as what the agent broke), `verdict_sources` (per check, what its
+verdict was read from: `reward.txt`, `junit-xml`, a log parser) and `sandbox_facts`
+(what provisioning did to the environment, such as trimming the repository's history).
+Older files read with all three empty.
 """
 
 import json
@@ -26,13 +31,14 @@ from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.scenes import Scene
 from schemas.tasks import check_rollout_id
 
-SCHEMA_VERSION = 4
-KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4})
+SCHEMA_VERSION = 5
+KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5})
 #: Columns each version added (a file of an older version lacks them).
 _ADDED_IN = {
     2: ("call_policy_versions", "call_starts"),
     3: ("call_sampling",),
     4: ("task_source", "image_digest", "reward_metrics"),
+    5: ("status_reason", "verdict_sources", "sandbox_facts"),
 }
 
 
@@ -77,6 +83,15 @@ class SampleRow(StrictModel):
     reward_metrics: str = Field(
         default="{}", description="JSON object: the verifier's metrics besides the reward"
     )
+    status_reason: str = Field(
+        default="", description="why the status is what it is (empty: ok, or written before v5)"
+    )
+    verdict_sources: str = Field(
+        default="{}", description="JSON object: per check, what its verdict was read from"
+    )
+    sandbox_facts: str = Field(
+        default="{}", description="JSON object: what provisioning did to the environment"
+    )
     harness: str
     harness_version: str
     call_sampling: list[str] = Field(
@@ -108,6 +123,8 @@ class SampleRow(StrictModel):
         ):
             raise ValueError("call_starts must be ascending positions in response_ids")
         metrics_of(self.reward_metrics)
+        labels_of(self.verdict_sources, "verdict_sources")
+        labels_of(self.sandbox_facts, "sandbox_facts")
         return self
 
     def token_policy_versions(self) -> list[str]:
@@ -134,6 +151,23 @@ def metrics_of(raw: str) -> dict[str, float]:
     ):
         raise ValueError(f"reward_metrics must be a JSON object of numbers, got {raw!r}")
     return {name: float(v) for name, v in value.items()}
+
+
+def labels_json(labels: dict[str, str]) -> str:
+    """Canonical JSON of a name → text object, as `verdict_sources` and `sandbox_facts`
+    hold them."""
+    return json.dumps({str(k): str(v) for k, v in labels.items()}, sort_keys=True)
+
+
+def labels_of(raw: str, column: str) -> dict[str, str]:
+    """A `labels_json` column as a dict; anything but an object of strings is refused."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f"{column} must be a JSON object of strings, got {raw!r}")
+    return value
 
 
 def token_versions(versions: list[str], starts: list[int], n: int) -> list[str]:
@@ -174,6 +208,9 @@ SAMPLE_ARROW_SCHEMA = pa.schema(
         pa.field("prompt_template_version", pa.string(), nullable=False),
         pa.field("reward_fn_version", pa.string(), nullable=False),
         pa.field("reward_metrics", pa.string(), nullable=False),
+        pa.field("status_reason", pa.string(), nullable=False),
+        pa.field("verdict_sources", pa.string(), nullable=False),
+        pa.field("sandbox_facts", pa.string(), nullable=False),
         pa.field("harness", pa.string(), nullable=False),
         pa.field("harness_version", pa.string(), nullable=False),
         pa.field("sampling", pa.string(), nullable=False),
@@ -244,7 +281,8 @@ def _schema_of(version: int) -> pa.Schema:
 def upgrade(table: pa.Table) -> pa.Table:
     """Fill the columns an older file lacks: one call of the row's `policy_version`,
     starting at the first response token; every call sampled with the row's `sampling`;
-    no known task source, the image digest its `env_version` named, no metrics."""
+    no known task source, the image digest its `env_version` named, no metrics; no
+    status reason, verdict sources or sandbox facts."""
     if "call_policy_versions" not in table.column_names:
         versions = [[v] for v in table.column("policy_version").to_pylist()]
         table = table.append_column(
@@ -263,6 +301,11 @@ def upgrade(table: pa.Table) -> pa.Table:
         table = table.append_column("task_source", pa.array([""] * n, pa.string()))
         table = table.append_column("image_digest", table.column("env_version"))
         table = table.append_column("reward_metrics", pa.array(["{}"] * n, pa.string()))
+    if "status_reason" not in table.column_names:
+        n = table.num_rows
+        table = table.append_column("status_reason", pa.array([""] * n, pa.string()))
+        for name in ("verdict_sources", "sandbox_facts"):
+            table = table.append_column(name, pa.array(["{}"] * n, pa.string()))
     return table
 
 

@@ -416,6 +416,7 @@ class RolloutWorkflow:
             env_version=task.env_version(sandbox.env_version if sandbox else "none"),
             task_source=task.source_label(),
             image_digest=sandbox.env_version if sandbox else "none",
+            sandbox_facts=sandbox.facts if sandbox else {},
             outcome=outcome,
             sampling=task.sampling,
             output=req.output,

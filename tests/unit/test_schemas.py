@@ -52,8 +52,9 @@ def make_row(**overrides: object) -> SampleRow:
 
 
 def as_version(table: pa.Table, version: int, drop: list[str]) -> pa.Table:
-    """The table as a writer of `version` made it: without the later columns, tagged."""
-    table = table.drop_columns(drop)
+    """The table as a writer of `version` made it: without the later columns (`drop`,
+    and those of v5 for an older version), tagged."""
+    table = table.drop_columns(drop + (V5_COLUMNS if version < 5 else []))
     return table.set_column(
         table.schema.get_field_index("schema_version"),
         "schema_version",
@@ -62,6 +63,7 @@ def as_version(table: pa.Table, version: int, drop: list[str]) -> pa.Table:
 
 
 V4_COLUMNS = ["task_source", "image_digest", "reward_metrics"]
+V5_COLUMNS = ["status_reason", "verdict_sources", "sandbox_facts"]
 
 
 def test_session_config_rejects_unknown_fields() -> None:
@@ -204,12 +206,15 @@ def test_lineage_columns_round_trip(tmp_path) -> None:
         task_source="harbor:tasks/hello",
         image_digest="sha256:img",
         reward_metrics='{"tests_passed": 3.0}',
+        status_reason="the verifier wrote no reward after the agent ran",
+        verdict_sources='{"tests": "reward.txt"}',
+        sandbox_facts='{"repo_history": "trimmed"}',
     )
     write_samples([row], tmp_path / "s.parquet")
     table = read_samples(tmp_path / "s.parquet")
-    assert table.schema.metadata[b"agentic_rollout.schema_version"] == b"4"
+    assert table.schema.metadata[b"agentic_rollout.schema_version"] == b"5"
     [back] = table_to_rows(table)
-    assert back == row and back.schema_version == SCHEMA_VERSION == 4
+    assert back == row and back.schema_version == SCHEMA_VERSION == 5
 
 
 def test_version_3_files_read_with_the_image_as_their_digest(tmp_path) -> None:
@@ -227,11 +232,26 @@ def test_version_3_files_read_with_the_image_as_their_digest(tmp_path) -> None:
     assert sorted(both.column("task_source").to_pylist()) == ["", "jsonl:t1"]
 
 
-def test_a_v4_file_without_a_lineage_column_is_refused(tmp_path) -> None:
-    table = rows_to_table([make_row()]).drop_columns(["reward_metrics"])
+def test_version_4_files_read_with_no_reason_sources_or_facts(tmp_path) -> None:
+    table = as_version(rows_to_table([make_row(status_reason="x")]), 4, [])
+    pq.write_table(table, tmp_path / "old.parquet")
+    [old] = table_to_rows(read_samples(tmp_path / "old.parquet"))
+    assert (old.status_reason, old.verdict_sources, old.sandbox_facts) == ("", "{}", "{}")
+    assert old.schema_version == 4
+
+
+def test_a_v5_file_without_a_lineage_column_is_refused(tmp_path) -> None:
+    table = rows_to_table([make_row()]).drop_columns(["sandbox_facts"])
     pq.write_table(table, tmp_path / "bad.parquet")
-    with pytest.raises(ValueError, match="schema v4: missing column 'reward_metrics'"):
+    with pytest.raises(ValueError, match="schema v5: missing column 'sandbox_facts'"):
         read_samples(tmp_path / "bad.parquet")
+
+
+@pytest.mark.parametrize("column", ["verdict_sources", "sandbox_facts"])
+@pytest.mark.parametrize("raw", ["[]", '{"tests": 1}', "not json"])
+def test_labels_must_be_an_object_of_strings(column: str, raw: str) -> None:
+    with pytest.raises(ValidationError, match=f"{column} must be a JSON object of strings"):
+        make_row(**{column: raw})
 
 
 @pytest.mark.parametrize("raw", ["[]", '{"passed": "yes"}', '{"ok": true}', "not json"])

@@ -3,7 +3,7 @@
 from datetime import UTC, datetime
 
 from activities.samples import build_rows, sampling_json, summarize
-from schemas.evaluation import EvaluationResult
+from schemas.evaluation import CheckResult, EvaluationResult
 from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.rollout import CollectRequest, SessionRef
 from schemas.samples import SampleRow
@@ -248,3 +248,34 @@ def test_rows_carry_the_tasks_source_its_image_and_the_verifiers_metrics() -> No
             "harbor:tasks/hello",
         )
         assert row.reward_metrics == '{"coverage": 0.5, "tests_passed": 2.0}'
+
+
+def test_rows_say_why_their_reward_is_what_it_is() -> None:
+    """A rollout the agent broke says what it broke; each verdict names the evidence it
+    was read from; provisioning's facts ride along; on every row, masked ones too."""
+    traj = trajectory(
+        [call("c1", "g1"), call("c2", "g2", status="engine_error")],
+        [segment("g1", ["c1"]), segment("g2", ["c2"])],
+    )
+    req = request(status=RolloutStatus.agent_broke_sandbox, reward=0.0)
+    assert req.outcome.evaluation is not None
+    req.outcome.evaluation = req.outcome.evaluation.model_copy(
+        update={
+            "status": "agent_broke_sandbox",
+            "damage": "test.sh wrote no reward after the agent ran",
+            "checks": [
+                CheckResult(name="tests", kind="reward_file", passed=False, score=0.0,
+                            source="reward.txt"),
+                CheckResult(name="lint", kind="command", passed=True, score=1.0),
+            ],
+        }
+    )  # fmt: skip
+    req = req.model_copy(update={"sandbox_facts": {"repo_history": "trimmed"}})
+    rows = build_rows(traj, req)
+    assert [r.status for r in rows] == ["agent_broke_sandbox", "infra_error"]
+    for row in rows:
+        assert "test.sh wrote no reward after the agent ran" in row.status_reason
+        assert row.verdict_sources == '{"tests": "reward.txt"}'
+        assert row.sandbox_facts == '{"repo_history": "trimmed"}'
+    ok = build_rows(traj, request())[0]
+    assert (ok.status_reason, ok.verdict_sources, ok.sandbox_facts) == ("", "{}", "{}")
