@@ -317,10 +317,14 @@ DEFAULT_MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
 EVALUATOR_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Git settings every git of an evaluation step gets at command-line precedence (via
 #: ``GIT_CONFIG_COUNT``), so a repo config the agent wrote cannot start a program there.
+#: `safe.directory`: a repo the image holds is often another uid's (SWE-bench's /testbed
+#: is root's, mode 777), and git's ownership check would stop every git there; in a
+#: sandbox it guards nothing, since the agent can replace a repo it can write by its own.
 EVALUATOR_GIT_CONFIG = {
     "core.fsmonitor": "false",
     "core.hooksPath": "/dev/null",
     "core.untrackedCache": "false",
+    "safe.directory": "*",
 }
 #: For a command a backend may start through a login shell (E2B runs every command as
 #: ``bash -l -c``): a HOME where no profile file can exist (/proc: nobody creates files

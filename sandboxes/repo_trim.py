@@ -59,11 +59,11 @@ def fetch_commit(source: Path, commit: str, work: Path) -> None:
 
 #: Cuts the repo at $1 to the history of $2 (its HEAD). Exit 3: no repository there;
 #: 4: the commit is not in it; 5: HEAD is elsewhere; anything else: a git step failed.
-#: Safe to run twice. The repository is the image's, trusted: `safe.directory` lets the
-#: sandbox user cut a repo another uid owns (SWE-bench's images are root's, mode 777).
+#: Safe to run twice. Run in the clean room, whose git config also lets the sandbox user
+#: cut a repo another uid owns (SWE-bench's images are root's, mode 777).
 _TRIM = r"""
 repo=$1 base=$2
-g() { git -c safe.directory='*' -c gc.auto=0 -c maintenance.auto=false "$@"; }
+g() { git -c gc.auto=0 -c maintenance.auto=false "$@"; }
 cd "$repo" 2>/dev/null || { echo "$repo is not a directory"; exit 3; }
 top=$(g rev-parse --show-toplevel 2>&1) && [ "$top" = "$(pwd -P)" ] || {
   echo "$repo is not the top of a git repository: $top"; exit 3; }

@@ -142,7 +142,11 @@ async def test_a_cloned_repo_shows_the_agent_no_later_work(
 def swebench_task(image: str, base: str) -> RolloutTask:
     """A task whose `swebench` check names the image's /testbed at `base`."""
     check = SweBenchCheck(
-        name="swebench", base_commit=base, test_patch=NEW_FILE_PATCH, test_command="true"
+        name="swebench",
+        base_commit=base,
+        test_patch=NEW_FILE_PATCH,
+        test_command="true",
+        fail_to_pass=["test_new.py::x"],
     )
     return RolloutTask.model_validate(
         {
