@@ -5,7 +5,8 @@ Usage: python -m bench.repo_history [--commits 10000] [--files 5000] [--later 10
 
 The bench generates a repository (`git fast-import`): `--files` files in its first
 commit, then `--commits` commits in all, each changing two files, with tags along the
-way; the base commit is `--later` commits before the tip. Then, in one run, alternating:
+way; the base commit is `--later` commits before the tip (`main` and HEAD there, the
+tip on another branch, as in SWE-bench's images). Then, in one run, alternating:
 
 * a cloned repo (`sandbox.repo`, on each of `--backends`): the checkout as provisioning
   made it before (a clone of the host's whole mirror) vs a fresh fetch of the base
@@ -86,8 +87,11 @@ def generate_repo(path: Path, commits: int, files: int, later: int) -> str:
     git("repack", "-a", "-d", "-q", cwd=path)
     mark = dict(line.split() for line in marks.read_text().splitlines())
     marks.unlink()
-    git("checkout", "--quiet", "main", cwd=path)
-    return mark[f":{commits - later}"]
+    base = mark[f":{commits - later}"]
+    # SWE-bench's layout: main reset to the base commit, the later work on a branch.
+    git("branch", "upstream", "main", cwd=path)
+    git("reset", "--quiet", "--hard", base, cwd=path)
+    return base
 
 
 def clone_checkout(mirror: Path, commit: str, work: Path) -> None:
@@ -202,6 +206,17 @@ def build_image(base_image: str, repo: Path, tmp: Path) -> str:
     return tag
 
 
+def container_rw_bytes(container_id: str) -> int:
+    """What the container wrote on the host: its writable layer's size."""
+    r = subprocess.run(
+        ["docker", "container", "inspect", "--size", "--format", "{{.SizeRw}}", container_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(r.stdout.strip() or 0)
+
+
 async def bench_image(backend: Any, image: str, base: str, runs: int) -> dict[str, Any]:
     """Alternating creates of a sandbox of the image, its repo left as is or cut."""
     modes = {"as in the image (before)": [], "trimmed": [ImageRepo(path="/testbed", commit=base)]}
@@ -218,12 +233,10 @@ async def bench_image(backend: Any, image: str, base: str, runs: int) -> dict[st
             t0 = time.perf_counter()
             sb = await backend.create(spec)
             out[mode]["create_s"].append(time.perf_counter() - t0)
-            info = await asyncio.to_thread(
-                backend.client.api.inspect_container, sb.handle.details["container_id"], size=True
-            )
+            size_rw = await asyncio.to_thread(container_rw_bytes, sb.handle.details["container_id"])
             (git_kib,) = await sandbox_du(sb, "/testbed/.git")
             out[mode].update(
-                container_rw_kib=int(info.get("SizeRw") or 0) // 1024,
+                container_rw_kib=size_rw // 1024,
                 sandbox_git_kib=git_kib,
                 objects=await objects_in(sb, "/testbed"),
             )
