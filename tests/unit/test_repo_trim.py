@@ -8,6 +8,7 @@ FETCH_HEAD and ORIG_HEAD. Each test has its control: the repo as it came shows t
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import subprocess
 import tarfile
@@ -19,7 +20,7 @@ from activities.sandbox import sandbox_spec
 from sandboxes.base import ImageRepo
 from sandboxes.provisioning import _mirror, repo_tar
 from sandboxes.repo_trim import _TRIM
-from schemas.tasks import HarnessSpec
+from schemas.tasks import HarnessSpec, RolloutTask
 from task_formats import LoadOptions, load_task_source
 from tests.fixtures.leaky_repo import (
     PROBE,
@@ -141,7 +142,7 @@ def test_a_linked_worktree_is_refused(tmp_path: Path, leaky: LeakyRepo) -> None:
     shutil.rmtree(wt)
 
 
-def _swebench_task(tmp_path: Path, **format_options: object):  # type: ignore[no-untyped-def]
+def _swebench_task(tmp_path: Path, **format_options: object) -> RolloutTask:
     instances = write_calc_instances(tmp_path)
     options = LoadOptions(
         harness=HarnessSpec(name="command", config={"command": "true"}),
@@ -165,3 +166,15 @@ def test_a_swebench_repo_in_the_image_is_cut_and_a_cloned_one_is_not_cut_twice(
     spec = sandbox_spec(cloned, "r2", "http://127.0.0.1:9/v1", 60)
     assert spec.repo is not None and spec.repo.path == "/testbed"
     assert spec.image_repos == []
+
+
+def test_a_tasks_own_image_repo_at_the_checks_path_is_the_one_cut(tmp_path: Path) -> None:
+    task = _swebench_task(tmp_path)
+    raw = task.model_dump(mode="json")
+    raw["sandbox"]["image_repos"] = [{"path": "/testbed/", "commit": "A" * 40}]
+    spec = sandbox_spec(RolloutTask.model_validate(raw), "r1", "http://127.0.0.1:9/v1", 60)
+    assert spec.image_repos == [ImageRepo(path="/testbed", commit="a" * 40)]
+    with pytest.raises(ValueError, match=re.escape("image_repos[].path must be absolute")):
+        ImageRepo(path="testbed", commit="a" * 40)
+    with pytest.raises(ValueError, match=re.escape("image_repos[].commit must be a full")):
+        ImageRepo(path="/testbed", commit="main")
