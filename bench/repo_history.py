@@ -9,8 +9,9 @@ way; the base commit is `--later` commits before the tip (`main` and HEAD there,
 tip on another branch, as in SWE-bench's images). Then, in one run, alternating:
 
 * a cloned repo (`sandbox.repo`, on each of `--backends`): the checkout as provisioning
-  made it before (a clone of the host's whole mirror) vs a fresh fetch of the base
-  commit alone (`repo_trim.fetch_commit`), both through the backend's real `create`;
+  made it before (a clone of the host's whole mirror) vs a fresh repository with the
+  base commit's objects alone (`repo_trim.checkout_commit`), both through the backend's
+  real `create`;
 * a repo in the image (docker; SWE-bench's layout, /testbed root's with mode 777): a
   create that leaves it as the image has it vs one that cuts it in the sandbox
   (`SandboxSpec.image_repos`).
@@ -45,7 +46,7 @@ from typing import Any
 from sandboxes import provisioning
 from sandboxes.base import ImageRepo, RepoSpec, ResourceLimits, SandboxSpec
 from sandboxes.host_state import state_root
-from sandboxes.repo_trim import fetch_commit, git
+from sandboxes.repo_trim import checkout_commit, git
 
 #: No sized disk: the repo's own cost is measured, not the disk's (see sandbox_acquire).
 RESOURCES = ResourceLimits(disk_mb=None)
@@ -137,7 +138,7 @@ async def objects_in(sb: Any, path: str) -> int:
 
 CHECKOUTS: dict[str, Callable[[Path, str, Path], None]] = {
     "clone (before)": clone_checkout,
-    "trimmed": fetch_commit,
+    "trimmed": checkout_commit,
 }
 
 

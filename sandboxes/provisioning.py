@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sandboxes.base import Sandbox, SandboxError, SandboxFile, SandboxHandle, SandboxSpec
 from sandboxes.host_state import state_root
-from sandboxes.repo_trim import TRIMMED, fetch_commit, git, trim_in_sandbox
+from sandboxes.repo_trim import TRIMMED, checkout_commit, git, trim_in_sandbox
 
 #: PATH every sandbox command starts with.
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -88,6 +88,9 @@ def _mirror(url: str, commit: str, cache: Path) -> Path:
             tmp = Path(tempfile.mkdtemp(prefix=f"{mirror.name}.", dir=cache))
             try:
                 git("clone", "--quiet", "--mirror", url, str(tmp))
+                # One pack with a bitmap (a bare repo's default): each checkout then
+                # counts its commit's objects from the bitmap instead of walking them.
+                git("repack", "-a", "-d", "-q", cwd=tmp)
                 tmp.rename(mirror)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -104,14 +107,14 @@ def repo_tar(url: str, commit: str, cache: Path | None = None) -> bytes:
     """Host-side checkout of `url` at `commit`, as a tar whose root is the repo.
 
     A bare mirror per URL is cached so repeated rollouts on one repo fetch once. The
-    checkout holds `commit`'s history only (`repo_trim.fetch_commit`), copied once.
+    checkout holds `commit`'s history only (`repo_trim.checkout_commit`), copied once.
     """
     if shutil.which("git") is None:
         raise SandboxError("git is required on the host to materialise spec.repo")
     mirror = _mirror(url, commit, cache or state_root("git-cache"))
     with tempfile.TemporaryDirectory(prefix="repo-") as tmp:
         work = Path(tmp) / "repo"
-        fetch_commit(mirror, commit, work)
+        checkout_commit(mirror, commit, work)
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tf:
             for child in sorted(work.iterdir()):

@@ -8,8 +8,9 @@ and no ref, reflog, remote or other object besides.
 
 Two ways a repo arrives, two ways to cut it:
 
-* cloned on the host (`SandboxSpec.repo`): a fresh repository fetches the base commit
-  alone from the host's mirror (`fetch_commit`), so later objects are never copied;
+* cloned on the host (`SandboxSpec.repo`): a fresh repository gets the base commit's
+  objects alone from the host's mirror (`checkout_commit`), so later ones are never
+  copied;
 * already in the image (`SandboxSpec.image_repos`, e.g. SWE-bench's `/testbed`): cut in
   the sandbox before the agent starts (`trim_in_sandbox`): refs and reflogs deleted,
   what the base commit reaches repacked into one new pack, every other object dropped.
@@ -34,25 +35,28 @@ class RepoNotTrimmable(SandboxError, ValueError):
     checked out elsewhere). A ValueError: the task is refused, not retried."""
 
 
-def git(*args: str, cwd: str | Path | None = None) -> str:
+def git(*args: str, cwd: str | Path | None = None, stdin: str | None = None) -> str:
     """A host-side git command's stdout; a SandboxError with its stderr if it fails."""
-    r = subprocess.run(["git", *_QUIET_GIT, *args], cwd=cwd, capture_output=True, text=True)
+    r = subprocess.run(
+        ["git", *_QUIET_GIT, *args], cwd=cwd, input=stdin, capture_output=True, text=True
+    )
     if r.returncode:
         raise SandboxError(f"git {' '.join(args)} failed: {r.stderr.strip()[-2000:]}")
     return r.stdout
 
 
-def fetch_commit(source: Path, commit: str, work: Path) -> None:
-    """A new repository at `work` holding `commit` and its ancestors from `source`, HEAD
+def checkout_commit(mirror: Path, commit: str, work: Path) -> None:
+    """A new repository at `work` holding `commit` and its ancestors from `mirror`, HEAD
     detached at `commit` and checked out: no ref, remote, reflog or FETCH_HEAD.
 
-    Fetching one object id from a local repository needs git's protocol v2 (asked for
-    explicitly: a host's config may choose another), which takes any object the source
-    has as a want.
+    The objects go from the mirror straight into one pack of the new repository (`git
+    pack-objects --revs`, reusing the mirror's deltas and counting with its bitmap):
+    written once with their index, never re-read as a fetch's `index-pack` would.
     """
     git("init", "--quiet", str(work))
-    fetch = ("-c", "protocol.version=2", "fetch", "--quiet", "--no-tags", "--no-write-fetch-head")
-    git(*fetch, str(source), commit, cwd=work)
+    pack = work / ".git" / "objects" / "pack" / "pack"
+    objects = ("pack-objects", "--quiet", "--revs", "--delta-base-offset", "--use-bitmap-index")
+    git("-C", str(mirror), *objects, str(pack), stdin=f"{commit}\n")
     git("checkout", "--quiet", "--detach", commit, cwd=work)
     shutil.rmtree(work / ".git" / "logs", ignore_errors=True)  # checkout's HEAD entry
 
