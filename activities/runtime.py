@@ -16,8 +16,10 @@ while they run. The hooks that run commands there do so in the clean room
 the run fails (no reward can be trusted).
 
 Outcomes of the agent (bad exit, time-out, wrong answer, broken evaluator) are *data*
-in the returned `RunOutcome`. Infrastructure failures (harness setup, a required hook,
-the sandbox) raise `RuntimeFailure`, which carries the partial outcome — unless the
+in the returned `RunOutcome`. An evaluation once computed stands: a later hook's failure
+or time-out is recorded in `hook_errors`, never turned into a failed run. Infrastructure
+failures (harness setup, a required hook before the evaluation, the sandbox) raise
+`RuntimeFailure`, which carries the partial outcome — unless the
 failure came once the agent could act and its sandbox shows damage the agent could have
 done (`Sandbox.agent_damage`: its supervisor killed, its disk filled...). That run is
 the agent's doing, not a failure to retry: it returns with status
@@ -199,7 +201,13 @@ async def run_in_sandbox(
                 ctx.add_artifact(Path(lf.local_path), lf.kind)
         await phases.run("stop_agent", sandbox.kill_all_processes(), budget.cleanup_s)
         after = run_phase(hooks, "after_run", ctx, before_each=sandbox.kill_all_processes)
-        await phases.run("after_run", after, budget.hooks_s)
+        try:
+            await phases.run("after_run", after, budget.hooks_s)
+        except TimeoutError:
+            if outcome.evaluation is None:
+                raise
+            # The verdict stands; what a later hook did not finish is recorded.
+            outcome.hook_errors.append(f"after_run hooks passed hooks_s={budget.hooks_s}")
         outcome.status = run_status(outcome.agent, outcome.evaluation)
         if task.reward_fn_version is None and outcome.evaluation is not None:
             outcome.reward_fn_version = outcome.evaluation.reward_fn_version

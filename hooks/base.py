@@ -149,10 +149,11 @@ async def run_phase(
 ) -> None:
     """Run `before_run` or `after_run` of every hook in order.
 
-    A required hook's exception propagates (the runtime then runs `on_error`); a
-    non-required one's is recorded in `ctx.hook_errors` and the next hook runs.
-    `before_each` runs before every hook (the runtime kills the sandbox's processes
-    there); its failure always propagates.
+    A required hook's exception propagates (the runtime then runs `on_error`), unless an
+    evaluation is in the outcome already: that verdict stands, so the failure is only
+    recorded, as an optional hook's always is, in `ctx.outcome.hook_errors`, and the next
+    hook runs. `before_each` runs before every hook (the runtime kills the sandbox's
+    processes there); its failure always propagates.
     """
     for hook in hooks:
         if before_each is not None:
@@ -160,9 +161,9 @@ async def run_phase(
         try:
             await getattr(hook, phase)(ctx)
         except Exception as e:
-            if hook.required:
+            if hook.required and ctx.outcome.evaluation is None:
                 raise HookError(f"hook {hook.name}.{phase} failed: {e!r}") from e
-            log.warning("optional hook %s.%s failed: %r", hook.name, phase, e)
+            log.warning("hook %s.%s failed (recorded): %r", hook.name, phase, e)
             ctx.outcome.hook_errors.append(f"{hook.name}.{phase}: {e!r}")
 
 

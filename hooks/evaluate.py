@@ -6,8 +6,11 @@ not found, time-out, unparsable reward output, sandbox failure) the result is
 that the agent did not earn — unless the agent broke the sandbox the check needed
 (filled its disk, ended its supervisor, removed or closed its workdir: measured after
 the failure by `Sandbox.agent_damage`; or removed a directory a check runs in that was
-there before the agent started, noted in `before_run`). Then the failure is the agent's doing:
-`status="agent_broke_sandbox"`, reward 0, and what was broken in `damage`. The spec and
+there before the agent started, noted in `before_run`), or unless the check itself
+shows the agent caused it (`AgentCausedEvalFailure`: a verifier's reward outside the
+task's range; no reward from a verifier an oracle run showed working, `shown_working`;
+a SWE-bench check that worked before the agent). Then the failure is the agent's
+doing: `status="agent_broke_sandbox"`, reward 0, and why in `damage`. The spec and
 result models are in `schemas.evaluation`.
 
 The checks run in the agent's own sandbox, each in the clean room
@@ -36,14 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from hooks.base import Hook, HookContext, register_hook
+from hooks.check_failures import AgentCausedEvalFailure
 from hooks.collect_logs import TASK_LOG_KIND, collect_log_files
 from hooks.reward_file import (
     MAX_REWARD_FILE_BYTES,
     REWARD_JSON,
     REWARD_TXT,
     RewardFileError,
-    parse_reward_json,
-    parse_reward_txt,
+    RewardOutOfRange,
+    read_reward_files,
 )
 from hooks.swebench_check import SweBenchEvalError, run_swebench_check
 from hooks.swebench_check import preflight as swebench_preflight
@@ -51,6 +55,7 @@ from sandboxes.base import (
     SYSTEM_TOOLS_ENV,
     TESTS_DIR,
     ArchiveTooLarge,
+    EvalHeadroom,
     Sandbox,
     SandboxError,
     SandboxNotFound,
@@ -65,6 +70,7 @@ from schemas.evaluation import (
     RewardFileCheck,
     ScriptCheck,
     SweBenchCheck,
+    VerifierEvidence,
 )
 from schemas.outcome import LogSpec
 
@@ -121,6 +127,17 @@ while [ $# -ge 2 ]; do
   printf '%s\t%s\n' "$p" "$why"
 done
 """
+
+
+#: What a verifier (`RewardFileCheck`) runs with on top of the clean room, so nothing
+#: in the agent's workdir steers the tools a test.sh typically calls there; the task's
+#: own verifier env overrides each one (an empty PYTHONSAFEPATH, UV_NO_CONFIG=0).
+#: PYTHONSAFEPATH: `python -m pytest` in the workdir puts no cwd on sys.path (a
+#: `unittest.py` or `pytest.py` of the agent's shadows nothing; Python >= 3.11).
+#: UV_NO_CONFIG: uv reads no uv.toml, pyproject.toml [tool.uv] or .python-version
+#: (project, user or system), so its index and interpreter are not the agent's.
+#: PIP_CONFIG_FILE=/dev/null: pip loads no config file (global, user, or a venv's).
+VERIFIER_ENV = {"PYTHONSAFEPATH": "1", "UV_NO_CONFIG": "1", "PIP_CONFIG_FILE": "/dev/null"}
 
 
 def _isolated(interpreter: str) -> str:
@@ -262,7 +279,10 @@ async def _run_reward_file_check(
 ) -> tuple[CheckResult, dict[str, float]]:
     """Harbor's verifier: empty the reward dir, run the command, read the reward it wrote.
 
-    The command's exit code is recorded, never scored: the reward file decides.
+    The command's exit code is recorded, never scored: the reward file decides
+    (`hooks.reward_file`). A reward out of range is the agent's failure; so is no
+    reward at all (a time-out, no or a bad reward file) when `check.shown_working`
+    says this verifier gave one in this environment without the agent.
     """
     t0 = time.monotonic()
     rdir = posixpath.normpath(posixpath.join(cwd, check.reward_dir))
@@ -275,7 +295,7 @@ async def _run_reward_file_check(
     await _prepare_dirs(sandbox, [rdir], user=check.user, what=f"verifier {name}")
     try:
         res = await sandbox.evaluator_exec(
-            check.command, cwd=cwd, env=check.env or None, timeout=check.timeout_s,
+            check.command, cwd=cwd, env={**VERIFIER_ENV, **check.env}, timeout=check.timeout_s,
             stop_processes=False,
         )  # fmt: skip
         # Whatever the verifier started (the agent's code under test) stops here, so the
@@ -285,35 +305,64 @@ async def _run_reward_file_check(
         raise EvaluatorError(f"verifier {name}: sandbox error {e!r}") from e
     output = _tail(res.stdout + ("\n" + res.stderr if res.stderr else ""))
     if res.timed_out:
-        raise EvaluatorError(
-            f"verifier {name} timed out after {check.timeout_s}s (its timeout); "
-            f"output tail: {output}"
-        )
-    metrics: dict[str, float] = {}
+        why = f"it timed out after {check.timeout_s}s (its timeout)"
+        raise _no_reward(sandbox, check, name, why, res.exit_code, output)
     try:
-        raw = await _read_reward_file(sandbox, posixpath.join(rdir, REWARD_JSON))
-        if raw is not None:
-            source = REWARD_JSON
-            score, metrics = parse_reward_json(raw, check.reward_key)
-        else:
-            source = REWARD_TXT
-            raw = await _read_reward_file(sandbox, posixpath.join(rdir, REWARD_TXT))
-            if raw is None:
-                raise RewardFileError(f"it wrote neither {REWARD_JSON} nor {REWARD_TXT} in {rdir}")
-            score = parse_reward_txt(raw)
-    except RewardFileError as e:
-        raise EvaluatorError(
-            f"verifier {name} (exit {res.exit_code}): {e}; output tail: {output}"
+        txt = await _read_reward_file(sandbox, posixpath.join(rdir, REWARD_TXT))
+        data = await _read_reward_file(sandbox, posixpath.join(rdir, REWARD_JSON))
+        reading = read_reward_files(txt, data, check.reward_key, check.reward_range)
+    except RewardOutOfRange as e:
+        raise AgentCausedEvalFailure(
+            f"{e}: the task's verifier writes no such reward, the code it ran did (a "
+            "dataset on another scale declares it: --reward-range)",
+            f"verifier {name} (exit {res.exit_code}); output tail: {output}",
         ) from e
+    except RewardFileError as e:
+        raise _no_reward(sandbox, check, name, f"{e} in {rdir}", res.exit_code, output) from e
+    notes = "".join(f"; {n}" for n in reading.notes)
     return CheckResult(
         name=name,
         kind=check.kind,
-        passed=score >= 1.0,
-        score=score,
+        passed=reading.reward >= check.reward_range[1],
+        score=reading.reward,
         exit_code=res.exit_code,
         duration_s=round(time.monotonic() - t0, 3),
-        detail=_tail(f"reward {score} from {source} (exit {res.exit_code})\n{output}"),
-    ), metrics
+        detail=_tail(
+            f"reward {reading.reward} from {reading.source} (exit {res.exit_code}){notes}\n{output}"
+        ),
+        source=reading.source,
+    ), reading.metrics
+
+
+def _no_reward(
+    sandbox: Sandbox, check: RewardFileCheck, name: str, why: str, code: int, output: str
+) -> EvaluatorError | AgentCausedEvalFailure:
+    """The error for a verifier that gave no reward: the agent's fault when the verifier
+    was shown working in this environment, else ours, saying how to show it."""
+    message = f"verifier {name} (exit {code}): {why}; output tail: {output}"
+    evidence = check.shown_working
+    if evidence is not None and _covers(evidence, sandbox):
+        return AgentCausedEvalFailure(
+            f"the verifier gave no reward after the agent ({why}), but wrote one in range "
+            f"within its timeout where the agent could not interfere (oracle rollout "
+            f"{evidence.rollout_id}, reward {evidence.reward})",
+            message,
+        )
+    if evidence is not None:
+        shown = f"shown working on image {evidence.image_digest}, not on this sandbox's"
+        return EvaluatorError(
+            f"{message} (the verifier was {shown} {sandbox.handle.env_version}: run the "
+            "task with --harness oracle again to show it works on this one)"
+        )
+    return EvaluatorError(
+        f"{message} (no run without the agent has shown this verifier works here: "
+        "`rollout run DATASET --harness oracle` records one; see docs/tasks.md)"
+    )
+
+
+def _covers(evidence: VerifierEvidence, sandbox: Sandbox) -> bool:
+    """Whether `evidence` was gathered on the image this sandbox runs."""
+    return evidence.image_digest is None or evidence.image_digest == sandbox.handle.env_version
 
 
 async def _run_check(
@@ -451,13 +500,15 @@ async def evaluate(
     check_dirs: Sequence[str] = (),
     preflight: Mapping[int, str | None] | None = None,
     unwritable_before: Mapping[str, str] | None = None,
+    headroom: EvalHeadroom | None = None,
 ) -> EvaluationResult:
     """Run every check in order and aggregate; evaluator failures give eval_error.
 
     `check_dirs`: check directories that existed before the agent ran; one of them
     gone after a failure is the agent's doing. `preflight`: `preflight_checks` before
     the agent ran. `unwritable_before`: `unwritable` for `_write_targets` before the
-    agent ran; one that became unwritable after a failure is the agent's doing."""
+    agent ran; one that became unwritable after a failure is the agent's doing.
+    `headroom`: the free space the evaluation needs (the task's resources)."""
     t0 = time.monotonic()
     version = spec.reward_fn_version()
     results: list[CheckResult] = []
@@ -484,9 +535,11 @@ async def evaluate(
                 steps = step
             prefix = f"{r.name}." if len(graded) > 1 else ""
             metrics.update({f"{prefix}{k}": v for k, v in found.items()})
-    except (EvaluatorError, SandboxError, OSError) as e:
-        # Whose failure: the agent's if it left the sandbox broken (reward 0), else ours.
-        damage = await sandbox.agent_damage(workdir, check_dirs)
+    except (EvaluatorError, SandboxError, OSError, AgentCausedEvalFailure) as e:
+        # Whose failure: the agent's if a check shows it caused it or it left the
+        # sandbox broken (reward 0), else ours.
+        damage = e.reason if isinstance(e, AgentCausedEvalFailure) else None
+        damage = damage or await sandbox.agent_damage(workdir, check_dirs, headroom)
         if damage is None and unwritable_before is not None:
             targets = _write_targets(spec, workdir)
             damage = await _blocked_by_agent(sandbox, targets, unwritable_before)
@@ -520,6 +573,13 @@ async def evaluate(
         duration_s=round(time.monotonic() - t0, 3),
         metrics=metrics,
     )
+
+
+def _headroom(ctx: HookContext) -> EvalHeadroom | None:
+    """The task's `resources.eval_headroom` (None: the default)."""
+    resources = ctx.task.sandbox.spec_fields().get("resources") or {}
+    raw = resources.get("eval_headroom") if isinstance(resources, dict) else None
+    return EvalHeadroom.model_validate(raw) if raw is not None else None
 
 
 @register_hook
@@ -568,6 +628,7 @@ class EvaluateHook(Hook):
             check_dirs=ctx.state.get(self._key, []),
             preflight=ctx.state.get(self._preflight_key),
             unwritable_before=ctx.state.get(self._unwritable_key),
+            headroom=_headroom(ctx),
         )
         ctx.outcome.evaluation = evaluation
         path = ctx.artifacts_dir / "evaluation.json"

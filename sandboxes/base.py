@@ -43,9 +43,11 @@ __all__ = [
     "SOLUTION_DIR",
     "SYSTEM_TOOLS_ENV",
     "TESTS_DIR",
+    "UNREADABLE_PAX",
     "ArchiveTooLarge",
     "BackendUnavailable",
     "Command",
+    "EvalHeadroom",
     "ExecResult",
     "GatewayChannel",
     "ImageRepo",
@@ -127,6 +129,48 @@ class BackendUnavailable(SandboxError):
 # --------------------------------------------------------------------------- spec
 
 
+MIB = 1024 * 1024
+
+
+class EvalHeadroom(BaseModel):
+    """Free space an evaluation needs in the sandbox after the agent ran.
+
+    A step after the agent that failed in a sandbox with less free than this (on the
+    disk holding its workdir, /tmp or home; in /dev/shm) failed by the agent's doing
+    (`Sandbox.agent_damage`): the agent used up what the verifier needs (pip installs,
+    test caches, multiprocessing's semaphores). None: derived from the filesystem's
+    size — 1/16 of the disk between 4 and 256 MiB, 1/4 of /dev/shm up to 16 MiB.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    disk_mb: float | None = Field(default=None, ge=0)
+    shm_mb: float | None = Field(default=None, ge=0)
+
+    def disk_bytes(self, total: int) -> int:
+        """Bytes needed free on a disk of `total` bytes."""
+        if self.disk_mb is not None:
+            return int(self.disk_mb * MIB)
+        return min(max(total // 16, 4 * MIB), 256 * MIB, total // 2)
+
+    def shm_bytes(self, total: int) -> int:
+        """Bytes needed free in a /dev/shm of `total` bytes."""
+        if self.shm_mb is not None:
+            return int(self.shm_mb * MIB)
+        return min(total // 4, 16 * MIB)
+
+
+def short_of_room(where: str, free: int, total: int, need: int) -> str | None:
+    """The damage line for a filesystem with `free` of `total` bytes when `need` are
+    needed (None: enough room)."""
+    if free >= need:
+        return None
+    return (
+        f"{where} is full ({free / MIB:.1f} MiB free of {total / MIB:.0f} MiB; "
+        f"an evaluation needs {need / MIB:.0f} MiB, resources.eval_headroom)"
+    )
+
+
 class ResourceLimits(BaseModel):
     """Per-sandbox resource caps. `None` means "backend default / unlimited"."""
 
@@ -141,6 +185,8 @@ class ResourceLimits(BaseModel):
     disk_mb: int | None = 4096
     #: Max open files per process.
     nofile: int | None = 4096
+    #: Free space an evaluation needs after the agent (not a cap: see `EvalHeadroom`).
+    eval_headroom: EvalHeadroom = Field(default_factory=EvalHeadroom)
 
 
 class GatewayChannel(BaseModel):
@@ -211,6 +257,9 @@ class SandboxSpec(BaseModel):
     #: What the sandbox may reach besides the Gateway (see docs/sandboxes.md).
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     labels: dict[str, str] = Field(default_factory=dict)
+    #: E2B: run even when the agent's user can become root in the template (`sudo -n
+    #: true` succeeds), which lets it reach everything the evaluation relies on.
+    allow_root_escalation: bool = False
     #: Backend-specific knobs (e.g. {"user": "agent"}); ignored by other backends.
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -286,11 +335,16 @@ DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 DAMAGE_PROBE_TIMEOUT_S = 30.0
 #: Bytes the damage probe writes into each directory an evaluation writes to.
 DAMAGE_PROBE_BYTES = 65536
+#: Where the damage probe measures shared memory (`EvalHeadroom.shm_mb`).
+SHM_DIR = "/dev/shm"
 #: The damage probe: for each directory before ``--``, whether it is still there, and
-#: whether a new file of DAMAGE_PROBE_BYTES can be written into it; for each one after,
-#: only whether it is still there; one line per problem.
-_DAMAGE_PROBE = """
+#: whether a new file of DAMAGE_PROBE_BYTES can be written into it (one line per
+#: problem), and its filesystem's size and free space (``free<TAB>dir<TAB>blocks<TAB>
+#: available<TAB>block size``, from ``stat -f``; nothing where stat cannot say); for
+#: each one after, only whether it is still there. /dev/shm is measured too.
+_DAMAGE_PROBE = r"""
 n=$1; shift
+room() { s=$(stat -f -c '%b %a %S' "$1" 2>/dev/null) && printf 'free\t%s\t%s\n' "$1" "$s"; }
 for d in "$@"; do
   shift
   [ "$d" = -- ] && break
@@ -300,7 +354,9 @@ for d in "$@"; do
   f=$(mktemp "$d/.rollout-probe.XXXXXX" 2>/dev/null) || { echo "$d takes no new file"; continue; }
   head -c "$n" /dev/zero > "$f" 2>/dev/null || echo "$d has no room for $n bytes (disk full)"
   rm -f "$f"
+  room "$d"
 done
+[ -d /dev/shm ] && room /dev/shm
 for d in "$@"; do [ -d "$d" ] || echo "$d is gone (a check runs there)"; done
 """
 #: Exit status and message of an exec whose process could not be started (supervisor).
@@ -309,6 +365,9 @@ _SPAWN_FAILED = (126, "exec failed:")
 #: Default cap on one archive read out of a sandbox (`get_archive`, `get_file`, `get_dir`):
 #: a sandbox that writes gigabytes must not take its host's memory with it.
 DEFAULT_MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
+#: PAX header of an archive member the sandbox could not read (the member is empty;
+#: the value says why). The in-sandbox supervisor writes it (a stdlib-only copy there).
+UNREADABLE_PAX = "ROLLOUT.unreadable"
 
 
 # --------------------------------------------------------------------------- clean room
@@ -506,7 +565,8 @@ class Sandbox(abc.ABC):
         """Tar archive of `path` (file or directory); members are rooted at its basename.
 
         Read in chunks; more than `max_bytes` raises `ArchiveTooLarge` with the read
-        stopped at about the cap.
+        stopped at about the cap. An entry the backend could not read may come as an
+        empty member with an `UNREADABLE_PAX` header saying why.
         """
 
     @abc.abstractmethod
@@ -519,26 +579,36 @@ class Sandbox(abc.ABC):
         survive.
         """
 
-    async def agent_damage(self, workdir: str, check_dirs: Sequence[str] = ()) -> str | None:
+    async def agent_damage(
+        self,
+        workdir: str,
+        check_dirs: Sequence[str] = (),
+        headroom: EvalHeadroom | None = None,
+    ) -> str | None:
         """What the agent broke in this sandbox that an evaluation needs, or None.
 
         The one rule for whose fault a failed step after the agent's run is: the
         sandbox is the agent's, so a step that failed in a sandbox showing damage the
         agent could have done (no process can start, its supervisor is gone, the
-        workdir, /tmp or home is gone, closed or full, one of `check_dirs` — directories
-        checks run in that existed before the agent ran — is gone) failed by the agent's doing and
-        scores 0; in a sandbox without such damage it is ours (masked). Measured after
-        the failure, from the host where the backend can (`_find_damage`); a probe
-        that cannot decide finds nothing, so a doubt stays ours. Never raises.
+        workdir, /tmp or home is gone, closed, or has less free space than `headroom`
+        (default: `EvalHeadroom()`), /dev/shm is short of it, one of `check_dirs` —
+        directories checks run in that existed before the agent ran — is gone) failed
+        by the agent's doing and scores 0; in a sandbox without such damage it is ours
+        (masked). Measured after the failure, from the host where the backend can
+        (`_find_damage`); a probe that cannot decide finds nothing, so a doubt stays
+        ours. Never raises.
         """
         try:
             return await asyncio.wait_for(
-                self._find_damage(workdir, check_dirs), DAMAGE_PROBE_TIMEOUT_S + 15
+                self._find_damage(workdir, check_dirs, headroom or EvalHeadroom()),
+                DAMAGE_PROBE_TIMEOUT_S + 15,
             )
         except Exception:
             return None
 
-    async def _find_damage(self, workdir: str, check_dirs: Sequence[str]) -> str | None:
+    async def _find_damage(
+        self, workdir: str, check_dirs: Sequence[str], headroom: EvalHeadroom
+    ) -> str | None:
         """The probe run inside the sandbox (`_DAMAGE_PROBE`); backends add host-side
         measurements first. An exec the backend could not deliver decides nothing."""
         dirs = [workdir, "/tmp", self.env.get("HOME", ""), "--", *check_dirs]
@@ -556,7 +626,16 @@ class Sandbox(abc.ABC):
         code, marker = _SPAWN_FAILED
         if res.exit_code == code and marker in res.stderr:
             return f"no process can start in it ({res.stderr.strip()[:200]})"
-        found = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+        found: list[str] = []
+        reported: set[tuple[bool, int, int]] = set()
+        for line in res.stdout.splitlines():
+            if not line.startswith("free\t"):
+                if line.strip():
+                    found.append(line.strip())
+                continue
+            short = _room_line(line, headroom, reported)
+            if short:
+                found.append(short)
         return "; ".join(found) or None
 
     async def put_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
@@ -666,6 +745,28 @@ class SandboxBackend(abc.ABC):
     async def close(self) -> None:
         """Release client resources (pools, HTTP clients). Does not destroy sandboxes."""
         return None
+
+
+def _room_line(line: str, headroom: EvalHeadroom, seen: set[tuple[bool, int, int]]) -> str | None:
+    """The damage line for one ``free`` line of the probe (None: room enough, unreadable,
+    or a filesystem of the same size already reported: the workdir, /tmp and home
+    usually share one disk)."""
+    try:
+        _, where, sizes = line.split("\t", 2)
+        blocks, avail, bsize = (int(x) for x in sizes.split())
+    except ValueError:
+        return None
+    total, free = blocks * bsize, avail * bsize
+    key = (where == SHM_DIR, blocks, bsize)
+    if key in seen or blocks <= 0:
+        return None
+    if where == SHM_DIR:
+        short = short_of_room(SHM_DIR, free, total, headroom.shm_bytes(total))
+    else:
+        short = short_of_room(f"the disk of {where}", free, total, headroom.disk_bytes(total))
+    if short:
+        seen.add(key)
+    return short
 
 
 def unchecked(handle: SandboxHandle, checked: frozenset[str] | None) -> bool:

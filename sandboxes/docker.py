@@ -1,8 +1,8 @@
 """Docker backend: one container per rollout, via the docker SDK, with a warm pool.
 
 Containers run with ``network_mode="none"`` (only ``lo``; an allowlisted host is
-reached through a relay, `egress_relay`; ``public``, when the operator allows it, is
-docker's default bridge), memory (= memory+swap, so
+reached through a relay, `egress_relay`; ``public``, when the operator allows it, is a
+bridge network of the sandbox's own, `docker_network`), memory (= memory+swap, so
 no swap), CPU and pids limits (verified in the container's cgroups), ``disk_mb`` via
 ``storage_opt`` or a read-only root over a sized disk (`disk.py`), all capabilities
 dropped, ``no-new-privileges``, docker's init as PID 1 and the agent user (uid 1000).
@@ -63,6 +63,7 @@ from sandboxes.base import (
 )
 from sandboxes.cgroups import CgroupLimitError, limit_problems, memory_cgroup_of_pid
 from sandboxes.disk import DISK_DIR, DiskLimitUnavailable, make_disk
+from sandboxes.docker_network import NETWORK_PREFIX, create_network, remove_network
 from sandboxes.egress_relay import egress_routes, forward_args, inside_names, policy_key
 from sandboxes.host_state import owner_token, state_root
 from sandboxes.provisioning import merged_env
@@ -259,8 +260,10 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
     """Docker containers on the local engine (the worker's host).
 
     Network: ``none`` for no-network and allowlist (relays, `egress_relay`;
-    `egress_hosts` pins names to addresses); docker's default bridge for `public`, only
-    with `allow_public_network` (or ``ROLLOUT_ALLOW_PUBLIC_NETWORK=1``).
+    `egress_hosts` pins names to addresses); for `public`, only with
+    `allow_public_network` (or ``ROLLOUT_ALLOW_PUBLIC_NETWORK=1``), a bridge network of
+    the sandbox's own that reaches neither other sandboxes nor this host
+    (`docker_network`), removed with the container.
     """
 
     name = "docker"
@@ -398,10 +401,11 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
             OWNER_LABEL: owner_token(),
             STATE_LABEL: self.state_key,
         }
+        public = network.effective_mode() == "public"
         kw: dict[str, Any] = {
             "name": f"ar-{sid}",
             "labels": labels,
-            "network_mode": "bridge" if network.effective_mode() == "public" else "none",
+            "network_mode": create_network(self.client, sid, labels) if public else "none",
             "user": self.user,
             "working_dir": workdir,
             "init": True,
@@ -604,6 +608,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
         await self.sdk_call(self._remove_container, handle.sandbox_id, cid)
 
     def _remove_container(self, sid: str, cid: str | None) -> None:
+        """Remove the sandbox's container, then its network (public mode) if any."""
         import docker.errors
 
         ids = {cid} if cid else set()
@@ -619,6 +624,7 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
                 except docker.errors.APIError as e:
                     if "already in progress" not in str(e):
                         raise
+        remove_network(self.client, sid)
 
     async def oom_killed(self, handle: SandboxHandle) -> bool:
         """Ask the engine whether the container was OOM-killed (no readable cgroup)."""
@@ -655,6 +661,18 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
                 # State dir without a container (crash between the two): orphan.
                 h.details["orphan_state_dir"] = True
                 out[h.sandbox_id] = h
+        networks = await self.sdk_call(
+            self.client.api.networks, filters={"label": [f"{STATE_LABEL}={self.state_key}"]}
+        )
+        for n in networks:
+            sid = n["Name"].removeprefix(NETWORK_PREFIX)
+            if self._id_re.match(sid) and sid not in out:
+                # A public sandbox's network left behind by a crash after its container
+                # and state dir went: reaped once the process that made it is gone.
+                owner = (n.get("Labels") or {}).get(OWNER_LABEL, "")
+                h = self._handle_from_state(sid)
+                h.details.update(owner=owner, orphan_network=n["Name"])
+                out[sid] = h
         return list(out.values())
 
     async def close(self) -> None:

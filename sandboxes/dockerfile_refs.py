@@ -192,10 +192,14 @@ def lookup(ref: str, image_map: dict[str, str]) -> str | None:
 
 
 def rewrite(
-    text: str, replacements: dict[int, str], root_after: frozenset[int] = frozenset()
+    text: str,
+    replacements: dict[int, str],
+    root_after: frozenset[int] = frozenset(),
+    after_every_from: str = "",
 ) -> str:
     """The Dockerfile with instruction `i`'s external image replaced by `replacements[i]`,
-    and `USER root` added after each FROM in `root_after`.
+    `USER root` added after each FROM in `root_after`, and `after_every_from` (whole
+    lines) after every FROM.
 
     Only the physical line holding the reference changes; every other byte stays as
     written (continuations, comments, RUN lines). `root_after`: a stand-in base that sets
@@ -226,4 +230,8 @@ def rewrite(
         if i in root_after:
             last = ins.lines[1]
             lines[last] = lines[last] + "USER root\n"
+    if after_every_from:
+        for ins in instructions:
+            if ins.keyword == "FROM":
+                lines[ins.lines[1]] += after_every_from
     return "".join(lines)

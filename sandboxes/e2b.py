@@ -17,10 +17,14 @@ False) and per-sandbox memory/CPU caps (they are properties of the template).
 E2B starts every command as ``bash -l -c``, a login shell that reads the profile files in
 HOME; the backend's own commands (file moves, the kill) and the clean room's launcher
 (`Sandbox.evaluator_exec`) run with ``NO_PROFILE_ENV`` so none of the agent's runs there.
-`kill_all_processes` is a best effort: a shell run as the sandbox user kills every
-process it may signal except itself, its ancestors (envd) and init, until none is left;
-it cannot reach processes of other users, and unlike the supervised backends there is
-no pid namespace of our own that would make one `kill(-1)` reach them all at once.
+A template whose user can become root (`sudo -n true` succeeds, as in E2B's default
+template) is refused at create, before the agent, unless the task's sandbox says
+`allow_root_escalation: true` (`RootEscalationRefused`): root in the sandbox reaches
+everything the evaluation relies on. `kill_all_processes` is a best effort: a shell run
+as the sandbox user kills every process it may signal except itself, its ancestors
+(envd) and init, until none is left; it cannot reach processes of other users, and
+unlike the supervised backends there is no pid namespace of our own that would make one
+`kill(-1)` reach them all at once.
 The E2B cloud cannot be reached from this workplace; see docs/sandboxes.md for what
 was verified against a loopback stand-in of the API.
 """
@@ -44,6 +48,7 @@ from sandboxes.base import (
     MANAGED_LABEL,
     NO_PROFILE_ENV,
     ROLLOUT_LABEL,
+    SYSTEM_TOOLS_ENV,
     ArchiveTooLarge,
     BackendUnavailable,
     Command,
@@ -90,6 +95,19 @@ done
 echo "processes survived SIGKILL" >&2
 exit 1
 """
+
+
+#: Says how the sandbox's user can become root: "root" (it is), "sudo" (without a
+#: password), nothing when it cannot. Programs from the system dirs only.
+_ROOT_CHECK_SH = (
+    'if [ "$(id -u)" = 0 ]; then echo root; elif sudo -n true 2>/dev/null; then echo sudo; fi'
+)
+TASK_ID_LABEL = "agentic-rollout.task-id"
+
+
+class RootEscalationRefused(SandboxError, ValueError):
+    """The template lets the agent's user become root and the task did not opt in: the
+    task's fault (a ValueError: refused, not retried), found before the agent runs."""
 
 
 #: E2B's "all traffic" selector: deny everything that is not explicitly allowed.
@@ -387,10 +405,33 @@ class E2BBackend(SandboxBackend):
             if not res.ok:
                 raise SandboxError(f"cannot create workdir {workdir}: {res.stderr}")
             await populate(sb, spec)
+            await self._check_root_escalation(sb, spec)
         except BaseException:
             await asyncio.shield(self.destroy(handle))
             raise
         return sb
+
+    async def _check_root_escalation(self, sb: E2BSandbox, spec: SandboxSpec) -> None:
+        """Refuse a sandbox whose user can become root, unless the task allows it; run
+        after the task's own setup, before the agent. Not repeated after the agent: a
+        user that cannot become root here has no way to make itself one that this check
+        would see (it cannot write sudoers or a setuid-root file), and what this check
+        cannot see (a kernel exploit) a second run would not see either."""
+        res = await sb.exec(["/bin/sh", "-c", _ROOT_CHECK_SH], env=SYSTEM_TOOLS_ENV, cwd="/")
+        if not res.ok:
+            raise SandboxError(f"root escalation check failed: {(res.stderr or res.stdout)[-500:]}")
+        how = res.stdout.strip()
+        sb.handle.details["root_escalation"] = how or None
+        if not how or spec.allow_root_escalation:
+            return
+        task = spec.labels.get(TASK_ID_LABEL, "?")
+        template = spec.image or self.template
+        what = "runs as root" if how == "root" else "can become root (`sudo -n true` succeeds)"
+        raise RootEscalationRefused(
+            f"task {task}: the agent's user in e2b template {template} {what}, so it could "
+            "reach everything the evaluation relies on; use a template without sudo for the "
+            "user, or set sandbox.allow_root_escalation: true in the task to run it anyway"
+        )
 
     async def attach(self, handle: SandboxHandle) -> E2BSandbox:
         e2b = self._require()

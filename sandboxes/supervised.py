@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from sandboxes.base import (
-    DAMAGE_PROBE_BYTES,
     DEFAULT_GATEWAY_PORT,
     DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -36,6 +35,7 @@ from sandboxes.base import (
     SOLUTION_DIR,
     TESTS_DIR,
     Command,
+    EvalHeadroom,
     ExecResult,
     NetworkPolicy,
     OutputCallback,
@@ -45,6 +45,7 @@ from sandboxes.base import (
     SandboxHandle,
     SandboxNotFound,
     SandboxSpec,
+    short_of_room,
     unchecked,
 )
 from sandboxes.cgroups import memory_held_in_files, oom_kill_count, pids_limit_hits
@@ -146,20 +147,22 @@ class SupervisedSandbox(Sandbox):
     async def kill_all_processes(self) -> None:
         await self.supervisor.kill_all()
 
-    async def _find_damage(self, workdir: str, check_dirs: Sequence[str]) -> str | None:
+    async def _find_damage(
+        self, workdir: str, check_dirs: Sequence[str], headroom: EvalHeadroom
+    ) -> str | None:
         """Measured from the host first: the supervisor runs as the agent's uid inside
         the sandbox, so a sandbox we did not destroy whose supervisor is gone or mute
         was ended from inside (killed, stopped, or starved of memory or pids). Then the
-        sized disk's free space (`disk.py`), the pids cgroup's refused forks, memory the
-        agent's tmpfs files hold (over half the limit: no process of it is alive, so
-        nothing else holds it), then the in-sandbox probe."""
+        sized disk's free space against `headroom` (`disk.py`), the pids cgroup's
+        refused forks, memory the agent's tmpfs files hold (over half the limit: no
+        process of it is alive, so nothing else holds it), then the in-sandbox probe."""
         if not self.supervisor.socket_path or not os.path.lexists(self.supervisor.socket_path):
             return None  # destroyed by us (its state dir is gone): not the agent's doing
         try:
             await self.supervisor.ping(PING_TIMEOUT_S)
         except (SandboxError, OSError, TimeoutError, ValueError) as e:
             return f"its supervisor is gone or does not answer ({e!r})"
-        full = _disk_full(self.state_dir / DISK_DIR)
+        full = _disk_full(self.state_dir / DISK_DIR, headroom)
         if full:
             return full
         # Only what runs in the sandbox forks there: the agent's processes, and threads
@@ -174,7 +177,7 @@ class SupervisedSandbox(Sandbox):
                 f"files in memory (tmpfs: /dev/shm, /run) hold {held[0] // mib} MiB of its "
                 f"{held[1] // mib} MiB memory limit"
             )
-        return await super()._find_damage(workdir, check_dirs)
+        return await super()._find_damage(workdir, check_dirs, headroom)
 
 
 def make_task_dirs(rw: Path, owner_uid: int | None) -> dict[Path, str]:
@@ -193,15 +196,16 @@ def make_task_dirs(rw: Path, owner_uid: int | None) -> dict[Path, str]:
     return made
 
 
-def _disk_full(mount: Path) -> str | None:
-    """Whether a sandbox's sized disk (if it has one) has no room for a small file."""
+def _disk_full(mount: Path, headroom: EvalHeadroom) -> str | None:
+    """Whether a sandbox's sized disk (if it has one) has less room than an evaluation
+    needs (`headroom`), or no inode left."""
     if not os.path.ismount(mount):
         return None
     st = os.statvfs(mount)
-    if st.f_bavail * st.f_frsize < DAMAGE_PROBE_BYTES or st.f_favail < 1:
-        free = st.f_bavail * st.f_frsize
-        return f"its disk is full ({free} bytes and {st.f_favail} inodes free)"
-    return None
+    total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    if st.f_favail < 1:
+        return f"its disk is full (no inode free, {free} bytes free)"
+    return short_of_room("its disk", free, total, headroom.disk_bytes(total))
 
 
 SB = TypeVar("SB", bound=SupervisedSandbox)

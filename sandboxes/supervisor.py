@@ -337,8 +337,36 @@ def handle_get(sock, req):
         sock.sendall((json.dumps({"ok": False, "error": "ENOENT", "path": path}) + "\n").encode())
         return
     sock.sendall(b'{"ok": true}\n')
-    with tarfile.open(fileobj=SockWriter(sock), mode="w|") as tf:
-        tf.add(path, arcname=os.path.basename(path) or ".")
+    with tarfile.open(fileobj=SockWriter(sock), mode="w|", format=tarfile.PAX_FORMAT) as tf:
+        _add_tree(tarfile, tf, path, os.path.basename(path) or ".")
+
+
+#: `sandboxes.base.UNREADABLE_PAX` (copied: this file imports only the stdlib).
+UNREADABLE_PAX = "ROLLOUT.unreadable"
+
+
+def _add_tree(tarfile, tf, path, arcname):
+    """`tf.add(path)`, entry by entry: one that cannot be read (no permission, a path
+    past PATH_MAX) goes as an empty member whose `UNREADABLE_PAX` header says why, and
+    the rest of the tree still goes (the sandbox writes these trees, so one bad entry
+    must not cut the stream). Iterative: a tree may be deeper than Python's recursion.
+    `tarfile` is the module, imported by the caller only when a file moves."""
+    todo = [(path, arcname)]
+    while todo:
+        path, arcname = todo.pop()
+        before = tf.offset
+        try:
+            is_dir = os.path.isdir(path) and not os.path.islink(path)
+            names = sorted(os.listdir(path), reverse=True) if is_dir else []
+            tf.add(path, arcname=arcname, recursive=False)
+        except OSError as e:
+            if tf.offset != before:
+                raise  # cut inside a member: the stream cannot go on
+            info = tarfile.TarInfo(arcname)
+            info.pax_headers = {UNREADABLE_PAX: f"{type(e).__name__}: {e.strerror or e}"}
+            tf.addfile(info)
+            continue
+        todo += [(os.path.join(path, n), arcname + "/" + n) for n in names]
 
 
 def _proc_table():

@@ -9,8 +9,12 @@ Every external image must be local or mapped (`--image-map FROM=LOCAL_TAG`) befo
 build starts; the Dockerfile is rewritten through the map into a copy outside the
 context; a mapped base that sets a non-root user gets `USER root` after its FROM, since
 the official images such maps stand in for start as root. A per-key file lock makes
-concurrent provisions of tasks sharing a Dockerfile build once. Logs are kept under the
-cache dir (`builds/<key>.log`, the newest `KEEP_LOGS`); the build's `timeout_s` kills it.
+concurrent provisions of tasks sharing a Dockerfile build once. RUN steps get the
+build's `network` (`none` unless the run said `--build-network`; part of the key, and a
+label after every FROM so docker's layer cache never hands a network-less build a step
+run with network), so a dataset's Dockerfile cannot fetch code or reach this host's
+services. Logs are kept under the cache dir (`builds/<key>.log`, the newest
+`KEEP_LOGS`); the build's `timeout_s` kills it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from schemas.tasks import RolloutTask
 TASK_IMAGE_REPO = "agentic-rollout/task-env"
 KEY_LABEL = "agentic-rollout.task-env-key"
 CONTENT_LABEL = "agentic-rollout.content-hash"
+NETWORK_LABEL = "agentic-rollout.build-network"
 #: Build logs kept per host (oldest removed first).
 KEEP_LOGS = 200
 #: Characters of the log's end carried by a build error.
@@ -218,12 +223,20 @@ def _plan(build: EnvironmentBuild) -> _Plan:
         "dockerfile": build.dockerfile,
         "map": used,
         "bases": base_ids,
+        "network": build.network,
     }
     key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True).encode()).hexdigest()[:16]
     return _Plan(
         key=key,
         tag=f"{TASK_IMAGE_REPO}:{key}",
-        dockerfile_text=dockerfile_refs.rewrite(text, replacements, frozenset(as_root)),
+        # The label after every FROM keeps docker's layer cache apart per network: a
+        # network-less build never reuses a step an earlier build ran with network.
+        dockerfile_text=dockerfile_refs.rewrite(
+            text,
+            replacements,
+            frozenset(as_root),
+            after_every_from=f"LABEL {NETWORK_LABEL}={build.network}\n",
+        ),
         used_map=used,
         base_ids=base_ids,
     )
@@ -290,7 +303,7 @@ def _run_build(build: EnvironmentBuild, plan: _Plan, log_path: Path) -> None:
         dockerfile = Path(tmp) / "Dockerfile"
         dockerfile.write_text(plan.dockerfile_text)
         cmd = [
-            "docker", "build", "--pull=false", "--network", "host", "--force-rm",
+            "docker", "build", "--pull=false", "--network", build.network, "--force-rm",
             "-f", str(dockerfile), "-t", plan.tag,
             "--label", f"{KEY_LABEL}={plan.key}",
             "--label", f"{CONTENT_LABEL}={build.content_hash}",

@@ -16,6 +16,10 @@ from pydantic import Field, field_validator, model_validator
 
 from schemas.base import StrictModel
 
+#: The network a Dockerfile's RUN steps get (`docker build --network`): `none` unless the
+#: run chose otherwise, so a dataset's build cannot fetch code or reach the build host.
+BuildNetwork = Literal["none", "default", "host"]
+
 #: `sha256:` plus 64 hex digits: the cache key of a build.
 _CONTENT_HASH_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -35,6 +39,9 @@ class EnvironmentBuild(StrictModel):
     timeout_s: float = Field(default=600.0, gt=0, description="the build's time limit")
     #: Base images that cannot be pulled here, resolved to local tags (`FROM` rewritten).
     base_image_map: dict[str, str] = Field(default_factory=dict)
+    #: The RUN steps' network; part of the cache key (an image built with network is
+    #: not the one a network-less build of the same Dockerfile makes).
+    network: BuildNetwork = "none"
 
     @field_validator("content_hash")
     @classmethod

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import posixpath
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from schemas.base import StrictModel
 from schemas.workspace import SandboxFile, full_commit
 
 #: Bump when the scoring rules of the `evaluate` hook change meaning.
-SCORING_VERSION = "3"
+SCORING_VERSION = "4"
 
 
 class _CheckBase(StrictModel):
@@ -72,15 +74,46 @@ class FileCheck(_CheckBase):
     strip: bool = True
 
 
+def valid_reward_range(v: tuple[float, float]) -> tuple[float, float]:
+    """`v` if it is two finite numbers, low < high; else ValueError."""
+    low, high = v
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"reward_range {list(v)} must be two finite numbers, low < high")
+    return v
+
+
+#: The closed range every reward of a task lies in (a verifier's reward outside it is
+#: the agent's doing).
+RewardRange = Annotated[tuple[float, float], AfterValidator(valid_reward_range)]
+
+
+class VerifierEvidence(StrictModel):
+    """A run of a task's verifier the agent could not have interfered with (the task's
+    own solution, `rollout run --harness oracle`), that finished within its timeout and
+    wrote a reward in range. Recorded per task content, image and backend
+    (`task_formats.verifier_evidence`); with it, a verifier that writes no reward after
+    an agent ran fails by the agent's doing."""
+
+    #: The oracle rollout that showed it.
+    rollout_id: str = Field(min_length=1)
+    reward: float
+    #: The image the oracle's sandbox ran, when it is the same on every host (a pulled
+    #: image's id); a sandbox running another image is not covered. None: any (built).
+    image_digest: str | None = None
+    recorded_at: str = ""
+
+
 class RewardFileCheck(_CheckBase):
     """A verifier that writes its own reward to a file (Harbor's contract).
 
-    `command` runs (cwd: the workdir unless `cwd`); then `reward_dir/reward.json` (an
-    object of numeric metrics, `reward_key` the training reward, every other metric
-    recorded) or else `reward_dir/reward.txt` (one number) is the score. Anything in
-    `reward_dir` before the run is removed first, so a file the agent planted cannot
-    score. A missing, empty or non-numeric reward file is an evaluator error carrying
-    the command's output tail.
+    `command` runs (cwd: the workdir unless `cwd`); then `reward_dir/reward.txt` (one
+    number) or else `reward_dir/reward.json` (an object of numeric metrics, `reward_key`
+    the training reward) is the score, and the JSON's other metrics are recorded
+    (`hooks.reward_file`). Anything in `reward_dir` before the run is removed first, so
+    a file the agent planted cannot score. A reward outside `reward_range` is the
+    agent's failure (reward 0). A missing, empty or non-numeric reward file is an
+    evaluator error carrying the command's output tail — or the agent's failure when
+    `shown_working` says the verifier gave a reward without the agent.
     """
 
     kind: Literal["reward_file"] = "reward_file"
@@ -89,6 +122,10 @@ class RewardFileCheck(_CheckBase):
     reward_key: str = "reward"
     #: The user the verifier runs as; None: the sandbox's agent user.
     user: str | None = None
+    #: The closed range every reward of the task lies in; outside it: the agent's doing.
+    reward_range: RewardRange = (0.0, 1.0)
+    #: Evidence the verifier works here without the agent (None: not shown).
+    shown_working: VerifierEvidence | None = None
 
     @field_validator("reward_dir")
     @classmethod
@@ -109,11 +146,14 @@ class SweBenchCheck(_CheckBase):
 
     After the agent stopped, every file `test_patch` touches is set to its content at
     `base_commit` with the patch applied (the agent's edits to those files are dropped,
-    files it planted where the patch creates one are replaced); then `test_command` runs
-    in `repo_path`, its output is read by the log parser named `log_parser`, and the
-    check passes only when every `fail_to_pass` and `pass_to_pass` test passed. Each
-    test's status is recorded (`CheckResult.tests`). `cwd` is not used: the tests run
-    in `repo_path`.
+    files it planted where the patch creates one are replaced), and the test runner's
+    configuration (every conftest.py, pytest/tox/setup.cfg/pyproject file and
+    sitecustomize/usercustomize module in the repo) is set back to `base_commit`'s, the
+    agent's extra ones removed; then `test_command` runs in `repo_path` without plugin
+    autoloading or the cache provider, its verdict is read from pytest's JUnit report
+    (or by the log parser named `log_parser` for another runner), and the check passes
+    only when every `fail_to_pass` and `pass_to_pass` test passed. Each test's status is
+    recorded (`CheckResult.tests`). `cwd` is not used: the tests run in `repo_path`.
     """
 
     kind: Literal["swebench"] = "swebench"
@@ -128,7 +168,13 @@ class SweBenchCheck(_CheckBase):
     fail_to_pass: list[str] = Field(default_factory=list)
     pass_to_pass: list[str] = Field(default_factory=list)
     #: A test-log parser by name (`pytest`, `unittest`, or one registered by the user).
+    #: With `pytest` the verdict comes from pytest's JUnit XML report, not the log.
     log_parser: str = Field(default="pytest", min_length=1)
+    #: pytest plugins the test environment provides and the tests need, each given as
+    #: ``-p NAME`` (a module such as ``xdist.plugin``, or on pytest >= 8.4 an entry-point
+    #: name): the tests run with plugin autoloading off, so no other installed plugin
+    #: loads (one the agent installed included).
+    pytest_plugins: list[str] = Field(default_factory=list)
 
     @field_validator("base_commit")
     @classmethod
@@ -141,6 +187,14 @@ class SweBenchCheck(_CheckBase):
         if not v.startswith("/"):
             raise ValueError(f"repo_path must be absolute, got {v!r}")
         return v.rstrip("/") or "/"
+
+    @field_validator("pytest_plugins")
+    @classmethod
+    def _plugin_names(cls, v: list[str]) -> list[str]:
+        bad = [p for p in v if not re.fullmatch(r"[A-Za-z_][\w.-]*", p)]
+        if bad:
+            raise ValueError(f"pytest_plugins: {bad} are not plugin or module names")
+        return v
 
     @model_validator(mode="after")
     def _has_tests(self) -> SweBenchCheck:
@@ -173,7 +227,9 @@ class EvaluationSpec(StrictModel):
     def reward_fn_version(self) -> str:
         if self.version:
             return self.version
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        # The evidence a verifier works says nothing about how it scores.
+        dump = self.model_dump(mode="json", exclude={"checks": {"__all__": {"shown_working"}}})
+        blob = json.dumps(dump, sort_keys=True).encode()
         return f"eval{SCORING_VERSION}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
 

@@ -63,6 +63,7 @@ from devstack.vllm_server import VllmServer
 from gateway import lifeline
 from rollout_client.client import RolloutClient, RolloutOutcome
 from sandboxes.supervised import RUN_DIR
+from schemas.outcome import RolloutStatus
 from schemas.rollout import SEARCH_ATTRIBUTES
 from schemas.tasks import RolloutTask
 from stress.fuzz import LiveTarget, Tally, admin_get, fuzz, open_witness
@@ -853,28 +854,172 @@ def sampled_spans(mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def check_row(row: dict[str, Any], engine: dict[tuple[int, ...], list[ScriptedReply]]) -> bool:
-    """Every sampled span of the row is, token for token (and logprob for logprob), an
-    answer the engine gave to exactly the tokens before it."""
+#: The sample columns the checks read.
+ROW_FIELDS = (
+    "rollout_id", "segment_id", "status", "prompt_ids", "response_ids", "loss_mask", "logprobs",
+)  # fmt: skip
+
+
+def row_problem(
+    row: dict[str, Any], engine: dict[tuple[int, ...], list[ScriptedReply]]
+) -> str | None:
+    """What is wrong with `row`, or None: it has every column the checks read, its mask
+    and logprobs align with its response; an `infra_error` row trains no token; any
+    other has at least one sampled token, a logprob only on sampled tokens, and every
+    sampled span is, token for token and logprob for logprob, an answer the engine gave
+    to exactly the tokens before it."""
+    absent = [name for name in ROW_FIELDS if row.get(name) is None]
+    if absent:
+        return f"missing {', '.join(absent)}"
+    n = len(row["response_ids"])
+    mask, logprobs = row["loss_mask"], row["logprobs"]
+    if len(mask) != n or len(logprobs) != n:
+        return f"loss_mask {len(mask)}, logprobs {len(logprobs)} for {n} response tokens"
+    if any(bit not in (0, 1) for bit in mask):
+        return f"loss_mask holds {sorted(set(mask) - {0, 1})}"
+    if row["status"] == RolloutStatus.infra_error.value:  # masked: out of the loss
+        return f"{sum(mask)} trained tokens in an infra_error row" if any(mask) else None
+    spans = sampled_spans(mask)
+    if not spans:
+        return "no sampled token (loss_mask has no 1)"
+    stray = [i for i, (bit, lp) in enumerate(zip(mask, logprobs, strict=True)) if not bit and lp]
+    if stray:
+        return f"logprobs on unsampled tokens at {stray[:5]}"
     full = [*row["prompt_ids"], *row["response_ids"]]
     offset = len(row["prompt_ids"])
-    for start, end in sampled_spans(row["loss_mask"]):
-        prefix = tuple(full[: offset + start])
-        out = row["response_ids"][start:end]
-        lps = row["logprobs"][start:end]
-        if not any(
-            r.output_ids == out
-            and all(abs(a - b) < 1e-6 for a, b in zip(r.output_logprobs, lps, strict=True))
-            for r in engine.get(prefix, [])
-        ):
-            return False
-    return True
+    for start, end in spans:
+        answers = engine.get(tuple(full[: offset + start]), [])
+        if not answers:
+            return f"tokens {start}:{end}: the engine was never asked the tokens before them"
+        out, lps = row["response_ids"][start:end], logprobs[start:end]
+        same = [r for r in answers if r.output_ids == out]
+        if not same:
+            return f"tokens {start}:{end}: not an answer the engine gave to that prompt"
+        if not any(all(abs(a - b) < 1e-6 for a, b in zip(r.output_logprobs, lps, strict=True))
+                   for r in same):  # fmt: skip
+            return f"tokens {start}:{end}: logprobs differ from the engine's"
+    return None
 
 
 def span_keys(row: dict[str, Any]) -> list[tuple[int, ...]]:
     full = [*row["prompt_ids"], *row["response_ids"]]
     offset = len(row["prompt_ids"])
     return [tuple(full[: offset + s]) for s, _ in sampled_spans(row["loss_mask"])]
+
+
+class OutcomeCheck(BaseModel):
+    """The rollouts' outcomes from the trainer's side."""
+
+    statuses: dict[str, int]
+    lost: list[str]
+    failed: list[str]
+    gave_up: list[str]
+    retried: dict[str, int] = Field(description="rollout id → attempts, those with more than 1")
+    complete: list[str] = Field(description="ok, agent exit 0: their samples hold every turn")
+    details: list[str]
+
+
+def check_outcomes(outcomes: dict[str, RolloutOutcome | None]) -> OutcomeCheck:
+    """Lost: still running, or no result nor error, or a result whose samples file is not
+    there; failed: the workflow failed with an error; gave up: the agent exited ≠ 0."""
+    statuses: collections.Counter[str] = collections.Counter()
+    lost, failed, gave_up, complete, details = [], [], [], [], []
+    retried: dict[str, int] = {}
+    for rid, outcome in outcomes.items():
+        if outcome is None:
+            lost.append(rid)
+            statuses["still running"] += 1
+            continue
+        if outcome.result is None:
+            statuses[f"workflow {outcome.workflow_status.lower()}"] += 1
+            details.append(f"{rid}: {outcome.workflow_status}: {outcome.error}")
+            (failed if outcome.error else lost).append(rid)
+            continue
+        result = outcome.result
+        statuses[str(result.status.value)] += 1
+        if result.attempts > 1:
+            retried[rid] = result.attempts
+        if result.agent_exit_code not in (0, None):
+            gave_up.append(rid)
+            details.append(f"{rid}: agent exit {result.agent_exit_code}: {result.error}")
+        if result.samples_uri is None or not Path(result.samples_uri).exists():
+            lost.append(rid)
+            details.append(f"{rid}: {result.status.value} without samples ({result.error})")
+        elif result.agent_exit_code == 0 and result.status.value == "ok":
+            complete.append(rid)
+    finished = [o.result for o in outcomes.values() if o is not None and o.result is not None]
+    for result in sorted(finished, key=lambda r: -r.duration_s)[:3]:
+        details.append(
+            f"slowest: {result.rollout_id}: {result.duration_s:.0f} s, {result.attempts} "
+            f"attempt(s), {result.status.value}"
+        )
+    return OutcomeCheck(
+        statuses=dict(statuses), lost=lost, failed=failed, gave_up=gave_up,
+        retried=retried, complete=complete, details=details,
+    )  # fmt: skip
+
+
+class SampleCheck(BaseModel):
+    """The samples against the engine's log."""
+
+    samples: int
+    sampled_turns: int
+    duplicated: int = Field(description="segments written twice, and turns recorded twice")
+    tokens_differ: int = Field(description="rows `row_problem` finds wrong")
+    turns_missing: int
+    details: list[str]
+
+
+def check_samples(
+    rows: list[dict[str, Any]],
+    engine: dict[tuple[int, ...], list[ScriptedReply]],
+    complete: list[str],
+    turns: int,
+) -> SampleCheck:
+    """Each row checked against the engine (`row_problem`); a (rollout, segment) written
+    more than once, or a turn (the prompt before a sampled span) recorded twice in a
+    rollout, is duplicated; each rollout of `complete` must hold `turns` turns."""
+    details: list[str] = []
+    segments = collections.Counter((r.get("rollout_id"), r.get("segment_id")) for r in rows)
+    duplicated = sum(c - 1 for c in segments.values())
+    for (rid, segment), count in segments.items():
+        if count > 1:
+            details.append(f"{rid}/{segment}: written {count} times")
+    differ = 0
+    sampled: collections.Counter[str] = collections.Counter()
+    prefixes: dict[str, collections.Counter[tuple[int, ...]]] = collections.defaultdict(
+        collections.Counter
+    )
+    for row in rows:
+        problem = row_problem(row, engine)
+        if problem is not None:
+            differ += 1
+            details.append(f"{row.get('rollout_id')}/{row.get('segment_id')}: {problem}")
+            if any(row.get(name) is None for name in ROW_FIELDS):
+                continue  # no turns to count in a row without its tokens
+        keys = span_keys(row)
+        sampled[row["rollout_id"]] += len(keys)
+        prefixes[row["rollout_id"]].update(keys)
+    for rid, counter in prefixes.items():
+        extra = sum(c - 1 for c in counter.values())
+        if extra:
+            duplicated += extra
+            details.append(f"{rid}: {extra} turn(s) recorded twice")
+    missing = 0
+    for rid in complete:
+        if sampled[rid] < turns:
+            missing += turns - sampled[rid]
+            details.append(f"{rid}: {sampled[rid]} of {turns} turns in its samples")
+    return SampleCheck(
+        samples=len(rows), sampled_turns=sum(sampled.values()), duplicated=duplicated,
+        tokens_differ=differ, turns_missing=missing, details=details,
+    )  # fmt: skip
+
+
+def sandboxes_left(dirs: list[Path]) -> list[Path]:
+    """The local sandboxes still on disk in the workers' state dirs (`lsb-*`, what
+    `LocalBackend` makes per sandbox and removes when it destroys or reaps one)."""
+    return sorted(p for d in dirs for p in d.glob("lsb-*"))
 
 
 def open_sessions(gateway_dir: Path, batch_id: str) -> list[str]:
@@ -1025,76 +1170,22 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
 
     # --- outcomes
     outcomes = await fetch_outcomes(client, ids)
-    statuses: collections.Counter[str] = collections.Counter()
-    lost, failed, gave_up, details = [], [], [], []
-    multi = []
-    for rid, outcome in outcomes.items():
-        if outcome is None:
-            lost.append(rid)
-            statuses["still running"] += 1
-            continue
-        if outcome.result is None:
-            statuses[f"workflow {outcome.workflow_status.lower()}"] += 1
-            details.append(f"{rid}: {outcome.workflow_status}: {outcome.error}")
-            (failed if outcome.error else lost).append(rid)
-            continue
-        result = outcome.result
-        statuses[str(result.status.value)] += 1
-        if result.attempts > 1:
-            multi.append((rid, result.attempts))
-        if result.agent_exit_code not in (0, None):
-            gave_up.append(rid)
-            details.append(f"{rid}: agent exit {result.agent_exit_code}: {result.error}")
-        if result.samples_uri is None or not Path(result.samples_uri).exists():
-            lost.append(rid)
-            details.append(f"{rid}: {result.status.value} without samples ({result.error})")
-    finished = [o.result for o in outcomes.values() if o is not None and o.result is not None]
-    for result in sorted(finished, key=lambda r: -r.duration_s)[:3]:
-        details.append(
-            f"slowest: {result.rollout_id}: {result.duration_s:.0f} s, {result.attempts} "
-            f"attempt(s), {result.status.value}"
-        )
+    checked = check_outcomes(outcomes)
+    details = list(checked.details)
     in_history = True
-    for rid, attempts in multi:
+    for rid, attempts in checked.retried.items():
         if await creates_in_history(client, rid) < attempts:
             in_history = False
             details.append(f"{rid}: {attempts} attempts but fewer create_session in history")
 
     # --- samples against the engine's log
-    engine = engine_index(read_log(stack.engine_log))
     rows = []
     for path in sorted(stack.out_dir.glob("*.parquet")):
         rows += pq.read_table(path).to_pylist()
-    seen_segments: collections.Counter[tuple[str, str]] = collections.Counter(
-        (r["rollout_id"], r["segment_id"]) for r in rows
+    samples = check_samples(
+        rows, engine_index(read_log(stack.engine_log)), checked.complete, config.turns
     )
-    duplicated = sum(c - 1 for c in seen_segments.values())
-    differ = 0
-    turns: collections.Counter[str] = collections.Counter()
-    prefixes: dict[str, collections.Counter[tuple[int, ...]]] = collections.defaultdict(
-        collections.Counter
-    )
-    for row in rows:
-        if not check_row(row, engine):
-            differ += 1
-            details.append(f"{row['rollout_id']}/{row['segment_id']}: tokens differ from engine")
-        keys = span_keys(row)
-        turns[row["rollout_id"]] += len(keys)
-        prefixes[row["rollout_id"]].update(keys)
-    for rid, counter in prefixes.items():
-        extra = sum(c - 1 for c in counter.values())
-        if extra:
-            duplicated += extra
-            details.append(f"{rid}: {extra} turn(s) recorded twice")
-    missing = 0
-    for rid, outcome in outcomes.items():
-        result = outcome.result if outcome else None
-        if result is None or result.agent_exit_code != 0:
-            continue
-        masked = result.status.value != "ok"
-        if not masked and turns[rid] < config.turns:
-            missing += config.turns - turns[rid]
-            details.append(f"{rid}: {turns[rid]} of {config.turns} turns in its samples")
+    details += samples.details
 
     # --- what is left after the reapers' next pass
     await asyncio.sleep(config.reaper_interval_s * 1.5 + 2)
@@ -1103,11 +1194,12 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     worker_pids = {w.proc.pid for w in stack.workers if w.proc is not None}
     deadline = time.monotonic() + config.reaper_interval_s
     while True:
-        sandboxes_left = sum(len(list(d.glob("lsb-*"))) for d in stack.sandbox_dirs)
+        left = sandboxes_left(stack.sandbox_dirs)
         processes_left = sandbox_processes(stack.sandbox_dirs, worker_pids)
-        if not (sandboxes_left or processes_left) or time.monotonic() > deadline:
+        if not (left or processes_left) or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.5)
+    details += [f"sandbox left: {p}" for p in left[:10]]
     details += [f"sandbox process left: {p}" for p in processes_left[:10]]
     sessions_left = open_sessions(stack.gateway_dir, batch.batch_id)
     details += [f"session left open: {s}" for s in sessions_left[:10]]
@@ -1134,18 +1226,18 @@ async def _run(stack: Stack, rng: random.Random, console: Console) -> Report:
     return Report(
         n=len(ids),
         wall_s=round(wall, 1),
-        statuses=dict(statuses),
-        lost=lost,
-        failed=failed,
-        gave_up=gave_up,
-        multi_attempt=len(multi),
+        statuses=checked.statuses,
+        lost=checked.lost,
+        failed=checked.failed,
+        gave_up=checked.gave_up,
+        multi_attempt=len(checked.retried),
         attempts_in_history=in_history,
-        samples=len(rows),
-        sampled_turns=sum(turns.values()),
-        duplicated=duplicated,
-        tokens_differ=differ,
-        turns_missing=missing,
-        sandboxes_left=sandboxes_left,
+        samples=samples.samples,
+        sampled_turns=samples.sampled_turns,
+        duplicated=samples.duplicated,
+        tokens_differ=samples.tokens_differ,
+        turns_missing=samples.turns_missing,
+        sandboxes_left=len(left),
         sandbox_processes_left=len(processes_left),
         sessions_left=len(sessions_left),
         fuzz_requests={k: sum(t.statuses.values()) for k, t in fuzz_run.tallies.items()},
@@ -1180,7 +1272,8 @@ def render(report: Report, console: Console) -> None:
          "yes"),
         ("samples / sampled turns", f"{report.samples} / {report.sampled_turns}", ""),
         ("samples duplicated", str(report.duplicated), "0"),
-        ("samples whose tokens differ from the engine's", str(report.tokens_differ), "0"),
+        ("samples not what the engine sampled (tokens, logprobs, mask)",
+         str(report.tokens_differ), "0"),
         ("turns missing from samples", str(report.turns_missing), "0"),
         ("sandboxes left after the reapers' pass", str(report.sandboxes_left), "0"),
         ("sandbox processes left", str(report.sandbox_processes_left), "0"),

@@ -7,16 +7,20 @@ of a dataset, and nothing is refused silently.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from schemas.base import StrictModel
+from schemas.environment import BuildNetwork
+from schemas.evaluation import RewardRange
 from schemas.tasks import HarnessSpec, RolloutTask
 
 #: What to do with a task that asks for the public network (Harbor's default).
 PublicNetwork = Literal["no-network", "allow", "refuse"]
+_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class LoadOptions(StrictModel):
@@ -31,8 +35,24 @@ class LoadOptions(StrictModel):
     #: A task asking for the public network: run it without (`no-network`, noted in the
     #: task's metadata), give it (`allow`, the operator's decision) or refuse it.
     public_network: PublicNetwork = "no-network"
+    #: The network a task's Dockerfile build gets (`docker build --network`).
+    build_network: BuildNetwork = "none"
+    #: Variables of the loading process's environment a dataset may read (Harbor's
+    #: `${VAR}` in env values); a task naming any other is refused.
+    env_allow: list[str] = Field(default_factory=list)
     #: Format-specific settings (e.g. the SWE-bench image template), validated by the format.
     format_options: dict[str, Any] = Field(default_factory=dict)
+    #: Harbor: the closed range every reward of the dataset lies in; a verifier's reward
+    #: outside it is the agent's failure (`RewardFileCheck.reward_range`).
+    reward_range: RewardRange = (0.0, 1.0)
+
+    @field_validator("env_allow")
+    @classmethod
+    def _variable_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _VAR_NAME.match(name):
+                raise ValueError(f"env_allow: {name!r} is not a variable name")
+        return sorted(set(v))
 
 
 class RefusedTask(StrictModel):

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas.environment import EnvironmentBuild, NetworkPolicy
-from schemas.evaluation import EvaluationSpec, RewardFileCheck
+from schemas.evaluation import SCORING_VERSION, EvaluationSpec, RewardFileCheck
 from schemas.tasks import TASK_ID_MAX, RolloutBudget, RolloutTask, SandboxRequest, TaskSource
 from schemas.workspace import SandboxFile
 from task_formats.base import LoadedTasks, LoadOptions, RefusedTask
@@ -183,7 +183,8 @@ class HarborFormat:
     name = "harbor"
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        #: Where `${VAR}` in env values comes from (default: this process's environment).
+        #: Where `${VAR}` in env values comes from (default: this process's environment),
+        #: for the variables `LoadOptions.env_allow` names.
         self.environ = environ
 
     def detect(self, path: Path) -> bool:
@@ -249,8 +250,9 @@ class HarborFormat:
             raise TaskRefusal("tests/test.sh", "missing: it is the task's verifier")
 
         env = cfg.environment
-        env_vars = resolve_env(env.env, host_env, "environment.env")
-        verifier_env = resolve_env(cfg.verifier.env, host_env, "verifier.env")
+        allowed = options.env_allow
+        env_vars = resolve_env(env.env, host_env, allowed, "environment.env")
+        verifier_env = resolve_env(cfg.verifier.env, host_env, allowed, "verifier.env")
         network, downgraded = agent_network(env, cfg.agent, options.public_network)
         verifier_policy = verifier_network(cfg.verifier)
 
@@ -268,6 +270,7 @@ class HarborFormat:
                 content_hash=hash_tree(env_dir, extra={"base_image_map": options.image_map}),
                 timeout_s=env.build_timeout_sec,
                 base_image_map=dict(options.image_map),
+                network=options.build_network,
             )
             if workdir is None:
                 workdir = dockerfile_workdir(
@@ -282,7 +285,10 @@ class HarborFormat:
         tests = _inline_files(task_dir / "tests", "/tests", "tests")
         verifier_dump = cfg.verifier.model_dump(mode="json") | {"env": verifier_env}
         tests_hash = hash_tree(task_dir / "tests")
-        blob = json.dumps({"tests": tests_hash, "verifier": verifier_dump}, sort_keys=True)
+        scoring = {"reward_range": options.reward_range, "rules": SCORING_VERSION}
+        blob = json.dumps(
+            {"tests": tests_hash, "verifier": verifier_dump, "scoring": scoring}, sort_keys=True
+        )
         evaluation = EvaluationSpec(
             checks=[
                 RewardFileCheck(
@@ -291,6 +297,7 @@ class HarborFormat:
                     env=verifier_env,
                     user=None if cfg.verifier.user is None else str(cfg.verifier.user),
                     cwd=workdir,
+                    reward_range=options.reward_range,
                 )
             ],
             files=tests,
@@ -303,7 +310,8 @@ class HarborFormat:
         if cfg.agent.timeout_sec is not None:
             harness.budget_s = cfg.agent.timeout_sec
         if harness.name == ORACLE:
-            harness.config = {**harness.config, **self._oracle_config(task_dir, cfg, host_env)}
+            oracle = self._oracle_config(task_dir, cfg, host_env, options.env_allow)
+            harness.config = {**harness.config, **oracle}
 
         sandbox: dict[str, Any] = {
             "backend": options.backend,
@@ -340,14 +348,14 @@ class HarborFormat:
 
     @staticmethod
     def _oracle_config(
-        task_dir: Path, cfg: HarborTaskConfig, host_env: Mapping[str, str]
+        task_dir: Path, cfg: HarborTaskConfig, host_env: Mapping[str, str], allowed: list[str]
     ) -> dict[str, Any]:
         if not (task_dir / "solution" / "solve.sh").is_file():
             raise TaskRefusal("solution/solve.sh", "missing: the oracle harness runs it")
         files = _inline_files(task_dir / "solution", "/solution", "solution")
         return {
             "solution_files": [f.model_dump(mode="json") for f in files],
-            "solution_env": resolve_env(cfg.solution.env, host_env, "solution.env"),
+            "solution_env": resolve_env(cfg.solution.env, host_env, allowed, "solution.env"),
         }
 
     @staticmethod

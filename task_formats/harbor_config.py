@@ -87,7 +87,8 @@ class HarborEnvironment(_Section):
     allow_internet: bool = True
     network_mode: NetworkMode | None = None
     allowed_hosts: list[str] = Field(default_factory=list)
-    #: Values may use `${VAR}` / `${VAR:-default}`, resolved from the host environment.
+    #: Values may use `${VAR}` / `${VAR:-default}`, resolved from the loading process's
+    #: environment for the variables the run allows (`LoadOptions.env_allow`).
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = Field(default=None, min_length=1)
     healthcheck: HarborHealthcheck | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from schemas.environment import NetworkMode, NetworkPolicy, parse_allowed_host
 from task_formats.base import PublicNetwork
@@ -77,16 +77,35 @@ def dockerfile_workdir(text: str) -> str | None:
 # --------------------------------------------------------------------------- env
 
 _TEMPLATE_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+#: The command-line flag that lets a dataset read a variable (named in refusals).
+ENV_ALLOW_FLAG = "--env-allow"
 
 
-def resolve_env(values: Mapping[str, str], host: Mapping[str, str], field: str) -> dict[str, str]:
-    """`values` with `${VAR}` / `${VAR:-default}` taken from `host` (as Harbor does);
-    a variable that is unset and has no default refuses the task naming `field.KEY`."""
+def resolve_env(
+    values: Mapping[str, str],
+    host: Mapping[str, str],
+    allowed: Collection[str],
+    field: str,
+) -> dict[str, str]:
+    """`values` with `${VAR}` / `${VAR:-default}` taken from `host` (Harbor's two forms).
+
+    Only variables in `allowed` (the run's `--env-allow`) are read: a dataset is not
+    trusted with the loading process's environment (tokens, cloud keys). Any other name
+    refuses the task naming `field.KEY` and the flag, even with a default, since the
+    same task would read the secret wherever it happens to be allowed or set. An allowed
+    variable that is unset and has no default refuses it too."""
     resolved: dict[str, str] = {}
     for key, value in values.items():
 
         def substitute(match: re.Match[str], key: str = key) -> str:
             name, default = match.group(1), match.group(2)
+            if name not in allowed:
+                raise TaskRefusal(
+                    f"{field}.{key}",
+                    f"${{{name}}} names a variable of the loading process's environment "
+                    f"that this run does not pass to datasets; allow it with "
+                    f"{ENV_ALLOW_FLAG} {name}",
+                )
             if name in host:
                 return host[name]
             if default is not None:

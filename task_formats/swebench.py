@@ -9,9 +9,9 @@ The repo is either already in the instance's image at `repo_path` (SWE-bench's o
 images: `/testbed`), or, with `repo_url_template`, cloned on the sandbox host at
 `base_commit` and copied to `repo_path`. Where a setting can come from the run's
 options, the instance or the default, an option the run sets explicitly wins, then the
-instance's own value (`image_name`/`docker_image`, SWE-rebench's `install_config`),
-then the default. Only chosen by name (`--format swebench`): a JSONL file is ours
-unless the run says otherwise.
+instance's own value (`image_name`/`docker_image`, `pytest_plugins`, SWE-rebench's
+`install_config`), then the default. Only chosen by name (`--format swebench`): a JSONL
+file is ours unless the run says otherwise.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ class SweBenchOptions(StrictModel):
     #: A test-log parser by name (`pytest`, `unittest`, or one registered in
     #: `hooks.test_logs`); SWE-rebench's `parse_log_pytest` spelling is accepted.
     log_parser: str = "pytest"
+    #: pytest plugins the image's test env provides and the tests need (``-p NAME``
+    #: each; the tests run with plugin autoloading off): an instance's own
+    #: `pytest_plugins` list is used unless the run sets this.
+    pytest_plugins: list[str] = Field(default_factory=list)
     #: Environment of the test command (e.g. a PATH with the image's test env first).
     test_env: dict[str, str] = Field(default_factory=dict)
     test_timeout_s: float = Field(default=1800.0, gt=0)
@@ -133,6 +137,7 @@ class SweBenchInstance(BaseModel):
     image_name: str | None = None
     docker_image: str | None = None
     install_config: InstallConfig | None = None
+    pytest_plugins: list[str] | None = None
 
     @field_validator("instance_id")
     @classmethod
@@ -151,7 +156,7 @@ class SweBenchInstance(BaseModel):
             raise ValueError("not a diff (no 'diff --git' or '---' line)")
         return v
 
-    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", "pytest_plugins", mode="before")
     @classmethod
     def _lists(cls, v: Any) -> Any:
         return _test_list(v)
@@ -261,6 +266,11 @@ def instance_task(
         fail_to_pass=inst.FAIL_TO_PASS,
         pass_to_pass=inst.PASS_TO_PASS,
         log_parser=parser,
+        pytest_plugins=(
+            inst.pytest_plugins
+            if inst.pytest_plugins is not None and "pytest_plugins" not in explicit
+            else opts.pytest_plugins
+        ),
         timeout_s=opts.test_timeout_s,
         env=opts.test_env,
     )

@@ -28,6 +28,8 @@ from rich.table import Table
 from rollout_client.client import Batch, RolloutClient, RolloutOutcome
 from schemas.samples import is_s3
 from schemas.tasks import RolloutTask
+from task_formats import verifier_evidence
+from task_formats.harbor import ORACLE
 from workers.task_source_cmd import TaskSourceArgs, prebuild_images, task_source_options
 from workers.temporal_options import (
     ApiKey,
@@ -168,6 +170,26 @@ def summary_table(report: BatchReport) -> Table:
     return table
 
 
+def _record_evidence(
+    source: TaskSourceArgs, tasks: list[RolloutTask], report: BatchReport, console: Console
+) -> None:
+    """An oracle run: what it showed about each task's verifier, kept for later runs."""
+    results = [o.result for o in report.outcomes if o.result is not None]
+    if not any(verifier_evidence.evidence_key(t) for t in tasks):
+        return
+    path = source.evidence_path
+    try:
+        recorded, dropped = verifier_evidence.record(path, tasks, results)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]verifier evidence not recorded[/]: {exc}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    console.print(
+        f"verifier evidence: {recorded} task(s) recorded, {dropped} dropped → {path}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 @task_source_options(
     backend="docker", backend_help="datasets: sandbox backend (docker, local, e2b)"
 )
@@ -227,6 +249,8 @@ def run_cmd(
 
     report = asyncio.run(main())
     console.print(summary_table(report))
+    if source.harness == ORACLE:
+        _record_evidence(source, tasks, report, console)
     mean = report.mean_reward()
     console.print(
         f"completed {len(report.completed)}/{len(report.outcomes)}, "

@@ -3,8 +3,8 @@
 A task source is our JSONL file or a dataset (a Harbor task directory, a directory of
 them, SWE-bench instances) read by `task_formats`. Datasets name no agent, sandbox
 backend or image policy, so the run chooses them here (`--harness`, `--backend`,
-`--image-map`, `--public-network`). Refused tasks are printed one line each and the
-rest runs; a source with nothing left to run is an error.
+`--image-map`, `--public-network`, `--env-allow`, `--build-network`). Refused tasks are
+printed one line each and the rest runs; a source with nothing left to run is an error.
 """
 
 from __future__ import annotations
@@ -15,13 +15,22 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args
 
 import typer
 from rich.console import Console
 
+from schemas.environment import BuildNetwork
+from schemas.evaluation import valid_reward_range
 from schemas.tasks import HarnessSpec, RolloutTask
-from task_formats import FORMATS, LoadedTasks, LoadOptions, detect_format, load_task_source
+from task_formats import (
+    FORMATS,
+    LoadedTasks,
+    LoadOptions,
+    detect_format,
+    load_task_source,
+    verifier_evidence,
+)
 from task_formats.base import PublicNetwork
 
 FormatOpt = Annotated[
@@ -65,7 +74,56 @@ PublicNetworkOpt = Annotated[
         "noted), allow, or refuse",
     ),
 ]
+RewardRangeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reward-range",
+        help="Harbor datasets: LOW,HIGH, the range every reward lies in (default 0,1); "
+        "a verifier's reward outside it is the agent's failure",
+    ),
+]
+EvidenceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--verifier-evidence",
+        help="datasets: the file of oracle runs that showed each verifier works "
+        "(written by --harness oracle, read by other runs; default "
+        "$ROLLOUT_VERIFIER_EVIDENCE or ~/.local/state/agentic-rollout/verifier-evidence.json)",
+    ),
+]
 _PUBLIC = ("no-network", "allow", "refuse")
+EnvAllowOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--env-allow",
+        help="datasets: NAME[,NAME…], a variable of this process's environment a task's "
+        "env may read as ${NAME} (repeatable); a task naming any other is refused, so a "
+        "dataset cannot copy tokens or cloud keys into the sandbox",
+    ),
+]
+BuildNetworkOpt = Annotated[
+    str,
+    typer.Option(
+        "--build-network",
+        help="datasets: the network of a task Dockerfile's RUN steps: none (the default: "
+        "a dataset's build cannot fetch code or reach this host's services; bases come "
+        "from --image-map), default (docker's bridge) or host",
+    ),
+]
+_BUILD_NETWORKS = get_args(BuildNetwork)
+
+
+def parse_reward_range(text: str | None) -> tuple[float, float]:
+    """`LOW,HIGH` as two floats (None: [0, 1])."""
+    if text is None:
+        return (0.0, 1.0)
+    low, _, high = text.partition(",")
+    try:
+        return valid_reward_range((float(low), float(high)))
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r}: LOW,HIGH, two finite numbers with LOW < HIGH", param_hint="--reward-range"
+        ) from None
 
 
 def _pair(text: str, where: str) -> tuple[str, str]:
@@ -122,6 +180,15 @@ def parse_format_options(pairs: list[str] | None) -> dict[str, Any]:
     return options
 
 
+def parse_env_allow(items: list[str] | None) -> list[str]:
+    """`--env-allow` values, each one name or a comma-separated list of names."""
+    names = [n.strip() for item in items or [] for n in item.split(",") if n.strip()]
+    for name in names:
+        if not name.isidentifier() or not name.isascii():
+            raise typer.BadParameter(f"{name!r} is not a variable name", param_hint="--env-allow")
+    return names
+
+
 def _harness_config(file: Path | None) -> dict[str, Any]:
     if file is None:
         return {}
@@ -143,11 +210,19 @@ def load_options(
     image_map_file: Path | None,
     public_network: str,
     format_options: list[str] | None = None,
+    env_allow: list[str] | None = None,
+    build_network: str = "none",
+    reward_range: str | None = None,
 ) -> LoadOptions:
     """The command line's choices for a dataset, checked."""
     if public_network not in _PUBLIC:
         raise typer.BadParameter(
             f"{public_network!r}: one of {', '.join(_PUBLIC)}", param_hint="--public-network"
+        )
+    if build_network not in _BUILD_NETWORKS:
+        raise typer.BadParameter(
+            f"{build_network!r}: one of {', '.join(_BUILD_NETWORKS)}",
+            param_hint="--build-network",
         )
     config = _harness_config(harness_config)
     if harness_config is not None and harness is None:
@@ -160,6 +235,9 @@ def load_options(
         image_map=parse_image_map(image_map, image_map_file),
         public_network=network,
         format_options=parse_format_options(format_options),
+        env_allow=parse_env_allow(env_allow),
+        build_network=build_network,  # type: ignore[arg-type]
+        reward_range=parse_reward_range(reward_range),
     )
 
 
@@ -208,6 +286,15 @@ class TaskSourceArgs:
     image_map_file: Path | None
     public_network: str
     format_option: list[str] | None
+    env_allow: list[str] | None = None
+    build_network: str = "none"
+    reward_range: str | None = None
+    verifier_evidence: Path | None = None
+
+    @property
+    def evidence_path(self) -> Path:
+        """Where oracle runs record, and other runs read, verifier evidence."""
+        return self.verifier_evidence or verifier_evidence.default_path()
 
     def load_options(self) -> LoadOptions:
         return load_options(
@@ -218,11 +305,28 @@ class TaskSourceArgs:
             image_map_file=self.image_map_file,
             public_network=self.public_network,
             format_options=self.format_option,
+            env_allow=self.env_allow,
+            build_network=self.build_network,
+            reward_range=self.reward_range,
         )
 
     def read(self, path: Path, console: Console) -> list[RolloutTask]:
-        """The tasks of `path` under these options (`read_task_source`)."""
-        return read_task_source(path, self.task_format, self.load_options(), console)
+        """The tasks of `path` under these options (`read_task_source`), each verifier
+        an oracle run showed working marked so (`task_formats.verifier_evidence`)."""
+        tasks = read_task_source(path, self.task_format, self.load_options(), console)
+        if self.harness is None or not any(verifier_evidence.evidence_key(t) for t in tasks):
+            return tasks
+        try:
+            tasks, covered = verifier_evidence.apply(tasks, self.evidence_path)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--verifier-evidence") from None
+        console.print(
+            f"verifier evidence: {covered} of {len(tasks)} task(s) shown working by an oracle "
+            f"run ({self.evidence_path})",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return tasks
 
 
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -243,6 +347,10 @@ def task_source_options(*, backend: str, backend_help: str) -> Callable[[Command
         "image_map_file": (ImageMapFileOpt, None),
         "public_network": (PublicNetworkOpt, "no-network"),
         "format_option": (FormatOptionOpt, None),
+        "env_allow": (EnvAllowOpt, None),
+        "build_network": (BuildNetworkOpt, "none"),
+        "reward_range": (RewardRangeOpt, None),
+        "verifier_evidence": (EvidenceOpt, None),
     }
     options = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hint, default=default)

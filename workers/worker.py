@@ -372,8 +372,9 @@ def worker_cmd(
         bool,
         typer.Option(
             envvar="ROLLOUT_ALLOW_PUBLIC_NETWORK",
-            help="give tasks that ask for network mode 'public' the internet (docker: the "
-            "default bridge; e2b: internet on; local: always refused)",
+            help="give tasks that ask for network mode 'public' the internet (docker: a "
+            "network of the sandbox's own, not reaching other sandboxes or this host; needs "
+            "root and iptables; e2b: internet on; local: always refused)",
         ),
     ] = False,
     egress_host: Annotated[

@@ -235,7 +235,7 @@ class ExternalSync:
 
     # ------------------------------------------------------------------ lease
     async def _expire(self, hold: _Hold) -> None:
-        await asyncio.sleep(hold.request.lease_s)
+        await self.updater.sleep(hold.request.lease_s)
         serving = {u: unknown_on(u) for u in hold.before}
         error = (
             f"external update {hold.update_id}: no release within its "

@@ -30,7 +30,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -65,6 +65,9 @@ PEER_ANSWER_S = 30.0
 PEER_LEASE_S = 60.0
 """How long a paused peer waits for the coordinator's word before it resumes by itself;
 the coordinator renews the lease every third of it while the update runs."""
+
+Sleep = Callable[[float], Awaitable[None]]
+"""What lease timers wait with: `asyncio.sleep`, or a test's clock that moves on demand."""
 
 
 class PolicyGate:
@@ -178,9 +181,11 @@ class PolicyUpdater:
         checkpoint_roots: list[Path] | None = None,
         lease_s: float = PEER_LEASE_S,
         owner: str | None = None,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         """`owner`: this process's own address, which names its mark of an update in
-        progress (`update_marker`); None: no mark (a process nothing restarts)."""
+        progress (`update_marker`); None: no mark (a process nothing restarts). `sleep`:
+        how every lease of this process waits (its peers', its holds', their renewal)."""
         self.gate = gate
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
         self.history_file = PolicyHistory(data_dir)
@@ -190,6 +195,7 @@ class PolicyUpdater:
         self.loader = loader
         self.roots = resolve_roots(checkpoint_roots or [])
         self.lease_s = lease_s
+        self.sleep = sleep
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[PolicyUpdateRecord]] = set()
         self._peer_hold: tuple[PeerPause, asyncio.Task[None] | None] | None = None
@@ -615,7 +621,7 @@ class PolicyUpdater:
         lease runs out on a slow load (a peer that is gone is left to its lease)."""
         renew = PeerPause(update_id=update_id, lease_s=self.lease_s, renew=True)
         while self.peers:
-            await asyncio.sleep(self.lease_s / 3)
+            await self.sleep(self.lease_s / 3)
             for peer in list(peers):
                 try:
                     await self._peer(peer, "pause", renew)
@@ -675,7 +681,7 @@ class PolicyUpdater:
         """Resume by itself when the coordinator never did (it died, or its resume was
         lost): each engine's version is asked of the engine, so an engine that did load
         the update's checkpoint is labelled with its version."""
-        await asyncio.sleep(pause.lease_s)
+        await self.sleep(pause.lease_s)
         log.error(
             "policy update %s: no resume within %gs; resuming", pause.update_id, pause.lease_s
         )

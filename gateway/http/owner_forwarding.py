@@ -11,11 +11,20 @@ the shared data dir), the reply — streams included — relayed back as it come
 ports never relay, so a relayed call cannot bounce, and a call is recorded only by the
 owner. An owner that cannot be reached (restarting) is a 503 with Retry-After in the
 caller's protocol, which SDKs retry.
+
+The shared port is not a proxy: it takes only origin-form request targets (`/path?query`;
+anything that could name another authority — `http://host/...`, `@host/...`, `//host`, a
+backslash — is a 400), builds the upstream URL from the owner's address and the path as
+separate parts, and relays only a token whose secret matches the session's (else the 401
+the owner would give, without contacting it).
 """
 
 import asyncio
+import hmac
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -23,6 +32,7 @@ from prometheus_client import Counter
 
 from gateway.calls.pipeline import Gateway
 from gateway.errors import GatewayError, body_timed_out, body_too_large
+from gateway.sessions.live import hash_token
 
 log = logging.getLogger("rollout.gateway")
 
@@ -41,8 +51,15 @@ _HOP_HEADERS = frozenset(
 OWNER_RETRY_AFTER_S = 1.0
 
 
-def session_id_of(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The session id in the API key (`Authorization: Bearer <id>.<secret>` or `x-api-key`)."""
+#: An origin-form path: one `/`, then visible ASCII without a backslash (nothing that a
+#: URL parser could read as an authority); the query: visible ASCII without a backslash.
+_ORIGIN_PATH = re.compile(rb"/(?!/)[!-\[\]-~]*")
+_QUERY = re.compile(rb"[!-\[\]-~]*")
+
+
+def session_token(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The session token in the API key (`Authorization: Bearer <id>.<secret>` or
+    `x-api-key`), if it has that shape."""
     token: bytes | None = None
     for name, value in headers:
         if name == b"authorization" and value[:7].lower() == b"bearer ":
@@ -53,7 +70,45 @@ def session_id_of(headers: list[tuple[bytes, bytes]]) -> str | None:
     if not token:
         return None
     session_id, dot, _ = token.partition(b".")
-    return session_id.decode("latin-1") if dot and session_id else None
+    return token.decode("latin-1") if dot and session_id else None
+
+
+def origin_form(scope: Scope) -> bytes | None:
+    """The request target (`/path` or `/path?query`) if it is origin-form, else None."""
+    path: bytes = scope.get("raw_path") or scope["path"].encode()
+    query: bytes = scope.get("query_string", b"")
+    if not _ORIGIN_PATH.fullmatch(path) or not _QUERY.fullmatch(query):
+        return None
+    return path + b"?" + query if query else path
+
+
+def upstream_url(owner: httpx.URL, target: bytes) -> httpx.URL | None:
+    """`owner`'s scheme, host and port with the request's path and query (an origin-form
+    `target`); None if httpx refuses the path, or the result names another authority."""
+    try:
+        url = owner.copy_with(raw_path=target)
+    except httpx.InvalidURL:
+        return None
+    same = (url.scheme, url.host, url.port, url.userinfo) == (
+        owner.scheme, owner.host, owner.port, owner.userinfo
+    )  # fmt: skip
+    return url if same else None
+
+
+def _shape_path(scope: Scope) -> str:
+    """The path a refused target names after any authority: picks the error's protocol."""
+    path: str = scope["path"]
+    if path.startswith("/") and not path.startswith("//"):
+        return path
+    return "/" + path.split("://", 1)[-1].lstrip("/").partition("/")[2]
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Where a session owned by another process lives, and its token's hash."""
+
+    url: httpx.URL
+    token_sha256: str
 
 
 class OwnerForwarder:
@@ -76,8 +131,8 @@ class OwnerForwarder:
             timeout=httpx.Timeout(None, connect=5.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
         )
-        #: session id → owner's agent URL, for sessions owned elsewhere (never changes).
-        self._owners: dict[str, str] = {}
+        #: session id → its owner, for sessions owned elsewhere (never changes).
+        self._owners: dict[str, Owner] = {}
         self.forwarded = Counter(
             "rollout_gateway_forwarded_calls",
             "Agent calls that reached this process on the shared port and were relayed to "
@@ -85,8 +140,8 @@ class OwnerForwarder:
             registry=gateway.metrics.registry,
         )
 
-    def owner_elsewhere(self, session_id: str) -> str | None:
-        """The owner's URL if another process owns `session_id`; None to serve it here."""
+    def owner_elsewhere(self, session_id: str) -> Owner | None:
+        """The owner if another process owns `session_id`; None to serve it here."""
         if session_id in self.gateway.sessions:
             return None
         owner = self._owners.get(session_id)
@@ -96,24 +151,40 @@ class OwnerForwarder:
         if not store.exists(session_id):
             return None
         try:
-            owner = store.load_meta(session_id).owner_url
-        except (OSError, ValueError):
+            meta = store.load_meta(session_id)
+            url = meta.owner_url
+            if url is None or url == self.gateway.options.public_url:
+                return None
+            owner = Owner(httpx.URL(url.rstrip("/")), meta.token_sha256)
+        except (OSError, ValueError, httpx.InvalidURL):
             return None  # the local app reports it
-        if owner is None or owner == self.gateway.options.public_url:
-            return None
-        self._owners[session_id] = owner.rstrip("/")
-        return self._owners[session_id]
+        self._owners[session_id] = owner
+        return owner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        session_id = session_id_of(scope["headers"])
-        owner = self.owner_elsewhere(session_id) if session_id else None
-        if owner is None:
+        target = origin_form(scope)
+        if target is None:
+            err = GatewayError("invalid_request", "the request target must be a path ('/...')")
+            await self._error(_shape_path(scope), err, scope, receive, send)
+            return
+        token = session_token(scope["headers"])
+        owner = self.owner_elsewhere(token.partition(".")[0]) if token else None
+        if owner is None or token is None:
             await self.app(scope, receive, send)
             return
-        await self._relay(owner, scope, receive, send)
+        if not hmac.compare_digest(owner.token_sha256, hash_token(token)):
+            err = GatewayError("authentication", "invalid session token")
+            await self._error(scope["path"], err, scope, receive, send)
+            return
+        url = upstream_url(owner.url, target)
+        if url is None:
+            err = GatewayError("invalid_request", "the request target is not a valid path")
+            await self._error(scope["path"], err, scope, receive, send)
+            return
+        await self._relay(url, scope, receive, send)
 
     async def _read_body(self, receive: Receive) -> bytes | GatewayError:
         """The request body, or the error to answer: past `max_body_bytes` (the owner would
@@ -139,22 +210,18 @@ class OwnerForwarder:
         except TimeoutError:
             return body_timed_out(timeout, size)
 
-    async def _relay(self, owner: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _relay(self, url: httpx.URL, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         body = await self._read_body(receive)
         if isinstance(body, GatewayError):
             await self._error(path, body, scope, receive, send)
             return
-        query = scope.get("query_string", b"")
-        url = f"{owner}{scope.get('raw_path', path.encode()).decode('latin-1')}"
-        if query and "?" not in url:
-            url += "?" + query.decode("latin-1")
         headers = [(k, v) for k, v in scope["headers"] if k not in _HOP_HEADERS]
         request = self.client.build_request(scope["method"], url, headers=headers, content=body)
         try:
             reply = await self.client.send(request, stream=True)
         except httpx.TransportError as exc:
-            log.warning("cannot relay %s to owner %s: %s", path, owner, exc)
+            log.warning("cannot relay %s to owner %s: %s", path, url.netloc.decode(), exc)
             err = GatewayError(
                 "engine_unavailable",
                 "the gateway process that owns this session cannot be reached; retry",

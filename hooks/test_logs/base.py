@@ -8,6 +8,8 @@ from typing import Literal, Protocol
 #: A test's status as a parser reports it (MISSING is the grader's: not in the log).
 TestStatus = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"]
 STATUSES: tuple[TestStatus, ...] = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
+#: How bad a status is: the worst wins where one test has several.
+STATUS_RANK = {"PASSED": 0, "XPASS": 0, "XFAIL": 0, "SKIPPED": 1, "FAILED": 2, "ERROR": 3}
 
 #: Terminal colour and cursor sequences (a runner forced into colour output).
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -46,6 +46,7 @@ from schemas.policy import (
     PolicyUpdateRecord,
     WeightUpdate,
 )
+from tests.fixtures.clock import ManualClock
 from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
 from tests.fixtures.weight_endpoints import (
     FakeVllmDevEndpointsForTests,
@@ -328,6 +329,15 @@ def scripted_gw(
         running.server.stop()
 
 
+def lease_clock(gw: RunningGateway) -> ManualClock:
+    """From now on the leases of `gw` (its pauses for a peer, its holds) run out when the
+    test advances this clock."""
+    assert gw.app is not None
+    clock = ManualClock()
+    gw.app.policy.sleep = clock.sleep
+    return clock
+
+
 def call_version(gw: RunningGateway) -> str | None:
     """A new session's call succeeds; the version it was recorded with."""
     session = gw.create_session(policy_version="label-v0")
@@ -496,13 +506,17 @@ def test_a_peer_whose_lease_runs_out_takes_the_version_its_engine_serves(
     engine loaded it: when the lease runs out the process asks the engine, and its next
     call is recorded with p-v1, not the version it served before the pause."""
     gw = scripted_gw
+    clock = lease_clock(gw)
     pause = {"update_id": "u1", "lease_s": 0.2, "policy_version": "p-v1", "checkpoint": "/x"}
     reply = httpx.post(f"{gw.control_url}/policy/pause", json=pause, headers=gw.admin_headers)
     assert reply.status_code == 200, reply.text
-    assert gw.gateway.policy.closed
     weights.version = "p-v1"  # what the quiet coordinator had the engine load
-    wait_for("the lease to run out", lambda: not gw.gateway.policy.closed)
-    assert call_version(gw) == "p-v1"
+    clock.wait_pending(0.2)
+    clock.advance(0.199)
+    clock.wait_pending(0.001)
+    assert gw.gateway.policy.closed  # control: not before its lease is out
+    clock.advance(0.001)
+    assert call_version(gw) == "p-v1"  # the call waits at the gate until the lease opens it
     late = httpx.post(
         f"{gw.control_url}/policy/pause", json=pause | {"renew": True}, headers=gw.admin_headers
     )
@@ -726,9 +740,12 @@ def test_a_hold_without_release_ends_on_unknown_and_failures_say_what_serves(
     failed before touching weights keeps the version served, one that may have changed
     them leaves `unknown`; a clean block labels the next calls with its version."""
     gw = scripted_gw
+    clock = lease_clock(gw)
     assert post_hold(gw.control_url, gw.admin_headers, "h-lapse", lease_s=0.3).status_code == 200
-    wait_for("the lease to run out", lambda: not gw.gateway.policy.closed)
-    assert call_version(gw) == UNKNOWN_WEIGHTS
+    clock.wait_pending(0.3)
+    assert gw.gateway.policy.closed
+    clock.advance(0.3)
+    assert call_version(gw) == UNKNOWN_WEIGHTS  # waits at the gate until the lease opens it
     [expired] = policy_state(gw).history
     assert (expired.kind, expired.status, expired.policy_version) == (
         "external", "expired", UNKNOWN_WEIGHTS,

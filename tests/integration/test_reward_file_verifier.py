@@ -127,8 +127,7 @@ async def test_reward_txt_scores_and_the_log_dirs_are_collected(
         assert (root / name).read_text() == content
 
 
-#: Writes several metrics; `reward` is the training reward. Also a reward.txt, which
-#: does not count: a reward.json, when there is one, decides.
+#: Writes several metrics; `reward` is the training reward.
 JSON_VERIFIER = """#!/bin/bash
 test "$X" = 1 || exit 3
 python3 -c '
@@ -137,7 +136,6 @@ ok = open("answer.txt").read() == open("/tests/data/expected.txt").read()
 json.dump({"reward": 0.5 if ok else 0.0, "passed": 3, "total": 6, "ratio": 0.5},
           open("/logs/verifier/reward.json", "w"))
 '
-echo 9 > /logs/verifier/reward.txt
 """
 
 
@@ -148,8 +146,34 @@ async def test_reward_json_gives_reward_and_metrics(
     r = await run_agent(backend, tmp_path, "echo 42 > answer.txt", evaluation)
     ev = r.evaluation
     assert ev is not None and ev.status == "ok", ev
-    assert ev.reward == 0.5
+    assert ev.reward == 0.5 and ev.checks[0].source == "reward.json"
     assert ev.metrics == {"passed": 3.0, "total": 6.0, "ratio": 0.5}
+
+
+#: The agent's program, run by the verifier, writes reward.json 1.0 with a metric; the
+#: verifier writes its reward.txt afterwards.
+FORGING_PROGRAM = (
+    "echo 41 > answer.txt\n"
+    'printf \'import json\\njson.dump({"reward": 1.0, "passed": 1}, '
+    'open("/logs/verifier/reward.json", "w"))\\n\' > check.py\n'
+)
+RUNS_THE_PROGRAM = """#!/bin/bash
+python3 check.py
+if cmp -s answer.txt /tests/data/expected.txt; then r=1; else r=0; fi
+echo $r > /logs/verifier/reward.txt
+"""
+
+
+async def test_reward_txt_decides_over_a_reward_json_the_agents_program_wrote(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    """Harbor's precedence: reward.txt (the verifier's 0) is the reward, the planted
+    reward.json's 1.0 is not; its other metric is kept, the disagreement noted."""
+    r = await run_agent(backend, tmp_path, FORGING_PROGRAM, harbor_evaluation(RUNS_THE_PROGRAM))
+    ev = r.evaluation
+    assert ev is not None and (ev.status, ev.reward) == ("ok", 0.0), ev
+    assert ev.checks[0].source == "reward.txt" and ev.metrics == {"passed": 1.0}
+    assert "reward.json says reward=1.0; reward.txt decides" in ev.checks[0].detail
 
 
 #: Plants a perfect reward in the reward dir and its own files in /tests, after checking
@@ -185,7 +209,7 @@ async def test_planted_reward_and_tests_do_not_survive(
     assert ev.status == "eval_error" and ev.reward is None and r.reward is None, ev
     assert r.status == RolloutStatus.eval_error
     error = ev.error or ""
-    assert "wrote neither reward.json nor reward.txt" in error, error
+    assert "wrote neither reward.txt nor reward.json" in error, error
     # Its output tail is in the error: it saw only the task's files, none of the agent's.
     assert "tests: [./data/expected.txt ./test.sh ]" in error, error
     assert "verifier dir: []" in error and "expected: 42" in error, error

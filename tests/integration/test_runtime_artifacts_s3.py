@@ -121,14 +121,15 @@ async def test_artifacts_are_uploaded_when_the_rollout_fails(
     s3: str,
     tmp_path: Path,
 ) -> None:
-    """A required hook fails after the agent ran: on_error still uploads what exists."""
+    """A required hook fails after the agent ran, before the evaluation (after it, the
+    failure is only recorded): on_error still uploads what exists."""
     t = task("printf 'print(42)\\n' > hello.py", s3)
-    t.hooks.insert(4, HookSpec(name="test_fail_after_run"))
+    t.hooks.insert(2, HookSpec(name="test_fail_after_run"))
     with RecordingLLMServerForTests() as srv, pytest.raises(RuntimeFailure) as exc:
         await RuntimeManager(tmp_path, backends={"local": local_backend}).run(
             t, session(srv), "s3-fail"
         )
     assert exc.value.outcome.status == RolloutStatus.infra_error
     got = keys(s3, "runs/s3-fail/")
-    assert "runs/s3-fail/evaluation.json" in got and "runs/s3-fail/metrics.json" in got
+    assert "runs/s3-fail/diff.patch" in got and "runs/s3-fail/metrics.json" in got
     assert all(a.uri and a.uri.startswith("s3://") for a in exc.value.outcome.artifacts)

@@ -214,17 +214,20 @@ async def test_cancellation_destroys_the_sandbox(
     assert ON_ERROR_CALLS == ["CancelledError:print(42)"]
 
 
+FAILING_UPLOAD = {
+    "name": "upload_artifacts",
+    "params": {"dest": "ftp://nowhere/x", "on_error": False},
+}
+
+
 async def test_on_error_runs_when_a_required_hook_fails(
     backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
 ) -> None:
+    """Before the evaluation, a required hook's failure fails the run (on_error runs)."""
     task = hello_task(
         backend.name,
         "printf 'print(42)\\n' > hello.py",
-        hooks=[
-            {"name": "evaluate"},
-            {"name": "test_record_on_error"},
-            {"name": "upload_artifacts", "params": {"dest": "ftp://nowhere/x", "on_error": False}},
-        ],
+        hooks=[{"name": "test_record_on_error"}, FAILING_UPLOAD, {"name": "evaluate"}],
     )
     rid = _rid("onerror")
     ON_ERROR_CALLS.clear()
@@ -234,10 +237,35 @@ async def test_on_error_runs_when_a_required_hook_fails(
         )
     assert exc.value.phase == "after_run"
     partial = exc.value.outcome
-    assert partial.status == RolloutStatus.infra_error
-    assert partial.evaluation is not None and partial.evaluation.reward == 1.0  # ran first
+    assert partial.status == RolloutStatus.infra_error and partial.evaluation is None
     assert ON_ERROR_CALLS == ["HookError:print(42)"]
     assert rid not in await _live_rollouts(backend)
+
+
+async def test_a_required_hook_failing_after_the_evaluation_keeps_the_reward(
+    backend: SandboxBackend, gateway: RecordingLLMServerForTests, tmp_path: Path
+) -> None:
+    """The same failing hook after the evaluation: the verdict stands, the failure is
+    recorded, and the hooks after it run (the control is the test above)."""
+    task = hello_task(
+        backend.name,
+        "printf 'print(42)\\n' > hello.py",
+        hooks=[
+            {"name": "evaluate"},
+            FAILING_UPLOAD,
+            {"name": "test_record_on_error"},
+            {"name": "metrics"},
+        ],
+    )
+    ON_ERROR_CALLS.clear()
+    r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(
+        task, session_for(gateway), _rid("after-eval")
+    )
+    assert r.status == RolloutStatus.ok and r.reward == 1.0
+    [error] = r.hook_errors
+    assert error.startswith("upload_artifacts.after_run: ") and "ftp" in error
+    assert r.metrics["hooks.errors"] == 1  # the metrics hook after it ran
+    assert ON_ERROR_CALLS == []
 
 
 async def test_agent_reaches_its_gateway_session_from_inside(

@@ -250,12 +250,14 @@ async def test_public_on_local_is_refused_even_when_allowed(
         await b.close()
 
 
-async def test_public_on_docker_with_permission_is_the_default_bridge(
+async def test_public_on_docker_with_permission_is_a_bridge_of_its_own(
     sandbox_state_dir: Path, sandbox_base_image: Any
 ) -> None:
-    """Inspected, not used: the container is on docker's bridge with an address and a
-    default route, while a no-network one on the same backend has none."""
+    """Inspected, not used: the container is on a bridge network of its own with an
+    address and a default route, while a no-network one on the same backend has none.
+    (What that network cannot reach: test_docker_public_network.py.)"""
     from sandboxes.docker import DockerBackend
+    from sandboxes.docker_network import network_name
 
     b = DockerBackend(
         state_dir=sandbox_state_dir / f"pub-{uuid.uuid4().hex[:6]}",
@@ -266,8 +268,9 @@ async def test_public_on_docker_with_permission_is_the_default_bridge(
     off = await b.create(SandboxSpec(rollout_id=rid()))
     try:
         attrs = b.client.api.inspect_container(pub.handle.details["container_id"])
-        assert attrs["HostConfig"]["NetworkMode"] == "bridge"
-        assert attrs["NetworkSettings"]["Networks"]["bridge"]["IPAddress"]
+        own = network_name(pub.handle.sandbox_id)
+        assert attrs["HostConfig"]["NetworkMode"] == own
+        assert attrs["NetworkSettings"]["Networks"][own]["IPAddress"]
         routes = await pub.exec(["ip", "route"])
         assert routes.stdout.startswith("default via"), routes
         attrs = b.client.api.inspect_container(off.handle.details["container_id"])

@@ -90,7 +90,7 @@ async def test_the_fix_resolves_the_instance(
     assert r.evaluation is not None
     assert r.evaluation.reward == 1.0, r.evaluation.checks
     (check,) = r.evaluation.checks
-    assert check.kind == "swebench" and check.passed
+    assert check.kind == "swebench" and check.passed and check.source == "log:unittest"
     assert check.tests == {F2P: "PASSED", P2P: "PASSED"}
     assert r.evaluation.metrics == {
         "fail_to_pass_passed": 1.0,
@@ -141,7 +141,7 @@ async def test_removing_the_git_data_fails_the_check_not_the_evaluator(
     assert not check.passed and "changed the repository's git data" in check.detail
 
 
-async def test_a_test_log_over_the_cap_is_an_evaluator_error(
+async def test_a_test_log_over_the_cap_is_the_agents_failure(
     local_backend: SandboxBackend,  # noqa: F811
     tmp_path: Path,
     instances: Path,
@@ -149,7 +149,8 @@ async def test_a_test_log_over_the_cap_is_an_evaluator_error(
     """The code under test prints more than the log's cap: only the log's tail is read,
     so the statuses before it are lost and its end may be what the code printed (here
     `ok` for both listed tests, which a cut log would grade as resolved). A cut log is
-    never graded."""
+    never graded, and as the preflight showed the tests can run, the agent's code that
+    flooded it is to blame: reward 0, status agent_broke_sandbox."""
     forged = "".join(f"\\n{t} ... ok" for t in (F2P, P2P))
     flood = (
         "import atexit, sys\n"
@@ -157,10 +158,10 @@ async def test_a_test_log_over_the_cap_is_an_evaluator_error(
     )
     agent = f"cat >> calc.py <<'EOF'\n{flood}EOF\n"
     r = await run_any(local_backend, tmp_path, instances, agent)
-    assert r.status == RolloutStatus.eval_error, r.error
-    assert r.evaluation is not None and r.evaluation.status == "eval_error", r.evaluation
-    assert r.reward is None and r.evaluation.damage is None
-    assert f"over the {LOG_TAIL_BYTES}-byte cap" in (r.evaluation.error or "")
+    assert r.status == RolloutStatus.agent_broke_sandbox, r.error
+    assert r.evaluation is not None and r.evaluation.status == "agent_broke_sandbox"
+    assert r.reward == 0.0
+    assert f"over the {LOG_TAIL_BYTES}-byte cap" in (r.evaluation.damage or ""), r.evaluation
 
 
 #: Applies the fix to the repo (at the format's default `repo_path`) and records which

@@ -122,6 +122,41 @@ def test_builds_once_then_cached(tmp_path: Path, cache: Path, built: Built) -> N
     assert log.read_text() == ""
 
 
+NET_DOCKERFILE = (
+    "FROM ubuntu:24.04\n"
+    "COPY marker.txt /opt/marker.txt\n"
+    "RUN ls /sys/class/net > /opt/ifaces.txt && chmod 644 /opt/ifaces.txt\n"
+)
+
+
+def test_run_steps_build_without_network_unless_the_run_says_otherwise(
+    tmp_path: Path, cache: Path, built: Built
+) -> None:
+    """The RUN step lists its network interfaces (no traffic is sent). The control first:
+    built with `host` it sees the host's, so the listing would show a network. Then the
+    same Dockerfile as a task gives it (network `none`): only `lo`, so docker's layer
+    cache did not hand it the step the host build ran. The network is part of the key."""
+    ctx = context(tmp_path, NET_DOCKERFILE)
+    default = build_of(ctx)
+    assert default.network == "none"
+    host = built.add(ensure_task_image(default.model_copy(update={"network": "host"})))
+    host_ifaces = run_in(host.tag, "/opt/ifaces.txt").split()
+    assert "lo" in host_ifaces and len(host_ifaces) > 1, host_ifaces
+    isolated = built.add(ensure_task_image(default))
+    assert isolated.key != host.key and not isolated.cached
+    assert run_in(isolated.tag, "/opt/ifaces.txt").split() == ["lo"]
+    assert "--network none" in Path(isolated.log_path or "").read_text()
+    labels = json.loads(
+        subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}", isolated.tag],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert labels["agentic-rollout.build-network"] == "none"
+
+
 def test_changed_context_file_or_rebuilt_base_is_a_new_key(
     tmp_path: Path, cache: Path, built: Built
 ) -> None:

@@ -99,3 +99,10 @@ def test_user_root_follows_a_stand_in_base_that_sets_another_user() -> None:
     refs = external_refs(text)
     out = rewrite(text, {refs[0].instruction: LOCAL}, frozenset({refs[0].instruction}))
     assert out == f"FROM {LOCAL} \\\n  AS base\nUSER root\nRUN apt-get update\nFROM base\nRUN id\n"
+
+
+def test_rewrite_adds_lines_after_every_from() -> None:
+    text = "FROM a AS one\nRUN x\nFROM \\\n  b\nCOPY --from=one /f /f\n"
+    out = rewrite(text, {}, after_every_from="LABEL k=v\n")
+    want = "FROM a AS one\nLABEL k=v\nRUN x\nFROM \\\n  b\nLABEL k=v\nCOPY --from=one /f /f\n"
+    assert out == want

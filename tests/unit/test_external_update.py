@@ -22,6 +22,7 @@ from schemas.policy import (
     PolicyRelease,
     PolicyUpdateRecord,
 )
+from tests.fixtures.clock import ManualClock
 from tests.fixtures.weight_endpoints import FakeVllmDevEndpointsForTests
 
 
@@ -82,15 +83,19 @@ def test_a_peer_held_for_a_quiet_trainer_labels_its_engine_unknown(
     weight, and nothing here can tell). A release sent to it names where to send it."""
     fake, url = engine
     fake.version = "v-ext"
+    clock = ManualClock()
 
     async def run() -> None:
-        peer = PolicyUpdater(PolicyGate(), [url], tmp_path / "gw")
+        peer = PolicyUpdater(PolicyGate(), [url], tmp_path / "gw", sleep=clock.sleep)
         pause = PeerPause(update_id="h1", lease_s=0.05, policy_version="v-ext", external=True)
         await peer.pause_for_peer(pause)
         with pytest.raises(GatewayError, match="on the control URL that took the hold"):
             await ExternalSync(peer).release(PolicyRelease(update_id="h1", policy_version="v"))
-        while peer.gate.closed:
-            await asyncio.sleep(0.01)
+        await clock.until_pending(0.05)
+        assert peer.gate.closed
+        clock.advance(0.05)
+        async with peer.gate.admitted():  # waits for the lease to open the gate
+            pass
         assert peer.gate.version_on(url) == UNKNOWN_WEIGHTS
 
     asyncio.run(run())
@@ -117,12 +122,12 @@ def test_a_hold_that_cannot_pause_or_drain_leaves_everything_as_it_was(
 
         updater = PolicyUpdater(PolicyGate("v1"), [url], tmp_path / "b")
         sync = ExternalSync(updater)
-        running = asyncio.Event()
+        running, finish = asyncio.Event(), asyncio.Event()
 
         async def call() -> None:
             async with updater.gate.admitted(url):
                 running.set()
-                await asyncio.sleep(0.5)
+                await finish.wait()  # outlasts the drain: it ends when the test says
 
         busy = asyncio.create_task(call())
         await running.wait()
@@ -130,6 +135,7 @@ def test_a_hold_that_cannot_pause_or_drain_leaves_everything_as_it_was(
             await sync.hold(PolicyHold(update_id="h2", drain_timeout_s=0.05))
         assert slow.value.status == 409
         assert not updater.gate.closed and updater.state().held_for is None
+        finish.set()
         await busy
         held = await sync.hold(PolicyHold(update_id="h3"))
         assert (held.drained_calls, held.previous_version) == (0, "v1")

@@ -180,7 +180,7 @@ def test_verifier_settings_reach_the_check_and_the_budget(hello: Path) -> None:
         '[verifier]\ntimeout_sec = 1800.0\nuser = "root"\nenv = { MODE = "${MODE:-strict}" }\n'
         "[environment]\nbuild_timeout_sec = 1200.0\n",
     )
-    task = read_one(hello)
+    task = read_one(hello, options(env_allow=["MODE"]))
     check = task.evaluation.checks[0]  # type: ignore[union-attr]
     assert check.user == "root" and check.env == {"MODE": "strict"} and check.timeout_s == 1800
     assert task.budget.grace_s >= 1800 and task.budget.hooks_s >= 1800
@@ -215,13 +215,12 @@ def test_agent_section_overrides_the_environment_network(hello: Path) -> None:
     assert task.metadata["harbor"]["verifier_network"]["mode"] == "public"
 
 
-def test_allowlist_task_and_env_templates_from_the_host() -> None:
+def test_allowlist_task() -> None:
+    """(`${VAR}` in env values: tests/unit/test_dataset_supply_chain.py.)"""
     task = read_one(GOOD / "allowlist")
     fields = task.sandbox.spec_fields()
     assert fields["network"] == {"mode": "allowlist", "allowed_hosts": ["allowed.test"]}
     assert fields["env"] == {"ALLOWLIST_URL": "http://allowed.test:8080/"}
-    task = read_one(GOOD / "allowlist", ALLOWLIST_URL="http://allowed.test:41234/")
-    assert task.sandbox.spec_fields()["env"] == {"ALLOWLIST_URL": "http://allowed.test:41234/"}
 
 
 # --------------------------------------------------------------------------- refusals
@@ -284,7 +283,9 @@ def test_one_bad_task_never_stops_the_rest() -> None:
     ],
 )
 def test_task_toml_problems_name_the_field(hello: Path, toml: str, field: str, words: str) -> None:
-    got_field, reason = refusal(set_toml(hello, toml))
+    # The variables are allowed: what is refused is that they are unset.
+    allowed = options(env_allow=["NOT_SET_ANYWHERE", "MISSING"])
+    got_field, reason = refusal(set_toml(hello, toml), allowed)
     assert got_field == field
     assert words in reason
 
@@ -412,7 +413,7 @@ def test_dockerfile_workdir(dockerfile: str, want: str | None) -> None:
 async def test_oracle_gets_the_solution_and_runs_it(hello: Path) -> None:
     set_toml(hello, '[solution]\nenv = { GREETING = "${GREETING:-hi}" }\n')
     (hello / "solution" / "data.bin").write_bytes(b"\x00\xff")
-    task = read_one(hello, options("oracle"))
+    task = read_one(hello, options("oracle", env_allow=["GREETING"]))
     files = task.harness.config["solution_files"]
     assert sorted((f["path"], f["mode"]) for f in files) == [
         ("/solution/data.bin", 0o644),

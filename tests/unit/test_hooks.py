@@ -27,7 +27,7 @@ from sandboxes.base import (
     ExecResult,
     SandboxError,
 )
-from schemas.evaluation import EvaluationSpec
+from schemas.evaluation import EvaluationResult, EvaluationSpec
 from schemas.outcome import AgentResult, LogSpec, RunOutcome
 from schemas.tasks import HookSpec, RolloutTask
 from tests.fixtures.fake_sandbox import FakeSandbox, Handler
@@ -39,6 +39,7 @@ def hook_ctx(
     sb: FakeSandbox | None = None,
     *,
     evaluation: EvaluationSpec | None = None,
+    evaluation_result: EvaluationResult | None = None,
     **outcome: Any,
 ) -> HookContext:
     task = RolloutTask(
@@ -50,7 +51,7 @@ def hook_ctx(
         sandbox=sb or FakeSandbox(),
         workdir="/workspace",
         artifacts_dir=tmp_path / "artifacts",
-        outcome=RunOutcome(harness="command", **outcome),
+        outcome=RunOutcome(harness="command", evaluation=evaluation_result, **outcome),
     )
 
 
@@ -84,6 +85,30 @@ async def test_required_hook_failure_raises_and_on_error_runs_all(tmp_path: Path
     assert EVENTS[2:] == ["a.on_error", "b.on_error", "c.on_error"]
     assert ctx.error is exc.value
     assert any("c fails in on_error" in e for e in ctx.outcome.hook_errors)
+
+
+async def test_a_required_hook_failing_after_the_evaluation_is_recorded_not_raised(
+    tmp_path: Path,
+) -> None:
+    """An evaluation once in the outcome stands: a later required hook's failure (logs,
+    metrics, an upload) is recorded, the hooks after it still run."""
+    hooks = build_hooks(
+        [
+            HookSpec(name="test_recorder", params={"tag": "a", "fail_in": "after_run"}),
+            HookSpec(name="test_recorder", params={"tag": "b"}),
+        ]
+    )
+    evaluation = EvaluationResult(status="ok", reward=1.0, verdict="pass", reward_fn_version="v")
+    ctx = hook_ctx(tmp_path, evaluation_result=evaluation)
+    await run_phase(hooks, "after_run", ctx)
+    assert EVENTS == ["a.after_run", "b.after_run"]
+    assert ctx.outcome.evaluation is evaluation
+    assert ctx.outcome.hook_errors == [
+        "test_recorder.after_run: RuntimeError('a fails in after_run')"
+    ]
+    # Control: the same failure with no evaluation yet fails the phase.
+    with pytest.raises(HookError, match="a fails"):
+        await run_phase(hooks, "after_run", hook_ctx(tmp_path))
 
 
 async def test_optional_hook_failure_is_recorded_and_the_next_hook_runs(tmp_path: Path) -> None:
@@ -411,11 +436,16 @@ async def test_collect_logs_skips_a_location_over_its_cap_and_says_so(tmp_path: 
     ctx.log_specs = [LogSpec(path="/s/big", kind="log"), LogSpec(path="/s/small", kind="log")]
     [hook] = build_hooks([HookSpec(name="collect_logs", params={"max_bytes": 100_000})])
     await hook.after_run(ctx)
-    assert [a.name for a in ctx.outcome.artifacts] == ["logs/log/small/ok.log"]
+    assert [a.name for a in ctx.outcome.artifacts] == [
+        "logs/log/small/ok.log",
+        "logs/collect_logs.json",
+    ]
     assert ctx.outcome.hook_errors == [
-        "collect_logs: archive of /s/big in the sandbox exceeds 100000 bytes "
+        "collect_logs: skipped /s/big: archive of /s/big in the sandbox exceeds 100000 bytes "
         "(read stopped after 100000)"
     ]
+    [skip] = json.loads((ctx.artifacts_dir / "logs/collect_logs.json").read_text())["skipped"]
+    assert skip["sandbox_path"] == "/s/big" and skip["limit"] == "max_bytes"
     assert max(sb.delivered) <= 100_000
 
 

@@ -17,6 +17,7 @@ from harnesses.base import AgentHarness, HarnessConfig, HarnessContext
 from harnesses.registry import register_harness
 from hooks.base import Hook, HookContext, register_hook
 from sandboxes.base import (
+    EvalHeadroom,
     ExecResult,
     Sandbox,
     SandboxBackend,
@@ -24,6 +25,7 @@ from sandboxes.base import (
     SandboxHandle,
     SandboxSpec,
 )
+from schemas.evaluation import EvaluationResult
 from schemas.outcome import AgentResult, LogSpec, RolloutStatus
 from schemas.scenes import SceneRule
 from schemas.session import SessionCreated
@@ -127,7 +129,9 @@ class _Sb(FakeSandbox):
         if self._backend.fail_kill:  # type: ignore[attr-defined]
             raise SandboxError("processes survived SIGKILL: [42]")
 
-    async def _find_damage(self, workdir: str, check_dirs: Sequence[str]) -> str | None:
+    async def _find_damage(
+        self, workdir: str, check_dirs: Sequence[str], headroom: EvalHeadroom
+    ) -> str | None:
         EVENTS.append("sandbox.probe")
         if self._backend.damage == "hang":  # type: ignore[attr-defined]
             await asyncio.sleep(3600)
@@ -315,3 +319,41 @@ async def test_hooks_see_the_log_locations_decided_by_setup(tmp_path: Path) -> N
         task(hooks=[{"name": "test_log_specs_probe"}]), SESSION, "r1"
     )
     assert LogSpecsProbe.seen == ["/state-after-setup"]
+
+
+@register_hook
+class _EvaluatesThenHangs(Hook):
+    """Test hook: puts a passing evaluation in the outcome, then waits forever (a later
+    step of the after_run phase that never ends)."""
+
+    name = "test_evaluates_then_hangs"
+
+    async def after_run(self, ctx: HookContext) -> None:
+        ctx.outcome.evaluation = EvaluationResult(
+            status="ok", reward=1.0, verdict="pass", reward_fn_version="v"
+        )
+        await asyncio.Event().wait()
+
+
+@register_hook
+class _Hangs(Hook):
+    name = "test_hangs"
+
+    async def after_run(self, ctx: HookContext) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_after_run_hooks_passing_their_budget_after_the_evaluation_keep_it(
+    tmp_path: Path,
+) -> None:
+    hooks = [{"name": "test_evaluates_then_hangs"}]
+    t = task(hooks=hooks, budget={"hooks_s": 1})
+    r = await manager(tmp_path, FakeBackend()).run(t, SESSION, "r1")
+    assert r.status == RolloutStatus.ok and r.reward == 1.0
+    assert r.hook_errors == ["after_run hooks passed hooks_s=1.0"]
+    # Control: a phase that times out before any evaluation fails the run.
+    with pytest.raises(RuntimeFailure) as exc:
+        await manager(tmp_path, FakeBackend()).run(
+            task("ok", hooks=[{"name": "test_hangs"}], budget={"hooks_s": 1}), SESSION, "r2"
+        )
+    assert exc.value.phase == "after_run" and isinstance(exc.value.cause, TimeoutError)

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from devstack.background_server import BackgroundServer
 from gateway.engines.external_sync import ExternalSync
 from gateway.engines.policy_history import HISTORY_FILE
-from gateway.engines.policy_update import PolicyGate, PolicyUpdater
+from gateway.engines.policy_update import PolicyGate, PolicyUpdater, Sleep
 from gateway.engines.vllm_weights import VllmWeightLoader
 from gateway.errors import GatewayError
 from schemas.policy import (
@@ -33,6 +33,7 @@ from schemas.policy import (
     WeightUpdate,
     WeightUpdateReport,
 )
+from tests.fixtures.clock import ManualClock
 from tests.fixtures.weight_endpoints import (
     FakeVllmDevEndpointsForTests,
     bad_header,
@@ -284,9 +285,14 @@ class PeerForTests:
     behind HTTP); `refuse` answers every pause with that status instead."""
 
     def __init__(
-        self, urls: list[str], data_dir: Path, refuse: int | None = None, delay_s: float = 0
+        self,
+        urls: list[str],
+        data_dir: Path,
+        refuse: int | None = None,
+        delay_s: float = 0,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
-        self.updater = PolicyUpdater(PolicyGate(), urls, data_dir)
+        self.updater = PolicyUpdater(PolicyGate(), urls, data_dir, sleep=sleep)
         self.refuse = refuse
         self.delay_s = delay_s
         self.pauses: list[int] = []
@@ -401,28 +407,34 @@ def test_peer_leases_are_renewed_while_a_slow_load_runs(
     engines: tuple[list[FakeVllmDevEndpointsForTests], list[str]], tmp_path: Path
 ) -> None:
     """The engine's reload takes several lease lengths: the coordinator renews the
-    peer's lease meanwhile, so the peer stays paused (it does not label calls with the
-    old version while the weights change) and resumes on the new version."""
+    peer's lease every third of it meanwhile, so the peer stays paused (it does not
+    label calls with the old version while the weights change) and resumes on the new
+    version. The lease timers of both run on one manual clock."""
     (first, _), (one, _) = engines
     ckpt = make_checkpoint(tmp_path / "ckpt")
-    peer = PeerForTests([one], tmp_path / "gw")
+    clock = ManualClock()
+    peer = PeerForTests([one], tmp_path / "gw", sleep=clock.sleep)
     first.hold.clear()
     with BackgroundServer(peer.app()) as p1:
-        updater = updater_for([one], tmp_path, peers=[p1.url], lease_s=0.6)
+        updater = updater_for([one], tmp_path, peers=[p1.url], lease_s=0.6, sleep=clock.sleep)
 
         async def run() -> None:
             update = asyncio.create_task(
                 updater.update(PolicyUpdate(policy_version="v1", checkpoint=ckpt))
             )
-            while not first.reloading.is_set():
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(2.0)  # over three leases
-            assert peer.updater.gate.closed
+            assert await asyncio.to_thread(first.reloading.wait, 60)
+            # the coordinator's next renewal in 0.2 s, the peer's lease out in 0.6 s
+            await clock.until_pending(0.2, 0.6)
+            for _ in range(9):  # three leases
+                clock.advance(0.2)
+                await clock.until_pending(0.2, 0.6)  # renewed: the lease starts again
+                assert peer.updater.gate.closed
             first.hold.set()
             await update
 
         asyncio.run(run())
     assert (peer.updater.gate.closed, peer.updater.gate.version) == (False, "v1")
+    clock.wait_pending()  # none left: the renewals and the peer's lease ended with it
 
 
 def test_a_peer_whose_lease_ran_out_takes_the_version_the_engines_serve(
@@ -434,9 +446,10 @@ def test_a_peer_whose_lease_ran_out_takes_the_version_the_engines_serve(
     outcome; a pause for an update that has ended is refused."""
     (first, _), (one, two) = engines
     ckpt = make_checkpoint(tmp_path / "ckpt")
+    clock = ManualClock()
 
     async def run() -> None:
-        peer = PolicyUpdater(PolicyGate(), [one, two], tmp_path / "gw")
+        peer = PolicyUpdater(PolicyGate(), [one, two], tmp_path / "gw", sleep=clock.sleep)
         await peer.pause_for_peer(
             PeerPause(update_id="u1", lease_s=0.05, policy_version="v1", checkpoint=ckpt)
         )
@@ -444,8 +457,13 @@ def test_a_peer_whose_lease_ran_out_takes_the_version_the_engines_serve(
         with pytest.raises(GatewayError, match="already in a policy update"):
             await peer.pause_for_peer(PeerPause(update_id="u2"))
         first.version = "v1"  # the coordinator had engine 1 load v1, then went quiet
-        while peer.gate.closed:
-            await asyncio.sleep(0.01)
+        await clock.until_pending(0.05)
+        clock.advance(0.049)
+        await clock.until_pending(0.001)
+        assert peer.gate.closed  # control: not before its lease is out
+        clock.advance(0.001)
+        async with peer.gate.admitted():  # waits for the gate to open
+            pass
         assert (peer.gate.version_on(one), peer.gate.version_on(two)) == ("v1", None)
         assert not peer.state().updating
         # the coordinator's resume comes late: taken all the same

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from sandboxes import images
 from sandboxes.base import (
+    EvalHeadroom,
     ExecResult,
     RepoSpec,
     Sandbox,
@@ -194,6 +195,37 @@ async def test_the_damage_probe_names_a_missing_workdir_and_passes_an_intact_one
     assert not list((tmp_path / "work").iterdir())  # the probe's file is gone again
     gone = str(tmp_path / "removed")
     assert await sb.agent_damage(gone) == f"{gone} is gone"
+
+
+def test_the_free_space_an_evaluation_needs_by_default() -> None:
+    mib = 1024 * 1024
+    room = EvalHeadroom()
+    assert room.disk_bytes(4096 * mib) == 256 * mib  # 1/16, capped
+    assert room.disk_bytes(1024 * mib) == 64 * mib
+    assert room.disk_bytes(32 * mib) == 4 * mib  # the floor
+    assert room.disk_bytes(4 * mib) == 2 * mib  # never more than half a tiny disk
+    assert room.shm_bytes(64 * mib) == 16 * mib and room.shm_bytes(12 << 30) == 16 * mib
+    assert room.shm_bytes(8 * mib) == 2 * mib
+    given = EvalHeadroom(disk_mb=1.5, shm_mb=0)
+    assert (given.disk_bytes(1 << 40), given.shm_bytes(64 * mib)) == (int(1.5 * mib), 0)
+
+
+async def test_the_damage_probe_measures_free_space_against_the_headroom(tmp_path: Path) -> None:
+    """A headroom the host's disk and /dev/shm have: nothing; one they do not have: one
+    line per filesystem (workdir, /tmp and home share one here), saying what is free and
+    what is needed."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "work").mkdir()
+    sb = _HostShell(str(home))
+    work = str(tmp_path / "work")
+    assert await sb.agent_damage(work, headroom=EvalHeadroom(disk_mb=0, shm_mb=0)) is None
+    huge = 1 << 40  # MiB: no host has that free
+    damage = await sb.agent_damage(work, headroom=EvalHeadroom(disk_mb=huge, shm_mb=0)) or ""
+    assert damage.count("is full") == 1 and f"the disk of {work} is full (" in damage, damage
+    assert f"an evaluation needs {huge} MiB, resources.eval_headroom)" in damage
+    shm = await sb.agent_damage(work, headroom=EvalHeadroom(disk_mb=0, shm_mb=huge)) or ""
+    assert shm.startswith("/dev/shm is full ("), shm
 
 
 def test_refused_forks_are_read_from_the_pids_cgroup(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from devstack.ports import free_port
-from sandboxes.base import ArchiveTooLarge, SandboxError, SandboxNotFound
+from sandboxes.base import UNREADABLE_PAX, ArchiveTooLarge, SandboxError, SandboxNotFound
 from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
 from sandboxes.supervisor_client import (
     ARCHIVE_CHUNK,
@@ -240,6 +240,49 @@ async def test_get_archive_stops_at_its_byte_cap(
     raw = await client.get_archive(str(tmp_path / "small.txt"), max_bytes=cap)
     with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
         assert tf.getnames() == ["small.txt"]
+
+
+def _past_path_max(root: Path) -> str:
+    """Make dirs below `root` until a file's absolute path passes PATH_MAX (4096); the
+    file's path relative to `root`."""
+    name = "d" * 250
+    depth = (4200 - len(str(root))) // 251 + 1
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        for _ in range(depth):  # relative to an open dir: every call stays short
+            os.mkdir(name, dir_fd=fd)
+            inner = os.open(name, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        with open(os.open("deep.log", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as f:
+            f.write(b"deep")
+    finally:
+        os.close(fd)
+    return "/".join([name] * depth + ["deep.log"])
+
+
+async def test_get_archive_goes_on_past_an_entry_it_cannot_read(
+    supervisor: tuple[SupervisorClient, Path], tmp_path: Path
+) -> None:
+    """An entry the supervisor cannot read (here: a path past PATH_MAX) comes as an empty
+    member whose `UNREADABLE_PAX` header says why; the entries after it still come."""
+    client, _ = supervisor
+    tree = tmp_path / "logs"
+    tree.mkdir()
+    (tree / "a.log").write_bytes(b"a")
+    deep = _past_path_max(tree)
+    (tree / "z.log").write_bytes(b"z")
+    raw = await client.get_archive(str(tree))
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
+        members = {m.name: m for m in tf.getmembers()}
+        assert tf.extractfile(members["logs/z.log"]).read() == b"z"  # type: ignore[union-attr]
+    marked = [m for m in members.values() if UNREADABLE_PAX in m.pax_headers]
+    assert len(marked) == 1 and marked[0].size == 0
+    assert ("logs/" + deep).startswith(marked[0].name)
+    assert "File name too long" in marked[0].pax_headers[UNREADABLE_PAX]
+    # Control: tarfile's own recursive add (what the supervisor ran before) stops there.
+    with tarfile.open(fileobj=io.BytesIO(), mode="w|") as tf, pytest.raises(OSError):
+        tf.add(str(tree), arcname="logs")
 
 
 async def test_kill_all_stops_every_process_exec_started(

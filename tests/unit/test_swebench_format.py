@@ -222,6 +222,17 @@ def test_install_config_gives_command_and_parser_unless_the_run_sets_them(tmp_pa
     assert check.log_parser == "unittest"
 
 
+def test_pytest_plugins_from_the_instance_unless_the_run_sets_them(tmp_path: Path) -> None:
+    assert only_check(load(write(tmp_path, instance())).tasks[0]).pytest_plugins == []
+    path = write(tmp_path, instance(pytest_plugins='["xdist.plugin", "pytest_mock"]'))
+    assert only_check(load(path).tasks[0]).pytest_plugins == ["xdist.plugin", "pytest_mock"]
+    check = only_check(load(path, pytest_plugins=["timeout"]).tasks[0])
+    assert check.pytest_plugins == ["timeout"]
+    bad = load(write(tmp_path, instance(pytest_plugins=["-p evil"])))
+    assert bad.tasks == [] and bad.refused[0].field == "pytest_plugins"
+    assert "not plugin or module names" in bad.refused[0].reason
+
+
 def test_options_hints_env_and_sandbox_extras(tmp_path: Path) -> None:
     path = write(tmp_path, instance())
     (task,) = load(
