@@ -35,7 +35,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import uuid
@@ -101,19 +100,6 @@ def clone_checkout(mirror: Path, commit: str, work: Path) -> None:
     git("checkout", "--quiet", "--detach", commit, cwd=work)
 
 
-def checkout_tar(checkout: Callable[[Path, str, Path], None], url: str, commit: str) -> bytes:
-    """`provisioning.repo_tar` with `checkout` making the repo (the mirror is cached)."""
-    mirror = provisioning._mirror(url, commit, state_root("git-cache"))
-    with tempfile.TemporaryDirectory(prefix="repo-") as tmp:
-        work = Path(tmp) / "repo"
-        checkout(mirror, commit, work)
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            for child in sorted(work.iterdir()):
-                tf.add(str(child), arcname=child.name)
-        return buf.getvalue()
-
-
 def du_kib(path: Path) -> int:
     out = subprocess.run(["du", "-sk", str(path)], capture_output=True, text=True, check=True)
     return int(out.stdout.split()[0])
@@ -143,32 +129,32 @@ CHECKOUTS: dict[str, Callable[[Path, str, Path], None]] = {
 
 
 async def bench_cloned(backend: Any, url: str, base: str, runs: int) -> dict[str, Any]:
-    """Alternating creates of a sandbox with the repo checked out either way."""
+    """Alternating creates of a sandbox with the repo checked out either way: the
+    checkout `provisioning.repo_tar` runs is swapped per mode, and repo_tar is timed."""
     mirror = provisioning._mirror(url, base, state_root("git-cache"))
+    real_checkout, real_repo_tar = provisioning.checkout_commit, provisioning.repo_tar
     out: dict[str, Any] = {}
-    for mode, checkout in CHECKOUTS.items():  # host side, once: temp checkout and tar
-        with tempfile.TemporaryDirectory(prefix="bench-repo-") as tmp:
-            checkout(mirror, base, Path(tmp) / "repo")
-            host_kib = du_kib(Path(tmp) / "repo")
-        tar = await asyncio.to_thread(checkout_tar, checkout, url, base)
-        out[mode] = {
-            "host_checkout_kib": host_kib,
-            "tar_kib": len(tar) // 1024,
-            "create_s": [],
-            "repo_tar_s": [],
-        }
-    original = provisioning.repo_tar
+    now = {"mode": ""}
+
+    def timed_repo_tar(url: str, commit: str, cache: Path | None = None) -> bytes:
+        t = time.perf_counter()
+        data = real_repo_tar(url, commit, cache)
+        out[now["mode"]]["repo_tar_s"].append(time.perf_counter() - t)
+        return data
+
     try:
+        for mode, checkout in CHECKOUTS.items():  # host side, once: temp checkout and tar
+            provisioning.checkout_commit = checkout
+            with tempfile.TemporaryDirectory(prefix="bench-repo-") as tmp:
+                checkout(mirror, base, Path(tmp) / "repo")
+                host_kib = du_kib(Path(tmp) / "repo")
+            tar = await asyncio.to_thread(real_repo_tar, url, base)
+            out[mode] = {"host_checkout_kib": host_kib, "tar_kib": len(tar) // 1024,
+                         "create_s": [], "repo_tar_s": []}  # fmt: skip
+        provisioning.repo_tar = timed_repo_tar  # what populate calls
         for _ in range(runs):
             for mode, checkout in CHECKOUTS.items():
-
-                def timed(url: str, commit: str, ck: Any = checkout, m: str = mode) -> bytes:
-                    t = time.perf_counter()
-                    data = checkout_tar(ck, url, commit)
-                    out[m]["repo_tar_s"].append(time.perf_counter() - t)
-                    return data
-
-                provisioning.repo_tar = timed  # what populate calls: the host-side step
+                provisioning.checkout_commit, now["mode"] = checkout, mode
                 spec = SandboxSpec(
                     rollout_id=f"bench-{uuid.uuid4().hex[:10]}",
                     resources=RESOURCES,
@@ -185,7 +171,7 @@ async def bench_cloned(backend: Any, url: str, base: str, runs: int) -> dict[str
                 )
                 await sb.destroy()
     finally:
-        provisioning.repo_tar = original
+        provisioning.checkout_commit, provisioning.repo_tar = real_checkout, real_repo_tar
     return out
 
 
