@@ -39,6 +39,18 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _MAYBE_BIG_INT = re.compile(r"\d{19}")
 """Where an integer past 64 bits can come from: a run of 19 digits (2**63 has 19)."""
 
+_DIGITS_AS_ONES = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
+_DIGIT_RUN = b"1" * 19
+
+
+def _has_digit_run(text: str | bytes) -> bool:
+    """Whether the text holds 19 ASCII digits in a row (JSON numbers are ASCII). Mapping
+    every byte to digit-or-not and searching the run is ~10x faster than the regex, which
+    took most of a large body's parse."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    return data.translate(_DIGITS_AS_ONES).find(_DIGIT_RUN) >= 0
+
+
 INT_RANGE = (-(2**63), 2**64 - 1)
 """Integers the Gateway holds: what orjson encodes (int64 and uint64)."""
 
@@ -64,7 +76,7 @@ def loads(text: str | bytes, *, allow_nan: bool = False) -> Any:
         data = pydantic_core.from_json(text, allow_inf_nan=allow_nan)
     except ValueError:
         return _explain(text, allow_nan)
-    if _MAYBE_BIG_INT.search(text if isinstance(text, str) else text.decode("latin-1")):
+    if _has_digit_run(text):
         _check_tree(data, surrogates=False, big_ints=True)
     return data
 

@@ -41,6 +41,9 @@ class GatewayOptions(BaseModel):
     plan_thread_messages: int = Field(default=128, ge=0)
     """A request of at least this many messages is planned in a thread, off the event
     loop (0: always on the loop)."""
+    parse_thread_bytes: int = Field(default=2**20, ge=0)
+    """An agent body of at least this many bytes has its JSON parsed in a thread, off the
+    event loop (0: always on the loop); see bench/control_listener.py."""
     stream_abort_grace_s: float = Field(default=2.0, ge=0)
     """How long a streamed call whose client left keeps sampling before the engine request
     is cancelled: an SDK that timed out resends within a second, and that retry then
@@ -54,3 +57,5 @@ class GatewayOptions(BaseModel):
     """Default of `SessionLimits.max_stored_request_bytes`."""
     session_max_stored_bytes: int = Field(default=2**30, ge=1)
     """Default of `SessionLimits.max_stored_bytes`."""
+    session_max_body_bytes: int = Field(default=8 * 2**20, ge=1)
+    """Default of `SessionLimits.max_body_bytes`."""

@@ -35,6 +35,12 @@ class SessionLimits(StrictModel):
         ge=1,
         description="size of the session's records; a call that would pass it is a 413",
     )
+    max_body_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="one agent request's body (413 past it, before it is read), and the "
+        "bodies the session's calls read at once (one more is a 429, retry after 1 s)",
+    )
 
 
 class SessionConfig(StrictModel):

@@ -117,7 +117,7 @@ def gateway(
         float, typer.Option(min=0, help="s a stream whose client left keeps sampling for a retry")
     ] = 2.0,
     max_body_bytes: Annotated[
-        int, typer.Option(min=1, help="request body cap: 413 past it, before it is read")
+        int, typer.Option(min=1, help="any request body: 413 past it, before it is read")
     ] = 32 * 2**20,
     header_timeout_s: Annotated[
         float, typer.Option(min=0.001, help="s a request head may take; then the connection is cut")
@@ -135,6 +135,12 @@ def gateway(
     session_max_stored_bytes: Annotated[
         int, typer.Option(min=1, help="per-session default: bytes of records; past them 413")
     ] = 2**30,
+    session_max_body_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1, help="per-session default: an agent request's body, and the bodies read at once"
+        ),
+    ] = 8 * 2**20,
     tokenize_offload_chars: Annotated[
         int, typer.Option(min=0, help="tokenize new text this long in a worker process (0: off)")
     ] = 16384,
@@ -195,6 +201,7 @@ def gateway(
         session_max_concurrent_calls=session_max_concurrent_calls,
         session_max_stored_request_bytes=session_max_stored_request_bytes,
         session_max_stored_bytes=session_max_stored_bytes,
+        session_max_body_bytes=session_max_body_bytes,
         tokenize_offload_chars=tokenize_offload_chars,
         max_prompt_messages=max_prompt_messages,
         max_prompt_chars=max_prompt_chars,

@@ -83,7 +83,8 @@ class GatewaySettings(BaseModel):
     insecure_dev: bool = False
     context_window: int | None = None
     request_timeout_s: float = 600.0
-    #: A request body past this is a 413 (`max_body_bytes`), refused before it is read.
+    #: Any request body past this is a 413 (`max_body_bytes`), refused before it is read:
+    #: the ceiling of the control API's and of a session's own (`session_max_body_bytes`).
     max_body_bytes: int = Field(default=32 * 2**20, ge=1)
     #: A request head must arrive within this (slowloris); else the connection is cut.
     header_timeout_s: float = Field(default=10.0, gt=0)
@@ -93,6 +94,7 @@ class GatewaySettings(BaseModel):
     session_max_concurrent_calls: int = Field(default=16, ge=1)
     session_max_stored_request_bytes: int = Field(default=2**20, ge=0)
     session_max_stored_bytes: int = Field(default=2**30, ge=1)
+    session_max_body_bytes: int = Field(default=8 * 2**20, ge=1)
     fsync: Literal["group", "off"] = "group"
     fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
     session_reaper_interval_s: float = Field(default=30.0, ge=0)
@@ -117,6 +119,8 @@ class GatewaySettings(BaseModel):
     #: The control listener on its own thread and event loop (False: on the agent
     #: listener's loop, to measure what that buys; bench/control_listener.py).
     control_own_loop: bool = True
+    #: An agent body this large has its JSON parsed in a thread (0: on the event loop).
+    parse_thread_bytes: int = Field(default=2**20, ge=0)
 
 
 def is_loopback(host: str) -> bool:
@@ -252,6 +256,8 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         session_max_concurrent_calls=settings.session_max_concurrent_calls,
         session_max_stored_request_bytes=settings.session_max_stored_request_bytes,
         session_max_stored_bytes=settings.session_max_stored_bytes,
+        session_max_body_bytes=settings.session_max_body_bytes,
+        parse_thread_bytes=settings.parse_thread_bytes,
     )
     client: VllmEngine
     if settings.engine_api == "sglang":

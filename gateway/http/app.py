@@ -41,6 +41,7 @@ from gateway.prompt.tokenize_pool import OffloadingTokenizer
 from gateway.protocols import registry
 from gateway.protocols.base import CountRoute, ErrorResponder, SamplingRoute
 from gateway.protocols.wire import field_error, load_object
+from gateway.sessions.limits import body_budget, limits_of
 from gateway.sessions.live import LiveSession
 from gateway.sessions.reaper import SessionReaper
 from schemas.policy import PeerPause, PeerResume, PolicyHold, PolicyRelease, PolicyUpdate
@@ -74,6 +75,16 @@ def _require_json_content_type(request: Request) -> None:
             "unsupported_media_type",
             f"Content-Type must be application/json (got {shown})",
         )
+
+
+def _body_pending(request: Request) -> bool:
+    """Whether the request has body bytes the app has not read. A reply before them
+    closes the connection: uvicorn would otherwise read the rest of the body, however
+    large, only to discard it."""
+    if getattr(request.state, "body_read", False):
+        return False
+    length = request.headers.get("content-length")
+    return "transfer-encoding" in request.headers or length not in (None, "0")
 
 
 def error_responder_for(path: str) -> ErrorResponder:
@@ -131,12 +142,19 @@ class GatewayApp:
         return await self._in_core(call)
 
     # ------------------------------------------------------------------ plumbing
-    async def _read_json(self, request: Request) -> dict[str, Any]:
+    async def _read_body(
+        self, request: Request, limit: int, take: Callable[[int], None] | None = None
+    ) -> bytes:
+        """The whole body of a JSON request, refused before anything is read when its
+        Content-Length passes `limit` and cut as soon as a chunked one does (413); `take`
+        reserves its size in the session's body budget as it becomes known."""
         _require_json_content_type(request)
-        limit = self.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise body_too_large(f"body is {declared} bytes", limit)
+        if declared is not None and declared.isdigit():
+            if int(declared) > limit:
+                raise body_too_large(f"body is {declared} bytes", limit)
+            if take is not None:
+                take(int(declared))
         chunks: list[bytes] = []
         size = 0
         timeout = self.gateway.options.body_timeout_s
@@ -146,11 +164,25 @@ class GatewayApp:
                     size += len(chunk)
                     if size > limit:
                         raise body_too_large(f"body exceeds {limit} bytes", limit)
+                    if take is not None:
+                        take(size)
                     chunks.append(chunk)
         except TimeoutError:
             raise body_timed_out(timeout, size) from None
+        request.state.body_read = True
         lap("body_read")
-        return load_object(b"".join(chunks))
+        return b"".join(chunks)
+
+    async def _read_json(self, request: Request) -> dict[str, Any]:
+        """A control API body (admin token checked first)."""
+        return load_object(await self._read_body(request, self.max_body_bytes))
+
+    async def _load(self, data: bytes) -> dict[str, Any]:
+        """An agent body's JSON, parsed in a thread from `parse_thread_bytes` on."""
+        threshold = self.gateway.options.parse_thread_bytes
+        if threshold and len(data) >= threshold:
+            return await asyncio.to_thread(load_object, data)
+        return load_object(data)
 
     def _guard(self, handler: Handler, respond: ErrorResponder) -> Handler:
         async def guarded(request: Request) -> Response:
@@ -163,6 +195,8 @@ class GatewayApp:
             except Exception:  # the last line of defence: never a bare 500 page
                 log.exception("unhandled error on %s %s", request.method, request.url.path)
                 err_out = GatewayError("internal", "internal gateway error (see gateway log)")
+            if _body_pending(request):
+                err_out.close = True
             metrics = self.gateway.metrics
             metrics.errors.labels(str(err_out.status), err_out.kind).inc()
             if err_out.limit is not None:
@@ -268,17 +302,32 @@ class GatewayApp:
         """Authenticate, read and translate an agent call with its protocol's parser."""
         session = self.gateway.authenticate(_bearer(request))
         lap("auth")
-        try:
-            body = await self._read_json(request)
-        except GatewayError as err:  # a body too large or too slow: counted on the session
-            session.refused(err.limit)
-            raise
         headers, path = dict(request.headers), request.url.path
-        canonical = await self._parse(
-            body, lambda: route.parse(body, headers, path, session.history, session.seal), session
-        )
+        async with self._agent_body(request, session) as body:
+            canonical = await self._parse(
+                body,
+                lambda: route.parse(body, headers, path, session.history, session.seal),
+                session,
+            )
         lap("body_parse")
         return session, canonical, body
+
+    @contextlib.asynccontextmanager
+    async def _agent_body(
+        self, request: Request, session: LiveSession
+    ) -> AsyncIterator[dict[str, Any]]:
+        """An agent call's body (the session authenticated from the headers first), read
+        and parsed within the session's body budget (`limits.body_budget`): its cap, the
+        session's own `max_body_bytes` under the process's, is known before any byte is
+        read. A refusal is counted on the session."""
+        cap = limits_of(session.meta.config, self.gateway.options).max_body_bytes
+        limit = min(cap, self.max_body_bytes)
+        try:
+            with body_budget(session, limit) as take:
+                yield await self._load(await self._read_body(request, limit, take))
+        except GatewayError as err:
+            session.refused(err.limit)
+            raise
 
     async def _parse(
         self,
@@ -315,11 +364,11 @@ class GatewayApp:
     def _counting(self, route: CountRoute) -> Handler:
         async def count(request: Request) -> Response:
             session = self.gateway.authenticate(_bearer(request))
-            body = await self._read_json(request)
             headers, path = dict(request.headers), request.url.path
-            canonical = await self._parse(
-                body, lambda: route.parse(body, headers, path, session.seal), None
-            )
+            async with self._agent_body(request, session) as body:
+                canonical = await self._parse(
+                    body, lambda: route.parse(body, headers, path, session.seal), None
+                )
             return route.reply(await self.gateway.count_tokens(canonical))
 
         return count

@@ -8,7 +8,7 @@ every other rollout. Each limit has a process default (`GatewayOptions.session_m
 before anything of the call is recorded, so the session's records stay as they were.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -20,6 +20,10 @@ from schemas.session import SessionConfig
 CONCURRENCY_RETRY_AFTER_S = 1.0
 """What a call over `max_concurrent_calls` is told to wait: about one short call."""
 
+BODY_RETRY_AFTER_S = 1.0
+"""What a body past the session's body budget is told to wait: a maximum-size body is
+read and parsed in well under a second."""
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -28,6 +32,7 @@ class Limits:
     max_concurrent_calls: int
     max_stored_request_bytes: int
     max_stored_bytes: int
+    max_body_bytes: int
 
 
 def limits_of(config: SessionConfig, options: GatewayOptions) -> Limits:
@@ -40,6 +45,7 @@ def limits_of(config: SessionConfig, options: GatewayOptions) -> Limits:
             else options.session_max_stored_request_bytes
         ),
         max_stored_bytes=asked.max_stored_bytes or options.session_max_stored_bytes,
+        max_body_bytes=asked.max_body_bytes or options.session_max_body_bytes,
     )
 
 
@@ -64,6 +70,40 @@ def call_slot(session: LiveSession, limits: Limits) -> Iterator[None]:
         yield
     finally:
         session.inflight -= 1
+
+
+@contextmanager
+def body_budget(session: LiveSession, limit: int) -> Iterator[Callable[[int], None]]:
+    """Reserve room for one request body in the bytes the session's calls are reading and
+    parsing at once (at most `limit`, the body cap: one maximum-size body, or several
+    smaller ones), until the body is parsed. Yields `take(size)`: call it with the body's
+    size as known so far (its Content-Length before reading anything, the bytes read so
+    far for a chunked body); 429 with `Retry-After` when the session has no room.
+
+    Refused at once, like a call past `max_concurrent_calls`: a body that waited would
+    hold its connection, and one agent's bodies never wait on another's."""
+    held = 0
+
+    def take(size: int) -> None:
+        nonlocal held
+        if size <= held:
+            return
+        if session.body_bytes + size - held > limit:
+            raise GatewayError(
+                "rate_limited",
+                f"session {session.meta.session_id} is already reading {session.body_bytes} "
+                f"bytes of request bodies; with this one's {size} they would pass its limit "
+                f"max_body_bytes={limit}; retry when one has been read",
+                retry_after=BODY_RETRY_AFTER_S,
+                limit="max_body_bytes",
+            )
+        session.body_bytes += size - held
+        held = size
+
+    try:
+        yield take
+    finally:
+        session.body_bytes -= held
 
 
 def check_room(session_id: str, stored: int, adding: int, limits: Limits) -> None:

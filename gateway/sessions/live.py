@@ -27,6 +27,9 @@ class LiveSession:
         self.failed_calls = 0
         self.inflight = 0
         """Calls of this session running now (`limits.call_slot`)."""
+        self.body_bytes = 0
+        """Bytes of request body this session's calls are reading and parsing now
+        (`limits.body_budget`)."""
         self.limit_refusals: dict[str, int] = {}
         """Calls refused by a limit since this process took the session, by limit name;
         replaced, never changed in place, so a thread may read it (`refused`)."""

@@ -239,6 +239,179 @@ def test_a_raw_request_past_max_stored_request_bytes_is_kept_cut_with_its_size_a
     assert second_call["segment_id"] == first_call["segment_id"]
 
 
+# --- bodies: capped and budgeted before they are read -------------------------------------
+
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+SESSION_BODY = 20_000
+"""The sessions' own `max_body_bytes` here: under the process's MAX_BODY, so it is the cap."""
+
+
+def head(path: str, token: str, length: int | None) -> bytes:
+    """A POST's head: `length` as Content-Length, or None: a chunked body."""
+    size = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        f"x-api-key: {token}\r\n{size}\r\n\r\n"
+    ).encode()
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    """One whole reply with a Content-Length off a connection that stays open."""
+    data = b""
+    while True:
+        _, ended, rest = data.partition(b"\r\n\r\n")
+        if ended and len(rest) >= int(reply_of(data, body=False)[1]["content-length"]):
+            return data
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed mid-reply: {data!r}"
+        data += chunk
+
+
+def reply_of(raw: bytes, body: bool = True) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """(status, lower-cased headers, JSON body) of one HTTP/1.1 reply with a Content-Length."""
+    head_bytes, _, rest = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head_bytes.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    length = int(headers["content-length"])
+    return int(status_line.split()[1]), headers, json.loads(rest[:length]) if body else {}
+
+
+def assert_shape(protocol: str, status: int, body: dict[str, Any], *named: str) -> None:
+    """The protocol's error shape for `status`, its message naming each of `named`."""
+    if protocol == "messages":
+        assert body["type"] == "error", body
+        kinds = {413: "request_too_large", 429: "rate_limit_error", 401: "authentication_error"}
+        assert body["error"]["type"] == kinds[status]
+    else:
+        codes = {413: "too_large", 429: "rate_limited", 401: "authentication"}
+        assert body["error"]["code"] == codes[status], body
+    for name in named:
+        assert name in body["error"]["message"]
+
+
+def padded(protocol: str, size: int) -> bytes:
+    """A valid request of the protocol, padded to exactly `size` bytes of JSON."""
+    user = [{"role": "user", "content": "hi"}]
+    request: dict[str, Any] = {
+        "chat": {"model": "m", "messages": user},
+        "responses": {"model": "m", "input": "hi"},
+        "messages": {"model": "m", "max_tokens": 16, "messages": user},
+    }[protocol]
+    bare = json.dumps({**request, "padding": ""}).encode()
+    body = json.dumps({**request, "padding": "x" * (size - len(bare))}).encode()
+    assert len(body) == size
+    return body
+
+
+@pytest.mark.parametrize("protocol", list(PATHS))
+def test_a_content_length_past_the_sessions_cap_is_a_413_before_any_body_byte(
+    gw: RunningGateway, protocol: str
+) -> None:
+    """Only the head is sent: the 413 (in the protocol's shape, naming the limit, closing
+    the connection) can only come from the head. The control: one byte under the cap, the
+    same head waits for its body, which is then served."""
+    session = gw.create_session(limits={"max_body_bytes": SESSION_BODY})
+    before = refusals(gw, "max_body_bytes")
+    with raw_connection(gw) as client:
+        client.sendall(head(PATHS[protocol], session["token"], SESSION_BODY + 1))
+        status, headers, body = reply_of(read_to_eof(client))
+    assert status == 413 and headers[LIMIT_HEADER.lower()] == "max_body_bytes"
+    assert headers["connection"] == "close"
+    assert_shape(protocol, 413, body, f"max_body_bytes={SESSION_BODY}", str(SESSION_BODY + 1))
+    assert refusals(gw, "max_body_bytes") == before + 1
+    with raw_connection(gw) as client:
+        client.sendall(head(PATHS[protocol], session["token"], SESSION_BODY))
+        client.sendall(padded(protocol, SESSION_BODY))
+        status, _, _ = reply_of(read_reply(client))
+    assert status == 200
+    trajectory = gw.trajectory(session["session_id"])
+    assert [c["status"] for c in trajectory["calls"]] == ["ok"]
+    assert trajectory["limit_refusals"] == {"max_body_bytes": 1}
+
+
+def test_a_chunked_body_is_cut_with_a_413_as_soon_as_it_passes_the_cap(gw: RunningGateway) -> None:
+    """No end of the body is ever sent: the 413 comes once the bytes pass the cap. The
+    control: a chunked body under the cap is read to its end and served."""
+    session = gw.create_session(limits={"max_body_bytes": SESSION_BODY})
+    body = padded("messages", SESSION_BODY)
+    with raw_connection(gw) as client:
+        client.sendall(head("/v1/messages", session["token"], None))
+        for start in range(0, SESSION_BODY, 4096):
+            piece = body[start : start + 4096]
+            client.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        client.sendall(b"1\r\n \r\n")  # one byte past the cap; no end follows
+        status, headers, error = reply_of(until_cut(client))
+    assert status == 413 and headers["connection"] == "close"
+    assert_shape("messages", 413, error, f"max_body_bytes={SESSION_BODY}")
+    with raw_connection(gw) as client:
+        client.sendall(head("/v1/messages", session["token"], None))
+        client.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        status, _, _ = reply_of(read_reply(client))
+    assert status == 200
+    assert [c["status"] for c in calls_of(gw, session)] == ["ok"]
+
+
+@pytest.mark.parametrize("protocol", list(PATHS))
+def test_a_bad_token_with_a_big_body_is_a_401_before_any_body_byte(
+    gw: RunningGateway, protocol: str
+) -> None:
+    """The session is authenticated from the head: a wrong secret declaring a body within
+    the cap gets its 401, and the connection closed, before one byte of it is sent; the
+    session's records and budget are untouched. The control: the right token with the
+    same head has its body read and served."""
+    session = gw.create_session()
+    session_id = session["session_id"]
+    with raw_connection(gw) as client:
+        client.sendall(head(PATHS[protocol], f"{session_id}.wrong-secret", MAX_BODY))
+        status, headers, body = reply_of(read_to_eof(client))
+    assert status == 401 and headers["connection"] == "close"
+    assert_shape(protocol, 401, body)
+    assert gw.gateway.sessions[session_id].body_bytes == 0
+    assert calls_of(gw, session) == []
+    with raw_connection(gw) as client:
+        client.sendall(head(PATHS[protocol], session["token"], MAX_BODY))
+        client.sendall(padded(protocol, MAX_BODY))
+        status, _, _ = reply_of(read_reply(client))
+    assert status == 200
+    assert [c["status"] for c in calls_of(gw, session)] == ["ok"]
+
+
+def test_a_sessions_bodies_read_at_once_share_its_budget_and_one_past_it_is_a_429(
+    gw: RunningGateway,
+) -> None:
+    """A body of 15,000 bytes is on its way (its head and one byte sent): the session's
+    budget of 20,000 has no room for a second body of 10,000 (429 naming the limit, in
+    each protocol, with Retry-After, its body never read), room for a small one, and
+    another session's budget is its own. Once the first body arrives, both are served,
+    and every call served is recorded."""
+    session = gw.create_session(limits={"max_body_bytes": SESSION_BODY})
+    other = gw.create_session(limits={"max_body_bytes": SESSION_BODY})
+    live = gw.gateway.sessions[session["session_id"]]
+    first = padded("chat", 15_000)
+    before = refusals(gw, "max_body_bytes")
+    with raw_connection(gw) as slow:
+        slow.sendall(head("/v1/chat/completions", session["token"], len(first)) + first[:1])
+        wait_for("the first body reserved", lambda: live.body_bytes == len(first))
+        for protocol, ask in each_protocol(session).items():
+            with pytest.raises((openai.RateLimitError, anthropic.RateLimitError)) as refused:
+                ask(extra_body={"padding": "x" * 10_000})
+            assert_refused(refused.value, protocol, 429, "max_body_bytes")
+            assert refused.value.response.headers["retry-after"] == "1"
+            assert refused.value.response.headers["connection"] == "close"
+        each_protocol(session, "a small one fits")["messages"]()
+        each_protocol(other)["chat"](extra_body={"padding": "x" * 10_000})
+        assert live.body_bytes == len(first)
+        slow.sendall(first[1:])
+        status, _, reply = reply_of(read_reply(slow))
+    assert status == 200 and reply["choices"][0]["message"]["content"]
+    assert live.body_bytes == 0
+    each_protocol(session, "now it fits")["responses"](extra_body={"padding": "x" * 10_000})
+    assert [c["status"] for c in calls_of(gw, session)] == ["ok"] * 3
+    assert len(calls_of(gw, other)) == 1
+    assert refusals(gw, "max_body_bytes") == before + 3
+    assert gw.trajectory(session["session_id"])["limit_refusals"] == {"max_body_bytes": 3}
+
+
 # --- slow clients ------------------------------------------------------------------------
 
 
@@ -424,7 +597,8 @@ def test_the_demos_in_process_gateway_cuts_a_trickled_head_on_both_listeners(
 
 def test_rollout_gateway_flags_set_the_limits(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The flags reach the serving process: the body cap and the head deadline, and the
-    session defaults, which a session's own `limits` override."""
+    session defaults, which a session's own `limits` override (its body cap up to the
+    process's)."""
     engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
     admin = secrets.token_urlsafe(12)
     with BackgroundServer(engine.app()) as engine_server:
@@ -437,7 +611,7 @@ def test_rollout_gateway_flags_set_the_limits(tiny_model_dir: Path, tmp_path: Pa
             "--tokenize-offload-chars", "0",
             "--max-body-bytes", "20000", "--header-timeout-s", "1", "--body-timeout-s", "30",
             "--session-max-concurrent-calls", "3", "--session-max-stored-request-bytes", "0",
-            "--session-max-stored-bytes", "1",
+            "--session-max-stored-bytes", "1", "--session-max-body-bytes", "15000",
         ]  # fmt: skip
         proc = subprocess.Popen(cmd, env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin))
         try:
@@ -452,14 +626,20 @@ def test_rollout_gateway_flags_set_the_limits(tiny_model_dir: Path, tmp_path: Pa
                 assert reply.status_code == 201, reply.text
                 return dict(reply.json())
 
-            default, own = create(), create(limits={"max_stored_bytes": 10**9})
+            default = create()
+            own = create(limits={"max_stored_bytes": 10**9, "max_body_bytes": 10**6})
             with pytest.raises(openai.APIStatusError) as full:
                 each_protocol(default)["chat"]()
             assert "max_stored_bytes=1;" in full.value.response.json()["error"]["message"]
+            with pytest.raises(openai.APIStatusError) as session_cap:
+                each_protocol(default)["chat"](extra_body={"padding": "x" * 16_000})
+            message = session_cap.value.response.json()["error"]["message"]
+            assert "max_body_bytes=15000" in message, "the session default"
             each_protocol(own)["chat"]()  # its own limit has room
             with pytest.raises(openai.APIStatusError) as big:
                 each_protocol(own)["chat"](extra_body={"padding": "x" * 20_000})
-            assert "max_body_bytes=20000" in big.value.response.json()["error"]["message"]
+            message = big.value.response.json()["error"]["message"]
+            assert "max_body_bytes=20000" in message, "a session's own, under the process's"
             with socket.create_connection(("127.0.0.1", port)) as silent:
                 silent.settimeout(60)
                 assert read_to_eof(silent) == b"", "cut by the 1 s head deadline"

@@ -29,7 +29,7 @@ from gateway.options import GatewayOptions
 from gateway.protocols.anthropic_messages.reply import anthropic_error_response
 from gateway.protocols.opaque_token import TokenSeal
 from gateway.protocols.openai_chat.reply import openai_error_response
-from gateway.sessions.limits import Limits, call_slot, check_room, limits_of
+from gateway.sessions.limits import Limits, body_budget, call_slot, check_room, limits_of
 from gateway.sessions.live import LiveSession
 from schemas.session import SessionConfig, SessionLimits
 
@@ -61,17 +61,21 @@ def test_a_session_takes_its_own_limits_and_the_process_defaults_for_the_rest() 
         session_max_concurrent_calls=3,
         session_max_stored_request_bytes=100,
         session_max_stored_bytes=1000,
+        session_max_body_bytes=5000,
     )
-    assert limits_of(SessionConfig(rollout_id="r"), opts) == Limits(3, 100, 1000)
+    assert limits_of(SessionConfig(rollout_id="r"), opts) == Limits(3, 100, 1000, 5000)
     own = SessionConfig(
-        rollout_id="r", limits=SessionLimits(max_concurrent_calls=50, max_stored_request_bytes=0)
+        rollout_id="r",
+        limits=SessionLimits(
+            max_concurrent_calls=50, max_stored_request_bytes=0, max_body_bytes=70
+        ),
     )
-    assert limits_of(own, opts) == Limits(50, 0, 1000)  # 0 is a limit, not "unset"
+    assert limits_of(own, opts) == Limits(50, 0, 1000, 70)  # 0 is a limit, not "unset"
 
 
 def test_a_call_past_the_sessions_slots_is_a_429_naming_the_limit_and_slots_come_back() -> None:
     session = live()
-    limits = Limits(max_concurrent_calls=2, max_stored_request_bytes=0, max_stored_bytes=1)
+    limits = Limits(2, max_stored_request_bytes=0, max_stored_bytes=1, max_body_bytes=1)
     with call_slot(session, limits), call_slot(session, limits):
         with pytest.raises(GatewayError) as refused, call_slot(session, limits):
             pass
@@ -85,8 +89,35 @@ def test_a_call_past_the_sessions_slots_is_a_429_naming_the_limit_and_slots_come
     assert session.inflight == 0
 
 
+def test_bodies_read_at_once_share_the_sessions_budget_and_give_it_back() -> None:
+    """Declared sizes are reserved whole; a chunked body reserves what has come so far;
+    one byte past the budget is a 429 naming `max_body_bytes`, and nothing stays held."""
+    session, other = live(), live()
+    with body_budget(session, 100) as first:
+        first(60)  # a Content-Length
+        first(60)  # its bytes as they come: no more than declared
+        with body_budget(session, 100) as chunked:
+            chunked(30)
+            chunked(40)  # 60 + 40: exactly full
+            assert session.body_bytes == 100
+            with pytest.raises(GatewayError) as refused, body_budget(session, 100) as third:
+                third(1)
+            assert session.body_bytes == 100, "a refused body holds nothing"
+            with body_budget(other, 100) as elsewhere:
+                elsewhere(100)  # another session's budget is its own
+        assert session.body_bytes == 60
+    assert session.body_bytes == 0 and other.body_bytes == 0
+    err = refused.value
+    assert (err.status, err.kind, err.limit) == (429, "rate_limited", "max_body_bytes")
+    assert "max_body_bytes=100" in err.message and err.retry_after == 1.0
+    with pytest.raises(RuntimeError), body_budget(session, 100) as failing:
+        failing(80)
+        raise RuntimeError("a body that fails to parse gives its bytes back")
+    assert session.body_bytes == 0
+
+
 def test_a_request_the_sessions_records_have_no_room_for_is_a_413() -> None:
-    limits = Limits(max_concurrent_calls=1, max_stored_request_bytes=0, max_stored_bytes=100)
+    limits = Limits(1, max_stored_request_bytes=0, max_stored_bytes=100, max_body_bytes=1)
     check_room("s1", 60, 40, limits)  # exactly full still fits
     with pytest.raises(GatewayError) as refused:
         check_room("s1", 60, 41, limits)
