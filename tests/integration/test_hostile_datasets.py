@@ -1,0 +1,215 @@
+"""Hostile agents on the datasets people bring: Harbor task directories and SWE-bench-style
+instances whose honest answer scores 0, through the real path.
+
+Each batch is `rollout run PATH --harness command` (the CLI, `workers/run_cmd.py`) against
+a standing stack (`tests/fixtures/rollout_stack.py`: the Temporal dev server, the
+Gateway in front of the scripted engine, one worker process with the docker and local
+backends). The agent is a shell script, so the engine is never asked for anything. One
+batch per backend per format holds all its traps (`tests/fixtures/hostile_datasets.py`
+writes them), and the batches run side by side.
+
+Controls: an honest agent solves each task shape (reward 1), and each trap proves it
+would work: its agent fires it in its own environment first and exits `ARMED` only if it
+forged the answer there (the rollout's `agent_exit_code`), or the row names another
+control. A trap that cannot be planted on a backend says why, and its row asserts the
+agent could not arm it there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devstack.background_server import BackgroundServer
+from devstack.scripted_engine import Script, ScriptedEngine
+from devstack.temporal_dev_server import TemporalDevServer
+from devstack.tiny_model import ensure_tiny_model
+from rollout_client.client import RolloutOutcome
+from sandboxes.task_images import prebuild_tasks
+from schemas.outcome import RolloutStatus
+from schemas.tasks import HarnessSpec
+from task_formats import LoadOptions, load_task_source
+from tests.fixtures.hostile_datasets import (
+    AGENT_CONFIG,
+    ARMED,
+    BASE,
+    HARBOR_ROWS,
+    IMAGE_ROWS,
+    SWEBENCH_OPTIONS,
+    SWEBENCH_ROWS,
+    Row,
+    SweBenchSource,
+    write_harbor_dataset,
+    write_swebench_source,
+)
+from tests.fixtures.rollout_stack import RolloutStack, rollout_stack
+from tests.fixtures.sandboxes import require_bwrap
+from tests.fixtures.swebench_repo import git
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+BACKENDS = ("docker", "local")
+IMAGE_MAP = {"ubuntu:24.04": BASE}
+#: The image-held repo runs on docker only: the local backend gives the agent a fresh
+#: workdir, so what an image holds at its workdir is not there.
+IMAGE_BACKENDS = ("docker",)
+
+
+@dataclass(frozen=True)
+class _Served:
+    """The scripted engine as `rollout_stack` takes an engine."""
+
+    url: str
+    model: str
+
+
+@dataclass
+class Batches:
+    outcomes: dict[tuple[str, str, str], RolloutOutcome]
+    """(format, backend, row name) → outcome."""
+    swebench: SweBenchSource
+    wall_s: float
+
+
+def _rollout_run(stack: RolloutStack, path: Path, out: Path, *options: str) -> subprocess.Popen:
+    config = out.parent / "agent.json"
+    config.write_text(json.dumps(AGENT_CONFIG))
+    argv = [
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "run",
+        str(path),
+        "--harness=command",
+        f"--harness-config={config}",
+        f"--temporal={stack.temporal.address}",
+        f"--task-queue={stack.queue}",
+        f"--out={out}",
+        *options,
+    ]
+    log = open(out.parent / "cli.log", "w")  # noqa: SIM115 - owned by the child
+    with log:
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "COLUMNS": "300"},
+        )
+
+
+def _manifest(out: Path) -> list[RolloutOutcome]:
+    (manifest,) = out.glob("*/_manifest.json")
+    return [RolloutOutcome.model_validate(r) for r in json.loads(manifest.read_text())["rollouts"]]
+
+
+@pytest.fixture(scope="module")
+def stack(temporal_server: TemporalDevServer, sandbox_base_image: Any) -> Iterator[RolloutStack]:
+    require_bwrap()
+    model = ensure_tiny_model()
+    engine = ScriptedEngine(model / "tokenizer.json", Script(), model="tiny")
+    server = BackgroundServer(engine.app()).start()
+    try:
+        with rollout_stack(
+            temporal_server,
+            model,
+            "hostile-datasets",
+            engine=_Served(server.url, "tiny"),  # type: ignore[arg-type]
+            worker_args=["--backends=docker,local"],
+        ) as running:
+            yield running
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def batches(stack: RolloutStack) -> Batches:
+    """Every format × backend as one `rollout run`, all side by side."""
+    started = time.monotonic()
+    root = stack.work / "datasets"
+    harbor = write_harbor_dataset(root)
+    source = write_swebench_source(root)
+    # The Harbor image (and its rootfs, for local) once, before the runs share it.
+    for backend in BACKENDS:
+        loaded = load_task_source(
+            harbor,
+            LoadOptions(harness=HarnessSpec(name="oracle"), backend=backend, image_map=IMAGE_MAP),
+            "harbor",
+        )
+        assert loaded.refused == [] and prebuild_tasks(loaded.tasks).refused == []
+    swebench = ["--format=swebench", "--format-option=test_command=python3 -m pytest -rA {tests}"]
+    swebench += [f"--format-option={k}={v}" for k, v in SWEBENCH_OPTIONS.items()]
+    runs: dict[tuple[str, str], tuple[Path, list[str]]] = {}
+    for backend in BACKENDS:
+        maps = [f"--backend={backend}", f"--image-map=ubuntu:24.04={BASE}"]
+        runs["harbor", backend] = (harbor, maps)
+        url = f"--format-option=repo_url_template={source.repo}"
+        runs["swebench", backend] = (source.instances, [f"--backend={backend}", *swebench, url])
+    for backend in IMAGE_BACKENDS:
+        runs["image", backend] = (source.image_instances, [f"--backend={backend}", *swebench])
+    procs = {}
+    for (fmt, backend), (path, options) in runs.items():
+        out = root / "runs" / f"{fmt}-{backend}" / "samples"
+        out.parent.mkdir(parents=True)
+        procs[fmt, backend] = (out, _rollout_run(stack, path, out, *options))
+    codes = {key: proc.wait(timeout=900) for key, (_, proc) in procs.items()}
+    outcomes: dict[tuple[str, str, str], RolloutOutcome] = {}
+    for (fmt, backend), (out, _) in procs.items():
+        log = (out.parent / "cli.log").read_text()
+        assert codes[fmt, backend] == 0, f"{fmt} on {backend}:\n{log}\n{stack.worker.log_tail()}"
+        for outcome in _manifest(out):
+            assert outcome.result is not None, outcome
+            name = outcome.result.task_id.removeprefix("hostile__")
+            outcomes[fmt, backend, name] = outcome
+    return Batches(outcomes, source, time.monotonic() - started)
+
+
+def _cases(fmt: str, rows: list[Row], backends: tuple[str, ...]) -> list[Any]:
+    return [
+        pytest.param(fmt, backend, row, id=f"{fmt}-{backend}-{row.name}")
+        for row in rows
+        for backend in backends
+    ]
+
+
+CASES = (
+    _cases("harbor", HARBOR_ROWS, BACKENDS)
+    + _cases("swebench", SWEBENCH_ROWS, BACKENDS)
+    + _cases("image", IMAGE_ROWS, IMAGE_BACKENDS)
+)
+
+
+@pytest.mark.parametrize(("fmt", "backend", "row"), CASES)
+def test_a_hostile_dataset_agent_earns_only_its_honest_outcome(
+    fmt: str, backend: str, row: Row, batches: Batches
+) -> None:
+    result = batches.outcomes[fmt, backend, row.name].result
+    assert result is not None
+    status, reward, armed = row.expected(backend)
+    if armed:
+        assert result.agent_exit_code == ARMED, f"{row.why}: the trap was not set: {result}"
+    elif row.control != "-":
+        # Not armed here: a trap that cannot be planted did not fire in the agent's own
+        # environment either; a history trap found no later commit to apply.
+        assert result.agent_exit_code == 0, f"{row.why}: {result}"
+    assert (result.status, result.reward) == (status, reward), f"{row.why}: {result}"
+    if status is not RolloutStatus.ok:
+        assert result.attempts == 1, result  # breaking its sandbox earns no fresh attempt
+    if row.name == "history_fix":
+        # The control: the source's history holds the fix (the honest row's change).
+        source = batches.swebench
+        assert (
+            git(source.repo, "merge-base", "--is-ancestor", source.base_commit, source.fix_commit)
+            == ""
+        )
+        assert "return a - b" in git(source.repo, "show", f"{source.fix_commit}:calc.py")
