@@ -108,9 +108,18 @@ def _rollout_run(stack: RolloutStack, path: Path, out: Path, *options: str) -> s
         )
 
 
-def _manifest(out: Path) -> list[RolloutOutcome]:
-    (manifest,) = out.glob("*/_manifest.json")
-    return [RolloutOutcome.model_validate(r) for r in json.loads(manifest.read_text())["rollouts"]]
+def _manifest(out: Path) -> dict[str, RolloutOutcome]:
+    """Task id → outcome, from the `_manifest.json` `rollout run` wrote (failed rollouts
+    included)."""
+    (path,) = out.glob("*/_manifest.json")
+    manifest = json.loads(path.read_text())
+    task_of = {
+        rid: group.removeprefix(f"{manifest['batch_id']}-")
+        for group, rids in manifest["groups"].items()
+        for rid in rids
+    }
+    outcomes = [RolloutOutcome.model_validate(r) for r in manifest["rollouts"]]
+    return {task_of[o.rollout_id]: o for o in outcomes}
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +165,12 @@ def batches(stack: RolloutStack) -> Batches:
         url = f"--format-option=repo_url_template={source.repo}"
         runs["swebench", backend] = (source.instances, [f"--backend={backend}", *swebench, url])
     for backend in IMAGE_BACKENDS:
-        runs["image", backend] = (source.image_instances, [f"--backend={backend}", *swebench])
+        # No sized disk: it would be mounted over the image's /testbed.
+        nodisk = '--format-option=sandbox={"resources": {"disk_mb": null}}'
+        runs["image", backend] = (
+            source.image_instances,
+            [f"--backend={backend}", *swebench, nodisk],
+        )
     procs = {}
     for (fmt, backend), (path, options) in runs.items():
         out = root / "runs" / f"{fmt}-{backend}" / "samples"
@@ -165,12 +179,11 @@ def batches(stack: RolloutStack) -> Batches:
     codes = {key: proc.wait(timeout=900) for key, (_, proc) in procs.items()}
     outcomes: dict[tuple[str, str, str], RolloutOutcome] = {}
     for (fmt, backend), (out, _) in procs.items():
+        # A rollout that failed (exit 1) is in the manifest too; its row says why.
         log = (out.parent / "cli.log").read_text()
-        assert codes[fmt, backend] == 0, f"{fmt} on {backend}:\n{log}\n{stack.worker.log_tail()}"
-        for outcome in _manifest(out):
-            assert outcome.result is not None, outcome
-            name = outcome.result.task_id.removeprefix("hostile__")
-            outcomes[fmt, backend, name] = outcome
+        assert list(out.glob("*/_manifest.json")), f"{fmt} on {backend} ({codes}):\n{log}"
+        for task_id, outcome in _manifest(out).items():
+            outcomes[fmt, backend, task_id.removeprefix("hostile__")] = outcome
     return Batches(outcomes, source, time.monotonic() - started)
 
 
@@ -193,8 +206,9 @@ CASES = (
 def test_a_hostile_dataset_agent_earns_only_its_honest_outcome(
     fmt: str, backend: str, row: Row, batches: Batches
 ) -> None:
-    result = batches.outcomes[fmt, backend, row.name].result
-    assert result is not None
+    outcome = batches.outcomes[fmt, backend, row.name]
+    result = outcome.result
+    assert result is not None, f"{row.why}: {outcome.workflow_status}: {outcome.error}"
     status, reward, armed = row.expected(backend)
     if armed:
         assert result.agent_exit_code == ARMED, f"{row.why}: the trap was not set: {result}"
