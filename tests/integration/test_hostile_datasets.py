@@ -6,7 +6,10 @@ a standing stack (`tests/fixtures/rollout_stack.py`: the Temporal dev server, th
 Gateway in front of the scripted engine, one worker process with the docker and local
 backends). The agent is a shell script, so the engine is never asked for anything. One
 batch per backend per format holds all its traps (`tests/fixtures/hostile_datasets.py`
-writes them), and the batches run side by side.
+writes them), and the batches run side by side. Before the Harbor batches, `rollout run
+--harness oracle` runs each task's solution and records, per backend, that its verifier
+works (`--verifier-evidence`): the evidence that blames a verifier's missing reward on
+the agent.
 
 Controls: an honest agent solves each task shape (reward 1), and each trap proves it
 would work: its agent fires it in its own environment first and exits `ARMED` only if it
@@ -21,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,26 +80,28 @@ class Batches:
     outcomes: dict[tuple[str, str, str], RolloutOutcome]
     """(format, backend, row name) → outcome."""
     swebench: SweBenchSource
-    wall_s: float
 
 
-def _rollout_run(stack: RolloutStack, path: Path, out: Path, *options: str) -> subprocess.Popen:
-    config = out.parent / "agent.json"
-    config.write_text(json.dumps(AGENT_CONFIG))
+def _rollout_run(stack: RolloutStack, run: Path, path: Path, *options: str) -> subprocess.Popen:
+    """`rollout run PATH` with the command agent (unless `options` name a harness), its
+    samples under `run/samples`, its output in `run/cli.log`."""
+    run.mkdir(parents=True)
+    if not any(o.startswith("--harness=") for o in options):
+        config = run / "agent.json"
+        config.write_text(json.dumps(AGENT_CONFIG))
+        options = ("--harness=command", f"--harness-config={config}", *options)
     argv = [
         sys.executable,
         "-m",
         "workers.cli",
         "run",
         str(path),
-        "--harness=command",
-        f"--harness-config={config}",
         f"--temporal={stack.temporal.address}",
         f"--task-queue={stack.queue}",
-        f"--out={out}",
+        f"--out={run / 'samples'}",
         *options,
     ]
-    log = open(out.parent / "cli.log", "w")  # noqa: SIM115 - owned by the child
+    log = open(run / "cli.log", "w")  # noqa: SIM115 - owned by the child
     with log:
         return subprocess.Popen(
             argv,
@@ -144,7 +148,6 @@ def stack(temporal_server: TemporalDevServer, sandbox_base_image: Any) -> Iterat
 @pytest.fixture(scope="module")
 def batches(stack: RolloutStack) -> Batches:
     """Every format × backend as one `rollout run`, all side by side."""
-    started = time.monotonic()
     root = stack.work / "datasets"
     harbor = write_harbor_dataset(root)
     source = write_swebench_source(root)
@@ -156,35 +159,56 @@ def batches(stack: RolloutStack) -> Batches:
             "harbor",
         )
         assert loaded.refused == [] and prebuild_tasks(loaded.tasks).refused == []
+    runs = root / "runs"
+    procs: dict[tuple[str, str], subprocess.Popen] = {}
     swebench = ["--format=swebench", "--format-option=test_command=python3 -m pytest -rA {tests}"]
     swebench += [f"--format-option={k}={v}" for k, v in SWEBENCH_OPTIONS.items()]
-    runs: dict[tuple[str, str], tuple[Path, list[str]]] = {}
     for backend in BACKENDS:
-        maps = [f"--backend={backend}", f"--image-map=ubuntu:24.04={BASE}"]
-        runs["harbor", backend] = (harbor, maps)
         url = f"--format-option=repo_url_template={source.repo}"
-        runs["swebench", backend] = (source.instances, [f"--backend={backend}", *swebench, url])
+        procs["swebench", backend] = _rollout_run(
+            stack, runs / f"swebench-{backend}", source.instances, f"--backend={backend}",
+            *swebench, url,
+        )  # fmt: skip
+    # No sized disk for the image-held repo: it would be mounted over the image's /testbed.
+    nodisk = '--format-option=sandbox={"resources": {"disk_mb": null}}'
     for backend in IMAGE_BACKENDS:
-        # No sized disk: it would be mounted over the image's /testbed.
-        nodisk = '--format-option=sandbox={"resources": {"disk_mb": null}}'
-        runs["image", backend] = (
-            source.image_instances,
-            [f"--backend={backend}", *swebench, nodisk],
+        procs["image", backend] = _rollout_run(
+            stack, runs / f"image-{backend}", source.image_instances, f"--backend={backend}",
+            *swebench, nodisk,
+        )  # fmt: skip
+    # Harbor: the oracle runs first and records that each task's verifier works; the
+    # agents' run reads that evidence.
+    harbor_options = {
+        backend: [
+            f"--backend={backend}",
+            f"--image-map=ubuntu:24.04={BASE}",
+            f"--verifier-evidence={runs / f'evidence-{backend}.json'}",
+        ]
+        for backend in BACKENDS
+    }
+    oracles = {
+        backend: _rollout_run(
+            stack, runs / f"oracle-{backend}", harbor, "--harness=oracle", *options
         )
-    procs = {}
-    for (fmt, backend), (path, options) in runs.items():
-        out = root / "runs" / f"{fmt}-{backend}" / "samples"
-        out.parent.mkdir(parents=True)
-        procs[fmt, backend] = (out, _rollout_run(stack, path, out, *options))
-    codes = {key: proc.wait(timeout=900) for key, (_, proc) in procs.items()}
+        for backend, options in harbor_options.items()
+    }
+    for backend, oracle in oracles.items():
+        log = (runs / f"oracle-{backend}" / "cli.log").read_text
+        assert oracle.wait(timeout=600) == 0, log()
+        assert f"{len(HARBOR_ROWS)} task(s) recorded" in log(), log()
+        procs["harbor", backend] = _rollout_run(
+            stack, runs / f"harbor-{backend}", harbor, *harbor_options[backend]
+        )
+    codes = {key: proc.wait(timeout=900) for key, proc in procs.items()}
     outcomes: dict[tuple[str, str, str], RolloutOutcome] = {}
-    for (fmt, backend), (out, _) in procs.items():
+    for fmt, backend in procs:
         # A rollout that failed (exit 1) is in the manifest too; its row says why.
-        log = (out.parent / "cli.log").read_text()
-        assert list(out.glob("*/_manifest.json")), f"{fmt} on {backend} ({codes}):\n{log}"
-        for task_id, outcome in _manifest(out).items():
+        run = runs / f"{fmt}-{backend}"
+        log = (run / "cli.log").read_text()
+        assert list(run.glob("samples/*/_manifest.json")), f"{fmt}, {backend} ({codes}):\n{log}"
+        for task_id, outcome in _manifest(run / "samples").items():
             outcomes[fmt, backend, task_id.removeprefix("hostile__")] = outcome
-    return Batches(outcomes, source, time.monotonic() - started)
+    return Batches(outcomes, source)
 
 
 def _cases(fmt: str, rows: list[Row], backends: tuple[str, ...]) -> list[Any]:
@@ -219,11 +243,11 @@ def test_a_hostile_dataset_agent_earns_only_its_honest_outcome(
     assert (result.status, result.reward) == (status, reward), f"{row.why}: {result}"
     if status is not RolloutStatus.ok:
         assert result.attempts == 1, result  # breaking its sandbox earns no fresh attempt
+    if row.says:
+        assert row.says in (result.error or ""), f"{row.why}: {result}"
     if row.name == "history_fix":
-        # The control: the source's history holds the fix (the honest row's change).
+        # The control: the source's history holds the fix (the honest row's change) after
+        # the base commit (`git merge-base --is-ancestor` fails otherwise).
         source = batches.swebench
-        assert (
-            git(source.repo, "merge-base", "--is-ancestor", source.base_commit, source.fix_commit)
-            == ""
-        )
+        git(source.repo, "merge-base", "--is-ancestor", source.base_commit, source.fix_commit)
         assert "return a - b" in git(source.repo, "show", f"{source.fix_commit}:calc.py")
