@@ -161,8 +161,10 @@ def batches(stack: RolloutStack) -> Batches:
         assert loaded.refused == [] and prebuild_tasks(loaded.tasks).refused == []
     runs = root / "runs"
     procs: dict[tuple[str, str], subprocess.Popen] = {}
-    swebench = ["--format=swebench", "--format-option=test_command=python3 -m pytest -rA {tests}"]
-    swebench += [f"--format-option={k}={v}" for k, v in SWEBENCH_OPTIONS.items()]
+    swebench = [
+        "--format=swebench",
+        *(f"--format-option={k}={v}" for k, v in SWEBENCH_OPTIONS.items()),
+    ]
     for backend in BACKENDS:
         url = f"--format-option=repo_url_template={source.repo}"
         procs["swebench", backend] = _rollout_run(
