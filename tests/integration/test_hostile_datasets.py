@@ -151,7 +151,7 @@ def batches(stack: RolloutStack) -> Batches:
     root = stack.work / "datasets"
     harbor = write_harbor_dataset(root)
     source = write_swebench_source(root)
-    # The Harbor image (and its rootfs, for local) once, before the runs share it.
+    # The Harbor tasks' image once, before the runs that share it start side by side.
     for backend in BACKENDS:
         loaded = load_task_source(
             harbor,
