@@ -30,7 +30,7 @@ from sandboxes.base import RepoSpec, Sandbox, SandboxBackend, SandboxHandle, San
 from sandboxes.repo_trim import TRIMMED
 from schemas.evaluation import SweBenchCheck
 from schemas.outcome import RolloutStatus
-from schemas.rollout import BAD_TASK_SPEC, ProvisionRequest, SessionRef
+from schemas.rollout import BAD_TASK_SPEC
 from schemas.session import SessionCreated
 from schemas.tasks import HarnessSpec, RolloutTask
 from task_formats import LoadOptions, load_task_source
@@ -47,6 +47,7 @@ from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,
     local_backend,
+    provision_request,
     sandbox_backend,
     sandbox_base_image,
     sandbox_state_dir,
@@ -161,23 +162,6 @@ def swebench_task(image: str, base: str) -> RolloutTask:
             },
             "evaluation": {"checks": [check.model_dump()]},
         }
-    )
-
-
-def provision_request(task: RolloutTask) -> ProvisionRequest:
-    return ProvisionRequest(
-        rollout_id=rid(),
-        attempt=1,
-        task=task,
-        session=SessionRef(
-            session_id="s",
-            token="t",
-            openai_base_url="http://127.0.0.1:9/v1",
-            anthropic_base_url="http://127.0.0.1:9",
-            gateway_url="http://127.0.0.1:9",
-            owner_queue="q-gw",
-        ),
-        timeout_s=600,
     )
 
 
