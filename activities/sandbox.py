@@ -14,6 +14,7 @@ retry carries the claims on, and the workflow destroys each on its host by ident
 import asyncio
 import contextlib
 import logging
+import posixpath
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -37,13 +38,16 @@ from sandboxes.base import (
     ROLLOUT_LABEL,
     BackendUnavailable,
     GatewayChannel,
+    ImageRepo,
     SandboxBackend,
     SandboxError,
     SandboxHandle,
     SandboxNotFound,
     SandboxSpec,
 )
+from sandboxes.provisioning import resolve_path
 from sandboxes.registry import get_backend
+from schemas.evaluation import SweBenchCheck
 from schemas.rollout import (
     DESTROY_SANDBOX,
     PROVISION_SANDBOX,
@@ -138,7 +142,7 @@ def sandbox_spec(
     fields = task.sandbox.spec_fields()
     labels = {**fields.pop("labels", {}), "agentic-rollout.task-id": task.task_id}
     labels[ROLLOUT_LABEL] = rollout_id
-    return SandboxSpec.model_validate(
+    spec = SandboxSpec.model_validate(
         {
             **fields,
             "rollout_id": rollout_id,
@@ -147,6 +151,24 @@ def sandbox_spec(
             "labels": labels,
         }
     )
+    spec.image_repos += checked_image_repos(task, spec)
+    return spec
+
+
+def checked_image_repos(task: RolloutTask, spec: SandboxSpec) -> list[ImageRepo]:
+    """The repos `swebench` checks name that the image holds (not the spec's own repo,
+    nor one listed already): each is cut to its base commit's history at provision."""
+    placed = {r.path for r in spec.image_repos}
+    if spec.repo is not None:
+        placed.add(posixpath.normpath(resolve_path(spec.repo.path, spec.workdir)))
+    out: list[ImageRepo] = []
+    for check in task.evaluation.checks if task.evaluation else ():
+        if isinstance(check, SweBenchCheck):
+            repo = ImageRepo(path=check.repo_path, commit=check.base_commit)
+            if repo.path not in placed:
+                placed.add(repo.path)
+                out.append(repo)
+    return out
 
 
 class HostCapacity(CustomSlotSupplier):
@@ -296,6 +318,7 @@ class SandboxActivities:
             host_queue=self.host_queue,
             env_version=handle.env_version or "unknown",
             handle=handle.model_dump(mode="json"),
+            facts=handle.facts,
         )
 
     @activity.defn(name=DESTROY_SANDBOX)

@@ -22,12 +22,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Workspace models and the network policy are part of the task contract; the protocol
 # re-exports them.
 from schemas.environment import NetworkPolicy
-from schemas.workspace import RepoSpec, SandboxFile
+from schemas.workspace import RepoSpec, SandboxFile, full_commit
 
 __all__ = [
     "DEFAULT_GATEWAY_PORT",
@@ -50,6 +50,7 @@ __all__ = [
     "EvalHeadroom",
     "ExecResult",
     "GatewayChannel",
+    "ImageRepo",
     "NetworkPolicy",
     "NetworkPolicyRefused",
     "OutputCallback",
@@ -204,6 +205,31 @@ class GatewayChannel(BaseModel):
     public_url: str | None = None
 
 
+class ImageRepo(BaseModel):
+    """A git repository the image already holds (SWE-bench's `/testbed`), at `commit`.
+
+    Provisioning cuts its history to `commit` and its ancestors before the agent starts
+    (`sandboxes.repo_trim`), as a repo cloned from `SandboxSpec.repo` is cut.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    commit: str
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"image_repos[].path must be absolute, got {v!r}")
+        return v.rstrip("/") or "/"
+
+    @field_validator("commit")
+    @classmethod
+    def _immutable(cls, v: str) -> str:
+        return full_commit(v, "image_repos[].commit")
+
+
 class SandboxSpec(BaseModel):
     """Everything needed to create a sandbox for one rollout."""
 
@@ -221,6 +247,8 @@ class SandboxSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     files: list[SandboxFile] = Field(default_factory=list)
     repo: RepoSpec | None = None
+    #: Repositories the image holds, each cut to its commit's history like `repo`.
+    image_repos: list[ImageRepo] = Field(default_factory=list)
     #: Shell commands run in order after files/repo are in place (cwd = workdir).
     setup: list[str] = Field(default_factory=list)
     setup_timeout_s: float = 600.0
@@ -262,6 +290,8 @@ class SandboxHandle(BaseModel):
     created_at: float = Field(default_factory=time.time)
     #: Backend-specific details (container name, pid, state dir...). Informational.
     details: dict[str, Any] = Field(default_factory=dict)
+    #: What provisioning did that the samples record (``repo_history: trimmed``).
+    facts: dict[str, str] = Field(default_factory=dict)
 
 
 class OutputChunk(BaseModel):
@@ -346,10 +376,14 @@ UNREADABLE_PAX = "ROLLOUT.unreadable"
 EVALUATOR_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Git settings every git of an evaluation step gets at command-line precedence (via
 #: ``GIT_CONFIG_COUNT``), so a repo config the agent wrote cannot start a program there.
+#: `safe.directory`: a repo the image holds is often another uid's (SWE-bench's /testbed
+#: is root's, mode 777), and git's ownership check would stop every git there; in a
+#: sandbox it guards nothing, since the agent can replace a repo it can write by its own.
 EVALUATOR_GIT_CONFIG = {
     "core.fsmonitor": "false",
     "core.hooksPath": "/dev/null",
     "core.untrackedCache": "false",
+    "safe.directory": "*",
 }
 #: For a command a backend may start through a login shell (E2B runs every command as
 #: ``bash -l -c``): a HOME where no profile file can exist (/proc: nobody creates files

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sandboxes.base import Sandbox, SandboxError, SandboxFile, SandboxHandle, SandboxSpec
 from sandboxes.host_state import state_root
+from sandboxes.repo_trim import TRIMMED, checkout_commit, git, trim_in_sandbox
 
 #: PATH every sandbox command starts with.
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -62,13 +63,6 @@ def files_tar(files: list[SandboxFile], workdir: str) -> bytes:
     return buf.getvalue()
 
 
-def _git(*args: str, cwd: str | None = None) -> str:
-    r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
-    if r.returncode:
-        raise SandboxError(f"git {' '.join(args)} failed: {r.stderr.strip()[-2000:]}")
-    return r.stdout
-
-
 def _is_git_dir(path: Path) -> bool:
     return (
         subprocess.run(
@@ -93,32 +87,34 @@ def _mirror(url: str, commit: str, cache: Path) -> Path:
         if not mirror.exists():
             tmp = Path(tempfile.mkdtemp(prefix=f"{mirror.name}.", dir=cache))
             try:
-                _git("clone", "--quiet", "--mirror", url, str(tmp))
+                git("clone", "--quiet", "--mirror", url, str(tmp))
+                # One pack with a bitmap (a bare repo's default): each checkout then
+                # counts its commit's objects from the bitmap instead of walking them.
+                git("repack", "-a", "-d", "-q", cwd=tmp)
                 tmp.rename(mirror)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         if subprocess.run(
             ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=mirror, capture_output=True
         ).returncode:
-            _git("fetch", "--quiet", "origin", "+refs/*:refs/*", cwd=str(mirror))
+            git("fetch", "--quiet", "origin", "+refs/*:refs/*", cwd=str(mirror))
             with contextlib.suppress(SandboxError):
-                _git("fetch", "--quiet", "origin", commit, cwd=str(mirror))
+                git("fetch", "--quiet", "origin", commit, cwd=str(mirror))
     return mirror
 
 
 def repo_tar(url: str, commit: str, cache: Path | None = None) -> bytes:
     """Host-side checkout of `url` at `commit`, as a tar whose root is the repo.
 
-    A bare mirror per URL is cached so repeated rollouts on one repo fetch once.
+    A bare mirror per URL is cached so repeated rollouts on one repo fetch once. The
+    checkout holds `commit`'s history only (`repo_trim.checkout_commit`), copied once.
     """
     if shutil.which("git") is None:
         raise SandboxError("git is required on the host to materialise spec.repo")
     mirror = _mirror(url, commit, cache or state_root("git-cache"))
     with tempfile.TemporaryDirectory(prefix="repo-") as tmp:
         work = Path(tmp) / "repo"
-        _git("clone", "--quiet", "--no-checkout", "--no-hardlinks", str(mirror), str(work))
-        _git("checkout", "--quiet", "--detach", commit, cwd=str(work))
-        _git("remote", "set-url", "origin", url, cwd=str(work))
+        checkout_commit(mirror, commit, work)
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tf:
             for child in sorted(work.iterdir()):
@@ -127,13 +123,18 @@ def repo_tar(url: str, commit: str, cache: Path | None = None) -> bytes:
 
 
 async def populate(sb: Sandbox, spec: SandboxSpec) -> None:
-    """Files, repo and setup commands from the spec, in that order."""
+    """Files, repo, the image's repos cut to their commit, and setup commands from the
+    spec, in that order. Records on the handle's `facts` that a repo's history was cut."""
     workdir = sb.workdir  # the backend may map spec.workdir (e2b: under $HOME)
     if spec.files:
         await sb.put_archive("/", files_tar(spec.files, workdir))
     if spec.repo is not None:
         data = await asyncio.to_thread(repo_tar, spec.repo.url, spec.repo.commit)
         await sb.put_archive(resolve_path(spec.repo.path, workdir), data)
+    for repo in spec.image_repos:
+        await trim_in_sandbox(sb, repo, spec.setup_timeout_s)
+    if spec.repo is not None or spec.image_repos:
+        sb.handle = sb.handle.model_copy(update={"facts": {**sb.handle.facts, **TRIMMED}})
     for cmd in spec.setup:
         res = await sb.exec(cmd, cwd=workdir, timeout=spec.setup_timeout_s)
         if not res.ok:

@@ -402,6 +402,7 @@ class SupervisedBackend(SandboxBackend, Generic[SB]):
             await self._before_bind(sb, spec, pooled)
             await self._bind_rollout(sb, spec)
             await populate(sb, spec)
+            (sb.state_dir / "handle.json").write_text(sb.handle.model_dump_json())  # its facts
         except BaseException:
             await asyncio.shield(self.destroy(sb.handle))
             raise

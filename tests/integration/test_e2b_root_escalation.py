@@ -23,8 +23,9 @@ from temporalio.testing import ActivityEnvironment
 from activities.sandbox import SandboxActivities, SandboxBackends
 from sandboxes.base import SandboxHandle, SandboxSpec
 from sandboxes.e2b import TASK_ID_LABEL, RootEscalationRefused
-from schemas.rollout import BAD_TASK_SPEC, ProvisionRequest, SessionRef
+from schemas.rollout import BAD_TASK_SPEC
 from schemas.tasks import RolloutTask
+from tests.fixtures.sandboxes import provision_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -114,20 +115,7 @@ async def test_provision_ends_the_rollout_as_a_bad_task_before_the_agent(
             "sandbox": {"backend": "e2b", "image": sudo_template},
         }
     )
-    request = ProvisionRequest(
-        rollout_id=f"r-{uuid.uuid4().hex[:10]}",
-        attempt=1,
-        task=task,
-        session=SessionRef(
-            session_id="s",
-            token="t",
-            openai_base_url="https://gw.example.invalid/v1",
-            anthropic_base_url="https://gw.example.invalid",
-            gateway_url="https://gw.example.invalid",
-            owner_queue="q-gw",
-        ),
-        timeout_s=600,
-    )
+    request = provision_request(task, gateway="https://gw.example.invalid")
     try:
         with pytest.raises(ApplicationError) as err:
             await ActivityEnvironment().run(acts.provision_sandbox, request)

@@ -441,3 +441,4 @@ async def test_swebench_instance_through_the_stack(stack: Stack, tmp_path: Path)
     for row in rows:
         assert row.task_source.startswith("swebench:")
         assert row.response_ids and len(row.logprobs) == len(row.response_ids)
+        assert json.loads(row.sandbox_facts) == {"repo_history": "trimmed"}

@@ -33,8 +33,9 @@ from sandboxes.task_images import (
     prebuild_tasks,
 )
 from schemas.environment import EnvironmentBuild
-from schemas.rollout import BAD_TASK_SPEC, ProvisionRequest, SessionRef
+from schemas.rollout import BAD_TASK_SPEC
 from schemas.tasks import RolloutTask
+from tests.fixtures.sandboxes import provision_request
 
 pytestmark = [pytest.mark.integration]
 session_loop = pytest.mark.asyncio(loop_scope="session")
@@ -310,23 +311,6 @@ def task(
             "harness": {"name": "command", "config": {"command": "true"}},
             "sandbox": sandbox,
         }
-    )
-
-
-def provision_request(t: RolloutTask) -> ProvisionRequest:
-    return ProvisionRequest(
-        rollout_id=f"r-{uuid.uuid4().hex[:10]}",
-        attempt=1,
-        task=t,
-        session=SessionRef(
-            session_id="s",
-            token="t",
-            openai_base_url="http://127.0.0.1:9/v1",
-            anthropic_base_url="http://127.0.0.1:9",
-            gateway_url="http://127.0.0.1:9",
-            owner_queue="q-gw",
-        ),
-        timeout_s=600,
     )
 
 
