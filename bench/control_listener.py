@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
@@ -116,14 +117,15 @@ def probe_for(control: str, seconds: float, interval_s: float) -> dict[str, list
     return times
 
 
-def run_mode(args: argparse.Namespace, model: Path, engine_url: str, own_loop: bool) -> dict:
+@contextlib.contextmanager
+def _gateway(model: Path, engine_url: str, **extra: Any) -> Iterator[tuple[str, int]]:
+    """A gateway process on loopback with `extra` settings: (its control URL, its pid)."""
     port = consecutive_free_ports(2)
     with tempfile.TemporaryDirectory(prefix="gw-control-") as data_dir:
         settings = {
             "engine_urls": [engine_url], "model": "tiny", "tokenizer": str(model),
             "insecure_dev": True, "port": port, "control_port": port + 1,
-            "data_dir": data_dir, "context_window": 1048576,
-            "control_own_loop": own_loop,
+            "data_dir": data_dir, "context_window": 1048576, **extra,
         }  # fmt: skip
         env = dict(os.environ, ROLLOUT_GATEWAY_SETTINGS=json.dumps(settings))
         proc = subprocess.Popen(
@@ -132,22 +134,27 @@ def run_mode(args: argparse.Namespace, model: Path, engine_url: str, own_loop: b
         control = f"http://127.0.0.1:{port + 1}"
         try:
             wait_healthy(control, proc)
-            sessions = asyncio.run(create_sessions([control], args.agents))
-            idle = probe_for(control, args.idle_seconds, args.probe_interval_ms / 1000)
-            out: Any = multiprocessing.get_context("spawn").Queue()
-            load_s = args.warmup_s + args.seconds
-            child = multiprocessing.get_context("spawn").Process(
-                target=_agents, args=(sessions, load_s, args.stream, out)
-            )
-            child.start()
-            time.sleep(args.warmup_s)
-            before = asyncio.run(_scrape(control))
-            loaded = probe_for(control, args.seconds, args.probe_interval_ms / 1000)
-            after = asyncio.run(_scrape(control))
-            load = out.get(timeout=load_s + 600)
-            child.join()
+            yield control, proc.pid
         finally:
             stop_process(proc)
+
+
+def run_mode(args: argparse.Namespace, model: Path, engine_url: str, own_loop: bool) -> dict:
+    with _gateway(model, engine_url, control_own_loop=own_loop) as (control, _):
+        sessions = asyncio.run(create_sessions([control], args.agents))
+        idle = probe_for(control, args.idle_seconds, args.probe_interval_ms / 1000)
+        out: Any = multiprocessing.get_context("spawn").Queue()
+        load_s = args.warmup_s + args.seconds
+        child = multiprocessing.get_context("spawn").Process(
+            target=_agents, args=(sessions, load_s, args.stream, out)
+        )
+        child.start()
+        time.sleep(args.warmup_s)
+        before = asyncio.run(_scrape(control))
+        loaded = probe_for(control, args.seconds, args.probe_interval_ms / 1000)
+        after = asyncio.run(_scrape(control))
+        load = out.get(timeout=load_s + 600)
+        child.join()
     lag50, lag99, _ = lag_quantiles(before, after)
     return {"own_loop": own_loop, "idle": idle, "loaded": loaded, "load": load,
             "lag_p50_ms": 1000 * lag50, "lag_p99_ms": 1000 * lag99,
@@ -293,39 +300,17 @@ def _add(into: dict[str, Any], window: dict[str, Any]) -> None:
     into["cpu"].append(window["cpu"])
 
 
-@contextlib.contextmanager
-def _gateway(model: Path, engine_url: str, offload_bytes: int) -> Iterator[tuple[str, int]]:
-    """A gateway process on loopback: (its control URL, its pid)."""
-    port = consecutive_free_ports(2)
-    with tempfile.TemporaryDirectory(prefix="gw-flood-") as data_dir:
-        settings = {
-            "engine_urls": [engine_url], "model": "tiny", "tokenizer": str(model),
-            "insecure_dev": True, "port": port, "control_port": port + 1,
-            "data_dir": data_dir, "context_window": 1048576,
-            "parse_offload_bytes": offload_bytes,
-        }  # fmt: skip
-        env = dict(os.environ, ROLLOUT_GATEWAY_SETTINGS=json.dumps(settings))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.gateway_server"], env=env, stdout=subprocess.DEVNULL
-        )
-        control = f"http://127.0.0.1:{port + 1}"
-        try:
-            wait_healthy(control, proc)
-            yield control, proc.pid
-        finally:
-            stop_process(proc)
-
-
 def run_flood(
     args: argparse.Namespace, model: Path, engine_url: str, offload_bytes: int, apart: bool
 ) -> dict:
     """Idle and flooded in turn; `apart`: the flood goes to another gateway process on
     the same machine, the control that shows what the machine alone takes."""
+    gateway = functools.partial(_gateway, model, engine_url, parse_offload_bytes=offload_bytes)
     with contextlib.ExitStack() as stack:
-        control, pid = stack.enter_context(_gateway(model, engine_url, offload_bytes))
+        control, pid = stack.enter_context(gateway())
         flood_control = control
         if apart:
-            flood_control, _ = stack.enter_context(_gateway(model, engine_url, offload_bytes))
+            flood_control, _ = stack.enter_context(gateway())
         (victim,) = asyncio.run(create_sessions([control], 1))
         (attacker,) = asyncio.run(create_sessions([flood_control], 1))
         size = GatewayOptions.model_fields["session_max_body_bytes"].default
