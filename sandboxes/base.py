@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # Workspace models and the network policy are part of the task contract; the protocol
 # re-exports them.
 from schemas.environment import NetworkPolicy
-from schemas.workspace import RepoSpec, SandboxFile, full_commit
+from schemas.workspace import RepoSpec, SandboxFile, absolute_dir, full_commit
 
 __all__ = [
     "DEFAULT_GATEWAY_PORT",
@@ -220,9 +220,7 @@ class ImageRepo(BaseModel):
     @field_validator("path")
     @classmethod
     def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"image_repos[].path must be absolute, got {v!r}")
-        return v.rstrip("/") or "/"
+        return absolute_dir(v, "image_repos[].path")
 
     @field_validator("commit")
     @classmethod

@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from schemas.base import StrictModel
-from schemas.workspace import SandboxFile, full_commit
+from schemas.workspace import SandboxFile, absolute_dir, full_commit
 
 #: Bump when the scoring rules of the `evaluate` hook change meaning.
 SCORING_VERSION = "4"
@@ -184,9 +184,7 @@ class SweBenchCheck(_CheckBase):
     @field_validator("repo_path")
     @classmethod
     def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"repo_path must be absolute, got {v!r}")
-        return v.rstrip("/") or "/"
+        return absolute_dir(v, "repo_path")
 
     @field_validator("pytest_plugins")
     @classmethod

@@ -23,6 +23,13 @@ def full_commit(value: str, field: str = "repo.commit") -> str:
     return v
 
 
+def absolute_dir(value: str, field: str) -> str:
+    """`value` without trailing slashes if it is an absolute path, else a ValueError."""
+    if not value.startswith("/"):
+        raise ValueError(f"{field} must be absolute, got {value!r}")
+    return value.rstrip("/") or "/"
+
+
 class SandboxFile(BaseModel):
     """A file to place in the sandbox (at create time, or before evaluation)."""
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from schemas.base import StrictModel
 from schemas.evaluation import EvaluationSpec, SweBenchCheck
 from schemas.tasks import HookSpec, RolloutTask, TaskSource, check_task_id, default_hooks
-from schemas.workspace import full_commit
+from schemas.workspace import absolute_dir, full_commit
 from task_formats.base import LoadedTasks, LoadOptions, RefusedTask
 
 #: SWE-bench's published image names (`__` is not allowed in a Docker Hub name).
@@ -86,9 +86,7 @@ class SweBenchOptions(StrictModel):
     @field_validator("repo_path")
     @classmethod
     def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"repo_path must be absolute, got {v!r}")
-        return v.rstrip("/") or "/"
+        return absolute_dir(v, "repo_path")
 
     @field_validator("sandbox")
     @classmethod
