@@ -10,7 +10,6 @@ unfixed instance: 0, from pytest's JUnit report, with the hidden test FAILED.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,6 @@ import pytest
 from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.session import SessionCreated
-from schemas.tasks import HarnessSpec
-from task_formats import LoadOptions, load_task_source
-from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,
     local_backend,
@@ -39,6 +35,7 @@ from tests.fixtures.swebench_pytest_repo import (
     sandbox_options,
     write_pytest_instance,
 )
+from tests.fixtures.swebench_repo import run_one_instance
 
 pytestmark = pytest.mark.integration
 
@@ -156,23 +153,8 @@ async def run_instance(
     backend: SandboxBackend, tmp_path: Path, instances: Path, agent: str, **options: Any
 ) -> RunOutcome:
     """One rollout of the instance; the agent's script must succeed."""
-    load = LoadOptions(
-        harness=HarnessSpec(name="command", config={"command": agent}, budget_s=120),
-        backend=backend.name,
-        format_options={
-            "repo_url_template": str(instances.parent / "calc"),
-            "sandbox": sandbox_options(),
-            **FORMAT_OPTIONS,
-            **options,
-        },
-    )
-    loaded = load_task_source(instances, load, fmt="swebench")
-    assert loaded.refused == []
-    (task,) = loaded.tasks
-    rid = f"it-swebench-runner-{time.monotonic_ns()}"
-    r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(task, SESSION, rid)
-    assert r.agent is not None and r.agent.exit_code == 0, r.agent and r.agent.stderr_tail
-    return r
+    options = {"sandbox": sandbox_options(), **FORMAT_OPTIONS, **options}
+    return await run_one_instance(backend, tmp_path, instances, agent, SESSION, options)
 
 
 async def test_the_fix_resolves_with_the_patch_conftest_and_the_declared_plugin(

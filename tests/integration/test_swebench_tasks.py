@@ -11,7 +11,6 @@ with unittest (the base image has no pytest) and grades them.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,6 @@ from hooks.swebench_check import LOG_TAIL_BYTES
 from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.session import SessionCreated
-from schemas.tasks import HarnessSpec
-from task_formats import LoadOptions, load_task_source
-from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,
     local_backend,
@@ -30,7 +26,14 @@ from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     sandbox_base_image,
     sandbox_state_dir,
 )
-from tests.fixtures.swebench_repo import F2P, FIX, FORMAT_OPTIONS, P2P, write_calc_instances
+from tests.fixtures.swebench_repo import (
+    F2P,
+    FIX,
+    FORMAT_OPTIONS,
+    P2P,
+    run_one_instance,
+    write_calc_instances,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -67,18 +70,7 @@ async def run_any(
     backend: SandboxBackend, tmp_path: Path, instances: Path, agent: str
 ) -> RunOutcome:
     """One rollout of the instance, whatever its evaluation gives."""
-    options = LoadOptions(
-        harness=HarnessSpec(name="command", config={"command": agent}, budget_s=120),
-        backend=backend.name,
-        format_options={"repo_url_template": str(instances.parent / "calc"), **FORMAT_OPTIONS},
-    )
-    loaded = load_task_source(instances, options, fmt="swebench")
-    assert loaded.refused == []
-    (task,) = loaded.tasks
-    rid = f"it-swebench-{time.monotonic_ns()}"
-    r = await RuntimeManager(tmp_path, backends={backend.name: backend}).run(task, SESSION, rid)
-    assert r.agent is not None and r.agent.exit_code == 0, r.agent and r.agent.stderr_tail
-    return r
+    return await run_one_instance(backend, tmp_path, instances, agent, SESSION, FORMAT_OPTIONS)
 
 
 async def test_the_fix_resolves_the_instance(
