@@ -40,7 +40,7 @@ from typing import Any
 from harnesses.base import AgentHarness, GatewayEndpoints, HarnessContext
 from harnesses.registry import get_harness
 from hooks.base import Hook, HookContext, build_hooks, run_on_error, run_phase
-from sandboxes.base import Sandbox
+from sandboxes.base import EvalHeadroom, Sandbox
 from schemas.outcome import RolloutStatus, RunOutcome, run_status
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
@@ -120,12 +120,16 @@ class _Phases:
 _AFTER_AGENT_STARTED = frozenset({"agent", "stop_agent", "after_run"})
 
 
-async def _damage_by_agent(sandbox: Sandbox, workdir: str, phase: str) -> str | None:
+async def _damage_by_agent(
+    sandbox: Sandbox, workdir: str, phase: str, task: RolloutTask
+) -> str | None:
     """What the agent broke, when a failure came once it could act (see
-    `Sandbox.agent_damage`); None: the failure is ours."""
+    `Sandbox.agent_damage`, with the room the task says an evaluation needs, as the
+    evaluate hook measures it); None: the failure is ours."""
     if phase not in _AFTER_AGENT_STARTED:
         return None
-    return await sandbox.agent_damage(workdir)
+    headroom = EvalHeadroom.of_task(task.sandbox.spec_fields().get("resources"))
+    return await sandbox.agent_damage(workdir, headroom=headroom)
 
 
 def _endpoints(session: SessionCreated, sandbox: Sandbox) -> GatewayEndpoints:
@@ -218,7 +222,7 @@ async def run_in_sandbox(
     except Exception as e:
         outcome.error = f"{phases.current}: {e!r}"
         try:
-            damage = await _damage_by_agent(sandbox, ctx.workdir, phases.current)
+            damage = await _damage_by_agent(sandbox, ctx.workdir, phases.current, task)
         except asyncio.CancelledError:  # cancelled while looking: as any cancellation
             outcome.error = f"cancelled during {phases.current}"
             await to_completion(run_on_error(hooks, ctx, e), budget.cleanup_s, "on_error hooks")

@@ -575,13 +575,6 @@ async def evaluate(
     )
 
 
-def _headroom(ctx: HookContext) -> EvalHeadroom | None:
-    """The task's `resources.eval_headroom` (None: the default)."""
-    resources = ctx.task.sandbox.spec_fields().get("resources") or {}
-    raw = resources.get("eval_headroom") if isinstance(resources, dict) else None
-    return EvalHeadroom.model_validate(raw) if raw is not None else None
-
-
 @register_hook
 class EvaluateHook(Hook):
     """after_run: evaluate the task's contract (also after an agent time-out: partial
@@ -628,7 +621,7 @@ class EvaluateHook(Hook):
             check_dirs=ctx.state.get(self._key, []),
             preflight=ctx.state.get(self._preflight_key),
             unwritable_before=ctx.state.get(self._unwritable_key),
-            headroom=_headroom(ctx),
+            headroom=EvalHeadroom.of_task(ctx.task.sandbox.spec_fields().get("resources")),
         )
         ctx.outcome.evaluation = evaluation
         path = ctx.artifacts_dir / "evaluation.json"

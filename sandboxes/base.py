@@ -159,6 +159,13 @@ class EvalHeadroom(BaseModel):
             return int(self.shm_mb * MIB)
         return min(total // 4, 16 * MIB)
 
+    @classmethod
+    def of_task(cls, resources: Any) -> EvalHeadroom:
+        """The `eval_headroom` a task's `sandbox.resources` (a raw mapping, or None)
+        sets; the default where it sets none."""
+        raw = resources.get("eval_headroom") if isinstance(resources, dict) else None
+        return cls.model_validate(raw) if raw is not None else cls()
+
 
 def short_of_room(where: str, free: int, total: int, need: int) -> str | None:
     """The damage line for a filesystem with `free` of `total` bytes when `need` are

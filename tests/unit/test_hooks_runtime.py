@@ -98,6 +98,8 @@ class FakeBackend(SandboxBackend):
         self.damage = damage
         self.live: dict[str, SandboxHandle] = {}
         self.specs: list[SandboxSpec] = []
+        #: The free space each damage probe was asked to find.
+        self.headrooms: list[EvalHeadroom] = []
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         self.specs.append(spec)
@@ -133,6 +135,7 @@ class _Sb(FakeSandbox):
         self, workdir: str, check_dirs: Sequence[str], headroom: EvalHeadroom
     ) -> str | None:
         EVENTS.append("sandbox.probe")
+        self._backend.headrooms.append(headroom)  # type: ignore[attr-defined]
         if self._backend.damage == "hang":  # type: ignore[attr-defined]
             await asyncio.sleep(3600)
         return self._backend.damage  # type: ignore[attr-defined,no-any-return]
@@ -245,6 +248,21 @@ async def test_a_failure_in_a_sandbox_the_agent_broke_is_its_zero_not_a_retry(
     assert r.problem is not None and "its supervisor is gone" in r.problem
     assert "h.after_run" not in EVENTS and "sandbox.probe" in EVENTS
     assert EVENTS[-3:] == ["h.on_error", "harness.cleanup", "sandbox.destroy"]
+
+
+async def test_the_damage_probe_wants_the_room_the_task_says_an_evaluation_needs(
+    tmp_path: Path,
+) -> None:
+    """A failed run is probed with the task's `eval_headroom`, as the evaluate hook
+    probes a failed check: one rule of whose failure it is, not two."""
+    backend = FakeBackend(damage="its disk is full")
+    room = {"disk_mb": 100, "shm_mb": 2}
+    spec = task("raise", sandbox={"backend": "fake", "resources": {"eval_headroom": room}})
+    await manager(tmp_path, backend).run(spec, SESSION, "r1")
+    assert backend.headrooms == [EvalHeadroom(disk_mb=100, shm_mb=2)]
+    backend.headrooms.clear()
+    await manager(tmp_path, backend).run(task("raise"), SESSION, "r2")
+    assert backend.headrooms == [EvalHeadroom()]
 
 
 async def test_a_failure_before_the_agent_ran_is_never_the_agents(tmp_path: Path) -> None:
