@@ -5,7 +5,8 @@
 # Why a script: CI (.ci/run) and developers must get the exact same setup — what the
 # local backend needs (scripts/install_local_deps.sh: bubblewrap, libseccomp, e2fsprogs,
 # ...), plus the docker engine (docker backend, image recipe), debootstrap, tar and zstd
-# (base image rootfs), iproute2 (network checks in tests).
+# (base image rootfs), iproute2 (network checks in tests), iptables (the host rule that
+# keeps public docker sandboxes off the host's services).
 # Safe to rerun: installs only what is missing, starts dockerd only if no engine answers.
 set -euo pipefail
 
@@ -17,6 +18,7 @@ need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v tar >/dev/null 2>&1 || need+=(tar)
 command -v zstd >/dev/null 2>&1 || need+=(zstd)
 dpkg -s debian-archive-keyring >/dev/null 2>&1 || need+=(debian-archive-keyring)
