@@ -22,9 +22,11 @@ are `{}`.
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
+from gateway.parsers.family import Family
 from gateway.parsers.json_calls import json_object_text
 from gateway.parsers.tagged import TaggedParser
 
@@ -98,3 +100,21 @@ def _fenced(head: str, tail: str) -> tuple[str, str] | str:
     if match is None:
         return "no ```json block after the tool name"
     return name.strip(), match["args"]
+
+
+FAMILIES = (
+    Family(
+        "deepseek-r1-distill-qwen",
+        partial(DeepSeekParser, fenced=True),
+        template_signature=(SECTION_BEGIN, "tool['type']"),
+        vllm_parsers=(("deepseek_v3", None), ("deepseek_v3", "deepseek_r1")),
+        vllm_reasoning_alone=("deepseek_r1",),
+    ),
+    Family(
+        "deepseek-v3.1",
+        DeepSeekParser,
+        template_signature=(SECTION_BEGIN,),
+        vllm_parsers=(("deepseek_v31", None), ("deepseek_v31", "deepseek_v3")),
+        vllm_reasoning_alone=("deepseek_v3",),
+    ),
+)

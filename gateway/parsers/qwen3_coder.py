@@ -32,9 +32,11 @@ is not a call: the block stays content with a parse note, as for every family.
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
+from gateway.parsers.family import Family
 from gateway.parsers.tagged import TaggedParser
 from gateway.parsers.typed_arguments import typed_arguments
 
@@ -161,3 +163,19 @@ def _skip_space(text: str, pos: int) -> int:
 
 def _excerpt(text: str, pos: int, width: int = 24) -> str:
     return repr(text[pos : pos + width])
+
+
+FAMILIES = (
+    Family(
+        "qwen3.5",
+        Qwen3CoderParser,
+        template_signature=(FUNCTION_OPEN, "<think>"),
+        vllm_parsers=(("qwen3_coder", "qwen3"), ("qwen3_xml", "qwen3")),
+    ),
+    Family(
+        "qwen3-coder",
+        partial(Qwen3CoderParser, reasoning=False),
+        template_signature=(FUNCTION_OPEN,),
+        vllm_parsers=(("qwen3_coder", None), ("qwen3_xml", None)),
+    ),
+)
