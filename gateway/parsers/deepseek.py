@@ -106,15 +106,17 @@ FAMILIES = (
     Family(
         "deepseek-r1-distill-qwen",
         partial(DeepSeekParser, fenced=True),
-        template_signature=(SECTION_BEGIN, "tool['type']"),
-        vllm_parsers=(("deepseek_v3", None), ("deepseek_v3", "deepseek_r1")),
-        vllm_reasoning_alone=("deepseek_r1",),
+        signature=(SECTION_BEGIN, "tool['type']"),
+        vllm_tool_parsers=("deepseek_v3",),
+        vllm_reasoning_parsers=(None, "deepseek_r1"),
+        vllm_reasoning_alone=True,
     ),
     Family(
         "deepseek-v3.1",
         DeepSeekParser,
-        template_signature=(SECTION_BEGIN,),
-        vllm_parsers=(("deepseek_v31", None), ("deepseek_v31", "deepseek_v3")),
-        vllm_reasoning_alone=("deepseek_v3",),
+        signature=(SECTION_BEGIN,),
+        vllm_tool_parsers=("deepseek_v31",),
+        vllm_reasoning_parsers=(None, "deepseek_v3"),
+        vllm_reasoning_alone=True,
     ),
 )

@@ -20,14 +20,17 @@ class Family:
     """The family's name: its chat template's name in the real-templates manifest."""
     parser: Callable[[str], OutputParser]
     """Builds a fresh parser, given the family's name (a parser class, or a partial of one)."""
-    template_signature: tuple[str, ...]
+    signature: tuple[str, ...]
     """Strings its chat templates all contain; () when no template is recognised as it.
     Detection tries the families in registry order and takes the first whose strings
     all appear, so a family whose strings another's template also contains comes first."""
-    vllm_parsers: tuple[tuple[str, str | None], ...]
-    """The (vLLM `--tool-call-parser`, `--reasoning-parser` or None) pairs that name it."""
-    vllm_reasoning_alone: tuple[str, ...] = ()
-    """vLLM `--reasoning-parser` names that name it when no tool-call parser is given."""
+    vllm_tool_parsers: tuple[str, ...]
+    """vLLM `--tool-call-parser` names that select it, each with any of
+    `vllm_reasoning_parsers`."""
+    vllm_reasoning_parsers: tuple[str | None, ...] = (None,)
+    """vLLM `--reasoning-parser` names that go with those (None: none named)."""
+    vllm_reasoning_alone: bool = False
+    """Whether one of its reasoning parsers named without a tool-call parser selects it."""
 
     def new_parser(self) -> OutputParser:
         return self.parser(self.name)

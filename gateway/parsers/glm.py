@@ -91,18 +91,13 @@ def _read_pairs(body: str) -> tuple[str, dict[str, str]] | str:
     return name, values
 
 
-_GLM_PARSERS = ("glm45", "glm47")
-"""vLLM's names for GLM-4.5's format, which GLM-4.7 keeps: either tool-call parser with
-either reasoning parser (or none)."""
-
 FAMILIES = (
     Family(
         "glm-4.7-flash",
         GlmParser,
-        template_signature=("<arg_key>",),
-        vllm_parsers=tuple(
-            (tool, reasoning) for tool in _GLM_PARSERS for reasoning in (None, *_GLM_PARSERS)
-        ),
-        vllm_reasoning_alone=_GLM_PARSERS,
+        signature=("<arg_key>",),
+        vllm_tool_parsers=("glm45", "glm47"),
+        vllm_reasoning_parsers=(None, "glm45", "glm47"),
+        vllm_reasoning_alone=True,
     ),
 )

@@ -397,8 +397,9 @@ FAMILIES = (
     Family(
         "gpt-oss",
         HarmonyParser,
-        template_signature=("<|channel|>",),
-        vllm_parsers=(("openai", None), ("openai", "openai_gptoss")),
-        vllm_reasoning_alone=("openai_gptoss",),
+        signature=("<|channel|>",),
+        vllm_tool_parsers=("openai",),
+        vllm_reasoning_parsers=(None, "openai_gptoss"),
+        vllm_reasoning_alone=True,
     ),
 )

@@ -80,14 +80,10 @@ FAMILIES = (
     Family(
         "kimi-k2-thinking",
         partial(KimiK2Parser, thinking=True),
-        template_signature=(SECTION_BEGIN, "<think>"),
-        vllm_parsers=(("kimi_k2", "kimi_k2"),),
-        vllm_reasoning_alone=("kimi_k2",),
+        signature=(SECTION_BEGIN, "<think>"),
+        vllm_tool_parsers=("kimi_k2",),
+        vllm_reasoning_parsers=("kimi_k2",),
+        vllm_reasoning_alone=True,
     ),
-    Family(
-        "kimi-k2",
-        KimiK2Parser,
-        template_signature=(SECTION_BEGIN,),
-        vllm_parsers=(("kimi_k2", None),),
-    ),
+    Family("kimi-k2", KimiK2Parser, signature=(SECTION_BEGIN,), vllm_tool_parsers=("kimi_k2",)),
 )

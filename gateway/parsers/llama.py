@@ -272,16 +272,8 @@ def _skip_ws(text: str, i: int) -> int:
 
 FAMILIES = (
     Family(
-        "llama3.1",
-        LlamaJsonParser,
-        template_signature=(PYTHON_TAG,),
-        vllm_parsers=(("llama3_json", None),),
+        "llama3.1", LlamaJsonParser, signature=(PYTHON_TAG,), vllm_tool_parsers=("llama3_json",)
     ),
-    Family(
-        "llama3.2",
-        LlamaJsonParser,
-        template_signature=("<|start_header_id|>",),
-        vllm_parsers=(),
-    ),
-    Family("pythonic", PythonicParser, template_signature=(), vllm_parsers=(("pythonic", None),)),
+    Family("llama3.2", LlamaJsonParser, signature=("<|start_header_id|>",), vllm_tool_parsers=()),
+    Family("pythonic", PythonicParser, signature=(), vllm_tool_parsers=("pythonic",)),
 )

@@ -111,8 +111,9 @@ FAMILIES = (
     Family(
         "minimax-m2",
         MinimaxParser,
-        template_signature=("<minimax:tool_call>",),
-        vllm_parsers=(("minimax_m2", None), ("minimax_m2", "minimax_m2")),
-        vllm_reasoning_alone=("minimax_m2",),
+        signature=("<minimax:tool_call>",),
+        vllm_tool_parsers=("minimax_m2",),
+        vllm_reasoning_parsers=(None, "minimax_m2"),
+        vllm_reasoning_alone=True,
     ),
 )

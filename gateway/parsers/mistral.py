@@ -202,14 +202,12 @@ FAMILIES = (
     Family(
         "ministral-3-reasoning",
         MinistralParser,
-        template_signature=(TOOL_CALLS, "[THINK]"),
-        vllm_parsers=(("mistral", "mistral"),),
-        vllm_reasoning_alone=("mistral",),
+        signature=(TOOL_CALLS, "[THINK]"),
+        vllm_tool_parsers=("mistral",),
+        vllm_reasoning_parsers=("mistral",),
+        vllm_reasoning_alone=True,
     ),
     Family(
-        "mistral-nemo",
-        MistralNemoParser,
-        template_signature=(TOOL_CALLS,),
-        vllm_parsers=(("mistral", None),),
+        "mistral-nemo", MistralNemoParser, signature=(TOOL_CALLS,), vllm_tool_parsers=("mistral",)
     ),
 )

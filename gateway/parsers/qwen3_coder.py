@@ -169,13 +169,14 @@ FAMILIES = (
     Family(
         "qwen3.5",
         Qwen3CoderParser,
-        template_signature=(FUNCTION_OPEN, "<think>"),
-        vllm_parsers=(("qwen3_coder", "qwen3"), ("qwen3_xml", "qwen3")),
+        signature=(FUNCTION_OPEN, "<think>"),
+        vllm_tool_parsers=("qwen3_coder", "qwen3_xml"),
+        vllm_reasoning_parsers=("qwen3",),
     ),
     Family(
         "qwen3-coder",
         partial(Qwen3CoderParser, reasoning=False),
-        template_signature=(FUNCTION_OPEN,),
-        vllm_parsers=(("qwen3_coder", None), ("qwen3_xml", None)),
+        signature=(FUNCTION_OPEN,),
+        vllm_tool_parsers=("qwen3_coder", "qwen3_xml"),
     ),
 )

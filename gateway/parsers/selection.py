@@ -28,20 +28,23 @@ __all__ = [
 def _tool_call_parsers(families: Sequence[Family]) -> dict[str, dict[str | None, str]]:
     table: dict[str, dict[str | None, str]] = {}
     for family in families:
-        for tool, reasoning in family.vllm_parsers:
+        for tool in family.vllm_tool_parsers:
             pairs = table.setdefault(tool, {})
-            if pairs.setdefault(reasoning, family.name) != family.name:
-                raise ValueError(
-                    f"families {pairs[reasoning]!r} and {family.name!r} both declare the "
-                    f"vLLM parsers ({tool!r}, {reasoning!r})"
-                )
+            for reasoning in family.vllm_reasoning_parsers:
+                if pairs.setdefault(reasoning, family.name) != family.name:
+                    raise ValueError(
+                        f"families {pairs[reasoning]!r} and {family.name!r} both declare the "
+                        f"vLLM parsers ({tool!r}, {reasoning!r})"
+                    )
     return table
 
 
 def _reasoning_parsers(families: Sequence[Family]) -> dict[str, str]:
     table: dict[str, str] = {}
     for family in families:
-        for reasoning in family.vllm_reasoning_alone:
+        if not family.vllm_reasoning_alone:
+            continue
+        for reasoning in filter(None, family.vllm_reasoning_parsers):
             if table.setdefault(reasoning, family.name) != family.name:
                 raise ValueError(
                     f"families {table[reasoning]!r} and {family.name!r} both declare the "
@@ -101,7 +104,7 @@ def detect_family(chat_template: str) -> str | None:
     """The first family (in registry order) whose signature the chat template writes;
     None when none matches."""
     for family in SHIPPED:
-        needles = family.template_signature
+        needles = family.signature
         if needles and all(needle in chat_template for needle in needles):
             return family.name
     return None

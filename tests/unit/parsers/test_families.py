@@ -59,12 +59,14 @@ def test_every_family_declares_all_its_facts(family: Family) -> None:
     assert parser.name == family.name
     assert type(FAMILIES[family.name]()) is type(parser)
     assert parser.end_markers and all(parser.end_markers)
-    assert all(family.template_signature)
-    assert family.template_signature or family.vllm_parsers, "no way to select it"
-    for tool, reasoning in family.vllm_parsers:
-        assert family_for(tool, reasoning, None) == family.name
-    for reasoning in family.vllm_reasoning_alone:
-        assert family_for(None, reasoning, None) == family.name
+    assert all(family.signature)
+    assert family.signature or family.vllm_tool_parsers, "no way to select it"
+    for tool in family.vllm_tool_parsers:
+        for reasoning in family.vllm_reasoning_parsers:
+            assert family_for(tool, reasoning, None) == family.name
+    if family.vllm_reasoning_alone:
+        for reasoning in filter(None, family.vllm_reasoning_parsers):
+            assert family_for(None, reasoning, None) == family.name
 
 
 def test_family_names_are_unique() -> None:
@@ -74,7 +76,7 @@ def test_family_names_are_unique() -> None:
 def test_the_detectable_families_are_the_shipped_templates_and_tiny_models() -> None:
     """A family recognised from its template has that template in the manifest and a
     tiny-model recipe; one without a signature (hermes, pythonic) is chosen by name."""
-    detectable = sorted(family.name for family in SHIPPED if family.template_signature)
+    detectable = sorted(family.name for family in SHIPPED if family.signature)
     assert detectable == template_names() == family_names()
 
 
@@ -98,9 +100,9 @@ def test_selection_answers_are_unchanged_for_every_shipped_template(name: str) -
 
 
 def test_two_families_claiming_one_vllm_pair_are_refused() -> None:
-    twin = Family("twin", HermesParser, template_signature=(), vllm_parsers=(("hermes", None),))
+    twin = Family("twin", HermesParser, (), vllm_tool_parsers=("hermes",))
     with pytest.raises(ValueError, match=r"'hermes' and 'twin'.*\('hermes', None\)"):
         selection._tool_call_parsers([*SHIPPED, twin])
-    alone = Family("twin", HermesParser, (), (), vllm_reasoning_alone=("qwen3",))
+    alone = Family("twin", HermesParser, (), (), ("qwen3",), vllm_reasoning_alone=True)
     with pytest.raises(ValueError, match=r"'qwen3' and 'twin'.*'qwen3' alone"):
         selection._reasoning_parsers([*SHIPPED, alone])
