@@ -23,7 +23,7 @@ class Family:
     signature: tuple[str, ...]
     """Strings its chat templates all contain; () when no template is recognised as it.
     Detection tries the families in registry order and takes the first whose strings
-    all appear, so a family whose strings another's template also contains comes first."""
+    all appear."""
     vllm_tool_parsers: tuple[str, ...]
     """vLLM `--tool-call-parser` names that select it, each with any of
     `vllm_reasoning_parsers`."""

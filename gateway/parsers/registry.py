@@ -40,8 +40,8 @@ SHIPPED: tuple[Family, ...] = (
     *llama.FAMILIES,
     *hermes.FAMILIES,
 )
-"""Every shipped family, in the order template detection tries them (a module lists a
-family whose signature another's template also contains before that one)."""
+"""Every shipped family, in the order template detection tries them: a family comes
+before every family whose signature its own template also contains."""
 
 FAMILIES: dict[str, Callable[[], OutputParser]] = {
     family.name: family.new_parser for family in SHIPPED

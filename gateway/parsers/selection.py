@@ -10,6 +10,7 @@ family. The tables below are read from the families' own declarations (`registry
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gateway.parsers.base import OutputParser
 from gateway.parsers.family import Family
@@ -31,26 +32,25 @@ def _tool_call_parsers(families: Sequence[Family]) -> dict[str, dict[str | None,
         for tool in family.vllm_tool_parsers:
             pairs = table.setdefault(tool, {})
             for reasoning in family.vllm_reasoning_parsers:
-                if pairs.setdefault(reasoning, family.name) != family.name:
-                    raise ValueError(
-                        f"families {pairs[reasoning]!r} and {family.name!r} both declare the "
-                        f"vLLM parsers ({tool!r}, {reasoning!r})"
-                    )
+                _claim(pairs, reasoning, family.name, f"the vLLM parsers ({tool!r}, {reasoning!r})")
     return table
 
 
 def _reasoning_parsers(families: Sequence[Family]) -> dict[str, str]:
     table: dict[str, str] = {}
     for family in families:
-        if not family.vllm_reasoning_alone:
-            continue
-        for reasoning in filter(None, family.vllm_reasoning_parsers):
-            if table.setdefault(reasoning, family.name) != family.name:
-                raise ValueError(
-                    f"families {table[reasoning]!r} and {family.name!r} both declare the "
-                    f"vLLM reasoning parser {reasoning!r} alone"
+        if family.vllm_reasoning_alone:
+            for reasoning in filter(None, family.vllm_reasoning_parsers):
+                _claim(
+                    table, reasoning, family.name, f"the vLLM reasoning parser {reasoning!r} alone"
                 )
     return table
+
+
+def _claim(table: dict[Any, str], key: str | None, family: str, what: str) -> None:
+    """Give `key` to `family`; two families declaring the same selection is an error."""
+    if table.setdefault(key, family) != family:
+        raise ValueError(f"families {table[key]!r} and {family!r} both declare {what}")
 
 
 VLLM_TOOL_CALL_PARSERS: Mapping[str, Mapping[str | None, str]] = _tool_call_parsers(SHIPPED)
