@@ -43,7 +43,8 @@ from devstack.family_output import NotAContinuation, assistant_output
 from devstack.tiny_families import ensure_family_model, family_names
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.parsers.base import OutputParser, ParseContext, alnum_call_id
-from gateway.parsers.registry import parser_for_model, parser_names
+from gateway.parsers.registry import parser_names
+from gateway.parsers.selection import parser_for_model
 from gateway.parsers.stream import IncrementalDecoder, OutputStream
 from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.incremental import Tokenizer, load_tokenizer

@@ -38,8 +38,7 @@ from gateway.http.owner_forwarding import OwnerForwarder
 from gateway.http.read_deadlines import deadline_protocol
 from gateway.observability.metrics import GatewayMetrics
 from gateway.options import GatewayOptions
-from gateway.parsers.registry import parser_for_model
-from gateway.parsers.selection import ParserSelectionError
+from gateway.parsers.selection import ParserSelectionError, parser_for_model
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
 from gateway.prompt.model_files import ModelFilesError, load_model_files

@@ -4,8 +4,9 @@ No GPU, no weight downloads and no third-party corpora or templates: this packag
 generates a corpus from its own word lists (``words/*.txt``), trains a byte-level BPE
 tokenizer on it (with CJK merges), ships its own Qwen3-style chat template and writes
 random Qwen3-architecture weights that vLLM's CPU build can serve. Needs numpy,
-tokenizers, safetensors, jinja2 and pydantic -- never torch. Imports nothing from the
-rest of the project.
+tokenizers, safetensors, jinja2 and pydantic -- never torch. Of the rest of the project
+it imports only the Gateway's Jinja environment (``gateway.prompt.jinja_env``), so its
+template renders as the Gateway renders it.
 """
 
 from .builder import (

@@ -1,22 +1,18 @@
-"""Load and render the tiny model's chat template the way HF-compatible servers do.
-
-vLLM renders chat templates through transformers, whose Jinja environment differs from
-Jinja's defaults (sandboxed, ``trim_blocks``/``lstrip_blocks``, a ``tojson`` that does not
-HTML-escape or sort keys, ``raise_exception``). Rendering here with the same settings
-gives the same text without importing transformers.
+"""Load and render the tiny model's chat template the way HF-compatible servers do: in
+the Gateway's transformers-compatible Jinja environment (``gateway.prompt.jinja_env``),
+which gives the text vLLM renders without importing transformers.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import json
-from datetime import datetime
 from importlib import resources
 from typing import Any
 
-from jinja2.exceptions import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+import jinja2
+
+from gateway.prompt.jinja_env import compile_template
 
 
 def chat_template_text() -> str:
@@ -29,35 +25,9 @@ def chat_template_sha256() -> str:
     return hashlib.sha256(chat_template_text().encode("utf-8")).hexdigest()
 
 
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _raise_exception(message: str) -> None:
-    raise TemplateError(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
 @functools.lru_cache(maxsize=8)
-def _compile(source: str) -> Any:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+def _compile(source: str) -> jinja2.Template:
+    return compile_template(source)
 
 
 def render_chat(

@@ -131,6 +131,8 @@ def warm_fingerprint(recipe: WarmupRecipe, python: Path) -> str:
     for name in WARM_SOURCES:
         digest.update(name.encode())
         digest.update(resources.files(__package__).joinpath(name).read_bytes())
+    # The training text is rendered in the Gateway's Jinja environment.
+    digest.update(resources.files("gateway.prompt").joinpath("jinja_env.py").read_bytes())
     digest.update(recipe.model_dump_json().encode())
     digest.update(_trainer_versions(python).encode())
     return digest.hexdigest()[:16]

@@ -22,9 +22,11 @@ are `{}`.
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
+from gateway.parsers.family import Family
 from gateway.parsers.json_calls import json_object_text
 from gateway.parsers.tagged import TaggedParser
 
@@ -98,3 +100,23 @@ def _fenced(head: str, tail: str) -> tuple[str, str] | str:
     if match is None:
         return "no ```json block after the tool name"
     return name.strip(), match["args"]
+
+
+FAMILIES = (
+    Family(
+        "deepseek-r1-distill-qwen",
+        partial(DeepSeekParser, fenced=True),
+        signature=(SECTION_BEGIN, "tool['type']"),
+        vllm_tool_parsers=("deepseek_v3",),
+        vllm_reasoning_parsers=(None, "deepseek_r1"),
+        vllm_reasoning_alone=True,
+    ),
+    Family(
+        "deepseek-v3.1",
+        DeepSeekParser,
+        signature=(SECTION_BEGIN,),
+        vllm_tool_parsers=("deepseek_v31",),
+        vllm_reasoning_parsers=(None, "deepseek_v3"),
+        vllm_reasoning_alone=True,
+    ),
+)

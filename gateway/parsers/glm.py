@@ -21,10 +21,11 @@ import re
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
+from gateway.parsers.family import Family
 from gateway.parsers.tagged import TaggedParser, skip_ws
 from gateway.parsers.typed_arguments import typed_arguments
 
-__all__ = ["GLM_END_MARKERS", "GlmParser"]
+__all__ = ["FAMILIES", "GLM_END_MARKERS", "GlmParser"]
 
 GLM_END_MARKERS = ("<|observation|>", "<|user|>", "<|endoftext|>")
 """`<|observation|>` ends a turn that called tools, `<|user|>` one that answered; the
@@ -88,3 +89,15 @@ def _read_pairs(body: str) -> tuple[str, dict[str, str]] | str:
         values[key] = body[pos + len(_VALUE_OPEN) : value_end]
         pos = value_end + len(_VALUE_CLOSE)
     return name, values
+
+
+FAMILIES = (
+    Family(
+        "glm-4.7-flash",
+        GlmParser,
+        signature=("<arg_key>",),
+        vllm_tool_parsers=("glm45", "glm47"),
+        vllm_reasoning_parsers=(None, "glm45", "glm47"),
+        vllm_reasoning_alone=True,
+    ),
+)

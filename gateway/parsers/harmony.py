@@ -49,6 +49,7 @@ from typing import Literal
 from gateway import json_text
 from gateway.canonical import ParsedOutput, ToolCall
 from gateway.parsers.base import ParseContext, StreamEvent, TextDelta, ToolCallDone, tool_call_id
+from gateway.parsers.family import Family
 
 START = "<|start|>"
 MESSAGE = "<|message|>"
@@ -390,3 +391,15 @@ def _held(text: str, markers: tuple[str, ...], heads: frozenset[str], longest: i
         if text[at] in heads and any(m.startswith(text[at:]) for m in markers):
             return len(text) - at
     return 0
+
+
+FAMILIES = (
+    Family(
+        "gpt-oss",
+        HarmonyParser,
+        signature=("<|channel|>",),
+        vllm_tool_parsers=("openai",),
+        vllm_reasoning_parsers=(None, "openai_gptoss"),
+        vllm_reasoning_alone=True,
+    ),
+)

@@ -21,9 +21,11 @@ after the section is content (vLLM drops it).
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext
+from gateway.parsers.family import Family
 from gateway.parsers.json_calls import json_object_text
 from gateway.parsers.tagged import TaggedParser
 
@@ -72,3 +74,16 @@ class KimiK2Parser(TaggedParser):
         except ValueError as exc:
             return str(exc)
         return [ToolCall(id=call_id, name=match["name"], arguments=arguments)]
+
+
+FAMILIES = (
+    Family(
+        "kimi-k2-thinking",
+        partial(KimiK2Parser, thinking=True),
+        signature=(SECTION_BEGIN, "<think>"),
+        vllm_tool_parsers=("kimi_k2",),
+        vllm_reasoning_parsers=("kimi_k2",),
+        vllm_reasoning_alone=True,
+    ),
+    Family("kimi-k2", KimiK2Parser, signature=(SECTION_BEGIN,), vllm_tool_parsers=("kimi_k2",)),
+)

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from gateway.canonical import ParsedOutput, ToolCall
 from gateway.parsers.base import ParseContext, StreamEvent, tool_call_id
+from gateway.parsers.family import Family
 from gateway.parsers.json_calls import json_call
 from gateway.parsers.tagged import TaggedParser, TaggedSplitter
 
@@ -267,3 +268,12 @@ def _skip_ws(text: str, i: int) -> int:
     while i < len(text) and text[i] in " \t\r\n":
         i += 1
     return i
+
+
+FAMILIES = (
+    Family(
+        "llama3.1", LlamaJsonParser, signature=(PYTHON_TAG,), vllm_tool_parsers=("llama3_json",)
+    ),
+    Family("llama3.2", LlamaJsonParser, signature=("<|start_header_id|>",), vllm_tool_parsers=()),
+    Family("pythonic", PythonicParser, signature=(), vllm_tool_parsers=("pythonic",)),
+)

@@ -25,10 +25,11 @@ import re
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
+from gateway.parsers.family import Family
 from gateway.parsers.tagged import TaggedParser, skip_ws
 from gateway.parsers.typed_arguments import typed_arguments
 
-__all__ = ["MINIMAX_END_MARKERS", "MinimaxParser"]
+__all__ = ["FAMILIES", "MINIMAX_END_MARKERS", "MinimaxParser"]
 
 MINIMAX_END_MARKERS = ("[e~[",)
 """The end of every message (the tokenizer's eos), after a tool call or an answer."""
@@ -104,3 +105,15 @@ def _read_parameters(text: str, name: str) -> dict[str, str] | str:
         values[key] = text[parameter.end() : close]
         pos = close + len(_PARAMETER_CLOSE)
     return values
+
+
+FAMILIES = (
+    Family(
+        "minimax-m2",
+        MinimaxParser,
+        signature=("<minimax:tool_call>",),
+        vllm_tool_parsers=("minimax_m2",),
+        vllm_reasoning_parsers=(None, "minimax_m2"),
+        vllm_reasoning_alone=True,
+    ),
+)

@@ -24,6 +24,7 @@ from typing import Any
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, StreamEvent, ToolCallDone, alnum_call_id
+from gateway.parsers.family import Family
 from gateway.parsers.json_calls import whole_json
 from gateway.parsers.tagged import TaggedParser, TaggedSplitter
 
@@ -195,3 +196,18 @@ def _check_text(value: Any) -> None:
 
 def _is_mistral_id(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 9 and value.isascii() and value.isalnum()
+
+
+FAMILIES = (
+    Family(
+        "ministral-3-reasoning",
+        MinistralParser,
+        signature=(TOOL_CALLS, "[THINK]"),
+        vllm_tool_parsers=("mistral",),
+        vllm_reasoning_parsers=("mistral",),
+        vllm_reasoning_alone=True,
+    ),
+    Family(
+        "mistral-nemo", MistralNemoParser, signature=(TOOL_CALLS,), vllm_tool_parsers=("mistral",)
+    ),
+)

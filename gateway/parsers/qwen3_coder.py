@@ -32,9 +32,11 @@ is not a call: the block stays content with a parse note, as for every family.
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from gateway.canonical import ToolCall
 from gateway.parsers.base import ParseContext, tool_call_id
+from gateway.parsers.family import Family
 from gateway.parsers.tagged import TaggedParser
 from gateway.parsers.typed_arguments import typed_arguments
 
@@ -161,3 +163,20 @@ def _skip_space(text: str, pos: int) -> int:
 
 def _excerpt(text: str, pos: int, width: int = 24) -> str:
     return repr(text[pos : pos + width])
+
+
+FAMILIES = (
+    Family(
+        "qwen3.5",
+        Qwen3CoderParser,
+        signature=(FUNCTION_OPEN, "<think>"),
+        vllm_tool_parsers=("qwen3_coder", "qwen3_xml"),
+        vllm_reasoning_parsers=("qwen3",),
+    ),
+    Family(
+        "qwen3-coder",
+        partial(Qwen3CoderParser, reasoning=False),
+        signature=(FUNCTION_OPEN,),
+        vllm_tool_parsers=("qwen3_coder", "qwen3_xml"),
+    ),
+)

@@ -4,46 +4,59 @@ user's command line carries over.
 
 A family here is one chat-template lineage: its tool-call and its reasoning format. vLLM
 splits them into two parsers; a (tool-call parser, reasoning parser) pair maps to one
-family below.
+family. The tables below are read from the families' own declarations (`registry`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gateway.parsers.base import OutputParser
+from gateway.parsers.family import Family
+from gateway.parsers.registry import SHIPPED, ParserSelectionError, get_parser
+
+__all__ = [
+    "VLLM_REASONING_PARSERS",
+    "VLLM_TOOL_CALL_PARSERS",
+    "ParserSelectionError",
+    "detect_family",
+    "family_for",
+    "parser_for_model",
+]
 
 
-class ParserSelectionError(ValueError):
-    """The names given (or the template) do not point at one family; says what would."""
+def _tool_call_parsers(families: Sequence[Family]) -> dict[str, dict[str | None, str]]:
+    table: dict[str, dict[str | None, str]] = {}
+    for family in families:
+        for tool in family.vllm_tool_parsers:
+            pairs = table.setdefault(tool, {})
+            for reasoning in family.vllm_reasoning_parsers:
+                _claim(pairs, reasoning, family.name, f"the vLLM parsers ({tool!r}, {reasoning!r})")
+    return table
 
 
-VLLM_TOOL_CALL_PARSERS: Mapping[str, Mapping[str | None, str]] = {
-    "hermes": {None: "hermes", "qwen3": "qwen3", "deepseek_r1": "qwq-32b"},
-    "qwen3_coder": {None: "qwen3-coder", "qwen3": "qwen3.5"},
-    "qwen3_xml": {None: "qwen3-coder", "qwen3": "qwen3.5"},
-    "glm45": {None: "glm-4.7-flash", "glm45": "glm-4.7-flash", "glm47": "glm-4.7-flash"},
-    "glm47": {None: "glm-4.7-flash", "glm45": "glm-4.7-flash", "glm47": "glm-4.7-flash"},
-    "openai": {None: "gpt-oss", "openai_gptoss": "gpt-oss"},
-    "kimi_k2": {None: "kimi-k2", "kimi_k2": "kimi-k2-thinking"},
-    "deepseek_v3": {None: "deepseek-r1-distill-qwen", "deepseek_r1": "deepseek-r1-distill-qwen"},
-    "deepseek_v31": {None: "deepseek-v3.1", "deepseek_v3": "deepseek-v3.1"},
-    "llama3_json": {None: "llama3.1"},
-    "pythonic": {None: "pythonic"},
-    "minimax_m2": {None: "minimax-m2", "minimax_m2": "minimax-m2"},
-    "mistral": {None: "mistral-nemo", "mistral": "ministral-3-reasoning"},
-}
+def _reasoning_parsers(families: Sequence[Family]) -> dict[str, str]:
+    table: dict[str, str] = {}
+    for family in families:
+        if family.vllm_reasoning_alone:
+            for reasoning in filter(None, family.vllm_reasoning_parsers):
+                _claim(
+                    table, reasoning, family.name, f"the vLLM reasoning parser {reasoning!r} alone"
+                )
+    return table
+
+
+def _claim(table: dict[Any, str], key: str | None, family: str, what: str) -> None:
+    """Give `key` to `family`; two families declaring the same selection is an error."""
+    if table.setdefault(key, family) != family:
+        raise ValueError(f"families {table[key]!r} and {family!r} both declare {what}")
+
+
+VLLM_TOOL_CALL_PARSERS: Mapping[str, Mapping[str | None, str]] = _tool_call_parsers(SHIPPED)
 """vLLM tool-call parser name → {vLLM reasoning parser name or None: our family}."""
 
-VLLM_REASONING_PARSERS: Mapping[str, str] = {
-    "qwen3": "qwen3",
-    "deepseek_r1": "deepseek-r1-distill-qwen",
-    "glm45": "glm-4.7-flash",
-    "glm47": "glm-4.7-flash",
-    "openai_gptoss": "gpt-oss",
-    "kimi_k2": "kimi-k2-thinking",
-    "deepseek_v3": "deepseek-v3.1",
-    "minimax_m2": "minimax-m2",
-    "mistral": "ministral-3-reasoning",
-}
+VLLM_REASONING_PARSERS: Mapping[str, str] = _reasoning_parsers(SHIPPED)
 """vLLM reasoning parser name → our family, when no tool-call parser is named."""
 
 
@@ -87,29 +100,32 @@ def family_for(
     return detected
 
 
-_SIGNATURES: tuple[tuple[tuple[str, ...], str, str | None], ...] = (
-    # (strings the template contains, family, family when it also reasons in <think>)
-    (("<|channel|>",), "gpt-oss", None),
-    (("<minimax:tool_call>",), "minimax-m2", None),
-    (("<arg_key>",), "glm-4.7-flash", None),
-    (("<|tool_calls_section_begin|>",), "kimi-k2", "kimi-k2-thinking"),
-    (("<｜tool▁calls▁begin｜>", "tool['type']"), "deepseek-r1-distill-qwen", None),
-    (("<｜tool▁calls▁begin｜>",), "deepseek-v3.1", None),
-    (("<function=",), "qwen3-coder", "qwen3.5"),
-    (("[TOOL_CALLS]", "[THINK]"), "ministral-3-reasoning", None),
-    (("[TOOL_CALLS]",), "mistral-nemo", None),
-    (("<|python_tag|>",), "llama3.1", None),
-    (("<|start_header_id|>",), "llama3.2", None),
-    (("<|im_start|>assistant\\n<think>",), "qwq-32b", None),
-    (("<tool_call>",), "qwen2.5", "qwen3"),
-)
-
-
 def detect_family(chat_template: str) -> str | None:
-    """The family whose markers the chat template writes; None when none matches."""
-    for needles, family, reasoning_family in _SIGNATURES:
-        if all(needle in chat_template for needle in needles):
-            if reasoning_family is not None and "<think>" in chat_template:
-                return reasoning_family
-            return family
+    """The first family (in registry order) whose signature the chat template writes;
+    None when none matches."""
+    for family in SHIPPED:
+        needles = family.signature
+        if needles and all(needle in chat_template for needle in needles):
+            return family.name
     return None
+
+
+def parser_for_model(
+    chat_template: str,
+    end_of_turn: Sequence[str] = (),
+    *,
+    family: str | None = None,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
+) -> OutputParser:
+    """The parser for a served model: the family named, else the one vLLM's parser names
+    point at, else the one its chat template shows. The model's own end-of-turn markers
+    (its generation config's stop tokens) join the family's."""
+    if family is not None and (tool_call_parser or reasoning_parser):
+        raise ParserSelectionError(
+            "name the family either with --family or with --tool-call-parser/--reasoning-parser"
+        )
+    name = family or family_for(tool_call_parser, reasoning_parser, detect_family(chat_template))
+    parser = get_parser(name)
+    parser.end_markers = tuple(dict.fromkeys((*parser.end_markers, *end_of_turn)))
+    return parser

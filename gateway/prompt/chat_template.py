@@ -20,11 +20,10 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from gateway import json_text
 from gateway.canonical import Message, Tool, ToolCall
+from gateway.prompt.jinja_env import compile_template
 
 __all__ = [
     "RESERVED_TEMPLATE_VARIABLES",
@@ -98,23 +97,6 @@ _PROBE_QUESTION = "probe question x3"
 _PROBE_LATE_SYSTEM = "probe late system w4"
 
 
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """transformers' `tojson`: plain `json.dumps`, no HTML escaping, non-ASCII kept."""
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
 def _tool_dict(tool: Tool) -> dict[str, Any]:
     function: dict[str, Any] = {"name": tool.name}
     if tool.description is not None:
@@ -182,14 +164,8 @@ class ChatTemplate:
         self.tool_call_style, self.supports_tools, self.tool_names_via_ids = self._probe()
 
     def _compile(self, text: str) -> jinja2.Template:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-        )
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = lambda fmt: self._clock().strftime(fmt)
         try:
-            return env.from_string(text)
+            return compile_template(text, self._clock)
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateRenderError(f"chat template syntax error: {exc}") from exc
 

@@ -24,7 +24,7 @@ from devstack.tiny_families import (
 )
 from devstack.tiny_model import source_fingerprint
 from gateway.canonical import Message, Tool, ToolCall
-from gateway.parsers.registry import parser_for_model
+from gateway.parsers.selection import parser_for_model
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.model_files import load_model_files
 from tests.fixtures.real_templates import real_template_text, real_templates_dir

@@ -6,12 +6,13 @@ from pathlib import Path
 import pytest
 
 from devstack.tiny_model.template import chat_template_text
-from gateway.parsers.registry import get_parser, parser_for_model
+from gateway.parsers.registry import get_parser
 from gateway.parsers.selection import (
     VLLM_TOOL_CALL_PARSERS,
     ParserSelectionError,
     detect_family,
     family_for,
+    parser_for_model,
 )
 from tests.fixtures.real_templates import real_template_text, real_templates_dir
 
