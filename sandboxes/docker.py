@@ -267,6 +267,10 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
     """
 
     name = "docker"
+    host_local = True
+    runs_local_images = True
+    runs_image_rootfs = False
+    egress_relays = True
     id_prefix = "dsb-"
 
     def __init__(

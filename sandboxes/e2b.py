@@ -333,6 +333,10 @@ class E2BBackend(SandboxBackend):
     """Sandboxes in the E2B cloud (or anything speaking its API at `api_url`)."""
 
     name = "e2b"
+    host_local = False
+    runs_local_images = False
+    runs_image_rootfs = False
+    egress_relays = False
 
     def __init__(
         self,

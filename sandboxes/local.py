@@ -151,6 +151,10 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
     """
 
     name = "local"
+    host_local = True
+    runs_local_images = True
+    runs_image_rootfs = True
+    egress_relays = True
     id_prefix = "lsb-"
     public_refusal = (
         "a bubblewrap sandbox could only share the host's network namespace, host "

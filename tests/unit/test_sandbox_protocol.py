@@ -25,7 +25,7 @@ from sandboxes.base import (
 from sandboxes.gateway_channel import parse_target
 from sandboxes.pool import WarmPool
 from sandboxes.provisioning import files_tar
-from sandboxes.registry import get_backend, register_backend
+from sandboxes.registry import BUILTIN_BACKENDS, backend_class, get_backend, register_backend
 
 
 def test_repo_commit_must_be_immutable() -> None:
@@ -123,6 +123,29 @@ def test_registry_lets_a_new_backend_plug_in_without_harness_changes() -> None:
     assert isinstance(get_backend("null"), NullBackend)
     with pytest.raises(KeyError):
         get_backend("no-such-backend")
+
+
+def test_callers_read_a_backends_capabilities_from_its_class() -> None:
+    """No caller lists backend names: a built-in's class says what it can do, a registered
+    class declares its own, and a name nobody registered (or a plain factory function)
+    reads as a remote backend, never an error."""
+    caps = ("host_local", "runs_local_images", "runs_image_rootfs", "egress_relays")
+    table = {n: [getattr(backend_class(n), c) for c in caps] for n in BUILTIN_BACKENDS}
+    assert table == {
+        "local": [True, True, True, True],
+        "docker": [True, True, False, True],
+        "e2b": [False, False, False, False],
+    }
+
+    class HostOnly(SandboxBackend):
+        host_local = True
+
+    register_backend("host-only", HostOnly)
+    register_backend("by-function", lambda **config: HostOnly())  # type: ignore[abstract]
+    assert backend_class("host-only").host_local
+    assert backend_class("by-function") is SandboxBackend
+    assert backend_class("no-such-backend") is SandboxBackend
+    assert not SandboxBackend.host_local
 
 
 async def test_warm_pool_take_refill_and_close() -> None:
