@@ -45,8 +45,8 @@ from sandboxes.base import (
     SandboxNotFound,
     SandboxSpec,
 )
-from sandboxes.provisioning import resolve_path
 from sandboxes.registry import backend_class, get_backend
+from sandboxes.workspace.provisioning import resolve_path
 from schemas.evaluation import SweBenchCheck
 from schemas.rollout import (
     DESTROY_SANDBOX,

@@ -1,7 +1,7 @@
 """The image a task's sandbox runs, made ready on this host before create.
 
 A task with `sandbox.build` (and no `image`) gets its Dockerfile built here once
-(`sandboxes.task_images`) and the spec's image set to the built tag; a task naming an
+(`sandboxes.image.task_images`) and the spec's image set to the built tag; a task naming an
 `image` on a host-local backend gets it checked (present locally, since nothing can be
 pulled). The local backend runs an image's exported rootfs, so that is exported too and
 named in the spec. A base or image that is neither local nor mapped, or a failed build,
@@ -15,16 +15,16 @@ import asyncio
 from typing import Any
 
 from activities.errors import bad_task
+from sandboxes.backends.local import lookup_rootfs
 from sandboxes.base import SandboxSpec
-from sandboxes.images import ensure_rootfs
-from sandboxes.local import lookup_rootfs
-from sandboxes.registry import backend_class
-from sandboxes.task_images import (
+from sandboxes.image.base_image import ensure_rootfs
+from sandboxes.image.task_images import (
     DockerUnavailable,
     TaskImageError,
     ensure_task_image,
     resolve_image,
 )
+from sandboxes.registry import backend_class
 from schemas.tasks import RolloutTask
 
 #: Images seen present on this host (a positive answer is kept; tags are not reused).

@@ -216,7 +216,7 @@ class ImageRepo(BaseModel):
     """A git repository the image already holds (SWE-bench's `/testbed`), at `commit`.
 
     Provisioning cuts its history to `commit` and its ancestors before the agent starts
-    (`sandboxes.repo_trim`), as a repo cloned from `SandboxSpec.repo` is cut.
+    (`sandboxes.workspace.repo_trim`), as a repo cloned from `SandboxSpec.repo` is cut.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -18,9 +18,9 @@ BackendFactory = Callable[..., SandboxBackend]
 
 #: Built-in backends: name -> (module, class), imported when first asked for.
 BUILTIN_BACKENDS: dict[str, tuple[str, str]] = {
-    "local": ("sandboxes.local", "LocalBackend"),
-    "docker": ("sandboxes.docker", "DockerBackend"),
-    "e2b": ("sandboxes.e2b", "E2BBackend"),
+    "local": ("sandboxes.backends.local", "LocalBackend"),
+    "docker": ("sandboxes.backends.docker", "DockerBackend"),
+    "e2b": ("sandboxes.backends.e2b", "E2BBackend"),
 }
 _FACTORIES: dict[str, BackendFactory] = {}
 

@@ -2,7 +2,7 @@
 
 Why a dependency-free module: `scripts/install_agents.sh` (and the sandbox image recipe)
 read these pins by running this file with any `python3`, without importing the project
-package. Run `python3 harnesses/versions.py` to print them as `KEY=VALUE` shell lines.
+package. Run `python3 schemas/agent_versions.py` to print them as `KEY=VALUE` shell lines.
 The harnesses and their scene profiles were written against these releases' wire
 behaviour; bumping one means re-checking it: the e2e tests run the real CLIs through the
 Gateway, and `tests/unit/test_harness_scenes.py` holds the request shapes they send.

@@ -8,7 +8,7 @@ same machine is a no-op and a fresh machine rebuilds the same recipe. The local
 (bubblewrap) backend uses the same image exported to a directory, so agents see the
 same system under both backends.
 
-CLI: ``python -m sandboxes.images build [--no-rootfs] [--force] [--json]``.
+CLI: ``python -m sandboxes.image.base_image build [--no-rootfs] [--force] [--json]``.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandboxes.host_commands import dies_with_this_thread
+from sandboxes.host.commands import dies_with_this_thread
 
-RECIPE_DIR = Path(__file__).parent / "image"
+RECIPE_DIR = Path(__file__).parent
 IMAGE_REPO = "agentic-rollout/sandbox-base"
 DEBIAN_REPO = "agentic-rollout/debian"
 HASH_LABEL = "agentic-rollout.recipe-hash"

@@ -36,9 +36,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from sandboxes import dockerfile_refs
-from sandboxes.host_commands import dies_with_this_thread
-from sandboxes.images import cache_dir
+from sandboxes.host.commands import dies_with_this_thread
+from sandboxes.image import dockerfile_refs
+from sandboxes.image.base_image import cache_dir
 from sandboxes.registry import backend_class
 from schemas.environment import EnvironmentBuild
 from schemas.tasks import RolloutTask

@@ -2,7 +2,7 @@
 
 The harnesses were written against these releases' wire behaviour; the sandbox image
 recipe and scripts/install_agents.sh must install exactly these, or harness config facts
-may not hold. `harnesses/versions.py` is the source; this catches a bump made in one place only.
+may not hold. `schemas/agent_versions.py` is the source; this catches a bump made in one place only.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harnesses import versions
-from sandboxes import images
+from sandboxes.image import base_image as images
+from schemas import agent_versions as versions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_versions_module_prints_shell_assignments_without_the_package() -> None:
     # install_agents.sh runs the file directly with any python3, not as an import.
     out = subprocess.run(
-        [sys.executable, str(ROOT / "harnesses" / "versions.py")],
+        [sys.executable, str(ROOT / "schemas" / "agent_versions.py")],
         capture_output=True,
         text=True,
         check=True,

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from sandboxes import images
 from sandboxes.base import (
     EvalHeadroom,
     ExecResult,
@@ -22,10 +21,11 @@ from sandboxes.base import (
     SandboxHandle,
     SandboxSpec,
 )
-from sandboxes.gateway_channel import parse_target
-from sandboxes.pool import WarmPool
-from sandboxes.provisioning import files_tar
+from sandboxes.image import base_image as images
+from sandboxes.network.gateway_channel import parse_target
 from sandboxes.registry import BUILTIN_BACKENDS, backend_class, get_backend, register_backend
+from sandboxes.supervision.pool import WarmPool
+from sandboxes.workspace.provisioning import files_tar
 
 
 def test_repo_commit_must_be_immutable() -> None:
@@ -252,7 +252,7 @@ async def test_the_damage_probe_measures_free_space_against_the_headroom(tmp_pat
 
 
 def test_refused_forks_are_read_from_the_pids_cgroup(tmp_path: Path) -> None:
-    from sandboxes.cgroups import pids_limit_hits
+    from sandboxes.isolation.cgroups import pids_limit_hits
 
     memory, pids = tmp_path / "memory", tmp_path / "pids"
     memory.mkdir()
@@ -277,7 +277,7 @@ def test_refused_forks_are_read_from_the_pids_cgroup(tmp_path: Path) -> None:
 def test_memory_held_by_files_is_read_from_the_memory_cgroup(
     tmp_path: Path, limit_file: str, limit: str, stat: str, expected: tuple[int, int] | None
 ) -> None:
-    from sandboxes.cgroups import memory_held_in_files
+    from sandboxes.isolation.cgroups import memory_held_in_files
 
     assert memory_held_in_files([str(tmp_path)]) is None
     (tmp_path / limit_file).write_text(limit)
@@ -290,7 +290,7 @@ def test_a_v1_memory_cgroup_finds_its_pids_twin(
 ) -> None:
     """Docker on cgroup v1 tells us only the container's memory cgroup; the refused forks
     are counted in the pids hierarchy at the same place."""
-    from sandboxes import cgroups
+    from sandboxes.isolation import cgroups
 
     monkeypatch.setattr(cgroups, "ROOT", tmp_path)
     memory, pids = tmp_path / "memory/docker/c1", tmp_path / "pids/docker/c1"
