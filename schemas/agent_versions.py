@@ -1,11 +1,13 @@
 """Pinned agent CLI versions: the one place to bump them.
 
-Why a dependency-free module: `scripts/install_agents.sh` (and the sandbox image recipe)
-read these pins by running this file with any `python3`, without importing the project
-package. Run `python3 schemas/agent_versions.py` to print them as `KEY=VALUE` shell lines.
+The harnesses (`pinned_version`), the sandbox base image (`sandboxes.image.base_image`
+passes `BUILD_ARGS` to its Dockerfile) and `scripts/install_agents.sh` all read these.
+Why a dependency-free module: the script runs this file with any `python3`, without the
+project installed: `python3 schemas/agent_versions.py` prints `KEY=VALUE` shell lines.
 The harnesses and their scene profiles were written against these releases' wire
-behaviour; bumping one means re-checking it: the e2e tests run the real CLIs through the
-Gateway, and `tests/unit/test_harness_scenes.py` holds the request shapes they send.
+behaviour; bumping one means re-checking it (the e2e tests run the real CLIs through the
+Gateway, and `tests/unit/test_harness_scenes.py` holds the request shapes they send),
+and rebuilds the base image (its recipe hash covers them).
 """
 
 from __future__ import annotations
@@ -25,15 +27,18 @@ AGENTS: dict[str, tuple[str, str, str]] = {
     "mini_swe_agent": ("pypi", "mini-swe-agent", MINI_SWE_AGENT_VERSION),
 }
 
+#: The pins under the names the image recipe's build args and the install script use.
+BUILD_ARGS: dict[str, str] = {
+    "CLAUDE_CODE_VERSION": CLAUDE_CODE_VERSION,
+    "CODEX_VERSION": CODEX_VERSION,
+    "HERMES_VERSION": HERMES_VERSION,
+    "MINI_SWE_AGENT_VERSION": MINI_SWE_AGENT_VERSION,
+}
+
 
 def shell_lines() -> list[str]:
-    """`KEY=VALUE` lines (the build-arg names the image recipe uses)."""
-    return [
-        f"CLAUDE_CODE_VERSION={CLAUDE_CODE_VERSION}",
-        f"CODEX_VERSION={CODEX_VERSION}",
-        f"HERMES_VERSION={HERMES_VERSION}",
-        f"MINI_SWE_AGENT_VERSION={MINI_SWE_AGENT_VERSION}",
-    ]
+    """`KEY=VALUE` lines of `BUILD_ARGS`."""
+    return [f"{key}={value}" for key, value in BUILD_ARGS.items()]
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sandboxes.host.commands import dies_with_this_thread
+from schemas.agent_versions import BUILD_ARGS
 
 RECIPE_DIR = Path(__file__).parent
 IMAGE_REPO = "agentic-rollout/sandbox-base"
@@ -39,14 +40,9 @@ HASH_LABEL = "agentic-rollout.recipe-hash"
 SUITE = "bookworm"
 DEBOOTSTRAP_VARIANT = "minbase"
 DEBOOTSTRAP_INCLUDE = ("ca-certificates",)
-#: Pinned agent versions (bump = new recipe hash = rebuild).
-VERSIONS: dict[str, str] = {
-    "NODE_VERSION": "22.22.0",
-    "CLAUDE_CODE_VERSION": "2.1.332",
-    "CODEX_VERSION": "0.171.0",
-    "HERMES_VERSION": "0.19.0",
-    "MINI_SWE_AGENT_VERSION": "2.4.6",
-}
+#: The Dockerfile's version build args: Node (the image's own pin) and the agents'
+#: (`schemas.agent_versions`). A bump is a new recipe hash, so a rebuild.
+VERSIONS: dict[str, str] = {"NODE_VERSION": "22.22.0", **BUILD_ARGS}
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
