@@ -45,8 +45,8 @@ from sandboxes.base import (
     SandboxNotFound,
     SandboxSpec,
 )
-from sandboxes.provisioning import resolve_path
-from sandboxes.registry import get_backend
+from sandboxes.registry import backend_class, get_backend
+from sandboxes.workspace.provisioning import resolve_path
 from schemas.evaluation import SweBenchCheck
 from schemas.rollout import (
     DESTROY_SANDBOX,
@@ -61,8 +61,6 @@ from schemas.tasks import RolloutTask
 
 log = logging.getLogger("rollout.activities.sandbox")
 T = TypeVar("T")
-#: Backends whose sandboxes run on this host and reach the Gateway through a bridge.
-HOST_LOCAL_BACKENDS = frozenset({"local", "docker"})
 #: Label carrying the rollout attempt a sandbox was made for: with the rollout id, what a
 #: `SandboxClaim` names (a later attempt's sandbox on the same host is not the claimed one).
 ATTEMPT_LABEL = "agentic-rollout.attempt"
@@ -83,7 +81,7 @@ def gateway_channel(backend: str, session_url: str) -> GatewayChannel:
     """Host-local backends reach the Gateway through a bridge to its address; remote
     ones (e2b) use its public address directly."""
     origin = gateway_origin(session_url)
-    if backend in HOST_LOCAL_BACKENDS:
+    if backend_class(backend).host_local:
         return GatewayChannel(target=origin)
     return GatewayChannel(public_url=origin)
 

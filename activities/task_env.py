@@ -1,7 +1,7 @@
 """The image a task's sandbox runs, made ready on this host before create.
 
 A task with `sandbox.build` (and no `image`) gets its Dockerfile built here once
-(`sandboxes.task_images`) and the spec's image set to the built tag; a task naming an
+(`sandboxes.image.task_images`) and the spec's image set to the built tag; a task naming an
 `image` on a host-local backend gets it checked (present locally, since nothing can be
 pulled). The local backend runs an image's exported rootfs, so that is exported too and
 named in the spec. A base or image that is neither local nor mapped, or a failed build,
@@ -15,19 +15,18 @@ import asyncio
 from typing import Any
 
 from activities.errors import bad_task
+from sandboxes.backends.local import lookup_rootfs
 from sandboxes.base import SandboxSpec
-from sandboxes.images import ensure_rootfs
-from sandboxes.local import lookup_rootfs
-from sandboxes.task_images import (
+from sandboxes.image.base_image import ensure_rootfs
+from sandboxes.image.task_images import (
     DockerUnavailable,
     TaskImageError,
     ensure_task_image,
     resolve_image,
 )
+from sandboxes.registry import backend_class
 from schemas.tasks import RolloutTask
 
-#: Backends whose sandboxes run a local Docker image (or its exported rootfs).
-IMAGE_BACKENDS = frozenset({"docker", "local"})
 #: Images seen present on this host (a positive answer is kept; tags are not reused).
 _present: set[str] = set()
 
@@ -41,7 +40,9 @@ def refuse_unbuildable(task: RolloutTask) -> None:
     before that backend is even set up."""
     backend = task.sandbox.backend
     build = task.sandbox.build
-    if build is None or backend in IMAGE_BACKENDS or task.sandbox.spec_fields().get("image"):
+    if build is None or task.sandbox.spec_fields().get("image"):
+        return
+    if backend_class(backend).runs_local_images:
         return
     raise bad_task(
         f"task {task.task_id}: sandbox.build: the {backend} backend cannot run an image "
@@ -58,7 +59,7 @@ async def prepare_image(
     `beat(...)` is awaited around the blocking work with `interval_s` heartbeats (the
     provision's `with_heartbeat`), so a long build keeps the activity alive.
     """
-    backend = task.sandbox.backend
+    backend = backend_class(task.sandbox.backend)
     build = task.sandbox.build
     if build is not None and spec.image is None:
         refuse_unbuildable(task)
@@ -69,17 +70,17 @@ async def prepare_image(
         except DockerUnavailable as exc:
             raise EnvironmentUnavailable(str(exc)) from exc
         spec = spec.model_copy(update={"image": img.tag})
-    elif spec.image is not None and backend in IMAGE_BACKENDS and spec.image not in _present:
+    elif spec.image is not None and backend.runs_local_images and spec.image not in _present:
         try:
             await asyncio.to_thread(resolve_image, spec.image)
         except TaskImageError as exc:
             raise bad_task(f"task {task.task_id}: sandbox.image", exc) from exc
         except DockerUnavailable as exc:
-            if backend == "docker":
+            if not backend.runs_image_rootfs:
                 raise EnvironmentUnavailable(str(exc)) from exc
-            return spec  # local without docker: the backend uses what was exported
+            return spec  # no docker here: the backend uses the rootfs exported before
         _present.add(spec.image)
-    if backend == "local" and spec.image is not None and spec.rootfs is None:
+    if backend.runs_image_rootfs and spec.image is not None and spec.rootfs is None:
         found = await asyncio.to_thread(lookup_rootfs, spec.image)
         if found is None:
             exported = await beat(asyncio.to_thread(ensure_rootfs, spec.image), interval_s)

@@ -181,7 +181,7 @@ def stop_fleet(fleet: Fleet) -> None:
     fleet.temporal.stop()
     for state in fleet.sandbox_dirs.values():  # nothing may outlive the bench
         if any(state.glob("lsb-*")):
-            from sandboxes.local import LocalBackend
+            from sandboxes.backends.local import LocalBackend
 
             asyncio.run(LocalBackend(state_dir=state).reap(frozenset()))
 

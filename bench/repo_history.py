@@ -42,10 +42,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandboxes import provisioning
 from sandboxes.base import ImageRepo, RepoSpec, ResourceLimits, SandboxSpec
-from sandboxes.host_state import state_root
-from sandboxes.repo_trim import checkout_commit, git
+from sandboxes.host.state import state_root
+from sandboxes.workspace import provisioning
+from sandboxes.workspace.repo_trim import checkout_commit, git
 
 #: No sized disk: the repo's own cost is measured, not the disk's (see sandbox_acquire).
 RESOURCES = ResourceLimits(disk_mb=None)

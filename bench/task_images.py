@@ -36,8 +36,8 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.sandbox import SandboxActivities, SandboxBackends
 from bench.common import percentile
-from sandboxes import task_images
-from sandboxes.images import IMAGE_REPO
+from sandboxes.image import task_images
+from sandboxes.image.base_image import IMAGE_REPO
 from schemas.environment import EnvironmentBuild
 from schemas.rollout import ProvisionRequest, SessionRef
 from schemas.tasks import RolloutTask

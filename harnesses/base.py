@@ -235,7 +235,7 @@ class CliHarness(AgentHarness):
 
     #: Executable name looked up on PATH when `config.executable` is not set.
     binary: ClassVar[str]
-    #: Pinned version this harness was written against (harnesses/versions.py).
+    #: Pinned version this harness was written against (schemas/agent_versions.py).
     pinned_version: ClassVar[str] = "unknown"
     #: How to install the agent when it is missing (shown in the error).
     install_hint: ClassVar[str] = "scripts/install_agents.sh"

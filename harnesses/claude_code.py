@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from typing import ClassVar, Literal
 
-from harnesses import versions
 from harnesses.base import (
     PROBE_RULE,
     CliHarness,
@@ -21,6 +20,7 @@ from harnesses.base import (
     write_sandbox_file,
 )
 from sandboxes.base import Sandbox
+from schemas import agent_versions as versions
 from schemas.outcome import AgentResult, LogSpec
 from schemas.scenes import Scene, SceneRule
 

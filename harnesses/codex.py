@@ -16,7 +16,6 @@ from typing import Any
 
 from pydantic import Field
 
-from harnesses import versions
 from harnesses.base import (
     PROBE_RULE,
     CliHarness,
@@ -27,6 +26,7 @@ from harnesses.base import (
 )
 from harnesses.config_files import toml_dumps
 from sandboxes.base import Sandbox
+from schemas import agent_versions as versions
 from schemas.outcome import AgentResult, LogSpec
 from schemas.scenes import Scene, SceneRule
 

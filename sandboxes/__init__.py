@@ -4,19 +4,14 @@ Imports only `schemas` among this project's packages (never `gateway`, `harnesse
 `hooks`, `activities` or `workflows`). Harnesses and hooks import only `base` and use
 only a `Sandbox` (exec, files, env, handle); see docs/sandboxes.md.
 
-Modules:
-  base               the protocol (Sandbox, SandboxBackend) and its models
-  registry           backends by name (get_backend, register_backend)
-  local, docker, e2b one module per backend; they import only the shared modules below
-  supervised         base of the local and docker backends: warm pool, create, attach,
-                     destroy, reap; the sandbox driven by the in-sandbox supervisor
-  supervisor         the in-sandbox supervisor itself (stdlib only, runs inside)
-  supervisor_client  the host's client of that supervisor
-  provisioning       files, repo, setup and environment from a SandboxSpec
-  host_state         per-sandbox state on the host: state dirs, owners, reap rule
-  cgroups            cgroup limits, kills and OOM counts
-  gateway_channel    host side of the Gateway channel (Unix socket bridge)
-  pool               warm pool of blank sandboxes
-  reaper             reaping across backends
-  images, image/     the base-image recipe
+Rooms, each importing only those below it (an import contract):
+  reaper       reaping across backends
+  backends/    one module per backend (local, docker, e2b); never one another
+  supervision/ the base of the local and docker backends and the in-sandbox supervisor
+  workspace/, network/, isolation/, image/
+               files/repo/setup, Gateway channel and egress, cgroups/disk/seccomp,
+               base and task images
+  host/        per-sandbox state on the host, host commands that die with the worker
+  registry     backends by name and their capabilities (get_backend, backend_class)
+  base         the contract (Sandbox, SandboxBackend) and its models
 """

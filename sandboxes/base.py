@@ -20,7 +20,7 @@ import tarfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -216,7 +216,7 @@ class ImageRepo(BaseModel):
     """A git repository the image already holds (SWE-bench's `/testbed`), at `commit`.
 
     Provisioning cuts its history to `commit` and its ancestors before the agent starts
-    (`sandboxes.repo_trim`), as a repo cloned from `SandboxSpec.repo` is cut.
+    (`sandboxes.workspace.repo_trim`), as a repo cloned from `SandboxSpec.repo` is cut.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -715,6 +715,21 @@ class SandboxBackend(abc.ABC):
     """
 
     name: str = "abstract"
+    # Capabilities: callers ask the class (`sandboxes.registry.backend_class`), so no
+    # caller keeps a list of backend names. The defaults suit a remote backend.
+    #: Its sandboxes run on this host and reach the Gateway through a host-side bridge
+    #: (`GatewayChannel.target`); a remote one gets the Gateway's public URL. The reaper
+    #: reaps these by default.
+    host_local: ClassVar[bool] = False
+    #: It runs a Docker image present on this host, so a task's image is built and
+    #: checked here before create (a remote one names a template of its own).
+    runs_local_images: ClassVar[bool] = False
+    #: It runs an image's filesystem exported to a directory (`SandboxSpec.rootfs`), not
+    #: the image itself, so it needs no Docker engine once that is exported.
+    runs_image_rootfs: ClassVar[bool] = False
+    #: Allowlisted hosts are reached through host-side relays, which take the operator's
+    #: name pins (the `egress_hosts` option).
+    egress_relays: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> Sandbox: ...

@@ -16,22 +16,24 @@ from collections.abc import Iterable
 from typing import Any
 
 from sandboxes.base import BackendUnavailable, SandboxBackend
-from sandboxes.registry import get_backend
+from sandboxes.registry import BUILTIN_BACKENDS, backend_class, get_backend
 
 log = logging.getLogger(__name__)
-DEFAULT_BACKENDS = ("local", "docker")
 
 
 async def reap(
     active_rollout_ids: Iterable[str],
-    backends: Iterable[str | SandboxBackend] = DEFAULT_BACKENDS,
+    backends: Iterable[str | SandboxBackend] | None = None,
     config: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, list[str] | str]:
     """Reap on each backend; returns {backend: reaped sandbox ids | "unavailable: …"}.
 
     A backend whose runtime is missing (no docker engine, no E2B key) is reported,
-    not fatal: the reaper must still clean the others.
+    not fatal: the reaper must still clean the others. `backends` defaults to the
+    built-in backends whose sandboxes run on this host.
     """
+    if backends is None:
+        backends = [n for n in BUILTIN_BACKENDS if backend_class(n).host_local]
     active = frozenset(active_rollout_ids)
     out: dict[str, list[str] | str] = {}
     for b in backends:

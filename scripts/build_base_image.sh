@@ -4,4 +4,4 @@
 # Needs docker + debootstrap: run scripts/install_system_deps.sh first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-python3}" -m sandboxes.images build "$@"
+exec "${PYTHON:-python3}" -m sandboxes.image.base_image build "$@"

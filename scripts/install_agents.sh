@@ -3,7 +3,7 @@
 #
 # Why: e2e tests, the local (bubblewrap) backend on a host without the sandbox image, and
 # developers all need the *same* agent builds whose wire behaviour the harnesses were
-# written against. Pins live in harnesses/versions.py (read here by running that file).
+# written against. Pins live in schemas/agent_versions.py (read here by running that file).
 #
 # Layout under PREFIX (default ${ROLLOUT_CACHE_DIR:-$HOME/.cache/agentic-rollout}/agents):
 #   npm/<name>-<version>/      npm --prefix install (native binaries from optional deps)
@@ -29,7 +29,7 @@ done
 [ ${#AGENTS[@]} -gt 0 ] || AGENTS=(claude_code codex hermes mini_swe_agent)
 
 PY=${PYTHON:-python3}
-eval "$("$PY" "$ROOT/harnesses/versions.py")"
+eval "$("$PY" "$ROOT/schemas/agent_versions.py")"
 BIN="$PREFIX/bin"
 mkdir -p "$PREFIX/npm" "$PREFIX/venvs" "$BIN"
 log() { echo "[install_agents] $*" >&2; }

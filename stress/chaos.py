@@ -62,7 +62,7 @@ from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer
 from gateway import lifeline
 from rollout_client.client import RolloutClient, RolloutOutcome
-from sandboxes.supervised import RUN_DIR
+from sandboxes.supervision.supervised import RUN_DIR
 from schemas.outcome import RolloutStatus
 from schemas.rollout import SEARCH_ATTRIBUTES
 from schemas.tasks import RolloutTask
@@ -553,7 +553,7 @@ def stop_stack(stack: Stack) -> None:
     stack.temporal.stop()
     for state in stack.sandbox_dirs:  # nothing may outlive the bench
         if any(state.glob("lsb-*")):
-            from sandboxes.local import LocalBackend
+            from sandboxes.backends.local import LocalBackend
 
             asyncio.run(LocalBackend(state_dir=state).reap(frozenset()))
 

@@ -248,7 +248,7 @@ class DemoStack:
         if self.temporal is not None:
             self.temporal.stop()
         with contextlib.suppress(Exception):
-            from sandboxes.local import LocalBackend
+            from sandboxes.backends.local import LocalBackend
 
             leftovers = await LocalBackend(state_dir=self.sandbox_state).reap(frozenset())
             if leftovers:

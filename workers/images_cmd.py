@@ -2,7 +2,7 @@
 
 What a fleet runs on each sandbox host (or once, before pushing to a registry) so the
 first rollouts find their images built: every distinct Dockerfile once, cached like a
-provision would (`sandboxes.task_images`). Tasks whose environment cannot be made are
+provision would (`sandboxes.image.task_images`). Tasks whose environment cannot be made are
 listed with the reason; the exit status is 1 when there are any.
 """
 
@@ -43,7 +43,7 @@ def build_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
 ) -> None:
     """Build every distinct task environment under PATHS once (cached per host)."""
-    from sandboxes.task_images import DockerUnavailable, prebuild_tasks
+    from sandboxes.image.task_images import DockerUnavailable, prebuild_tasks
     from task_formats.base import LoadOptions
     from task_formats.registry import load_task_source
 

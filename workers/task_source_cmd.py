@@ -388,7 +388,7 @@ def prebuild_images(tasks: list[RolloutTask], console: Console) -> list[RolloutT
     the sandbox hosts build on their first cache miss instead."""
     if not any(t.sandbox.build or t.sandbox.spec_fields().get("image") for t in tasks):
         return tasks
-    from sandboxes.task_images import DockerUnavailable, prebuild_tasks  # the docker SDK
+    from sandboxes.image.task_images import DockerUnavailable, prebuild_tasks  # the docker SDK
 
     try:
         built = prebuild_tasks(tasks)

@@ -31,7 +31,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
-from sandboxes.registry import BUILTIN_BACKENDS
+from sandboxes.registry import BUILTIN_BACKENDS, backend_class
 from workers.gc_policy import tune_gc_for_serving
 from workers.temporal_options import (
     ApiKey,
@@ -305,10 +305,6 @@ async def serve(settings: WorkerSettings) -> None:
     await worker.run()
 
 
-#: Backends whose allowlist relays take the operator's name pins (`egress_hosts`).
-RELAY_BACKENDS = ("docker", "local")
-
-
 def parse_egress_hosts(pairs: list[str] | None) -> dict[str, str]:
     """`--egress-host NAME=ADDRESS` pairs → the backends' `egress_hosts` option."""
     pins: dict[str, str] = {}
@@ -336,7 +332,7 @@ def backend_options(
                 config.setdefault(b, {})["allow_public_network"] = True
     if egress_hosts:
         for b in offered:
-            if b in RELAY_BACKENDS:
+            if backend_class(b).egress_relays:
                 config.setdefault(b, {})["egress_hosts"] = dict(egress_hosts)
     return config
 

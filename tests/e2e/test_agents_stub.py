@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from harnesses import versions
 from sandboxes.base import SandboxBackend
+from schemas import agent_versions as versions
 from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sandboxes.backends.local import LocalBackend
 from sandboxes.base import SandboxSpec
-from sandboxes.local import LocalBackend
 from stress.chaos import sandbox_processes, sandboxes_left
 from tests.fixtures.sandboxes import require_bwrap
 

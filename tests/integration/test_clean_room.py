@@ -526,7 +526,7 @@ async def test_control_a_writable_dev_lets_the_agent_answer_for_a_check(
 ) -> None:
     """Control: the local sandbox with /dev left writable (bwrap's default) — the same
     plant makes the check read the agent's 42, so the test above sees the defence."""
-    from sandboxes.local import LocalBackend
+    from sandboxes.backends.local import LocalBackend
 
     real = LocalBackend._bwrap_args
 

@@ -164,7 +164,7 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
         try:
             leftover = sorted(p.name for p in state.glob("lsb-*"))
             if leftover:  # destroy them so nothing outlives the run, then fail: a leak
-                from sandboxes.local import LocalBackend
+                from sandboxes.backends.local import LocalBackend
 
                 backend = LocalBackend(state_dir=state)
                 asyncio.run(backend.reap(frozenset()))

@@ -29,7 +29,7 @@ from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from examples.make_tasks import task as make_task
 from rollout_client.client import RolloutClient
-from sandboxes.local import LocalBackend
+from sandboxes.backends.local import LocalBackend
 from schemas.tasks import RolloutTask
 from tests.fixtures.gateway import start_gateway
 from tests.fixtures.worker_process import WorkerProcess, one_host_args

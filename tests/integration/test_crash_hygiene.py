@@ -319,7 +319,7 @@ def test_tethered_command_dies_with_its_shim() -> None:
 HOST_COMMAND_PARENT = textwrap.dedent(
     """
     import asyncio, subprocess
-    from sandboxes.host_commands import dies_with_this_thread
+    from sandboxes.host.commands import dies_with_this_thread
 
     def start(tied):  # as a worker thread starts and waits for `docker build`
         arm = dies_with_this_thread() if tied else None
@@ -357,7 +357,7 @@ def test_a_host_command_a_worker_thread_waits_for_dies_with_the_worker() -> None
 BUILDING_WORKER = textwrap.dedent(
     """
     import asyncio, sys
-    from sandboxes.task_images import content_hash_of, ensure_task_image
+    from sandboxes.image.task_images import content_hash_of, ensure_task_image
     from schemas.environment import EnvironmentBuild
 
     context, base = sys.argv[1], sys.argv[2]

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from sandboxes.base import NetworkPolicy, SandboxSpec
-from sandboxes.docker_network import BRIDGE_PREFIX, network_name
+from sandboxes.network.docker_network import BRIDGE_PREFIX, network_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -60,7 +60,7 @@ def rid() -> str:
 
 @pytest.fixture
 async def backend(sandbox_state_dir: Path, sandbox_base_image: Any) -> AsyncIterator[Any]:
-    from sandboxes.docker import DockerBackend
+    from sandboxes.backends.docker import DockerBackend
 
     b = DockerBackend(
         state_dir=sandbox_state_dir / f"pubnet-{uuid.uuid4().hex[:6]}",
@@ -244,7 +244,7 @@ async def test_a_public_sandboxs_network_goes_with_it(backend: Any) -> None:
 CRASHING_WORKER = """
 import asyncio, sys
 from sandboxes.base import NetworkPolicy, SandboxSpec
-from sandboxes.docker import DockerBackend
+from sandboxes.backends.docker import DockerBackend
 
 async def main():
     b = DockerBackend(state_dir=sys.argv[1], image=sys.argv[2], allow_public_network=True)
@@ -266,8 +266,8 @@ async def test_the_reaper_removes_the_networks_a_crashed_worker_left(
     removes both networks."""
     import docker.errors
 
-    from sandboxes.docker import DockerBackend
-    from sandboxes.host_state import remove_tree
+    from sandboxes.backends.docker import DockerBackend
+    from sandboxes.host.state import remove_tree
 
     state = sandbox_state_dir / f"crash-{uuid.uuid4().hex[:6]}"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))

@@ -36,8 +36,8 @@ _WORKER = r"""
 import asyncio, json, os, stat, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from sandboxes.base import GatewayChannel, ResourceLimits, SandboxSpec
-from sandboxes.disk import DiskLimitUnavailable
-from sandboxes.docker import DockerBackend
+from sandboxes.isolation.disk import DiskLimitUnavailable
+from sandboxes.backends.docker import DockerBackend
 
 class Hello(BaseHTTPRequestHandler):
     def do_GET(self):

@@ -21,8 +21,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.sandbox import SandboxActivities, SandboxBackends
+from sandboxes.backends.e2b import TASK_ID_LABEL, RootEscalationRefused
 from sandboxes.base import SandboxHandle, SandboxSpec
-from sandboxes.e2b import TASK_ID_LABEL, RootEscalationRefused
 from schemas.rollout import BAD_TASK_SPEC
 from schemas.tasks import RolloutTask
 from tests.fixtures.sandboxes import provision_request

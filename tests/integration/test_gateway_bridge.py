@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.gateway_channel import close_bridge, ensure_bridge
+from sandboxes.network.gateway_channel import close_bridge, ensure_bridge
 
 pytestmark = pytest.mark.integration
 

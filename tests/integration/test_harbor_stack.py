@@ -39,7 +39,7 @@ from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from rollout_client.client import RolloutClient, RolloutOutcome
-from sandboxes.task_images import builds_dir, ensure_task_image, prebuild_tasks
+from sandboxes.image.task_images import builds_dir, ensure_task_image, prebuild_tasks
 from schemas.samples import SampleRow, table_to_rows
 from schemas.tasks import HarnessSpec, RolloutTask
 from task_formats import LoadOptions, load_task_source

@@ -36,7 +36,7 @@ from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from rollout_client.client import RolloutOutcome
-from sandboxes.task_images import prebuild_tasks
+from sandboxes.image.task_images import prebuild_tasks
 from schemas.outcome import RolloutStatus
 from schemas.tasks import HarnessSpec
 from task_formats import LoadOptions, load_task_source

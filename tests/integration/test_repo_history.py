@@ -27,7 +27,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.sandbox import SandboxActivities, SandboxBackends
 from hooks.swebench_check import preflight
 from sandboxes.base import RepoSpec, Sandbox, SandboxBackend, SandboxHandle, SandboxSpec
-from sandboxes.repo_trim import TRIMMED
+from sandboxes.workspace.repo_trim import TRIMMED
 from schemas.evaluation import SweBenchCheck
 from schemas.outcome import RolloutStatus
 from schemas.rollout import BAD_TASK_SPEC

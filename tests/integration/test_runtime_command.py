@@ -20,7 +20,7 @@ import hooks.evaluate as evaluate_hook
 from activities.runtime import RuntimeFailure
 from hooks.base import Hook, HookContext, register_hook
 from sandboxes.base import SandboxBackend
-from sandboxes.supervised import SupervisedSandbox
+from sandboxes.supervision.supervised import SupervisedSandbox
 from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sandboxes.local import LocalBackend
+from sandboxes.backends.local import LocalBackend
 from tests.fixtures.sandboxes import require_bwrap
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 # yet (the hold below): the moment the chaos bench's worker kills hit.
 WORKER = """
 import asyncio, select, sys, time
-import sandboxes.local as local
+import sandboxes.backends.local as local
 
 def hold(fd):
     select.select([fd], [], [])

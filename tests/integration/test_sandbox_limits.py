@@ -175,7 +175,7 @@ async def test_without_cgroups_the_local_backend_refuses_unless_allowed(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from sandboxes.local import LocalBackend
+    from sandboxes.backends.local import LocalBackend
 
     no_cgroups = tmp_path / "no-cgroup-fs"  # a host where no cgroup hierarchy is mounted
     no_cgroups.mkdir()
@@ -186,7 +186,7 @@ async def test_without_cgroups_the_local_backend_refuses_unless_allowed(
     }
     with pytest.raises(BackendUnavailable, match="allow_no_cgroups"):
         LocalBackend(**kw)
-    with caplog.at_level(logging.WARNING, logger="sandboxes.local"):
+    with caplog.at_level(logging.WARNING, logger="sandboxes.backends.local"):
         b = LocalBackend(**kw, allow_no_cgroups=True)
     assert "WITHOUT CGROUPS" in caplog.text
     sb = await b.create(SandboxSpec(rollout_id=rid()))
@@ -201,7 +201,7 @@ async def test_without_cgroups_the_local_backend_refuses_unless_allowed(
 async def test_docker_limits_are_checked_in_the_containers_cgroups(docker_backend: Any) -> None:
     """The engine may drop a limit with only a warning; the backend reads what is in
     force in the container's cgroups after start (a mismatch fails the provision)."""
-    from sandboxes.cgroups import limit_problems
+    from sandboxes.isolation.cgroups import limit_problems
 
     res = ResourceLimits(memory_mb=512, pids=256, cpus=0.5)
     sb = await docker_backend.create(SandboxSpec(rollout_id=rid(), resources=res))

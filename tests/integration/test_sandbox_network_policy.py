@@ -74,13 +74,13 @@ async def pinned_backend(
     pins = {NAME: "127.0.0.1"}
     state = sandbox_state_dir / f"net-{request.param}-{uuid.uuid4().hex[:6]}"
     if request.param == "local":
-        from sandboxes.local import LocalBackend
+        from sandboxes.backends.local import LocalBackend
         from tests.fixtures.sandboxes import require_bwrap
 
         require_bwrap()
         b: Any = LocalBackend(state_dir=state, rootfs=sandbox_base_image.rootfs, egress_hosts=pins)
     else:
-        from sandboxes.docker import DockerBackend
+        from sandboxes.backends.docker import DockerBackend
 
         b = DockerBackend(state_dir=state, image=sandbox_base_image.tag, egress_hosts=pins)
     yield b
@@ -155,7 +155,7 @@ async def test_allowlist_relay_survives_a_worker_restart(
     pinned_backend: Any, servers: tuple[_Server, _Server]
 ) -> None:
     """A re-attach (the next activity, maybe another process) serves the relays again."""
-    from sandboxes.gateway_channel import close_bridge
+    from sandboxes.network.gateway_channel import close_bridge
 
     allowed, _ = servers
     spec = SandboxSpec(
@@ -232,7 +232,7 @@ async def test_public_is_refused_without_the_operators_permission(
 async def test_public_on_local_is_refused_even_when_allowed(
     sandbox_state_dir: Path, sandbox_base_image: Any
 ) -> None:
-    from sandboxes.local import LocalBackend
+    from sandboxes.backends.local import LocalBackend
     from tests.fixtures.sandboxes import require_bwrap
 
     require_bwrap()
@@ -256,8 +256,8 @@ async def test_public_on_docker_with_permission_is_a_bridge_of_its_own(
     """Inspected, not used: the container is on a bridge network of its own with an
     address and a default route, while a no-network one on the same backend has none.
     (What that network cannot reach: test_docker_public_network.py.)"""
-    from sandboxes.docker import DockerBackend
-    from sandboxes.docker_network import network_name
+    from sandboxes.backends.docker import DockerBackend
+    from sandboxes.network.docker_network import network_name
 
     b = DockerBackend(
         state_dir=sandbox_state_dir / f"pub-{uuid.uuid4().hex[:6]}",
@@ -287,7 +287,7 @@ async def test_warm_pool_keeps_policies_apart(
 ) -> None:
     """A blank warmed for no-network is never handed to an allowlist task: the policy
     is fixed when a sandbox starts, so it is part of the pool key."""
-    from sandboxes.docker import DockerBackend
+    from sandboxes.backends.docker import DockerBackend
 
     allowed, _ = servers
     b = DockerBackend(

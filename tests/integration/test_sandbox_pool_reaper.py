@@ -119,7 +119,7 @@ async def test_local_falls_back_to_host_system_dirs(sandbox_state_dir: Path) -> 
     from tests.fixtures.sandboxes import require_bwrap
 
     require_bwrap()
-    from sandboxes.local import LocalBackend
+    from sandboxes.backends.local import LocalBackend
 
     b = LocalBackend(state_dir=sandbox_state_dir / "local-host", rootfs=None)
     sb = await b.create(SandboxSpec(rollout_id=rid()))

@@ -14,8 +14,8 @@ import pytest
 from activities.sandbox import reap_orphans
 from devstack.temporal_dev_server import TemporalDevServer
 from rollout_client.client import connect
+from sandboxes.backends.local import LocalBackend
 from sandboxes.base import SandboxBackend, SandboxSpec
-from sandboxes.local import LocalBackend
 from tests.fixtures.sandboxes import require_bwrap
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

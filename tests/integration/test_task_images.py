@@ -24,7 +24,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.sandbox import SandboxActivities, SandboxBackends
 from sandboxes.base import SandboxHandle
-from sandboxes.task_images import (
+from sandboxes.image.task_images import (
     BuildFailed,
     ImageNotAvailable,
     TaskImage,

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxes.dockerfile_refs import DockerfileError, external_refs, lookup, normalize_ref, rewrite
+from sandboxes.image.dockerfile_refs import (
+    DockerfileError,
+    external_refs,
+    lookup,
+    normalize_ref,
+    rewrite,
+)
 
 LOCAL = "agentic-rollout/sandbox-base:latest"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sandboxes.gateway_channel import close_bridge, ensure_bridge
+from sandboxes.network.gateway_channel import close_bridge, ensure_bridge
 
 
 class _Hello(BaseHTTPRequestHandler):

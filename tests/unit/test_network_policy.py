@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
+from sandboxes.backends.e2b import network_options
 from sandboxes.base import NetworkPolicyRefused, SandboxSpec
-from sandboxes.e2b import network_options
-from sandboxes.egress_relay import (
+from sandboxes.network.egress_relay import (
     check_policy,
     connect_upstream,
     egress_routes,

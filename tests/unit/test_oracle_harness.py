@@ -6,7 +6,7 @@ from pathlib import Path
 
 from harnesses.oracle import SOLVE_SCRIPT
 from sandboxes.base import SOLUTION_DIR
-from sandboxes.supervised import make_task_dirs
+from sandboxes.supervision.supervised import make_task_dirs
 
 
 def test_every_sandbox_gets_an_empty_solution_dir(tmp_path: Path) -> None:

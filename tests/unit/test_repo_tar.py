@@ -1,5 +1,5 @@
-"""The host-side checkout of a task's repo (`sandboxes.provisioning.repo_tar`) on real git:
-rollouts of one repo start together, so they must share one cached mirror safely."""
+"""The host-side checkout of a task's repo (`sandboxes.workspace.provisioning.repo_tar`) on
+real git: rollouts of one repo start together, so they must share one cached mirror safely."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sandboxes.provisioning import repo_tar
+from sandboxes.workspace.provisioning import repo_tar
 
 
 def git(*args: str, cwd: Path) -> str:

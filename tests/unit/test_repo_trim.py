@@ -18,8 +18,8 @@ import pytest
 
 from activities.sandbox import sandbox_spec
 from sandboxes.base import ImageRepo
-from sandboxes.provisioning import _mirror, repo_tar
-from sandboxes.repo_trim import _TRIM
+from sandboxes.workspace.provisioning import _mirror, repo_tar
+from sandboxes.workspace.repo_trim import _TRIM
 from schemas.tasks import HarnessSpec, RolloutTask
 from task_formats import LoadOptions, load_task_source
 from tests.fixtures.leaky_repo import (

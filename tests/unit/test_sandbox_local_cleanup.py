@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.host_state import remove_tree
+from sandboxes.host.state import remove_tree
 
 
 def mode(path: Path) -> int:

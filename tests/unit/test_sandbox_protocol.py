@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from sandboxes import images
 from sandboxes.base import (
     EvalHeadroom,
     ExecResult,
@@ -22,10 +21,11 @@ from sandboxes.base import (
     SandboxHandle,
     SandboxSpec,
 )
-from sandboxes.gateway_channel import parse_target
-from sandboxes.pool import WarmPool
-from sandboxes.provisioning import files_tar
-from sandboxes.registry import get_backend, register_backend
+from sandboxes.image import base_image as images
+from sandboxes.network.gateway_channel import parse_target
+from sandboxes.registry import BUILTIN_BACKENDS, backend_class, get_backend, register_backend
+from sandboxes.supervision.pool import WarmPool
+from sandboxes.workspace.provisioning import files_tar
 
 
 def test_repo_commit_must_be_immutable() -> None:
@@ -123,6 +123,29 @@ def test_registry_lets_a_new_backend_plug_in_without_harness_changes() -> None:
     assert isinstance(get_backend("null"), NullBackend)
     with pytest.raises(KeyError):
         get_backend("no-such-backend")
+
+
+def test_callers_read_a_backends_capabilities_from_its_class() -> None:
+    """No caller lists backend names: a built-in's class says what it can do, a registered
+    class declares its own, and a name nobody registered (or a plain factory function)
+    reads as a remote backend, never an error."""
+    caps = ("host_local", "runs_local_images", "runs_image_rootfs", "egress_relays")
+    table = {n: [getattr(backend_class(n), c) for c in caps] for n in BUILTIN_BACKENDS}
+    assert table == {
+        "local": [True, True, True, True],
+        "docker": [True, True, False, True],
+        "e2b": [False, False, False, False],
+    }
+
+    class HostOnly(SandboxBackend):
+        host_local = True
+
+    register_backend("host-only", HostOnly)
+    register_backend("by-function", lambda **config: HostOnly())
+    assert backend_class("host-only").host_local
+    assert backend_class("by-function") is SandboxBackend
+    assert backend_class("no-such-backend") is SandboxBackend
+    assert not SandboxBackend.host_local
 
 
 async def test_warm_pool_take_refill_and_close() -> None:
@@ -229,7 +252,7 @@ async def test_the_damage_probe_measures_free_space_against_the_headroom(tmp_pat
 
 
 def test_refused_forks_are_read_from_the_pids_cgroup(tmp_path: Path) -> None:
-    from sandboxes.cgroups import pids_limit_hits
+    from sandboxes.isolation.cgroups import pids_limit_hits
 
     memory, pids = tmp_path / "memory", tmp_path / "pids"
     memory.mkdir()
@@ -254,7 +277,7 @@ def test_refused_forks_are_read_from_the_pids_cgroup(tmp_path: Path) -> None:
 def test_memory_held_by_files_is_read_from_the_memory_cgroup(
     tmp_path: Path, limit_file: str, limit: str, stat: str, expected: tuple[int, int] | None
 ) -> None:
-    from sandboxes.cgroups import memory_held_in_files
+    from sandboxes.isolation.cgroups import memory_held_in_files
 
     assert memory_held_in_files([str(tmp_path)]) is None
     (tmp_path / limit_file).write_text(limit)
@@ -267,7 +290,7 @@ def test_a_v1_memory_cgroup_finds_its_pids_twin(
 ) -> None:
     """Docker on cgroup v1 tells us only the container's memory cgroup; the refused forks
     are counted in the pids hierarchy at the same place."""
-    from sandboxes import cgroups
+    from sandboxes.isolation import cgroups
 
     monkeypatch.setattr(cgroups, "ROOT", tmp_path)
     memory, pids = tmp_path / "memory/docker/c1", tmp_path / "pids/docker/c1"

@@ -27,8 +27,8 @@ import pytest
 
 from devstack.ports import free_port
 from sandboxes.base import UNREADABLE_PAX, ArchiveTooLarge, SandboxError, SandboxNotFound
-from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
-from sandboxes.supervisor_client import (
+from sandboxes.network.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
+from sandboxes.supervision.supervisor_client import (
     ARCHIVE_CHUNK,
     SUPERVISOR_FLAGS,
     SUPERVISOR_PATH,

@@ -48,9 +48,11 @@ from sandboxes.base import (
     short_of_room,
     unchecked,
 )
-from sandboxes.cgroups import memory_held_in_files, oom_kill_count, pids_limit_hits
-from sandboxes.disk import DISK_DIR, release_disk
-from sandboxes.egress_relay import (
+from sandboxes.host.state import owner_token, remove_tree, rollout_key, should_reap
+from sandboxes.image.base_image import IMAGE_REPO
+from sandboxes.isolation.cgroups import memory_held_in_files, oom_kill_count, pids_limit_hits
+from sandboxes.isolation.disk import DISK_DIR, release_disk
+from sandboxes.network.egress_relay import (
     check_policy,
     close_relays,
     egress_routes,
@@ -59,12 +61,14 @@ from sandboxes.egress_relay import (
     reopen_relays,
     validate_pins,
 )
-from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
-from sandboxes.host_state import owner_token, remove_tree, rollout_key, should_reap
-from sandboxes.images import IMAGE_REPO
-from sandboxes.pool import WarmPool
-from sandboxes.provisioning import base_env, merged_env, populate
-from sandboxes.supervisor_client import SupervisorClient, control_socket_path, normalize_cmd
+from sandboxes.network.gateway_channel import bridge_is_open, close_bridge, ensure_bridge
+from sandboxes.supervision.pool import WarmPool
+from sandboxes.supervision.supervisor_client import (
+    SupervisorClient,
+    control_socket_path,
+    normalize_cmd,
+)
+from sandboxes.workspace.provisioning import base_env, merged_env, populate
 
 #: Where a supervised sandbox sees its host run dir (control and gateway sockets).
 RUN_DIR = "/run/rollout"
@@ -77,7 +81,7 @@ PING_TIMEOUT_S = 10.0
 #: layout): name of the host dir (beside the writable tmp/home/work dirs) → mount point.
 TASK_DIRS = {"tests": TESTS_DIR, "logs": LOGS_DIR, "solution": SOLUTION_DIR}
 
-#: The recipe-built base image (`sandboxes.images`), the default system of both backends.
+#: The recipe-built base image (`sandboxes.image.base_image`), the default system of both backends.
 DEFAULT_IMAGE = f"{IMAGE_REPO}:latest"
 
 

@@ -63,8 +63,8 @@ from sandboxes.base import (
     SandboxNotFound,
     SandboxSpec,
 )
-from sandboxes.egress_relay import check_policy, public_network_allowed
-from sandboxes.provisioning import base_env, merged_env, populate
+from sandboxes.network.egress_relay import check_policy, public_network_allowed
+from sandboxes.workspace.provisioning import base_env, merged_env, populate
 from schemas.environment import parse_allowed_host
 
 INSTALL_HINT = "the e2b backend needs the `e2b` package (pip install e2b) and E2B_API_KEY"
@@ -333,6 +333,10 @@ class E2BBackend(SandboxBackend):
     """Sandboxes in the E2B cloud (or anything speaking its API at `api_url`)."""
 
     name = "e2b"
+    host_local = False
+    runs_local_images = False
+    runs_image_rootfs = False
+    egress_relays = False
 
     def __init__(
         self,

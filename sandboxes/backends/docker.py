@@ -61,13 +61,12 @@ from sandboxes.base import (
     SandboxNotFound,
     SandboxSpec,
 )
-from sandboxes.cgroups import CgroupLimitError, limit_problems, memory_cgroup_of_pid
-from sandboxes.disk import DISK_DIR, DiskLimitUnavailable, make_disk
-from sandboxes.docker_network import NETWORK_PREFIX, create_network, remove_network
-from sandboxes.egress_relay import egress_routes, forward_args, inside_names, policy_key
-from sandboxes.host_state import owner_token, state_root
-from sandboxes.provisioning import merged_env
-from sandboxes.supervised import (
+from sandboxes.host.state import owner_token, state_root
+from sandboxes.isolation.cgroups import CgroupLimitError, limit_problems, memory_cgroup_of_pid
+from sandboxes.isolation.disk import DISK_DIR, DiskLimitUnavailable, make_disk
+from sandboxes.network.docker_network import NETWORK_PREFIX, create_network, remove_network
+from sandboxes.network.egress_relay import egress_routes, forward_args, inside_names, policy_key
+from sandboxes.supervision.supervised import (
     AGENT_HOME,
     DEFAULT_IMAGE,
     RUN_DIR,
@@ -76,7 +75,7 @@ from sandboxes.supervised import (
     SupervisedSandbox,
     make_task_dirs,
 )
-from sandboxes.supervisor_client import (
+from sandboxes.supervision.supervisor_client import (
     SUPERVISOR_ARGV,
     SUPERVISOR_IN_SANDBOX,
     SUPERVISOR_PATH,
@@ -84,6 +83,7 @@ from sandboxes.supervisor_client import (
     secure_control_socket,
     wait_ready,
 )
+from sandboxes.workspace.provisioning import merged_env
 
 SANDBOX_ID_LABEL = "agentic-rollout.sandbox-id"
 #: Whether a container was started as a pool blank ("1") or for its rollout ("0").
@@ -267,6 +267,10 @@ class DockerBackend(SupervisedBackend[DockerSandbox]):
     """
 
     name = "docker"
+    host_local = True
+    runs_local_images = True
+    runs_image_rootfs = False
+    egress_relays = True
     id_prefix = "dsb-"
 
     def __init__(

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sandboxes.base import Sandbox, SandboxError, SandboxFile, SandboxHandle, SandboxSpec
-from sandboxes.host_state import state_root
-from sandboxes.repo_trim import TRIMMED, checkout_commit, git, trim_in_sandbox
+from sandboxes.host.state import state_root
+from sandboxes.workspace.repo_trim import TRIMMED, checkout_commit, git, trim_in_sandbox
 
 #: PATH every sandbox command starts with.
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -53,22 +53,21 @@ from sandboxes.base import (
     SandboxHandle,
     SandboxSpec,
 )
-from sandboxes.cgroups import (
+from sandboxes.host.state import owner_token, pid_alive, proc_start_time, state_root
+from sandboxes.image.base_image import rootfs_dir_for, rootfs_image_id, rootfs_ref_file
+from sandboxes.isolation.cgroups import (
     ROOT as CGROUP_ROOT,
 )
-from sandboxes.cgroups import (
+from sandboxes.isolation.cgroups import (
     cgroup_mode,
     create_cgroups,
     kill_cgroup_procs,
     remove_cgroups,
 )
-from sandboxes.disk import make_disk
-from sandboxes.egress_relay import EgressRoute, egress_routes, hosts_file, policy_key
-from sandboxes.host_state import owner_token, pid_alive, proc_start_time, state_root
-from sandboxes.images import rootfs_dir_for, rootfs_image_id, rootfs_ref_file
-from sandboxes.provisioning import SANDBOX_PATH
-from sandboxes.seccomp import SeccompUnavailable, sandbox_filter_bpf
-from sandboxes.supervised import (
+from sandboxes.isolation.disk import make_disk
+from sandboxes.isolation.seccomp import SeccompUnavailable, sandbox_filter_bpf
+from sandboxes.network.egress_relay import EgressRoute, egress_routes, hosts_file, policy_key
+from sandboxes.supervision.supervised import (
     AGENT_HOME,
     DEFAULT_IMAGE,
     RUN_DIR,
@@ -77,7 +76,7 @@ from sandboxes.supervised import (
     SupervisedSandbox,
     make_task_dirs,
 )
-from sandboxes.supervisor_client import (
+from sandboxes.supervision.supervisor_client import (
     SUPERVISOR_ARGV,
     SUPERVISOR_IN_SANDBOX,
     SUPERVISOR_PATH,
@@ -86,6 +85,7 @@ from sandboxes.supervisor_client import (
     secure_control_socket,
     wait_ready,
 )
+from sandboxes.workspace.provisioning import SANDBOX_PATH
 
 INSTALL_HINT = (
     "bubblewrap is required for the local sandbox backend: run "
@@ -151,6 +151,10 @@ class LocalBackend(SupervisedBackend[LocalSandbox]):
     """
 
     name = "local"
+    host_local = True
+    runs_local_images = True
+    runs_image_rootfs = True
+    egress_relays = True
     id_prefix = "lsb-"
     public_refusal = (
         "a bubblewrap sandbox could only share the host's network namespace, host "

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes.base import NetworkPolicy, NetworkPolicyRefused
-from sandboxes.gateway_channel import bridge_is_open, close_bridge, ensure_relay
+from sandboxes.network.gateway_channel import bridge_is_open, close_bridge, ensure_relay
 from schemas.environment import parse_allowed_host
 
 log = logging.getLogger(__name__)

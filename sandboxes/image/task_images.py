@@ -36,9 +36,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from sandboxes import dockerfile_refs
-from sandboxes.host_commands import dies_with_this_thread
-from sandboxes.images import cache_dir
+from sandboxes.host.commands import dies_with_this_thread
+from sandboxes.image import dockerfile_refs
+from sandboxes.image.base_image import cache_dir
+from sandboxes.registry import backend_class
 from schemas.environment import EnvironmentBuild
 from schemas.tasks import RolloutTask
 
@@ -432,7 +433,7 @@ def prebuild_tasks(tasks: list[RolloutTask]) -> Prebuilt:
 
 def _direct_image_problem(task: RolloutTask) -> str | None:
     image = task.sandbox.spec_fields().get("image")
-    if not image or task.sandbox.backend not in ("docker", "local"):
+    if not image or not backend_class(task.sandbox.backend).runs_local_images:
         return None
     try:
         resolve_image(str(image))

@@ -8,7 +8,7 @@ same machine is a no-op and a fresh machine rebuilds the same recipe. The local
 (bubblewrap) backend uses the same image exported to a directory, so agents see the
 same system under both backends.
 
-CLI: ``python -m sandboxes.images build [--no-rootfs] [--force] [--json]``.
+CLI: ``python -m sandboxes.image.base_image build [--no-rootfs] [--force] [--json]``.
 """
 
 from __future__ import annotations
@@ -30,23 +30,19 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandboxes.host_commands import dies_with_this_thread
+from sandboxes.host.commands import dies_with_this_thread
+from schemas.agent_versions import BUILD_ARGS
 
-RECIPE_DIR = Path(__file__).parent / "image"
+RECIPE_DIR = Path(__file__).parent
 IMAGE_REPO = "agentic-rollout/sandbox-base"
 DEBIAN_REPO = "agentic-rollout/debian"
 HASH_LABEL = "agentic-rollout.recipe-hash"
 SUITE = "bookworm"
 DEBOOTSTRAP_VARIANT = "minbase"
 DEBOOTSTRAP_INCLUDE = ("ca-certificates",)
-#: Pinned agent versions (bump = new recipe hash = rebuild).
-VERSIONS: dict[str, str] = {
-    "NODE_VERSION": "22.22.0",
-    "CLAUDE_CODE_VERSION": "2.1.332",
-    "CODEX_VERSION": "0.171.0",
-    "HERMES_VERSION": "0.19.0",
-    "MINI_SWE_AGENT_VERSION": "2.4.6",
-}
+#: The Dockerfile's version build args: Node (the image's own pin) and the agents'
+#: (`schemas.agent_versions`). A bump is a new recipe hash, so a rebuild.
+VERSIONS: dict[str, str] = {"NODE_VERSION": "22.22.0", **BUILD_ARGS}
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
