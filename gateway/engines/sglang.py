@@ -33,7 +33,13 @@ import httpx
 import orjson
 from pydantic import ValidationError
 
-from gateway.engines.base import EngineCompletion, EngineModelInfo, TokenSink, WeightLoadError
+from gateway.engines.base import (
+    EngineCompletion,
+    EngineModelInfo,
+    TokenSink,
+    WeightLoadError,
+    sampling_values,
+)
 from gateway.engines.vllm import (
     ENGINE_UNAVAILABLE_RETRY_AFTER_S,
     VllmEngine,
@@ -55,18 +61,6 @@ from schemas.policy import WeightUpdate, WeightUpdateReport
 from schemas.sampling import SamplingParams
 
 _RENAMED = {"max_tokens": "max_new_tokens", "seed": "sampling_seed"}
-_SAMPLING_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
 
 
 class _SglangFinish(ReplyWire):
@@ -189,13 +183,7 @@ class SglangEngine(VllmEngine):
 
     def build_payload(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
         """Token-id prompt, sampled-token logprobs, stop tokens kept in the output."""
-        params: dict[str, Any] = {}
-        for name in _SAMPLING_FIELDS:
-            value = getattr(sampling, name)
-            if value is not None:
-                params[_RENAMED.get(name, name)] = value
-        if sampling.logit_bias:
-            params["logit_bias"] = {str(t): b for t, b in sampling.logit_bias.items()}
+        params = sampling_values(sampling, _RENAMED)
         params["skip_special_tokens"] = False
         params["spaces_between_special_tokens"] = False
         params["no_stop_trim"] = True

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from gateway.engines.base import EngineCompletion, EngineModelInfo, TokenSink
+from gateway.engines.base import EngineCompletion, EngineModelInfo, TokenSink, sampling_values
 from gateway.engines.vllm_weights import VllmWeightLoader
 from gateway.engines.vllm_wire import (
     VllmModelList,
@@ -60,19 +60,6 @@ KEEPALIVE_S = 2.0
 """Idle engine connections are dropped after this, well below the engines' own idle
 timeout (uvicorn's and vLLM's is 5 s), so a call is never sent on a connection the engine
 is closing (it would fail and could not be retried safely)."""
-
-_SAMPLING_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
 
 
 async def _lines(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
@@ -199,13 +186,7 @@ class VllmEngine:
         """The request body: token-ID prompt, sampled-token logprobs, raw output. For
         `generate` the sampling fields (and `engine_extra`) are vLLM `SamplingParams`, and
         vLLM detokenizes only when stop strings need the text."""
-        params: dict[str, Any] = {}
-        for name in _SAMPLING_FIELDS:
-            value = getattr(sampling, name)
-            if value is not None:
-                params[name] = value
-        if sampling.logit_bias:  # JSON object keys are strings; vLLM reads them as ids
-            params["logit_bias"] = {str(t): b for t, b in sampling.logit_bias.items()}
+        params = sampling_values(sampling)
         params["logprobs"] = self.logprobs
         params["skip_special_tokens"] = False
         if self.api == "generate":
