@@ -28,7 +28,6 @@ import json
 import time
 from typing import Any
 
-import aiohttp
 import httpx
 import orjson
 from pydantic import ValidationError
@@ -43,7 +42,6 @@ from gateway.engines.base import (
 from gateway.engines.vllm import (
     ENGINE_UNAVAILABLE_RETRY_AFTER_S,
     VllmEngine,
-    _lines,
 )
 from gateway.engines.vllm_wire import (
     VllmCompletionReply,
@@ -123,7 +121,7 @@ def as_completion(url: str, reply: SglangReply) -> VllmCompletionReply:
 
 class SglangStreamMerge:
     """Folds SGLang's `/generate` stream into its final reply; yields each line's new
-    tokens. Cumulative lines (SGLang's default) must extend what came before."""
+    tokens, if any. Cumulative lines (SGLang's default) must extend what came before."""
 
     def __init__(self, url: str, incremental: bool) -> None:
         self.url = url
@@ -163,6 +161,8 @@ class SglangStreamMerge:
         self.entries.extend(new)
         self.text = self.text + chunk.text if self.incremental else chunk.text
         self.last = chunk
+        if not new:
+            return None
         return [t for _, t, _ in new], [float(lp) for lp, _, _ in new if lp is not None]
 
     def reply(self) -> SglangReply:
@@ -203,22 +203,8 @@ class SglangEngine(VllmEngine):
     ) -> EngineCompletion:
         payload = self.build_payload(prompt_ids, sampling)
         payload["stream"] = True
-        resp = await self._send("POST", url, "/generate", orjson.dumps(payload))
         merged = SglangStreamMerge(url, self.incremental_stream)
-        finished = False
-        try:
-            async for line in _lines(url, resp):
-                tokens = merged.line(line)
-                if tokens is not None and tokens[0]:
-                    on_tokens(*tokens)
-            finished = True
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self._transport_error(url, exc, during="mid-stream") from exc
-        finally:
-            if finished:
-                resp.release()
-            else:
-                resp.close()
+        await self._read_stream(url, "/generate", payload, merged.line, on_tokens)
         return extract_completion(url, prompt_ids, as_completion(url, merged.reply()))
 
     async def model_info(self, url: str) -> EngineModelInfo:

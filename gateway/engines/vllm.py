@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import aiohttp
@@ -55,6 +55,10 @@ ENGINE_OVERLOADED_RETRY_AFTER_S = 1.0
 """Retry-After used when the engine says it is busy but does not say for how long."""
 
 _JSON_HEADERS = {"content-type": "application/json"}
+
+LineReader = Callable[[str], tuple[list[int], list[float]] | None]
+"""Folds one line of an engine's stream into its reply; the sampled (ids, logprobs) the
+line carries, if any."""
 
 KEEPALIVE_S = 2.0
 """Idle engine connections are dropped after this, well below the engines' own idle
@@ -304,12 +308,20 @@ class VllmEngine:
         payload = self.build_payload(prompt_ids, sampling)
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
-        resp = await self._send("POST", url, self._path, orjson.dumps(payload))
         merged = stream_merge(url, generate=self.api == "generate")
+        await self._read_stream(url, self._path, payload, merged.line, on_tokens)
+        return extract_completion(url, prompt_ids, merged.reply())
+
+    async def _read_stream(
+        self, url: str, path: str, payload: dict[str, Any], read: LineReader, on_tokens: TokenSink
+    ) -> None:
+        """Send a streamed call and read its lines to the end; `read` folds each line into
+        the reply and returns the sampled tokens it carries, which go to `on_tokens`."""
+        resp = await self._send("POST", url, path, orjson.dumps(payload))
         finished = False
         try:
             async for line in _lines(url, resp):
-                chunk = merged.line(line)
+                chunk = read(line)
                 if chunk is not None:
                     on_tokens(*chunk)
             finished = True
@@ -322,7 +334,6 @@ class VllmEngine:
                 resp.release()
             else:
                 resp.close()
-        return extract_completion(url, prompt_ids, merged.reply())
 
     async def model_info(self, url: str) -> EngineModelInfo:
         """Read `/v1/models` for our model's context window (`max_model_len`)."""
