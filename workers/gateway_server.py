@@ -30,9 +30,8 @@ from starlette.applications import Starlette
 
 from gateway import lifeline
 from gateway.calls.pipeline import Gateway
+from gateway.engines.registry import ENGINES, EngineName
 from gateway.engines.routing import EngineRouter, EngineRouting
-from gateway.engines.sglang import SglangEngine
-from gateway.engines.vllm import EngineApi, VllmEngine
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
 from gateway.http.read_deadlines import deadline_protocol
@@ -113,9 +112,8 @@ class GatewaySettings(BaseModel):
     max_prompt_messages: int = Field(default=10_000, ge=0)
     max_prompt_chars: int = Field(default=4 * 2**20, ge=0)
     engine_routing: EngineRouting = "sticky"
-    #: generate: vLLM's token-in/token-out endpoint (vLLM started with --enable-scale-out);
-    #: sglang: SGLang's native /generate (gateway/engines/sglang.py).
-    engine_api: EngineApi | Literal["sglang"] = "completions"
+    #: Which engine client fronts the engines (gateway/engines/registry.py).
+    engine_api: EngineName = "completions"
     #: The control listener on its own thread and event loop (False: on the agent
     #: listener's loop, to measure what that buys; bench/control_listener.py).
     control_own_loop: bool = True
@@ -260,18 +258,9 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         session_body_bytes_per_s=settings.session_body_bytes_per_s,
         parse_offload_bytes=settings.parse_offload_bytes,
     )
-    client: VllmEngine
-    if settings.engine_api == "sglang":
-        client = SglangEngine(
-            settings.model, request_timeout_s=settings.request_timeout_s, connect_retries=3
-        )
-    else:
-        client = VllmEngine(
-            settings.model,
-            request_timeout_s=settings.request_timeout_s,
-            connect_retries=3,
-            api=settings.engine_api,
-        )
+    client = ENGINES[settings.engine_api](
+        settings.model, request_timeout_s=settings.request_timeout_s, connect_retries=3
+    )
     engine = EngineRouter(settings.engine_urls, client, routing=settings.engine_routing)
     return Gateway(options, template, incremental, parser, engine, clock=clock)
 

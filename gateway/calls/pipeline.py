@@ -24,13 +24,13 @@ from gateway.capture.replies import parse_output, reply_message, reply_of
 from gateway.capture.retries import is_retry, request_digest
 from gateway.capture.store import CorruptRecordError, Entry
 from gateway.engines.base import EngineCompletion
-from gateway.engines.policy_update import PolicyGate
 from gateway.engines.routing import EngineRouter
 from gateway.errors import GatewayError
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.spans import lap
 from gateway.options import GatewayOptions
 from gateway.parsers.base import OutputParser
+from gateway.policy.update import PolicyGate
 from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.incremental import HeldSegment, IncrementalTokenizer, PromptPlan
 from gateway.prompt.tokenize_pool import LargeEncode, OffloadingTokenizer, deferring_large_encodes
@@ -66,7 +66,7 @@ class Gateway(SessionService):
     ) -> None:
         super().__init__(options, template, incremental, parser, engine, metrics, clock)
         self._engine_slots = asyncio.Semaphore(options.max_inflight_engine_calls)
-        self.policy = PolicyGate()  # a policy update holds engine calls here (policy_update)
+        self.policy = PolicyGate()  # a policy update holds engine calls here (gateway.policy)
         self._waiting = 0
 
     async def complete(

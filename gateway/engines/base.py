@@ -14,8 +14,8 @@ imports this module, in its own environment.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -24,6 +24,34 @@ from schemas.sampling import SamplingParams
 
 TokenSink = Callable[[list[int], list[float]], None]
 """Receives each stream chunk's sampled ids and their logprobs, in order."""
+
+SAMPLING_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+"""The `SamplingParams` fields every engine takes as plain values (some under another
+name); `logit_bias` and `engine_extra` are passed apart."""
+
+
+def sampling_values(sampling: SamplingParams, renamed: Mapping[str, str] = {}) -> dict[str, Any]:
+    """The sampling fields a call sets, under the engine's names (`renamed`), and its
+    `logit_bias` with string keys (JSON object keys; the engines read them as token ids)."""
+    params: dict[str, Any] = {}
+    for name in SAMPLING_FIELDS:
+        value = getattr(sampling, name)
+        if value is not None:
+            params[renamed.get(name, name)] = value
+    if sampling.logit_bias:
+        params["logit_bias"] = {str(t): b for t, b in sampling.logit_bias.items()}
+    return params
 
 
 class EngineCompletion(BaseModel):

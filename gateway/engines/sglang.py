@@ -28,16 +28,20 @@ import json
 import time
 from typing import Any
 
-import aiohttp
 import httpx
 import orjson
 from pydantic import ValidationError
 
-from gateway.engines.base import EngineCompletion, EngineModelInfo, TokenSink, WeightLoadError
+from gateway.engines.base import (
+    EngineCompletion,
+    EngineModelInfo,
+    TokenSink,
+    WeightLoadError,
+    sampling_values,
+)
 from gateway.engines.vllm import (
     ENGINE_UNAVAILABLE_RETRY_AFTER_S,
     VllmEngine,
-    _lines,
 )
 from gateway.engines.vllm_wire import (
     VllmCompletionReply,
@@ -55,18 +59,6 @@ from schemas.policy import WeightUpdate, WeightUpdateReport
 from schemas.sampling import SamplingParams
 
 _RENAMED = {"max_tokens": "max_new_tokens", "seed": "sampling_seed"}
-_SAMPLING_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
 
 
 class _SglangFinish(ReplyWire):
@@ -129,7 +121,7 @@ def as_completion(url: str, reply: SglangReply) -> VllmCompletionReply:
 
 class SglangStreamMerge:
     """Folds SGLang's `/generate` stream into its final reply; yields each line's new
-    tokens. Cumulative lines (SGLang's default) must extend what came before."""
+    tokens, if any. Cumulative lines (SGLang's default) must extend what came before."""
 
     def __init__(self, url: str, incremental: bool) -> None:
         self.url = url
@@ -169,6 +161,8 @@ class SglangStreamMerge:
         self.entries.extend(new)
         self.text = self.text + chunk.text if self.incremental else chunk.text
         self.last = chunk
+        if not new:
+            return None
         return [t for _, t, _ in new], [float(lp) for lp, _, _ in new if lp is not None]
 
     def reply(self) -> SglangReply:
@@ -189,13 +183,7 @@ class SglangEngine(VllmEngine):
 
     def build_payload(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
         """Token-id prompt, sampled-token logprobs, stop tokens kept in the output."""
-        params: dict[str, Any] = {}
-        for name in _SAMPLING_FIELDS:
-            value = getattr(sampling, name)
-            if value is not None:
-                params[_RENAMED.get(name, name)] = value
-        if sampling.logit_bias:
-            params["logit_bias"] = {str(t): b for t, b in sampling.logit_bias.items()}
+        params = sampling_values(sampling, _RENAMED)
         params["skip_special_tokens"] = False
         params["spaces_between_special_tokens"] = False
         params["no_stop_trim"] = True
@@ -215,22 +203,8 @@ class SglangEngine(VllmEngine):
     ) -> EngineCompletion:
         payload = self.build_payload(prompt_ids, sampling)
         payload["stream"] = True
-        resp = await self._send("POST", url, "/generate", orjson.dumps(payload))
         merged = SglangStreamMerge(url, self.incremental_stream)
-        finished = False
-        try:
-            async for line in _lines(url, resp):
-                tokens = merged.line(line)
-                if tokens is not None and tokens[0]:
-                    on_tokens(*tokens)
-            finished = True
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self._transport_error(url, exc, during="mid-stream") from exc
-        finally:
-            if finished:
-                resp.release()
-            else:
-                resp.close()
+        await self._read_stream(url, "/generate", payload, merged.line, on_tokens)
         return extract_completion(url, prompt_ids, as_completion(url, merged.reply()))
 
     async def model_info(self, url: str) -> EngineModelInfo:

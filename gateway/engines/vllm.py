@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import aiohttp
 import orjson
 
-from gateway.engines.base import EngineCompletion, EngineModelInfo, TokenSink
+from gateway.engines.base import EngineCompletion, EngineModelInfo, TokenSink, sampling_values
 from gateway.engines.vllm_weights import VllmWeightLoader
 from gateway.engines.vllm_wire import (
     VllmModelList,
@@ -56,23 +56,14 @@ ENGINE_OVERLOADED_RETRY_AFTER_S = 1.0
 
 _JSON_HEADERS = {"content-type": "application/json"}
 
+LineReader = Callable[[str], tuple[list[int], list[float]] | None]
+"""Folds one line of an engine's stream into its reply; the sampled (ids, logprobs) the
+line carries, if any."""
+
 KEEPALIVE_S = 2.0
 """Idle engine connections are dropped after this, well below the engines' own idle
 timeout (uvicorn's and vLLM's is 5 s), so a call is never sent on a connection the engine
 is closing (it would fail and could not be retried safely)."""
-
-_SAMPLING_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
 
 
 async def _lines(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
@@ -199,13 +190,7 @@ class VllmEngine:
         """The request body: token-ID prompt, sampled-token logprobs, raw output. For
         `generate` the sampling fields (and `engine_extra`) are vLLM `SamplingParams`, and
         vLLM detokenizes only when stop strings need the text."""
-        params: dict[str, Any] = {}
-        for name in _SAMPLING_FIELDS:
-            value = getattr(sampling, name)
-            if value is not None:
-                params[name] = value
-        if sampling.logit_bias:  # JSON object keys are strings; vLLM reads them as ids
-            params["logit_bias"] = {str(t): b for t, b in sampling.logit_bias.items()}
+        params = sampling_values(sampling)
         params["logprobs"] = self.logprobs
         params["skip_special_tokens"] = False
         if self.api == "generate":
@@ -323,12 +308,20 @@ class VllmEngine:
         payload = self.build_payload(prompt_ids, sampling)
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
-        resp = await self._send("POST", url, self._path, orjson.dumps(payload))
         merged = stream_merge(url, generate=self.api == "generate")
+        await self._read_stream(url, self._path, payload, merged.line, on_tokens)
+        return extract_completion(url, prompt_ids, merged.reply())
+
+    async def _read_stream(
+        self, url: str, path: str, payload: dict[str, Any], read: LineReader, on_tokens: TokenSink
+    ) -> None:
+        """Send a streamed call and read its lines to the end; `read` folds each line into
+        the reply and returns the sampled tokens it carries, which go to `on_tokens`."""
+        resp = await self._send("POST", url, path, orjson.dumps(payload))
         finished = False
         try:
             async for line in _lines(url, resp):
-                chunk = merged.line(line)
+                chunk = read(line)
                 if chunk is not None:
                     on_tokens(*chunk)
             finished = True
@@ -341,7 +334,6 @@ class VllmEngine:
                 resp.release()
             else:
                 resp.close()
-        return extract_completion(url, prompt_ids, merged.reply())
 
     async def model_info(self, url: str) -> EngineModelInfo:
         """Read `/v1/models` for our model's context window (`max_model_len`)."""

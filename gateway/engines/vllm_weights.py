@@ -1,6 +1,6 @@
 """Loading a new policy checkpoint into a running vLLM engine, in place.
 
-The Gateway's policy update (`policy_update`: pause, drain, load, resume) uses it, and so
+The Gateway's policy update (`gateway.policy.update`: pause, drain, load, resume) uses it, and so
 does the trainer when it runs without a gateway: it imports this module alone, so it
 imports nothing heavier than httpx (and `base`, pydantic only).
 

@@ -31,13 +31,13 @@ from starlette.routing import Route
 from gateway.calls.pipeline import Gateway
 from gateway.calls.prompt_limits import check_history_items, history_items
 from gateway.canonical import CanonicalRequest
-from gateway.engines.external_sync import ExternalSync
-from gateway.engines.policy_update import PolicyUpdater
 from gateway.errors import GatewayError, body_timed_out, body_too_large
 from gateway.http.body_parse import BodyParser, PromptCaps
 from gateway.http.streaming import stream_reply
 from gateway.observability.load_metrics import EngineCollector, LoopLagMonitor
 from gateway.observability.spans import SpanMiddleware, lap
+from gateway.policy.external_sync import ExternalSync
+from gateway.policy.update import PolicyUpdater
 from gateway.prompt.tokenize_pool import OffloadingTokenizer
 from gateway.protocols import registry
 from gateway.protocols.base import CountRoute, ErrorResponder, SamplingRoute
@@ -249,7 +249,7 @@ class GatewayApp:
         return Response(state.model_dump_json(), media_type="application/json")
 
     async def update_policy(self, request: Request) -> Response:
-        """Pause, drain, load into every engine, set the version, resume (`policy_update`)."""
+        """Pause, drain, load into every engine, set the version, resume (`gateway.policy`)."""
         self._require_admin(request)
         update = PolicyUpdate.model_validate(await self._read_json(request))
         # Bad input is answered from here: a loaded agent loop never delays a refusal.

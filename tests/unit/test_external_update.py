@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from devstack.background_server import BackgroundServer
-from gateway.engines.external_sync import ExternalSync
-from gateway.engines.policy_update import PolicyGate, PolicyUpdater
 from gateway.errors import GatewayError
+from gateway.policy.external_sync import ExternalSync
+from gateway.policy.update import PolicyGate, PolicyUpdater
 from schemas.policy import (
     UNKNOWN_WEIGHTS,
     PeerPause,

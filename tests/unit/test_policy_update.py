@@ -18,11 +18,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from devstack.background_server import BackgroundServer
-from gateway.engines.external_sync import ExternalSync
-from gateway.engines.policy_history import HISTORY_FILE
-from gateway.engines.policy_update import PolicyGate, PolicyUpdater, Sleep
 from gateway.engines.vllm_weights import VllmWeightLoader
 from gateway.errors import GatewayError
+from gateway.policy.external_sync import ExternalSync
+from gateway.policy.history import HISTORY_FILE
+from gateway.policy.update import PolicyGate, PolicyUpdater, Sleep
 from schemas.policy import (
     UNKNOWN_WEIGHTS,
     PeerPause,
@@ -367,7 +367,7 @@ def test_a_peer_that_answers_too_late_is_resumed_and_refuses_its_late_pause(
     """A peer does not answer the pause in time: the update fails (503 naming it, no
     engine touched) and the peer is sent the resume all the same; when the pause does
     reach it, it refuses it (the update has ended), so it never stays paused."""
-    monkeypatch.setattr("gateway.engines.policy_update.PEER_ANSWER_S", 0.3)
+    monkeypatch.setattr("gateway.policy.update.PEER_ANSWER_S", 0.3)
     (first, _), (one, _) = engines
     ckpt = make_checkpoint(tmp_path / "ckpt")
     slow = PeerForTests([one], tmp_path / "gw", delay_s=1.0)

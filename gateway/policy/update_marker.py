@@ -1,6 +1,6 @@
 """An update in progress, on disk: what a gateway process restarted in its middle knows.
 
-A process that coordinates a policy update (`policy_update`) or holds the policy for a
+A process that coordinates a policy update (`update`) or holds the policy for a
 trainer's own sync (`external_sync`) marks it on the shared data dir before it pauses
 anyone, and removes the mark once the history has the update's entry. Killed in
 between, it leaves the mark: the engines may have begun to load the checkpoint, or the

@@ -18,7 +18,7 @@ failed after it began to change weights and could not be put back is `unknown`),
 history gets the entry, every peer and this gate resume on it, and the caller gets an
 error naming what failed and what the engines serve. Updates are serialized and run to
 their end even if their caller leaves; a peer paused by one update refuses another (409)
-instead of deadlocking two coordinators. The history (`policy_history`) is on the shared
+instead of deadlocking two coordinators. The history (`history`) is on the shared
 data dir, so every process (and a restarted one) reports the same. A trainer that moves
 weights into the engines itself splits the same pause and drain around its sync
 (`external_sync`: hold, release), holding this updater's lock meanwhile.
@@ -37,11 +37,11 @@ from pathlib import Path
 import httpx
 
 from gateway.engines.base import WeightLoader, WeightLoadError
-from gateway.engines.checkpoint_roots import resolve_checkpoint, resolve_roots
-from gateway.engines.policy_history import HISTORY_FILE, PolicyHistory
-from gateway.engines.update_marker import UpdateMark, UpdateMarker
 from gateway.engines.vllm_weights import VllmWeightLoader, check_checkpoint
 from gateway.errors import GatewayError
+from gateway.policy.checkpoint_roots import resolve_checkpoint, resolve_roots
+from gateway.policy.history import HISTORY_FILE, PolicyHistory
+from gateway.policy.update_marker import UpdateMark, UpdateMarker
 from schemas.policy import (
     UNKNOWN_WEIGHTS,
     EngineServing,

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from gateway.engines.policy_update import PolicyUpdater, serving_text, unknown_on
-from gateway.engines.update_marker import UpdateMark
 from gateway.errors import GatewayError
+from gateway.policy.update import PolicyUpdater, serving_text, unknown_on
+from gateway.policy.update_marker import UpdateMark
 from schemas.policy import (
     UNKNOWN_WEIGHTS,
     EngineServing,
