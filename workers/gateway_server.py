@@ -164,8 +164,9 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
     if advertised is None and settings.shared_port is not None:
         advertised = settings.public_url or f"http://{settings.host}:{settings.shared_port}"
     core = {name: getattr(settings, name) for name in CoreSettings.model_fields}
+    core["advertised_url"] = advertised
     options = GatewayOptions(
-        **{**core, "advertised_url": advertised},
+        **core,
         model_name=settings.model,
         public_url=public,
         context_window=window,
