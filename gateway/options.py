@@ -47,7 +47,6 @@ class CoreSettings(BaseModel):
     fsync_interval_ms: float = Field(
         default=5.0, ge=0.001, le=1000, description="group commit: ms between fsync batches"
     )
-    """Group commit starts a batch at most this often."""
     session_reaper_interval_s: float = Field(
         default=30.0, ge=0, description="s between closing sessions past their TTL (0: off)"
     )
@@ -94,7 +93,6 @@ class CoreSettings(BaseModel):
     max_prompt_messages: int = Field(
         default=10_000, ge=0, description="refuse (413) a request with more messages (0: no cap)"
     )
-    """A request with more messages is refused (413) before it is rendered (0: no cap)."""
     max_prompt_chars: int = Field(
         default=4 * 2**20,
         ge=0,

@@ -110,11 +110,6 @@ class GatewaySettings(CoreSettings):
     )
     """Symlinks followed; with none every `POST /policy` is refused (403)."""
 
-    @field_validator("checkpoint_roots")
-    @classmethod
-    def _absolute(cls, roots: list[Path]) -> list[Path]:
-        return [root.resolve() for root in roots]
-
     request_timeout_s: Annotated[float, NOT_AN_OPTION] = 600.0
     peer_control_urls: Annotated[list[str], NOT_AN_OPTION] = Field(default_factory=list)
     """The other processes' control URLs (set by `serve` for N processes): a policy
@@ -123,3 +118,8 @@ class GatewaySettings(CoreSettings):
     control_own_loop: Annotated[bool, NOT_AN_OPTION] = True
     """The control listener on its own thread and event loop (False: on the agent
     listener's loop, to measure what that buys; bench/control_listener.py)."""
+
+    @field_validator("checkpoint_roots")
+    @classmethod
+    def _absolute(cls, roots: list[Path]) -> list[Path]:
+        return [root.resolve() for root in roots]
