@@ -20,105 +20,31 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 import uvicorn
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 
 from gateway import lifeline
 from gateway.calls.pipeline import Gateway
-from gateway.engines.registry import ENGINES, EngineName
-from gateway.engines.routing import EngineRouter, EngineRouting
+from gateway.engines.registry import ENGINES
+from gateway.engines.routing import EngineRouter
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
 from gateway.http.read_deadlines import deadline_protocol
 from gateway.observability.metrics import GatewayMetrics
-from gateway.options import GatewayOptions
+from gateway.options import CoreSettings, GatewayOptions
 from gateway.parsers.selection import ParserSelectionError, parser_for_model
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental import IncrementalTokenizer, Tokenizer, load_tokenizer
 from gateway.prompt.model_files import ModelFilesError, load_model_files
 from gateway.prompt.tokenize_pool import OffloadingTokenizer
 from gateway.sessions.lifetime import Clock
+from workers.gateway_settings import GatewaySettings
 from workers.gc_policy import tune_gc_for_serving
 
 log = logging.getLogger("rollout.gateway")
-
-
-class GatewaySettings(BaseModel):
-    """Everything `rollout gateway` accepts, validated before anything starts."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    engine_urls: list[str] = Field(min_length=1)
-    model: str
-    tokenizer: Path
-    chat_template: Path | None = None
-    #: The model family whose output format to parse; None: detected from the template,
-    #: or named by vLLM's parser names below.
-    family: str | None = None
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    #: The agent API listener (session tokens): what sandboxes reach.
-    host: str = "127.0.0.1"
-    port: int = Field(default=8700, ge=0, le=65535)
-    #: The control API + /metrics + /health listener (admin token): workers, trainers.
-    control_host: str = "127.0.0.1"
-    control_port: int = Field(default=8800, ge=0, le=65535)
-    #: One agent address for all processes (SO_REUSEPORT on `host`): session base URLs
-    #: name it, and a call that lands on a process not owning its session is relayed to
-    #: the owner's own port (gateway/http/owner_forwarding.py). None: each process's own port.
-    shared_port: int | None = Field(default=None, ge=1, le=65535)
-    public_url: str | None = None
-    #: Set by the supervisor for its children: the advertised URL (`public_url` of the
-    #: command line, else the shared port); a child's `public_url` is its own port.
-    advertised_url: str | None = None
-    data_dir: Path = Path("./data/gateway")
-    admin_token: str | None = None
-    insecure_dev: bool = False
-    context_window: int | None = None
-    request_timeout_s: float = 600.0
-    #: Any request body past this is a 413 (`max_body_bytes`), refused before it is read:
-    #: the ceiling of the control API's and of a session's own (`session_max_body_bytes`).
-    max_body_bytes: int = Field(default=32 * 2**20, ge=1)
-    #: A request head must arrive within this (slowloris); else the connection is cut.
-    header_timeout_s: float = Field(default=10.0, gt=0)
-    #: A request body must arrive within this of its head; else 408 and the connection cut.
-    body_timeout_s: float = Field(default=60.0, gt=0)
-    #: Per-session limit defaults (a session's create may set its own: `SessionLimits`).
-    session_max_concurrent_calls: int = Field(default=16, ge=1)
-    session_max_stored_request_bytes: int = Field(default=2**20, ge=0)
-    session_max_stored_bytes: int = Field(default=2**30, ge=1)
-    session_max_body_bytes: int = Field(default=8 * 2**20, ge=1)
-    session_body_bytes_per_s: int = Field(default=4 * 2**20, ge=0)
-    fsync: Literal["group", "off"] = "group"
-    fsync_interval_ms: float = Field(default=5.0, gt=0, le=1000)
-    session_reaper_interval_s: float = Field(default=30.0, ge=0)
-    stream_abort_grace_s: float = Field(default=2.0, ge=0)
-    #: The other processes' control URLs (set by `serve` for N processes): a policy
-    #: update on any process pauses them all, as they share the engines.
-    peer_control_urls: list[str] = Field(default_factory=list)
-    #: Directories a policy update's checkpoint must resolve under (symlinks followed);
-    #: none: every `POST /policy` is refused (403).
-    checkpoint_roots: list[Path] = Field(default_factory=list)
-    #: New text of at least this many characters is tokenized in a worker process, off
-    #: the event loop (0: always inline); see gateway/prompt/tokenize_pool.py.
-    tokenize_offload_chars: int = Field(default=16384, ge=0)
-    tokenize_workers: int = Field(default=1, ge=1)
-    #: Prompt caps (413 naming the limit; 0: none): see gateway/calls/prompt_limits.py.
-    max_prompt_messages: int = Field(default=10_000, ge=0)
-    max_prompt_chars: int = Field(default=4 * 2**20, ge=0)
-    engine_routing: EngineRouting = "sticky"
-    #: Which engine client fronts the engines (gateway/engines/registry.py).
-    engine_api: EngineName = "completions"
-    #: The control listener on its own thread and event loop (False: on the agent
-    #: listener's loop, to measure what that buys; bench/control_listener.py).
-    control_own_loop: bool = True
-    #: An agent body this large is parsed in a worker process (0: never).
-    parse_offload_bytes: int = Field(default=2**20, ge=0)
 
 
 def is_loopback(host: str) -> bool:
@@ -237,26 +163,14 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
     advertised = settings.advertised_url
     if advertised is None and settings.shared_port is not None:
         advertised = settings.public_url or f"http://{settings.host}:{settings.shared_port}"
+    core = {name: getattr(settings, name) for name in CoreSettings.model_fields}
+    core["advertised_url"] = advertised
     options = GatewayOptions(
+        **core,
         model_name=settings.model,
         public_url=public,
-        advertised_url=advertised,
-        data_dir=settings.data_dir,
         context_window=window,
         vocab_size=files.vocab_size,
-        fsync=settings.fsync,
-        fsync_interval_ms=settings.fsync_interval_ms,
-        session_reaper_interval_s=settings.session_reaper_interval_s,
-        stream_abort_grace_s=settings.stream_abort_grace_s,
-        max_prompt_messages=settings.max_prompt_messages,
-        max_prompt_chars=settings.max_prompt_chars,
-        body_timeout_s=settings.body_timeout_s,
-        session_max_concurrent_calls=settings.session_max_concurrent_calls,
-        session_max_stored_request_bytes=settings.session_max_stored_request_bytes,
-        session_max_stored_bytes=settings.session_max_stored_bytes,
-        session_max_body_bytes=settings.session_max_body_bytes,
-        session_body_bytes_per_s=settings.session_body_bytes_per_s,
-        parse_offload_bytes=settings.parse_offload_bytes,
     )
     client = ENGINES[settings.engine_api](
         settings.model, request_timeout_s=settings.request_timeout_s, connect_retries=3
@@ -414,8 +328,9 @@ def _reachable(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def serve(settings: GatewaySettings, processes: int = 1) -> None:
-    """Serve in this process, or supervise N child processes on consecutive port pairs."""
+def serve(settings: GatewaySettings) -> None:
+    """Serve in this process, or supervise `processes` children on consecutive port pairs."""
+    processes = settings.processes
     check_admin_policy(settings)
     check_ports(settings, processes)
     check_checkpoint_roots(settings)
@@ -445,6 +360,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
             update={
                 "port": port,
                 "control_port": control_port,
+                "processes": 1,
                 "public_url": None,
                 "advertised_url": advertised,
                 "admin_token": settings.admin_token,
@@ -470,7 +386,7 @@ def serve(settings: GatewaySettings, processes: int = 1) -> None:
     raise SystemExit(max(codes))
 
 
-if __name__ == "__main__":  # one child of `serve(..., processes=N)`
+if __name__ == "__main__":  # one child of `serve` with `processes` > 1
     lifeline.from_environment()
     asyncio.run(
         serve_listeners(GatewaySettings.model_validate_json(os.environ["ROLLOUT_GATEWAY_SETTINGS"]))

@@ -30,16 +30,9 @@ from schemas.samples import is_s3
 from schemas.tasks import RolloutTask
 from task_formats import verifier_evidence
 from task_formats.harbor import ORACLE
+from workers.model_options import model_options
 from workers.task_source_cmd import TaskSourceArgs, prebuild_images, task_source_options
-from workers.temporal_options import (
-    ApiKey,
-    TlsCa,
-    TlsCert,
-    TlsFlag,
-    TlsKey,
-    TlsServerName,
-    tls_settings,
-)
+from workers.temporal_options import TemporalOptions
 
 
 @dataclass
@@ -193,6 +186,7 @@ def _record_evidence(
 @task_source_options(
     backend="docker", backend_help="datasets: sandbox backend (docker, local, e2b)"
 )
+@model_options("temporal")
 def run_cmd(
     tasks_file: Annotated[
         Path,
@@ -204,14 +198,6 @@ def run_cmd(
     ],
     out: Annotated[str, typer.Option(help="samples dir or s3://bucket/prefix")] = "./data/samples",
     samples_per_task: Annotated[int, typer.Option(min=1, help="rollouts per task (a group)")] = 1,
-    temporal: Annotated[str, typer.Option(help="Temporal frontend host:port")] = "127.0.0.1:7233",
-    temporal_tls: TlsFlag = False,
-    temporal_tls_ca: TlsCa = None,
-    temporal_tls_cert: TlsCert = None,
-    temporal_tls_key: TlsKey = None,
-    temporal_tls_server_name: TlsServerName = None,
-    temporal_api_key: ApiKey = None,
-    namespace: str = "default",
     task_queue: str = "rollouts",
     batch_id: Annotated[str | None, typer.Option(help="resume/idempotent re-run")] = None,
     seed: Annotated[int | None, typer.Option(help="base seed (default: from batch id)")] = None,
@@ -220,22 +206,18 @@ def run_cmd(
         bool, typer.Option(help="with --batch-id: re-run its failed rollouts")
     ] = False,
     *,
+    temporal: TemporalOptions,
     source: TaskSourceArgs,
 ) -> None:
     """Submit the tasks at PATH, show progress, print a summary table, write samples."""
     console = Console()
-    tls = tls_settings(
-        temporal_tls,
-        temporal_tls_ca,
-        temporal_tls_cert,
-        temporal_tls_key,
-        temporal_tls_server_name,
-        temporal_api_key,
-    )
+    tls = temporal.tls()
     tasks = prebuild_images(source.read(tasks_file, console), console)
 
     async def main() -> BatchReport:
-        client = await RolloutClient.connect(temporal, namespace, task_queue, tls=tls)
+        client = await RolloutClient.connect(
+            temporal.temporal, temporal.namespace, task_queue, tls=tls
+        )
         bid = batch_id or client.plan(tasks, out, 1)[0].batch_id
         try:
             return await run_batch(

@@ -1,43 +1,58 @@
-"""The Temporal TLS / API key options shared by the commands that connect a client
-(`rollout worker`, `rollout run`): each also read from the environment variable the
-`temporal` CLI uses, an option winning over its variable."""
+"""The Temporal connection options, one group shared by the commands that reach Temporal
+(`rollout run`, `worker`, `train`): a command declares `temporal: TemporalOptions` and
+gets `--temporal`, `--namespace` and the TLS / API key options there
+(`workers.model_options`). The TLS ones are also read from the environment variables
+the `temporal` CLI uses, an option winning over its variable."""
 
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.options import OptionSpec
 from rollout_client.temporal_connection import ENV_VARS, TemporalTLS
 
-TlsFlag = Annotated[
-    bool,
-    typer.Option(
-        "--temporal-tls", help=f"TLS with the system's CAs (${ENV_VARS['tls']}); implied below"
-    ),
-]
-TlsCa = Annotated[
-    Path | None,
-    typer.Option(help=f"PEM CA of the Temporal server's cert (${ENV_VARS['tls_ca']})"),
-]
-TlsCert = Annotated[
-    Path | None,
-    typer.Option(help=f"PEM client certificate for mTLS (${ENV_VARS['tls_cert']})"),
-]
-TlsKey = Annotated[
-    Path | None, typer.Option(help=f"PEM key of the client certificate (${ENV_VARS['tls_key']})")
-]
-TlsServerName = Annotated[
-    str | None,
-    typer.Option(help=f"name the server cert must carry (${ENV_VARS['tls_server_name']})"),
-]
-ApiKey = Annotated[
-    str | None,
-    typer.Option(
-        help=f"Temporal API key, sent as a bearer token (prefer ${ENV_VARS['api_key']}: "
-        "options show in `ps`)"
-    ),
-]
+
+class TemporalOptions(BaseModel):
+    """Where a command reaches Temporal, and how (TLS, API key)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temporal: str = Field(default="127.0.0.1:7233", description="Temporal frontend host:port")
+    temporal_tls: Annotated[bool, OptionSpec(name="--temporal-tls")] = Field(
+        default=False, description=f"TLS with the system's CAs (${ENV_VARS['tls']}); implied below"
+    )
+    temporal_tls_ca: Path | None = Field(
+        default=None, description=f"PEM CA of the Temporal server's cert (${ENV_VARS['tls_ca']})"
+    )
+    temporal_tls_cert: Path | None = Field(
+        default=None, description=f"PEM client certificate for mTLS (${ENV_VARS['tls_cert']})"
+    )
+    temporal_tls_key: Path | None = Field(
+        default=None, description=f"PEM key of the client certificate (${ENV_VARS['tls_key']})"
+    )
+    temporal_tls_server_name: str | None = Field(
+        default=None,
+        description=f"name the server cert must carry (${ENV_VARS['tls_server_name']})",
+    )
+    temporal_api_key: str | None = Field(
+        default=None,
+        description=f"Temporal API key, sent as a bearer token (prefer ${ENV_VARS['api_key']}: "
+        "options show in `ps`)",
+    )
+    namespace: str = "default"
+
+    def tls(self) -> TemporalTLS:
+        """The TLS settings, options over environment; a bad one is a usage error."""
+        return tls_settings(
+            self.temporal_tls,
+            self.temporal_tls_ca,
+            self.temporal_tls_cert,
+            self.temporal_tls_key,
+            self.temporal_tls_server_name,
+            self.temporal_api_key,
+        )
 
 
 def tls_settings(
@@ -61,3 +76,17 @@ def tls_settings(
     except ValidationError as exc:
         problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise typer.BadParameter(problems) from exc
+
+
+def tls_environment(tls: TemporalTLS) -> dict[str, str]:
+    """`tls` as the environment variables `TemporalTLS.from_env` reads: how a process we
+    start (the trainer) connects as we do, without the key on its command line or in a
+    file."""
+    env: dict[str, str] = {}
+    for name, var in ENV_VARS.items():
+        value = getattr(tls, name)
+        if name == "api_key" and value is not None:
+            value = value.get_secret_value()
+        if value not in (None, False):
+            env[var] = "1" if value is True else str(value)
+    return env

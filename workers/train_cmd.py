@@ -16,13 +16,20 @@ from typing import Annotated
 import typer
 
 import schemas
+from rollout_client.temporal_connection import TemporalTLS
 from schemas.training import TrainConfig
+from workers.model_options import model_options
+from workers.temporal_options import TemporalOptions, tls_environment
 
 
 def trainer_process(
-    cfg: TrainConfig, python: Path | None = None, admin_token: str | None = None
+    cfg: TrainConfig,
+    python: Path | None = None,
+    admin_token: str | None = None,
+    tls: TemporalTLS | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """Write `cfg` into OUT and return the trainer's (argv, environment)."""
+    """Write `cfg` into OUT and return the trainer's (argv, environment); `tls`: how it
+    reaches Temporal (default: the environment it inherits)."""
     from devstack.trainer_env import (
         TRAINER_EXTRAS,
         trainer_environment,
@@ -41,17 +48,23 @@ def trainer_process(
     env = trainer_environment(link_dir)
     if admin_token:  # by environment: the config file is written to disk
         env["ROLLOUT_ADMIN_TOKEN"] = admin_token
+    if tls is not None:  # so is the API key
+        env.update(tls_environment(tls))
     return [str(interpreter), "-m", "trainer", str(config_path)], env
 
 
 def launch_trainer(
-    cfg: TrainConfig, python: Path | None = None, admin_token: str | None = None
+    cfg: TrainConfig,
+    python: Path | None = None,
+    admin_token: str | None = None,
+    tls: TemporalTLS | None = None,
 ) -> int:
     """Run the trainer process for `cfg` to completion; returns its exit code."""
-    argv, env = trainer_process(cfg, python, admin_token)
+    argv, env = trainer_process(cfg, python, admin_token, tls)
     return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
 
 
+@model_options("temporal")
 def train_cmd(
     tasks: Annotated[Path, typer.Argument(help="training tasks (JSONL)")],
     init_policy: Annotated[Path, typer.Option(help="model dir of the starting policy")],
@@ -69,7 +82,6 @@ def train_cmd(
     out: Annotated[Path, typer.Option(help="policies/, samples/, metrics.jsonl, curve")] = Path(
         "./data/train"
     ),
-    temporal: str = "127.0.0.1:7233",
     task_queue: str = "rollouts",
     steps: Annotated[int, typer.Option(min=1)] = 2,
     group_size: Annotated[int, typer.Option(min=2)] = 4,
@@ -94,6 +106,8 @@ def train_cmd(
     trainer: Annotated[
         str, typer.Option(help="reference (trainer.loop) | trl (TRL's GRPOTrainer, --gateway only)")
     ] = "reference",
+    *,
+    temporal: TemporalOptions,
 ) -> None:
     """Train the policy with GRPO on rollouts from the service (resumes a previous --out)."""
     if trainer not in ("reference", "trl"):
@@ -107,7 +121,8 @@ def train_cmd(
         tasks=str(tasks.resolve()),
         out=str(out.resolve()),
         init_policy=str(init_policy.resolve()),
-        temporal=temporal,
+        temporal=temporal.temporal,
+        namespace=temporal.namespace,
         task_queue=task_queue,
         gateway=gateway,
         engines=list(engine or []),
@@ -127,7 +142,7 @@ def train_cmd(
     )
     if gateway is None and not engine:
         raise typer.BadParameter("give --gateway (its control URL) or --engine")
-    code = launch_trainer(cfg, admin_token=admin_token)
+    code = launch_trainer(cfg, admin_token=admin_token, tls=temporal.tls())
     raise typer.Exit(code=code)
 
 

@@ -33,15 +33,8 @@ from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
 from sandboxes.registry import BUILTIN_BACKENDS, backend_class
 from workers.gc_policy import tune_gc_for_serving
-from workers.temporal_options import (
-    ApiKey,
-    TlsCa,
-    TlsCert,
-    TlsFlag,
-    TlsKey,
-    TlsServerName,
-    tls_settings,
-)
+from workers.model_options import model_options
+from workers.temporal_options import TemporalOptions
 
 log = logging.getLogger("rollout.worker")
 
@@ -337,18 +330,11 @@ def backend_options(
     return config
 
 
+@model_options("temporal")
 def worker_cmd(
     role: Annotated[str, typer.Option(help="orchestrator | sandbox-host | gateway-host | all")] = (
         "all"
     ),
-    temporal: Annotated[str, typer.Option(help="Temporal frontend host:port")] = "127.0.0.1:7233",
-    temporal_tls: TlsFlag = False,
-    temporal_tls_ca: TlsCa = None,
-    temporal_tls_cert: TlsCert = None,
-    temporal_tls_key: TlsKey = None,
-    temporal_tls_server_name: TlsServerName = None,
-    temporal_api_key: ApiKey = None,
-    namespace: str = "default",
     task_queue: Annotated[str, typer.Option(help="base task queue name")] = "rollouts",
     host_id: Annotated[
         str | None, typer.Option(help="stable host name for the host queue (default: hostname)")
@@ -402,6 +388,8 @@ def worker_cmd(
         ),
     ] = None,
     log_level: str = "INFO",
+    *,
+    temporal: TemporalOptions,
 ) -> None:
     """Run Temporal workers for one role until SIGINT/SIGTERM."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
@@ -413,16 +401,9 @@ def worker_cmd(
     )
     settings = WorkerSettings(
         role=role,  # type: ignore[arg-type]
-        temporal=temporal,
-        temporal_tls=tls_settings(
-            temporal_tls,
-            temporal_tls_ca,
-            temporal_tls_cert,
-            temporal_tls_key,
-            temporal_tls_server_name,
-            temporal_api_key,
-        ),
-        namespace=namespace,
+        temporal=temporal.temporal,
+        temporal_tls=temporal.tls(),
+        namespace=temporal.namespace,
         task_queue=task_queue,
         host_id=host_id or default_host_id(),
         gateway_urls=[u.strip() for u in (gateway or "").split(",") if u.strip()],
