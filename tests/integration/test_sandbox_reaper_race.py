@@ -18,7 +18,11 @@ from sandboxes.base import SandboxBackend, SandboxSpec
 from sandboxes.local import LocalBackend
 from tests.fixtures.sandboxes import require_bwrap
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("system"),
+]
 
 
 class LocalBackendProvisionedDuringReaper(LocalBackend):
