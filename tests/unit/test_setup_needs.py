@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.setup_steps import FIXTURE_STEPS, STEPS, TRAINER_STEP, plan, trainer_names
+from tests.setup_steps import (
+    FIXTURE_STEPS,
+    PLAN_ENV,
+    STEPS,
+    TRAINER_STEP,
+    plan,
+    require_step,
+    trainer_names,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -174,3 +182,14 @@ def test_collection_writes_the_plan_of_the_selected_tests(tmp_path: Path) -> Non
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         out[name] = target.read_text().split()
     assert out == {"trainer": ["vllm_venv", "trainer_env:reference"], "none": []}
+
+
+def test_a_step_outside_the_plan_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under scripts/test.sh (a plan is set) a fixture whose step was left out fails its
+    test, naming the step; plain pytest (no plan) lets the fixture build it."""
+    monkeypatch.setenv(PLAN_ENV, "system base_image")
+    require_step("base_image", "fixture sandbox_base_image")
+    with pytest.raises(pytest.fail.Exception, match="setup step 'vllm_venv' did not run"):
+        require_step("vllm_venv", "fixture vllm_python")
+    monkeypatch.delenv(PLAN_ENV)
+    require_step("vllm_venv", "fixture vllm_python")
