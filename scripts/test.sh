@@ -30,7 +30,8 @@ echo "== setup steps the selected tests need (pytest --collect-only)"
 plan_file=$(mktemp)
 collect_log=$(mktemp)
 trap 'rm -f "$plan_file" "$collect_log"' EXIT
-if ! .venv/bin/python -m pytest --collect-only -q --setup-plan-file "$plan_file" "$@" \
+if ! .venv/bin/python -m pytest -p tests.setup_steps --collect-only -q \
+  --setup-plan-file="$plan_file" "$@" \
   >"$collect_log" 2>&1; then
   cat "$collect_log"
   echo "[test.sh] collecting the selected tests failed (above)" >&2
