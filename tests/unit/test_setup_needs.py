@@ -31,10 +31,11 @@ REACHES: dict[str, str] = {
     "vllm_venv": r"\bensure_vllm_venv\b|\bVllmServer\(|\bensure_engine_python\b",
     TRAINER_STEP: r"\btrainer_python\(|\bensure_trainer_env\b|\bensure_trainer_python\b",
     "warm_model": r"\bensure_warm_model\b|\bbuild_warm_model\b",
-    # The local backend runs on the image's exported rootfs when it exists (a full run):
-    # so does the demo, which runs on it.
+    # The local backend runs on the image's exported rootfs when it exists (a full run),
+    # so do the demo and the workers configured with it.
     "base_image": r"\bensure_base_image\b|\bensure_rootfs\b|\bLocalBackend\(|\bDockerBackend\("
-    r"|\brun_demo\(|\bDemoStack\(|\"workers\.demo\"",
+    r"|\brun_demo\(|\bDemoStack\(|\"workers\.demo\""
+    r"|backend_config=\{\"local\"|\brun_chaos\(",
     "system": r"\brequire_docker\b|\brequire_bwrap\b|\bdocker\.from_env\b|\biptables\b",
 }
 TRAINER_NAMED = re.compile(r"TRAINER_EXTRAS\[\"(\w+)\"\]")
