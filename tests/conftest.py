@@ -2,6 +2,7 @@
 a missing service fails with install instructions rather than skipping."""
 
 pytest_plugins = [
+    "tests.setup_steps",
     "tests.fixtures.vllm",
     "tests.fixtures.gateway",
     "tests.fixtures.sandboxes",

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from stress.chaos import DEFAULT_FAULTS, ChaosConfig, Report, render, run_chaos
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.needs("base_image")]
 
 #: Requests per protocol. `bench/chaos.py` sends 10,000 per protocol; at the ~30-100
 #: requests/s this 2-core machine manages alongside the rollouts that alone would take

@@ -31,7 +31,7 @@ from tests.fixtures.rollout_stack import rollout_stack
 from tests.fixtures.trainer import TrainerPython
 from tests.unit.test_bridge_skyrl import sample_row
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("trainer_env:skyrl")]
 
 REPO = Path(__file__).resolve().parents[2]
 

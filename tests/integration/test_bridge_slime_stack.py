@@ -29,7 +29,7 @@ from rollout_client.storage import read_samples
 from schemas.tasks import RolloutTask
 from tests.fixtures.rollout_stack import RolloutStack, rollout_stack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv")]
 
 SLIME_STATUS = {
     "ok": "completed",

@@ -31,7 +31,7 @@ from tests.fixtures.gateway import start_gateway
 from tests.fixtures.sandboxes import require_bwrap
 from tests.fixtures.worker_process import WorkerProcess, one_host_args
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("system")]
 
 MODEL = "tiny-qwen3"
 QUEUE = "trl-refusals-tests"

@@ -15,7 +15,7 @@ from sandboxes.base import SandboxSpec
 from stress.chaos import sandbox_processes, sandboxes_left
 from tests.fixtures.sandboxes import require_bwrap
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
 
 
 @pytest.fixture

@@ -34,7 +34,11 @@ from schemas.tasks import RolloutTask
 from tests.fixtures.gateway import start_gateway
 from tests.fixtures.worker_process import WorkerProcess, one_host_args
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image"),
+]
 
 
 class HoldingProxy:

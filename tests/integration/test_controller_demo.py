@@ -16,7 +16,7 @@ import pytest
 from rollout_client.storage import read_table
 from tests.fixtures.process_tree import ProcessTree
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -31,7 +31,7 @@ from devstack.ports import consecutive_free_ports
 from devstack.scripted_engine import Script, ScriptedEngine
 from tests.fixtures.gateway import wait_healthy
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("system")]
 
 Proc = tuple[int, str]  # (pid, start time in clock ticks): one process, never a reused pid
 #: How long the check waits for a process to go (a bound on a poll, not a speed goal).

@@ -11,7 +11,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from workers.demo import ORPHAN_REASON, DemoStack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
 
 
 async def _left_running(stack: DemoStack) -> list[str]:

@@ -20,7 +20,7 @@ from schemas.training import FinalEval, StepMetrics
 from tests.fixtures.process_tree import ProcessTree
 from tests.integration.test_trainer import STEP_LINE
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("trainer_env:reference", "base_image")]
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

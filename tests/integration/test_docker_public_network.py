@@ -28,7 +28,11 @@ import pytest
 from sandboxes.base import NetworkPolicy, SandboxSpec
 from sandboxes.network.docker_network import BRIDGE_PREFIX, network_name
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image"),
+]
 
 PORT = 8000
 #: Connects once (3 s limit) and says whether it got through; sends nothing.

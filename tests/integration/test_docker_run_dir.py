@@ -27,7 +27,11 @@ import pytest
 
 from sandboxes.base import GatewayChannel, SandboxSpec
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_UID = 4242

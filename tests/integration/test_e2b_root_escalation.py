@@ -27,7 +27,11 @@ from schemas.rollout import BAD_TASK_SPEC
 from schemas.tasks import RolloutTask
 from tests.fixtures.sandboxes import provision_request
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image"),
+]
 
 SUDO_TEMPLATE = "user-with-sudo"
 #: Stand-in for a passwordless sudo: runs the command as it is (see the module docstring).

@@ -55,7 +55,7 @@ from tests.fixtures.weight_endpoints import (
     truncated,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv")]
 
 
 @pytest.fixture(scope="module")

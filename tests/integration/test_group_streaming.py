@@ -35,7 +35,11 @@ from tests.fixtures.gated_engine import GatedEngine
 from tests.fixtures.gateway import RunningGateway, start_gateway
 from workers.worker import RolloutWorker, WorkerSettings
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image"),
+]
 QUEUE = "group-stream-tests"
 SLOW_MARK = "capital of France"
 HANG = 300.0  # seconds: a guard against a batcher that waits, not a speed threshold

@@ -48,7 +48,11 @@ from tests.fixtures.sandboxes import require_bwrap
 from tests.fixtures.swebench_repo import FIX, FORMAT_OPTIONS, write_calc_instances
 from tests.fixtures.worker_process import WorkerProcess, one_host_args
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("system"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 HARBOR = REPO / "tests" / "data" / "harbor"

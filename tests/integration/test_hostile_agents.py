@@ -38,7 +38,7 @@ from schemas.outcome import RolloutStatus
 from schemas.tasks import RolloutTask
 from tests.fixtures.forger import LEAVE_FORGER
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
 
 WORK = "/workspace"  # the local backend's workdir
 #: The sandbox's HOME: hooks and checks run with it (the harness gives the agent another

@@ -57,7 +57,7 @@ from tests.fixtures.rollout_stack import RolloutStack, rollout_stack
 from tests.fixtures.sandboxes import require_bwrap
 from tests.fixtures.swebench_repo import git
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv", "base_image")]
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("docker", "local")

@@ -32,7 +32,7 @@ from devstack.trainer_env import (
 )
 from devstack.vllm_server import INSTALL_HINT, VllmVenvError
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("trainer_env:openrlhf")]
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("openrlhf_probe.py")

@@ -26,7 +26,7 @@ from rollout_client import GatewayPolicyClient
 from rollout_client.storage import read_samples
 from tests.fixtures.rollout_stack import RolloutStack, rollout_stack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv")]
 
 N = 2
 

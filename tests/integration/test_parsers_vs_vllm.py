@@ -42,6 +42,8 @@ from tests.fixtures.vllm_reference import (
     vllm_reference,
 )
 
+pytestmark = pytest.mark.needs("vllm_venv")
+
 CHUNK_SIZES = list(range(1, 9))
 UNKNOWN_PARSER = "no_such_parser"
 

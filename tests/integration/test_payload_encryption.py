@@ -39,7 +39,11 @@ from tests.fixtures.gateway import RunningGateway, start_gateway
 from workers.codec_server import codec_app
 from workers.worker import RolloutWorker, WorkerSettings
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image"),
+]
 QUEUE = "codec-tests"
 CODEC_TOKEN = "codec-test-token"
 

@@ -32,7 +32,11 @@ from sandboxes.base import (
     SandboxSpec,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("system"),
+]
 
 
 def rid() -> str:

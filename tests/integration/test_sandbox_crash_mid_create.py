@@ -18,7 +18,11 @@ import pytest
 from sandboxes.backends.local import LocalBackend
 from tests.fixtures.sandboxes import require_bwrap
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -26,7 +26,11 @@ from sandboxes.base import (
     SandboxSpec,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image"),
+]
 
 
 def rid() -> str:

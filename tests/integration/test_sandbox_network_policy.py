@@ -20,7 +20,11 @@ import pytest
 
 from sandboxes.base import GatewayChannel, NetworkPolicy, NetworkPolicyRefused, SandboxSpec
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image"),
+]
 
 NAME = "allowed.test"
 

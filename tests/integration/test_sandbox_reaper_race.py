@@ -18,7 +18,11 @@ from sandboxes.backends.local import LocalBackend
 from sandboxes.base import SandboxBackend, SandboxSpec
 from tests.fixtures.sandboxes import require_bwrap
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("system"),
+]
 
 
 class LocalBackendProvisionedDuringReaper(LocalBackend):

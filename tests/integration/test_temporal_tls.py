@@ -31,7 +31,11 @@ from tests.fixtures.gateway import start_gateway
 from tests.fixtures.temporal_tls import Pki, TlsFrontendForTests, make_pki
 from tests.fixtures.worker_process import one_host_args
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image"),
+]
 
 API_KEY = "tls-test-key-" + os.urandom(6).hex()
 QUEUE = "tls-tests"

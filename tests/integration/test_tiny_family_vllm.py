@@ -40,7 +40,7 @@ from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.model_files import load_model_files
 from tests.fixtures.real_templates import real_templates_dir
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv")]
 
 CALL_ID = "call00001"
 TOOL = Tool(

@@ -22,7 +22,7 @@ from devstack.tiny_model.task_agent import weather_reply
 from devstack.tiny_model.tasks import heldout_cases, write_task_files
 from rollout_client.storage import read_table
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
 
 THINK = "<think>\n\n</think>\n\n"
 

@@ -31,7 +31,7 @@ from tests.fixtures.gateway import RunningGateway
 from tests.fixtures.rollout_stack import rollout_stack
 from tests.fixtures.trainer import TrainerPython
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv")]
 
 REPO = Path(__file__).resolve().parents[2]
 STEP_LINE = re.compile(

@@ -26,7 +26,7 @@ from devstack.trainer_env import (
 from devstack.vllm_server import INSTALL_HINT, VllmVenvError
 from tests.integration.test_trainer import TrainStack, stack  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("trainer_env:verl")]
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("verl_probe.py")

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from devstack.tiny_model import IM_END, render_chat
 from devstack.vllm_server import VllmServer, VllmServerConfig, VllmServerError
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv")]
 
 TOOL_CALL_RE = (
     r"<think>\n[a-z ]{1,20}\n</think>\n\n<tool_call>\n"

@@ -29,7 +29,7 @@ from devstack.tiny_model.warm import (
 )
 from devstack.vllm_server import VllmServer, VllmServerConfig
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.needs("warm_model")]
 
 
 @pytest.fixture(scope="module")
