@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollout_client.storage import read_table, s3_client
 from schemas.outcome import RolloutStatus, whose_failure
-from schemas.samples import SampleRow, is_s3, labels_of, metrics_of, table_to_rows
+from schemas.samples import ArtifactRow, SampleRow, is_s3, labels_of, metrics_of, table_to_rows
 
 MANIFEST = "_manifest.json"
 #: Columns a rollout's summary needs besides token counts (the token lists stay unread).
@@ -41,6 +41,17 @@ _RECORDED_SINCE = {
     "step durations": 6,
     "artifacts": 6,
 }
+#: The steps of a rollout in the order they run (others follow, as recorded).
+STEP_ORDER = (
+    "provision",
+    "setup",
+    "before_run",
+    "agent",
+    "stop_agent",
+    "after_run",
+    "evaluate",
+    "collect",
+)
 #: When the rollout status is not recorded, the row status that says most about it.
 _WORST_FIRST = (
     RolloutStatus.infra_error,
@@ -342,9 +353,7 @@ class SamplesReader:
                 CheckView(**c.model_dump(), source=sources.get(c.name)) for c in first.eval_checks
             ],
             segment_views=[_segment(r) for r in rows],
-            artifacts=[
-                self._artifact(rid, a.name, a.kind, a.location, a.size) for a in first.artifacts
-            ],
+            artifacts=[artifact_view(rid, a, self.artifacts) for a in first.artifacts],
             artifacts_dir=first.artifacts_dir,
             env_version=first.env_version,
             task_source=first.task_source,
@@ -354,32 +363,6 @@ class SamplesReader:
             sandbox_facts=labels_of(first.sandbox_facts, "sandbox_facts"),
             missing=[what for what, since in _RECORDED_SINCE.items() if version < since],
         )
-
-    def _artifact(self, rid: str, name: str, kind: str, location: str, size: int) -> ArtifactView:
-        if "://" in location:
-            return ArtifactView(name=name, kind=kind, location=location, size=size, state="remote")
-        if self.artifacts is None:
-            return ArtifactView(
-                name=name, kind=kind, location=location, size=size, state="not looked"
-            )
-        path = self._local_artifact(rid, location)
-        state: Literal["present", "missing"] = "present" if path.is_file() else "missing"
-        return ArtifactView(
-            name=name, kind=kind, location=location, size=size, path=str(path), state=state
-        )
-
-    def _local_artifact(self, rid: str, location: str) -> Path:
-        """Where a worker's file is under the data dir given: the part of its recorded
-        path after `<rollout_id>/`, under `<data dir>/artifacts/<rollout_id>/` (or under
-        `<dir>/<rollout_id>/` when the dir given is the artifacts root itself)."""
-        parts = Path(location).parts
-        tail = Path(*parts[parts.index(rid) + 1 :]) if rid in parts else Path(Path(location).name)
-        assert self.artifacts is not None
-        for root in (self.artifacts / "artifacts", self.artifacts):
-            candidate = root / rid / tail
-            if candidate.is_file():
-                return candidate
-        return self.artifacts / "artifacts" / rid / tail
 
     # ----------------------------------------------------------------- files
     def _read_dir(self, directory: str) -> tuple[list[pa.Table], dict[str, str]]:
@@ -468,7 +451,7 @@ def _summary(
         verdict=first["verdict"] or result.get("verdict") or "",
         reward=reward,
         reward_metrics=metrics_of(first["reward_metrics"]),
-        step_durations=metrics_of(first["step_durations"], "step_durations"),
+        step_durations=in_step_order(metrics_of(first["step_durations"], "step_durations")),
         duration_s=result.get("duration_s"),
         harness=first["harness"],
         harness_version=first["harness_version"],
@@ -481,6 +464,12 @@ def _summary(
         schema_version=first["schema_version"],
         samples_uri=uri,
     )
+
+
+def in_step_order(steps: dict[str, float]) -> dict[str, float]:
+    """`steps` in the order they run (`STEP_ORDER`), any others after them."""
+    rank = {name: i for i, name in enumerate(STEP_ORDER)}
+    return dict(sorted(steps.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 
 
 def _status_from_rows(rows: Iterable[dict[str, Any]]) -> str:
@@ -542,6 +531,33 @@ def _segment(row: SampleRow) -> SegmentView:
         token_versions=row.token_policy_versions(),
         calls=calls,
     )
+
+
+def artifact_view(rollout_id: str, artifact: ArtifactRow, data_dir: Path | None) -> ArtifactView:
+    """Where a recorded artifact is now: uploaded (its URI), or looked up in a worker's
+    data dir (`data_dir`; None: not looked)."""
+    fields = artifact.model_dump()
+    if "://" in artifact.location:
+        return ArtifactView(**fields, state="remote")
+    if data_dir is None:
+        return ArtifactView(**fields, state="not looked")
+    path = _local_artifact(rollout_id, artifact.location, data_dir)
+    return ArtifactView(**fields, path=str(path), state="present" if path.is_file() else "missing")
+
+
+def _local_artifact(rid: str, location: str, data_dir: Path) -> Path:
+    """A worker's file under the data dir given: the part of its recorded path after
+    `<rollout_id>/`, under `<data dir>/artifacts/<rollout_id>/` (or `<dir>/<rollout_id>/`
+    when the dir given is the artifacts root itself)."""
+    parts = Path(location).parts
+    tail = Path(*parts[parts.index(rid) + 1 :]) if rid in parts else Path(Path(location).name)
+    if ".." in tail.parts:  # never looked up outside the data dir
+        return data_dir / "artifacts" / rid / tail.name
+    for root in (data_dir / "artifacts", data_dir):
+        candidate = root / rid / tail
+        if candidate.is_file():
+            return candidate
+    return data_dir / "artifacts" / rid / tail
 
 
 def _basename(location: str) -> str:
