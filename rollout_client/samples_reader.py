@@ -368,13 +368,16 @@ class SamplesReader:
     def _read_dir(self, directory: str) -> tuple[list[pa.Table], dict[str, str]]:
         """The batch's tables: all at once, or file by file when one is bad (its error
         kept, the rest read)."""
+        files = self._store.parquet_files(directory)
+        if not files:
+            return [], {}
         try:
             return [read_table(directory)], {}
         except (OSError, ValueError, pa.ArrowException):
             pass
         tables: list[pa.Table] = []
         unreadable: dict[str, str] = {}
-        for uri in self._store.parquet_files(directory):
+        for uri in files:
             try:
                 tables.append(read_table(uri))
             except (OSError, ValueError, pa.ArrowException) as exc:
@@ -433,11 +436,9 @@ def _summary(
     reward: float | None = max(kept) if kept else None
     if status in (RolloutStatus.eval_error, RolloutStatus.infra_error):
         reward = None
-    versions: list[str] = []
-    for r in rows:
-        versions += [
-            v for v in r["call_policy_versions"] or [r["policy_version"]] if v not in versions
-        ]
+    versions = list(
+        dict.fromkeys(v for r in rows for v in r["call_policy_versions"] or [r["policy_version"]])
+    )
     return RolloutSummary(
         rollout_id=rid,
         batch_id=first["batch_id"] or result.get("batch_id", ""),

@@ -23,6 +23,7 @@ from rollout_client.samples_reader import (
     NotFoundError,
     SamplesReader,
 )
+from rollout_client.temporal_connection import TemporalConnectError
 from workers.model_options import model_options
 from workers.show_render import batch_view, print_view, rollout_view
 from workers.temporal_options import TemporalOptions
@@ -97,7 +98,7 @@ def show_cmd(
             await show_from_temporal(console, client, ident, artifacts)
 
         asyncio.run(main())
-    except NotASamplesDirectoryError as exc:
+    except (NotASamplesDirectoryError, TemporalConnectError) as exc:
         console.print(f"show: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except NotFoundError as exc:
