@@ -16,21 +16,38 @@ from __future__ import annotations
 import json
 import posixpath
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollout_client.storage import read_table, s3_client
 from schemas.outcome import RolloutStatus, whose_failure
-from schemas.samples import ArtifactRow, SampleRow, is_s3, labels_of, metrics_of, table_to_rows
+from schemas.samples import (
+    KNOWN_SCHEMA_VERSIONS,
+    SAMPLE_ARROW_SCHEMA,
+    ArtifactRow,
+    SampleRow,
+    check_schema,
+    is_s3,
+    labels_of,
+    metrics_of,
+    schema_of,
+    table_to_rows,
+    upgrade,
+)
 
 MANIFEST = "_manifest.json"
-#: Columns a rollout's summary needs besides token counts (the token lists stay unread).
-_HEAVY = ("prompt_ids", "response_ids", "loss_mask", "logprobs", "call_sampling", "call_starts")
+#: Token lists a batch's summaries do not read, and those they only count.
+_UNREAD = ("response_ids", "logprobs", "call_sampling", "call_starts")
+_COUNTED = ("prompt_ids", "loss_mask")
+#: What a batch's summaries read (`loss_mask` gives the response's length too).
+_SUMMARY_COLUMNS = [n for n in SAMPLE_ARROW_SCHEMA.names if n not in _UNREAD]
+VERSION_KEY = b"agentic_rollout.schema_version"
 #: What each schema version added that a person reading a rollout would miss.
 _RECORDED_SINCE = {
     "task source and image digest": 4,
@@ -274,7 +291,7 @@ class SamplesReader:
         rollouts: list[RolloutSummary] = []
         versions: set[int] = set()
         for table in tables:
-            for rid, rows in _by_rollout(table.drop_columns(list(_HEAVY)), table).items():
+            for rid, rows in _by_rollout(table.drop_columns(list(_COUNTED)), table).items():
                 uri = self._store.join(directory, f"{rid}.parquet")
                 summary = _summary(rid, rows, manifest.pop(rid, None), uri)
                 versions.add(summary.schema_version or 0)
@@ -341,7 +358,7 @@ class SamplesReader:
     def _detail(
         self, rid: str, table: pa.Table, uri: str, entry: dict[str, Any] | None
     ) -> RolloutDetail:
-        light = table.drop_columns(list(_HEAVY))
+        light = table.drop_columns([*_COUNTED, *_UNREAD])
         summary = _summary(rid, _by_rollout(light, table)[rid], entry, uri)
         rows = table_to_rows(table)
         first = rows[0]
@@ -366,22 +383,31 @@ class SamplesReader:
 
     # ----------------------------------------------------------------- files
     def _read_dir(self, directory: str) -> tuple[list[pa.Table], dict[str, str]]:
-        """The batch's tables: all at once, or file by file when one is bad (its error
-        kept, the rest read)."""
+        """The batch's rows without the token lists a summary does not need; a file that
+        cannot be read is named with why (the rest still read)."""
         files = self._store.parquet_files(directory)
-        if not files:
-            return [], {}
-        try:
-            return [read_table(directory)], {}
-        except (OSError, ValueError, pa.ArrowException):
-            pass
-        tables: list[pa.Table] = []
+        if is_s3(directory):
+            return _read_each(files, read_table)
+        by_version: dict[int, list[str]] = defaultdict(list)
         unreadable: dict[str, str] = {}
-        for uri in files:
+        for path in files:
             try:
-                tables.append(read_table(uri))
+                schema = pq.read_schema(path)
+                check_schema(schema, path)
             except (OSError, ValueError, pa.ArrowException) as exc:
-                unreadable[uri] = str(exc)
+                unreadable[path] = str(exc)
+                continue
+            by_version[int(schema.metadata[VERSION_KEY])].append(path)
+        tables: list[pa.Table] = []
+        for version, paths in by_version.items():
+            columns = [n for n in _SUMMARY_COLUMNS if n in schema_of(version).names]
+            try:
+                tables.append(_light(pq.ParquetDataset(paths).read(columns=columns), directory))
+            except (OSError, ValueError, pa.ArrowException):  # one bad file: read them one by one
+                read = lambda p, c=columns: _light(pq.read_table(p, columns=c), p)  # noqa: E731
+                more, bad = _read_each(paths, read)
+                tables += more
+                unreadable.update(bad)
         return tables, unreadable
 
     def _manifest(self, directory: str) -> dict[str, dict[str, Any]]:
@@ -397,11 +423,33 @@ class SamplesReader:
 # --------------------------------------------------------------------- row → views
 
 
+def _read_each(
+    paths: list[str], read: Callable[[str], pa.Table]
+) -> tuple[list[pa.Table], dict[str, str]]:
+    tables: list[pa.Table] = []
+    unreadable: dict[str, str] = {}
+    for path in paths:
+        try:
+            tables.append(read(path))
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            unreadable[path] = str(exc)
+    return tables, unreadable
+
+
+def _light(table: pa.Table, source: str) -> pa.Table:
+    """An older table brought up to date (`upgrade`), token lists left out."""
+    table = upgrade(table)
+    unknown = set(table.column("schema_version").to_pylist()) - KNOWN_SCHEMA_VERSIONS
+    if unknown:
+        raise ValueError(f"{source}: rows with schema_version {sorted(unknown)}")
+    return table.select([n for n in _SUMMARY_COLUMNS if n in table.column_names])
+
+
 def _by_rollout(light: pa.Table, full: pa.Table) -> dict[str, list[dict[str, Any]]]:
     """Each rollout's rows (light columns) with their token counts added."""
     counts = {
         "prompt_tokens": pc.list_value_length(full.column("prompt_ids")).to_pylist(),
-        "response_tokens": pc.list_value_length(full.column("response_ids")).to_pylist(),
+        "response_tokens": pc.list_value_length(full.column("loss_mask")).to_pylist(),
         "trained_tokens": _list_sums(full.column("loss_mask")),
         "calls": pc.list_value_length(full.column("call_policy_versions")).to_pylist(),
     }
