@@ -262,7 +262,7 @@ class SamplesReader:
     def __init__(self, path: str | Path, artifacts: str | Path | None = None) -> None:
         self.location = str(path).rstrip("/") if is_s3(str(path)) else str(Path(path))
         self.artifacts = Path(artifacts) if artifacts is not None else None
-        self._store = _S3Dir(self.location) if is_s3(self.location) else _LocalDir(self.location)
+        self._store = _S3Dir() if is_s3(self.location) else _LocalDir()
         if self._store.parquet_files(self.location) or self._store.has(self.location, MANIFEST):
             self._batch_dirs = [self.location]
         else:
@@ -617,8 +617,7 @@ def _basename(location: str) -> str:
 
 
 class _LocalDir:
-    def __init__(self, root: str) -> None:
-        self.root = root
+    """A samples directory on this machine's disk."""
 
     def parquet_files(self, d: str) -> list[str]:
         p = Path(d)
@@ -651,8 +650,7 @@ class _LocalDir:
 
 
 class _S3Dir:
-    def __init__(self, root: str) -> None:
-        self.root = root
+    """A samples prefix on S3 (`s3://bucket/prefix`), listed one level at a time."""
 
     @staticmethod
     def _split(d: str) -> tuple[str, str]:
