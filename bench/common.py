@@ -1,5 +1,5 @@
 """Helpers more than one bench needs: percentiles, a process tree's CPU, servers' health,
-the fixed-latency engine, and a real Gateway in-process on loopback.
+and the fixed-latency engine (a Gateway in-process: `workers.local_stack`).
 """
 
 from __future__ import annotations
@@ -11,14 +11,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
-
-if TYPE_CHECKING:
-    from devstack.background_server import BackgroundServer
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -120,25 +115,3 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-@dataclass
-class InProcessGateway:
-    """Both listeners of a real Gateway, served from a background thread of this process."""
-
-    #: The agent API listener (what session base URLs name).
-    url: str
-    #: The control API + /metrics + /health listener.
-    control_url: str
-    admin_token: str
-    server: BackgroundServer
-
-
-def start_gateway(engine_url: str, tokenizer: Path, data_dir: Path, model: str) -> InProcessGateway:
-    """A Gateway in front of `engine_url` on loopback (the demo's), with a fresh admin
-    token; stop it with `.server.stop()`. `workers.demo` loads on the first call only:
-    most benches need no in-process Gateway."""
-    from workers.demo import serve_gateway
-
-    server, control_url, admin = serve_gateway(engine_url, model, tokenizer, data_dir)
-    return InProcessGateway(server.url, control_url, admin, server)

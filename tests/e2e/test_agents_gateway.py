@@ -25,13 +25,13 @@ from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
-from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,
     sandbox_base_image,
     sandbox_state_dir,
 )
+from workers.local_stack import InProcessGateway, start_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -76,7 +76,7 @@ SCRIPTS: dict[str, list[ScriptRule]] = {
 @dataclass
 class Stack:
     engine: ScriptedEngine
-    gateway: RunningGateway
+    gateway: InProcessGateway
 
 
 @pytest.fixture(scope="module")

@@ -27,9 +27,9 @@ from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.temporal_dev_server import TemporalDevServer
 from rollout_client import RolloutClient
 from schemas.tasks import RolloutTask
-from tests.fixtures.gateway import start_gateway
 from tests.fixtures.sandboxes import require_bwrap
 from tests.fixtures.worker_process import WorkerProcess, one_host_args
+from workers.local_stack import start_gateway
 
 pytestmark = pytest.mark.integration
 

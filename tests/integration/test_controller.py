@@ -45,8 +45,8 @@ from schemas.rollout import BAD_TASK_SPEC
 from schemas.samples import table_to_rows
 from schemas.tasks import RolloutTask
 from tests.fixtures.gated_engine import GatedEngine
-from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.worker_process import WorkerProcess, one_host_args
+from workers.local_stack import InProcessGateway, start_gateway
 from workflows.rollout import RolloutWorkflow
 
 # One dev server for the whole test session, shared by every module that asks.
@@ -78,7 +78,7 @@ class Stack:
     engine: ScriptedEngine
     gated: GatedEngine
     """Holds a rollout at the engine while a test acts around it (`hold_rollouts`)."""
-    gateway: RunningGateway
+    gateway: InProcessGateway
     worker: WorkerProcess
     sandbox_state: Path
     out_dir: Path

@@ -32,7 +32,7 @@ from rollout_client.policy import GatewayPolicyClient
 from rollout_client.training import TrainingInputError
 from schemas.tasks import RolloutTask
 from tests.fixtures.gated_engine import GatedEngine
-from tests.fixtures.gateway import RunningGateway, start_gateway
+from workers.local_stack import InProcessGateway, start_gateway
 from workers.worker import RolloutWorker, WorkerSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -44,13 +44,13 @@ HANG = 300.0  # seconds: a guard against a batcher that waits, not a speed thres
 @dataclass
 class Stack:
     gated: GatedEngine
-    gateway: RunningGateway
+    gateway: InProcessGateway
     client: RolloutClient
     out: Path
 
 
 @pytest.fixture(scope="module")
-def gated_gateway() -> Iterator[tuple[GatedEngine, RunningGateway, Path]]:
+def gated_gateway() -> Iterator[tuple[GatedEngine, InProcessGateway, Path]]:
     work = Path(tempfile.mkdtemp(prefix="rollout-groups-", dir="/tmp"))
     work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
     model = ensure_tiny_model()
@@ -78,7 +78,7 @@ def gated_gateway() -> Iterator[tuple[GatedEngine, RunningGateway, Path]]:
 @pytest.fixture(scope="module")
 async def stack(
     temporal_server: TemporalDevServer,
-    gated_gateway: tuple[GatedEngine, RunningGateway, Path],
+    gated_gateway: tuple[GatedEngine, InProcessGateway, Path],
 ) -> AsyncIterator[Stack]:
     gated, gateway, work = gated_gateway
     settings = WorkerSettings(

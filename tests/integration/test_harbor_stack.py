@@ -43,10 +43,10 @@ from sandboxes.task_images import builds_dir, ensure_task_image, prebuild_tasks
 from schemas.samples import SampleRow, table_to_rows
 from schemas.tasks import HarnessSpec, RolloutTask
 from task_formats import LoadOptions, load_task_source
-from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.sandboxes import require_bwrap
 from tests.fixtures.swebench_repo import FIX, FORMAT_OPTIONS, write_calc_instances
 from tests.fixtures.worker_process import WorkerProcess, one_host_args
+from workers.local_stack import InProcessGateway, start_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -130,7 +130,7 @@ class _Allowed(BaseHTTPRequestHandler):
 class Stack:
     temporal: TemporalDevServer
     engine: ScriptedEngine
-    gateway: RunningGateway
+    gateway: InProcessGateway
     worker: WorkerProcess
     work: Path
     harbor: Path

@@ -51,9 +51,9 @@ from gateway.parsers.registry import FAMILIES as REGISTERED
 from gateway.parsers.registry import get_parser
 from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.model_files import load_model_files
-from tests.fixtures.gateway import RunningGateway, start_gateway
 from tests.fixtures.real_templates import EXPECTED_FORKS, real_templates_dir
 from tests.fixtures.real_templates import FAMILIES as TEMPLATE_STOPS
+from workers.local_stack import InProcessGateway, start_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -310,7 +310,7 @@ class FamilyStack:
     family: str
     model: str
     engine: ScriptedEngine
-    gateway: RunningGateway
+    gateway: InProcessGateway
     scripts: dict[str, FamilyScript | str]
     """Per plan, what the engine says; or why the family cannot say it."""
     script: FamilyScript | None = None

@@ -35,8 +35,8 @@ from rollout_client.codec import PayloadKeyError, new_key, parse_key
 from schemas.outcome import RolloutStatus
 from schemas.rollout import CREATE_SESSION, RolloutResult, SessionRef
 from schemas.tasks import RolloutTask
-from tests.fixtures.gateway import RunningGateway, start_gateway
 from workers.codec_server import codec_app
+from workers.local_stack import InProcessGateway, start_gateway
 from workers.worker import RolloutWorker, WorkerSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -47,12 +47,12 @@ CODEC_TOKEN = "codec-test-token"
 @dataclass
 class Stack:
     key: bytes
-    gateway: RunningGateway
+    gateway: InProcessGateway
     worker: RolloutWorker
 
 
 @pytest.fixture(scope="module")
-def gateway_stack() -> Iterator[tuple[RunningGateway, Path]]:
+def gateway_stack() -> Iterator[tuple[InProcessGateway, Path]]:
     work = Path(tempfile.mkdtemp(prefix="rollout-codec-", dir="/tmp"))
     work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
     model = ensure_tiny_model()
@@ -72,7 +72,7 @@ def gateway_stack() -> Iterator[tuple[RunningGateway, Path]]:
 
 @pytest.fixture(scope="module")
 async def stack(
-    temporal_server: TemporalDevServer, gateway_stack: tuple[RunningGateway, Path]
+    temporal_server: TemporalDevServer, gateway_stack: tuple[InProcessGateway, Path]
 ) -> AsyncIterator[Stack]:
     gateway, work = gateway_stack
     key_text = new_key()
