@@ -15,7 +15,6 @@ from typing import Any
 import openai
 import pytest
 
-from devstack.background_server import BackgroundServer
 from devstack.family_output import assistant_output
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.tiny_families import ensure_family_model, served_model_name
@@ -23,7 +22,8 @@ from gateway.canonical import Message, Tool, ToolCall
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.model_files import load_model_files
 from tests.fixtures.real_templates import real_templates_dir
-from workers.local_stack import InProcessGateway, start_gateway
+from tests.fixtures.rollout_stack import served_gateway
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -74,12 +74,8 @@ def stack(
         model=model,
         stop_tokens=files.end_of_turn,
     )
-    with BackgroundServer(engine.app()) as server:
-        gateway = start_gateway(server.url, model_dir, tmp_path_factory.mktemp("gw"), model)
-        try:
-            yield gateway, model
-        finally:
-            gateway.server.stop()
+    with served_gateway(engine.app(), model_dir, tmp_path_factory.mktemp("gw"), model) as gateway:
+        yield gateway, model
 
 
 def ask(stack: tuple[InProcessGateway, str], extra_body: dict[str, Any]) -> Any:
