@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from workers.images_cmd import images_app
-from workers.templates_cmd import templates_app
+from workers.tiny_model_cmd import templates_app
 
 
 class Fsync(StrEnum):
