@@ -1,17 +1,21 @@
 """Helpers more than one bench needs: percentiles, a process tree's CPU, servers' health,
-and the fixed-latency engine (a Gateway in-process: `workers.local_stack`).
+the fixed-latency engine, and a `rollout gateway` process (a Gateway in-process:
+`workers.local_stack`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -115,3 +119,42 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class GatewayProcess:
+    """A `rollout gateway` process (of this tree, or of `tree`) in front of `engine` (what
+    has its `url` and served `model`), with a fresh admin token; `stop()` ends it."""
+
+    def __init__(
+        self,
+        engine: Any,
+        model_dir: Path,
+        fsync: str = "group",
+        tree: Path | None = None,
+        engine_api: str | None = None,
+    ) -> None:
+        from devstack.ports import free_port
+
+        self.admin = secrets.token_urlsafe(16)
+        port, control_port = free_port(), free_port()
+        env = dict(os.environ, ROLLOUT_ADMIN_TOKEN=self.admin)
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
+        data_dir = tempfile.mkdtemp(prefix="gw-bench-")
+        argv = [sys.executable, "-m", "workers.cli", "gateway", "--engine", engine.url]
+        argv += ["--model", engine.model, "--tokenizer", str(model_dir), "--fsync", fsync]
+        argv += ["--port", str(port), "--control-port", str(control_port), "--data-dir", data_dir]
+        if engine_api is not None:
+            argv += ["--engine-api", engine_api]
+        self.process = subprocess.Popen(argv, env=env, cwd=tree)
+        self.url = f"http://127.0.0.1:{port}"
+        self.control = f"http://127.0.0.1:{control_port}"
+        try:
+            wait_healthy(self.control, self.process, timeout_s=60)
+        except SystemExit:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
