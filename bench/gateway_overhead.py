@@ -109,9 +109,10 @@ def run_path(
     latencies: list[float] = []
     cpu_per_turn: list[float] = []
     marks: dict[int, Spans] = {}
+    early, late = min(5, turns), max(0, turns - 5)  # a short run: its windows overlap
     with httpx.Client(timeout=300) as client:
         for turn in range(turns):
-            if scrape is not None and turn in (0, 5, turns - 5):
+            if scrape is not None and turn in (0, early, late):
                 marks[turn] = scrape()  # outside the turn's CPU window
             before = cpu_ns(pid) if pid else 0
             for conv, headers in zip(conversations, headers_for, strict=True):
@@ -125,10 +126,11 @@ def run_path(
     spans: list[Spans] = []
     if scrape is not None:
         end = scrape()
+        marks.setdefault(early, end)  # 5 turns or fewer: the early window is the whole run
         spans = [
             span_delta(end, marks[0]),
-            span_delta(marks[5], marks[0]),
-            span_delta(end, marks[turns - 5]),
+            span_delta(marks[early], marks[0]),
+            span_delta(end, marks[late]),
         ]
     return latencies, cpu_per_turn, spans
 

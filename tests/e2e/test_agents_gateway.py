@@ -24,7 +24,7 @@ from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
-from tests.fixtures.rollout_stack import served_gateway
+from tests.fixtures.gateway import served_gateway
 from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,

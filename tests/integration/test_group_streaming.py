@@ -29,7 +29,8 @@ from rollout_client.policy import GatewayPolicyClient
 from rollout_client.training import TrainingInputError
 from schemas.tasks import RolloutTask
 from tests.fixtures.gated_engine import GatedEngine
-from tests.fixtures.rollout_stack import served_gateway, work_dir, worker_in_process
+from tests.fixtures.gateway import served_gateway
+from tests.fixtures.rollout_stack import work_dir, worker_in_process
 from workers.local_stack import InProcessGateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -50,9 +50,9 @@ from gateway.parsers.registry import FAMILIES as REGISTERED
 from gateway.parsers.registry import get_parser
 from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.model_files import load_model_files
+from tests.fixtures.gateway import served_gateway
 from tests.fixtures.real_templates import EXPECTED_FORKS, real_templates_dir
 from tests.fixtures.real_templates import FAMILIES as TEMPLATE_STOPS
-from tests.fixtures.rollout_stack import served_gateway
 from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration

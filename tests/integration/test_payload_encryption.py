@@ -33,7 +33,8 @@ from rollout_client.codec import PayloadKeyError, new_key, parse_key
 from schemas.outcome import RolloutStatus
 from schemas.rollout import CREATE_SESSION, RolloutResult, SessionRef
 from schemas.tasks import RolloutTask
-from tests.fixtures.rollout_stack import served_gateway, work_dir, worker_in_process
+from tests.fixtures.gateway import served_gateway
+from tests.fixtures.rollout_stack import work_dir, worker_in_process
 from workers.codec_server import codec_app
 from workers.local_stack import InProcessGateway
 from workers.worker import RolloutWorker

@@ -21,8 +21,8 @@ from devstack.tiny_families import ensure_family_model, served_model_name
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.model_files import load_model_files
+from tests.fixtures.gateway import served_gateway
 from tests.fixtures.real_templates import real_templates_dir
-from tests.fixtures.rollout_stack import served_gateway
 from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
