@@ -26,7 +26,7 @@ from schemas.tasks import RolloutTask
 from tests.fixtures.rollout_stack import rollout_stack
 from tests.fixtures.sandboxes import require_bwrap
 
-pytestmark = [pytest.mark.integration, pytest.mark.needs("system")]
+pytestmark = [pytest.mark.integration, pytest.mark.needs("system", "vllm_venv")]
 
 MODEL = "tiny-qwen3"
 QUEUE = "trl-refusals-tests"

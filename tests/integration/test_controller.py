@@ -49,7 +49,11 @@ from workflows.rollout import RolloutWorkflow
 
 # One dev server for the whole test session, shared by every module that asks.
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.needs("base_image", "vllm_venv"),
+]
 
 #: What examples/agent.py says from its second call on: a prompt holding it is not the
 #: agent's first call.

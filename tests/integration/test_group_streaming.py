@@ -36,7 +36,7 @@ from workers.local_stack import InProcessGateway
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.asyncio(loop_scope="session"),
-    pytest.mark.needs("base_image"),
+    pytest.mark.needs("base_image", "vllm_venv"),
 ]
 QUEUE = "group-stream-tests"
 SLOW_MARK = "capital of France"

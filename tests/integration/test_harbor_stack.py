@@ -50,7 +50,7 @@ from workers.local_stack import InProcessGateway
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.asyncio(loop_scope="session"),
-    pytest.mark.needs("system"),
+    pytest.mark.needs("system", "vllm_venv"),
 ]
 
 REPO = Path(__file__).resolve().parents[2]

@@ -42,7 +42,7 @@ from workers.worker import RolloutWorker
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.asyncio(loop_scope="session"),
-    pytest.mark.needs("base_image"),
+    pytest.mark.needs("base_image", "vllm_venv"),
 ]
 QUEUE = "codec-tests"
 CODEC_TOKEN = "codec-test-token"
