@@ -3,10 +3,11 @@
 The demo starts everything on loopback (Temporal dev server with UI, a Gateway, an
 engine, local sandboxes, a worker), runs the example tasks with a real agent (a small
 Python program inside each sandbox that talks to the Gateway over the OpenAI API),
-writes samples and prints where to look. With a TTY it keeps the stack up until Ctrl-C;
-without one it exits 0 after the summary. Either way it stops all it started. The
-stand-ins it runs (Temporal dev server, tiny model, vLLM CPU or scripted engine) come
-from `devstack`.
+writes samples and prints where to look. `--temporal` (with the rest of the Temporal
+option group) runs it on an existing Temporal instead of its own dev server. With a TTY
+it keeps the stack up until Ctrl-C; without one it exits 0 after the summary. Either way
+it stops all it started. The stand-ins it runs (Temporal dev server, tiny model, vLLM
+CPU or scripted engine) come from `devstack`.
 """
 
 import asyncio
@@ -25,7 +26,9 @@ from workers.demo_setup import (
     ensure_trainer_python,
 )
 from workers.demo_train import TrainDemoOptions, run_train_demo
+from workers.model_options import model_options
 from workers.task_source_cmd import TaskSourceArgs, prebuild_images, task_source_options
+from workers.temporal_options import DemoTemporalOptions, TemporalOptions, UnusableTemporal
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -75,9 +78,10 @@ async def run_demo(
     tasks_file: Path | None = None,
     model_dir: Path | None = None,
     tasks: "list[RolloutTask] | None" = None,
+    temporal: "TemporalOptions | None" = None,
 ) -> int:
     """Run `tasks` (read already), else `tasks_file` (default: the example tasks) on a
-    fresh embedded stack; the exit code.
+    fresh embedded stack (on the Temporal `temporal` names, if it names one); the exit code.
 
     `model_dir` (engine vllm): the model to serve instead of the tiny random one."""
     from rollout_client.client import RolloutClient
@@ -93,13 +97,9 @@ async def run_demo(
     if tasks is None:
         tasks = load_tasks(tasks_file or repo_root() / "examples" / "tasks.jsonl")
     tasks = prebuild_images(tasks, console)
-    stack = LocalStack(data_dir, console)
+    stack = LocalStack(data_dir, console, temporal)
     try:
         temporal = await stack.start_temporal()
-        console.print(
-            f"Temporal dev server: {temporal.address}  UI: [bold]{temporal.ui_url}[/]",
-            soft_wrap=True,
-        )
         engine_url, model, tokenizer = await asyncio.to_thread(
             stack.start_engine, engine, model_dir, DEMO_SCRIPT_RULES
         )
@@ -107,7 +107,9 @@ async def run_demo(
         console.print(f"gateway control API: {gateway.control_url}  (data: {data_dir / 'gateway'})")
         await stack.start_worker(gateway.control_url, gateway.admin_token)
         console.print("worker: role=all, local bubblewrap sandboxes")
-        client = await RolloutClient.connect(temporal.address, task_queue="rollouts")
+        client = await RolloutClient.connect(
+            temporal.address, temporal.namespace, task_queue="rollouts", tls=temporal.tls
+        )
         report = await run_batch(
             client, tasks, str(data_dir / "samples"), samples_per_task, console=console
         )
@@ -117,9 +119,9 @@ async def run_demo(
             console.print(_sample_rows_table(uris))
         query = f'RolloutBatchId="{report.batch.batch_id}"'
         # Plain, unwrapped lines: scripts grep for them.
-        ui_link = f"{temporal.ui_url}/namespaces/default/workflows?query={query}"
+        ui_link = temporal.ui_link(query)
         console.print(f"engine: {stack.engine_label}", soft_wrap=True, highlight=False)
-        console.print(f"UI: {ui_link}", soft_wrap=True, highlight=False)
+        console.print(f"UI: {ui_link or query}", soft_wrap=True, highlight=False)
         console.print(f"samples: {report.batch.output}", soft_wrap=True, highlight=False)
         code = 0 if not report.failed else 1
         interactive = sys.stdin.isatty() and sys.stdout.isatty() if keep is None else keep
@@ -129,12 +131,14 @@ async def run_demo(
         return code
     finally:
         await stack.stop()
-        console.print("stopped: worker, gateway, engine, Temporal dev server; no sandbox left.")
+        temporal_part = ", Temporal dev server" if stack.temporal is not None else ""
+        console.print(f"stopped: worker, gateway, engine{temporal_part}; no sandbox left.")
 
 
 _TRAIN = TrainDemoOptions()
 
 
+@model_options("temporal")
 @task_source_options(backend="local", backend_help="datasets: sandbox backend (local, docker, e2b)")
 def demo_cmd(
     data_dir: Annotated[Path, typer.Option(help="where Temporal DB, gateway data, samples go")] = (
@@ -156,6 +160,7 @@ def demo_cmd(
     ] = None,
     *,
     source: TaskSourceArgs,
+    temporal: DemoTemporalOptions,
     train: Annotated[
         bool, typer.Option("--train", help="a short GRPO run on the tiny task family instead")
     ] = False,
@@ -223,7 +228,7 @@ def demo_cmd(
             policy = ensure_policy_model(model, console)
             data_dir = data_dir.resolve()
             data_dir.mkdir(parents=True, exist_ok=True)
-            stack = LocalStack(data_dir, console)
+            stack = LocalStack(data_dir, console, temporal)
             code = asyncio.run(run_train_demo(stack, data_dir, policy, python, opts, console))
         else:
             task_list = None
@@ -232,9 +237,17 @@ def demo_cmd(
             if engine == "vllm":
                 ensure_engine_python(console)
             code = asyncio.run(
-                run_demo(data_dir, engine, samples_per_task, keep, console, tasks=task_list)
+                run_demo(
+                    data_dir,
+                    engine,
+                    samples_per_task,
+                    keep,
+                    console,
+                    tasks=task_list,
+                    temporal=temporal,
+                )
             )
-    except DemoSetupError as exc:
+    except (DemoSetupError, UnusableTemporal) as exc:
         console.print(f"set-up failed: {exc}", markup=False, highlight=False, soft_wrap=True)
         code = 1
     except (KeyboardInterrupt, asyncio.CancelledError):

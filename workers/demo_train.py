@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from rollout_client.temporal_connection import TemporalTLS
     from workers.local_stack import LocalStack
 
 TARGET_GAIN = 0.15
@@ -154,12 +155,16 @@ def verdict(result: TrainDemoResult) -> str:
 
 
 async def _run_trainer(
-    cfg: TrainConfig, python: Path, admin_token: str | None, console: "Console"
+    cfg: TrainConfig,
+    python: Path,
+    admin_token: str | None,
+    tls: "TemporalTLS",
+    console: "Console",
 ) -> int:
     """The trainer process, its lines passed through; killed with its group if cancelled."""
     from workers.train_cmd import trainer_process
 
-    argv, env = trainer_process(cfg, python, admin_token)
+    argv, env = trainer_process(cfg, python, admin_token, tls=tls)
     env["TQDM_DISABLE"] = "1"  # transformers' load/save progress bars would bury the step lines
     proc = await asyncio.create_subprocess_exec(
         *tethered(argv),  # its group dies with this process, SIGKILL included
@@ -199,10 +204,6 @@ async def run_train_demo(
         tasks, heldout = write_demo_tasks(out, opts)
         temporal = await stack.start_temporal()
         console.print(
-            f"Temporal dev server: {temporal.address}  UI: [bold]{temporal.ui_url}[/]",
-            soft_wrap=True,
-        )
-        console.print(
             f"engine: [bold]vLLM CPU[/] float32 serving {model_dir} (~30-60 s)…", soft_wrap=True
         )
         engine_url, model = await asyncio.to_thread(stack.start_vllm, model_dir, True)
@@ -215,6 +216,7 @@ async def run_train_demo(
             out=str(out),
             init_policy=str(model_dir),
             temporal=temporal.address,
+            namespace=temporal.namespace,
             task_queue="rollouts",
             gateway=gateway.control_url,
             steps=opts.steps,
@@ -238,7 +240,7 @@ async def run_train_demo(
             highlight=False,
             soft_wrap=True,
         )
-        code = await _run_trainer(cfg, trainer_python, gateway.admin_token, console)
+        code = await _run_trainer(cfg, trainer_python, gateway.admin_token, temporal.tls, console)
         if code != 0:
             console.print(f"trainer failed (exit {code}); its output is above")
             return code
@@ -252,4 +254,5 @@ async def run_train_demo(
         return 0
     finally:
         await stack.stop()
-        console.print("stopped: trainer, worker, gateway, engine, Temporal dev server.")
+        temporal_part = ", Temporal dev server" if stack.temporal is not None else ""
+        console.print(f"stopped: trainer, worker, gateway, engine{temporal_part}.")

@@ -27,9 +27,13 @@ from gateway.calls.pipeline import Gateway
 from gateway.http.app import GatewayApp
 from gateway.sessions.lifetime import Clock
 from workers.gateway_server import GatewaySettings, build_gateway, check_admin_policy, http_protocol
+from workers.temporal_options import UnusableTemporal
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from rollout_client.temporal_connection import TemporalTLS
+    from workers.temporal_options import TemporalOptions
 
 
 @dataclass
@@ -142,14 +146,60 @@ async def end_orphaned_rollouts(temporal_address: str) -> int:
     return ended
 
 
-class LocalStack:
-    """Temporal dev server, engine, Gateway and worker on loopback, all in this process
-    but the engine and Temporal; `stop()` takes down all it started."""
+@dataclass(frozen=True)
+class TemporalEndpoint:
+    """The Temporal a stack uses: its own dev server (with a UI) or one it was given."""
 
-    def __init__(self, data_dir: Path, console: "Console") -> None:
+    address: str
+    namespace: str
+    tls: "TemporalTLS"
+    ui_url: str | None
+
+    def ui_link(self, query: str) -> str | None:
+        if self.ui_url is None:
+            return None
+        return f"{self.ui_url}/namespaces/{self.namespace}/workflows?query={query}"
+
+
+async def check_search_attributes(address: str, namespace: str, tls: "TemporalTLS") -> None:
+    """Refuse a given Temporal that lacks our search attributes (every workflow would fail
+    to start), naming the command that adds them; we never add them to someone's server."""
+    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+    from temporalio.service import RPCError
+
+    from rollout_client.client import connect
+    from schemas.rollout import SEARCH_ATTRIBUTES
+
+    try:
+        client = await connect(address, namespace, tls=tls)
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace)
+        )
+    except (RuntimeError, RPCError) as exc:  # temporalio: cannot connect; a refused call
+        raise UnusableTemporal(f"Temporal {address} namespace {namespace}: {exc}") from exc
+    missing = sorted(set(SEARCH_ATTRIBUTES) - set(listed.custom_attributes))
+    if missing:
+        adds = " ".join(f"--name {n} --type {SEARCH_ATTRIBUTES[n]}" for n in missing)
+        raise UnusableTemporal(
+            f"Temporal {address} namespace {namespace} lacks the search attributes "
+            f"{', '.join(missing)}; add them once with `temporal operator search-attribute "
+            f"create --namespace {namespace} {adds}`"
+        )
+
+
+class LocalStack:
+    """Temporal (its own dev server, or the one `temporal` names), engine, Gateway and
+    worker on loopback, all in this process but the engine and Temporal; `stop()` takes
+    down all it started."""
+
+    def __init__(
+        self, data_dir: Path, console: "Console", temporal: "TemporalOptions | None" = None
+    ) -> None:
         self.data_dir = data_dir
         self.console = console
+        self.temporal_options = temporal
         self.temporal: TemporalDevServer | None = None
+        self.endpoint: TemporalEndpoint | None = None
         self.engine_stop: list[Callable[[], None]] = []
         self.engine_label = ""
         self.gateway: InProcessGateway | None = None
@@ -158,9 +208,23 @@ class LocalStack:
         self.sandbox_state = Path(tempfile.mkdtemp(prefix="rollout-demo-sandboxes-", dir="/tmp"))
         self.sandbox_state.chmod(0o755)  # the sandbox uid must traverse it
 
-    async def start_temporal(self) -> TemporalDevServer:
+    async def start_temporal(self) -> TemporalEndpoint:
+        """The given Temporal, checked, else a dev server of our own in DATA_DIR/temporal
+        (its orphaned rollouts of an earlier demo ended). Says which."""
+        from rollout_client.temporal_connection import TemporalTLS
         from schemas.rollout import SEARCH_ATTRIBUTES
 
+        given = self.temporal_options
+        if given is not None and given.temporal:
+            tls = given.tls()
+            await check_search_attributes(given.temporal, given.namespace, tls)
+            self.endpoint = TemporalEndpoint(given.temporal, given.namespace, tls, None)
+            self.console.print(
+                f"Temporal: {given.temporal} namespace {given.namespace} ({tls.describe()})",
+                soft_wrap=True,
+                highlight=False,
+            )
+            return self.endpoint
         server = TemporalDevServer(
             self.data_dir / "temporal", ui=True, search_attributes=SEARCH_ATTRIBUTES
         )
@@ -174,7 +238,14 @@ class LocalStack:
                 highlight=False,
                 soft_wrap=True,
             )
-        return self.temporal
+        self.endpoint = TemporalEndpoint(
+            self.temporal.address, "default", TemporalTLS(), self.temporal.ui_url
+        )
+        self.console.print(
+            f"Temporal dev server: {self.temporal.address}  UI: [bold]{self.temporal.ui_url}[/]",
+            soft_wrap=True,
+        )
+        return self.endpoint
 
     def start_engine(
         self,
@@ -250,10 +321,12 @@ class LocalStack:
     async def start_worker(self, gateway_url: str, admin_token: str | None) -> None:
         from workers.worker import RolloutWorker, WorkerSettings
 
-        assert self.temporal is not None
+        assert self.endpoint is not None
         settings = WorkerSettings(
             role="all",
-            temporal=self.temporal.address,
+            temporal=self.endpoint.address,
+            namespace=self.endpoint.namespace,
+            temporal_tls=self.endpoint.tls,
             task_queue="rollouts",
             host_id="demo",
             gateway_urls=[gateway_url],
