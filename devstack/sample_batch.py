@@ -12,8 +12,13 @@ from pathlib import Path
 
 from rollout_client.storage import write_table
 from schemas.evaluation import CheckResult, EvaluationResult
-from schemas.samples import SampleRow, rows_to_table
+from schemas.samples import ArtifactRow, CheckRow, SampleRow, rows_to_table
 from schemas.scenes import Scene
+
+#: Where the made-up worker kept its artifacts, as the rows record it.
+WORKER_DIR = "/var/lib/rollout-worker/artifacts"
+#: The files each rollout's rows record (name, kind), as the hooks name them.
+ARTIFACTS = [("evaluation.json", "evaluation"), ("diff.patch", "diff"), ("logs/agent.log", "log")]
 
 
 def rollout_rows(
@@ -29,9 +34,14 @@ def rollout_rows(
     vocab: int = 200,
     seed: int = 0,
     prompt_ids: list[int] | None = None,
+    rollout_status: str = "ok",
+    evaluation: EvaluationResult | None = None,
+    batch_id: str = "b1",
 ) -> list[SampleRow]:
     """A main segment of `calls` calls (half of each call's tokens sampled, half the tool
-    result that followed) and a compaction segment continuing it."""
+    result that followed) and a compaction segment continuing it, carrying `evaluation`
+    and the artifacts `write_artifacts` leaves as the worker records them."""
+    evaluation = evaluation or passed_evaluation()
     rnd = random.Random(seed)
     rows = []
     for k, (segment, scene, parent) in enumerate(
@@ -72,6 +82,20 @@ def rollout_rows(
                 prompt_template_version="tpl-1",
                 reward_fn_version="eval4-abc",
                 status_reason=status_reason,
+                batch_id=batch_id,
+                rollout_status=rollout_status,
+                verdict=evaluation.verdict,
+                eval_checks=[
+                    CheckRow(**c.model_dump(exclude={"tests", "source"})) for c in evaluation.checks
+                ],
+                step_durations=json.dumps({"provision": 0.5, "agent": 2.0, "evaluate": 0.25}),
+                artifacts=[
+                    ArtifactRow(
+                        name=name, kind=kind, location=f"{WORKER_DIR}/{rollout_id}/attempt-1/{name}"
+                    )
+                    for name, kind in ARTIFACTS
+                ],
+                artifacts_dir=f"{WORKER_DIR}/{rollout_id}/attempt-1",
                 harness="bash_tool",
                 harness_version="1.0",
                 sampling='{"temperature": 1.0}',
@@ -86,11 +110,15 @@ def write_rollout(out: Path, rows: list[SampleRow]) -> Path:
     return path
 
 
-def write_evaluation(artifacts: Path, rollout_id: str, evaluation: EvaluationResult) -> Path:
-    """What the evaluate hook leaves in a worker's data dir for one attempt."""
-    attempt = artifacts / "artifacts" / rollout_id / "attempt-1"
+def write_artifacts(
+    data_dir: Path, rollout_id: str, evaluation: EvaluationResult, diff: str, log: str
+) -> Path:
+    """What a worker leaves in its data dir for one attempt (see `ARTIFACTS`)."""
+    attempt = data_dir / "artifacts" / rollout_id / "attempt-1"
     (attempt / "logs").mkdir(parents=True, exist_ok=True)
     (attempt / "evaluation.json").write_text(evaluation.model_dump_json(indent=2))
+    (attempt / "diff.patch").write_text(diff)
+    (attempt / "logs" / "agent.log").write_text(log)
     return attempt
 
 

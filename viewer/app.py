@@ -7,7 +7,6 @@ set, is taken once from `?token=` and kept in a cookie.
 """
 
 import hmac
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,16 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from tokenizers import Tokenizer
 
+from rollout_client.samples_reader import (
+    ArtifactView,
+    NotFoundError,
+    RolloutDetail,
+    RolloutSummary,
+    SamplesReader,
+    SegmentView,
+)
 from schemas.samples import SampleRow
 from schemas.tasks import check_rollout_id
-from viewer.samples_dir import Batch, RolloutSummary, SamplesDir
 from viewer.text import clip
 from viewer.tokens import HEAT_BUCKETS, HEAT_STEP, PAGE_TOKENS, token_page
 
@@ -34,15 +40,18 @@ CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
     "base-uri 'none'; frame-ancestors 'none'"
 )
-#: Characters of an artifact file (its tail) shown on a page.
+#: Characters of an artifact file (its tail) shown on its page, and of a log inline.
 ARTIFACT_CHARS = 200_000
+LOG_TAIL_CHARS = 4000
+#: Artifact kinds the evaluation page does not show as logs.
+_NOT_LOGS = {"diff", "evaluation", "metrics", "log_manifest"}
 #: Reward histogram bins over [0, 1] (rewards outside widen the range).
 REWARD_BINS = 10
 _STATIC = Path(__file__).parent / "static"
 
 
 def viewer_app(
-    samples: SamplesDir,
+    reader: SamplesReader,
     *,
     tokenizer: Tokenizer | None = None,
     token: str | None = None,
@@ -56,107 +65,108 @@ def viewer_app(
         clip=clip,
         page_tokens=PAGE_TOKENS,
         heat_buckets=[(i, -(i + 1) * HEAT_STEP) for i in range(HEAT_BUCKETS)],
+        location=reader.location,
     )
 
     def page(name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
-        html = env.get_template(name).render(batch_path=samples.path, **ctx)
-        return HTMLResponse(html, status_code=status_code)
+        return HTMLResponse(env.get_template(name).render(**ctx), status_code=status_code)
 
-    def summary_or_404(rollout_id: str) -> tuple[Batch, RolloutSummary] | HTMLResponse:
-        try:
-            check_rollout_id(rollout_id)
-        except ValueError as exc:
-            return page("error.jinja", 404, message=str(exc))
-        batch = samples.batch()
-        if rollout_id not in batch.rollouts:
-            return page("error.jinja", 404, message=f"no rollout {rollout_id} in this batch")
-        return batch, batch.rollouts[rollout_id]
+    def not_found(message: str) -> HTMLResponse:
+        return page("error.jinja", 404, message=message)
+
+    async def index(request: Request) -> Response:
+        ids = reader.batch_ids()
+        if len(ids) == 1:
+            return batch_view(request, None)
+        return page("batches.jinja", batch_ids=ids)
 
     async def batch_page(request: Request) -> Response:
-        batch = samples.batch()
+        return batch_view(request, request.path_params["batch_id"])
+
+    def batch_view(request: Request, batch_id: str | None) -> Response:
+        try:
+            batch = reader.batch(batch_id)
+        except NotFoundError as exc:
+            return not_found(str(exc))
         q = request.query_params
-        shown = [s for s in batch.rollouts.values() if _keep(s, q)]
         return page(
             "batch.jinja",
             batch=batch,
-            rollouts=shown,
-            tasks=sorted({s.task_id for s in batch.rollouts.values()}),
-            statuses=sorted({s.status for s in batch.rollouts.values()}),
-            per_task=_per_task(list(batch.rollouts.values())),
+            rollouts=[s for s in batch.rollouts if _keep(s, q)],
+            tasks=sorted({s.task_id for s in batch.rollouts}),
+            statuses=sorted({s.status for s in batch.rollouts}),
+            per_task=_per_task(batch.rollouts),
             q=q,
         )
 
+    def detail_of(request: Request) -> RolloutDetail | HTMLResponse:
+        rid = request.path_params["rollout_id"]
+        try:
+            check_rollout_id(rid)
+            return reader.rollout(rid)
+        except (ValueError, NotFoundError) as exc:
+            return not_found(str(exc))
+
     async def rollout_page(request: Request) -> Response:
-        got = summary_or_404(request.path_params["rollout_id"])
-        if isinstance(got, Response):
-            return got
-        _, summary = got
-        rows = samples.rows(summary.rollout_id) if summary.has_samples else []
-        seg_id = request.query_params.get("segment")
-        row = next((r for r in rows if r.segment_id == seg_id), rows[0] if rows else None)
-        tokens = None
-        if row is not None:
-            tokens = token_page(row, _int(request.query_params.get("page")), tokenizer)
+        d = detail_of(request)
+        if isinstance(d, Response):
+            return d
+        segs = d.segment_views
+        wanted = request.query_params.get("segment")
+        seg = next((g for g in segs if g.segment_id == wanted), segs[0] if segs else None)
+        tokens = token_page(seg, _int(request.query_params.get("page")), tokenizer) if seg else None
         return page(
             "rollout.jinja",
-            s=summary,
-            rows=rows,
-            row=row,
-            tree=_tree(rows),
+            s=d,
+            seg=seg,
+            tree=_tree(segs),
             tokens=tokens,
             has_tokenizer=tokenizer is not None,
-            page_url=lambda n: "?" + urlencode({"segment": row.segment_id, "page": n}),
+            page_url=lambda n: "?" + urlencode({"segment": seg.segment_id, "page": n}),
         )
 
     async def evaluation_page(request: Request) -> Response:
-        got = summary_or_404(request.path_params["rollout_id"])
-        if isinstance(got, Response):
-            return got
-        _, summary = got
-        rows = samples.rows(summary.rollout_id) if summary.has_samples else []
-        attempt = samples.attempt_dir(summary.rollout_id)
+        d = detail_of(request)
+        if isinstance(d, Response):
+            return d
+        diff = next((a for a in d.artifacts if a.kind == "diff"), None)
+        logs = [a for a in d.artifacts if a.kind not in _NOT_LOGS]
         return page(
             "evaluation.jinja",
-            s=summary,
-            row=rows[0] if rows else None,
-            labels=_labels(rows[0]) if rows else {},
-            attempt=attempt,
-            artifacts_given=samples.artifacts is not None,
-            evaluation=_evaluation(attempt),
-            diff=_read_tail(attempt / "diff.patch") if attempt else None,
-            files=_files(attempt),
-            log_tails=_log_tails(attempt),
+            s=d,
+            artifacts_given=reader.artifacts is not None,
+            diff=diff,
+            diff_text=_artifact_text(diff, reader.artifacts) if diff else None,
+            log_tails=[(a, _artifact_text(a, reader.artifacts, LOG_TAIL_CHARS)) for a in logs],
         )
 
     async def lineage_page(request: Request) -> Response:
-        got = summary_or_404(request.path_params["rollout_id"])
-        if isinstance(got, Response):
-            return got
-        _, summary = got
-        rows = samples.rows(summary.rollout_id) if summary.has_samples else []
-        return page("lineage.jinja", s=summary, rows=rows, fields=_lineage(rows))
+        d = detail_of(request)
+        if isinstance(d, Response):
+            return d
+        rows = reader.rows(d.rollout_id) if d.samples_uri else []
+        return page("lineage.jinja", s=d, rows=rows, fields=_lineage(rows))
 
     async def artifact_page(request: Request) -> Response:
-        got = summary_or_404(request.path_params["rollout_id"])
-        if isinstance(got, Response):
-            return got
-        _, summary = got
-        attempt = samples.attempt_dir(summary.rollout_id)
-        rel = request.path_params["path"]
-        file = (attempt / rel).resolve() if attempt else None
-        if file is None or not file.is_relative_to(attempt.resolve()) or not file.is_file():
-            return page("error.jinja", 404, message=f"artifact {rel!r}: missing")
-        return page("artifact.jinja", s=summary, name=rel, text=_read_tail(file))
+        d = detail_of(request)
+        if isinstance(d, Response):
+            return d
+        name = request.path_params["name"]
+        found = next((a for a in d.artifacts if a.name == name), None)
+        if found is None:
+            return not_found(f"no artifact {name!r} recorded for {d.rollout_id}")
+        return page("artifact.jinja", s=d, a=found, text=_artifact_text(found, reader.artifacts))
 
     async def css(_: Request) -> Response:
         return FileResponse(_STATIC / "viewer.css", media_type="text/css")
 
     routes = [
-        Route("/", batch_page),
+        Route("/", index),
+        Route("/batch/{batch_id}", batch_page),
         Route("/rollout/{rollout_id}", rollout_page),
         Route("/rollout/{rollout_id}/evaluation", evaluation_page),
         Route("/rollout/{rollout_id}/lineage", lineage_page),
-        Route("/rollout/{rollout_id}/artifact/{path:path}", artifact_page),
+        Route("/rollout/{rollout_id}/artifact/{name:path}", artifact_page),
         Route("/static/viewer.css", css),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"])]
@@ -268,29 +278,21 @@ def _per_task(rollouts: list[RolloutSummary]) -> list[dict[str, Any]]:
     return out
 
 
-def _tree(rows: list[SampleRow]) -> list[tuple[int, SampleRow]]:
+def _tree(segs: list[SegmentView]) -> list[tuple[int, SegmentView]]:
     """Segments in tree order with their depth (compaction continues, sub-agents spawn)."""
-    children: dict[str | None, list[SampleRow]] = defaultdict(list)
-    ids = {r.segment_id for r in rows}
-    for r in rows:
-        children[r.parent_segment_id if r.parent_segment_id in ids else None].append(r)
-    out: list[tuple[int, SampleRow]] = []
+    children: dict[str | None, list[SegmentView]] = defaultdict(list)
+    ids = {g.segment_id for g in segs}
+    for g in segs:
+        children[g.parent_segment_id if g.parent_segment_id in ids else None].append(g)
+    out: list[tuple[int, SegmentView]] = []
 
     def walk(parent: str | None, depth: int) -> None:
-        for r in children.get(parent, []):
-            out.append((depth, r))
-            walk(r.segment_id, depth + 1)
+        for g in children.get(parent, []):
+            out.append((depth, g))
+            walk(g.segment_id, depth + 1)
 
     walk(None, 0)
     return out
-
-
-def _labels(row: SampleRow) -> dict[str, dict[str, Any]]:
-    return {
-        "verdict sources": json.loads(row.verdict_sources),
-        "reward metrics": json.loads(row.reward_metrics),
-        "sandbox facts": json.loads(row.sandbox_facts),
-    }
 
 
 _TOKEN_FIELDS = {"prompt_ids", "response_ids", "loss_mask", "logprobs"}
@@ -298,60 +300,33 @@ _TOKEN_FIELDS = {"prompt_ids", "response_ids", "loss_mask", "logprobs"}
 
 def _lineage(rows: list[SampleRow]) -> list[tuple[str, list[str]]]:
     """Every field of every row but its tokens, one line per field."""
-    names = [n for n in SampleRow.model_fields if n not in _TOKEN_FIELDS]
     out = []
-    for name in names:
+    for name in (n for n in SampleRow.model_fields if n not in _TOKEN_FIELDS):
         values = []
         for r in rows:
             v = getattr(r, name)
             if name in ("call_policy_versions", "call_sampling"):
-                counts = Counter(v)
-                v = ", ".join(f"{k} ×{c}" for k, c in counts.items()) or "(as the row's)"
+                v = ", ".join(f"{k} ×{c}" for k, c in Counter(v).items()) or "(as the row's)"
+            elif name in ("eval_checks", "artifacts"):
+                v = ", ".join(m.name for m in v)
             values.append("" if v is None else str(v))
         out.append((name, values))
     return out
 
 
-def _evaluation(attempt: Path | None) -> dict[str, Any] | str | None:
-    """evaluation.json as a dict; "missing" when the worker wrote none; None: no dir."""
-    if attempt is None:
+def _artifact_text(a: ArtifactView, root: Path | None, limit: int = ARTIFACT_CHARS) -> str | None:
+    """The tail of a present artifact (clipped), None when it is not readable here; a
+    path outside the data dir given is never read."""
+    if a.state != "present" or a.path is None or root is None:
         return None
-    try:
-        value = json.loads((attempt / "evaluation.json").read_text())
-    except FileNotFoundError:
-        return "missing"
-    except (OSError, ValueError) as exc:
-        return f"unreadable: {exc}"
-    return value if isinstance(value, dict) else "unreadable: not a JSON object"
-
-
-def _read_tail(path: Path) -> str | None:
-    """The tail of a text file (clipped), or None when it is not there."""
+    path = Path(a.path).resolve()
+    if not path.is_relative_to(root.resolve()):
+        return None
     try:
         with open(path, "rb") as fh:
             size = fh.seek(0, 2)
-            fh.seek(max(0, size - ARTIFACT_CHARS * 4))
+            fh.seek(max(0, size - limit * 4))
             data = fh.read().decode("utf-8", errors="replace")
     except OSError:
         return None
-    return clip(data, ARTIFACT_CHARS, keep="tail")
-
-
-def _files(attempt: Path | None) -> list[tuple[str, int]]:
-    if attempt is None:
-        return []
-    return sorted(
-        (str(p.relative_to(attempt)), p.stat().st_size)
-        for p in attempt.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(attempt).parts)
-    )
-
-
-def _log_tails(attempt: Path | None, limit: int = 4000) -> list[tuple[str, str]]:
-    if attempt is None or not (attempt / "logs").is_dir():
-        return []
-    out = []
-    for p in sorted((attempt / "logs").rglob("*"))[:20]:
-        if p.is_file():
-            out.append((str(p.relative_to(attempt)), clip(_read_tail(p) or "", limit, keep="tail")))
-    return out
+    return clip(data, limit, keep="tail")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from schemas.samples import SampleRow
+from rollout_client.samples_reader import SegmentView
 from viewer.text import clip
 
 PAGE_TOKENS = 2000
@@ -65,20 +65,17 @@ def heat(logprob: float) -> int:
     return min(HEAT_BUCKETS - 1, int(-min(logprob, 0.0) / HEAT_STEP))
 
 
-def token_page(row: SampleRow, page: int, tokenizer: Tokenizer | None) -> TokenPage:
-    """Tokens `page * PAGE_TOKENS` onward of `row`'s prompt + response."""
-    n_prompt = len(row.prompt_ids)
-    total = n_prompt + len(row.response_ids)
+def token_page(seg: SegmentView, page: int, tokenizer: Tokenizer | None) -> TokenPage:
+    """Tokens `page * PAGE_TOKENS` onward of the segment's prompt + response."""
+    n_prompt = len(seg.prompt_ids)
+    total = n_prompt + len(seg.response_ids)
     pages = max(1, -(-total // PAGE_TOKENS))
     page = min(max(page, 0), pages - 1)
     lo, hi = page * PAGE_TOKENS, min(total, (page + 1) * PAGE_TOKENS)
-    ids = [
-        row.prompt_ids[i] if i < n_prompt else row.response_ids[i - n_prompt] for i in range(lo, hi)
-    ]
+    ids = seg.prompt_ids[lo : min(hi, n_prompt)]
+    ids += seg.response_ids[max(0, lo - n_prompt) : max(0, hi - n_prompt)]
     texts = _texts(ids, tokenizer)
-    versions = row.token_policy_versions()
-    starts = row.call_starts or [0]
-    call_versions = row.call_policy_versions or [row.policy_version]
+    starts = [c.start for c in seg.calls] or [0]
     blocks: list[Block] = []
     current = -2  # -1: the prompt, i ≥ 0: call i
     for k, i in enumerate(range(lo, hi)):
@@ -87,18 +84,19 @@ def token_page(row: SampleRow, page: int, tokenizer: Tokenizer | None) -> TokenP
         else:
             r = i - n_prompt
             call = max(0, bisect_right(starts, r) - 1)
-            trained = row.loss_mask[r] == 1
-            lp = row.logprobs[r] if trained else None
+            trained = seg.loss_mask[r] == 1
+            lp = seg.logprobs[r] if trained else None
+            version = seg.token_versions[r] if r < len(seg.token_versions) else ""
             token = Token(
-                i, ids[k], texts[k], trained, lp, versions[r], None if lp is None else heat(lp)
+                i, ids[k], texts[k], trained, lp, version, None if lp is None else heat(lp)
             )
         if call != current:
             current = call
-            title = (
-                "prompt"
-                if call < 0
-                else f"call {call + 1} of {len(starts)} · policy {call_versions[call]}"
-            )
+            title = "prompt"
+            if call >= 0 and seg.calls:
+                title = (
+                    f"call {call + 1} of {len(seg.calls)} · policy {seg.calls[call].policy_version}"
+                )
             blocks.append(Block(title))
         blocks[-1].tokens.append(token)
     return TokenPage(page, pages, total, blocks)

@@ -15,7 +15,12 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def view_cmd(
-    path: Annotated[str, typer.Argument(help="a batch's samples dir (<out>/<batch_id>) or s3://…")],
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="samples: a batch's dir (<out>/<batch_id>), the --out above, or s3://…"
+        ),
+    ],
     artifacts: Annotated[
         Path | None,
         typer.Option(help="a worker's data dir (its artifacts/<rollout>/attempt-N/)"),
@@ -32,14 +37,14 @@ def view_cmd(
 
     import uvicorn
 
+    from rollout_client.samples_reader import SamplesReader
     from viewer.app import viewer_app
-    from viewer.samples_dir import NotASamplesDir, SamplesDir
     from viewer.tokens import load_tokenizer
 
     try:
-        samples = SamplesDir(path, artifacts)
+        reader = SamplesReader(path, artifacts)
         tok = load_tokenizer(tokenizer) if tokenizer else None
-    except (NotASamplesDir, ValueError) as exc:
+    except ValueError as exc:
         typer.echo(f"view: {exc}", err=True)
         raise typer.Exit(2) from None
     token = None
@@ -47,7 +52,7 @@ def view_cmd(
     if host not in LOOPBACK:
         token = os.environ.get("ROLLOUT_VIEW_TOKEN") or secrets.token_urlsafe(24)
         allowed = ["*"] if host in ("0.0.0.0", "::", "") else [*LOOPBACK, host]
-    app = viewer_app(samples, tokenizer=tok, token=token, allowed_hosts=allowed)
+    app = viewer_app(reader, tokenizer=tok, token=token, allowed_hosts=allowed)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

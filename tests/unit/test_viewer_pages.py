@@ -5,7 +5,6 @@ same pages in a real browser: tests/integration/test_viewer_browser.py."""
 import re
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from starlette.testclient import TestClient
 
@@ -14,15 +13,16 @@ from devstack.sample_batch import (
     passed_evaluation,
     result,
     rollout_rows,
-    write_evaluation,
+    write_artifacts,
     write_manifest,
     write_rollout,
 )
 from devstack.tiny_model import ensure_tiny_model
+from rollout_client.samples_reader import NotASamplesDirectoryError, SamplesReader
 from rollout_client.storage import write_table
 from schemas.samples import SAMPLE_ARROW_SCHEMA, rows_to_table
+from tests.unit.test_schemas import V4_COLUMNS, as_version
 from viewer.app import viewer_app
-from viewer.samples_dir import NotASamplesDir, SamplesDir
 from viewer.tokens import PAGE_TOKENS, load_tokenizer
 
 HOSTILE = "<script>window.pwned = 1</script><b>bold?</b>\x1b[31mred\x07"
@@ -32,25 +32,30 @@ HOSTILE = "<script>window.pwned = 1</script><b>bold?</b>\x1b[31mred\x07"
 def batch(tmp_path: Path) -> tuple[Path, Path]:
     out, data = tmp_path / "b1", tmp_path / "worker"
     out.mkdir()
+    failed = eval_error("sh: 1: python: not found")
     write_rollout(out, rollout_rows("r-ok", "add", reward=1.0))
     write_rollout(out, rollout_rows("r-zero", "add", reward=0.0, seed=1))
     write_rollout(
         out,
         rollout_rows(
-            "r-err", "mul", reward=0.0, status="infra_error", status_reason="python: not found"
+            "r-err",
+            "mul",
+            reward=0.0,
+            status="infra_error",
+            rollout_status="eval_error",
+            status_reason="check 'tests' could not run: python: not found",
+            evaluation=failed,
         ),
     )
-    write_evaluation(data, "r-ok", passed_evaluation())
-    write_evaluation(data, "r-err", eval_error("sh: 1: python: not found"))
-    (data / "artifacts/r-ok/attempt-1/diff.patch").write_text("--- a/x\n+++ b/x\n+42\n")
-    (data / "artifacts/r-ok/attempt-1/logs/agent.log").write_text("agent said hi\n")
+    write_artifacts(data, "r-ok", passed_evaluation(), "--- a/x\n+++ b/x\n+42\n", "agent said hi\n")
+    write_artifacts(data, "r-err", failed, "", "agent said bye\n")
     write_manifest(
         out,
         "b1",
         [
             result("r-ok", "add", "ok", 1.0),
             result("r-zero", "add", "ok", 0.0),
-            result("r-err", "mul", "eval_error", None, error="check 'tests': python: not found"),
+            result("r-err", "mul", "eval_error", None, error="python: not found"),
             {"rollout_id": "r-lost", "workflow_status": "FAILED", "error": "worker lost"},
         ],
     )
@@ -58,7 +63,7 @@ def batch(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def client(out: Path, artifacts: Path | None = None, **kw: object) -> TestClient:
-    app = viewer_app(SamplesDir(str(out), artifacts), **kw)  # type: ignore[arg-type]
+    app = viewer_app(SamplesReader(out, artifacts), **kw)  # type: ignore[arg-type]
     return TestClient(app, base_url="http://localhost")
 
 
@@ -137,8 +142,11 @@ def test_large_rollout_is_paged(tmp_path: Path) -> None:
 def test_evaluation_shows_checks_diff_and_logs(batch) -> None:
     out, data = batch
     html = client(out, data).get("/rollout/r-ok/evaluation").text
-    assert "answer.txt holds 42" in html and "+42" in html and "agent said hi" in html
-    assert 'class="pass"' in html
+    checks = rows_of(html, "checks")
+    assert len(checks) == 1 and "answer.txt holds 42" in checks[0] and 'class="pass"' in checks[0]
+    assert "+42" in html.split('id="diff"')[1] and "agent said hi" in html
+    log = client(out, data).get("/rollout/r-ok/artifact/logs/agent.log").text
+    assert "agent said hi" in log
 
 
 def test_eval_error_rollout_shows_its_reason(batch) -> None:
@@ -148,18 +156,19 @@ def test_eval_error_rollout_shows_its_reason(batch) -> None:
         html = c.get(path).text
         assert '<b class="status st-eval_error" id="status">eval_error</b>' in html
         assert "python: not found" in html.split('id="reason"')[1].split("</pre>")[0]
-    assert "sh: 1: python: not found" in c.get("/rollout/r-err/evaluation").text
+    checks = rows_of(c.get("/rollout/r-err/evaluation").text, "checks")
+    assert "sh: 1: python: not found" in checks[0] and "<td>127</td>" in checks[0]
 
 
 def test_missing_artifacts_are_shown_as_missing(batch) -> None:
     out, data = batch
-    assert "No <code>--artifacts</code> given" in client(out).get("/rollout/r-ok/evaluation").text
+    html = client(out).get("/rollout/r-ok/evaluation").text
+    assert "diff.patch: not looked (give --artifacts" in html
+    assert "answer.txt holds 42" in html  # the checks travel with the samples
     html = client(out, data).get("/rollout/r-zero/evaluation").text
-    assert 'id="artifacts-missing"' in html
-    (data / "artifacts/r-err/attempt-1/evaluation.json").unlink()
-    html = client(out, data).get("/rollout/r-err/evaluation").text
-    assert "evaluation.json: missing" in html and "diff.patch: missing" in html
-    assert client(out, data).get("/rollout/r-ok/artifact/../../r-err/x").status_code == 404
+    assert "diff.patch: missing" in html
+    assert [r.count("<td>missing</td>") for r in rows_of(html, "artifacts")] == [1, 1, 1]
+    assert client(out, data).get("/rollout/r-ok/artifact/../../etc/passwd").status_code == 404
 
 
 def test_lineage_shows_every_field_but_tokens(batch) -> None:
@@ -169,6 +178,7 @@ def test_lineage_shows_every_field_but_tokens(batch) -> None:
     tokens = {"prompt_ids", "response_ids", "loss_mask", "logprobs"}
     assert set(names) == set(SAMPLE_ARROW_SCHEMA.names) - tokens
     assert "v0 ×1, v1 ×2" in html and "jsonl:tasks.jsonl" in html
+    assert "evaluation.json, diff.patch, logs/agent.log" in html
 
 
 def test_hostile_text_is_escaped_and_clipped(tmp_path: Path) -> None:
@@ -188,35 +198,15 @@ def test_hostile_text_is_escaped_and_clipped(tmp_path: Path) -> None:
 
 
 def test_older_schema_opens(tmp_path: Path) -> None:
-    table = rows_to_table(rollout_rows("r-old", "t"))
-    keep = [
-        n
-        for n in table.column_names
-        if n
-        not in (
-            "task_source",
-            "image_digest",
-            "reward_metrics",
-            "status_reason",
-            "verdict_sources",
-            "sandbox_facts",
-            "call_sampling",
-            "call_policy_versions",
-            "call_starts",
-        )
-    ]
-    table = table.select(keep)
-    table = table.set_column(
-        table.column_names.index("schema_version"),
-        "schema_version",
-        pa.array([1] * table.num_rows, pa.int32()),
-    )
-    table = table.replace_schema_metadata({b"agentic_rollout.schema_version": b"1"})
+    v1_drop = ["call_policy_versions", "call_starts", "call_sampling", *V4_COLUMNS]
+    table = as_version(rows_to_table(rollout_rows("r-old", "t")), 1, v1_drop)
     write_table(table, str(tmp_path / "r-old.parquet"))
     c = client(tmp_path)
     assert "/rollout/r-old" in c.get("/").text
     html = c.get("/rollout/r-old").text
     assert "call 1 of 1" in html and 'class="tok t' in html
+    assert "Written by an older samples schema: no task source" in html
+    assert "No checks recorded (older samples schema)" in c.get("/rollout/r-old/evaluation").text
     assert c.get("/rollout/r-old/lineage").status_code == 200
 
 
@@ -229,14 +219,22 @@ def test_unreadable_file_is_listed_and_the_rest_shows(batch) -> None:
 
 
 def test_not_a_samples_dir_is_refused_with_what_was_expected(tmp_path: Path, batch) -> None:
-    with pytest.raises(NotASamplesDir, match=r"expected a batch's samples directory"):
-        SamplesDir(str(tmp_path / "nowhere"))
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(NotASamplesDir, match=r"no samples found"):
-        SamplesDir(str(empty))
-    with pytest.raises(NotASamplesDir, match=r"It holds batch directories \(b1\): give one"):
-        SamplesDir(str(tmp_path))
+    with pytest.raises(NotASamplesDirectoryError, match=r"expected <rollout_id>.parquet"):
+        SamplesReader(empty)
+
+
+def test_out_dir_with_several_batches_lists_them(tmp_path: Path, batch) -> None:
+    other = tmp_path / "b2"
+    other.mkdir()
+    write_rollout(other, rollout_rows("r-two", "add", batch_id="b2"))
+    c = client(tmp_path)
+    assert re.findall(r'href="/batch/([^"]+)"', c.get("/").text) == ["b1", "b2"]
+    assert "/rollout/r-two" in c.get("/batch/b2").text
+    assert "/rollout/r-ok" in c.get("/batch/b1").text
+    assert "wrote no" not in c.get("/rollout/r-two").text
+    assert c.get("/batch/b3").status_code == 404
 
 
 def test_token_is_required_when_set(batch) -> None:
