@@ -1,16 +1,17 @@
 """A batch's samples directory made without running one: for the viewer's page tests,
 its bench and its screenshots (a rollout of any size, in seconds).
 
-The rows go through the real writer (`rollout_client.storage.write_table`) and the
-manifest and artifacts have the shapes `rollout run` and the worker leave; only the
-tokens are made up (ids of the tiny model's vocabulary when a tokenizer is used).
+The rows are real `SampleRow`s in the contract's Arrow schema, and the manifest and
+artifacts have the shapes `rollout run` and the worker leave; only the tokens and
+texts are made up.
 """
 
 import json
 import random
 from pathlib import Path
 
-from rollout_client.storage import write_table
+import pyarrow.parquet as pq
+
 from schemas.evaluation import CheckResult, EvaluationResult
 from schemas.samples import ArtifactRow, CheckRow, SampleRow, rows_to_table
 from schemas.scenes import Scene
@@ -106,7 +107,7 @@ def rollout_rows(
 
 def write_rollout(out: Path, rows: list[SampleRow]) -> Path:
     path = out / f"{rows[0].rollout_id}.parquet"
-    write_table(rows_to_table(rows), str(path))
+    pq.write_table(rows_to_table(rows), path)
     return path
 
 
