@@ -35,13 +35,16 @@ def rollout_rows(
     vocab: int = 200,
     seed: int = 0,
     prompt_ids: list[int] | None = None,
+    turns: list[tuple[list[int], list[int]]] | None = None,
     rollout_status: str = "ok",
     evaluation: EvaluationResult | None = None,
     batch_id: str = "b1",
 ) -> list[SampleRow]:
     """A main segment of `calls` calls (half of each call's tokens sampled, half the tool
     result that followed) and a compaction segment continuing it, carrying `evaluation`
-    and the artifacts `write_artifacts` leaves as the worker records them."""
+    and the artifacts `write_artifacts` leaves as the worker records them. `turns`
+    (each call's sampled ids and the ids that followed it) replaces the random calls of
+    the main segment."""
     evaluation = evaluation or passed_evaluation()
     rnd = random.Random(seed)
     rows = []
@@ -52,13 +55,21 @@ def rollout_rows(
         mask: list[int] = []
         logprobs: list[float] = []
         starts: list[int] = []
-        for _ in range(calls if k == 0 else 1):
+        half = tokens_per_call // 2
+        made = [
+            (
+                [rnd.randrange(vocab) for _ in range(half)],
+                [rnd.randrange(vocab) for _ in range(tokens_per_call - half)],
+            )
+            for _ in range(calls if k == 0 else 1)
+        ]
+        for sampled, after in turns if turns and k == 0 else made:
             starts.append(len(response))
-            half = tokens_per_call // 2
-            response += [rnd.randrange(vocab) for _ in range(tokens_per_call)]
-            mask += [1] * half + [0] * (tokens_per_call - half)
-            logprobs += [-rnd.random() * 5 for _ in range(half)] + [0.0] * (tokens_per_call - half)
-        versions = [f"v{min(i // max(1, calls // 2), 1)}" for i in range(len(starts))]
+            response += sampled + after
+            mask += [1] * len(sampled) + [0] * len(after)
+            logprobs += [-rnd.random() * 5 for _ in sampled] + [0.0] * len(after)
+        n = len(starts) if k == 0 else calls
+        versions = [f"v{min(i // max(1, n // 2), 1)}" for i in range(len(starts))]
         rows.append(
             SampleRow(
                 rollout_id=rollout_id,
