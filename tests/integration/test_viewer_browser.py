@@ -1,6 +1,9 @@
-"""The viewer in a real browser: `rollout view` served as a process, opened by headless
-Chromium (Selenium), clicked through as a person would: batch → rollout → evaluation.
-Each test says what it proves; the page-level cases are in tests/unit/test_viewer_pages.py.
+"""The viewer in a real browser, over a batch made through the real path: `rollout run`
+on the Temporal dev server, a worker with local sandboxes, the Gateway and the scripted
+engine (tests/fixtures/real_batch.py). `rollout view` is served as a process and
+headless Chromium (Selenium) clicks through it as a person would. One task passes (its
+prompt, which the agent sends, holds a `<script>`); the other's check runs a program
+the sandbox lacks, an `eval_error`. Page-level cases: tests/unit/test_viewer_pages.py.
 """
 
 from collections.abc import Iterator
@@ -9,28 +12,18 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
-from tokenizers import Tokenizer
 
-from devstack.sample_batch import (
-    eval_error,
-    passed_evaluation,
-    result,
-    rollout_rows,
-    write_artifacts,
-    write_manifest,
-    write_rollout,
-)
-from devstack.tiny_model import ensure_tiny_model
+from devstack.temporal_dev_server import TemporalDevServer
+from examples.make_tasks import task as make_task
 from tests.fixtures.browser import headless_chromium, rollout_view
+from tests.fixtures.real_batch import RealBatch, real_batch
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
 
 SCRIPT = "<script>window.pwned = 1</script>"
-NOT_FOUND = "sh: 1: python: not found"
-
-
-def _ids(tok: Tokenizer, text: str) -> list[int]:
-    return tok.encode(text, add_special_tokens=False).ids
+#: A program no sandbox has: the check's shell says it is not found (exit 127).
+MISSING = "definitely-not-installed-xyz"
+PROMPT = f"What is 6 times 7? {SCRIPT} Reply with the number only."
 
 
 @pytest.fixture(scope="module")
@@ -40,66 +33,32 @@ def chromium() -> Iterator[webdriver.Chrome]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A batch of three rollouts (one with a `<script>` in the agent's message, one whose
-    evaluator broke) served by `rollout view` with the tiny model's tokenizer."""
-    root = tmp_path_factory.mktemp("viewer")
-    out, data = root / "b1", root / "worker"
-    out.mkdir()
-    model = ensure_tiny_model()
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    prompt = _ids(tok, "<|im_start|>user\nWrite 42 to answer.txt<|im_end|>\n")
-    turns = [
-        (
-            _ids(tok, f"<|im_start|>assistant\nI will look first. {SCRIPT}<|im_end|>\n"),
-            _ids(tok, "<|im_start|>tool\nanswer.txt: empty<|im_end|>\n"),
-        ),
-        (
-            _ids(tok, "<|im_start|>assistant\necho 42 > answer.txt<|im_end|>\n"),
-            _ids(tok, "<|im_start|>user\nDone?<|im_end|>\n"),
-        ),
-    ]
-    failed = eval_error(NOT_FOUND)
-    write_rollout(out, rollout_rows("r-ok", "add", prompt_ids=prompt, turns=turns))
-    write_rollout(out, rollout_rows("r-zero", "add", reward=0.0, prompt_ids=prompt, turns=turns))
-    write_rollout(
-        out,
-        rollout_rows(
-            "r-err",
-            "mul",
-            reward=0.0,
-            status="infra_error",
-            rollout_status="eval_error",
-            status_reason=f"check 'tests' could not run: {NOT_FOUND}",
-            evaluation=failed,
-            prompt_ids=prompt,
-            turns=turns,
-        ),
-    )
-    write_artifacts(
-        data, "r-ok", passed_evaluation(), "--- a/answer.txt\n+++ b/answer.txt\n+42\n", "ok\n"
-    )
-    write_artifacts(data, "r-err", failed, "", "ran the tests\n")
-    write_manifest(
-        out,
-        "b1",
-        [
-            result("r-ok", "add", "ok", 1.0),
-            result("r-zero", "add", "ok", 0.0),
-            result("r-err", "mul", "eval_error", None),
-        ],
-    )
-    with rollout_view(str(out), "--artifacts", str(data), "--tokenizer", str(model)) as url:
+def batch(temporal_server: TemporalDevServer) -> Iterator[RealBatch]:
+    ok = make_task("arith", PROMPT, "42")
+    broken = make_task("broken-check", PROMPT, "42")
+    broken["evaluation"] = {"checks": [{"kind": "command", "command": f"{MISSING} -V"}]}
+    with real_batch(temporal_server.address, "viewer-tests", [ok, broken]) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def served(batch: RealBatch) -> Iterator[str]:
+    """`rollout view` over the batch, with the worker's data dir and the model's tokenizer."""
+    args = (str(batch.samples), "--artifacts", str(batch.data_dir), "--tokenizer", str(batch.model))
+    with rollout_view(*args) as url:
         yield url
 
 
-def test_batch_to_rollout_marks_trained_tokens(chromium: webdriver.Chrome, served: str) -> None:
+def test_batch_to_rollout_marks_trained_tokens(
+    chromium: webdriver.Chrome, served: str, batch: RealBatch
+) -> None:
     """From the batch page a click opens the rollout; its sampled tokens (loss mask 1)
     are drawn differently from the prompt and tool results, and hovering one reads out
     its id, logprob and policy version."""
+    rid = f"{batch.batch_id}-arith-0"
     chromium.get(served)
-    chromium.find_element(By.LINK_TEXT, "r-ok").click()
-    assert chromium.current_url.endswith("/rollout/r-ok")
+    chromium.find_element(By.LINK_TEXT, rid).click()
+    assert chromium.current_url.endswith(f"/rollout/{rid}")
     trained = chromium.find_elements(By.CSS_SELECTOR, "#tokens span.tok.t")
     others = chromium.find_elements(By.CSS_SELECTOR, "#tokens span.tok:not(.t)")
     assert trained and others
@@ -107,39 +66,49 @@ def test_batch_to_rollout_marks_trained_tokens(chromium: webdriver.Chrome, serve
     assert trained[0].value_of_css_property(line) == "solid"
     assert others[0].value_of_css_property(line) == "none"
     readout = trained[0].get_attribute("title")
-    assert " id " in readout and "logprob -" in readout and "policy v0" in readout
-    text = chromium.find_element(By.ID, "tokens").text
-    assert "echo 42 > answer.txt" in text and "answer.txt: empty" in text
+    assert " id " in readout and "logprob " in readout and "policy tiny-random-v0" in readout
+    sampled = "".join(t.text for t in trained)
+    assert "42" in sampled and "6 times 7" not in sampled  # the reply, not the prompt
 
 
-def test_evaluation_shows_reward_and_check_detail(chromium: webdriver.Chrome, served: str) -> None:
-    """The rollout's evaluation tab shows its reward, each check with its detail and
-    the diff the agent made (read from the worker's data dir)."""
-    chromium.get(served + "rollout/r-ok")
+def test_evaluation_shows_reward_and_check_detail(
+    chromium: webdriver.Chrome, served: str, batch: RealBatch
+) -> None:
+    """The rollout's evaluation tab shows its reward, each check with its verdict, and
+    the artifacts found on the worker's disk."""
+    chromium.get(f"{served}rollout/{batch.batch_id}-arith-0")
     chromium.find_element(By.ID, "evaluation-link").click()
     assert chromium.find_element(By.ID, "reward").text == "1"
     checks = chromium.find_element(By.ID, "checks").text
-    assert "answer" in checks and "answer.txt holds 42" in checks
-    assert "+42" in chromium.find_element(By.ID, "diff").text
+    assert "file0 file True 1.0" in checks and "ok" in checks.split("file0", 1)[1]
+    assert "evaluation.json" in chromium.find_element(By.ID, "artifacts").text
 
 
-def test_eval_error_rollout_shows_its_reason(chromium: webdriver.Chrome, served: str) -> None:
+def test_eval_error_rollout_shows_its_reason(
+    chromium: webdriver.Chrome, served: str, batch: RealBatch
+) -> None:
     """Filtering the batch by status `eval_error` leaves the rollout whose evaluator
-    broke; its page says why."""
+    broke; its page says why, and its evaluation record on the worker's disk opens."""
     chromium.get(served)
     Select(chromium.find_element(By.NAME, "status")).select_by_visible_text("eval_error")
     chromium.find_element(By.CSS_SELECTOR, "form.filters button").click()
     links = chromium.find_elements(By.CSS_SELECTOR, "#rollouts a.rollout-link")
-    assert [a.text for a in links] == ["r-err"]
+    assert [a.text for a in links] == [f"{batch.batch_id}-broken-check-0"]
     links[0].click()
     assert chromium.find_element(By.ID, "status").text == "eval_error"
-    assert NOT_FOUND in chromium.find_element(By.ID, "reason").text
+    assert f"{MISSING}: not found" in chromium.find_element(By.ID, "reason").text
+    chromium.find_element(By.ID, "evaluation-link").click()
+    assert "verdict error" in chromium.find_element(By.TAG_NAME, "main").text
+    chromium.find_element(By.LINK_TEXT, "evaluation.json").click()  # the worker's record
+    assert f"{MISSING}: not found" in chromium.find_element(By.CSS_SELECTOR, "pre.log").text
 
 
-def test_script_in_an_agent_message_is_text(chromium: webdriver.Chrome, served: str) -> None:
+def test_script_in_an_agent_message_is_text(
+    chromium: webdriver.Chrome, served: str, batch: RealBatch
+) -> None:
     """The agent's `<script>` shows as text and does not run. Control: the same text
     as a page of its own does run (so the assertion would catch an unescaped page)."""
-    chromium.get(served + "rollout/r-ok")
+    chromium.get(f"{served}rollout/{batch.batch_id}-arith-0")
     text = chromium.find_element(By.ID, "tokens").text
     assert SCRIPT in text
     assert chromium.execute_script("return window.pwned === undefined")
