@@ -57,6 +57,7 @@ def view_cmd(
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(128)  # connections wait in the backlog until the server takes them
     shown = "localhost" if host in LOOPBACK else host
     if ":" in shown:
         shown = f"[{shown}]"
