@@ -13,9 +13,9 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
+from devstack.browser import headless_chromium, rollout_view
 from devstack.temporal_dev_server import TemporalDevServer
 from examples.make_tasks import task as make_task
-from tests.fixtures.browser import headless_chromium, rollout_view
 from tests.fixtures.real_batch import RealBatch, real_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]

@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 from typer.testing import CliRunner
 
+from devstack.browser import rollout_view
 from devstack.sample_batch import rollout_rows, write_rollout
-from tests.fixtures.browser import rollout_view
 from workers.cli import app
 
 
