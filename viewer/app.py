@@ -7,7 +7,9 @@ set, is taken once from `?token=` and kept in a cookie.
 """
 
 import hmac
+import os
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -24,13 +26,14 @@ from tokenizers import Tokenizer
 
 from rollout_client.samples_reader import (
     ArtifactView,
+    BatchView,
     NotFoundError,
     RolloutDetail,
     RolloutSummary,
     SamplesReader,
     SegmentView,
 )
-from schemas.samples import SampleRow
+from schemas.samples import SampleRow, is_s3
 from schemas.tasks import check_rollout_id
 from viewer.text import clip
 from viewer.tokens import HEAT_BUCKETS, HEAT_STEP, PAGE_TOKENS, token_page
@@ -47,6 +50,8 @@ LOG_TAIL_CHARS = 4000
 _NOT_LOGS = {"diff", "evaluation", "metrics", "log_manifest"}
 #: Reward histogram bins over [0, 1] (rewards outside widen the range).
 REWARD_BINS = 10
+#: Rollouts a batch page lists (the rest on further pages).
+BATCH_ROWS = 200
 _STATIC = Path(__file__).parent / "static"
 
 
@@ -56,7 +61,7 @@ def viewer_app(
     tokenizer: Tokenizer | None = None,
     token: str | None = None,
     allowed_hosts: list[str] | None = None,
-) -> Starlette:
+) -> "_Guard":
     env = Environment(
         loader=PackageLoader("viewer", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -83,16 +88,43 @@ def viewer_app(
     async def batch_page(request: Request) -> Response:
         return batch_view(request, request.path_params["batch_id"])
 
+    cache: dict[str | None, tuple[tuple[Any, ...], BatchView]] = {}
+
+    def read_batch(batch_id: str | None) -> BatchView:
+        """The batch, read again only when a file under the samples dir changed (local)."""
+        key = _signature(reader.location)
+        hit = cache.get(batch_id)
+        if key is not None and hit is not None and hit[0] == key:
+            return hit[1]
+        batch = reader.batch(batch_id)
+        if key is not None:
+            cache[batch_id] = (key, batch)
+        return batch
+
+    def warm() -> None:
+        """Read every batch once (a large batch's first read takes seconds)."""
+        ids = reader.batch_ids()
+        for batch_id in [None] if len(ids) == 1 else ids:
+            read_batch(batch_id)
+
     def batch_view(request: Request, batch_id: str | None) -> Response:
         try:
-            batch = reader.batch(batch_id)
+            batch = read_batch(batch_id)
         except NotFoundError as exc:
             return not_found(str(exc))
         q = request.query_params
+        shown = [s for s in batch.rollouts if _keep(s, q)]
+        pages = max(1, -(-len(shown) // BATCH_ROWS))
+        at = min(max(_int(q.get("page")), 0), pages - 1)
+        here = {k: v for k, v in q.items() if k != "page"}
         return page(
             "batch.jinja",
             batch=batch,
-            rollouts=[s for s in batch.rollouts if _keep(s, q)],
+            matching=len(shown),
+            rollouts=shown[at * BATCH_ROWS : (at + 1) * BATCH_ROWS],
+            page_no=at,
+            pages=pages,
+            page_url=lambda n: "?" + urlencode({**here, "page": n}),
             tasks=sorted({s.task_id for s in batch.rollouts}),
             statuses=sorted({s.status for s in batch.rollouts}),
             per_task=_per_task(batch.rollouts),
@@ -171,14 +203,15 @@ def viewer_app(
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"])]
     app = Starlette(routes=routes, middleware=middleware)
-    return _Guard(app, token)  # type: ignore[return-value]
+    return _Guard(app, token, warm)
 
 
 class _Guard:
-    """Security headers on every response; the token check when one is set."""
+    """Security headers on every response; the token check when one is set. `warm()`
+    reads the batches ahead of the first visit."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
-        self.app, self.token = app, token
+    def __init__(self, app: ASGIApp, token: str | None, warm: Callable[[], None]) -> None:
+        self.app, self.token, self.warm = app, token, warm
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -222,6 +255,27 @@ def _secured(reply: Response) -> Response:
     reply.headers["content-security-policy"] = CSP
     reply.headers["x-content-type-options"] = "nosniff"
     return reply
+
+
+def _signature(location: str) -> tuple[Any, ...] | None:
+    """Every file under a local samples dir (and its batch dirs) with its mtime and size;
+    None for S3 (read each time)."""
+    if is_s3(location):
+        return None
+    found = []
+    todo = [location]
+    for depth in range(2):
+        subdirs = []
+        for d in todo:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.is_file():
+                        st = e.stat()
+                        found.append((e.path, st.st_mtime_ns, st.st_size))
+                    elif e.is_dir() and depth == 0:
+                        subdirs.append(e.path)
+        todo = subdirs
+    return tuple(sorted(found))
 
 
 def _int(raw: str | None) -> int:

@@ -34,6 +34,7 @@ def view_cmd(
 ) -> None:
     """Serve the rollout viewer: Batch, Rollout, Evaluation and Lineage pages."""
     import socket
+    import threading
 
     import uvicorn
 
@@ -63,5 +64,6 @@ def view_cmd(
         shown = f"[{shown}]"
     url = f"http://{shown}:{sock.getsockname()[1]}/"
     typer.echo(f"view: {url}" + (f"?token={token}" if token else ""), err=False)
+    threading.Thread(target=app.warm, name="view-warm", daemon=True).start()
     config = uvicorn.Config(app, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])

@@ -22,7 +22,7 @@ from rollout_client.samples_reader import NotASamplesDirectoryError, SamplesRead
 from rollout_client.storage import write_table
 from schemas.samples import SAMPLE_ARROW_SCHEMA, rows_to_table
 from tests.unit.test_schemas import V4_COLUMNS, as_version
-from viewer.app import viewer_app
+from viewer.app import BATCH_ROWS, viewer_app
 from viewer.tokens import PAGE_TOKENS, load_tokenizer
 
 HOSTILE = "<script>window.pwned = 1</script><b>bold?</b>\x1b[31mred\x07"
@@ -259,3 +259,24 @@ def test_unknown_rollout_is_a_404_page(batch) -> None:
     c = client(out)
     assert c.get("/rollout/nope").status_code == 404
     assert c.get("/rollout/..%2F..").status_code == 404
+
+
+def test_batch_table_is_paged(tmp_path: Path) -> None:
+    for i in range(BATCH_ROWS + 5):
+        write_rollout(tmp_path, rollout_rows(f"r-{i:04d}", "t", calls=1, seed=i))
+    c = client(tmp_path)
+    first = c.get("/?task=t").text
+    assert len(rows_of(first, "rollouts")) == BATCH_ROWS
+    assert f"{BATCH_ROWS + 5} matching · page 1 of 2" in first
+    second = c.get("/?task=t&page=1").text
+    assert [re.search(r'href="/rollout/([^"]+)"', r)[1] for r in rows_of(second, "rollouts")] == [
+        f"r-{i:04d}" for i in range(BATCH_ROWS, BATCH_ROWS + 5)
+    ]
+
+
+def test_a_changed_batch_is_read_again(batch) -> None:
+    out, _ = batch
+    c = client(out)
+    assert "/rollout/r-new" not in c.get("/").text
+    write_rollout(out, rollout_rows("r-new", "add"))
+    assert "/rollout/r-new" in c.get("/").text
