@@ -16,21 +16,38 @@ from __future__ import annotations
 import json
 import posixpath
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollout_client.storage import read_table, s3_client
 from schemas.outcome import RolloutStatus, whose_failure
-from schemas.samples import SampleRow, is_s3, labels_of, metrics_of, table_to_rows
+from schemas.samples import (
+    KNOWN_SCHEMA_VERSIONS,
+    SAMPLE_ARROW_SCHEMA,
+    ArtifactRow,
+    SampleRow,
+    check_schema,
+    is_s3,
+    labels_of,
+    metrics_of,
+    schema_of,
+    table_to_rows,
+    upgrade,
+)
 
 MANIFEST = "_manifest.json"
-#: Columns a rollout's summary needs besides token counts (the token lists stay unread).
-_HEAVY = ("prompt_ids", "response_ids", "loss_mask", "logprobs", "call_sampling", "call_starts")
+#: Token lists a batch's summaries do not read, and those they only count.
+_UNREAD = ("response_ids", "logprobs", "call_sampling", "call_starts")
+_COUNTED = ("prompt_ids", "loss_mask")
+#: What a batch's summaries read (`loss_mask` gives the response's length too).
+_SUMMARY_COLUMNS = [n for n in SAMPLE_ARROW_SCHEMA.names if n not in _UNREAD]
+VERSION_KEY = b"agentic_rollout.schema_version"
 #: What each schema version added that a person reading a rollout would miss.
 _RECORDED_SINCE = {
     "task source and image digest": 4,
@@ -41,6 +58,17 @@ _RECORDED_SINCE = {
     "step durations": 6,
     "artifacts": 6,
 }
+#: The steps of a rollout in the order they run (others follow, as recorded).
+STEP_ORDER = (
+    "provision",
+    "setup",
+    "before_run",
+    "agent",
+    "stop_agent",
+    "after_run",
+    "evaluate",
+    "collect",
+)
 #: When the rollout status is not recorded, the row status that says most about it.
 _WORST_FIRST = (
     RolloutStatus.infra_error,
@@ -263,7 +291,7 @@ class SamplesReader:
         rollouts: list[RolloutSummary] = []
         versions: set[int] = set()
         for table in tables:
-            for rid, rows in _by_rollout(table.drop_columns(list(_HEAVY)), table).items():
+            for rid, rows in _by_rollout(table.drop_columns(list(_COUNTED)), table).items():
                 uri = self._store.join(directory, f"{rid}.parquet")
                 summary = _summary(rid, rows, manifest.pop(rid, None), uri)
                 versions.add(summary.schema_version or 0)
@@ -330,7 +358,7 @@ class SamplesReader:
     def _detail(
         self, rid: str, table: pa.Table, uri: str, entry: dict[str, Any] | None
     ) -> RolloutDetail:
-        light = table.drop_columns(list(_HEAVY))
+        light = table.drop_columns([*_COUNTED, *_UNREAD])
         summary = _summary(rid, _by_rollout(light, table)[rid], entry, uri)
         rows = table_to_rows(table)
         first = rows[0]
@@ -342,9 +370,7 @@ class SamplesReader:
                 CheckView(**c.model_dump(), source=sources.get(c.name)) for c in first.eval_checks
             ],
             segment_views=[_segment(r) for r in rows],
-            artifacts=[
-                self._artifact(rid, a.name, a.kind, a.location, a.size) for a in first.artifacts
-            ],
+            artifacts=[artifact_view(rid, a, self.artifacts) for a in first.artifacts],
             artifacts_dir=first.artifacts_dir,
             env_version=first.env_version,
             task_source=first.task_source,
@@ -355,47 +381,33 @@ class SamplesReader:
             missing=[what for what, since in _RECORDED_SINCE.items() if version < since],
         )
 
-    def _artifact(self, rid: str, name: str, kind: str, location: str, size: int) -> ArtifactView:
-        if "://" in location:
-            return ArtifactView(name=name, kind=kind, location=location, size=size, state="remote")
-        if self.artifacts is None:
-            return ArtifactView(
-                name=name, kind=kind, location=location, size=size, state="not looked"
-            )
-        path = self._local_artifact(rid, location)
-        state: Literal["present", "missing"] = "present" if path.is_file() else "missing"
-        return ArtifactView(
-            name=name, kind=kind, location=location, size=size, path=str(path), state=state
-        )
-
-    def _local_artifact(self, rid: str, location: str) -> Path:
-        """Where a worker's file is under the data dir given: the part of its recorded
-        path after `<rollout_id>/`, under `<data dir>/artifacts/<rollout_id>/` (or under
-        `<dir>/<rollout_id>/` when the dir given is the artifacts root itself)."""
-        parts = Path(location).parts
-        tail = Path(*parts[parts.index(rid) + 1 :]) if rid in parts else Path(Path(location).name)
-        assert self.artifacts is not None
-        for root in (self.artifacts / "artifacts", self.artifacts):
-            candidate = root / rid / tail
-            if candidate.is_file():
-                return candidate
-        return self.artifacts / "artifacts" / rid / tail
-
     # ----------------------------------------------------------------- files
     def _read_dir(self, directory: str) -> tuple[list[pa.Table], dict[str, str]]:
-        """The batch's tables: all at once, or file by file when one is bad (its error
-        kept, the rest read)."""
-        try:
-            return [read_table(directory)], {}
-        except (OSError, ValueError, pa.ArrowException):
-            pass
-        tables: list[pa.Table] = []
+        """The batch's rows without the token lists a summary does not need; a file that
+        cannot be read is named with why (the rest still read)."""
+        files = self._store.parquet_files(directory)
+        if is_s3(directory):
+            return _read_each(files, read_table)
+        by_version: dict[int, list[str]] = defaultdict(list)
         unreadable: dict[str, str] = {}
-        for uri in self._store.parquet_files(directory):
+        for path in files:
             try:
-                tables.append(read_table(uri))
+                schema = pq.read_schema(path)
+                check_schema(schema, path)
             except (OSError, ValueError, pa.ArrowException) as exc:
-                unreadable[uri] = str(exc)
+                unreadable[path] = str(exc)
+                continue
+            by_version[int(schema.metadata[VERSION_KEY])].append(path)
+        tables: list[pa.Table] = []
+        for version, paths in by_version.items():
+            columns = [n for n in _SUMMARY_COLUMNS if n in schema_of(version).names]
+            try:
+                tables.append(_light(pq.ParquetDataset(paths).read(columns=columns), directory))
+            except (OSError, ValueError, pa.ArrowException):  # one bad file: read them one by one
+                read = lambda p, c=columns: _light(pq.read_table(p, columns=c), p)  # noqa: E731
+                more, bad = _read_each(paths, read)
+                tables += more
+                unreadable.update(bad)
         return tables, unreadable
 
     def _manifest(self, directory: str) -> dict[str, dict[str, Any]]:
@@ -411,11 +423,33 @@ class SamplesReader:
 # --------------------------------------------------------------------- row → views
 
 
+def _read_each(
+    paths: list[str], read: Callable[[str], pa.Table]
+) -> tuple[list[pa.Table], dict[str, str]]:
+    tables: list[pa.Table] = []
+    unreadable: dict[str, str] = {}
+    for path in paths:
+        try:
+            tables.append(read(path))
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            unreadable[path] = str(exc)
+    return tables, unreadable
+
+
+def _light(table: pa.Table, source: str) -> pa.Table:
+    """An older table brought up to date (`upgrade`), token lists left out."""
+    table = upgrade(table)
+    unknown = set(table.column("schema_version").to_pylist()) - KNOWN_SCHEMA_VERSIONS
+    if unknown:
+        raise ValueError(f"{source}: rows with schema_version {sorted(unknown)}")
+    return table.select([n for n in _SUMMARY_COLUMNS if n in table.column_names])
+
+
 def _by_rollout(light: pa.Table, full: pa.Table) -> dict[str, list[dict[str, Any]]]:
     """Each rollout's rows (light columns) with their token counts added."""
     counts = {
         "prompt_tokens": pc.list_value_length(full.column("prompt_ids")).to_pylist(),
-        "response_tokens": pc.list_value_length(full.column("response_ids")).to_pylist(),
+        "response_tokens": pc.list_value_length(full.column("loss_mask")).to_pylist(),
         "trained_tokens": _list_sums(full.column("loss_mask")),
         "calls": pc.list_value_length(full.column("call_policy_versions")).to_pylist(),
     }
@@ -450,11 +484,9 @@ def _summary(
     reward: float | None = max(kept) if kept else None
     if status in (RolloutStatus.eval_error, RolloutStatus.infra_error):
         reward = None
-    versions: list[str] = []
-    for r in rows:
-        versions += [
-            v for v in r["call_policy_versions"] or [r["policy_version"]] if v not in versions
-        ]
+    versions = list(
+        dict.fromkeys(v for r in rows for v in r["call_policy_versions"] or [r["policy_version"]])
+    )
     return RolloutSummary(
         rollout_id=rid,
         batch_id=first["batch_id"] or result.get("batch_id", ""),
@@ -468,7 +500,7 @@ def _summary(
         verdict=first["verdict"] or result.get("verdict") or "",
         reward=reward,
         reward_metrics=metrics_of(first["reward_metrics"]),
-        step_durations=metrics_of(first["step_durations"], "step_durations"),
+        step_durations=in_step_order(metrics_of(first["step_durations"], "step_durations")),
         duration_s=result.get("duration_s"),
         harness=first["harness"],
         harness_version=first["harness_version"],
@@ -481,6 +513,12 @@ def _summary(
         schema_version=first["schema_version"],
         samples_uri=uri,
     )
+
+
+def in_step_order(steps: dict[str, float]) -> dict[str, float]:
+    """`steps` in the order they run (`STEP_ORDER`), any others after them."""
+    rank = {name: i for i, name in enumerate(STEP_ORDER)}
+    return dict(sorted(steps.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 
 
 def _status_from_rows(rows: Iterable[dict[str, Any]]) -> str:
@@ -542,6 +580,33 @@ def _segment(row: SampleRow) -> SegmentView:
         token_versions=row.token_policy_versions(),
         calls=calls,
     )
+
+
+def artifact_view(rollout_id: str, artifact: ArtifactRow, data_dir: Path | None) -> ArtifactView:
+    """Where a recorded artifact is now: uploaded (its URI), or looked up in a worker's
+    data dir (`data_dir`; None: not looked)."""
+    fields = artifact.model_dump()
+    if "://" in artifact.location:
+        return ArtifactView(**fields, state="remote")
+    if data_dir is None:
+        return ArtifactView(**fields, state="not looked")
+    path = _local_artifact(rollout_id, artifact.location, data_dir)
+    return ArtifactView(**fields, path=str(path), state="present" if path.is_file() else "missing")
+
+
+def _local_artifact(rid: str, location: str, data_dir: Path) -> Path:
+    """A worker's file under the data dir given: the part of its recorded path after
+    `<rollout_id>/`, under `<data dir>/artifacts/<rollout_id>/` (or `<dir>/<rollout_id>/`
+    when the dir given is the artifacts root itself)."""
+    parts = Path(location).parts
+    tail = Path(*parts[parts.index(rid) + 1 :]) if rid in parts else Path(Path(location).name)
+    if ".." in tail.parts:  # never looked up outside the data dir
+        return data_dir / "artifacts" / rid / tail.name
+    for root in (data_dir / "artifacts", data_dir):
+        candidate = root / rid / tail
+        if candidate.is_file():
+            return candidate
+    return data_dir / "artifacts" / rid / tail
 
 
 def _basename(location: str) -> str:

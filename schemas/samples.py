@@ -345,8 +345,8 @@ def check_schema(schema: pa.Schema, source: str) -> None:
     check_schema_version(schema, source)
     version = int((schema.metadata or {})[b"agentic_rollout.schema_version"])
     problems: list[str] = []
-    expected = _schema_of(version)
-    for want in expected:
+    contract = schema_of(version)
+    for want in contract:
         idx = schema.get_field_index(want.name)
         if idx < 0:
             problems.append(f"missing column {want.name!r} ({want.type})")
@@ -354,7 +354,7 @@ def check_schema(schema: pa.Schema, source: str) -> None:
         got = schema.field(idx)
         if not got.type.equals(want.type):
             problems.append(f"column {want.name!r} is {got.type}, expected {want.type}")
-    extra = [n for n in schema.names if expected.get_field_index(n) < 0]
+    extra = [n for n in schema.names if contract.get_field_index(n) < 0]
     if extra:
         problems.append(f"unexpected column(s) {extra}")
     if problems:
@@ -364,7 +364,7 @@ def check_schema(schema: pa.Schema, source: str) -> None:
 
 
 @cache
-def _schema_of(version: int) -> pa.Schema:
+def schema_of(version: int) -> pa.Schema:
     """The contract's columns as of `version` (the current schema minus later columns)."""
     later = {name for v, names in _ADDED_IN.items() if v > version for name in names}
     return pa.schema([f for f in SAMPLE_ARROW_SCHEMA if f.name not in later])
