@@ -1,9 +1,9 @@
 """The viewer in a real browser, over a batch made through the real path: `rollout run`
 on the Temporal dev server, a worker with local sandboxes, the Gateway and the scripted
-engine (tests/fixtures/real_batch.py). `rollout view` is served as a process and
-headless Chromium (Selenium) clicks through it as a person would. One task passes (its
-prompt, which the agent sends, holds a `<script>`); the other's check runs a program
-the sandbox lacks, an `eval_error`. Page-level cases: tests/unit/test_viewer_pages.py.
+engine (`failing_batch`, tests/fixtures/real_batch.py: one task passes, its prompt
+holding a `<script>`; the other's check cannot run, an `eval_error`). `rollout view` is
+served as a process and headless Chromium (Selenium) clicks through it as a person
+would. Page-level cases: tests/unit/test_viewer_pages.py.
 """
 
 from collections.abc import Iterator
@@ -14,16 +14,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from devstack.browser import headless_chromium, rollout_view
-from devstack.temporal_dev_server import TemporalDevServer
-from examples.make_tasks import task as make_task
-from tests.fixtures.real_batch import RealBatch, real_batch
+from tests.fixtures.real_batch import MISSING, SCRIPT, RealBatch
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
-
-SCRIPT = "<script>window.pwned = 1</script>"
-#: A program no sandbox has: the check's shell says it is not found (exit 127).
-MISSING = "definitely-not-installed-xyz"
-PROMPT = f"What is 6 times 7? {SCRIPT} Reply with the number only."
 
 
 @pytest.fixture(scope="module")
@@ -33,29 +26,21 @@ def chromium() -> Iterator[webdriver.Chrome]:
 
 
 @pytest.fixture(scope="module")
-def batch(temporal_server: TemporalDevServer) -> Iterator[RealBatch]:
-    ok = make_task("arith", PROMPT, "42")
-    broken = make_task("broken-check", PROMPT, "42")
-    broken["evaluation"] = {"checks": [{"kind": "command", "command": f"{MISSING} -V"}]}
-    with real_batch(temporal_server.address, "viewer-tests", [ok, broken]) as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def served(batch: RealBatch) -> Iterator[str]:
+def served(failing_batch: RealBatch) -> Iterator[str]:
     """`rollout view` over the batch, with the worker's data dir and the model's tokenizer."""
-    args = (str(batch.samples), "--artifacts", str(batch.data_dir), "--tokenizer", str(batch.model))
+    b = failing_batch
+    args = (str(b.samples), "--artifacts", str(b.data_dir), "--tokenizer", str(b.model))
     with rollout_view(*args) as url:
         yield url
 
 
 def test_batch_to_rollout_marks_trained_tokens(
-    chromium: webdriver.Chrome, served: str, batch: RealBatch
+    chromium: webdriver.Chrome, served: str, failing_batch: RealBatch
 ) -> None:
     """From the batch page a click opens the rollout; its sampled tokens (loss mask 1)
     are drawn differently from the prompt and tool results, and hovering one reads out
     its id, logprob and policy version."""
-    rid = f"{batch.batch_id}-arith-0"
+    rid = f"{failing_batch.batch_id}-arith-mul-0"
     chromium.get(served)
     chromium.find_element(By.LINK_TEXT, rid).click()
     assert chromium.current_url.endswith(f"/rollout/{rid}")
@@ -72,11 +57,11 @@ def test_batch_to_rollout_marks_trained_tokens(
 
 
 def test_evaluation_shows_reward_and_check_detail(
-    chromium: webdriver.Chrome, served: str, batch: RealBatch
+    chromium: webdriver.Chrome, served: str, failing_batch: RealBatch
 ) -> None:
     """The rollout's evaluation tab shows its reward, each check with its verdict, and
     the artifacts found on the worker's disk."""
-    chromium.get(f"{served}rollout/{batch.batch_id}-arith-0")
+    chromium.get(f"{served}rollout/{failing_batch.batch_id}-arith-mul-0")
     chromium.find_element(By.ID, "evaluation-link").click()
     assert chromium.find_element(By.ID, "reward").text == "1"
     checks = chromium.find_element(By.ID, "checks").text
@@ -85,7 +70,7 @@ def test_evaluation_shows_reward_and_check_detail(
 
 
 def test_eval_error_rollout_shows_its_reason(
-    chromium: webdriver.Chrome, served: str, batch: RealBatch
+    chromium: webdriver.Chrome, served: str, failing_batch: RealBatch
 ) -> None:
     """Filtering the batch by status `eval_error` leaves the rollout whose evaluator
     broke; its page says why, and its evaluation record on the worker's disk opens."""
@@ -93,7 +78,7 @@ def test_eval_error_rollout_shows_its_reason(
     Select(chromium.find_element(By.NAME, "status")).select_by_visible_text("eval_error")
     chromium.find_element(By.CSS_SELECTOR, "form.filters button").click()
     links = chromium.find_elements(By.CSS_SELECTOR, "#rollouts a.rollout-link")
-    assert [a.text for a in links] == [f"{batch.batch_id}-broken-check-0"]
+    assert [a.text for a in links] == [f"{failing_batch.batch_id}-py-missing-0"]
     links[0].click()
     assert chromium.find_element(By.ID, "status").text == "eval_error"
     assert f"{MISSING}: not found" in chromium.find_element(By.ID, "reason").text
@@ -104,11 +89,11 @@ def test_eval_error_rollout_shows_its_reason(
 
 
 def test_script_in_an_agent_message_is_text(
-    chromium: webdriver.Chrome, served: str, batch: RealBatch
+    chromium: webdriver.Chrome, served: str, failing_batch: RealBatch
 ) -> None:
     """The agent's `<script>` shows as text and does not run. Control: the same text
     as a page of its own does run (so the assertion would catch an unescaped page)."""
-    chromium.get(f"{served}rollout/{batch.batch_id}-arith-0")
+    chromium.get(f"{served}rollout/{failing_batch.batch_id}-arith-mul-0")
     text = chromium.find_element(By.ID, "tokens").text
     assert SCRIPT in text
     assert chromium.execute_script("return window.pwned === undefined")
