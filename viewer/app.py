@@ -3,7 +3,8 @@
 Plain HTML with ordinary links and GET forms (every page has its own URL and reads with
 JavaScript off); no script is served at all, and the Content-Security-Policy forbids
 one, so recorded text (escaped by Jinja2's autoescape) can never run. A token, when
-set, is taken once from `?token=` and kept in a cookie.
+set, is taken once from `?token=` and kept in a cookie. Pages read files, so the
+endpoints are plain functions (Starlette runs them on its thread pool).
 """
 
 import hmac
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import pyarrow as pa
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -79,13 +81,13 @@ def viewer_app(
     def not_found(message: str) -> HTMLResponse:
         return page("error.jinja", 404, message=message)
 
-    async def index(request: Request) -> Response:
+    def index(request: Request) -> Response:
         ids = reader.batch_ids()
         if len(ids) == 1:
             return batch_view(request, None)
         return page("batches.jinja", batch_ids=ids)
 
-    async def batch_page(request: Request) -> Response:
+    def batch_page(request: Request) -> Response:
         return batch_view(request, request.path_params["batch_id"])
 
     cache: dict[str | None, tuple[tuple[Any, ...], BatchView]] = {}
@@ -136,10 +138,12 @@ def viewer_app(
         try:
             check_rollout_id(rid)
             return reader.rollout(rid)
-        except (ValueError, NotFoundError) as exc:
+        except NotFoundError as exc:
             return not_found(str(exc))
+        except (ValueError, OSError, pa.ArrowException) as exc:  # a bad id, a file unread
+            return page("error.jinja", 404, message=f"{rid}: {exc}")
 
-    async def rollout_page(request: Request) -> Response:
+    def rollout_page(request: Request) -> Response:
         d = detail_of(request)
         if isinstance(d, Response):
             return d
@@ -157,7 +161,7 @@ def viewer_app(
             page_url=lambda n: "?" + urlencode({"segment": seg.segment_id, "page": n}),
         )
 
-    async def evaluation_page(request: Request) -> Response:
+    def evaluation_page(request: Request) -> Response:
         d = detail_of(request)
         if isinstance(d, Response):
             return d
@@ -172,14 +176,14 @@ def viewer_app(
             log_tails=[(a, _artifact_text(a, reader.artifacts, LOG_TAIL_CHARS)) for a in logs],
         )
 
-    async def lineage_page(request: Request) -> Response:
+    def lineage_page(request: Request) -> Response:
         d = detail_of(request)
         if isinstance(d, Response):
             return d
         rows = reader.rows(d.rollout_id) if d.samples_uri else []
         return page("lineage.jinja", s=d, rows=rows, fields=_lineage(rows))
 
-    async def artifact_page(request: Request) -> Response:
+    def artifact_page(request: Request) -> Response:
         d = detail_of(request)
         if isinstance(d, Response):
             return d
@@ -189,7 +193,7 @@ def viewer_app(
             return not_found(f"no artifact {name!r} recorded for {d.rollout_id}")
         return page("artifact.jinja", s=d, a=found, text=_artifact_text(found, reader.artifacts))
 
-    async def css(_: Request) -> Response:
+    def css(_: Request) -> Response:
         return FileResponse(_STATIC / "viewer.css", media_type="text/css")
 
     routes = [

@@ -63,7 +63,7 @@ def view_cmd(
     if ":" in shown:
         shown = f"[{shown}]"
     url = f"http://{shown}:{sock.getsockname()[1]}/"
-    typer.echo(f"view: {url}" + (f"?token={token}" if token else ""), err=False)
+    typer.echo(f"view: {url}" + (f"?token={token}" if token else ""))
     threading.Thread(target=app.warm, name="view-warm", daemon=True).start()
     config = uvicorn.Config(app, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])

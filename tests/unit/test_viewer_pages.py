@@ -216,6 +216,8 @@ def test_unreadable_file_is_listed_and_the_rest_shows(batch) -> None:
     html = client(out).get("/").text
     assert "r-broken.parquet" in html.split("Unreadable files")[1]
     assert "/rollout/r-ok" in html
+    broken = client(out).get("/rollout/r-broken")
+    assert broken.status_code == 404 and "r-broken" in broken.text
 
 
 def test_not_a_samples_dir_is_refused_with_what_was_expected(tmp_path: Path, batch) -> None:
