@@ -87,6 +87,9 @@ def test_batch_lists_every_rollout_with_tokens_and_status_counts_per_task(batch)
     assert re.findall(r"<td>(\d+)</td>", ok_row)[:6] == ["1", "2", "4", "60", "80", "40"]
     assert "eval_error" in next(r for r in rows if "/rollout/r-err" in r)
     assert "worker lost" in next(r for r in rows if "/rollout/r-lost" in r)
+    lost = client(out).get("/rollout/r-lost").text  # in the manifest only: no samples
+    assert "worker lost" in lost and "This rollout left no samples." in lost
+    assert client(out).get("/rollout/r-lost/lineage").status_code == 200
     assert 'value="1"></meter></td><td>1</td>' in html.split("<h3>mul", 1)[1].split("</section>")[0]
 
 
