@@ -11,12 +11,21 @@ from collections.abc import Iterator
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from devstack.browser import headless_chromium, rollout_view
 from tests.fixtures.real_batch import MISSING, SCRIPT, RealBatch
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
+
+
+def navigate(driver: webdriver.Chrome, element: WebElement) -> None:
+    """Click a link or button and wait until the next page has replaced this one."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(page))
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +51,7 @@ def test_batch_to_rollout_marks_trained_tokens(
     its id, logprob and policy version."""
     rid = f"{failing_batch.batch_id}-arith-mul-0"
     chromium.get(served)
-    chromium.find_element(By.LINK_TEXT, rid).click()
+    navigate(chromium, chromium.find_element(By.LINK_TEXT, rid))
     assert chromium.current_url.endswith(f"/rollout/{rid}")
     trained = chromium.find_elements(By.CSS_SELECTOR, "#tokens span.tok.t")
     others = chromium.find_elements(By.CSS_SELECTOR, "#tokens span.tok:not(.t)")
@@ -62,7 +71,7 @@ def test_evaluation_shows_reward_and_check_detail(
     """The rollout's evaluation tab shows its reward, each check with its verdict, and
     the artifacts found on the worker's disk."""
     chromium.get(f"{served}rollout/{failing_batch.batch_id}-arith-mul-0")
-    chromium.find_element(By.ID, "evaluation-link").click()
+    navigate(chromium, chromium.find_element(By.ID, "evaluation-link"))
     assert chromium.find_element(By.ID, "reward").text == "1"
     checks = chromium.find_element(By.ID, "checks").text
     assert "file0 file True 1.0" in checks and "ok" in checks.split("file0", 1)[1]
@@ -76,15 +85,17 @@ def test_eval_error_rollout_shows_its_reason(
     broke; its page says why, and its evaluation record on the worker's disk opens."""
     chromium.get(served)
     Select(chromium.find_element(By.NAME, "status")).select_by_visible_text("eval_error")
-    chromium.find_element(By.CSS_SELECTOR, "form.filters button").click()
+    navigate(chromium, chromium.find_element(By.CSS_SELECTOR, "form.filters button"))
     links = chromium.find_elements(By.CSS_SELECTOR, "#rollouts a.rollout-link")
     assert [a.text for a in links] == [f"{failing_batch.batch_id}-py-missing-0"]
-    links[0].click()
+    navigate(chromium, links[0])
     assert chromium.find_element(By.ID, "status").text == "eval_error"
     assert f"{MISSING}: not found" in chromium.find_element(By.ID, "reason").text
-    chromium.find_element(By.ID, "evaluation-link").click()
+    navigate(chromium, chromium.find_element(By.ID, "evaluation-link"))
     assert "verdict error" in chromium.find_element(By.TAG_NAME, "main").text
-    chromium.find_element(By.LINK_TEXT, "evaluation.json").click()  # the worker's record
+    navigate(
+        chromium, chromium.find_element(By.LINK_TEXT, "evaluation.json")
+    )  # the worker's record
     assert f"{MISSING}: not found" in chromium.find_element(By.CSS_SELECTOR, "pre.log").text
 
 
