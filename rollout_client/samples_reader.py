@@ -29,7 +29,6 @@ from rollout_client.storage import read_table, s3_client
 from schemas.outcome import RolloutStatus, whose_failure
 from schemas.samples import (
     KNOWN_SCHEMA_VERSIONS,
-    SAMPLE_ARROW_SCHEMA,
     ArtifactRow,
     SampleRow,
     check_schema,
@@ -42,11 +41,31 @@ from schemas.samples import (
 )
 
 MANIFEST = "_manifest.json"
-#: Token lists a batch's summaries do not read, and those they only count.
-_UNREAD = ("response_ids", "logprobs", "call_sampling", "call_starts")
+#: What a rollout's summary is made of: a batch reads only these (and what `upgrade`
+#: fills an older file's from), never the token lists but the two it counts.
 _COUNTED = ("prompt_ids", "loss_mask")
-#: What a batch's summaries read (`loss_mask` gives the response's length too).
-_SUMMARY_COLUMNS = [n for n in SAMPLE_ARROW_SCHEMA.names if n not in _UNREAD]
+_SUMMARY_COLUMNS = (
+    "rollout_id",
+    "batch_id",
+    "task_id",
+    "group_id",
+    "sample_index",
+    "status",
+    "rollout_status",
+    "status_reason",
+    "verdict",
+    "reward",
+    "reward_metrics",
+    "step_durations",
+    "harness",
+    "harness_version",
+    "policy_version",
+    "call_policy_versions",
+    "schema_version",
+    *_COUNTED,
+)
+#: What `upgrade` reads, or looks for to tell an older file.
+_UPGRADE_INPUTS = ("sampling", "env_version", "call_sampling", "task_source")
 VERSION_KEY = b"agentic_rollout.schema_version"
 #: What each schema version added that a person reading a rollout would miss.
 _RECORDED_SINCE = {
@@ -194,7 +213,7 @@ class RolloutSummary(_View):
     @property
     def reason_line(self) -> str:
         """The reason's first non-empty line (how errors are grouped)."""
-        return next((ln.strip() for ln in self.reason.splitlines() if ln.strip()), "")
+        return first_line(self.reason)
 
 
 class RolloutDetail(RolloutSummary):
@@ -249,6 +268,11 @@ class BatchView(_View):
         return dict(sorted(groups.items(), key=lambda kv: -len(kv[1])))
 
 
+def first_line(text: str) -> str:
+    """The first non-empty line of `text`, stripped ("" when there is none)."""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
 def _duration(r: RolloutSummary) -> float | None:
     if r.duration_s is not None:
         return r.duration_s
@@ -262,7 +286,7 @@ class SamplesReader:
     def __init__(self, path: str | Path, artifacts: str | Path | None = None) -> None:
         self.location = str(path).rstrip("/") if is_s3(str(path)) else str(Path(path))
         self.artifacts = Path(artifacts) if artifacts is not None else None
-        self._store = _S3Dir(self.location) if is_s3(self.location) else _LocalDir(self.location)
+        self._store = _S3Dir() if is_s3(self.location) else _LocalDir()
         if self._store.parquet_files(self.location) or self._store.has(self.location, MANIFEST):
             self._batch_dirs = [self.location]
         else:
@@ -291,7 +315,7 @@ class SamplesReader:
         rollouts: list[RolloutSummary] = []
         versions: set[int] = set()
         for table in tables:
-            for rid, rows in _by_rollout(table.drop_columns(list(_COUNTED)), table).items():
+            for rid, rows in _by_rollout(table).items():
                 uri = self._store.join(directory, f"{rid}.parquet")
                 summary = _summary(rid, rows, manifest.pop(rid, None), uri)
                 versions.add(summary.schema_version or 0)
@@ -358,8 +382,7 @@ class SamplesReader:
     def _detail(
         self, rid: str, table: pa.Table, uri: str, entry: dict[str, Any] | None
     ) -> RolloutDetail:
-        light = table.drop_columns([*_COUNTED, *_UNREAD])
-        summary = _summary(rid, _by_rollout(light, table)[rid], entry, uri)
+        summary = _summary(rid, _by_rollout(table)[rid], entry, uri)
         rows = table_to_rows(table)
         first = rows[0]
         sources = labels_of(first.verdict_sources, "verdict_sources")
@@ -400,7 +423,8 @@ class SamplesReader:
             by_version[int(schema.metadata[VERSION_KEY])].append(path)
         tables: list[pa.Table] = []
         for version, paths in by_version.items():
-            columns = [n for n in _SUMMARY_COLUMNS if n in schema_of(version).names]
+            present = schema_of(version).names
+            columns = [n for n in (*_SUMMARY_COLUMNS, *_UPGRADE_INPUTS) if n in present]
             try:
                 tables.append(_light(pq.ParquetDataset(paths).read(columns=columns), directory))
             except (OSError, ValueError, pa.ArrowException):  # one bad file: read them one by one
@@ -437,22 +461,24 @@ def _read_each(
 
 
 def _light(table: pa.Table, source: str) -> pa.Table:
-    """An older table brought up to date (`upgrade`), token lists left out."""
+    """A table of the summary's columns, an older one's brought up to date."""
     table = upgrade(table)
     unknown = set(table.column("schema_version").to_pylist()) - KNOWN_SCHEMA_VERSIONS
     if unknown:
         raise ValueError(f"{source}: rows with schema_version {sorted(unknown)}")
-    return table.select([n for n in _SUMMARY_COLUMNS if n in table.column_names])
+    return table.select(list(_SUMMARY_COLUMNS))
 
 
-def _by_rollout(light: pa.Table, full: pa.Table) -> dict[str, list[dict[str, Any]]]:
-    """Each rollout's rows (light columns) with their token counts added."""
+def _by_rollout(table: pa.Table) -> dict[str, list[dict[str, Any]]]:
+    """Each rollout's rows (the summary's columns) with their token counts instead of
+    the token lists."""
     counts = {
-        "prompt_tokens": pc.list_value_length(full.column("prompt_ids")).to_pylist(),
-        "response_tokens": pc.list_value_length(full.column("loss_mask")).to_pylist(),
-        "trained_tokens": _list_sums(full.column("loss_mask")),
-        "calls": pc.list_value_length(full.column("call_policy_versions")).to_pylist(),
+        "prompt_tokens": pc.list_value_length(table.column("prompt_ids")).to_pylist(),
+        "response_tokens": pc.list_value_length(table.column("loss_mask")).to_pylist(),
+        "trained_tokens": _list_sums(table.column("loss_mask")),
+        "calls": pc.list_value_length(table.column("call_policy_versions")).to_pylist(),
     }
+    light = table.select([n for n in _SUMMARY_COLUMNS if n not in _COUNTED])
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for i, row in enumerate(light.to_pylist()):
         row.update({name: values[i] or 0 for name, values in counts.items()})
@@ -617,8 +643,7 @@ def _basename(location: str) -> str:
 
 
 class _LocalDir:
-    def __init__(self, root: str) -> None:
-        self.root = root
+    """A samples directory on this machine's disk."""
 
     def parquet_files(self, d: str) -> list[str]:
         p = Path(d)
@@ -651,8 +676,7 @@ class _LocalDir:
 
 
 class _S3Dir:
-    def __init__(self, root: str) -> None:
-        self.root = root
+    """A samples prefix on S3 (`s3://bucket/prefix`), listed one level at a time."""
 
     @staticmethod
     def _split(d: str) -> tuple[str, str]:

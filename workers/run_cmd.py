@@ -29,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rollout_client.client import Batch, RolloutClient, RolloutOutcome
+from rollout_client.samples_reader import first_line
 from schemas.outcome import whose_failure
 from schemas.samples import is_s3
 from schemas.tasks import RolloutTask
@@ -130,7 +131,10 @@ async def run_batch(
             progress.update(bar, advance=1, line=_progress_line(report, total, started))
             if not outcome.ok:
                 progress.console.print(
-                    f"[red]✗ {outcome.rollout_id}[/] {outcome.workflow_status}: {outcome.error}"
+                    Text.assemble(
+                        (f"✗ {outcome.rollout_id}", "red"),
+                        f" {outcome.workflow_status}: {safe(first_line(outcome.error or ''))}",
+                    )
                 )
     report.wall_s = time.monotonic() - started
     if not is_s3(output):
@@ -178,9 +182,8 @@ def failure_reasons(report: BatchReport) -> list[tuple[str, str, str]]:
         status = str(r.status) if r else o.workflow_status.lower()
         if r is not None and not whose_failure(status):
             continue
-        why = (r.error if r else o.error) or ""
-        line = next((ln.strip() for ln in why.splitlines() if ln.strip()), "(no reason recorded)")
-        out.append((o.rollout_id, status, safe(line)))
+        why = first_line((r.error if r else o.error) or "") or "(no reason recorded)"
+        out.append((o.rollout_id, status, safe(why)))
     return out
 
 

@@ -88,7 +88,7 @@ def _grid() -> Table:
 # ----------------------------------------------------------------------------- rollout
 
 
-def rollout_view(r: RolloutDetail, show_cmd: str | None = None) -> RenderableType:
+def rollout_view(r: RolloutDetail) -> RenderableType:
     """One rollout: status and whose, evaluation checks with detail tails, reward and
     metrics, step durations, calls, artifacts, lineage, and what its schema lacks."""
     head = _grid()
@@ -119,8 +119,6 @@ def rollout_view(r: RolloutDetail, show_cmd: str | None = None) -> RenderableTyp
         parts.append(
             _t(f"schema v{r.schema_version} does not record: {', '.join(r.missing)}", "yellow")
         )
-    if show_cmd:
-        parts.append(_t(show_cmd, "dim"))
     return Group(*parts)
 
 
@@ -133,7 +131,13 @@ def _checks(r: RolloutDetail) -> RenderableType:
     for c in r.checks:
         result = "timed out" if c.timed_out else ("pass" if c.passed else "fail")
         table.add_row(
-            _t(f"{c.name} ({c.kind})" + (f"\nverdict from {c.source}" if c.source else "")),
+            Text(
+                "\n".join(
+                    safe(x)
+                    for x in (f"{c.name} ({c.kind})", c.source and f"verdict from {c.source}")
+                    if x
+                )
+            ),
             _t(result, "green" if c.passed else "red"),
             f"{c.score:g}",
             "-" if c.exit_code is None else str(c.exit_code),

@@ -8,13 +8,16 @@ segments) is only in the samples.
 """
 
 import asyncio
+import re
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.samples import artifact_rows, step_durations
 from rollout_client.client import RolloutClient, RolloutOutcome
 from rollout_client.samples_reader import (
     BatchView,
@@ -23,6 +26,7 @@ from rollout_client.samples_reader import (
     RolloutDetail,
     RolloutSummary,
     artifact_view,
+    in_step_order,
 )
 from schemas.outcome import RunOutcome, whose_failure
 from schemas.rollout import (
@@ -31,7 +35,7 @@ from schemas.rollout import (
     RUN_HARNESS,
     RolloutResult,
 )
-from schemas.samples import ArtifactRow
+from schemas.tasks import ID_PATTERN
 
 #: Steps named as the samples name them.
 _STEP = {PROVISION_SANDBOX: "provision", COLLECT_TRAJECTORY: "collect"}
@@ -46,7 +50,7 @@ _FETCH = 32
 
 
 async def rollout_from_temporal(
-    client: RolloutClient, rollout_id: str, data_dir: Any = None
+    client: RolloutClient, rollout_id: str, data_dir: Path | None = None
 ) -> RolloutDetail:
     """One rollout from its workflow (NotFoundError: no workflow of that id)."""
     handle = client.client.get_workflow_handle(rollout_id)
@@ -60,32 +64,20 @@ async def rollout_from_temporal(
     result: RolloutResult | None = None
     error = ""
     status = (desc.status.name if desc.status else "UNKNOWN").lower()
-    if desc.status == WorkflowExecutionStatus.COMPLETED:
+    if desc.status != WorkflowExecutionStatus.RUNNING:
         done = await client.outcome(rollout_id)
-        result = done.result
-    elif desc.status != WorkflowExecutionStatus.RUNNING:
-        error = (await client.outcome(rollout_id)).error or ""
+        result, error = done.result, done.error or ""
     if result is not None:
         status = str(result.status)
     evaluation = outcome.evaluation if outcome else None
     if outcome is not None:
-        steps = {**_first(steps, "provision"), **outcome.timings, **_rest(steps, "provision")}
-        if evaluation is not None:
-            steps["evaluate"] = evaluation.duration_s
+        steps = in_step_order({**steps, **step_durations(outcome)})
     checks = [
         CheckView(**c.model_dump(exclude={"tests"}))
         for c in (evaluation.checks if evaluation else [])
     ]
-    artifacts = [
-        artifact_view(
-            rollout_id,
-            ArtifactRow(
-                name=a.name, kind=a.kind, location=a.uri or a.local_path or "", size=a.size
-            ),
-            data_dir,
-        )
-        for a in (outcome.artifacts if outcome else [])
-    ]
+    rows = artifact_rows(outcome) if outcome else []
+    artifacts = [artifact_view(rollout_id, a, data_dir) for a in rows]
     summary = _summary(rollout_id, result, status, error, steps)
     reason = summary.reason or (outcome.problem if outcome else "") or ""
     return RolloutDetail(
@@ -103,6 +95,8 @@ async def rollout_from_temporal(
 
 async def batch_from_temporal(client: RolloutClient, batch_id: str) -> BatchView:
     """A batch from the workflows tagged with its id (NotFoundError: none)."""
+    if not re.match(ID_PATTERN, batch_id):  # it goes into a visibility query
+        raise NotFoundError(f"{batch_id!r} is not a batch id (expected {ID_PATTERN})")
     query = f"RolloutBatchId = '{batch_id}'"
     found = [wf async for wf in client.client.list_workflows(query)]
     if not found:
@@ -182,11 +176,3 @@ async def _from_history(
                 attrs.result.payloads, [RunOutcome]
             )
     return outcome, dict(steps)
-
-
-def _first(steps: dict[str, float], name: str) -> dict[str, float]:
-    return {name: steps[name]} if name in steps else {}
-
-
-def _rest(steps: dict[str, float], name: str) -> dict[str, float]:
-    return {k: v for k, v in steps.items() if k != name}

@@ -44,7 +44,13 @@ def ok_outcome(artifacts_dir: str) -> RunOutcome:
         duration_s=0.4,
         checks=[
             CheckResult(
-                name="tests", kind="command", passed=True, score=1.0, exit_code=0, detail="2 passed"
+                name="tests",
+                kind="command",
+                passed=True,
+                score=1.0,
+                exit_code=0,
+                detail="2 passed",
+                source="junit-xml",
             )
         ],
     )
@@ -140,8 +146,8 @@ def test_a_rollout_shows_checks_steps_calls_and_artifacts(batch_dir: Path, tmp_p
     assert reader.kind_of("b1") == "batch" and reader.kind_of("b1-py-0") == "rollout"
     hello = reader.rollout("b1-hello-0")
     assert hello.step_durations == {"setup": 0.5, "agent": 3.25, "after_run": 0.6, "evaluate": 0.4}
-    assert [(c.name, c.passed, c.exit_code, c.detail) for c in hello.checks] == [
-        ("tests", True, 0, "2 passed")
+    assert [(c.name, c.passed, c.exit_code, c.detail, c.source) for c in hello.checks] == [
+        ("tests", True, 0, "2 passed", "junit-xml")
     ]
     [seg] = hello.segment_views
     assert [(c.policy_version, c.tokens, c.trained_tokens) for c in seg.calls] == [

@@ -72,6 +72,7 @@ def test_show_a_rollout_says_why_with_its_check_and_steps(samples: Path) -> None
     show_from_samples(console, "b1-hello-0", str(samples))
     text = console.export_text()
     assert "agent 3.25 s" in text and "evaluate 0.40 s" in text
+    assert "verdict from junit-xml" in text and "\\x0a" not in text
     assert "pol-3" in text and "pol-4" in text and "4 trained tokens" in text
     assert "evaluation.json (evaluation) not looked" in text
     assert "give --artifacts WORKER_DATA_DIR" in text
