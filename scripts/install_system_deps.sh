@@ -6,7 +6,8 @@
 # local backend needs (scripts/install_local_deps.sh: bubblewrap, libseccomp, e2fsprogs,
 # ...), plus the docker engine (docker backend, image recipe), debootstrap, tar and zstd
 # (base image rootfs), iproute2 (network checks in tests), iptables (the host rule that
-# keeps public docker sandboxes off the host's services).
+# keeps public docker sandboxes off the host's services), headless Chromium and its
+# driver (the viewer's browser tests).
 # Safe to rerun: installs only what is missing, starts dockerd only if no engine answers.
 set -euo pipefail
 
@@ -22,6 +23,8 @@ command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v tar >/dev/null 2>&1 || need+=(tar)
 command -v zstd >/dev/null 2>&1 || need+=(zstd)
 dpkg -s debian-archive-keyring >/dev/null 2>&1 || need+=(debian-archive-keyring)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 
 bash "$(dirname "$0")/install_local_deps.sh" ${need[@]+"${need[@]}"}
 

@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.fixtures.sandboxes",
     "tests.fixtures.temporal",
     "tests.fixtures.trainer",
+    "tests.fixtures.real_batch",
 ]

@@ -20,7 +20,8 @@ import pytest
 
 # The steps, in the order they run, and what each is (test.sh prints it as a heading).
 STEPS: dict[str, str] = {
-    "system": "system packages and services (docker engine, bubblewrap, debootstrap, iptables)",
+    "system": "system packages and services (docker engine, bubblewrap, debootstrap, iptables, "
+    "chromium)",
     "vllm_venv": "vLLM CPU virtual environment",
     "trainer_env": "trainer environments (one overlay on the vLLM environment per trainer)",
     "warm_model": "warm tiny model (minutes of CPU training on a fresh machine)",
@@ -42,6 +43,7 @@ FIXTURE_STEPS: dict[str, tuple[str, ...]] = {
     "trl_env": ("trainer_env:trl",),
     "sandbox_base_image": ("base_image",),
     "sandbox_backend": ("base_image",),
+    "chromium": ("system",),
 }
 PLAN_ENV = "ROLLOUT_SETUP_PLAN"
 

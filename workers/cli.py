@@ -11,11 +11,13 @@ from workers.gateway_settings import GatewaySettings
 from workers.images_cmd import images_app
 from workers.model_options import model_options
 from workers.tiny_model_cmd import make_tiny_model, templates_app
+from workers.view_cmd import view_cmd
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agentic Rollout")
 app.add_typer(templates_app, name="templates")
 app.add_typer(images_app, name="images")
 app.command("make-tiny-model")(make_tiny_model)
+app.command("view")(view_cmd)
 
 
 @app.command("gateway")

@@ -6,33 +6,18 @@ reason and prints the show command; `rollout show` then explains both rollouts f
 samples and the worker's disk, and the failing one from Temporal alone.
 """
 
-import json
-import os
 import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from devstack.background_server import BackgroundServer
-from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
-from devstack.temporal_dev_server import TemporalDevServer
-from devstack.tiny_model import ensure_tiny_model
-from examples.make_tasks import task as make_task
-from tests.fixtures.gateway import start_gateway
-from tests.fixtures.worker_process import WorkerProcess, one_host_args
+from tests.fixtures.real_batch import MISSING, RealBatch
+from tests.fixtures.real_batch import rollout_cli as _cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
 
 REPO = Path(__file__).resolve().parents[2]
-QUEUE = "show-tests"
-#: A program no sandbox has: the check's shell says it is not found (exit 127).
-MISSING = "definitely-not-installed-xyz"
 
 
 @dataclass
@@ -45,63 +30,14 @@ class Run:
     show_line: str
 
 
-def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-
-
 @pytest.fixture(scope="module")
-def run(temporal_server: TemporalDevServer) -> Iterator[Run]:
-    work = Path(tempfile.mkdtemp(prefix="rollout-show-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
-    model = ensure_tiny_model()
-    engine = ScriptedEngine(
-        model / "tokenizer.json",
-        Script(
-            rules=[ScriptRule(when_contains="6 times 7", reply="42", repeat=True)],
-            default_reply="I am not sure.",
-        ),
-    )
-    engine_server = BackgroundServer(engine.app()).start()
-    gateway = start_gateway(engine_server.url, model, work / "gateway", "tiny")
-    worker = WorkerProcess(
-        one_host_args(
-            temporal_server.address, QUEUE, "show-host", gateway.control_url,
-            gateway.admin_token, work,
-        ),
-        work / "worker.log",
-        dict(os.environ),
-    )  # fmt: skip
-    worker.start()
-    try:
-        ok = make_task("arith-mul", "What is 6 times 7? Reply with the number only.", "42")
-        broken = make_task("py-missing", "What is 6 times 7? Reply with the number only.", "42")
-        broken["evaluation"] = {"checks": [{"kind": "command", "command": f"{MISSING} -V"}]}
-        tasks = work / "tasks.jsonl"
-        tasks.write_text("".join(json.dumps(t) + "\n" for t in (ok, broken)))
-        done = _cli(
-            "run",
-            str(tasks),
-            f"--temporal={temporal_server.address}",
-            f"--task-queue={QUEUE}",
-            f"--out={work / 'samples'}",
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        show = [ln for ln in done.stdout.splitlines() if ln.startswith("show: ")]
-        assert len(show) == 1, done.stdout
-        [batch_id] = [p.name for p in (work / "samples").iterdir()]
-        yield Run(temporal_server.address, work, done.stdout, batch_id, show[0])
-    finally:
-        worker.stop()
-        gateway.server.stop()
-        engine_server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+def run(failing_batch: RealBatch) -> Run:
+    """The shared batch (tests/fixtures/real_batch.py): arith-mul passes, py-missing's
+    check cannot run."""
+    b = failing_batch
+    show = [ln for ln in b.output.splitlines() if ln.startswith("show: ")]
+    assert len(show) == 1, b.output
+    return Run(b.temporal, b.work, b.output, b.batch_id, show[0])
 
 
 def test_run_prints_the_failing_rollouts_reason_and_the_show_command(run: Run) -> None:

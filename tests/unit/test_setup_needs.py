@@ -36,7 +36,8 @@ REACHES: dict[str, str] = {
     "base_image": r"\bensure_base_image\b|\bensure_rootfs\b|\bLocalBackend\(|\bDockerBackend\("
     r"|\brun_demo\(|\bDemoStack\(|\"workers\.demo\""
     r"|backend_config=\{\"local\"|\brun_chaos\(",
-    "system": r"\brequire_docker\b|\brequire_bwrap\b|\bdocker\.from_env\b|\biptables\b",
+    "system": r"\brequire_docker\b|\brequire_bwrap\b|\bdocker\.from_env\b|\biptables\b"
+    r"|\bheadless_chromium\(",
 }
 TRAINER_NAMED = re.compile(r"TRAINER_EXTRAS\[\"(\w+)\"\]")
 NEEDS_MARK = re.compile(r"mark\.needs\(([^)]*)\)")

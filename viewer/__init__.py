@@ -1,0 +1,1 @@
+"""The rollout viewer: server-rendered pages over a samples directory (`rollout view`)."""
