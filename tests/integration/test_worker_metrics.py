@@ -39,6 +39,7 @@ from examples.make_tasks import task as make_task
 from tests.fixtures.gated_engine import GatedEngine
 from tests.fixtures.gateway import start_gateway
 from tests.fixtures.worker_process import WorkerProcess, one_host_args
+from tests.unit.test_grafana_dashboard import dashboard_series
 from workers.fleet_metrics import FleetMetrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
@@ -70,6 +71,19 @@ def scrape(url: str) -> Samples:
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
+    }
+
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+def exported_series(text: str) -> set[str]:
+    """Every series name an exposition offers, also of labelled families with no child yet
+    (a counter nothing has moved still names `<family>_total`)."""
+    return {
+        family.name + suffix
+        for family in text_string_to_metric_families(text)
+        for suffix in SUFFIXES.get(family.type, ("",))
     }
 
 
@@ -175,6 +189,7 @@ def fleet(temporal_server: TemporalDevServer, sandbox_base_image: Any) -> Iterat
             "temporal": temporal_server.address,
             "base_image": sandbox_base_image,
             "worker": worker,
+            "gateway": gateway,
         }
     finally:
         gated.release()
@@ -289,6 +304,12 @@ def test_a_batch_moves_every_series(fleet: dict[str, Any]) -> None:
     assert value(held, backlog[0], task_queue=backlog[1], kind=backlog[2]) >= 1
     age = "rollout_worker_task_queue_backlog_age_seconds"
     assert value(held, age, task_queue=backlog[1], kind=backlog[2]) > 0
+    # every series the shipped dashboard reads is one of these two processes' own
+    gw = fleet["gateway"]
+    text = httpx.get(f"{gw.control_url}/metrics", headers=gw.admin_headers, timeout=30).text
+    worker_text = httpx.get(fleet["url"], timeout=30).text
+    exported = exported_series(text) | exported_series(worker_text)
+    assert dashboard_series() - exported == set(), "dashboard series nobody exports"
 
 
 def test_every_registered_series_is_asserted() -> None:
