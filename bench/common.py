@@ -1,24 +1,23 @@
 """Helpers more than one bench needs: percentiles, a process tree's CPU, servers' health,
-the fixed-latency engine, and a real Gateway in-process on loopback.
+the fixed-latency engine, and a `rollout gateway` process (a Gateway in-process:
+`workers.local_stack`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import httpx
-
-if TYPE_CHECKING:
-    from devstack.background_server import BackgroundServer
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -122,23 +121,40 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None
         proc.wait()
 
 
-@dataclass
-class InProcessGateway:
-    """Both listeners of a real Gateway, served from a background thread of this process."""
+class GatewayProcess:
+    """A `rollout gateway` process (of this tree, or of `tree`) in front of `engine` (what
+    has its `url` and served `model`), with a fresh admin token; `stop()` ends it."""
 
-    #: The agent API listener (what session base URLs name).
-    url: str
-    #: The control API + /metrics + /health listener.
-    control_url: str
-    admin_token: str
-    server: BackgroundServer
+    def __init__(
+        self,
+        engine: Any,
+        model_dir: Path,
+        fsync: str = "group",
+        tree: Path | None = None,
+        engine_api: str | None = None,
+    ) -> None:
+        from devstack.ports import free_port
 
+        self.admin = secrets.token_urlsafe(16)
+        port, control_port = free_port(), free_port()
+        env = dict(os.environ, ROLLOUT_ADMIN_TOKEN=self.admin)
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
+        data_dir = tempfile.mkdtemp(prefix="gw-bench-")
+        argv = [sys.executable, "-m", "workers.cli", "gateway", "--engine", engine.url]
+        argv += ["--model", engine.model, "--tokenizer", str(model_dir), "--fsync", fsync]
+        argv += ["--port", str(port), "--control-port", str(control_port), "--data-dir", data_dir]
+        if engine_api is not None:
+            argv += ["--engine-api", engine_api]
+        self.process = subprocess.Popen(argv, env=env, cwd=tree)
+        self.url = f"http://127.0.0.1:{port}"
+        self.control = f"http://127.0.0.1:{control_port}"
+        try:
+            wait_healthy(self.control, self.process, timeout_s=60)
+        except SystemExit:
+            self.stop()
+            raise
 
-def start_gateway(engine_url: str, tokenizer: Path, data_dir: Path, model: str) -> InProcessGateway:
-    """A Gateway in front of `engine_url` on loopback (the demo's), with a fresh admin
-    token; stop it with `.server.stop()`. `workers.demo` loads on the first call only:
-    most benches need no in-process Gateway."""
-    from workers.demo import serve_gateway
-
-    server, control_url, admin = serve_gateway(engine_url, model, tokenizer, data_dir)
-    return InProcessGateway(server.url, control_url, admin, server)
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)

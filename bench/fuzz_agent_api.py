@@ -24,12 +24,12 @@ from typing import Any
 
 import httpx
 
-from bench.common import start_gateway
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import ScriptedEngine
 from devstack.tiny_model import ensure_tiny_model
 from stress.fuzz import LiveTarget, Tally, admin_get, fuzz, open_witness
 from stress.malformed_requests import MODEL, PROTOCOLS, engine_script
+from workers.local_stack import start_gateway
 
 
 @contextmanager

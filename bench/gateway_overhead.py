@@ -26,8 +26,6 @@ its own sampled replies back.
 import argparse
 import contextlib
 import json
-import os
-import secrets
 import statistics
 import subprocess
 import sys
@@ -39,7 +37,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import percentile, wait_healthy
+from bench.common import GatewayProcess, percentile, wait_healthy
 from bench.conversations import (
     VLLM_ARGS,
     Conversation,
@@ -111,9 +109,10 @@ def run_path(
     latencies: list[float] = []
     cpu_per_turn: list[float] = []
     marks: dict[int, Spans] = {}
+    early, late = min(5, turns), max(0, turns - 5)  # a short run: its windows overlap
     with httpx.Client(timeout=300) as client:
         for turn in range(turns):
-            if scrape is not None and turn in (0, 5, turns - 5):
+            if scrape is not None and turn in (0, early, late):
                 marks[turn] = scrape()  # outside the turn's CPU window
             before = cpu_ns(pid) if pid else 0
             for conv, headers in zip(conversations, headers_for, strict=True):
@@ -127,52 +126,13 @@ def run_path(
     spans: list[Spans] = []
     if scrape is not None:
         end = scrape()
+        marks.setdefault(early, end)  # 5 turns or fewer: the early window is the whole run
         spans = [
             span_delta(end, marks[0]),
-            span_delta(marks[5], marks[0]),
-            span_delta(end, marks[turns - 5]),
+            span_delta(marks[early], marks[0]),
+            span_delta(end, marks[late]),
         ]
     return latencies, cpu_per_turn, spans
-
-
-class RunningGateway:
-    """A `rollout gateway` process (of this tree, or of `tree`) in front of `vllm`."""
-
-    def __init__(
-        self,
-        vllm: "VllmServer | ScriptedEngineProcess",
-        model_dir: Path,
-        fsync: str,
-        tree: Path | None,
-        engine_api: str | None = None,
-    ) -> None:
-        self.admin = secrets.token_urlsafe(16)
-        port, control_port = free_port(), free_port()
-        env = dict(os.environ, ROLLOUT_ADMIN_TOKEN=self.admin)
-        if tree is not None:
-            env["PYTHONPATH"] = str(tree)
-        data_dir = tempfile.mkdtemp(prefix="gw-bench-")
-        argv = [sys.executable, "-m", "workers.cli", "gateway", "--engine", vllm.url]
-        argv += ["--model", vllm.model, "--tokenizer", str(model_dir), "--fsync", fsync]
-        argv += ["--port", str(port), "--control-port", str(control_port), "--data-dir", data_dir]
-        if engine_api is not None:
-            argv += ["--engine-api", engine_api]
-        self.process = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=tree,
-        )
-        self.url = f"http://127.0.0.1:{port}"
-        self.control = f"http://127.0.0.1:{control_port}"
-        try:
-            wait_healthy(self.control, self.process, timeout_s=60)
-        except SystemExit:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
 
 
 Row = tuple[str, list[float], list[float], list[Spans]]
@@ -213,13 +173,13 @@ def main() -> None:
     with engine:
         # (label, gateway, scrape its spans): `before` runs another tree, whose metrics
         # may differ, so only this tree's gateways are scraped.
-        gateways: list[tuple[str, RunningGateway, bool]] = []
+        gateways: list[tuple[str, GatewayProcess, bool]] = []
         try:
             if args.before:
-                before = RunningGateway(engine, model_dir, args.fsync, args.before)
+                before = GatewayProcess(engine, model_dir, args.fsync, args.before)
                 gateways.append(("before", before, False))
             for api in apis:
-                gw = RunningGateway(engine, model_dir, args.fsync, None, api)
+                gw = GatewayProcess(engine, model_dir, args.fsync, None, api)
                 gateways.append(("gateway" if len(apis) == 1 else f"gw {api}", gw, True))
             rows = measure(engine, gateways, args.conversations, args.turns)
         finally:
@@ -316,7 +276,7 @@ def report(rows: list[Row], conversations: int, turns: int, fsync: str) -> None:
 
 def measure(
     vllm: VllmServer | ScriptedEngineProcess,
-    gateways: list[tuple[str, RunningGateway, bool]],
+    gateways: list[tuple[str, GatewayProcess, bool]],
     conversations: int,
     turns: int,
 ) -> list[Row]:

@@ -21,18 +21,13 @@ Run: `python -m bench.gateway_streaming [--conversations 4] [--turns 20]`.
 
 import argparse
 import json
-import os
-import secrets
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 
-from bench.common import percentile, wait_healthy
+from bench.common import GatewayProcess, percentile
 from bench.conversations import (
     REGEX,
     VLLM_ARGS,
@@ -41,7 +36,6 @@ from bench.conversations import (
     ResponsesConversation,
     new_sessions,
 )
-from devstack.ports import free_port
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer, VllmServerConfig
 
@@ -172,47 +166,15 @@ def run_interleaved(paths: list[Path], model: str, turns: int) -> None:
                 path.turn(client, model, turn)
 
 
-def start_gateway(vllm: VllmServer, model_dir: Any, admin: str) -> tuple[Any, str, str]:
-    port, control_port = free_port(), free_port()
-    gateway = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "workers.cli",
-            "gateway",
-            "--engine",
-            vllm.url,
-            "--model",
-            vllm.model,
-            "--tokenizer",
-            str(model_dir),
-            "--port",
-            str(port),
-            "--control-port",
-            str(control_port),
-            "--data-dir",
-            tempfile.mkdtemp(prefix="gw-stream-bench-"),
-        ],
-        env=dict(os.environ, ROLLOUT_ADMIN_TOKEN=admin),
-    )
-    control = f"http://127.0.0.1:{control_port}"
-    try:
-        wait_healthy(control, gateway, timeout_s=60)
-    except SystemExit:
-        gateway.terminate()
-        raise
-    return gateway, f"http://127.0.0.1:{port}", control
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=20)
     args = parser.parse_args()
     model_dir = ensure_tiny_model()
-    admin = secrets.token_urlsafe(16)
     with VllmServer(VllmServerConfig(model_dir=model_dir, extra_args=VLLM_ARGS)) as vllm:
-        gateway, gw, control = start_gateway(vllm, model_dir, admin)
+        gateway = GatewayProcess(vllm, model_dir)
+        gw, control, admin = gateway.url, gateway.control, gateway.admin
         try:
             direct = f"{vllm.url}/v1"
             plain: list[dict[str, str]] = [{} for _ in range(args.conversations)]
@@ -234,8 +196,7 @@ def main() -> None:
                 paths.append(Path(name, f"{gw}/v1", headers, make))
             run_interleaved(paths, vllm.model, args.turns)
         finally:
-            gateway.terminate()
-            gateway.wait(timeout=30)
+            gateway.stop()
     direct_path = paths[0]
     rows = [(p.name, p.ttfts, p.totals) for p in paths]
     rows.insert(1, ("vLLM first text", direct_path.text_ttfts, direct_path.totals))

@@ -41,7 +41,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 
-from bench.common import process_table, sandbox_trees, start_gateway
+from bench.common import process_table, sandbox_trees
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.temporal_dev_server import TemporalDevServer
@@ -50,6 +50,7 @@ from examples.make_tasks import task as make_task
 from rollout_client.client import RolloutClient
 from schemas.rollout import SEARCH_ATTRIBUTES
 from schemas.tasks import RolloutTask
+from workers.local_stack import start_gateway
 
 REPO = Path(__file__).resolve().parent.parent
 

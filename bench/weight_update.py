@@ -26,14 +26,12 @@ from pathlib import Path
 
 import httpx
 
-from devstack.background_server import BackgroundServer
 from devstack.tiny_model import ensure_tiny_model
 from devstack.vllm_server import VllmServer, VllmServerConfig
 from gateway.calls.pipeline import Gateway
 from gateway.engines.vllm_weights import VllmWeightLoader
-from gateway.http.app import GatewayApp
 from schemas.policy import PolicyUpdateRecord, WeightUpdate
-from workers.gateway_server import GatewaySettings, build_gateway
+from workers.local_stack import start_gateway
 
 
 async def completion(url: str, model: str, max_tokens: int) -> float:
@@ -134,25 +132,6 @@ async def alternate(
     return direct, through
 
 
-def start_gateway(
-    server: VllmServer, model_dir: Path, data_dir: Path, checkpoint_root: Path
-) -> tuple[Gateway, BackgroundServer, str]:
-    settings = GatewaySettings(
-        engine_urls=[server.url],
-        model=server.model,
-        tokenizer=model_dir,
-        data_dir=data_dir,
-        insecure_dev=True,
-    )
-    gateway = build_gateway(settings)
-    app = GatewayApp(gateway, None, checkpoint_roots=[checkpoint_root])
-    background = BackgroundServer(app.build("agent"))
-    control_url = background.add(app.build("control"))
-    background.start()
-    gateway.options.public_url = background.url
-    return gateway, background, control_url
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reloads", type=int, default=5)
@@ -175,15 +154,20 @@ def main() -> None:
                 f"| {r['in_flight_s']:.3f} |"
             )
         print(f"median total: {statistics.median(r['total_s'] for r in rows):.3f}s")
-        gateway, background, control_url = start_gateway(
-            server, ensure_tiny_model(), work / "gw", work
+        gw = start_gateway(
+            server.url,
+            ensure_tiny_model(),
+            work / "gw",
+            server.model,
+            insecure_dev=True,
+            checkpoint_roots=[work],
         )
         try:
             direct, through = asyncio.run(
-                alternate(server, gateway, background.url, control_url, checkpoint, args.reloads)
+                alternate(server, gw.gateway, gw.url, gw.control_url, checkpoint, args.reloads)
             )
         finally:
-            background.stop()
+            gw.stop()
         print("\nalternating, same server: direct reload vs POST /policy through the Gateway")
         print(
             "| # | direct pause (drain) s | direct reload s | direct total s | gw drain s "

@@ -16,9 +16,10 @@ What it owns:
   they are read from (``ROLLOUT_TEMPLATES_DIR``) and the checksum on read;
   ``template_fetch`` downloads them (``rollout templates fetch``).
 
-Only ``workers`` (the demo, ``rollout make-tiny-model``), ``tests``, ``bench`` and
-``examples`` import this package; the product packages (``gateway``, ``sandboxes``,
-``harnesses``, ``hooks``, ``activities``, ``workflows``, ``schemas``) never do. It
-imports no product package either: callers pass in what is theirs, e.g. the demo hands
-the Temporal dev server the search attributes from ``schemas.rollout``.
+Only ``workers`` (the demo and its local stack, ``rollout make-tiny-model``), ``tests``,
+``bench``, ``stress`` and ``examples`` import this package; the product packages never
+do. Of our packages it imports only ``schemas`` and ``gateway`` (an import contract): a
+stand-in may reuse the gateway's own parts (its chat templates, its canonical forms), so
+what it produces is what the gateway reads. Anything else callers pass in, e.g. the demo
+hands the Temporal dev server the search attributes from ``schemas.rollout``.
 """

@@ -10,39 +10,12 @@ from gateway.engines.registry import EngineName
 from workers.gateway_settings import GatewaySettings
 from workers.images_cmd import images_app
 from workers.model_options import model_options
-from workers.templates_cmd import templates_app
+from workers.tiny_model_cmd import make_tiny_model, templates_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agentic Rollout")
 app.add_typer(templates_app, name="templates")
 app.add_typer(images_app, name="images")
-
-
-@app.command("make-tiny-model")
-def make_tiny_model(
-    out_dir: Annotated[Path, typer.Argument(help="output directory")],
-    family: Annotated[
-        str | None,
-        typer.Option(
-            help="a published model family (its chat template's name, e.g. glm-4.7-flash): "
-            "its special tokens, real chat template and end-of-turn ids"
-        ),
-    ] = None,
-) -> None:
-    """Build the deterministic tiny test/demo model (tokenizer, chat template, weights)."""
-    if family is None:
-        from devstack.tiny_model import build_tiny_model
-
-        typer.echo(build_tiny_model(out_dir).model_dump_json(indent=2))
-        return
-    from devstack.real_templates import TemplateChecksumError, TemplatesUnavailable
-    from devstack.tiny_families import UnknownFamily, build_family_model
-
-    try:
-        info = build_family_model(out_dir, family)
-    except (UnknownFamily, TemplatesUnavailable, TemplateChecksumError) as exc:
-        typer.echo(f"make-tiny-model: {exc}", err=True)
-        raise typer.Exit(2) from None
-    typer.echo(info.model_dump_json(indent=2))
+app.command("make-tiny-model")(make_tiny_model)
 
 
 @app.command("gateway")

@@ -16,11 +16,10 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tether import tethered
 from schemas.training import FinalEval, StepMetrics, TrainConfig
 
@@ -28,26 +27,11 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from rollout_client.temporal_connection import TemporalTLS
+    from workers.local_stack import LocalStack
+
 TARGET_GAIN = 0.15
 AGREEMENT_LIMIT = 0.01
-
-
-class EmbeddedStack(Protocol):
-    """What this run needs of `workers.demo.DemoStack` (passed in: demo imports us)."""
-
-    engine_label: str
-
-    async def start_temporal(self) -> TemporalDevServer: ...
-    def start_vllm(self, model_dir: Path, trainable: bool = False) -> tuple[str, str]: ...
-    def start_gateway(
-        self,
-        engine_url: str,
-        model: str,
-        tokenizer: Path,
-        checkpoint_roots: list[Path] | None = None,
-    ) -> tuple[str, str]: ...
-    async def start_worker(self, gateway_url: str, admin_token: str) -> None: ...
-    async def stop(self) -> None: ...
 
 
 class TrainDemoOptions(BaseModel):
@@ -170,11 +154,17 @@ def verdict(result: TrainDemoResult) -> str:
     )
 
 
-async def _run_trainer(cfg: TrainConfig, python: Path, admin_token: str, console: "Console") -> int:
+async def _run_trainer(
+    cfg: TrainConfig,
+    python: Path,
+    admin_token: str | None,
+    tls: "TemporalTLS",
+    console: "Console",
+) -> int:
     """The trainer process, its lines passed through; killed with its group if cancelled."""
     from workers.train_cmd import trainer_process
 
-    argv, env = trainer_process(cfg, python, admin_token)
+    argv, env = trainer_process(cfg, python, admin_token, tls=tls)
     env["TQDM_DISABLE"] = "1"  # transformers' load/save progress bars would bury the step lines
     proc = await asyncio.create_subprocess_exec(
         *tethered(argv),  # its group dies with this process, SIGKILL included
@@ -198,7 +188,7 @@ async def _run_trainer(cfg: TrainConfig, python: Path, admin_token: str, console
 
 
 async def run_train_demo(
-    stack: EmbeddedStack,
+    stack: "LocalStack",
     data_dir: Path,
     model_dir: Path,
     trainer_python: Path,
@@ -214,24 +204,21 @@ async def run_train_demo(
         tasks, heldout = write_demo_tasks(out, opts)
         temporal = await stack.start_temporal()
         console.print(
-            f"Temporal dev server: {temporal.address}  UI: [bold]{temporal.ui_url}[/]",
-            soft_wrap=True,
-        )
-        console.print(
             f"engine: [bold]vLLM CPU[/] float32 serving {model_dir} (~30-60 s)…", soft_wrap=True
         )
         engine_url, model = await asyncio.to_thread(stack.start_vllm, model_dir, True)
         # the trainer publishes its policies from OUT/policies: the gateway's one root
-        gateway_url, token = stack.start_gateway(engine_url, model, model_dir, [out])
-        await stack.start_worker(gateway_url, token)
+        gateway = stack.start_gateway(engine_url, model, model_dir, [out])
+        await stack.start_worker(gateway.control_url, gateway.admin_token)
         stack.engine_label = f"vLLM CPU float32 ({model_dir.name})"
         cfg = TrainConfig(
             tasks=str(tasks),
             out=str(out),
             init_policy=str(model_dir),
             temporal=temporal.address,
+            namespace=temporal.namespace,
             task_queue="rollouts",
-            gateway=gateway_url,
+            gateway=gateway.control_url,
             steps=opts.steps,
             group_size=opts.group_size,
             tasks_per_step=opts.tasks_per_step,
@@ -253,7 +240,7 @@ async def run_train_demo(
             highlight=False,
             soft_wrap=True,
         )
-        code = await _run_trainer(cfg, trainer_python, token, console)
+        code = await _run_trainer(cfg, trainer_python, gateway.admin_token, temporal.tls, console)
         if code != 0:
             console.print(f"trainer failed (exit {code}); its output is above")
             return code
@@ -267,4 +254,5 @@ async def run_train_demo(
         return 0
     finally:
         await stack.stop()
-        console.print("stopped: trainer, worker, gateway, engine, Temporal dev server.")
+        temporal_part = ", Temporal dev server" if stack.temporal is not None else ""
+        console.print(f"stopped: trainer, worker, gateway, engine{temporal_part}.")

@@ -179,16 +179,6 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
     return Gateway(options, template, incremental, parser, engine, clock=clock)
 
 
-def build_apps(
-    settings: GatewaySettings,
-) -> tuple[Starlette, Starlette, type[asyncio.Protocol]]:
-    """(agent app, control app, uvicorn `http` with the read deadlines) around one Gateway
-    core, after the admin-token policy: what an in-process gateway (`rollout demo`) serves
-    with, so its listeners cut a trickled request like `rollout gateway`'s."""
-    app, agent, control, _ = _build_listener_apps(settings)
-    return agent, control, http_protocol(settings, app.gateway.metrics)
-
-
 def build_listener_apps(
     settings: GatewaySettings,
 ) -> tuple[Starlette, Starlette, OwnerForwarder]:

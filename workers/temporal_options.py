@@ -1,5 +1,5 @@
 """The Temporal connection options, one group shared by the commands that reach Temporal
-(`rollout run`, `worker`, `train`): a command declares `temporal: TemporalOptions` and
+(`rollout run`, `worker`, `train`, `demo`): a command declares `temporal: TemporalOptions` and
 gets `--temporal`, `--namespace` and the TLS / API key options there
 (`workers.model_options`). The TLS ones are also read from the environment variables
 the `temporal` CLI uses, an option winning over its variable."""
@@ -53,6 +53,20 @@ class TemporalOptions(BaseModel):
             self.temporal_tls_server_name,
             self.temporal_api_key,
         )
+
+
+class UnusableTemporal(RuntimeError):
+    """The Temporal a command was given cannot be reached or lacks what the workflows need."""
+
+
+class DemoTemporalOptions(TemporalOptions):
+    """The group for `rollout demo`, whose default is a Temporal dev server of its own."""
+
+    temporal: str | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="Temporal frontend host:port to use instead of starting a dev server in "
+        "DATA_DIR (its search attributes must exist)",
+    )
 
 
 def tls_settings(

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.tiny_model import ensure_tiny_model
 from harnesses.registry import get_harness
@@ -25,13 +24,14 @@ from sandboxes.base import SandboxBackend
 from schemas.outcome import RolloutStatus
 from schemas.session import SessionCreated
 from schemas.tasks import RolloutTask
-from tests.fixtures.gateway import RunningGateway, start_gateway
+from tests.fixtures.gateway import served_gateway
 from tests.fixtures.runtime import RuntimeManager
 from tests.fixtures.sandboxes import (  # noqa: F401 - fixtures
     docker_backend,
     sandbox_base_image,
     sandbox_state_dir,
 )
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.e2e
 
@@ -76,7 +76,7 @@ SCRIPTS: dict[str, list[ScriptRule]] = {
 @dataclass
 class Stack:
     engine: ScriptedEngine
-    gateway: RunningGateway
+    gateway: InProcessGateway
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +84,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Scripted engine + real Gateway on loopback (started once for this module)."""
     model = ensure_tiny_model()
     engine = ScriptedEngine(model / "tokenizer.json", Script(), model=MODEL)
-    engine_server = BackgroundServer(engine.app()).start()
-    gateway = start_gateway(engine_server.url, model, tmp_path_factory.mktemp("gw"), MODEL)
-    try:
+    with served_gateway(engine.app(), model, tmp_path_factory.mktemp("gw"), MODEL) as gateway:
         yield Stack(engine, gateway)
-    finally:
-        gateway.server.stop()
-        engine_server.stop()
 
 
 @pytest.mark.parametrize("agent", list(SCRIPTS))

@@ -15,7 +15,6 @@ import argparse
 import copy
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,11 +22,10 @@ from typing import Any
 import pytest
 
 from bridges import slime as bridge
-from devstack.temporal_dev_server import TemporalDevServer
 from examples.make_tasks import task as make_task
 from rollout_client.storage import read_samples
 from schemas.tasks import RolloutTask
-from tests.fixtures.rollout_stack import RolloutStack, rollout_stack
+from tests.fixtures.rollout_stack import RolloutStack, rollout_stack_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv")]
 
@@ -40,10 +38,7 @@ SLIME_STATUS = {
 }
 
 
-@pytest.fixture(scope="module")
-def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[RolloutStack]:
-    with rollout_stack(temporal_server, tiny_model_dir, "slime-bridge") as running:
-        yield running
+stack = rollout_stack_fixture("slime-bridge")
 
 
 class PromptGroupsForTests:

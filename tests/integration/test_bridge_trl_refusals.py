@@ -11,9 +11,6 @@ scripted engine (a FAKE LLM that follows a script), the chaos bench's stdlib age
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,16 +19,14 @@ from typing import Any
 import pytest
 
 from bridges.trl import EventLoopThread, PolicyLabel, TrlBridgeError, TrlRolloutSource
-from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.temporal_dev_server import TemporalDevServer
 from rollout_client import RolloutClient
 from schemas.tasks import RolloutTask
-from tests.fixtures.gateway import start_gateway
+from tests.fixtures.rollout_stack import rollout_stack
 from tests.fixtures.sandboxes import require_bwrap
-from tests.fixtures.worker_process import WorkerProcess, one_host_args
 
-pytestmark = [pytest.mark.integration, pytest.mark.needs("system")]
+pytestmark = [pytest.mark.integration, pytest.mark.needs("system", "vllm_venv")]
 
 MODEL = "tiny-qwen3"
 QUEUE = "trl-refusals-tests"
@@ -79,36 +74,32 @@ class Source:
 @pytest.fixture(scope="module")
 def trl_source(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[Source]:
     require_bwrap()
-    work = Path(tempfile.mkdtemp(prefix="rollout-trl-refusals-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
     engine = ScriptedEngine(
         tiny_model_dir / "tokenizer.json", Script(default_reply="42"), model=MODEL
     )
     runner = EventLoopThread()
-    with BackgroundServer(engine.app()) as engine_server:
-        gateway = start_gateway(engine_server.url, tiny_model_dir, work / "gateway", MODEL)
-        args = one_host_args(
-            temporal_server.address, QUEUE, "trl-host", gateway.control_url,
-            gateway.admin_token, work,
-        )  # fmt: skip
-        worker = WorkerProcess(args, work / "worker.log", dict(os.environ))
+    with rollout_stack(
+        temporal_server,
+        tiny_model_dir,
+        "trl",
+        engine_app=engine.app(),
+        served_model=MODEL,
+        queue=QUEUE,
+    ) as stack:
         try:
-            worker.start()
             client = runner.run(RolloutClient.connect(temporal_server.address, task_queue=QUEUE))
             source = TrlRolloutSource(
                 client=client,
                 runner=runner,
                 tasks=TASKS,
-                samples_dir=work / "samples",
+                samples_dir=stack.work / "samples",
                 label=PolicyLabel("run-v0"),
                 group_size=2,
             )
-            yield Source(source, client, runner, work / "samples")
+            yield Source(source, client, runner, stack.work / "samples")
         finally:
-            worker.stop()
-            gateway.server.stop()
+            stack.worker.stop()
             runner.close()
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def workflows_of(src: Source, batch_id: str) -> int:

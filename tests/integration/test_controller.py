@@ -10,10 +10,8 @@ the crash test can SIGKILL it exactly like a host failure.
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -32,7 +30,6 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import Replayer
 
-from devstack.background_server import BackgroundServer
 from devstack.ports import free_port
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.temporal_dev_server import TemporalDevServer
@@ -45,8 +42,9 @@ from schemas.rollout import BAD_TASK_SPEC
 from schemas.samples import table_to_rows
 from schemas.tasks import RolloutTask
 from tests.fixtures.gated_engine import GatedEngine
-from tests.fixtures.gateway import RunningGateway, start_gateway
-from tests.fixtures.worker_process import WorkerProcess, one_host_args
+from tests.fixtures.rollout_stack import rollout_stack
+from tests.fixtures.worker_process import WorkerProcess
+from workers.local_stack import InProcessGateway
 from workflows.rollout import RolloutWorkflow
 
 # One dev server for the whole test session, shared by every module that asks.
@@ -54,7 +52,7 @@ from workflows.rollout import RolloutWorkflow
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.asyncio(loop_scope="session"),
-    pytest.mark.needs("base_image"),
+    pytest.mark.needs("base_image", "vllm_venv"),
 ]
 
 #: What examples/agent.py says from its second call on: a prompt holding it is not the
@@ -82,7 +80,7 @@ class Stack:
     engine: ScriptedEngine
     gated: GatedEngine
     """Holds a rollout at the engine while a test acts around it (`hold_rollouts`)."""
-    gateway: RunningGateway
+    gateway: InProcessGateway
     worker: WorkerProcess
     sandbox_state: Path
     out_dir: Path
@@ -107,8 +105,6 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
-    work = Path(tempfile.mkdtemp(prefix="rollout-ctl-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
     model = ensure_tiny_model()
     engine = ScriptedEngine(
         model / "tokenizer.json",
@@ -121,9 +117,6 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
         ),
     )
     gated = GatedEngine(engine)  # holds nothing until a test asks
-    engine_server = BackgroundServer(gated).start()
-    gateway = start_gateway(engine_server.url, model, work / "gateway", "tiny")
-    state = work / "sandboxes"
     # S3 for samples: moto's server on loopback, seen by the worker and by this process.
     s3_port = free_port()
     s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
@@ -137,44 +130,37 @@ def stack(temporal_server: TemporalDevServer) -> Iterator[Stack]:
     saved = {k: os.environ.get(k) for k in aws}
     os.environ.update(aws)
     boto3.client("s3").create_bucket(Bucket="samples")
-    worker = WorkerProcess(
-        one_host_args(
-            temporal_server.address,
-            "ctl-tests",
-            "ctl-host",
-            gateway.control_url,
-            gateway.admin_token,
-            work,
-        ),
-        work / "worker.log",
-        dict(os.environ),
-    )
-    worker.start()
     try:
-        yield Stack(
-            temporal_server, engine, gated, gateway, worker, state, work / "samples", "samples"
-        )
+        with rollout_stack(temporal_server, model, "ctl", engine_app=gated) as running:
+            state = running.work / "sandboxes"
+            try:
+                yield Stack(
+                    temporal_server,
+                    engine,
+                    gated,
+                    running.gateway,
+                    running.worker,
+                    state,
+                    running.work / "samples",
+                    "samples",
+                )
+            finally:
+                gated.release()
+                running.worker.stop()
+                leftover = sorted(p.name for p in state.glob("lsb-*"))
+                if leftover:  # destroy them so nothing outlives the run, then fail: a leak
+                    from sandboxes.backends.local import LocalBackend
+
+                    backend = LocalBackend(state_dir=state)
+                    asyncio.run(backend.reap(frozenset()))
+                    pytest.fail(f"sandboxes leaked by the rollout workflow tests: {leftover}")
     finally:
-        gated.release()
-        worker.stop()
         s3.stop()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        gateway.server.stop()
-        engine_server.stop()
-        try:
-            leftover = sorted(p.name for p in state.glob("lsb-*"))
-            if leftover:  # destroy them so nothing outlives the run, then fail: a leak
-                from sandboxes.backends.local import LocalBackend
-
-                backend = LocalBackend(state_dir=state)
-                asyncio.run(backend.reap(frozenset()))
-                pytest.fail(f"sandboxes leaked by the rollout workflow tests: {leftover}")
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

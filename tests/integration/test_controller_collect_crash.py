@@ -31,8 +31,8 @@ from examples.make_tasks import task as make_task
 from rollout_client.client import RolloutClient
 from sandboxes.backends.local import LocalBackend
 from schemas.tasks import RolloutTask
-from tests.fixtures.gateway import start_gateway
 from tests.fixtures.worker_process import WorkerProcess, one_host_args
+from workers.local_stack import start_gateway
 
 pytestmark = [
     pytest.mark.integration,

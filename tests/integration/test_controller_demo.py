@@ -6,14 +6,18 @@ example tasks; print the UI link, `samples: PATH` and a few rows; exit 0; and le
 server, worker, engine or sandbox behind.
 """
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client
 
+from devstack.temporal_dev_server import TemporalDevServer
 from rollout_client.storage import read_table
+from schemas.rollout import SEARCH_ATTRIBUTES
 from tests.fixtures.process_tree import ProcessTree
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
@@ -81,3 +85,60 @@ def test_a_missing_vllm_environment_is_set_up_not_replaced_by_the_scripted_engin
     assert "setup: creating the vLLM CPU engine environment FAILED" in out
     assert "`rollout demo --engine scripted` runs the demo without vLLM" in out
     assert "SCRIPTED engine" not in out and "Temporal dev server" not in out
+
+
+def _demo_on(temporal: str, data: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "workers.demo", f"--data-dir={data}", "--engine=scripted"]
+    return subprocess.run(
+        [*argv, f"--temporal={temporal}", *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+
+
+def test_the_demo_runs_on_a_temporal_it_is_given(tmp_path: Path) -> None:
+    """`--temporal`/`--namespace` (the option group `run` and `worker` have): no dev server
+    of its own, the rollouts land in the given namespace, the printed query finds them."""
+    given = TemporalDevServer(
+        tmp_path / "given",
+        ui=False,
+        search_attributes=SEARCH_ATTRIBUTES,
+        extra_args=["--namespace", "rl"],
+    )
+    asyncio.run(given.start())
+    try:
+        data = tmp_path / "demo"
+        proc = _demo_on(given.address, data, "--namespace=rl")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "Temporal dev server" not in proc.stdout
+        assert f"Temporal: {given.address} namespace rl (plain TCP (no TLS))" in proc.stdout
+        assert not (data / "temporal").exists()
+        query = next(ln for ln in proc.stdout.splitlines() if ln.startswith("UI: "))[4:]
+        assert query.startswith('RolloutBatchId="')
+
+        async def count(namespace: str) -> int:
+            client = await Client.connect(given.address, namespace=namespace)
+            return (await client.count_workflows(query)).count
+
+        assert asyncio.run(count("rl")) == 8  # 4 example tasks × 2 samples
+        assert asyncio.run(count("default")) == 0
+    finally:
+        given.stop()
+
+
+def test_a_given_temporal_without_the_search_attributes_is_refused_with_the_fix(
+    tmp_path: Path,
+) -> None:
+    bare = TemporalDevServer(tmp_path / "bare", ui=False)
+    asyncio.run(bare.start())
+    try:
+        proc = _demo_on(bare.address, tmp_path / "demo")
+    finally:
+        bare.stop()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "lacks the search attributes RolloutBackend, RolloutBatchId" in proc.stdout
+    assert "temporal operator search-attribute create --namespace default" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -166,15 +166,15 @@ DEMO_PARENT = textwrap.dedent(
     import httpx
     from devstack.background_server import BackgroundServer
     from devstack.scripted_engine import Script, ScriptedEngine
-    from workers.demo import serve_gateway
+    from workers.local_stack import start_gateway
 
     model_dir, data_dir, big = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     engine = ScriptedEngine(model_dir / "tokenizer.json", Script(default_reply="ok"))
     engine_server = BackgroundServer(engine.app()).start()
-    server, control, admin = serve_gateway(
-        engine_server.url, "tiny-qwen3", model_dir, data_dir,
-        settings={"tokenize_offload_chars": 1000},
+    gateway = start_gateway(
+        engine_server.url, model_dir, data_dir, "tiny-qwen3", tokenize_offload_chars=1000
     )
+    control, admin = gateway.control_url, gateway.admin_token
     session = httpx.post(
         f"{control}/sessions", json={"rollout_id": "r"},
         headers={"Authorization": f"Bearer {admin}"},

@@ -9,12 +9,12 @@ import pytest
 from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from workers.demo import ORPHAN_REASON, DemoStack
+from workers.local_stack import ORPHAN_REASON, LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
 
 
-async def _left_running(stack: DemoStack) -> list[str]:
+async def _left_running(stack: LocalStack) -> list[str]:
     """Start two workflows no worker will ever run, as a killed demo leaves them."""
     temporal = await stack.start_temporal()
     client = await Client.connect(temporal.address)
@@ -25,7 +25,7 @@ async def _left_running(stack: DemoStack) -> list[str]:
     return ids
 
 
-async def _restarted(stack: DemoStack, ids: list[str]) -> list[tuple[object, str]]:
+async def _restarted(stack: LocalStack, ids: list[str]) -> list[tuple[object, str]]:
     temporal = await stack.start_temporal()
     try:
         client = await Client.connect(temporal.address)
@@ -44,10 +44,10 @@ async def _restarted(stack: DemoStack, ids: list[str]) -> list[tuple[object, str
 def test_a_restarted_demo_terminates_what_the_previous_one_left_running(tmp_path: Path) -> None:
     data = tmp_path / "demo"
     first = Console(record=True, width=200)
-    ids = asyncio.run(_left_running(DemoStack(data, first)))
+    ids = asyncio.run(_left_running(LocalStack(data, first)))
     assert "terminated" not in first.export_text()
 
     second = Console(record=True, width=200)
-    found = asyncio.run(_restarted(DemoStack(data, second), ids))
+    found = asyncio.run(_restarted(LocalStack(data, second), ids))
     assert found == [(WorkflowExecutionStatus.TERMINATED, ORPHAN_REASON)] * 2
     assert "terminated 2 rollout(s) a previous demo left running" in second.export_text()

@@ -14,7 +14,7 @@ import pytest
 
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
-from tests.fixtures.gateway import RunningGateway
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -76,13 +76,13 @@ CALLS = [
 history cache, the worker's parses it whole."""
 
 
-def post(gw: RunningGateway, session: dict[str, Any], path: str, body: Any) -> httpx.Response:
+def post(gw: InProcessGateway, session: dict[str, Any], path: str, body: Any) -> httpx.Response:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {"Authorization": f"Bearer {session['token']}", "Content-Type": "application/json"}
     return httpx.post(f"{gw.url}{path}", content=data, headers=headers, timeout=60)
 
 
-def run_calls(gw: RunningGateway) -> tuple[list[list[int]], list[int]]:
+def run_calls(gw: InProcessGateway) -> tuple[list[list[int]], list[int]]:
     """The recorded prompt ids of `CALLS` (each twice) and the counted tokens of `COUNT`."""
     session = gw.create_session()
     for path, body in CALLS + CALLS:

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
-from tests.fixtures.gateway import RunningGateway
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +70,7 @@ def tokenizer(tiny_model_dir: Path) -> Tokenizer:
 @pytest.fixture
 def engine_gateway(
     tiny_model_dir: Path, gateway_factory: Any
-) -> Iterator[tuple[ScriptedEngine, RunningGateway]]:
+) -> Iterator[tuple[ScriptedEngine, InProcessGateway]]:
     engine = ScriptedEngine(
         tiny_model_dir / "tokenizer.json", Script(default_reply="Done {nonce}."), model="tiny"
     )
@@ -180,7 +180,7 @@ tool call)."""
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_call_after_a_cut_reply_continues_its_segment(
-    engine_gateway: tuple[ScriptedEngine, RunningGateway],
+    engine_gateway: tuple[ScriptedEngine, InProcessGateway],
     tokenizer: Tokenizer,
     name: str,
     protocol: str,

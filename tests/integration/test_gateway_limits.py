@@ -37,9 +37,10 @@ from gateway.capture.store import CallEntry
 from gateway.errors import LIMIT_HEADER
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
-from tests.fixtures.gateway import ForwardClock, RecordingProxy, RunningGateway, start_gateway
+from tests.fixtures.gateway import ForwardClock, RecordingProxy
 from tests.integration.test_gateway_processes import wait_healthy
 from workers.gateway_server import GatewaySettings, build_gateway, http_protocol
+from workers.local_stack import InProcessGateway, start_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ soon; whole bodies from the SDKs arrive in milliseconds."""
 @pytest.fixture(scope="module")
 def proxied(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[RecordingProxy, RunningGateway]]:
+) -> Iterator[tuple[RecordingProxy, InProcessGateway]]:
     engine = ScriptedEngine(
         tiny_model_dir / "tokenizer.json", Script(default_reply="Hello there."), model="tiny-qwen3"
     )
@@ -76,11 +77,11 @@ def proxied(
 
 
 @pytest.fixture
-def gw(proxied: tuple[RecordingProxy, RunningGateway]) -> RunningGateway:
+def gw(proxied: tuple[RecordingProxy, InProcessGateway]) -> InProcessGateway:
     return proxied[1]
 
 
-def refusals(gw: RunningGateway, limit: str) -> float:
+def refusals(gw: InProcessGateway, limit: str) -> float:
     value = gw.gateway.metrics.registry.get_sample_value(
         "rollout_gateway_limit_refusals_total", {"limit": limit}
     )
@@ -123,7 +124,7 @@ def assert_refused(exc: BaseException, protocol: str, status: int, limit: str) -
         assert body["error"]["code"] == {429: "rate_limited", 413: "too_large"}[status]
 
 
-def calls_of(gw: RunningGateway, session: dict[str, Any]) -> list[dict[str, Any]]:
+def calls_of(gw: InProcessGateway, session: dict[str, Any]) -> list[dict[str, Any]]:
     return list(gw.trajectory(session["session_id"])["calls"])
 
 
@@ -135,7 +136,7 @@ def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 120.0)
 
 
 def test_a_call_past_max_concurrent_calls_is_a_429_in_each_protocol(
-    proxied: tuple[RecordingProxy, RunningGateway],
+    proxied: tuple[RecordingProxy, InProcessGateway],
 ) -> None:
     proxy, gw = proxied
     session = gw.create_session(limits={"max_concurrent_calls": 1})
@@ -167,7 +168,7 @@ def test_a_call_past_max_concurrent_calls_is_a_429_in_each_protocol(
     assert gw.trajectory(session["session_id"])["limit_refusals"] == {"max_concurrent_calls": 4}
 
 
-def test_a_request_past_max_body_bytes_is_a_413_in_each_protocol(gw: RunningGateway) -> None:
+def test_a_request_past_max_body_bytes_is_a_413_in_each_protocol(gw: InProcessGateway) -> None:
     session = gw.create_session()
     each_protocol(session)["chat"]()
     recorded = calls_of(gw, session)
@@ -184,7 +185,7 @@ def test_a_request_past_max_body_bytes_is_a_413_in_each_protocol(gw: RunningGate
 
 
 def test_a_session_whose_records_are_full_gets_a_413_in_each_protocol_and_keeps_them(
-    gw: RunningGateway,
+    gw: InProcessGateway,
 ) -> None:
     """Its records hold one call and room for a small one more: a request that would not
     fit is refused in every protocol, and a small one is still served."""
@@ -209,7 +210,7 @@ def test_a_session_whose_records_are_full_gets_a_413_in_each_protocol_and_keeps_
 
 
 def test_a_raw_request_past_max_stored_request_bytes_is_kept_cut_with_its_size_and_hash(
-    gw: RunningGateway,
+    gw: InProcessGateway,
 ) -> None:
     session = gw.create_session(limits={"max_stored_request_bytes": 400})
     truncated = gw.gateway.metrics.requests_stored_truncated
@@ -307,7 +308,7 @@ def padded(protocol: str, size: int) -> bytes:
 
 @pytest.mark.parametrize("protocol", list(PATHS))
 def test_a_content_length_past_the_sessions_cap_is_a_413_before_any_body_byte(
-    gw: RunningGateway, protocol: str
+    gw: InProcessGateway, protocol: str
 ) -> None:
     """Only the head is sent: the 413 (in the protocol's shape, naming the limit, closing
     the connection) can only come from the head. The control: one byte under the cap, the
@@ -331,7 +332,9 @@ def test_a_content_length_past_the_sessions_cap_is_a_413_before_any_body_byte(
     assert trajectory["limit_refusals"] == {"max_body_bytes": 1}
 
 
-def test_a_chunked_body_is_cut_with_a_413_as_soon_as_it_passes_the_cap(gw: RunningGateway) -> None:
+def test_a_chunked_body_is_cut_with_a_413_as_soon_as_it_passes_the_cap(
+    gw: InProcessGateway,
+) -> None:
     """No end of the body is ever sent: the 413 comes once the bytes pass the cap. The
     control: a chunked body under the cap is read to its end and served."""
     session = gw.create_session(limits={"max_body_bytes": SESSION_BODY})
@@ -355,7 +358,7 @@ def test_a_chunked_body_is_cut_with_a_413_as_soon_as_it_passes_the_cap(gw: Runni
 
 @pytest.mark.parametrize("protocol", list(PATHS))
 def test_a_bad_token_with_a_big_body_is_a_401_before_any_body_byte(
-    gw: RunningGateway, protocol: str
+    gw: InProcessGateway, protocol: str
 ) -> None:
     """The session is authenticated from the head: a wrong secret declaring a body within
     the cap gets its 401, and the connection closed, before one byte of it is sent; the
@@ -379,7 +382,7 @@ def test_a_bad_token_with_a_big_body_is_a_401_before_any_body_byte(
 
 
 def test_a_sessions_bodies_read_at_once_share_its_budget_and_one_past_it_is_a_429(
-    gw: RunningGateway,
+    gw: InProcessGateway,
 ) -> None:
     """A body of 15,000 bytes is on its way (its head and one byte sent): the session's
     budget of 20,000 has no room for a second body of 10,000 (429 naming the limit, in
@@ -458,7 +461,7 @@ def test_a_session_sending_bodies_faster_than_its_rate_gets_a_429_until_the_buck
 # --- slow clients ------------------------------------------------------------------------
 
 
-def raw_connection(gw: RunningGateway) -> socket.socket:
+def raw_connection(gw: InProcessGateway) -> socket.socket:
     host, port = gw.url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
     sock.settimeout(60)
@@ -517,7 +520,7 @@ def assert_408(reply: bytes, protocol: str) -> None:
     [("/v1/chat/completions", "chat"), ("/v1/messages", "messages")],
 )
 def test_a_body_that_stops_coming_gets_a_408_in_its_protocol_and_the_listener_serves_others(
-    gw: RunningGateway, path: str, protocol: str
+    gw: InProcessGateway, path: str, protocol: str
 ) -> None:
     session = gw.create_session()
     before = refusals(gw, "body_timeout_s")
@@ -532,7 +535,7 @@ def test_a_body_that_stops_coming_gets_a_408_in_its_protocol_and_the_listener_se
 
 
 def test_clients_trickling_a_head_or_a_body_are_cut_and_the_listener_serves_others(
-    gw: RunningGateway,
+    gw: InProcessGateway,
 ) -> None:
     """Bytes that keep coming do not put a deadline off: each slow client is cut (the head
     without a reply), while a whole call is served."""
@@ -558,7 +561,7 @@ def test_clients_trickling_a_head_or_a_body_are_cut_and_the_listener_serves_othe
 
 @contextmanager
 def relaying_process(
-    gw: RunningGateway, tiny_model_dir: Path
+    gw: InProcessGateway, tiny_model_dir: Path
 ) -> Iterator[tuple[OwnerForwarder, Gateway, BackgroundServer]]:
     """A second gateway process on `gw`'s data dir serving the shared port's app
     (`OwnerForwarder`): every session of `gw` is relayed to it."""
@@ -587,7 +590,7 @@ def relayed_refusals(relaying: Gateway, limit: str) -> float | None:
 
 
 def test_a_trickled_body_on_the_shared_port_gets_a_408_from_the_relaying_process(
-    gw: RunningGateway, tiny_model_dir: Path
+    gw: InProcessGateway, tiny_model_dir: Path
 ) -> None:
     """The relaying process reads the body before relaying it, under the same deadline;
     a whole call it relays is served by the owner."""
@@ -606,7 +609,7 @@ def test_a_trickled_body_on_the_shared_port_gets_a_408_from_the_relaying_process
 
 
 def test_the_relaying_process_refuses_a_body_past_the_sessions_cap_before_reading_it(
-    gw: RunningGateway, tiny_model_dir: Path
+    gw: InProcessGateway, tiny_model_dir: Path
 ) -> None:
     """The shared port applies the session's own body cap (its `limits`, under the
     process's): a Content-Length past it is a 413 in the protocol's shape, the connection
@@ -645,21 +648,21 @@ def test_the_demos_in_process_gateway_cuts_a_trickled_head_on_both_listeners(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """`rollout demo` (and the benches) serve the Gateway in a thread of their own process
-    (`workers.demo.serve_gateway`): its agent and control listeners cut a client that
+    (`workers.local_stack.start_gateway`): its agent and control listeners cut a client that
     trickles its head, as `rollout gateway`'s do, and serve whole requests meanwhile.
     Without the deadlines uvicorn keeps such a client open (the control in
     tests/unit/test_gateway_limits.py), and `read_to_eof` would time out here."""
-    from workers.demo import serve_gateway
-
     engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
     with BackgroundServer(engine.app()) as engine_server:
-        server, control_url, admin = serve_gateway(
+        gateway = start_gateway(
             engine_server.url,
-            "tiny-qwen3",
             tiny_model_dir,
             tmp_path / "gw",
-            settings={"header_timeout_s": READ_TIMEOUT_S, "tokenize_offload_chars": 0},
+            "tiny-qwen3",
+            header_timeout_s=READ_TIMEOUT_S,
+            tokenize_offload_chars=0,
         )
+        server, control_url, admin = gateway.server, gateway.control_url, gateway.admin_token
         try:
             for url in (server.url, control_url):
                 host, port = url.removeprefix("http://").split(":")

@@ -23,7 +23,7 @@ from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from sandboxes.base import SandboxBackend, SandboxSpec
 from stress.malformed_requests import Shape, error_shape_problem
-from tests.fixtures.gateway import RunningGateway
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ AGENT_ENDPOINTS: list[tuple[str, str, Any, Shape]] = [
 
 
 @pytest.fixture
-def insecure_gateway(tiny_model_dir: Path, gateway_factory: Any) -> Iterator[RunningGateway]:
+def insecure_gateway(tiny_model_dir: Path, gateway_factory: Any) -> Iterator[InProcessGateway]:
     """A real Gateway started with --insecure-dev (no admin token) on the scripted engine."""
     engine = ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply="ok"))
     with BackgroundServer(engine.app()) as server:
@@ -66,7 +66,7 @@ def assert_json_404(reply: httpx.Response, shape: Shape) -> None:
 
 @pytest.mark.parametrize(("method", "path", "body", "shape"), CONTROL_ENDPOINTS)
 def test_agent_listener_has_no_control_paths(
-    insecure_gateway: RunningGateway, method: str, path: str, body: Any, shape: Shape
+    insecure_gateway: InProcessGateway, method: str, path: str, body: Any, shape: Shape
 ) -> None:
     sid = insecure_gateway.create_session()["session_id"]
     reply = httpx.request(method, insecure_gateway.url + path.format(sid=sid), json=body)
@@ -76,7 +76,7 @@ def test_agent_listener_has_no_control_paths(
 
 @pytest.mark.parametrize(("method", "path", "body", "shape"), AGENT_ENDPOINTS)
 def test_control_listener_rejects_agent_paths(
-    insecure_gateway: RunningGateway, method: str, path: str, body: Any, shape: Shape
+    insecure_gateway: InProcessGateway, method: str, path: str, body: Any, shape: Shape
 ) -> None:
     token = insecure_gateway.create_session()["token"]
     headers = {"Authorization": f"Bearer {token}", "x-api-key": token}
@@ -115,7 +115,7 @@ print(json.dumps(statuses))
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_sandbox_reaches_only_the_agent_api(
-    insecure_gateway: RunningGateway, local_backend: SandboxBackend
+    insecure_gateway: InProcessGateway, local_backend: SandboxBackend
 ) -> None:
     """Was: one port for everything, so under --insecure-dev the sandbox could create,
     read and close sessions (201/200) and read /metrics (200) through its channel."""

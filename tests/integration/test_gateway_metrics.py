@@ -32,8 +32,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.vllm_server import VllmServer
-from tests.fixtures.gateway import RunningGateway
 from workers.gateway_server import GatewaySettings, build_listener_apps
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ class HeldEngine:
 @pytest.fixture
 def held(
     tiny_model_dir: Path, gateway_factory: Any
-) -> Iterator[tuple[RunningGateway, HeldEngine, str]]:
+) -> Iterator[tuple[InProcessGateway, HeldEngine, str]]:
     engine = HeldEngine(
         ScriptedEngine(tiny_model_dir / "tokenizer.json", Script(default_reply=REPLY), model=MODEL)
     )
@@ -84,7 +84,7 @@ def held(
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def scrape(gw: RunningGateway) -> Samples:
+def scrape(gw: InProcessGateway) -> Samples:
     """Every sample of /metrics: (sample name, labels) → value."""
     text = httpx.get(f"{gw.control_url}/metrics", headers=gw.admin_headers, timeout=60).text
     return {
@@ -150,7 +150,7 @@ ASSERTED_ELSEWHERE = {
 
 
 def test_traffic_moves_every_series_by_what_it_did(
-    held: tuple[RunningGateway, HeldEngine, str],
+    held: tuple[InProcessGateway, HeldEngine, str],
 ) -> None:
     """Two sessions: a two-turn conversation, an SDK retry, a refused body, a call the
     engine fails, a raw request kept cut, a call held in flight; then one session closed."""
@@ -283,7 +283,7 @@ def test_the_engines_cached_prompt_tokens_are_counted(
 
 
 def test_every_registered_series_is_asserted(
-    held: tuple[RunningGateway, HeldEngine, str], tiny_model_dir: Path, tmp_path: Path
+    held: tuple[InProcessGateway, HeldEngine, str], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """The registry of one `rollout gateway` process, built as it builds it (the core,
     the app's engine collector and loop-lag monitor, the shared port's forwarder),

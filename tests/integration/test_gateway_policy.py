@@ -47,13 +47,14 @@ from schemas.policy import (
     WeightUpdate,
 )
 from tests.fixtures.clock import ManualClock
-from tests.fixtures.gateway import RecordingProxy, RunningGateway, start_gateway
+from tests.fixtures.gateway import RecordingProxy
 from tests.fixtures.weight_endpoints import (
     FakeVllmDevEndpointsForTests,
     bad_header,
     make_checkpoint,
     truncated,
 )
+from workers.local_stack import InProcessGateway, start_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv")]
 
@@ -84,7 +85,7 @@ def proxy(proxied: tuple[RecordingProxy, str]) -> RecordingProxy:
 @pytest.fixture
 def gw(
     engine: VllmServer, proxied: tuple[RecordingProxy, str], tiny_model_dir: Path, tmp_path: Path
-) -> Iterator[RunningGateway]:
+) -> Iterator[InProcessGateway]:
     running = start_gateway(
         proxied[1], tiny_model_dir, tmp_path / "gw", engine.model, checkpoint_roots=[tmp_path]
     )
@@ -117,7 +118,7 @@ def wrong_shapes(model_dir: Path, where: Path) -> Path:
     return where
 
 
-def post_policy(gw: RunningGateway, version: str, ckpt: Path | str) -> httpx.Response:
+def post_policy(gw: InProcessGateway, version: str, ckpt: Path | str) -> httpx.Response:
     return httpx.post(
         f"{gw.control_url}/policy",
         json={"policy_version": version, "checkpoint": str(ckpt)},
@@ -126,7 +127,7 @@ def post_policy(gw: RunningGateway, version: str, ckpt: Path | str) -> httpx.Res
     )
 
 
-def policy_state(gw: RunningGateway) -> PolicyState:
+def policy_state(gw: InProcessGateway) -> PolicyState:
     reply = httpx.get(f"{gw.control_url}/policy", headers=gw.admin_headers)
     assert reply.status_code == 200, reply.text
     return PolicyState.model_validate_json(reply.content)
@@ -151,7 +152,7 @@ def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 300.0)
 
 
 def update_mid_conversation(
-    gw: RunningGateway,
+    gw: InProcessGateway,
     proxy: RecordingProxy,
     pool: ThreadPoolExecutor,
     version: str,
@@ -183,7 +184,7 @@ def update_mid_conversation(
 
 
 def test_a_conversation_spanning_an_update_records_each_calls_version(
-    gw: RunningGateway,
+    gw: InProcessGateway,
     proxy: RecordingProxy,
     tiny_model_dir: Path,
     tmp_path: Path,
@@ -220,7 +221,7 @@ def test_a_conversation_spanning_an_update_records_each_calls_version(
 
 
 def test_an_engine_that_cannot_load_leaves_the_old_policy_serving(
-    gw: RunningGateway,
+    gw: InProcessGateway,
     proxy: RecordingProxy,
     tiny_model_dir: Path,
     tmp_path: Path,
@@ -265,7 +266,7 @@ def test_an_engine_that_cannot_load_leaves_the_old_policy_serving(
 
 
 def test_updates_are_serialized_and_a_version_names_one_checkpoint(
-    gw: RunningGateway, tiny_model_dir: Path, tmp_path: Path, pool: ThreadPoolExecutor
+    gw: InProcessGateway, tiny_model_dir: Path, tmp_path: Path, pool: ThreadPoolExecutor
 ) -> None:
     """Two updates sent together both succeed, one after the other (the second starts
     once the first has finished); repeating the serving version is a no-op; naming it
@@ -319,7 +320,7 @@ def scripted_url(tiny_model_dir: Path, weights: FakeVllmDevEndpointsForTests) ->
 @pytest.fixture
 def scripted_gw(
     scripted_url: str, tiny_model_dir: Path, tmp_path: Path
-) -> Iterator[RunningGateway]:
+) -> Iterator[InProcessGateway]:
     running = start_gateway(
         scripted_url, tiny_model_dir, tmp_path / "gw", "tiny-qwen3", checkpoint_roots=[tmp_path]
     )
@@ -329,7 +330,7 @@ def scripted_gw(
         running.server.stop()
 
 
-def lease_clock(gw: RunningGateway) -> ManualClock:
+def lease_clock(gw: InProcessGateway) -> ManualClock:
     """From now on the leases of `gw` (its pauses for a peer, its holds) run out when the
     test advances this clock."""
     assert gw.app is not None
@@ -338,7 +339,7 @@ def lease_clock(gw: RunningGateway) -> ManualClock:
     return clock
 
 
-def call_version(gw: RunningGateway) -> str | None:
+def call_version(gw: InProcessGateway) -> str | None:
     """A new session's call succeeds; the version it was recorded with."""
     session = gw.create_session(policy_version="label-v0")
     assert ask(session, [{"role": "user", "content": "hi"}]) == "ok"
@@ -348,7 +349,7 @@ def call_version(gw: RunningGateway) -> str | None:
 
 
 def test_bad_policy_updates_are_refused_before_anything_pauses(
-    scripted_gw: RunningGateway,
+    scripted_gw: InProcessGateway,
     tiny_model_dir: Path,
     tmp_path: Path,
     weights: FakeVllmDevEndpointsForTests,
@@ -435,7 +436,7 @@ def test_a_gateway_without_checkpoint_roots_refuses_every_update(
 
 
 def test_an_engine_that_fails_mid_load_leaves_every_call_labelled_truly(
-    scripted_gw: RunningGateway, tmp_path: Path, weights: FakeVllmDevEndpointsForTests
+    scripted_gw: InProcessGateway, tmp_path: Path, weights: FakeVllmDevEndpointsForTests
 ) -> None:
     """The engine fails in the middle of its reload: it is put back on the previous
     checkpoint, the update answers 502 in the control API's shape saying so, the gate is
@@ -500,7 +501,7 @@ def test_a_peer_that_errors_fails_the_update_with_every_gate_open(
 
 
 def test_a_peer_whose_lease_runs_out_takes_the_version_its_engine_serves(
-    scripted_gw: RunningGateway, tmp_path: Path, weights: FakeVllmDevEndpointsForTests
+    scripted_gw: InProcessGateway, tmp_path: Path, weights: FakeVllmDevEndpointsForTests
 ) -> None:
     """A coordinator paused this process for an update to p-v1 and went quiet after the
     engine loaded it: when the lease runs out the process asks the engine, and its next
@@ -671,7 +672,7 @@ def test_every_gateway_process_holds_for_a_trainers_own_sync_then_loads_a_checkp
 
 
 def test_holds_and_updates_refuse_each_other_and_a_release_names_its_hold(
-    scripted_gw: RunningGateway,
+    scripted_gw: InProcessGateway,
     tmp_path: Path,
     weights: FakeVllmDevEndpointsForTests,
     pool: ThreadPoolExecutor,
@@ -732,7 +733,7 @@ def test_holds_and_updates_refuse_each_other_and_a_release_names_its_hold(
 
 
 def test_a_hold_without_release_ends_on_unknown_and_failures_say_what_serves(
-    scripted_gw: RunningGateway, tmp_path: Path
+    scripted_gw: InProcessGateway, tmp_path: Path
 ) -> None:
     """A hold whose lease runs out resumes every call labelled `unknown` (the Gateway
     cannot know whether the sync finished) and the history says so; a late release is

@@ -14,14 +14,14 @@ import pytest
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from stress.malformed_requests import error_shape_problem
-from tests.fixtures.gateway import RunningGateway
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny-qwen3"
 
 
-def post(gw: RunningGateway, token: str, path: str, body: dict[str, Any]) -> httpx.Response:
+def post(gw: InProcessGateway, token: str, path: str, body: dict[str, Any]) -> httpx.Response:
     headers = {"authorization": f"Bearer {token}", "anthropic-version": "2023-06-01"}
     return httpx.post(f"{gw.url}{path}", json=body, headers=headers, timeout=60)
 
@@ -45,7 +45,7 @@ def capped(tiny_model_dir: Path, gateway_factory: Any) -> Any:
     ],
 )
 def test_a_prompt_over_a_cap_is_a_413_naming_the_limit(
-    capped: RunningGateway, path: str, shape: Any, extra: dict[str, Any]
+    capped: InProcessGateway, path: str, shape: Any, extra: dict[str, Any]
 ) -> None:
     session = capped.create_session()
     token = session["token"]

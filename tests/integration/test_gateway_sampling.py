@@ -31,7 +31,8 @@ from schemas.samples import SCHEMA_VERSION, table_to_rows
 from schemas.sampling import SamplingControl, SamplingParams
 from schemas.tasks import HarnessSpec
 from schemas.trajectory import Trajectory
-from tests.fixtures.gateway import RecordingProxy, RunningGateway
+from tests.fixtures.gateway import RecordingProxy
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ AGENT_CHAT = {
 @pytest.fixture
 def proxied(
     tiny_model_dir: Path, gateway_factory: Any
-) -> Iterator[tuple[RunningGateway, RecordingProxy]]:
+) -> Iterator[tuple[InProcessGateway, RecordingProxy]]:
     """Gateway → recording proxy → scripted engine; the proxy keeps every engine request."""
     engine = ScriptedEngine(
         tiny_model_dir / "tokenizer.json", Script(default_reply=REPLY), model=MODEL
@@ -84,7 +85,7 @@ def messages_client(session: dict[str, Any]) -> anthropic.Anthropic:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_pinned_fields_reach_the_engine_whatever_the_openai_agent_sends(
-    proxied: tuple[RunningGateway, RecordingProxy], stream: bool
+    proxied: tuple[InProcessGateway, RecordingProxy], stream: bool
 ) -> None:
     """Default control: the engine gets the session's values (and nothing for pinned
     fields the session leaves to the engine's default); the record says what the agent
@@ -130,7 +131,7 @@ def test_pinned_fields_reach_the_engine_whatever_the_openai_agent_sends(
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_claude_code_style_sampling_is_overridden_for_anthropic_agents(
-    proxied: tuple[RunningGateway, RecordingProxy], stream: bool
+    proxied: tuple[InProcessGateway, RecordingProxy], stream: bool
 ) -> None:
     """Claude Code sends `temperature=1` (and other CLIs top_p/top_k): with those pinned
     to the session's values, or to the engine's default when the session leaves them
@@ -158,7 +159,7 @@ def test_claude_code_style_sampling_is_overridden_for_anthropic_agents(
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_pinned_fields_reach_the_engine_whatever_a_responses_agent_sends(
-    proxied: tuple[RunningGateway, RecordingProxy], stream: bool
+    proxied: tuple[InProcessGateway, RecordingProxy], stream: bool
 ) -> None:
     """The Responses API carries temperature and top_p (Codex sends its own): pinned, the
     engine gets the session's and the record says what the agent asked; a session that
@@ -195,7 +196,7 @@ def test_pinned_fields_reach_the_engine_whatever_a_responses_agent_sends(
 
 
 def test_a_session_that_refuses_answers_400_naming_the_field(
-    proxied: tuple[RunningGateway, RecordingProxy],
+    proxied: tuple[InProcessGateway, RecordingProxy],
 ) -> None:
     """`on_conflict: refuse`: a pinned field asked otherwise is a protocol-shaped 400 that
     names it, in either protocol; nothing is recorded and the engine is not called. The
@@ -223,7 +224,7 @@ def test_a_session_that_refuses_answers_400_naming_the_field(
 
 
 def test_a_logit_bias_on_a_token_the_model_lacks_is_refused_before_the_engine(
-    proxied: tuple[RunningGateway, RecordingProxy], tiny_model_dir: Path
+    proxied: tuple[InProcessGateway, RecordingProxy], tiny_model_dir: Path
 ) -> None:
     gw, proxy = proxied
     vocab = gw.gateway.options.vocab_size
@@ -244,7 +245,7 @@ def test_a_logit_bias_on_a_token_the_model_lacks_is_refused_before_the_engine(
 
 
 async def test_the_create_session_activity_hands_the_control_to_the_gateway(
-    proxied: tuple[RunningGateway, RecordingProxy],
+    proxied: tuple[InProcessGateway, RecordingProxy],
 ) -> None:
     """The gateway-host activity opens the session with the task's control: a field the
     task leaves to the agent reaches the engine as the agent sent it, the others not."""
@@ -297,7 +298,7 @@ def collect_request(session: dict[str, Any]) -> CollectRequest:
 
 
 def test_samples_carry_each_calls_settings_across_a_segment(
-    proxied: tuple[RunningGateway, RecordingProxy], tmp_path: Path
+    proxied: tuple[InProcessGateway, RecordingProxy], tmp_path: Path
 ) -> None:
     """One conversation of three calls (one segment); temperature and top_p are the
     agent's, and it changes them between calls; top_k it also sends, pinned. The sample

@@ -26,8 +26,8 @@ from devstack.scripted_engine import Script, ScriptedEngine
 from gateway.http.app import GatewayApp, error_responder_for
 from gateway.http.owner_forwarding import OwnerForwarder
 from schemas.session import SessionConfig
-from tests.fixtures.gateway import RunningGateway, start_gateway
 from workers.gateway_server import GatewaySettings, build_gateway, http_protocol
+from workers.local_stack import InProcessGateway, start_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ class Trap:
 
 @dataclass
 class Stack:
-    owner: RunningGateway
+    owner: InProcessGateway
     forwarder: OwnerForwarder
     shared: BackgroundServer
     #: A session of `owner` (relayed by the shared port).

@@ -19,7 +19,8 @@ import openai
 import pytest
 
 from devstack.scripted_engine import ScriptedEngine
-from tests.fixtures.gateway import RunningGateway, scripted_gateway
+from tests.fixtures.gateway import scripted_gateway
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +56,7 @@ the engine holds, and the guard releases the engine so the test fails instead.""
 @pytest.fixture
 def engine_and_gateway(
     tiny_model_dir: Path, gateway_factory: Any
-) -> Iterator[tuple[ScriptedEngine, RunningGateway]]:
+) -> Iterator[tuple[ScriptedEngine, InProcessGateway]]:
     with scripted_gateway(gateway_factory, tiny_model_dir, REPLY) as running:
         yield running
 
@@ -182,7 +183,7 @@ CALLS: dict[str, Callable[[dict[str, Any], Held | None, bool], dict[str, Any]]] 
 }
 
 
-def recorded(gw: RunningGateway, session_id: str) -> list[dict[str, Any]]:
+def recorded(gw: InProcessGateway, session_id: str) -> list[dict[str, Any]]:
     """The session's calls without what differs between any two calls (ids, times)."""
     drop = {"call_id", "segment_id", "started_at", "duration_s"}
     return [
@@ -192,7 +193,7 @@ def recorded(gw: RunningGateway, session_id: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
 def test_deltas_arrive_while_the_engine_is_still_generating(
-    engine_and_gateway: tuple[ScriptedEngine, RunningGateway], protocol: str
+    engine_and_gateway: tuple[ScriptedEngine, InProcessGateway], protocol: str
 ) -> None:
     engine, gw = engine_and_gateway
     hold_mid_content(engine)
@@ -206,7 +207,7 @@ def test_deltas_arrive_while_the_engine_is_still_generating(
 
 @pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
 def test_a_streamed_call_answers_and_records_what_a_plain_call_does(
-    engine_and_gateway: tuple[ScriptedEngine, RunningGateway], protocol: str
+    engine_and_gateway: tuple[ScriptedEngine, InProcessGateway], protocol: str
 ) -> None:
     engine, gw = engine_and_gateway
     plain, streamed = gw.create_session(), gw.create_session()
@@ -234,7 +235,7 @@ def wait_for(check: Callable[[], bool], what: str) -> None:
 
 
 def test_a_client_that_leaves_cancels_the_engine_request_and_the_call_is_recorded_cancelled(
-    engine_and_gateway: tuple[ScriptedEngine, RunningGateway],
+    engine_and_gateway: tuple[ScriptedEngine, InProcessGateway],
 ) -> None:
     engine, gw = engine_and_gateway
     at = hold_mid_content(engine)
@@ -347,14 +348,14 @@ def test_a_retry_sent_after_the_client_left_gets_the_whole_answer_sampled_once(
     assert gw.gateway.metrics.retries_answered._value.get() == waiting + 1
 
 
-def _retry_waits(gw: RunningGateway, session_id: str) -> bool:
+def _retry_waits(gw: InProcessGateway, session_id: str) -> bool:
     """Has a retry attached to the session's call in flight (`retries.InFlight.awaited`)?"""
     live = gw.gateway.sessions[session_id]
     return any(f.awaited.is_set() for f in live.replies._inflight.values())
 
 
 def test_an_engine_failure_mid_stream_is_an_in_stream_error_and_recorded(
-    engine_and_gateway: tuple[ScriptedEngine, RunningGateway],
+    engine_and_gateway: tuple[ScriptedEngine, InProcessGateway],
 ) -> None:
     engine, gw = engine_and_gateway
     engine.fail_after_tokens = 20

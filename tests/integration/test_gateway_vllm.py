@@ -15,7 +15,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from devstack.background_server import BackgroundServer
-from tests.fixtures.gateway import RecordingProxy, RunningGateway
+from tests.fixtures.gateway import RecordingProxy
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +65,7 @@ def proxied_gateway(vllm_server: Any, tiny_model_dir: Path, gateway_factory: Any
 
 
 def run_tool_conversation(
-    gw: RunningGateway,
+    gw: InProcessGateway,
     session: dict[str, Any],
     turns: int,
     *,
@@ -119,7 +120,7 @@ def run_tool_conversation(
 
 
 def assert_one_exact_segment(
-    gw: RunningGateway, session_id: str, proxy: RecordingProxy, results: list[str], tok: Tokenizer
+    gw: InProcessGateway, session_id: str, proxy: RecordingProxy, results: list[str], tok: Tokenizer
 ) -> dict[str, Any]:
     trajectory = gw.trajectory(session_id)
     assert len(trajectory["segments"]) == 1, [c["match"] for c in trajectory["calls"]]
@@ -165,7 +166,7 @@ def assert_one_exact_segment(
     [(False, "exact"), (True, "exact"), (False, "stripped"), (True, "reserialized")],
 )
 def test_ten_turn_tool_conversation_is_one_token_exact_segment(
-    proxied_gateway: tuple[RunningGateway, RecordingProxy],
+    proxied_gateway: tuple[InProcessGateway, RecordingProxy],
     tiny_model_dir: Path,
     stream: bool,
     echo: str,
@@ -218,7 +219,7 @@ def test_the_generate_endpoint_records_what_completions_records(
 
 
 def test_langchain_chat_openai_tool_loop_stays_one_segment(
-    proxied_gateway: tuple[RunningGateway, RecordingProxy], tiny_model_dir: Path
+    proxied_gateway: tuple[InProcessGateway, RecordingProxy], tiny_model_dir: Path
 ) -> None:
     from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
     from langchain_openai import ChatOpenAI
@@ -241,7 +242,7 @@ def test_langchain_chat_openai_tool_loop_stays_one_segment(
 
 
 def test_cjk_sampled_ids_are_kept_even_when_reencoding_differs(
-    proxied_gateway: tuple[RunningGateway, RecordingProxy], tiny_model_dir: Path
+    proxied_gateway: tuple[InProcessGateway, RecordingProxy], tiny_model_dir: Path
 ) -> None:
     gw, proxy = proxied_gateway
     tok = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))

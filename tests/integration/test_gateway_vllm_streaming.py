@@ -18,7 +18,8 @@ import openai
 import pytest
 
 from devstack.background_server import BackgroundServer
-from tests.fixtures.gateway import RecordingProxy, RunningGateway
+from tests.fixtures.gateway import RecordingProxy
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -141,7 +142,7 @@ def proxied(vllm_server: Any, tiny_model_dir: Path, gateway_factory: Any):
         yield gateway_factory(proxy_server.url, tiny_model_dir, vllm_server.model), proxy
 
 
-def recorded(gw: RunningGateway, session_id: str) -> list[dict[str, Any]]:
+def recorded(gw: InProcessGateway, session_id: str) -> list[dict[str, Any]]:
     drop = {"call_id", "segment_id", "started_at", "duration_s"}
     calls = gw.trajectory(session_id)["calls"]
     return [{k: v for k, v in c.items() if k not in drop} for c in calls]
@@ -149,7 +150,7 @@ def recorded(gw: RunningGateway, session_id: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
 def test_sdk_stream_helpers_get_live_deltas_and_the_record_equals_a_plain_call(
-    proxied: tuple[RunningGateway, RecordingProxy], protocol: str
+    proxied: tuple[InProcessGateway, RecordingProxy], protocol: str
 ) -> None:
     gw, proxy = proxied
     plain, streamed = gw.create_session(**SEEDED), gw.create_session(**SEEDED)

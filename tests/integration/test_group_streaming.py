@@ -12,8 +12,6 @@ for the slow group would never yield that batch (the `wait_for` is a hang guard)
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +20,6 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from bridges.groups import GroupBatcher
-from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
@@ -32,13 +29,14 @@ from rollout_client.policy import GatewayPolicyClient
 from rollout_client.training import TrainingInputError
 from schemas.tasks import RolloutTask
 from tests.fixtures.gated_engine import GatedEngine
-from tests.fixtures.gateway import RunningGateway, start_gateway
-from workers.worker import RolloutWorker, WorkerSettings
+from tests.fixtures.gateway import served_gateway
+from tests.fixtures.rollout_stack import work_dir, worker_in_process
+from workers.local_stack import InProcessGateway
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.asyncio(loop_scope="session"),
-    pytest.mark.needs("base_image"),
+    pytest.mark.needs("base_image", "vllm_venv"),
 ]
 QUEUE = "group-stream-tests"
 SLOW_MARK = "capital of France"
@@ -48,15 +46,13 @@ HANG = 300.0  # seconds: a guard against a batcher that waits, not a speed thres
 @dataclass
 class Stack:
     gated: GatedEngine
-    gateway: RunningGateway
+    gateway: InProcessGateway
     client: RolloutClient
     out: Path
 
 
 @pytest.fixture(scope="module")
-def gated_gateway() -> Iterator[tuple[GatedEngine, RunningGateway, Path]]:
-    work = Path(tempfile.mkdtemp(prefix="rollout-groups-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
+def gated_gateway() -> Iterator[tuple[GatedEngine, InProcessGateway, Path]]:
     model = ensure_tiny_model()
     engine = ScriptedEngine(
         model / "tokenizer.json",
@@ -68,45 +64,28 @@ def gated_gateway() -> Iterator[tuple[GatedEngine, RunningGateway, Path]]:
         ),
     )
     gated = GatedEngine(engine, SLOW_MARK)
-    engine_server = BackgroundServer(gated).start()
-    gateway = start_gateway(engine_server.url, model, work / "gateway", "tiny")
-    try:
-        yield gated, gateway, work
-    finally:
-        gated.gate.set()
-        gateway.server.stop()
-        engine_server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    with (
+        work_dir("groups") as work,
+        served_gateway(gated, model, work / "gateway", "tiny") as gateway,
+    ):
+        try:
+            yield gated, gateway, work
+        finally:
+            gated.gate.set()
 
 
 @pytest.fixture(scope="module")
 async def stack(
     temporal_server: TemporalDevServer,
-    gated_gateway: tuple[GatedEngine, RunningGateway, Path],
+    gated_gateway: tuple[GatedEngine, InProcessGateway, Path],
 ) -> AsyncIterator[Stack]:
     gated, gateway, work = gated_gateway
-    settings = WorkerSettings(
-        role="all",
-        temporal=temporal_server.address,
-        task_queue=QUEUE,
-        host_id="groups-host",
-        gateway_urls=[gateway.control_url],
-        gateway_admin_token=gateway.admin_token,
-        backend_config={"local": {"state_dir": str(work / "sandboxes")}},
-        data_dir=work / "worker",
-        reaper_interval_s=0,
-    )
-    worker = RolloutWorker(settings)
-    run = asyncio.ensure_future(worker.run())
-    await asyncio.wait_for(worker.ready.wait(), 60)
-    client = await RolloutClient.connect(temporal_server.address, task_queue=QUEUE)
-    try:
-        yield Stack(gated, gateway, client, work / "samples")
-    finally:
-        gated.gate.set()
-        worker.stop()
-        await run
-    assert sorted(p.name for p in (work / "sandboxes").glob("lsb-*")) == []
+    async with worker_in_process(temporal_server, QUEUE, "groups-host", gateway, work):
+        client = await RolloutClient.connect(temporal_server.address, task_queue=QUEUE)
+        try:
+            yield Stack(gated, gateway, client, work / "samples")
+        finally:
+            gated.gate.set()
 
 
 def tasks() -> list[RolloutTask]:

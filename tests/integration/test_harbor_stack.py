@@ -23,7 +23,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +33,6 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
@@ -43,15 +41,16 @@ from sandboxes.image.task_images import builds_dir, ensure_task_image, prebuild_
 from schemas.samples import SampleRow, table_to_rows
 from schemas.tasks import HarnessSpec, RolloutTask
 from task_formats import LoadOptions, load_task_source
-from tests.fixtures.gateway import RunningGateway, start_gateway
+from tests.fixtures.rollout_stack import rollout_stack
 from tests.fixtures.sandboxes import require_bwrap
 from tests.fixtures.swebench_repo import FIX, FORMAT_OPTIONS, write_calc_instances
-from tests.fixtures.worker_process import WorkerProcess, one_host_args
+from tests.fixtures.worker_process import WorkerProcess
+from workers.local_stack import InProcessGateway
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.asyncio(loop_scope="session"),
-    pytest.mark.needs("system"),
+    pytest.mark.needs("system", "vllm_venv"),
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,7 +133,7 @@ class _Allowed(BaseHTTPRequestHandler):
 class Stack:
     temporal: TemporalDevServer
     engine: ScriptedEngine
-    gateway: RunningGateway
+    gateway: InProcessGateway
     worker: WorkerProcess
     work: Path
     harbor: Path
@@ -149,46 +148,34 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(temporal_server: TemporalDevServer, sandbox_base_image: Any) -> Iterator[Stack]:
     require_bwrap()
-    work = Path(tempfile.mkdtemp(prefix="rollout-harbor-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
     model = ensure_tiny_model()
     engine = ScriptedEngine(model / "tokenizer.json", Script(), model=MODEL)
-    engine_server = BackgroundServer(engine.app()).start()
-    gateway = start_gateway(engine_server.url, model, work / "gateway", MODEL)
     allowed = ThreadingHTTPServer(("127.0.0.1", 0), _Allowed)
     threading.Thread(target=allowed.serve_forever, daemon=True).start()
     port = allowed.server_address[1]
-    # The test tasks, with the allowlist task naming the port this server listens on.
-    harbor = work / "harbor"
-    shutil.copytree(HARBOR, harbor)
-    toml = harbor / "allowlist" / "task.toml"
-    text = toml.read_text().replace('["allowed.test"]', f'["allowed.test:{port}"]')
-    text = text.replace("http://allowed.test:8080/", f"http://allowed.test:{port}/")
-    assert f"allowed.test:{port}/" in text and f'"allowed.test:{port}"' in text
-    toml.write_text(text)
-    worker = WorkerProcess(
-        one_host_args(
-            temporal_server.address,
-            QUEUE,
-            "harbor-host",
-            gateway.control_url,
-            gateway.admin_token,
-            work,
-            "--backends=docker,local",
-            "--egress-host=allowed.test=127.0.0.1",
-        ),
-        work / "worker.log",
-        dict(os.environ),
-    )
-    worker.start()
     try:
-        yield Stack(temporal_server, engine, gateway, worker, work, harbor)
+        with rollout_stack(
+            temporal_server,
+            model,
+            "harbor",
+            engine_app=engine.app(),
+            served_model=MODEL,
+            queue=QUEUE,
+            worker_args=["--backends=docker,local", "--egress-host=allowed.test=127.0.0.1"],
+        ) as running:
+            # The test tasks, with the allowlist task naming the port this server listens on.
+            harbor = running.work / "harbor"
+            shutil.copytree(HARBOR, harbor)
+            toml = harbor / "allowlist" / "task.toml"
+            text = toml.read_text().replace('["allowed.test"]', f'["allowed.test:{port}"]')
+            text = text.replace("http://allowed.test:8080/", f"http://allowed.test:{port}/")
+            assert f"allowed.test:{port}/" in text and f'"allowed.test:{port}"' in text
+            toml.write_text(text)
+            yield Stack(
+                temporal_server, engine, running.gateway, running.worker, running.work, harbor
+            )
     finally:
-        worker.stop()
         allowed.shutdown()
-        gateway.server.stop()
-        engine_server.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def load(path: Path, harness: HarnessSpec, backend: str, names: set[str] | None = None) -> list:

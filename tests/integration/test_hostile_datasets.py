@@ -31,7 +31,6 @@ from typing import Any
 
 import pytest
 
-from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
@@ -65,14 +64,6 @@ IMAGE_MAP = {"ubuntu:24.04": BASE}
 #: The image-held repo runs on docker only: the local backend gives the agent a fresh
 #: workdir, so what an image holds at its workdir is not there.
 IMAGE_BACKENDS = ("docker",)
-
-
-@dataclass(frozen=True)
-class _Served:
-    """The scripted engine as `rollout_stack` takes an engine."""
-
-    url: str
-    model: str
 
 
 @dataclass
@@ -131,18 +122,14 @@ def stack(temporal_server: TemporalDevServer, sandbox_base_image: Any) -> Iterat
     require_bwrap()
     model = ensure_tiny_model()
     engine = ScriptedEngine(model / "tokenizer.json", Script(), model="tiny")
-    server = BackgroundServer(engine.app()).start()
-    try:
-        with rollout_stack(
-            temporal_server,
-            model,
-            "hostile-datasets",
-            engine=_Served(server.url, "tiny"),  # type: ignore[arg-type]
-            worker_args=["--backends=docker,local"],
-        ) as running:
-            yield running
-    finally:
-        server.stop()
+    with rollout_stack(
+        temporal_server,
+        model,
+        "hostile-datasets",
+        engine_app=engine.app(),
+        worker_args=["--backends=docker,local"],
+    ) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

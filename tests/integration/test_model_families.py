@@ -42,7 +42,6 @@ import anthropic
 import openai
 import pytest
 
-from devstack.background_server import BackgroundServer
 from devstack.family_output import NotAContinuation, assistant_output
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.tiny_families import ensure_family_model, family_names, served_model_name
@@ -51,9 +50,10 @@ from gateway.parsers.registry import FAMILIES as REGISTERED
 from gateway.parsers.registry import get_parser
 from gateway.prompt.chat_template import ChatTemplate, TemplateRenderError
 from gateway.prompt.model_files import load_model_files
-from tests.fixtures.gateway import RunningGateway, start_gateway
+from tests.fixtures.gateway import served_gateway
 from tests.fixtures.real_templates import EXPECTED_FORKS, real_templates_dir
 from tests.fixtures.real_templates import FAMILIES as TEMPLATE_STOPS
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -310,7 +310,7 @@ class FamilyStack:
     family: str
     model: str
     engine: ScriptedEngine
-    gateway: RunningGateway
+    gateway: InProcessGateway
     scripts: dict[str, FamilyScript | str]
     """Per plan, what the engine says; or why the family cannot say it."""
     script: FamilyScript | None = None
@@ -369,13 +369,9 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: Any) -> Iterator[Fam
         stop_tokens=files.end_of_turn,  # every scripted reply ends with one of them
     )
     scripts = _scripts(family, model_dir)
-    with BackgroundServer(engine.app()) as server:
-        data_dir = tmp_path_factory.mktemp(f"gateway-{family}")
-        gateway = start_gateway(server.url, model_dir, data_dir, model)
-        try:
-            yield FamilyStack(family, model, engine, gateway, scripts)
-        finally:
-            gateway.server.stop()
+    data_dir = tmp_path_factory.mktemp(f"gateway-{family}")
+    with served_gateway(engine.app(), model_dir, data_dir, model) as gateway:
+        yield FamilyStack(family, model, engine, gateway, scripts)
 
 
 # -- what the agent saw -------------------------------------------------------------------

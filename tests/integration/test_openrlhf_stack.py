@@ -13,28 +13,23 @@ the Parquet rows the rollouts wrote. Kept small for 2 cores: 1 prompt × 2 rollo
 import asyncio
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bridges import openrlhf as bridge
-from devstack.temporal_dev_server import TemporalDevServer
 from examples.make_tasks import task as make_task
 from rollout_client import GatewayPolicyClient
 from rollout_client.storage import read_samples
-from tests.fixtures.rollout_stack import RolloutStack, rollout_stack
+from tests.fixtures.rollout_stack import RolloutStack, rollout_stack_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv")]
 
 N = 2
 
 
-@pytest.fixture(scope="module")
-def stack(temporal_server: TemporalDevServer, tiny_model_dir: Path) -> Iterator[RolloutStack]:
-    with rollout_stack(temporal_server, tiny_model_dir, "openrlhf-bridge") as running:
-        yield running
+stack = rollout_stack_fixture("openrlhf-bridge")
 
 
 def tokenizer_stand_in(text: str, add_special_tokens: bool) -> dict[str, list[int]]:

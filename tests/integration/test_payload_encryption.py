@@ -11,7 +11,6 @@ import base64
 import json
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -24,7 +23,6 @@ import pytest
 import uvicorn
 from temporalio.api.enums.v1 import EventType
 
-from devstack.background_server import BackgroundServer
 from devstack.ports import free_port
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.temporal_dev_server import TemporalDevServer
@@ -35,14 +33,16 @@ from rollout_client.codec import PayloadKeyError, new_key, parse_key
 from schemas.outcome import RolloutStatus
 from schemas.rollout import CREATE_SESSION, RolloutResult, SessionRef
 from schemas.tasks import RolloutTask
-from tests.fixtures.gateway import RunningGateway, start_gateway
+from tests.fixtures.gateway import served_gateway
+from tests.fixtures.rollout_stack import work_dir, worker_in_process
 from workers.codec_server import codec_app
-from workers.worker import RolloutWorker, WorkerSettings
+from workers.local_stack import InProcessGateway
+from workers.worker import RolloutWorker
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.asyncio(loop_scope="session"),
-    pytest.mark.needs("base_image"),
+    pytest.mark.needs("base_image", "vllm_venv"),
 ]
 QUEUE = "codec-tests"
 CODEC_TOKEN = "codec-test-token"
@@ -51,57 +51,35 @@ CODEC_TOKEN = "codec-test-token"
 @dataclass
 class Stack:
     key: bytes
-    gateway: RunningGateway
+    gateway: InProcessGateway
     worker: RolloutWorker
 
 
 @pytest.fixture(scope="module")
-def gateway_stack() -> Iterator[tuple[RunningGateway, Path]]:
-    work = Path(tempfile.mkdtemp(prefix="rollout-codec-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
+def gateway_stack() -> Iterator[tuple[InProcessGateway, Path]]:
     model = ensure_tiny_model()
     engine = ScriptedEngine(
         model / "tokenizer.json",
         Script(rules=[ScriptRule(when_contains="6 times 7", reply="42", repeat=True)]),
     )
-    engine_server = BackgroundServer(engine.app()).start()
-    gateway = start_gateway(engine_server.url, model, work / "gateway", "tiny")
-    try:
+    with (
+        work_dir("codec") as work,
+        served_gateway(engine.app(), model, work / "gateway", "tiny") as gateway,
+    ):
         yield gateway, work
-    finally:
-        gateway.server.stop()
-        engine_server.stop()
-        shutil.rmtree(work)
 
 
 @pytest.fixture(scope="module")
 async def stack(
-    temporal_server: TemporalDevServer, gateway_stack: tuple[RunningGateway, Path]
+    temporal_server: TemporalDevServer, gateway_stack: tuple[InProcessGateway, Path]
 ) -> AsyncIterator[Stack]:
     gateway, work = gateway_stack
     key_text = new_key()
     (work / "payload.key").write_text(key_text + "\n")
-    settings = WorkerSettings(
-        role="all",
-        temporal=temporal_server.address,
-        task_queue=QUEUE,
-        host_id="codec-host",
-        gateway_urls=[gateway.control_url],
-        gateway_admin_token=gateway.admin_token,
-        backend_config={"local": {"state_dir": str(work / "sandboxes")}},
-        data_dir=work / "worker",
-        reaper_interval_s=0,
-        payload_key_file=work / "payload.key",
-    )
-    worker = RolloutWorker(settings)
-    run = asyncio.ensure_future(worker.run())
-    await asyncio.wait_for(worker.ready.wait(), 60)
-    try:
+    async with worker_in_process(
+        temporal_server, QUEUE, "codec-host", gateway, work, payload_key_file=work / "payload.key"
+    ) as worker:
         yield Stack(parse_key(key_text), gateway, worker)
-    finally:
-        worker.stop()
-        await run
-    assert sorted(p.name for p in (work / "sandboxes").glob("lsb-*")) == []
 
 
 async def run_one(client: RolloutClient) -> Any:

@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
-from tests.fixtures.gateway import ForwardClock, RunningGateway
+from tests.fixtures.gateway import ForwardClock
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +48,7 @@ def agent(session: dict[str, Any], url: str | None = None) -> openai.OpenAI:
     return openai.OpenAI(base_url=base_url, api_key=session["token"], max_retries=0)
 
 
-def expired_count(gw: RunningGateway, ttl: str) -> float:
+def expired_count(gw: InProcessGateway, ttl: str) -> float:
     text = httpx.get(f"{gw.control_url}/metrics").text
     for family in text_string_to_metric_families(text):
         if family.name == "rollout_gateway_sessions_expired":
@@ -66,13 +67,13 @@ def wait_until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def summary(gw: RunningGateway, session_id: str) -> dict[str, Any]:
+def summary(gw: InProcessGateway, session_id: str) -> dict[str, Any]:
     reply = httpx.get(f"{gw.control_url}/sessions/{session_id}", headers=gw.admin_headers)
     assert reply.status_code == 200, reply.text
     return reply.json()
 
 
-def open_sessions(gw: RunningGateway) -> list[str]:
+def open_sessions(gw: InProcessGateway) -> list[str]:
     reply = httpx.get(f"{gw.control_url}/sessions", headers=gw.admin_headers)
     assert reply.status_code == 200, reply.text
     return [s["session_id"] for s in reply.json()["sessions"]]

@@ -27,9 +27,9 @@ from devstack.tiny_model import ensure_tiny_model
 from rollout_client.client import RolloutClient
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
 from schemas.tasks import RolloutTask
-from tests.fixtures.gateway import start_gateway
 from tests.fixtures.temporal_tls import Pki, TlsFrontendForTests, make_pki
 from tests.fixtures.worker_process import one_host_args
+from workers.local_stack import start_gateway
 
 pytestmark = [
     pytest.mark.integration,

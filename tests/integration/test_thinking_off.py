@@ -15,15 +15,15 @@ from typing import Any
 import openai
 import pytest
 
-from devstack.background_server import BackgroundServer
 from devstack.family_output import assistant_output
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
 from devstack.tiny_families import ensure_family_model, served_model_name
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.model_files import load_model_files
-from tests.fixtures.gateway import RunningGateway, start_gateway
+from tests.fixtures.gateway import served_gateway
 from tests.fixtures.real_templates import real_templates_dir
+from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ def reply_text(model_dir: Path) -> str:
 @pytest.fixture(scope="module", params=["qwen3.5", "glm-4.7-flash"])
 def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[RunningGateway, str]]:
+) -> Iterator[tuple[InProcessGateway, str]]:
     real_templates_dir()
     model_dir = ensure_family_model(request.param)
     files = load_model_files(model_dir)
@@ -74,15 +74,11 @@ def stack(
         model=model,
         stop_tokens=files.end_of_turn,
     )
-    with BackgroundServer(engine.app()) as server:
-        gateway = start_gateway(server.url, model_dir, tmp_path_factory.mktemp("gw"), model)
-        try:
-            yield gateway, model
-        finally:
-            gateway.server.stop()
+    with served_gateway(engine.app(), model_dir, tmp_path_factory.mktemp("gw"), model) as gateway:
+        yield gateway, model
 
 
-def ask(stack: tuple[RunningGateway, str], extra_body: dict[str, Any]) -> Any:
+def ask(stack: tuple[InProcessGateway, str], extra_body: dict[str, Any]) -> Any:
     gateway, model = stack
     session = gateway.create_session()
     client = openai.OpenAI(
@@ -96,7 +92,7 @@ def ask(stack: tuple[RunningGateway, str], extra_body: dict[str, Any]) -> Any:
     ).choices[0]
 
 
-def test_thinking_off_reads_content_and_calls(stack: tuple[RunningGateway, str]) -> None:
+def test_thinking_off_reads_content_and_calls(stack: tuple[InProcessGateway, str]) -> None:
     choice = ask(stack, {"chat_template_kwargs": OFF})
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == SAID
@@ -108,7 +104,7 @@ def test_thinking_off_reads_content_and_calls(stack: tuple[RunningGateway, str])
     )
 
 
-def test_thinking_on_reads_the_same_text_as_reasoning(stack: tuple[RunningGateway, str]) -> None:
+def test_thinking_on_reads_the_same_text_as_reasoning(stack: tuple[InProcessGateway, str]) -> None:
     choice = ask(stack, {})
     assert choice.finish_reason == "tool_calls"
     assert (choice.message.model_extra or {}).get("reasoning_content") == SAID

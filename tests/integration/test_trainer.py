@@ -27,9 +27,9 @@ from gateway.engines.vllm_weights import VllmWeightLoader
 from rollout_client.storage import read_samples
 from schemas.policy import WeightUpdate
 from schemas.training import FinalEval, StepMetrics
-from tests.fixtures.gateway import RunningGateway
 from tests.fixtures.rollout_stack import rollout_stack
 from tests.fixtures.trainer import TrainerPython
+from workers.local_stack import InProcessGateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("vllm_venv")]
 
@@ -46,7 +46,7 @@ STEP_LINE = re.compile(
 class TrainStack:
     temporal: TemporalDevServer
     engine: VllmServer
-    gateway: RunningGateway
+    gateway: InProcessGateway
     work: Path
     queue: str
     tasks: Path

@@ -119,6 +119,11 @@ def test_every_command_that_reaches_temporal_has_the_one_group() -> None:
     for command in ("run", "worker", "train"):
         params = command_params(command)
         assert {name: params[name].help for name in group} == group, command
+    demo = command_params("demo")  # the same group, but its default is a dev server of its own
+    assert {name: demo[name].help for name in group if name != "temporal"} == {
+        name: help for name, help in group.items() if name != "temporal"
+    }
+    assert demo["temporal"].default is None and "dev server" in (demo["temporal"].help or "")
     assert command_params("worker")["temporal_tls"].secondary_opts == []  # a flag: --temporal-tls
 
 

@@ -1,14 +1,44 @@
-"""`rollout templates fetch`: the real chat templates the tests read, into the cache.
+"""The tiny model's commands, the CLI's one way into `devstack` besides the demo.
 
-They are third-party files the repository does not carry (see
-``devstack.real_templates``); this is how a machine that can reach the model hub gets
-them. Every file is checked against the pinned sha256 before it is written.
+`rollout make-tiny-model` builds the deterministic tiny model, or a family's variant
+from that family's real chat template. `rollout templates fetch` gets those real chat
+templates (which the tests read too) into the cache: third-party files the repository
+does not carry (see ``devstack.real_templates``), each checked against its pinned sha256
+before it is written.
 """
 
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+
+def make_tiny_model(
+    out_dir: Annotated[Path, typer.Argument(help="output directory")],
+    family: Annotated[
+        str | None,
+        typer.Option(
+            help="a published model family (its chat template's name, e.g. glm-4.7-flash): "
+            "its special tokens, real chat template and end-of-turn ids"
+        ),
+    ] = None,
+) -> None:
+    """Build the deterministic tiny test/demo model (tokenizer, chat template, weights)."""
+    if family is None:
+        from devstack.tiny_model import build_tiny_model
+
+        typer.echo(build_tiny_model(out_dir).model_dump_json(indent=2))
+        return
+    from devstack.real_templates import TemplateChecksumError, TemplatesUnavailable
+    from devstack.tiny_families import UnknownFamily, build_family_model
+
+    try:
+        info = build_family_model(out_dir, family)
+    except (UnknownFamily, TemplatesUnavailable, TemplateChecksumError) as exc:
+        typer.echo(f"make-tiny-model: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(info.model_dump_json(indent=2))
+
 
 templates_app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Real chat templates (test data)"
