@@ -11,14 +11,15 @@ retried. The last test walks the registry: a series nobody asserts fails it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from devstack.background_server import BackgroundServer
 from devstack.ports import free_port
@@ -37,10 +41,13 @@ from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from examples.make_tasks import task as make_task
 from tests.fixtures.gated_engine import GatedEngine
-from tests.fixtures.gateway import start_gateway
+from tests.fixtures.rollout_stack import work_dir
 from tests.fixtures.worker_process import WorkerProcess, one_host_args
 from tests.unit.test_grafana_dashboard import dashboard_series
+from workers.fleet_interceptor import FleetInterceptor
 from workers.fleet_metrics import FleetMetrics
+from workers.local_stack import InProcessGateway, start_gateway
+from workflows.rollout import RolloutWorkflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("base_image")]
 
@@ -148,64 +155,74 @@ def wait_for(cond: Any, timeout_s: float, what: str, proc: subprocess.Popen[byte
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@dataclass
+class Fleet:
+    url: str
+    """The worker's fleet metrics."""
+    gated: GatedEngine
+    relay: FailFirstSessionCreate
+    gateway: InProcessGateway
+    work: Path
+    temporal: str
+    base_image: Any
+
+
 @pytest.fixture
-def fleet(temporal_server: TemporalDevServer, sandbox_base_image: Any) -> Iterator[dict[str, Any]]:
-    work = Path(tempfile.mkdtemp(prefix="rollout-fleet-", dir="/tmp"))
-    work.chmod(0o755)  # the sandbox uid must traverse the local backend's state dir
+def fleet(temporal_server: TemporalDevServer, sandbox_base_image: Any) -> Iterator[Fleet]:
     model = ensure_tiny_model()
     engine = ScriptedEngine(
         model / "tokenizer.json",
         Script(rules=[ScriptRule(when_contains="6 times 7", reply="42", repeat=True)]),
     )
     gated = GatedEngine(engine, "6 times 7")  # every call of the held task waits
-    engine_server = BackgroundServer(gated).start()
-    gateway = start_gateway(engine_server.url, model, work / "gateway", "tiny")
-    relay = FailFirstSessionCreate(gateway.control_url)
-    relay_server = BackgroundServer(relay.app()).start()
-    port = free_port()
-    worker = WorkerProcess(
-        one_host_args(
-            temporal_server.address,
-            QUEUE,
-            "metrics-host",
-            relay_server.url,
-            gateway.admin_token,
+    with (
+        work_dir("fleet") as work,
+        BackgroundServer(gated) as engine_server,
+        contextlib.ExitStack() as cleanup,
+    ):
+        cleanup.callback(gated.release)  # first: a held call must not hold the teardown
+        gateway = start_gateway(engine_server.url, model, work / "gateway", "tiny")
+        cleanup.callback(gateway.stop)
+        relay = FailFirstSessionCreate(gateway.control_url)
+        relay_server = cleanup.enter_context(BackgroundServer(relay.app()))
+        port = free_port()
+        worker = WorkerProcess(
+            one_host_args(
+                temporal_server.address,
+                QUEUE,
+                "metrics-host",
+                relay_server.url,
+                gateway.admin_token,
+                work,
+                f"--metrics-port={port}",
+                "--metrics-interval-s=0.2",
+                "--warm-pool-size=1",
+                "--max-sandboxes=2",
+            ),
+            work / "worker.log",
+            dict(os.environ),
+        )
+        cleanup.callback(worker.stop)
+        worker.start()
+        yield Fleet(
+            f"http://127.0.0.1:{port}/metrics",
+            gated,
+            relay,
+            gateway,
             work,
-            f"--metrics-port={port}",
-            "--metrics-interval-s=0.2",
-            "--warm-pool-size=1",
-            "--max-sandboxes=2",
-        ),
-        work / "worker.log",
-        dict(os.environ),
-    )
-    worker.start()
-    try:
-        yield {
-            "url": f"http://127.0.0.1:{port}/metrics",
-            "gated": gated,
-            "relay": relay,
-            "work": work,
-            "temporal": temporal_server.address,
-            "base_image": sandbox_base_image,
-            "worker": worker,
-            "gateway": gateway,
-        }
-    finally:
-        gated.release()
-        worker.stop()
-        relay_server.stop()
-        gateway.server.stop()
-        engine_server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+            temporal_server.address,
+            sandbox_base_image,
+        )
 
 
-def test_a_batch_moves_every_series(fleet: dict[str, Any]) -> None:
+def test_a_batch_moves_every_series(fleet: Fleet) -> None:
     """A held task (3 rollouts, room for 2: one waits in the sandbox queue) and a task on
     the base image by name (its rootfs found): while held, sandboxes are live, a blank is
     warm and the backlog shows the waiting provision; then every rollout ends ok with
-    reward 1 and each step, the retried create, the image and the reward are counted."""
-    url, work = fleet["url"], fleet["work"]
+    reward 1 and each step, the retried create, the image and the reward are counted.
+    Replaying the same histories with the same interceptor then counts nothing (the live
+    counts above are its control: that interceptor does count when not replaying)."""
+    url, work = fleet.url, fleet.work
     before = scrape(url)
     tasks = [
         make_task("held", "What is 6 times 7? Reply with the number only.", "42", turns=1),
@@ -216,7 +233,7 @@ def test_a_batch_moves_every_series(fleet: dict[str, Any]) -> None:
             turns=1,
             sandbox={
                 **make_task("x", "x", "x")["sandbox"],
-                "image": fleet["base_image"].tag,
+                "image": fleet.base_image.tag,
             },
         ),
     ]
@@ -228,7 +245,7 @@ def test_a_batch_moves_every_series(fleet: dict[str, Any]) -> None:
             "-m",
             "workers.run_cmd",
             str(tasks_file),
-            f"--temporal={fleet['temporal']}",
+            f"--temporal={fleet.temporal}",
             f"--task-queue={QUEUE}",
             f"--out={work / 'samples'}",
             f"--samples-per-task={SAMPLES}",
@@ -252,7 +269,7 @@ def test_a_batch_moves_every_series(fleet: dict[str, Any]) -> None:
             "two live sandboxes, a warm blank and a waiting provision",
             run,
         )
-        fleet["gated"].release()
+        fleet.gated.release()
         out, _ = run.communicate(timeout=600)
     finally:
         if run.poll() is None:
@@ -289,7 +306,7 @@ def test_a_batch_moves_every_series(fleet: dict[str, Any]) -> None:
     assert moved("rollout_worker_step_retries_total") == 1
     assert moved("rollout_worker_step_failures_total", step="create_session") == 1
     assert moved("rollout_worker_step_failures_total") == 1
-    assert fleet["relay"].failed == 1
+    assert fleet.relay.failed == 1
     # rewards: all 1, of the JSONL dataset
     assert moved("rollout_worker_reward_count", dataset="jsonl") == rollouts
     assert moved("rollout_worker_reward_sum", dataset="jsonl") == rollouts
@@ -305,11 +322,38 @@ def test_a_batch_moves_every_series(fleet: dict[str, Any]) -> None:
     age = "rollout_worker_task_queue_backlog_age_seconds"
     assert value(held, age, task_queue=backlog[1], kind=backlog[2]) > 0
     # every series the shipped dashboard reads is one of these two processes' own
-    gw = fleet["gateway"]
+    gw = fleet.gateway
     text = httpx.get(f"{gw.control_url}/metrics", headers=gw.admin_headers, timeout=30).text
-    worker_text = httpx.get(fleet["url"], timeout=30).text
+    worker_text = httpx.get(fleet.url, timeout=30).text
     exported = exported_series(text) | exported_series(worker_text)
     assert dashboard_series() - exported == set(), "dashboard series nobody exports"
+    # a replay of these histories (a restarted worker, a cache eviction) counts nothing
+    replayed = asyncio.run(replay_batch(fleet.temporal, rollouts))
+    counted = [f.name for f in replayed.registry.collect() if f.samples]
+    assert counted == []
+
+
+async def replay_batch(temporal: str, expected: int) -> FleetMetrics:
+    """Replay every rollout history of the test's queue (`expected` of them) with the fleet
+    interceptor on a fresh registry."""
+    client = await Client.connect(temporal, data_converter=pydantic_data_converter)
+    query = f"WorkflowType = 'RolloutWorkflow' AND TaskQueue = '{QUEUE}'"
+    histories = [h async for h in client.list_workflows(query).map_histories()]
+    assert len(histories) == expected
+    metrics = FleetMetrics()
+    replayer = Replayer(
+        workflows=[RolloutWorkflow],
+        interceptors=[FleetInterceptor(metrics)],
+        data_converter=pydantic_data_converter,
+    )
+
+    async def each() -> AsyncIterator[WorkflowHistory]:
+        for history in histories:
+            yield history
+
+    results = await replayer.replay_workflows(each(), raise_on_replay_failure=False)
+    assert not results.replay_failures, results.replay_failures
+    return metrics
 
 
 def test_every_registered_series_is_asserted() -> None:
