@@ -3,8 +3,9 @@
 Why an interceptor: it sees every activity on this worker (its type, attempt, duration,
 result) without the activities knowing of metrics, and every workflow's start and end
 without the workflow emitting anything. Workflow-side counting skips replays
-(`workflow.unsafe.is_replaying`), so a rollout replayed after a cache eviction or a
-worker restart is not counted twice.
+(`workflow.unsafe.is_replaying`, which the SDK also sets while it evicts a workflow
+from its cache), so a rollout replayed after an eviction or a worker restart is counted
+once, and an evicted one is not counted as ended.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from typing import Any
 
 from temporalio import activity, workflow
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import (
     ActivityInboundInterceptor,
     ExecuteActivityInput,
@@ -46,6 +47,14 @@ STEPS = {
     DESTROY_SANDBOX: "destroy",
     CLOSE_SESSION: "close_session",
 }
+
+
+def error_type(exc: BaseException) -> str:
+    """An application error's own type (SandboxUnavailable, GatewayUnavailable…), else
+    the exception's class name: a small set either way."""
+    if isinstance(exc, ApplicationError) and exc.type:
+        return exc.type
+    return type(exc).__name__
 
 
 class FleetInterceptor(Interceptor):
@@ -81,7 +90,7 @@ class _Activities(ActivityInboundInterceptor):
         try:
             result = await self.next.execute_activity(input)
         except BaseException as exc:
-            m.step_failures.labels(step, type(exc).__name__).inc()
+            m.step_failures.labels(step, error_type(exc)).inc()
             raise
         finally:
             m.step_seconds.labels(step).observe(time.monotonic() - started)

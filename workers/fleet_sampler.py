@@ -67,19 +67,23 @@ async def sample_sandboxes(backends: Any, metrics: FleetMetrics) -> None:
 
 
 async def run_sampler(
-    client: Client,
-    namespace: str,
-    base: str,
+    queues: tuple[Client, str, str] | None,
     backends: Any | None,
     metrics: FleetMetrics,
     interval_s: float,
 ) -> None:
-    """Sample until cancelled; a failed pass is logged and the next one tries again."""
+    """Sample until cancelled: the backlog when `queues` (client, namespace, base queue)
+    is given, this host's sandboxes when `backends` is; a failed sample is logged and the
+    next pass tries again."""
     while True:
-        try:
-            await sample_backlog(client, namespace, base, metrics)
-            if backends is not None:
+        if queues is not None:
+            try:
+                await sample_backlog(*queues, metrics)
+            except Exception as exc:
+                log.warning("metrics: task queue backlog not read: %r", exc)
+        if backends is not None:
+            try:
                 await sample_sandboxes(backends, metrics)
-        except Exception as exc:
-            log.warning("metrics sampling failed: %r", exc)
+            except Exception as exc:
+                log.warning("metrics: sandboxes not counted: %r", exc)
         await asyncio.sleep(interval_s)

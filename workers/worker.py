@@ -276,9 +276,9 @@ class RolloutWorker:
         self.workers = self.build(client)
         if not self.workers:
             raise RuntimeError(f"role {self.settings.role!r} runs no worker")
+        sampler, http = self._serve_metrics(client)
         runs = [asyncio.ensure_future(w.run()) for w in self.workers]
         reaper = asyncio.ensure_future(self._reaper(client))
-        sampler, http = self._serve_metrics(client)
         self.ready.set()
         log.info(
             "worker up: role=%s queue=%s host=%s (%d workers), Temporal %s over %s",
@@ -320,9 +320,9 @@ class RolloutWorker:
         log.info("fleet metrics on http://%s:%d/metrics", s.metrics_host, http.server_port)
         sampler = asyncio.ensure_future(
             run_sampler(
-                client,
-                s.namespace,
-                s.task_queue,
+                # the shared queues' backlog: from the orchestrators only (few, and one
+                # answer is the fleet's), not from every host
+                (client, s.namespace, s.task_queue) if s.has("orchestrator") else None,
                 self._backends,
                 self.metrics,
                 s.metrics_interval_s,
