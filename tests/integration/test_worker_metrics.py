@@ -15,8 +15,10 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -41,7 +43,6 @@ from devstack.temporal_dev_server import TemporalDevServer
 from devstack.tiny_model import ensure_tiny_model
 from examples.make_tasks import task as make_task
 from tests.fixtures.gated_engine import GatedEngine
-from tests.fixtures.rollout_stack import work_dir
 from tests.fixtures.worker_process import WorkerProcess, one_host_args
 from tests.unit.test_grafana_dashboard import dashboard_series
 from workers.fleet_interceptor import FleetInterceptor
@@ -175,12 +176,12 @@ def fleet(temporal_server: TemporalDevServer, sandbox_base_image: Any) -> Iterat
         Script(rules=[ScriptRule(when_contains="6 times 7", reply="42", repeat=True)]),
     )
     gated = GatedEngine(engine, "6 times 7")  # every call of the held task waits
-    with (
-        work_dir("fleet") as work,
-        BackgroundServer(gated) as engine_server,
-        contextlib.ExitStack() as cleanup,
-    ):
-        cleanup.callback(gated.release)  # first: a held call must not hold the teardown
+    # under /tmp: the sandbox uid must traverse the local backend's state dir
+    work = Path(tempfile.mkdtemp(prefix="rollout-fleet-", dir="/tmp"))
+    work.chmod(0o755)
+    with contextlib.ExitStack() as cleanup:  # torn down in reverse
+        cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+        engine_server = cleanup.enter_context(BackgroundServer(gated))
         gateway = start_gateway(engine_server.url, model, work / "gateway", "tiny")
         cleanup.callback(gateway.stop)
         relay = FailFirstSessionCreate(gateway.control_url)
@@ -203,6 +204,7 @@ def fleet(temporal_server: TemporalDevServer, sandbox_base_image: Any) -> Iterat
             dict(os.environ),
         )
         cleanup.callback(worker.stop)
+        cleanup.callback(gated.release)  # first: a held call must not hold the teardown
         worker.start()
         yield Fleet(
             f"http://127.0.0.1:{port}/metrics",
