@@ -16,15 +16,25 @@ Pure functions (no I/O) so every rule is unit-testable:
 - every row names the task's source, its environment (`env_version`, `image_digest`,
   `sandbox_facts`), the verifier's metrics as it reported them, what each verdict was
   read from and why the status is what it is (a masked row keeps them: they say what
-  was measured, not what is trained).
+  was measured, not what is trained);
+- every row carries the rollout's own status, the evaluation's verdict and checks
+  (detail tails capped), the run's step durations and its artifacts, so whoever reads
+  the samples can say why a reward is what it is without the worker's disk.
 """
 
 import json
 from collections import Counter
 
-from schemas.outcome import RolloutStatus, sample_status
+from schemas.outcome import RolloutStatus, RunOutcome, final_status, sample_status
 from schemas.rollout import CollectRequest, SamplesSummary
-from schemas.samples import SampleRow, labels_json, metrics_json
+from schemas.samples import (
+    CHECK_DETAIL_CHARS,
+    ArtifactRow,
+    CheckRow,
+    SampleRow,
+    labels_json,
+    metrics_json,
+)
 from schemas.sampling import SamplingParams
 from schemas.trajectory import CallStatus, Segment, Trajectory
 
@@ -33,6 +43,43 @@ def sampling_json(params: SamplingParams) -> str:
     """Canonical JSON of the sampling params a call was sampled with (stable for
     grouping); a field left out was the engine's default."""
     return json.dumps(params.model_dump(mode="json", exclude_none=True), sort_keys=True)
+
+
+def check_rows(outcome: RunOutcome) -> list[CheckRow]:
+    """The evaluation's checks as rows carry them: each detail cut to its tail."""
+    checks = outcome.evaluation.checks if outcome.evaluation else []
+    return [
+        CheckRow(
+            name=c.name,
+            kind=c.kind,
+            passed=c.passed,
+            score=c.score,
+            exit_code=c.exit_code,
+            timed_out=c.timed_out,
+            duration_s=c.duration_s,
+            detail=_tail(c.detail, CHECK_DETAIL_CHARS),
+        )
+        for c in checks
+    ]
+
+
+def _tail(text: str, limit: int) -> str:
+    return text if len(text) <= limit else "…" + text[-(limit - 1) :]
+
+
+def step_durations(outcome: RunOutcome) -> dict[str, float]:
+    """Seconds per step of the run (the runtime's phases; the evaluation's own time)."""
+    steps = dict(outcome.timings)
+    if outcome.evaluation is not None:
+        steps["evaluate"] = outcome.evaluation.duration_s
+    return steps
+
+
+def artifact_rows(outcome: RunOutcome) -> list[ArtifactRow]:
+    return [
+        ArtifactRow(name=a.name, kind=a.kind, location=a.uri or a.local_path or "", size=a.size)
+        for a in outcome.artifacts
+    ]
 
 
 def _wanted(seg: Segment, scenes: set[str] | None) -> bool:
@@ -48,6 +95,9 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
     reason = outcome.status_reason
     sources = labels_json(outcome.verdict_sources)
     facts = labels_json(req.sandbox_facts)
+    checks = check_rows(outcome)
+    steps = metrics_json(step_durations(outcome))
+    artifacts = artifact_rows(outcome)
     rows: list[SampleRow] = []
     for seg in traj.segments:
         if not _wanted(seg, scenes):
@@ -98,13 +148,20 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
                 status_reason=reason,
                 verdict_sources=sources,
                 sandbox_facts=facts,
+                batch_id=req.batch_id,
+                verdict=outcome.verdict or "",
+                eval_checks=checks,
+                step_durations=steps,
+                artifacts=artifacts,
+                artifacts_dir=outcome.artifacts_dir or "",
                 harness=outcome.harness,
                 harness_version=outcome.harness_version,
                 sampling=sampling_json(used),
                 seed=seed,
             )
         )
-    return rows
+    rollout = str(final_status(outcome.status, [str(r.status) for r in rows]))
+    return [r.model_copy(update={"rollout_status": rollout}) for r in rows]
 
 
 def summarize(

@@ -155,7 +155,13 @@ def _isolated(interpreter: str) -> str:
 
 
 class EvaluatorError(RuntimeError):
-    """The check could not be carried out (not: the agent's answer was wrong)."""
+    """The check could not be carried out (not: the agent's answer was wrong).
+    `exit_code` and `timed_out`: how the check's own command ended, when it ran."""
+
+    def __init__(self, message: str, *, exit_code: int | None = None, timed_out: bool = False):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.timed_out = timed_out
 
 
 class EvaluateParams(StrictModel):
@@ -415,9 +421,14 @@ async def _run_check(
         raise EvaluatorError(f"check {name}: sandbox error {e!r}") from e
     output = _tail(res.stdout + ("\n" + res.stderr if res.stderr else ""))
     if res.timed_out:
-        raise EvaluatorError(f"check {name} timed out after {check.timeout_s}s: {output}")
+        raise EvaluatorError(
+            f"check {name} timed out after {check.timeout_s}s: {output}", timed_out=True
+        )
     if res.exit_code in check.error_exit_codes:
-        raise EvaluatorError(f"check {name} could not run (exit {res.exit_code}): {output}")
+        raise EvaluatorError(
+            f"check {name} could not run (exit {res.exit_code}): {output}",
+            exit_code=res.exit_code,
+        )
     step: list[float] | None = None
     if isinstance(check, ScriptCheck) and check.reward_from == "stdout_json":
         if res.exit_code != 0:
@@ -453,6 +464,22 @@ async def _run_check(
         ),
         step,
         {},
+    )
+
+
+def _failed_check(running: tuple[int, Any, float], error: BaseException) -> CheckResult:
+    """The check an evaluation stopped in, as a result: failed, with why (the error and
+    the output tail it carries) as its detail, so it is recorded with the others."""
+    i, check, t0 = running
+    return CheckResult(
+        name=check.name or f"{check.kind}{i}",
+        kind=check.kind,
+        passed=False,
+        score=0.0,
+        exit_code=getattr(error, "exit_code", None),
+        timed_out=getattr(error, "timed_out", False),
+        duration_s=round(time.monotonic() - t0, 3),
+        detail=_tail(str(error)),
     )
 
 
@@ -516,6 +543,7 @@ async def evaluate(
     metrics: dict[str, float] = {}
     verifiers = [c for c in spec.checks if isinstance(c, RewardFileCheck)]
     graded = [c for c in spec.checks if isinstance(c, RewardFileCheck | SweBenchCheck)]
+    running: tuple[int, Any, float] | None = None  # the check under way, when one is
     try:
         if spec.files or verifiers:
             # Nothing may be running when the hidden files arrive.
@@ -529,6 +557,7 @@ async def evaluate(
             await sandbox.put_file(path, f.data(), mode=f.mode)
         for i, check in enumerate(spec.checks):
             before = (preflight or {}).get(i, "")
+            running = (i, check, time.monotonic())
             r, step, found = await _run_check(sandbox, check, workdir, i, before)
             results.append(r)
             if step is not None and len(spec.checks) == 1:
@@ -543,6 +572,8 @@ async def evaluate(
         if damage is None and unwritable_before is not None:
             targets = _write_targets(spec, workdir)
             damage = await _blocked_by_agent(sandbox, targets, unwritable_before)
+        if running is not None and len(results) == running[0]:
+            results.append(_failed_check(running, e))
         return EvaluationResult(
             status="agent_broke_sandbox" if damage else "eval_error",
             reward=0.0 if damage else None,

@@ -17,6 +17,10 @@ The surface (import it from here):
 - `load_keys`, `new_key`, `parse_key`, `PayloadKeyError`: the payload encryption keys.
 - `read_table`, `read_many`, `read_samples`, `write_table`, `write_samples`: sample
   tables in a local directory or `s3://bucket/prefix`, schema-version checked.
+- `SamplesReader` (`rollout_client.samples_reader`): a samples directory read for
+  people, as `rollout show` and the viewer show it: a batch's rollouts (status, whose
+  failure, reason, reward, checks, step durations, calls, tokens) and one rollout in
+  full, with its artifacts looked up in a worker's data dir.
 - `load_task_source`, `LoadOptions`, `LoadedTasks`, `RefusedTask`: read a dataset (our
   JSONL, a Harbor task directory or a directory of them, SWE-bench instances) into
   `RolloutTask`s to submit; refused tasks come back named, with the field at fault
@@ -41,6 +45,7 @@ storage modules too, so both sides agree on the wire and the file layout.
 from rollout_client.client import Batch, RolloutClient, RolloutOutcome, connect
 from rollout_client.codec import PayloadKeyError, load_keys, new_key, parse_key
 from rollout_client.policy import ExternalUpdate, GatewayPolicyClient, PolicyUpdateError
+from rollout_client.samples_reader import SamplesReader
 from rollout_client.storage import read_many, read_samples, read_table, write_samples, write_table
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
 from rollout_client.training import TrainingInputError
@@ -57,6 +62,7 @@ __all__ = [
     "RefusedTask",
     "RolloutClient",
     "RolloutOutcome",
+    "SamplesReader",
     "TemporalConnectError",
     "TemporalTLS",
     "TrainingInputError",

@@ -60,6 +60,18 @@ _REASON_CHARS = 1000
 ZERO_REWARD = frozenset({RolloutStatus.agent_timeout, RolloutStatus.agent_broke_sandbox})
 
 
+def whose_failure(status: str) -> str:
+    """Whose doing a status is, for the operator: "" (it ended well), "agent" (its
+    reward stands, 0), "evaluator" or "infrastructure" (ours: masked)."""
+    if status in (RolloutStatus.ok, RolloutStatus.truncated):
+        return ""
+    if status == RolloutStatus.eval_error:
+        return "evaluator"
+    if status == RolloutStatus.infra_error:
+        return "infrastructure"
+    return "agent"
+
+
 class LogSpec(StrictModel):
     """Where an agent keeps a kind of log: a sandbox path plus file-name patterns."""
 

@@ -17,9 +17,17 @@ non-ok status, such as what the agent broke), `verdict_sources` (per check, what
 verdict was read from: `reward.txt`, `junit-xml`, a log parser) and `sandbox_facts`
 (what provisioning did to the environment, such as trimming the repository's history).
 Older files read with all three empty.
+Version 6 added what the evaluation said and where the run's pieces are, so a trainer
+or viewer needs no worker's disk: `batch_id`, `rollout_status` (the rollout's own
+status: its rows of an `eval_error` rollout are `infra_error`), `verdict`, `eval_checks`
+(each check's name, kind, pass/fail, score, exit code, timing and the tail of its
+detail, capped at `CHECK_DETAIL_CHARS`), `step_durations` (seconds per step of the run)
+and `artifacts` (each file the run kept, where the worker put it). Older files read
+with them empty (`rollout_status` empty: not recorded).
 """
 
 import json
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -31,15 +39,49 @@ from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.scenes import Scene
 from schemas.tasks import check_rollout_id
 
-SCHEMA_VERSION = 5
-KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5})
+SCHEMA_VERSION = 6
+KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
 #: Columns each version added (a file of an older version lacks them).
 _ADDED_IN = {
     2: ("call_policy_versions", "call_starts"),
     3: ("call_sampling",),
     4: ("task_source", "image_digest", "reward_metrics"),
     5: ("status_reason", "verdict_sources", "sandbox_facts"),
+    6: (
+        "batch_id",
+        "rollout_status",
+        "verdict",
+        "eval_checks",
+        "step_durations",
+        "artifacts",
+        "artifacts_dir",
+    ),
 }
+#: How much of a check's detail (its output's tail) a sample row keeps.
+CHECK_DETAIL_CHARS = 2000
+
+
+class CheckRow(StrictModel):
+    """One evaluation check as a sample row carries it (`CheckResult`, detail capped)."""
+
+    name: str
+    kind: str
+    passed: bool
+    score: float
+    exit_code: int | None = None
+    timed_out: bool = False
+    duration_s: float = 0.0
+    detail: str = Field(default="", description="the tail of the check's detail")
+
+
+class ArtifactRow(StrictModel):
+    """A file the run kept: its name and kind, and where the worker put it (a URI after
+    upload, else a path on the worker's disk)."""
+
+    name: str
+    kind: str
+    location: str
+    size: int = 0
 
 
 class SampleRow(StrictModel):
@@ -92,6 +134,19 @@ class SampleRow(StrictModel):
     sandbox_facts: str = Field(
         default="{}", description="JSON object: what provisioning did to the environment"
     )
+    batch_id: str = Field(default="", description="the batch (empty: written before v6)")
+    rollout_status: str = Field(
+        default="",
+        description="the rollout's status, which an `eval_error` rollout's masked rows do "
+        "not carry (empty: written before v6)",
+    )
+    verdict: str = Field(default="", description="pass, fail or error (empty: not evaluated)")
+    eval_checks: list[CheckRow] = Field(default_factory=list)
+    step_durations: str = Field(
+        default="{}", description="JSON object: seconds per step of the run"
+    )
+    artifacts: list[ArtifactRow] = Field(default_factory=list)
+    artifacts_dir: str = Field(default="", description="the run's artifacts dir on the worker")
     harness: str
     harness_version: str
     call_sampling: list[str] = Field(
@@ -123,6 +178,9 @@ class SampleRow(StrictModel):
         ):
             raise ValueError("call_starts must be ascending positions in response_ids")
         metrics_of(self.reward_metrics)
+        metrics_of(self.step_durations, "step_durations")
+        if self.rollout_status and self.rollout_status not in set(RolloutStatus):
+            raise ValueError(f"rollout_status {self.rollout_status!r} is not a status")
         labels_of(self.verdict_sources, "verdict_sources")
         labels_of(self.sandbox_facts, "sandbox_facts")
         return self
@@ -140,8 +198,8 @@ def metrics_json(metrics: dict[str, float]) -> str:
     return json.dumps({name: float(v) for name, v in metrics.items()}, sort_keys=True)
 
 
-def metrics_of(raw: str) -> dict[str, float]:
-    """The `reward_metrics` column as a dict; anything but an object of numbers is refused."""
+def metrics_of(raw: str, column: str = "reward_metrics") -> dict[str, float]:
+    """A `metrics_json` column as a dict; anything but an object of numbers is refused."""
     try:
         value = json.loads(raw)
     except ValueError:
@@ -149,7 +207,7 @@ def metrics_of(raw: str) -> dict[str, float]:
     if not isinstance(value, dict) or not all(
         isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
     ):
-        raise ValueError(f"reward_metrics must be a JSON object of numbers, got {raw!r}")
+        raise ValueError(f"{column} must be a JSON object of numbers, got {raw!r}")
     return {name: float(v) for name, v in value.items()}
 
 
@@ -181,6 +239,29 @@ def token_versions(versions: list[str], starts: list[int], n: int) -> list[str]:
     return out
 
 
+CHECK_ARROW_TYPE = pa.struct(
+    [
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("passed", pa.bool_(), nullable=False),
+        pa.field("score", pa.float64(), nullable=False),
+        pa.field("exit_code", pa.int32()),
+        pa.field("timed_out", pa.bool_(), nullable=False),
+        pa.field("duration_s", pa.float64(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),
+    ]
+)
+ARTIFACT_ARROW_TYPE = pa.struct(
+    [
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("location", pa.string(), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
+    ]
+)
+#: Columns holding lists of models (written as lists of Arrow structs).
+_MODEL_LIST_COLUMNS = ("eval_checks", "artifacts")
+
 SAMPLE_ARROW_SCHEMA = pa.schema(
     [
         pa.field("rollout_id", pa.string(), nullable=False),
@@ -211,6 +292,13 @@ SAMPLE_ARROW_SCHEMA = pa.schema(
         pa.field("status_reason", pa.string(), nullable=False),
         pa.field("verdict_sources", pa.string(), nullable=False),
         pa.field("sandbox_facts", pa.string(), nullable=False),
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("rollout_status", pa.string(), nullable=False),
+        pa.field("verdict", pa.string(), nullable=False),
+        pa.field("eval_checks", pa.list_(CHECK_ARROW_TYPE), nullable=False),
+        pa.field("step_durations", pa.string(), nullable=False),
+        pa.field("artifacts", pa.list_(ARTIFACT_ARROW_TYPE), nullable=False),
+        pa.field("artifacts_dir", pa.string(), nullable=False),
         pa.field("harness", pa.string(), nullable=False),
         pa.field("harness_version", pa.string(), nullable=False),
         pa.field("sampling", pa.string(), nullable=False),
@@ -230,6 +318,8 @@ def rows_to_table(rows: list[SampleRow]) -> pa.Table:
     columns = {name: [getattr(r, name) for r in rows] for name in SAMPLE_ARROW_SCHEMA.names}
     columns["scene"] = [str(s) for s in columns["scene"]]
     columns["status"] = [str(s) for s in columns["status"]]
+    for name in _MODEL_LIST_COLUMNS:
+        columns[name] = [[m.model_dump() for m in models] for models in columns[name]]
     return pa.Table.from_pydict(columns, schema=SAMPLE_ARROW_SCHEMA)
 
 
@@ -255,7 +345,8 @@ def check_schema(schema: pa.Schema, source: str) -> None:
     check_schema_version(schema, source)
     version = int((schema.metadata or {})[b"agentic_rollout.schema_version"])
     problems: list[str] = []
-    for want in _schema_of(version):
+    contract = schema_of(version)
+    for want in contract:
         idx = schema.get_field_index(want.name)
         if idx < 0:
             problems.append(f"missing column {want.name!r} ({want.type})")
@@ -263,7 +354,7 @@ def check_schema(schema: pa.Schema, source: str) -> None:
         got = schema.field(idx)
         if not got.type.equals(want.type):
             problems.append(f"column {want.name!r} is {got.type}, expected {want.type}")
-    extra = [n for n in schema.names if _schema_of(version).get_field_index(n) < 0]
+    extra = [n for n in schema.names if contract.get_field_index(n) < 0]
     if extra:
         problems.append(f"unexpected column(s) {extra}")
     if problems:
@@ -272,7 +363,8 @@ def check_schema(schema: pa.Schema, source: str) -> None:
         )
 
 
-def _schema_of(version: int) -> pa.Schema:
+@cache
+def schema_of(version: int) -> pa.Schema:
     """The contract's columns as of `version` (the current schema minus later columns)."""
     later = {name for v, names in _ADDED_IN.items() if v > version for name in names}
     return pa.schema([f for f in SAMPLE_ARROW_SCHEMA if f.name not in later])
@@ -282,7 +374,8 @@ def upgrade(table: pa.Table) -> pa.Table:
     """Fill the columns an older file lacks: one call of the row's `policy_version`,
     starting at the first response token; every call sampled with the row's `sampling`;
     no known task source, the image digest its `env_version` named, no metrics; no
-    status reason, verdict sources or sandbox facts."""
+    status reason, verdict sources or sandbox facts; no batch, rollout status, verdict,
+    checks, step durations or artifacts."""
     if "call_policy_versions" not in table.column_names:
         versions = [[v] for v in table.column("policy_version").to_pylist()]
         table = table.append_column(
@@ -306,6 +399,14 @@ def upgrade(table: pa.Table) -> pa.Table:
         table = table.append_column("status_reason", pa.array([""] * n, pa.string()))
         for name in ("verdict_sources", "sandbox_facts"):
             table = table.append_column(name, pa.array(["{}"] * n, pa.string()))
+    if "batch_id" not in table.column_names:
+        n = table.num_rows
+        for name in ("batch_id", "rollout_status", "verdict"):
+            table = table.append_column(name, pa.array([""] * n, pa.string()))
+        table = table.append_column("eval_checks", pa.array([[]] * n, pa.list_(CHECK_ARROW_TYPE)))
+        table = table.append_column("step_durations", pa.array(["{}"] * n, pa.string()))
+        table = table.append_column("artifacts", pa.array([[]] * n, pa.list_(ARTIFACT_ARROW_TYPE)))
+        table = table.append_column("artifacts_dir", pa.array([""] * n, pa.string()))
     return table
 
 

@@ -130,11 +130,13 @@ def _register_temporal_commands() -> None:
     """The Temporal-backed commands live in their own modules (each also runs standalone)."""
     from workers.demo import demo_cmd
     from workers.run_cmd import run_cmd
+    from workers.show_cmd import show_cmd
     from workers.train_cmd import train_cmd
     from workers.worker import worker_cmd
 
     app.command("worker")(worker_cmd)
     app.command("run")(run_cmd)
+    app.command("show")(show_cmd)
     app.command("demo")(demo_cmd)
     app.command("train")(train_cmd)
 

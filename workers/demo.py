@@ -88,7 +88,7 @@ async def run_demo(
     from rollout_client.client import RolloutClient
     from schemas.tasks import load_tasks
     from workers.local_stack import LocalStack
-    from workers.run_cmd import run_batch, summary_table
+    from workers.run_cmd import print_show_line, print_summary, run_batch
 
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,7 @@ async def run_demo(
         report = await run_batch(
             client, tasks, str(data_dir / "samples"), samples_per_task, console=console
         )
-        console.print(summary_table(report))
+        print_summary(console, report)
         uris = [o.result.samples_uri for o in report.completed if o.result and o.result.samples_uri]
         if uris:
             console.print(_sample_rows_table(uris))
@@ -124,6 +124,7 @@ async def run_demo(
         console.print(f"engine: {stack.engine_label}", soft_wrap=True, highlight=False)
         console.print(f"UI: {ui_link or query}", soft_wrap=True, highlight=False)
         console.print(f"samples: {report.batch.output}", soft_wrap=True, highlight=False)
+        print_show_line(console, report, artifacts=data_dir / "worker")
         code = 0 if not report.failed else 1
         interactive = sys.stdin.isatty() and sys.stdout.isatty() if keep is None else keep
         if interactive:

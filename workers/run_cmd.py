@@ -9,6 +9,8 @@ Samples are written by the workers (one Parquet file per rollout under
 rollout's outcome, so a trainer (or `RolloutClient.load_samples`) can pick them up.
 A local `--out` is a path on the worker hosts: use `s3://…` when workers are remote.
 Ctrl-C cancels the batch (each rollout still cleans up) unless `--detach` is given.
+The summary gives each rollout that did not end well with the first line of why, and
+the `rollout show` command for the batch.
 """
 
 import asyncio
@@ -24,13 +26,18 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from rollout_client.client import Batch, RolloutClient, RolloutOutcome
+from rollout_client.samples_reader import first_line
+from schemas.outcome import whose_failure
 from schemas.samples import is_s3
 from schemas.tasks import RolloutTask
 from task_formats import verifier_evidence
 from task_formats.harbor import ORACLE
 from workers.model_options import model_options
+from workers.show_cmd import show_command
+from workers.show_render import safe
 from workers.task_source_cmd import TaskSourceArgs, prebuild_images, task_source_options
 from workers.temporal_options import TemporalOptions
 
@@ -124,7 +131,10 @@ async def run_batch(
             progress.update(bar, advance=1, line=_progress_line(report, total, started))
             if not outcome.ok:
                 progress.console.print(
-                    f"[red]✗ {outcome.rollout_id}[/] {outcome.workflow_status}: {outcome.error}"
+                    Text.assemble(
+                        (f"✗ {outcome.rollout_id}", "red"),
+                        f" {outcome.workflow_status}: {safe(first_line(outcome.error or ''))}",
+                    )
                 )
     report.wall_s = time.monotonic() - started
     if not is_s3(output):
@@ -137,7 +147,8 @@ async def run_batch(
 def summary_table(report: BatchReport) -> Table:
     table = Table(title=f"batch {report.batch.batch_id} ({report.wall_s:.1f} s)")
     for name in ("task", "rollouts", "completed", "failed", "statuses", "mean reward", "samples"):
-        table.add_column(name, justify="left" if name in ("task", "statuses") else "right")
+        left = name in ("task", "statuses")
+        table.add_column(name, justify="left" if left else "right", overflow="fold")
     per_task: dict[str, list[RolloutOutcome]] = defaultdict(list)
     rid_task = {
         rid: group.removeprefix(f"{report.batch.batch_id}-")
@@ -161,6 +172,39 @@ def summary_table(report: BatchReport) -> Table:
             str(sum(r.num_samples for r in done)),
         )
     return table
+
+
+def failure_reasons(report: BatchReport) -> list[tuple[str, str, str]]:
+    """(rollout, status, the first line of why) of each rollout that did not end well."""
+    out: list[tuple[str, str, str]] = []
+    for o in sorted(report.outcomes, key=lambda o: o.rollout_id):
+        r = o.result
+        status = str(r.status) if r else o.workflow_status.lower()
+        if r is not None and not whose_failure(status):
+            continue
+        why = first_line((r.error if r else o.error) or "") or "(no reason recorded)"
+        out.append((o.rollout_id, status, safe(why)))
+    return out
+
+
+def print_summary(console: Console, report: BatchReport) -> None:
+    """The batch's table, and each failing rollout with the first line of why."""
+    console.print(summary_table(report))
+    failing = failure_reasons(report)
+    if failing:
+        table = Table(title="not ok", title_justify="left")
+        for name in ("rollout", "status", "why (first line)"):
+            table.add_column(name, overflow="fold")
+        for rid, status, why in failing:
+            table.add_row(Text(rid), Text(status, style="red"), Text(why))
+        console.print(table)
+
+
+def print_show_line(console: Console, report: BatchReport, artifacts: Path | None = None) -> None:
+    """The `rollout show` command for the batch: a plain, unwrapped line (scripts grep
+    for it)."""
+    show = show_command(report.batch.batch_id, report.batch.output, artifacts)
+    console.print(f"show: {show}", soft_wrap=True, highlight=False, markup=False)
 
 
 def _record_evidence(
@@ -230,7 +274,7 @@ def run_cmd(
             raise
 
     report = asyncio.run(main())
-    console.print(summary_table(report))
+    print_summary(console, report)
     if source.harness == ORACLE:
         _record_evidence(source, tasks, report, console)
     mean = report.mean_reward()
@@ -239,6 +283,7 @@ def run_cmd(
         f"mean reward {'-' if mean is None else f'{mean:.3f}'}"
     )
     console.print(f"samples: {report.batch.output}", soft_wrap=True, highlight=False)
+    print_show_line(console, report)
     if report.failed:
         raise typer.Exit(code=1)
 

@@ -51,6 +51,8 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
     table = read_table(str(samples))
     assert table.num_rows == 8  # 4 example tasks × 2 samples, one segment each
     assert "a few sample rows" in out and "stopped:" in out
+    show = f"show: rollout show {samples.name} --samples {samples} --artifacts {data / 'worker'}"
+    assert show in out.splitlines()  # the command that explains the batch
     assert left == [], f"outlived the demo: {left}"
     assert set(Path("/tmp").glob("rollout-demo-sandboxes-*")) <= others
 

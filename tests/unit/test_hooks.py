@@ -179,6 +179,14 @@ async def test_broken_evaluator_gives_eval_error_and_no_reward(res: ExecResult, 
     r = await evaluate(sb, spec, "/workspace")
     assert r.status == "eval_error" and r.reward is None and r.verdict == "error"
     assert why in (r.error or "")
+    # the check it stopped in is recorded: failed, how its command ended, and why
+    [check] = r.checks
+    assert (check.name, check.passed, check.score) == ("command0", False, 0.0)
+    assert (check.exit_code, check.timed_out) == (
+        None if res.timed_out else res.exit_code,
+        res.timed_out,
+    )
+    assert why in check.detail and res.stderr in check.detail
 
 
 def probe_finds(found: str | ExecResult | Exception) -> Handler:

@@ -53,8 +53,9 @@ def make_row(**overrides: object) -> SampleRow:
 
 def as_version(table: pa.Table, version: int, drop: list[str]) -> pa.Table:
     """The table as a writer of `version` made it: without the later columns (`drop`,
-    and those of v5 for an older version), tagged."""
-    table = table.drop_columns(drop + (V5_COLUMNS if version < 5 else []))
+    and those of v5 and v6 for an older version), tagged."""
+    later = (V5_COLUMNS if version < 5 else []) + (V6_COLUMNS if version < 6 else [])
+    table = table.drop_columns(drop + later)
     return table.set_column(
         table.schema.get_field_index("schema_version"),
         "schema_version",
@@ -64,6 +65,15 @@ def as_version(table: pa.Table, version: int, drop: list[str]) -> pa.Table:
 
 V4_COLUMNS = ["task_source", "image_digest", "reward_metrics"]
 V5_COLUMNS = ["status_reason", "verdict_sources", "sandbox_facts"]
+V6_COLUMNS = [
+    "batch_id",
+    "rollout_status",
+    "verdict",
+    "eval_checks",
+    "step_durations",
+    "artifacts",
+    "artifacts_dir",
+]
 
 
 def test_session_config_rejects_unknown_fields() -> None:
@@ -212,9 +222,9 @@ def test_lineage_columns_round_trip(tmp_path) -> None:
     )
     write_samples([row], tmp_path / "s.parquet")
     table = read_samples(tmp_path / "s.parquet")
-    assert table.schema.metadata[b"agentic_rollout.schema_version"] == b"5"
+    assert table.schema.metadata[b"agentic_rollout.schema_version"] == b"6"
     [back] = table_to_rows(table)
-    assert back == row and back.schema_version == SCHEMA_VERSION == 5
+    assert back == row and back.schema_version == SCHEMA_VERSION == 6
 
 
 def test_version_3_files_read_with_the_image_as_their_digest(tmp_path) -> None:
@@ -240,10 +250,10 @@ def test_version_4_files_read_with_no_reason_sources_or_facts(tmp_path) -> None:
     assert old.schema_version == 4
 
 
-def test_a_v5_file_without_a_lineage_column_is_refused(tmp_path) -> None:
+def test_a_v6_file_without_a_lineage_column_is_refused(tmp_path) -> None:
     table = rows_to_table([make_row()]).drop_columns(["sandbox_facts"])
     pq.write_table(table, tmp_path / "bad.parquet")
-    with pytest.raises(ValueError, match="schema v5: missing column 'sandbox_facts'"):
+    with pytest.raises(ValueError, match="schema v6: missing column 'sandbox_facts'"):
         read_samples(tmp_path / "bad.parquet")
 
 
