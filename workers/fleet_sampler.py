@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -21,6 +21,9 @@ from temporalio.client import Client
 
 from schemas.rollout import QueueNames
 from workers.fleet_metrics import FleetMetrics
+
+if TYPE_CHECKING:
+    from activities.sandbox import SandboxBackends
 
 log = logging.getLogger("rollout.worker.metrics")
 
@@ -55,8 +58,7 @@ async def sample_backlog(client: Client, namespace: str, base: str, metrics: Fle
         metrics.queue_backlog_age.labels(name, label).set(age.seconds + age.nanos / 1e9)
 
 
-async def sample_sandboxes(backends: Any, metrics: FleetMetrics) -> None:
-    """`backends`: the host's `activities.sandbox.SandboxBackends`."""
+async def sample_sandboxes(backends: SandboxBackends, metrics: FleetMetrics) -> None:
     for backend in backends.active():
         handles = await backend.list()
         live = sum(1 for h in handles if h.rollout_id)
@@ -68,7 +70,7 @@ async def sample_sandboxes(backends: Any, metrics: FleetMetrics) -> None:
 
 async def run_sampler(
     queues: tuple[Client, str, str] | None,
-    backends: Any | None,
+    backends: SandboxBackends | None,
     metrics: FleetMetrics,
     interval_s: float,
 ) -> None:
