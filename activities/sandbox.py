@@ -33,7 +33,12 @@ from temporalio.worker import (
 )
 
 from activities.errors import bad_task
-from activities.task_env import EnvironmentUnavailable, prepare_image, refuse_unbuildable
+from activities.task_env import (
+    EnvironmentUnavailable,
+    ImageReady,
+    prepare_image,
+    refuse_unbuildable,
+)
 from sandboxes.base import (
     ROLLOUT_LABEL,
     BackendUnavailable,
@@ -241,11 +246,13 @@ class SandboxActivities:
         host_id: str,
         host_queue: str,
         capacity: HostCapacity | None = None,
+        on_image: ImageReady | None = None,
     ) -> None:
         self.backends = backends
         self.host_id = host_id
         self.host_queue = host_queue
         self.capacity = capacity
+        self.on_image = on_image
 
     def _backend(self, name: str) -> SandboxBackend:
         try:
@@ -293,7 +300,11 @@ class SandboxActivities:
         await asyncio.sleep(0)
         try:
             spec = await prepare_image(
-                req.task, spec, lambda aw, s: with_heartbeat(aw, s, creating), interval
+                req.task,
+                spec,
+                lambda aw, s: with_heartbeat(aw, s, creating),
+                interval,
+                self.on_image,
             )
         except EnvironmentUnavailable as exc:
             raise ApplicationError(str(exc), type="SandboxUnavailable") from exc

@@ -12,6 +12,7 @@ its own cloud from a Dockerfile, which this host cannot do for it: refused clear
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from activities.errors import bad_task
@@ -29,6 +30,9 @@ from schemas.tasks import RolloutTask
 
 #: Images seen present on this host (a positive answer is kept; tags are not reused).
 _present: set[str] = set()
+
+#: Told of each image made ready: (kind: "task_image" | "rootfs", cached).
+ImageReady = Callable[[str, bool], None]
 
 
 class EnvironmentUnavailable(RuntimeError):
@@ -52,13 +56,19 @@ def refuse_unbuildable(task: RolloutTask) -> None:
 
 
 async def prepare_image(
-    task: RolloutTask, spec: SandboxSpec, beat: Any, interval_s: float
+    task: RolloutTask,
+    spec: SandboxSpec,
+    beat: Any,
+    interval_s: float,
+    on_ready: ImageReady | None = None,
 ) -> SandboxSpec:
     """`spec` with the task's image made ready here (built, checked, exported).
 
     `beat(...)` is awaited around the blocking work with `interval_s` heartbeats (the
-    provision's `with_heartbeat`), so a long build keeps the activity alive.
+    provision's `with_heartbeat`), so a long build keeps the activity alive. `on_ready`
+    hears of each task image built or found, and each rootfs exported or found.
     """
+    tell: ImageReady = on_ready or (lambda kind, cached: None)
     backend = backend_class(task.sandbox.backend)
     build = task.sandbox.build
     if build is not None and spec.image is None:
@@ -69,6 +79,7 @@ async def prepare_image(
             raise bad_task(f"task {task.task_id}: sandbox.build", exc) from exc
         except DockerUnavailable as exc:
             raise EnvironmentUnavailable(str(exc)) from exc
+        tell("task_image", img.cached)
         spec = spec.model_copy(update={"image": img.tag})
     elif spec.image is not None and backend.runs_local_images and spec.image not in _present:
         try:
@@ -86,5 +97,6 @@ async def prepare_image(
             exported = await beat(asyncio.to_thread(ensure_rootfs, spec.image), interval_s)
         else:
             exported = found[0]
+        tell("rootfs", found is not None)
         spec = spec.model_copy(update={"rootfs": str(exported)})
     return spec

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,8 @@ async def run_phase(
     for hook in hooks:
         if before_each is not None:
             await before_each()
+        timed = getattr(type(hook), phase) is not getattr(Hook, phase)
+        started = time.monotonic()
         try:
             await getattr(hook, phase)(ctx)
         except Exception as e:
@@ -165,6 +168,11 @@ async def run_phase(
                 raise HookError(f"hook {hook.name}.{phase} failed: {e!r}") from e
             log.warning("hook %s.%s failed (recorded): %r", hook.name, phase, e)
             ctx.outcome.hook_errors.append(f"{hook.name}.{phase}: {e!r}")
+        finally:
+            if timed:  # each hook's own time (fleet metrics, metrics.json): `hook:<name>`
+                key = f"hook:{hook.name}"
+                elapsed = time.monotonic() - started
+                ctx.outcome.timings[key] = round(ctx.outcome.timings.get(key, 0.0) + elapsed, 3)
 
 
 async def run_on_error(hooks: list[Hook], ctx: HookContext, error: BaseException) -> None:

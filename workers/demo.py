@@ -79,6 +79,7 @@ async def run_demo(
     model_dir: Path | None = None,
     tasks: "list[RolloutTask] | None" = None,
     temporal: "TemporalOptions | None" = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Run `tasks` (read already), else `tasks_file` (default: the example tasks) on a
     fresh embedded stack (on the Temporal `temporal` names, if it names one); the exit code.
@@ -97,7 +98,7 @@ async def run_demo(
     if tasks is None:
         tasks = load_tasks(tasks_file or repo_root() / "examples" / "tasks.jsonl")
     tasks = prebuild_images(tasks, console)
-    stack = LocalStack(data_dir, console, temporal)
+    stack = LocalStack(data_dir, console, temporal, metrics_port)
     try:
         temporal = await stack.start_temporal()
         engine_url, model, tokenizer = await asyncio.to_thread(
@@ -158,6 +159,9 @@ def demo_cmd(
             help="tasks JSONL, a Harbor task directory or SWE-bench instances (--format "
             "swebench); default: examples/tasks.jsonl"
         ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="serve the worker's fleet metrics on this loopback port")
     ] = None,
     *,
     source: TaskSourceArgs,
@@ -229,7 +233,7 @@ def demo_cmd(
             policy = ensure_policy_model(model, console)
             data_dir = data_dir.resolve()
             data_dir.mkdir(parents=True, exist_ok=True)
-            stack = LocalStack(data_dir, console, temporal)
+            stack = LocalStack(data_dir, console, temporal, metrics_port)
             code = asyncio.run(run_train_demo(stack, data_dir, policy, python, opts, console))
         else:
             task_list = None
@@ -246,6 +250,7 @@ def demo_cmd(
                     console,
                     tasks=task_list,
                     temporal=temporal,
+                    metrics_port=metrics_port,
                 )
             )
     except (DemoSetupError, UnusableTemporal) as exc:

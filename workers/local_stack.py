@@ -193,11 +193,17 @@ class LocalStack:
     down all it started."""
 
     def __init__(
-        self, data_dir: Path, console: "Console", temporal: "TemporalOptions | None" = None
+        self,
+        data_dir: Path,
+        console: "Console",
+        temporal: "TemporalOptions | None" = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.console = console
         self.temporal_options = temporal
+        #: The worker's fleet metrics on 127.0.0.1:metrics_port (None: off).
+        self.metrics_port = metrics_port
         self.temporal: TemporalDevServer | None = None
         self.endpoint: TemporalEndpoint | None = None
         self.engine_stop: list[Callable[[], None]] = []
@@ -336,6 +342,7 @@ class LocalStack:
             max_sandboxes=16,
             graceful_shutdown_s=5,
             reaper_interval_s=0,
+            metrics_port=self.metrics_port,
         )
         worker = RolloutWorker(settings)
         self.worker = worker
@@ -344,6 +351,9 @@ class LocalStack:
         await asyncio.wait([ready, self.worker_task], return_when=asyncio.FIRST_COMPLETED)
         if self.worker_task.done():
             self.worker_task.result()  # raises the start-up error
+        if self.metrics_port is not None:
+            url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+            self.console.print(f"worker metrics: {url}", highlight=False, soft_wrap=True)
 
     async def stop(self) -> None:
         """Stop everything this stack started, newest first; never raises."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
+from prometheus_client import start_http_server
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
@@ -32,6 +33,9 @@ from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
 from rollout_client.temporal_connection import TemporalConnectError, TemporalTLS
 from sandboxes.registry import BUILTIN_BACKENDS, backend_class
+from workers.fleet_interceptor import FleetInterceptor
+from workers.fleet_metrics import FleetMetrics
+from workers.fleet_sampler import run_sampler
 from workers.gc_policy import tune_gc_for_serving
 from workers.model_options import model_options
 from workers.temporal_options import TemporalOptions
@@ -73,7 +77,13 @@ class WorkerSettings(BaseModel):
     graceful_shutdown_s: float = Field(default=30.0, ge=0)
     reaper_interval_s: float = Field(default=300.0, ge=0, description="0: only at start")
     count_calls_every_s: float = Field(default=30.0, ge=0)
+    #: The fleet metrics (`workers.fleet_metrics`) on metrics_host:metrics_port; None: off.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    #: How often the backlog and the live/warm sandboxes are sampled.
+    metrics_interval_s: float = Field(default=15.0, gt=0)
+    #: The Temporal SDK's own Prometheus metrics (slots, pollers, latencies); None: off.
+    sdk_metrics_port: int | None = Field(default=None, ge=0, le=65535)
     register_search_attributes: bool = True
     #: Keys (base64, one a line, the first encrypts) for the Temporal payload codec;
     #: None: `ROLLOUT_PAYLOAD_KEY`, else no encryption (see `rollout_client.codec`).
@@ -83,13 +93,13 @@ class WorkerSettings(BaseModel):
         return self.role == "all" or self.role == role
 
 
-def make_runtime(metrics_port: int | None) -> Runtime | None:
+def make_runtime(metrics_port: int | None, host: str = "127.0.0.1") -> Runtime | None:
     """Prometheus metrics of the SDK (slots, pollers, schedule-to-start latency…)."""
     if metrics_port is None:
         return None
     return Runtime(
         telemetry=TelemetryConfig(
-            metrics=PrometheusConfig(bind_address=f"127.0.0.1:{metrics_port}"),
+            metrics=PrometheusConfig(bind_address=f"{host}:{metrics_port}"),
             global_tags={"service": "rollout-worker"},
         )
     )
@@ -107,6 +117,8 @@ class RolloutWorker:
         self._backends: Any = None
         self._capacity: Any = None
         self._gateway_access: Any = None
+        self.metrics = FleetMetrics() if settings.metrics_port is not None else None
+        self._interceptors = [FleetInterceptor(self.metrics)] if self.metrics else []
         self.ready = asyncio.Event()
 
     async def connect(self) -> Client:
@@ -115,7 +127,7 @@ class RolloutWorker:
 
         s = self.settings
         if self.client is None:
-            runtime = make_runtime(s.metrics_port)
+            runtime = make_runtime(s.sdk_metrics_port, s.metrics_host)
             kwargs = {"runtime": runtime} if runtime else {}
             keys = load_keys(s.payload_key_file)
             if not keys:
@@ -148,6 +160,7 @@ class RolloutWorker:
                     max_concurrent_workflow_tasks=s.max_workflow_tasks,
                     max_cached_workflows=s.max_cached_workflows,
                     graceful_shutdown_timeout=shutdown,
+                    interceptors=self._interceptors,
                 )
             )
         if s.has("sandbox-host"):
@@ -159,7 +172,8 @@ class RolloutWorker:
             self._closers.append(backends.aclose)
             host_queue = q.host(s.host_id)
             self._capacity = capacity = HostCapacity(s.max_sandboxes, s.max_provisions)
-            sandboxes = SandboxActivities(backends, s.host_id, host_queue, capacity)
+            on_image = self.metrics.image_ready if self.metrics else None
+            sandboxes = SandboxActivities(backends, s.host_id, host_queue, capacity, on_image)
             harness = HarnessActivities(
                 backends,
                 s.data_dir / "artifacts",
@@ -181,6 +195,7 @@ class RolloutWorker:
                         nexus_supplier=fixed(1),
                     ),
                     graceful_shutdown_timeout=shutdown,
+                    interceptors=self._interceptors,
                 )
             )
             workers.append(
@@ -191,6 +206,7 @@ class RolloutWorker:
                     # every live sandbox's run plus its destroy: neither ever starves
                     max_concurrent_activities=s.max_sandboxes * 2,
                     graceful_shutdown_timeout=shutdown,
+                    interceptors=self._interceptors,
                 )
             )
         if s.has("gateway-host"):
@@ -212,6 +228,7 @@ class RolloutWorker:
                     activities=[sessions.create_session],
                     max_concurrent_activities=s.max_session_activities,
                     graceful_shutdown_timeout=shutdown,
+                    interceptors=self._interceptors,
                 )
             )
             workers.append(
@@ -221,6 +238,7 @@ class RolloutWorker:
                     activities=[collect.collect_trajectory, sessions.close_session],
                     max_concurrent_activities=s.max_session_activities,
                     graceful_shutdown_timeout=shutdown,
+                    interceptors=self._interceptors,
                 )
             )
         return workers
@@ -258,6 +276,7 @@ class RolloutWorker:
         self.workers = self.build(client)
         if not self.workers:
             raise RuntimeError(f"role {self.settings.role!r} runs no worker")
+        sampler, http = self._serve_metrics(client)
         runs = [asyncio.ensure_future(w.run()) for w in self.workers]
         reaper = asyncio.ensure_future(self._reaper(client))
         self.ready.set()
@@ -279,6 +298,8 @@ class RolloutWorker:
         finally:
             reaper.cancel()
             stopper.cancel()
+            if sampler is not None:
+                sampler.cancel()
             # Graceful: stop polling, let running activities finish (up to the timeout),
             # then cancel them; the workflow retries what was handed back.
             await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
@@ -286,6 +307,28 @@ class RolloutWorker:
             for close in self._closers:
                 with contextlib.suppress(Exception):
                     await close()
+            if http is not None:
+                http.shutdown()
+                http.server_close()
+
+    def _serve_metrics(self, client: Client) -> tuple[asyncio.Task[None] | None, Any]:
+        """The fleet metrics' HTTP server and sampler (none when metrics are off)."""
+        s = self.settings
+        if self.metrics is None or s.metrics_port is None:
+            return None, None
+        http, _ = start_http_server(s.metrics_port, s.metrics_host, self.metrics.registry)
+        log.info("fleet metrics on http://%s:%d/metrics", s.metrics_host, http.server_port)
+        sampler = asyncio.ensure_future(
+            run_sampler(
+                # the shared queues' backlog: from the orchestrators only (few, and one
+                # answer is the fleet's), not from every host
+                (client, s.namespace, s.task_queue) if s.has("orchestrator") else None,
+                self._backends,
+                self.metrics,
+                s.metrics_interval_s,
+            )
+        )
+        return sampler, http
 
 
 async def serve(settings: WorkerSettings) -> None:
@@ -314,11 +357,16 @@ def backend_options(
     sandbox_state_dir: Path | None,
     allow_public_network: bool,
     egress_hosts: dict[str, str] | None = None,
+    warm_pool_size: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Per-backend settings from the worker's flags."""
     config: dict[str, dict[str, Any]] = {}
     if sandbox_state_dir is not None:
         config["local"] = {"state_dir": str(sandbox_state_dir)}
+    if warm_pool_size:
+        for b in offered:
+            if hasattr(backend_class(b), "warm"):  # the host-local ones keep a pool
+                config.setdefault(b, {})["pool_size"] = warm_pool_size
     if allow_public_network:
         for b in offered:
             if b in BUILTIN_BACKENDS:  # a registered backend may not take the option
@@ -378,7 +426,22 @@ def worker_cmd(
         float, typer.Option(help="poll the session's call count for heartbeats (0: off)")
     ] = 30.0,
     reaper_interval_s: Annotated[float, typer.Option(help="0: reap only at start")] = 300.0,
-    metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port")] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="serve the fleet metrics (Prometheus /metrics) on this port"),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option(help="address the metrics ports bind to")
+    ] = "127.0.0.1",
+    metrics_interval_s: Annotated[
+        float, typer.Option(help="how often the queue backlog and sandboxes are sampled")
+    ] = 15.0,
+    sdk_metrics_port: Annotated[
+        int | None, typer.Option(help="serve the Temporal SDK's own Prometheus metrics here")
+    ] = None,
+    warm_pool_size: Annotated[
+        int, typer.Option(min=0, help="blank sandboxes kept warm per shape (local, docker)")
+    ] = 0,
     payload_key_file: Annotated[
         Path | None,
         typer.Option(
@@ -397,7 +460,11 @@ def worker_cmd(
         raise typer.BadParameter(f"role must be one of {', '.join(ROLES)}")
     offered = [b.strip() for b in backends.split(",") if b.strip()]
     backend_config = backend_options(
-        offered, sandbox_state_dir, allow_public_network, parse_egress_hosts(egress_host)
+        offered,
+        sandbox_state_dir,
+        allow_public_network,
+        parse_egress_hosts(egress_host),
+        warm_pool_size,
     )
     settings = WorkerSettings(
         role=role,  # type: ignore[arg-type]
@@ -419,6 +486,9 @@ def worker_cmd(
         count_calls_every_s=count_calls_every_s,
         reaper_interval_s=reaper_interval_s,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        metrics_interval_s=metrics_interval_s,
+        sdk_metrics_port=sdk_metrics_port,
         payload_key_file=payload_key_file,
     )
     if settings.has("gateway-host") and not settings.gateway_urls:

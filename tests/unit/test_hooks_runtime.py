@@ -182,7 +182,9 @@ async def test_phases_run_in_order_and_the_sandbox_is_destroyed(tmp_path: Path) 
     assert phases == ["setup", "before_run", "agent", "stop_agent", "after_run"]
     assert r.status == RolloutStatus.ok and r.harness_version == "9.9.9"
     assert r.env_version == "fake:1" and not backend.live
-    assert set(r.timings) == {"setup", "before_run", "agent", "stop_agent", "after_run"}
+    # the phases, and each hook that ran in one (`hook:<name>`, its phases added up)
+    phases_timed = {"setup", "before_run", "agent", "stop_agent", "after_run"}
+    assert set(r.timings) == phases_timed | {"hook:test_recorder"}
     # The sandbox is told where the Gateway is (a non-local backend: its public origin);
     # the harness sees it inside (asserted in ScriptedHarness.setup).
     assert backend.specs[0].gateway is not None
