@@ -48,6 +48,10 @@ owns that one; drop it before asking for the next to keep the whole process at o
 batch). While the trainer trains, the iterator is suspended: rollouts keep running in
 the workers, only their (small) outcomes queue up here.
 
+`collect_groups(client, tasks, output, group_size, …)` is the same stream for a bridge whose
+trainer asks for one whole batch per call: submit, wait for every group, return them as
+one `ConvertedBatch` (`Collected`).
+
 Only `schemas`, `rollout_client` and `bridges.rollouts` are imported: no trainer.
 """
 
@@ -71,7 +75,19 @@ from schemas.training import policy_version_index
 
 
 class RolloutSource(Protocol):
-    """What the batcher uses of `RolloutClient` (a `RolloutClient` is one)."""
+    """What the batcher and `collect_groups` use of `RolloutClient` (a `RolloutClient` is
+    one)."""
+
+    async def submit(
+        self,
+        tasks: Sequence[RolloutTask],
+        output: str,
+        samples_per_task: int = 1,
+        batch_id: str | None = None,
+        seed: int | None = None,
+        max_concurrent_starts: int = 64,
+        rerun_failed: bool = False,
+    ) -> Batch: ...
 
     async def submit_groups(
         self,
@@ -169,6 +185,8 @@ class CompletedGroup:
     task_id: str
     outcomes: list[RolloutOutcome]
     converted: ConvertedBatch
+    rows: int = 0
+    """Sample rows its rollouts wrote (one per segment)."""
 
     @property
     def group(self) -> TrainingGroup | None:
@@ -199,9 +217,80 @@ async def stream_groups(
             continue
         group_id, outcomes = done
         table = await _read(client, outcomes)
+        rows = table.num_rows
         converted = to_training_rollouts(_rows(table), rules)
         del table
-        yield CompletedGroup(group_id, _task_of(batch, group_id), outcomes, converted)
+        yield CompletedGroup(group_id, _task_of(batch, group_id), outcomes, converted, rows)
+
+
+# ---------------------------------------------------------------------------- whole batches
+
+
+@dataclass
+class Collected:
+    """Every group of one submitted batch, finished and converted."""
+
+    batch: Batch
+    outcomes: list[RolloutOutcome]
+    converted: ConvertedBatch
+    rows: int
+
+
+def merge(parts: Iterable[ConvertedBatch]) -> ConvertedBatch:
+    """Converted batches of distinct groups as one (groups in the order given)."""
+    out = ConvertedBatch()
+    for part in parts:
+        out.groups.extend(part.groups)
+        out.infra_error += part.infra_error
+        out.stale += part.stale
+        out.stale_calls += part.stale_calls
+        out.staleness.extend(part.staleness)
+    return out
+
+
+async def collect(
+    client: RolloutSource, batch: Batch, rules: ConversionRules | None = None, poll_s: float = 1.0
+) -> Collected:
+    """Wait for every group of `batch` (`stream_groups`: each read off the event loop and
+    converted as it completes) and return them as one converted batch."""
+    outcomes: list[RolloutOutcome] = []
+    parts: list[ConvertedBatch] = []
+    rows = 0
+    async for done in stream_groups(client, batch, rules, poll_s):
+        outcomes.extend(done.outcomes)
+        parts.append(done.converted)
+        rows += done.rows
+    return Collected(batch, outcomes, merge(parts), rows)
+
+
+async def collect_groups(
+    client: RolloutSource,
+    tasks: Sequence[RolloutTask],
+    output: str,
+    group_size: int,
+    *,
+    batch_id: str | None = None,
+    rules: ConversionRules | None = None,
+    policy_version: str | None = None,
+    seed: int | None = None,
+    rerun_failed: bool = False,
+    poll_s: float = 1.0,
+) -> Collected:
+    """Submit one group of `group_size` rollouts per task (relabelled with
+    `policy_version` when given) and :func:`collect` them: what a bridge whose trainer
+    asks for one batch at a time does per call. Checks are the bridge's: a group of one
+    is allowed (evaluation)."""
+    if policy_version is not None:
+        tasks = [t.model_copy(update={"policy_version": policy_version}) for t in tasks]
+    batch = await client.submit(
+        tasks,
+        output,
+        samples_per_task=group_size,
+        batch_id=batch_id,
+        seed=seed,
+        rerun_failed=rerun_failed,
+    )
+    return await collect(client, batch, rules, poll_s)
 
 
 # ---------------------------------------------------------------------------- batches

@@ -194,6 +194,13 @@ class TrainingGroup(BaseModel):
         mean = math.fsum(rewards) / len(rewards)  # floats (statistics.pstdev is exact, slow)
         return mean, math.sqrt(math.fsum((x - mean) ** 2 for x in rewards) / len(rewards))
 
+    def fill_reward(self, default: float = 0.0) -> float:
+        """The reward a trainer that cannot leave a sample out of a group gives a rollout
+        out of the baseline: the baseline's mean, so the group's mean over every sample
+        stays the mean over the rollouts that count (`default` when none counts)."""
+        stats = self.baseline()
+        return stats[0] if stats else default
+
     def advantages(self, eps: float = 1e-6) -> dict[str, float]:
         """GRPO advantage per rollout: (reward − mean) / (std + eps) over the baseline;
         0 for a rollout that trains nothing and when every reward is equal."""
