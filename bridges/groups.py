@@ -169,6 +169,18 @@ async def _read(client: RolloutSource, outcomes: Sequence[RolloutOutcome]) -> pa
     return box.pop()
 
 
+async def convert_outcomes(
+    client: RolloutSource, outcomes: Sequence[RolloutOutcome], rules: ConversionRules
+) -> tuple[ConvertedBatch, int]:
+    """The finished rollouts' rows, read off the event loop and converted; and how many
+    rows they wrote (a rollout that failed before writing has none)."""
+    table = await _read(client, outcomes)
+    rows = table.num_rows
+    converted = to_training_rollouts(_rows(table), rules)
+    del table
+    return converted, rows
+
+
 def _task_of(batch: Batch, group_id: str) -> str:
     prefix = f"{batch.batch_id}-"
     return group_id[len(prefix) :] if group_id.startswith(prefix) else group_id
@@ -216,10 +228,7 @@ async def stream_groups(
         if done is None:
             continue
         group_id, outcomes = done
-        table = await _read(client, outcomes)
-        rows = table.num_rows
-        converted = to_training_rollouts(_rows(table), rules)
-        del table
+        converted, rows = await convert_outcomes(client, outcomes, rules)
         yield CompletedGroup(group_id, _task_of(batch, group_id), outcomes, converted, rows)
 
 
