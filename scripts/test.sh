@@ -23,11 +23,11 @@ fi
 echo "== vLLM CPU virtual environment (cached under $ROLLOUT_CACHE_DIR)"
 .venv/bin/python -c "from devstack.vllm_server import ensure_vllm_venv; print(ensure_vllm_venv())"
 
-echo "== trainer environments: one overlay per trainer (devstack.trainer_env.TRAINER_EXTRAS; cached)"
+echo "== trainer environments: one overlay per trainer (its extra in pyproject.toml; cached)"
 .venv/bin/python -c "
 from devstack.trainer_env import TRAINER_EXTRAS, ensure_trainer_env
 for name, extras in TRAINER_EXTRAS.items():
-    print(name, ensure_trainer_env(extras=extras))
+    print(name, list(extras), ensure_trainer_env(extras=extras))
 "
 
 echo "== warm tiny model (cached by recipe; minutes of CPU training on a fresh machine)"
