@@ -33,7 +33,7 @@ Why these choices:
   context the policy never saw.
 
 Imports verl (and only this module does: import contract); runs in the trainer's
-environment (`devstack.trainer_env.TRAINER_EXTRAS["verl"]`).
+environment (the `verl` extra in pyproject.toml).
 """
 
 from __future__ import annotations
