@@ -50,6 +50,7 @@ from bridges.rollouts import (
     ConvertedBatch,
     TrainingGroup,
     TrainingRollout,
+    aligned,
 )
 from bridges.runner import PerLoop
 from bridges.tasks import require_reward
@@ -129,15 +130,7 @@ def rollout_to_response(
             placeholder_ids=placeholder_ids,
             rollout=rollout,
         )
-    seg = rollout.primary
-    n = len(seg.response_ids)
-    for field, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
-        if len(values) != n:
-            raise ConversionError(
-                rollout.rollout_id,
-                field,
-                f"{len(values)} entries for {n} response_ids (segment {seg.segment_id})",
-            )
+    seg = aligned(rollout.rollout_id, rollout.primary)
     offset = len(seg.prompt_ids)
     counts = rollout.in_baseline
     ranges = action_ranges(seg.loss_mask, offset) if counts and seg.trained else []

@@ -131,6 +131,21 @@ class TrainingSegment(BaseModel):
         return [json.loads(text) for text in self.call_sampling]
 
 
+def aligned(rollout_id: str, segment: TrainingSegment) -> TrainingSegment:
+    """`segment`, after checking its loss mask and logprobs align with its response ids:
+    a segment changed after conversion raises :class:`ConversionError` (rollout, field,
+    segment) instead of reaching a trainer misaligned."""
+    n = len(segment.response_ids)
+    for name, values in (("loss_mask", segment.loss_mask), ("logprobs", segment.logprobs)):
+        if len(values) != n:
+            raise ConversionError(
+                rollout_id,
+                name,
+                f"{len(values)} entries for {n} response_ids (segment {segment.segment_id})",
+            )
+    return segment
+
+
 class TrainingRollout(BaseModel):
     """One rollout: one GRPO sample, one or more segments."""
 

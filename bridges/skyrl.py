@@ -44,6 +44,7 @@ from bridges.rollouts import (
     ConvertedBatch,
     TrainingRollout,
     TrainingSegment,
+    aligned,
 )
 from bridges.runner import PerLoop
 from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task
@@ -188,16 +189,8 @@ def plan_groups(
 
 def _checked(rollout: TrainingRollout) -> TrainingSegment:
     """The primary segment, never one whose masks and ids disagree in length."""
-    seg = rollout.primary
-    n = len(seg.response_ids)
-    for name, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
-        if len(values) != n:
-            raise ConversionError(
-                rollout.rollout_id,
-                name,
-                f"{len(values)} entries for {n} response_ids (segment {seg.segment_id})",
-            )
-    if n == 0:
+    seg = aligned(rollout.rollout_id, rollout.primary)
+    if not seg.response_ids:
         raise ConversionError(
             rollout.rollout_id, "response_ids", f"empty (segment {seg.segment_id})"
         )

@@ -58,6 +58,7 @@ from bridges.rollouts import (
     ConvertedBatch,
     TrainingRollout,
     TrainingSegment,
+    aligned,
 )
 from bridges.runner import run_sync
 from bridges.tasks import find_task
@@ -245,11 +246,7 @@ def _segment_sample(
 ) -> Any:
     """One segment as a slime sample; raises ConversionError (rollout id, field) when its
     masks and ids disagree — slime would otherwise train on misaligned tokens."""
-    n = len(segment.response_ids)
-    for name in ("loss_mask", "logprobs"):
-        got = len(getattr(segment, name))
-        if got != n:
-            raise ConversionError(rollout.rollout_id, name, f"{got} entries for {n} response_ids")
+    n = len(aligned(rollout.rollout_id, segment).response_ids)
     if not segment.prompt_ids:
         raise ConversionError(rollout.rollout_id, "prompt_ids", "empty")
     trained = segment.trained and rollout.in_baseline

@@ -41,7 +41,7 @@ from typing import Any
 
 from bridges.groups import collect_groups
 from bridges.policy import publish
-from bridges.rollouts import ConversionError, ConversionRules, ConvertedBatch, TrainingRollout
+from bridges.rollouts import ConversionRules, ConvertedBatch, TrainingRollout, aligned
 from bridges.runner import EventLoopThread
 from rollout_client import GatewayPolicyClient, RolloutClient, RolloutOutcome
 from schemas.policy import PolicyUpdateRecord
@@ -76,14 +76,8 @@ def _sample(rollout: TrainingRollout | None, placeholder_id: int) -> dict[str, A
             "rollout_status": "missing",
             "policy_versions": [],
         }
-    seg = rollout.primary
-    n = len(seg.response_ids)
-    for name, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
-        if len(values) != n:
-            raise ConversionError(
-                rollout.rollout_id, name, f"{len(values)} entries for {n} response_ids"
-            )
-    if rollout.trained and n and seg.prompt_ids:
+    seg = aligned(rollout.rollout_id, rollout.primary)
+    if rollout.trained and seg.response_ids and seg.prompt_ids:
         tokens = {
             "prompt_ids": list(seg.prompt_ids),
             "completion_ids": list(seg.response_ids),

@@ -59,7 +59,13 @@ from verl.experimental.agent_loop.agent_loop import (
 
 from bridges.groups import convert_outcomes
 from bridges.policy import gateway_policy, served_index
-from bridges.rollouts import ConversionError, ConversionRules, ConvertedBatch, TrainingRollout
+from bridges.rollouts import (
+    ConversionError,
+    ConversionRules,
+    ConvertedBatch,
+    TrainingRollout,
+    aligned,
+)
 from bridges.runner import PerLoop
 from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task
 from rollout_client import RolloutClient, RolloutOutcome
@@ -169,11 +175,8 @@ def to_agent_loop_output(
             metrics=metrics,
             extra_fields=_extra(rollout, cut=False),
         )
-    seg = rollout.primary
+    seg = aligned(rid, rollout.primary)
     n = len(seg.response_ids)
-    for name, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
-        if len(values) != n:
-            raise ConversionError(rid, name, f"{len(values)} entries for {n} response_ids")
     _check_prompt(rid, seg.prompt_ids, limits)
     # no copies here: verl's model validates each list into a new one
     response, mask, logprobs = seg.response_ids, seg.loss_mask, seg.logprobs
