@@ -79,15 +79,9 @@ class RolloutSource(Protocol):
     one)."""
 
     async def submit(
-        self,
-        tasks: Sequence[RolloutTask],
-        output: str,
-        samples_per_task: int = 1,
-        batch_id: str | None = None,
-        seed: int | None = None,
-        max_concurrent_starts: int = 64,
-        rerun_failed: bool = False,
-    ) -> Batch: ...
+        self, tasks: Sequence[RolloutTask], output: str, *, samples_per_task: int,
+        batch_id: str | None, seed: int | None, rerun_failed: bool,
+    ) -> Batch: ...  # fmt: skip
 
     async def submit_groups(
         self,
