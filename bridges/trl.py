@@ -223,7 +223,6 @@ class TrlRolloutSource:
         label = self.label.version
         step = self.calls if trainer is None else int(trainer.state.global_step) + 1
         batch_id = f"{label}-{self.batch_prefix}{step}"
-        tasks = [self.tasks[t].model_copy(update={"policy_version": label}) for t in runs]
         rules = ConversionRules(
             current_version=policy_version_index(label),
             max_staleness=self.max_staleness,
@@ -233,11 +232,12 @@ class TrlRolloutSource:
         got = self.runner.run(
             collect_groups(
                 self.client,
-                tasks,
+                [self.tasks[t] for t in runs],
                 str(self.samples_dir / f"step-{step:04d}"),
                 self.group_size,
                 batch_id=batch_id,
                 rules=rules,
+                policy_version=label,
                 seed=self.run_seed + step,
                 rerun_failed=True,
                 poll_s=0.5,
