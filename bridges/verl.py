@@ -57,7 +57,6 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
-from bridges.groups import convert_outcomes
 from bridges.policy import gateway_policy, served_index
 from bridges.rollouts import (
     ConversionError,
@@ -65,6 +64,7 @@ from bridges.rollouts import (
     ConvertedBatch,
     TrainingRollout,
     aligned,
+    to_training_rollouts,
 )
 from bridges.runner import PerLoop
 from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task
@@ -401,7 +401,8 @@ class AgenticRolloutLoop(AgentLoopBase):
             stale="mask",  # verl needs an output for every row
             truncated=self.options.truncated,
         )
-        converted, _ = await convert_outcomes(client, [outcome], rules)
+        rows = await asyncio.to_thread(lambda: client.load_samples([outcome]).to_pylist())
+        converted = to_training_rollouts(rows, rules)
         rollouts = converted.rollouts
         if not rollouts:  # a result without sample rows (e.g. failed before any call)
             return _failed(request, outcome)
