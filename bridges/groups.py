@@ -48,6 +48,10 @@ owns that one; drop it before asking for the next to keep the whole process at o
 batch). While the trainer trains, the iterator is suspended: rollouts keep running in
 the workers, only their (small) outcomes queue up here.
 
+`collect_groups(client, tasks, output, group_size, …)` is the same stream for a bridge whose
+trainer asks for one whole batch per call: submit, wait for every group, return them as
+one `ConvertedBatch` (`Collected`).
+
 Only `schemas`, `rollout_client` and `bridges.rollouts` are imported: no trainer.
 """
 
@@ -71,7 +75,13 @@ from schemas.training import policy_version_index
 
 
 class RolloutSource(Protocol):
-    """What the batcher uses of `RolloutClient` (a `RolloutClient` is one)."""
+    """What the batcher and `collect_groups` use of `RolloutClient` (a `RolloutClient` is
+    one)."""
+
+    async def submit(
+        self, tasks: Sequence[RolloutTask], output: str, *, samples_per_task: int,
+        batch_id: str | None, seed: int | None, rerun_failed: bool,
+    ) -> Batch: ...  # fmt: skip
 
     async def submit_groups(
         self,
@@ -153,6 +163,18 @@ async def _read(client: RolloutSource, outcomes: Sequence[RolloutOutcome]) -> pa
     return box.pop()
 
 
+async def convert_outcomes(
+    client: RolloutSource, outcomes: Sequence[RolloutOutcome], rules: ConversionRules
+) -> tuple[ConvertedBatch, int]:
+    """The finished rollouts' rows, read off the event loop and converted; and how many
+    rows they wrote (a rollout that failed before writing has none)."""
+    table = await _read(client, outcomes)
+    rows = table.num_rows
+    converted = to_training_rollouts(_rows(table), rules)
+    del table
+    return converted, rows
+
+
 def _task_of(batch: Batch, group_id: str) -> str:
     prefix = f"{batch.batch_id}-"
     return group_id[len(prefix) :] if group_id.startswith(prefix) else group_id
@@ -169,6 +191,8 @@ class CompletedGroup:
     task_id: str
     outcomes: list[RolloutOutcome]
     converted: ConvertedBatch
+    rows: int = 0
+    """Sample rows its rollouts wrote (one per segment)."""
 
     @property
     def group(self) -> TrainingGroup | None:
@@ -198,10 +222,78 @@ async def stream_groups(
         if done is None:
             continue
         group_id, outcomes = done
-        table = await _read(client, outcomes)
-        converted = to_training_rollouts(_rows(table), rules)
-        del table
-        yield CompletedGroup(group_id, _task_of(batch, group_id), outcomes, converted)
+        converted, rows = await convert_outcomes(client, outcomes, rules)
+        yield CompletedGroup(group_id, _task_of(batch, group_id), outcomes, converted, rows)
+
+
+# ---------------------------------------------------------------------------- whole batches
+
+
+@dataclass
+class Collected:
+    """Every group of one submitted batch, finished and converted."""
+
+    batch: Batch
+    outcomes: list[RolloutOutcome]
+    converted: ConvertedBatch
+    rows: int
+
+
+def merge(parts: Iterable[ConvertedBatch]) -> ConvertedBatch:
+    """Converted batches of distinct groups as one (groups in the order given)."""
+    out = ConvertedBatch()
+    for part in parts:
+        out.groups.extend(part.groups)
+        out.infra_error += part.infra_error
+        out.stale += part.stale
+        out.stale_calls += part.stale_calls
+        out.staleness.extend(part.staleness)
+    return out
+
+
+async def collect(
+    client: RolloutSource, batch: Batch, rules: ConversionRules | None = None, poll_s: float = 1.0
+) -> Collected:
+    """Wait for every group of `batch` (`stream_groups`: each read off the event loop and
+    converted as it completes) and return them as one converted batch."""
+    outcomes: list[RolloutOutcome] = []
+    parts: list[ConvertedBatch] = []
+    rows = 0
+    async for done in stream_groups(client, batch, rules, poll_s):
+        outcomes.extend(done.outcomes)
+        parts.append(done.converted)
+        rows += done.rows
+    return Collected(batch, outcomes, merge(parts), rows)
+
+
+async def collect_groups(
+    client: RolloutSource,
+    tasks: Sequence[RolloutTask],
+    output: str,
+    group_size: int,
+    *,
+    batch_id: str | None = None,
+    rules: ConversionRules | None = None,
+    policy_version: str | None = None,
+    seed: int | None = None,
+    rerun_failed: bool = False,
+    poll_s: float = 1.0,
+) -> Collected:
+    """Submit one group of `group_size` rollouts per task (relabelled with
+    `policy_version` when given) and :func:`collect` them: what a bridge whose trainer
+    asks for one batch at a time does per call. Checks are the bridge's: a group of one
+    is allowed (evaluation)."""
+    if policy_version is not None:
+        tasks = [t.model_copy(update={"policy_version": policy_version}) for t in tasks]
+    batch = await client.submit(
+        tasks,
+        output,
+        samples_per_task=group_size,
+        batch_id=batch_id,
+        seed=seed,
+        rerun_failed=rerun_failed,
+    )
+    return await collect(client, batch, rules, poll_s)
 
 
 # ---------------------------------------------------------------------------- batches

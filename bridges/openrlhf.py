@@ -42,15 +42,21 @@ from typing import Any, TypedDict
 
 from pydantic import BaseModel, Field, ValidationError
 
+from bridges.groups import collect_groups
+from bridges.policy import gateway_policy, publish, served_version
 from bridges.rollouts import (
     ConversionError,
     ConversionRules,
     ConvertedBatch,
     TrainingGroup,
     TrainingRollout,
-    to_training_rollouts,
+    aligned,
 )
+from bridges.runner import PerLoop
+from bridges.tasks import require_reward
+from rollout_client import RolloutClient
 from schemas.tasks import RolloutTask
+from schemas.training import policy_version_index
 
 log = logging.getLogger("rollout.bridges.openrlhf")
 
@@ -124,15 +130,7 @@ def rollout_to_response(
             placeholder_ids=placeholder_ids,
             rollout=rollout,
         )
-    seg = rollout.primary
-    n = len(seg.response_ids)
-    for field, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
-        if len(values) != n:
-            raise ConversionError(
-                rollout.rollout_id,
-                field,
-                f"{len(values)} entries for {n} response_ids (segment {seg.segment_id})",
-            )
+    seg = aligned(rollout.rollout_id, rollout.primary)
     offset = len(seg.prompt_ids)
     counts = rollout.in_baseline
     ranges = action_ranges(seg.loss_mask, offset) if counts and seg.trained else []
@@ -181,12 +179,6 @@ def fill_response(
     }
 
 
-def fill_reward(group: TrainingGroup) -> float:
-    """Mean reward of the group's in-baseline rollouts (0.0 when none counts)."""
-    rewards = [r.reward for r in group.rollouts if r.in_baseline]
-    return sum(rewards) / len(rewards) if rewards else 0.0
-
-
 def group_responses(
     group: TrainingGroup,
     size: int,
@@ -203,7 +195,7 @@ def group_responses(
             "samples_per_prompt",
             f"group {group.group_id} has {len(group.rollouts)} rollouts for {size} samples",
         )
-    fill = fill_reward(group)
+    fill = group.fill_reward()
     by_index = {r.sample_index: r for r in group.rollouts}
     spare = sorted(i for i in by_index if i >= size)  # indexes past `size`: keep, in order
     slots = [by_index.get(i) for i in range(size)]
@@ -290,10 +282,7 @@ def task_from_openrlhf(
     except ValidationError as exc:
         where = ", ".join(".".join(map(str, e["loc"])) + ": " + e["msg"] for e in exc.errors()[:3])
         raise BridgeInputError(f"label: task {merged.get('task_id')!r}: {where}") from None
-    if task.evaluation is None:
-        raise BridgeInputError(
-            f"label: task {task.task_id!r}: evaluation is missing (a rollout needs a reward)"
-        )
+    require_reward(task, "label", BridgeInputError)
     return task
 
 
@@ -442,8 +431,11 @@ class RolloutAgentExecutor:
         self._gate = GroupGate(
             self.settings.samples_per_prompt, self.settings.group_linger_s, self._run_group
         )
-        self._client: Any = None
-        self._client_lock: asyncio.Lock | None = None
+        s = self.settings
+        self._client: Any = None  # a connected client given instead (tests)
+        self._connect = PerLoop(
+            lambda: RolloutClient.connect(s.temporal, s.namespace, s.task_queue)
+        )
         self._published: int | None = None
         self._serial = 0
 
@@ -473,56 +465,39 @@ class RolloutAgentExecutor:
             )
         return response
 
-    async def _rollout_client(self) -> Any:
-        from rollout_client import RolloutClient
-
-        if self._client_lock is None:
-            self._client_lock = asyncio.Lock()
-        async with self._client_lock:
-            if self._client is None:
-                s = self.settings
-                self._client = await RolloutClient.connect(s.temporal, s.namespace, s.task_queue)
-        return self._client
-
     async def _policy(self) -> tuple[str | None, int | None]:
         """Publish a newer OpenRLHF checkpoint; the version the Gateway serves and its index."""
         s = self.settings
         if s.gateway is None:
             return None, s.rules.current_version
-        from rollout_client import GatewayPolicyClient
-        from schemas.policy import PolicyUpdate
-        from schemas.training import policy_version_index
-
-        policy = GatewayPolicyClient(s.gateway, admin_token=os.environ.get("ROLLOUT_ADMIN_TOKEN"))
+        policy = gateway_policy(s.gateway)
         if s.checkpoint_root is not None:
             found = newest_checkpoint(Path(s.checkpoint_root))
             if found is not None and (self._published is None or found[0] > self._published):
                 step, path = found
-                await policy.update(
-                    PolicyUpdate(
-                        policy_version=f"{s.run_id}-v{step}", checkpoint=str(path.resolve())
-                    )
-                )
+                await publish(policy, f"{s.run_id}-v{step}", path)
                 self._published = step
-        state = await policy.state()
-        if state.policy_version is None:
+        version = await served_version(policy)
+        if version is None:
             return None, s.rules.current_version
-        return state.policy_version, policy_version_index(state.policy_version)
+        return version, policy_version_index(version)
 
     async def _run_group(
         self, task: RolloutTask, size: int, prompt: Any, label: Any, placeholder: list[int]
     ) -> list[OpenRLHFResponse]:
-        client = await self._rollout_client()
         version, current = await self._policy()
-        if version is not None:
-            task = task.model_copy(update={"policy_version": version})
         self._serial += 1
-        batch_id = f"orl{os.getpid()}x{self._serial}{secrets.token_hex(3)}"
-        batch = await client.submit(
-            [task], self.settings.output, samples_per_task=size, batch_id=batch_id
+        got = await collect_groups(
+            self._client or await self._connect.get(),
+            [task],
+            self.settings.output,
+            size,
+            batch_id=f"orl{os.getpid()}x{self._serial}{secrets.token_hex(3)}",
+            rules=self.settings.rules.model_copy(update={"current_version": current}),
+            policy_version=version,
+            poll_s=self.settings.poll_s,
         )
-        outcomes = [o async for o in client.results(batch, poll_s=self.settings.poll_s)]
-        for o in outcomes:
+        for o in got.outcomes:
             if not o.ok:
                 log.warning(
                     "rollout %s: %s (%s): a fill sample stands in",
@@ -530,11 +505,8 @@ class RolloutAgentExecutor:
                     o.workflow_status,
                     o.error,
                 )
-        rows = client.load_samples(outcomes).to_pylist()
-        rules = self.settings.rules.model_copy(update={"current_version": current})
-        converted = to_training_rollouts(rows, rules)
-        group = next((g for g in converted.groups), None) or TrainingGroup(
-            group_id=next(iter(batch.groups)), task_id=task.task_id, rollouts=[]
+        group = next(iter(got.converted.groups), None) or TrainingGroup(
+            group_id=next(iter(got.batch.groups)), task_id=task.task_id, rollouts=[]
         )
         return group_responses(group, size, prompt=prompt, label=label, placeholder_ids=placeholder)
 

@@ -131,6 +131,21 @@ class TrainingSegment(BaseModel):
         return [json.loads(text) for text in self.call_sampling]
 
 
+def aligned(rollout_id: str, segment: TrainingSegment) -> TrainingSegment:
+    """`segment`, after checking its loss mask and logprobs align with its response ids:
+    a segment changed after conversion raises :class:`ConversionError` (rollout, field,
+    segment) instead of reaching a trainer misaligned."""
+    n = len(segment.response_ids)
+    for name, values in (("loss_mask", segment.loss_mask), ("logprobs", segment.logprobs)):
+        if len(values) != n:
+            raise ConversionError(
+                rollout_id,
+                name,
+                f"{len(values)} entries for {n} response_ids (segment {segment.segment_id})",
+            )
+    return segment
+
+
 class TrainingRollout(BaseModel):
     """One rollout: one GRPO sample, one or more segments."""
 
@@ -193,6 +208,13 @@ class TrainingGroup(BaseModel):
             return None
         mean = math.fsum(rewards) / len(rewards)  # floats (statistics.pstdev is exact, slow)
         return mean, math.sqrt(math.fsum((x - mean) ** 2 for x in rewards) / len(rewards))
+
+    def fill_reward(self, default: float = 0.0) -> float:
+        """The reward a trainer that cannot leave a sample out of a group gives a rollout
+        out of the baseline: the baseline's mean, so the group's mean over every sample
+        stays the mean over the rollouts that count (`default` when none counts)."""
+        stats = self.baseline()
+        return stats[0] if stats else default
 
     def advantages(self, eps: float = 1e-6) -> dict[str, float]:
         """GRPO advantage per rollout: (reward − mean) / (std + eps) over the baseline;

@@ -31,21 +31,23 @@ stand-ins below have SkyRL's documented field shapes, so the conversion is the s
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bridges.groups import collect_groups
 from bridges.rollouts import (
     ConversionError,
     ConversionRules,
     ConvertedBatch,
     TrainingRollout,
     TrainingSegment,
-    to_training_rollouts,
+    aligned,
 )
+from bridges.runner import PerLoop
+from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task
 from rollout_client import RolloutClient
 from schemas.tasks import ID_PATTERN, RolloutTask, group_id_for, rollout_id_for
 from schemas.training import policy_version_name
@@ -87,10 +89,6 @@ except ImportError:  # documented shapes: GeneratorOutput/Input are plain dicts 
             raise NotImplementedError
 
 
-TASK_KEY = "rollout_task"
-"""env_extras key holding a whole `RolloutTask` (dict or JSON text)."""
-TASK_ID_KEY = "task_id"
-"""env_extras key naming a task of the generator's `tasks`."""
 FINISHED = "stop"
 """SkyRL's stop reason for a finished sample; anything else is masked by SkyRL's
 `apply_overlong_filtering` when that is on."""
@@ -109,36 +107,6 @@ class _Group:
     instance_id: str
     task: RolloutTask
     rows: dict[int, int]  # repetition id -> input row
-
-
-def _task_of(
-    row: int, extras: Mapping[str, Any] | None, tasks: Mapping[str, RolloutTask]
-) -> RolloutTask:
-    if not isinstance(extras, Mapping):
-        raise SkyRLInputError(
-            f"env_extras[{row}]: expected a dict with {TASK_KEY!r} or {TASK_ID_KEY!r}, "
-            f"got {type(extras).__name__}"
-        )
-    if extras.get(TASK_KEY) is not None:
-        raw = extras[TASK_KEY]
-        try:
-            data = json.loads(raw) if isinstance(raw, str | bytes) else raw
-            return RolloutTask.model_validate(data)
-        except ValueError as exc:
-            raise SkyRLInputError(
-                f"env_extras[{row}].{TASK_KEY}: not a RolloutTask: {exc}"
-            ) from exc
-    task_id = extras.get(TASK_ID_KEY)
-    if task_id is None:
-        raise SkyRLInputError(
-            f"env_extras[{row}]: neither {TASK_KEY!r} (a task) nor {TASK_ID_KEY!r} (a task id)"
-        )
-    if str(task_id) not in tasks:
-        raise SkyRLInputError(
-            f"env_extras[{row}].{TASK_ID_KEY}: {task_id!r} is not one of the generator's "
-            f"{len(tasks)} tasks"
-        )
-    return tasks[str(task_id)]
 
 
 def plan_groups(
@@ -168,7 +136,18 @@ def plan_groups(
         )
     groups: dict[str, _Group] = {}
     for row, (tid, extra) in enumerate(zip(traj, extras, strict=True)):
-        task = _task_of(row, extra, tasks or {})
+        if not isinstance(extra, Mapping):
+            raise SkyRLInputError(
+                f"env_extras[{row}]: expected a dict with {TASK_KEY!r} or {TASK_ID_KEY!r}, "
+                f"got {type(extra).__name__}"
+            )
+        task = find_task(
+            extra,
+            tasks or {},
+            where=f"env_extras[{row}]",
+            tasks_name="the generator's tasks",
+            error=SkyRLInputError,
+        )
         group = groups.get(tid.instance_id)
         if group is None:
             group = groups[tid.instance_id] = _Group(tid.instance_id, task, {})
@@ -210,16 +189,8 @@ def plan_groups(
 
 def _checked(rollout: TrainingRollout) -> TrainingSegment:
     """The primary segment, never one whose masks and ids disagree in length."""
-    seg = rollout.primary
-    n = len(seg.response_ids)
-    for name, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
-        if len(values) != n:
-            raise ConversionError(
-                rollout.rollout_id,
-                name,
-                f"{len(values)} entries for {n} response_ids (segment {seg.segment_id})",
-            )
-    if n == 0:
+    seg = aligned(rollout.rollout_id, rollout.primary)
+    if not seg.response_ids:
         raise ConversionError(
             rollout.rollout_id, "response_ids", f"empty (segment {seg.segment_id})"
         )
@@ -258,10 +229,7 @@ def _assemble(
     reward_shape: RewardShape,
     filler_token_id: int,
 ) -> dict[str, Any]:
-    baseline: dict[str, float] = {}
-    for group in batch.groups:
-        rewards = [r.reward for r in group.rollouts if r.in_baseline]
-        baseline[group.group_id] = sum(rewards) / len(rewards) if rewards else 0.0
+    baseline = {group.group_id: group.fill_reward() for group in batch.groups}
     prompt_ids: list[list[int]] = []
     response_ids: list[list[int]] = []
     loss_masks: list[list[int]] = []
@@ -389,7 +357,7 @@ class RolloutGenerator(GeneratorInterface):
         else:
             self.tasks = {t.task_id: t for t in tasks or ()}
         self._client = client if isinstance(client, RolloutClient) else None
-        self._connect = None if isinstance(client, RolloutClient) else client
+        self._connect = None if self._client is not None else PerLoop(client)  # type: ignore[arg-type]
         self.output = output
         self.rules = rules or ConversionRules()
         self.run_id = run_id or f"skyrl{secrets.token_hex(3)}"
@@ -403,10 +371,10 @@ class RolloutGenerator(GeneratorInterface):
         self.calls = 0
 
     async def client(self) -> RolloutClient:
-        if self._client is None:
-            assert self._connect is not None
-            self._client = await self._connect()
-        return self._client
+        if self._client is not None:
+            return self._client
+        assert self._connect is not None
+        return await self._connect.get()
 
     def batch_id(self, meta: Any) -> str:
         """`<run>-<phase><step>-<call>`: distinct per call (dynamic sampling asks again
@@ -435,17 +403,15 @@ class RolloutGenerator(GeneratorInterface):
                 rules = rules.model_copy(update={"current_version": served})
         if self.version_index is not None:
             rules = rules.model_copy(update={"current_version": self.version_index(meta)})
-        client = await self.client()
-        batch = await client.submit(
+        got = await collect_groups(
+            await self.client(),
             tasks,
             self.output,
-            samples_per_task=len(groups[0].rows),
+            len(groups[0].rows),
             batch_id=self.batch_id(meta),
+            rules=rules,
         )
-        outcomes = [o async for o in client.results(batch)]
-        rows = client.load_samples(outcomes).to_pylist()  # a failed rollout has no rows
-        converted = to_training_rollouts(rows, rules)
-        return self.output_for(input_batch, groups, batch.batch_id, converted)
+        return self.output_for(input_batch, groups, got.batch.batch_id, got.converted)
 
     async def label_served(self, meta: Any) -> int | None:
         """With `policy`: the index of the weights the engines serve for this batch (the

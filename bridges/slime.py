@@ -40,29 +40,30 @@ slime (an import contract says so).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import enum
 import json
-import os
 import re
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bridges.groups import collect_groups, merge
+from bridges.policy import gateway_policy, publish, served_version
 from bridges.rollouts import (
     ConversionError,
     ConversionRules,
     ConvertedBatch,
     TrainingRollout,
     TrainingSegment,
-    to_training_rollouts,
+    aligned,
 )
-from rollout_client import Batch, GatewayPolicyClient, RolloutClient, RolloutOutcome
+from bridges.runner import run_sync
+from bridges.tasks import find_task
+from rollout_client import RolloutClient, RolloutOutcome
 from schemas.outcome import RolloutStatus
-from schemas.policy import PolicyUpdate
 from schemas.tasks import ID_PATTERN, RolloutTask, group_id_for, load_tasks
 from schemas.training import policy_version_index
 
@@ -245,11 +246,7 @@ def _segment_sample(
 ) -> Any:
     """One segment as a slime sample; raises ConversionError (rollout id, field) when its
     masks and ids disagree — slime would otherwise train on misaligned tokens."""
-    n = len(segment.response_ids)
-    for name in ("loss_mask", "logprobs"):
-        got = len(getattr(segment, name))
-        if got != n:
-            raise ConversionError(rollout.rollout_id, name, f"{got} entries for {n} response_ids")
+    n = len(aligned(rollout.rollout_id, segment).response_ids)
     if not segment.prompt_ids:
         raise ConversionError(rollout.rollout_id, "prompt_ids", "empty")
     trained = segment.trained and rollout.in_baseline
@@ -411,32 +408,13 @@ def prompt_data_rows(tasks: Iterable[RolloutTask]) -> list[dict[str, Any]]:
 def task_for_group(group: Sequence[Any], tasks: Mapping[str, RolloutTask] | None) -> RolloutTask:
     """Our task for one slime prompt group (all its samples copy one prompt)."""
     first = group[0]
-    where = f"slime prompt (group_index={first.group_index}, index={first.index})"
-    metadata = first.metadata or {}
-    if "rollout_task" in metadata:
-        raw = metadata["rollout_task"]
-        try:
-            task = RolloutTask.model_validate(json.loads(raw) if isinstance(raw, str) else raw)
-        except (ValueError, ValidationError) as exc:
-            raise ValueError(
-                f"{where}: metadata.rollout_task is not a RolloutTask: {exc}"
-            ) from None
-    elif "task_id" in metadata:
-        if tasks is None:
-            raise ValueError(
-                f"{where}: metadata.task_id needs agentic_rollout_tasks (a JSONL of tasks)"
-            )
-        task_id = str(metadata["task_id"])
-        if task_id not in tasks:
-            raise ValueError(
-                f"{where}: metadata.task_id {task_id!r} is not in agentic_rollout_tasks"
-            )
-        task = tasks[task_id]
-    else:
-        raise ValueError(f"{where}: metadata has neither 'rollout_task' nor 'task_id'")
-    if task.evaluation is None:
-        raise ValueError(f"{where}: task {task.task_id!r}: evaluation is missing (no reward)")
-    return task
+    return find_task(
+        first.metadata or {},
+        tasks,
+        where=f"slime prompt (group_index={first.group_index}, index={first.index}): metadata",
+        tasks_name="agentic_rollout_tasks",
+        need_reward=True,
+    )
 
 
 def waves(task_ids: Sequence[str]) -> list[list[int]]:
@@ -459,54 +437,38 @@ def waves(task_ids: Sequence[str]) -> list[list[int]]:
 
 # --------------------------------------------------------------------------- the hooks
 
-_T = TypeVar("_T")
-
-
-def _run(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run a coroutine from slime's synchronous hooks, even on a thread whose event loop
-    is already running (then on a fresh thread of its own)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-async def _served_version(config: SlimeBridgeConfig) -> str | None:
-    if config.gateway is None:
-        return None
-    state = await GatewayPolicyClient(config.gateway, os.environ.get("ROLLOUT_ADMIN_TOKEN")).state()
-    return state.policy_version
-
-
-async def _collect(client: RolloutClient, batch: Batch, poll_s: float) -> list[RolloutOutcome]:
-    return [outcome async for outcome in client.results(batch, poll_s=poll_s)]
-
 
 async def _sample_groups(
     config: SlimeBridgeConfig,
     batch_prefix: str,
     tasks: Sequence[RolloutTask],
     group_size: int,
-) -> tuple[dict[str, int], list[RolloutOutcome]]:
+    rules: ConversionRules,
+) -> tuple[dict[str, int], list[RolloutOutcome], ConvertedBatch]:
     """Submit one GRPO group per task (in waves of distinct task ids) and wait for all:
-    (our group id → position in `tasks`, every rollout's outcome)."""
+    (our group id → position in `tasks`, every rollout's outcome, the groups converted)."""
     if config.output is None:
         raise ValueError("slime args: agentic_rollout_output is required (samples dir or s3://…)")
     client = await RolloutClient.connect(config.temporal, config.namespace, config.task_queue)
-    batches: list[Batch] = []
     positions: dict[str, int] = {}
+    runs = []
     for number, wave in enumerate(waves([t.task_id for t in tasks])):
         batch_id = batch_prefix if number == 0 else f"{batch_prefix}-w{number}"
-        wave_tasks = [tasks[i] for i in wave]
-        batch = await client.submit(
-            wave_tasks, config.output, samples_per_task=group_size, batch_id=batch_id
-        )
         positions.update({group_id_for(batch_id, tasks[i].task_id): i for i in wave})
-        batches.append(batch)
-    done = await asyncio.gather(*(_collect(client, b, config.poll_s) for b in batches))
-    return positions, [outcome for outcomes in done for outcome in outcomes]
+        runs.append(
+            collect_groups(
+                client,
+                [tasks[i] for i in wave],
+                config.output,
+                group_size,
+                batch_id=batch_id,
+                rules=rules,
+                poll_s=config.poll_s,
+            )
+        )
+    done = await asyncio.gather(*runs)
+    outcomes = [o for got in done for o in got.outcomes]
+    return positions, outcomes, merge(got.converted for got in done)
 
 
 def _metrics(batch: ConvertedBatch, outcomes: Sequence[RolloutOutcome]) -> dict[str, Any]:
@@ -551,15 +513,15 @@ async def _train_step(
         )
     lookup = {t.task_id: t for t in load_tasks(config.tasks)} if config.tasks else None
     tasks = [task_for_group(group, lookup) for group in groups]
-    version = await _served_version(config)
+    version = None
+    if config.gateway is not None:  # label the step with the version served (staleness)
+        version = await served_version(gateway_policy(config.gateway))
     if version is not None:
         tasks = [t.model_copy(update={"policy_version": version}) for t in tasks]
-    positions, outcomes = await _sample_groups(
-        config, f"{config.run}-r{rollout_id}", tasks, group_size
-    )
-    rows = RolloutClient.load_samples([o for o in outcomes if o.ok]).to_pylist()
     current = policy_version_index(version) if version is not None else None
-    converted = to_training_rollouts(rows, config.rules(current))
+    positions, outcomes, converted = await _sample_groups(
+        config, f"{config.run}-r{rollout_id}", tasks, group_size, config.rules(current)
+    )
     ordered = sorted(positions.items(), key=lambda item: item[1])
     prompt_groups = {group_id: groups[i] for group_id, i in ordered}
     samples = to_slime_samples(converted, prompt_groups)
@@ -603,9 +565,9 @@ async def _eval_step(args: Any, rollout_id: int, config: SlimeBridgeConfig) -> A
         tasks = eval_tasks(dataset)
         group_size = int(getattr(dataset, "n_samples_per_eval_prompt", None) or 1)
         batch_prefix = f"{config.run}-e{rollout_id}-d{number}"
-        _, outcomes = await _sample_groups(config, batch_prefix, tasks, group_size)
-        rows = RolloutClient.load_samples([o for o in outcomes if o.ok]).to_pylist()
-        converted = to_training_rollouts(rows, config.rules(None))
+        _, outcomes, converted = await _sample_groups(
+            config, batch_prefix, tasks, group_size, config.rules(None)
+        )
         samples = [
             rollout[0]
             for group in to_slime_samples(converted, segments="primary")
@@ -627,9 +589,9 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     """`--rollout-function-path bridges.slime.generate_rollout` (see the module doc)."""
     config = SlimeBridgeConfig.from_args(args)
     if evaluation:
-        return _run(_eval_step(args, rollout_id, config))
+        return run_sync(_eval_step(args, rollout_id, config))
     groups = data_source.get_samples(args.rollout_batch_size)
-    return _run(_train_step(args, rollout_id, groups, config))
+    return run_sync(_train_step(args, rollout_id, groups, config))
 
 
 _WEIGHT_DIR_RE = re.compile(r"weight_v(\d+)$")
@@ -663,12 +625,8 @@ def publish_policy(args: Any, version_dir: str, rollout_engines: Sequence[Any]) 
     config = SlimeBridgeConfig.from_args(args)
     if config.gateway is None:
         raise ValueError("publish_policy needs agentic_rollout_gateway (the Gateway's control URL)")
-    update = PolicyUpdate(
-        policy_version=policy_version_for(config, version_dir),
-        checkpoint=str(Path(version_dir).resolve()),
-    )
-    client = GatewayPolicyClient(config.gateway, os.environ.get("ROLLOUT_ADMIN_TOKEN"))
-    _run(client.update(update))
+    version = policy_version_for(config, version_dir)
+    run_sync(publish(gateway_policy(config.gateway), version, version_dir))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

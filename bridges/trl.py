@@ -33,28 +33,20 @@ conversion benchmark, unit tests).
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from bridges.rollouts import (
-    ConversionError,
-    ConversionRules,
-    ConvertedBatch,
-    TrainingRollout,
-    to_training_rollouts,
-)
+from bridges.groups import collect_groups
+from bridges.policy import publish
+from bridges.rollouts import ConversionRules, ConvertedBatch, TrainingRollout, aligned
+from bridges.runner import EventLoopThread
 from rollout_client import GatewayPolicyClient, RolloutClient, RolloutOutcome
-from schemas.policy import PolicyUpdate, PolicyUpdateRecord
+from schemas.policy import PolicyUpdateRecord
 from schemas.tasks import RolloutTask
 from schemas.training import policy_version_index
-
-T = TypeVar("T")
 
 #: Keys of the `rollout_func` output TRL reads itself.
 TRL_FIELDS = ("prompt_ids", "completion_ids", "logprobs", "env_mask")
@@ -84,14 +76,8 @@ def _sample(rollout: TrainingRollout | None, placeholder_id: int) -> dict[str, A
             "rollout_status": "missing",
             "policy_versions": [],
         }
-    seg = rollout.primary
-    n = len(seg.response_ids)
-    for name, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
-        if len(values) != n:
-            raise ConversionError(
-                rollout.rollout_id, name, f"{len(values)} entries for {n} response_ids"
-            )
-    if rollout.trained and n and seg.prompt_ids:
+    seg = aligned(rollout.rollout_id, rollout.primary)
+    if rollout.trained and seg.response_ids and seg.prompt_ids:
         tokens = {
             "prompt_ids": list(seg.prompt_ids),
             "completion_ids": list(seg.response_ids),
@@ -188,27 +174,6 @@ def group_runs(prompts: Sequence[Any], group_size: int) -> list[str]:
 # --------------------------------------------------------------------------- the loop
 
 
-class EventLoopThread:
-    """One asyncio loop on a thread of its own: TRL calls us synchronously, the
-    Temporal client and the policy client are async and bound to one loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        """Start `coro` on the loop; `.result()` waits for it from any thread."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-
-
 @dataclass
 class PolicyLabel:
     """The version the engines serve now: what the next batch is labelled with."""
@@ -228,10 +193,6 @@ class GenerationRecord:
     rows: int
     started: float
     finished: float
-
-
-async def collect(client: RolloutClient, batch: Any) -> list[RolloutOutcome]:
-    return [o async for o in client.results(batch, poll_s=0.5)]
 
 
 @dataclass
@@ -262,35 +223,34 @@ class TrlRolloutSource:
         label = self.label.version
         step = self.calls if trainer is None else int(trainer.state.global_step) + 1
         batch_id = f"{label}-{self.batch_prefix}{step}"
-        tasks = [self.tasks[t].model_copy(update={"policy_version": label}) for t in runs]
-        started = time.monotonic()
-
-        async def go() -> list[RolloutOutcome]:
-            batch = await self.client.submit(
-                tasks,
-                str(self.samples_dir / f"step-{step:04d}"),
-                samples_per_task=self.group_size,
-                batch_id=batch_id,
-                seed=self.run_seed + step,
-                rerun_failed=True,
-            )
-            return await collect(self.client, batch)
-
-        outcomes = self.runner.run(go())
-        finished = time.monotonic()
-        table = RolloutClient.load_samples(outcomes)
         rules = ConversionRules(
             current_version=policy_version_index(label),
             max_staleness=self.max_staleness,
             stale="mask",  # TRL needs a sample per slot: a stale one stays, untrained
         )
-        converted = to_training_rollouts(table.to_pylist(), rules)
+        started = time.monotonic()
+        got = self.runner.run(
+            collect_groups(
+                self.client,
+                [self.tasks[t] for t in runs],
+                str(self.samples_dir / f"step-{step:04d}"),
+                self.group_size,
+                batch_id=batch_id,
+                rules=rules,
+                policy_version=label,
+                seed=self.run_seed + step,
+                rerun_failed=True,
+                poll_s=0.5,
+            )
+        )
+        finished = time.monotonic()
+        converted = got.converted
         slots = [(t, i) for t in runs for i in range(self.group_size)]
         fields = convert_batch(converted, slots=slots, placeholder_id=self.placeholder_id)
         if not any(any(m) for m in fields["env_mask"]):
             raise TrlBridgeError(
                 f"env_mask: no rollout of batch {batch_id} has a trained token "
-                f"({converted.infra_error} infra_error, {len(outcomes)} rollouts); "
+                f"({converted.infra_error} infra_error, {len(got.outcomes)} rollouts); "
                 "nothing to learn from"
             )
         if self.on_generation is not None:
@@ -299,9 +259,9 @@ class TrlRolloutSource:
                     step=step,
                     label=label,
                     batch_id=batch_id,
-                    outcomes=outcomes,
+                    outcomes=got.outcomes,
                     converted=converted,
-                    rows=table.num_rows,
+                    rows=got.rows,
                     started=started,
                     finished=finished,
                 )
@@ -337,11 +297,7 @@ class PolicyPublisher:
         checkpoint = self.policies_dir / version
         if not checkpoint.is_dir():
             self.save(model, checkpoint, version)
-        self.last = None
-        state = self.runner.run(self.gateway.state())
-        if state.policy_version != version:
-            update = PolicyUpdate(policy_version=version, checkpoint=str(checkpoint))
-            self.last = self.runner.run(self.gateway.update(update))
+        self.last = self.runner.run(publish(self.gateway, version, checkpoint, unless_served=True))
         self.label.version = version
         self.last_s = time.monotonic() - started
         return version

@@ -33,7 +33,7 @@ Why these choices:
   context the policy never saw.
 
 Imports verl (and only this module does: import contract); runs in the trainer's
-environment (`devstack.trainer_env.TRAINER_EXTRAS["verl"]`).
+environment (the `verl` extra in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -57,27 +57,29 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
+from bridges.policy import gateway_policy, served_index
 from bridges.rollouts import (
     ConversionError,
     ConversionRules,
     ConvertedBatch,
-    TrainingGroup,
     TrainingRollout,
+    aligned,
     to_training_rollouts,
 )
-from rollout_client import GatewayPolicyClient, RolloutClient, RolloutOutcome
+from bridges.runner import PerLoop
+from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task
+from rollout_client import RolloutClient, RolloutOutcome
 from rollout_client.client import DEFAULT_TASK_QUEUE
 from schemas.outcome import RolloutStatus
 from schemas.tasks import RolloutRequest, RolloutTask, group_id_for, load_tasks, rollout_id_for
-from schemas.training import policy_version_index
 
 AGENT_NAME = "agentic_rollout"
 """The name a dataset row's `agent_name` (or `rollout.agent.default_agent_loop`) gives."""
 
-TASK_FIELD = "rollout_task"
+TASK_FIELD = TASK_KEY
 """Dataset column (or `extra_info` key) holding the row's `RolloutTask` as JSON."""
 
-TASK_ID_FIELD = "task_id"
+TASK_ID_FIELD = TASK_ID_KEY
 """`extra_info` key naming a task of the loop's `tasks_path` instead."""
 
 EXTRA_PREFIX = "rollout_"
@@ -173,11 +175,8 @@ def to_agent_loop_output(
             metrics=metrics,
             extra_fields=_extra(rollout, cut=False),
         )
-    seg = rollout.primary
+    seg = aligned(rid, rollout.primary)
     n = len(seg.response_ids)
-    for name, values in (("loss_mask", seg.loss_mask), ("logprobs", seg.logprobs)):
-        if len(values) != n:
-            raise ConversionError(rid, name, f"{len(values)} entries for {n} response_ids")
     _check_prompt(rid, seg.prompt_ids, limits)
     # no copies here: verl's model validates each list into a new one
     response, mask, logprobs = seg.response_ids, seg.loss_mask, seg.logprobs
@@ -208,13 +207,6 @@ def _check_prompt(rollout_id: str, prompt: list[int], limits: VerlLimits) -> Non
         )
 
 
-def _group_fill(group: TrainingGroup) -> float | None:
-    """The reward a rollout out of the baseline gets in a verl batch: the baseline mean,
-    so verl's mean over every row of the uid stays the mean of the rollouts in it."""
-    stats = group.baseline()
-    return stats[0] if stats else None
-
-
 def convert_batch(
     batch: ConvertedBatch,
     *,
@@ -230,11 +222,9 @@ def convert_batch(
     limits = VerlLimits(prompt_length=prompt_length, response_length=response_length)
     out: list[AgentLoopOutput] = []
     for group in batch.groups:
-        fill = _group_fill(group)
+        fill = group.fill_reward(default=infra_error_reward)
         for rollout in group.rollouts:
-            reward = None
-            if not rollout.in_baseline:
-                reward = infra_error_reward if fill is None else fill
+            reward = None if rollout.in_baseline else fill
             out.append(
                 to_agent_loop_output(
                     rollout, limits, reward=reward, filler_token_id=filler_token_id
@@ -250,30 +240,9 @@ def task_of_row(row: Mapping[str, Any], tasks: Mapping[str, RolloutTask] | None)
     """The row's task: its `rollout_task` column (or `extra_info.rollout_task`), JSON or a
     mapping; else `extra_info.task_id` looked up in the loop's `tasks_path`."""
     extra = row.get("extra_info")
-    extra = extra if isinstance(extra, Mapping) else {}
-    raw = row.get(TASK_FIELD)
-    if raw is None:
-        raw = extra.get(TASK_FIELD)
-    if raw is not None:
-        try:
-            if isinstance(raw, str | bytes):
-                return RolloutTask.model_validate_json(raw)
-            return RolloutTask.model_validate(dict(raw))
-        except ValueError as exc:
-            raise ValueError(f"dataset row {TASK_FIELD!r}: not a RolloutTask: {exc}") from None
-    task_id = row.get(TASK_ID_FIELD) or extra.get(TASK_ID_FIELD)
-    if task_id is None:
-        raise ValueError(
-            f"dataset row has no {TASK_FIELD!r} (RolloutTask JSON) and no "
-            f"extra_info.{TASK_ID_FIELD!r}"
-        )
-    if tasks is None:
-        raise ValueError(
-            f"dataset row names task_id {task_id!r} but the agent loop config has no tasks_path"
-        )
-    if str(task_id) not in tasks:
-        raise ValueError(f"extra_info.task_id {task_id!r} is not in the loop's tasks_path")
-    return tasks[str(task_id)]
+    fields = dict(extra) if isinstance(extra, Mapping) else {}
+    fields.update({k: row[k] for k in (TASK_KEY, TASK_ID_KEY) if row.get(k) is not None})
+    return find_task(fields, tasks, where="dataset row", tasks_name="the loop's tasks_path")
 
 
 SAMPLE_INDEX_LIMIT = 2**31
@@ -318,38 +287,29 @@ def plan_request(
     )
 
 
-class _PerLoop:
-    """What the loop objects of one event loop share: verl makes a loop object per row, and
-    its worker runs them all on one event loop; a Temporal client and asyncio primitives
-    belong to the event loop they were made on."""
-
-    def __init__(self, max_waiters: int) -> None:
-        self.lock = asyncio.Lock()
-        self.waiters = asyncio.Semaphore(max_waiters)
-        self.clients: dict[tuple[str, str, str], RolloutClient] = {}
-
-
-_per_loop: dict[int, _PerLoop] = {}
-
-
-def _shared(options: VerlOptions) -> _PerLoop:
-    loop = asyncio.get_running_loop()
-    shared = _per_loop.get(id(loop))
-    if shared is None:
-        shared = _per_loop[id(loop)] = _PerLoop(options.max_waiters)
-    return shared
+_clients: dict[tuple[str, str, str], PerLoop[RolloutClient]] = {}
+_waiters: dict[int, PerLoop[asyncio.Semaphore]] = {}
 
 
 async def _client(options: VerlOptions) -> RolloutClient:
-    """One Temporal client per event loop and address."""
-    shared = _shared(options)
+    """One Temporal client per event loop and address: verl makes a loop object per row
+    and runs them all on its worker's event loop."""
     key = (options.temporal_address, options.namespace, options.task_queue)
-    async with shared.lock:
-        if key not in shared.clients:
-            shared.clients[key] = await RolloutClient.connect(
-                options.temporal_address, options.namespace, options.task_queue
-            )
-        return shared.clients[key]
+    if key not in _clients:
+        _clients[key] = PerLoop(lambda: RolloutClient.connect(*key))
+    return await _clients[key].get()
+
+
+async def _waiter(options: VerlOptions) -> asyncio.Semaphore:
+    """At most `max_waiters` rollouts awaited at once per event loop."""
+    n = options.max_waiters
+    if n not in _waiters:
+
+        async def make() -> asyncio.Semaphore:
+            return asyncio.Semaphore(n)
+
+        _waiters[n] = PerLoop(make)
+    return await _waiters[n].get()
 
 
 def _failed(request: RolloutRequest, outcome: RolloutOutcome) -> tuple[TrainingRollout, str]:
@@ -396,9 +356,9 @@ class AgenticRolloutLoop(AgentLoopBase):
         """The trainer's policy index for the staleness rule: the Gateway's served version."""
         if self.options.gateway_url is None:
             return None
-        policy = GatewayPolicyClient(self.options.gateway_url, self.options.gateway_admin_token)
-        state = await policy.state()
-        return policy_version_index(state.policy_version) if state.policy_version else None
+        return await served_index(
+            gateway_policy(self.options.gateway_url, self.options.gateway_admin_token)
+        )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         started = time.monotonic()
@@ -431,17 +391,17 @@ class AgenticRolloutLoop(AgentLoopBase):
     ) -> tuple[TrainingRollout, str | None]:
         """The rollout converted, and why it failed (None: it did not)."""
         await client.start(request)
-        async with _shared(self.options).waiters:
+        async with await _waiter(self.options):
             outcome = await client.outcome(request.rollout_id)
         if not outcome.ok:
             return _failed(request, outcome)
-        rows = await asyncio.to_thread(lambda: RolloutClient.load_samples([outcome]).to_pylist())
         rules = ConversionRules(
             current_version=await self.current_version(),
             max_staleness=self.options.max_staleness,
             stale="mask",  # verl needs an output for every row
             truncated=self.options.truncated,
         )
+        rows = await asyncio.to_thread(lambda: client.load_samples([outcome]).to_pylist())
         converted = to_training_rollouts(rows, rules)
         rollouts = converted.rollouts
         if not rollouts:  # a result without sample rows (e.g. failed before any call)

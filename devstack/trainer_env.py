@@ -28,11 +28,13 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -55,37 +57,43 @@ TRAINER_PACKAGES = (
 ``__init__.py``."""
 
 
-TRAINER_EXTRAS: dict[str, tuple[str, ...]] = {
-    "reference": (),
-    "trl": ("trl==1.16.0",),  # its transformers>=4.56.2 is met by the vLLM venv's 5.19
-    "skyrl": (
-        "--no-deps skyrl==0.3.0",
-        "skyrl-gym==0.4.0",
-        "ray==2.56.0",
-        "tensordict==0.15.3",
-        "jaxtyping==0.3.11",
-        "peft==0.18.1",
-        "datasets==5.2.0",
-        "torchdata==0.11.0",
-    ),
-    "openrlhf": ("--no-deps openrlhf==0.11.2", "ray==2.55.0", "pylatexenc==2.11"),
-    "verl": (
-        "--no-deps verl==0.9.1",
-        "ray==2.60.0",
-        "hydra-core==1.3.8",
-        "tensordict==0.8.3",
-        "datasets==5.2.0",
-        "codetiming==1.4.0",
-    ),
-}
-"""Per trainer, what its overlay adds (pip requirements); each distinct tuple is its own
-overlay, so a trainer framework's pins never move another trainer's packages."""
-
 NO_DEPS = "--no-deps "
 """An extra starting with this is installed without its dependencies, after the others:
-for a trainer whose declared pins contradict the vLLM venv's (verl 0.9.1 wants
-transformers < 5.11, the overlay uses the venv's 5.19), with the dependencies it really
-imports listed as extras of their own."""
+for a trainer whose declared pins contradict the vLLM venv's, with the dependencies it
+really imports listed as extras of their own."""
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+"""Where the trainers' pins live: one optional-dependency extra per trainer."""
+
+
+def trainer_extras(pyproject: Path = PYPROJECT) -> dict[str, tuple[str, ...]]:
+    """Per trainer, what its overlay adds (pip requirements): its extra in `pyproject`,
+    each package named in `[tool.rollout.trainer-envs] no-deps` marked with
+    :data:`NO_DEPS`; `reference` (our own trainer) adds nothing. Each distinct tuple is
+    its own overlay, so a trainer framework's pins never move another trainer's packages."""
+    data = tomllib.loads(pyproject.read_text())
+    extras = data["project"]["optional-dependencies"]
+    table = data["tool"]["rollout"]["trainer-envs"]
+    bare = set(table["no-deps"])
+    out: dict[str, tuple[str, ...]] = {"reference": ()}
+    for trainer in table["trainers"]:
+        if trainer not in extras:
+            raise ValueError(
+                f"{pyproject}: [tool.rollout.trainer-envs] trainers: {trainer!r} has no "
+                "[project.optional-dependencies] extra"
+            )
+        out[trainer] = tuple(
+            f"{NO_DEPS}{req}" if _REQ_NAME.split(req, 1)[0] in bare else req
+            for req in extras[trainer]
+        )
+    return out
+
+
+_REQ_NAME = re.compile(r"[^A-Za-z0-9._-]")
+"""Where a requirement's project name ends (`verl==0.9.1` → `verl`)."""
+
+TRAINER_EXTRAS = trainer_extras()
+"""The trainers' overlays, read once from pyproject.toml (:func:`trainer_extras`)."""
 
 
 class TrainerEnvMarker(BaseModel):

@@ -82,21 +82,23 @@ class PreparedRollouts:
         self.bad_lengths = bad_lengths
 
     async def submit(
-        self, tasks: list[Any], output: str, samples_per_task: int, batch_id: str
+        self, tasks: list[Any], output: str, samples_per_task: int, batch_id: str, **_: Any
     ) -> Any:
         self.submitted.append(samples_per_task)
         group = f"{batch_id}-{tasks[0].task_id}"
         rows = rows_for(tasks[0], samples_per_task, group)
         if self.bad_lengths:
             rows[0]["loss_mask"] = rows[0]["loss_mask"][:-1]
-        return SimpleNamespace(rows=rows, groups={group: []})
+        # one stand-in rollout carries the group's rows
+        return SimpleNamespace(batch_id=batch_id, rows=rows, groups={group: ["all"]})
 
     async def results(self, batch: Any, poll_s: float) -> Any:
-        yield SimpleNamespace(ok=True, rows=batch.rows)
+        yield SimpleNamespace(rollout_id="all", ok=True, rows=batch.rows)
 
     @staticmethod
     def load_samples(outcomes: list[Any]) -> Any:
-        return SimpleNamespace(to_pylist=lambda: [r for o in outcomes for r in o.rows])
+        rows = [r for o in outcomes for r in o.rows]
+        return SimpleNamespace(num_rows=len(rows), to_pylist=lambda: rows)
 
 
 def label() -> str:

@@ -153,9 +153,9 @@ def test_the_loop_is_registered_by_name_and_made_by_hydra_as_verls_worker_does(
 def test_a_row_names_its_task_by_json_or_by_id_and_a_bad_row_is_named(found: Any) -> None:
     rows = found["rows"]
     assert rows["column"] == rows["extra_info"] == rows["task_id"] == "mul"
-    assert "'rollout_task'" in rows["none"] and "extra_info.'task_id'" in rows["none"]
+    assert "neither 'rollout_task' nor 'task_id'" in rows["none"]
     assert "'nope'" in rows["unknown"] and "tasks_path" in rows["unknown"]
-    assert "no tasks_path" in rows["no_tasks_path"]
+    assert "needs the loop's tasks_path" in rows["no_tasks_path"]
     assert "not a RolloutTask" in rows["not_a_task"]
 
 

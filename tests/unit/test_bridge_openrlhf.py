@@ -237,19 +237,26 @@ class PreparedRollouts:
         self.submitted: list[tuple[RolloutTask, int]] = []
 
     async def submit(
-        self, tasks: list[RolloutTask], output: str, samples_per_task: int, batch_id: str
+        self,
+        tasks: list[RolloutTask],
+        output: str,
+        samples_per_task: int,
+        batch_id: str,
+        **_: Any,
     ) -> Any:
         (task,) = tasks
         self.submitted.append((task, samples_per_task))
         rows = self.make_rows(task, samples_per_task, f"{batch_id}-{task.task_id}")
-        return SimpleNamespace(rows=rows, groups={f"{batch_id}-{task.task_id}": []})
+        group = f"{batch_id}-{task.task_id}"  # one stand-in rollout carries the group's rows
+        return SimpleNamespace(batch_id=batch_id, rows=rows, groups={group: ["all"]})
 
     async def results(self, batch: Any, poll_s: float) -> Any:
-        yield SimpleNamespace(ok=True, rows=batch.rows)
+        yield SimpleNamespace(rollout_id="all", ok=True, rows=batch.rows)
 
     @staticmethod
     def load_samples(outcomes: list[Any]) -> Any:
-        return SimpleNamespace(to_pylist=lambda: [r for o in outcomes for r in o.rows])
+        rows = [r for o in outcomes for r in o.rows]
+        return SimpleNamespace(num_rows=len(rows), to_pylist=lambda: rows)
 
 
 def tokenizer_stand_in(text: str, add_special_tokens: bool) -> dict[str, list[int]]:

@@ -115,7 +115,7 @@ def test_rows_of_an_instance_are_one_group_and_name_their_task_either_way() -> N
     ("rows", "field"),
     [
         ([("u1", 0, {"task_id": "mul"})], "needs at least 2"),
-        ([("u1", 0, {}), ("u1", 1, {})], "env_extras[0]: neither"),
+        ([("u1", 0, {}), ("u1", 1, {})], "env_extras[0] has neither"),
         ([("u1", 0, {"task_id": "nope"}), ("u1", 1, {"task_id": "nope"})], "env_extras[0].task_id"),
         ([("u1", 0, {"rollout_task": "{}"}), ("u1", 1, {})], "env_extras[0].rollout_task"),
         ([("u1", 0, {"task_id": "mul"}), ("u1", 1, {"task_id": "cap"})], "env_extras[1]: task"),
@@ -271,20 +271,27 @@ class ListedClient:
         self.submitted: list[tuple[list[str], int, str]] = []
 
     async def submit(
-        self, tasks: list[RolloutTask], output: str, samples_per_task: int, batch_id: str
+        self,
+        tasks: list[RolloutTask],
+        output: str,
+        samples_per_task: int,
+        batch_id: str,
+        **_: Any,
     ) -> Batch:
         batch, _ = RolloutClient.plan(self, tasks, output, samples_per_task, batch_id)  # type: ignore[arg-type]
         self.submitted.append(([t.task_id for t in tasks], samples_per_task, batch_id))
         self.batch = batch
         return batch
 
-    async def results(self, batch: Batch) -> Any:
+    async def results(self, batch: Batch, poll_s: float = 1.0) -> Any:
         for rid in batch.rollout_ids:
             yield RolloutOutcome(rollout_id=rid, workflow_status="COMPLETED")
 
     def load_samples(self, outcomes: list[RolloutOutcome]) -> pa.Table:
-        assert [o.rollout_id for o in outcomes] == self.batch.rollout_ids
-        return pa.Table.from_pylist(self.rows)
+        """The rows of these rollouts (the bridge reads one group at a time)."""
+        ids = {o.rollout_id for o in outcomes}
+        assert ids <= set(self.batch.rollout_ids)
+        return pa.Table.from_pylist([r for r in self.rows if r["rollout_id"] in ids])
 
 
 def connecting(client: ListedClient) -> Any:
