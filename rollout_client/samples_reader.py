@@ -30,6 +30,7 @@ from schemas.outcome import RolloutStatus, whose_failure
 from schemas.samples import (
     KNOWN_SCHEMA_VERSIONS,
     ArtifactRow,
+    CheckRow,
     SampleRow,
     check_schema,
     is_s3,
@@ -110,17 +111,11 @@ class _View(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class CheckView(_View):
+class CheckView(CheckRow):
     """One evaluation check: verdict, score, exit code, time, and the tail of its detail."""
 
-    name: str
-    kind: str
-    passed: bool
-    score: float
-    exit_code: int | None = None
-    timed_out: bool = False
-    duration_s: float = 0.0
-    detail: str = ""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     #: What its verdict was read from (reward.txt, junit-xml, …), when it reads one.
     source: str | None = None
 

@@ -231,7 +231,10 @@ class EvaluationSpec(StrictModel):
         return f"eval{SCORING_VERSION}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
 
-class CheckResult(StrictModel):
+class CheckVerdict(StrictModel):
+    """A check's verdict and how it ran, without its per-test statuses: what a sample row
+    and a viewer carry of it."""
+
     name: str
     kind: str
     passed: bool
@@ -240,6 +243,9 @@ class CheckResult(StrictModel):
     timed_out: bool = False
     duration_s: float = 0.0
     detail: str = ""
+
+
+class CheckResult(CheckVerdict):
     #: Per test (a `swebench` check): PASSED, FAILED, ERROR, SKIPPED, XFAIL, XPASS or
     #: MISSING (not in the test log).
     tests: dict[str, str] = Field(default_factory=dict)

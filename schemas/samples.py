@@ -35,6 +35,7 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from schemas.base import StrictModel
+from schemas.evaluation import CheckVerdict
 from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.scenes import Scene
 from schemas.tasks import check_rollout_id
@@ -61,17 +62,9 @@ _ADDED_IN = {
 CHECK_DETAIL_CHARS = 2000
 
 
-class CheckRow(StrictModel):
-    """One evaluation check as a sample row carries it (`CheckResult`, detail capped)."""
-
-    name: str
-    kind: str
-    passed: bool
-    score: float
-    exit_code: int | None = None
-    timed_out: bool = False
-    duration_s: float = 0.0
-    detail: str = Field(default="", description="the tail of the check's detail")
+class CheckRow(CheckVerdict):
+    """One evaluation check as a sample row carries it: its `detail` is the last
+    `CHECK_DETAIL_CHARS` of the check's."""
 
 
 class ArtifactRow(StrictModel):
