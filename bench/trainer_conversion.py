@@ -24,7 +24,7 @@ layer (rows = rollouts: one row per rollout here), and its peak memory.
 - rows/s: rows over *thread CPU time* (`time.thread_time`), summed over all batches, so
   other jobs on a shared machine inflate it less than wall time would.
 - `--trainer-envs`: each bridge whose trainer declares an overlay
-  (`devstack.trainer_env.TRAINER_EXTRAS`) is measured in a child process on that
+  (`environments.trainer.TRAINER_EXTRAS`) is measured in a child process on that
   overlay's interpreter, where its trainer's package imports (path `package imports
   (trainer env)`); the others, and the conversion layer, in this interpreter.
 - peak memory: `tracemalloc`'s peak of Python allocations while converting one batch,
@@ -229,9 +229,9 @@ def measure(shape: Shape, names: list[str]) -> dict[str, Any]:
 
 
 def in_trainer_env(name: str, argv: list[str]) -> dict[str, Any] | None:
-    """The bridge measured in its trainer's overlay (`devstack.trainer_env`, built on
+    """The bridge measured in its trainer's overlay (`environments.trainer`, built on
     first use), where the trainer's own classes import; None: no overlay declared."""
-    from devstack.trainer_env import TRAINER_EXTRAS, trainer_environment, trainer_python
+    from environments.trainer import TRAINER_EXTRAS, trainer_environment, trainer_python
 
     extras = TRAINER_EXTRAS.get(name)
     if extras is None:

@@ -39,7 +39,8 @@ from devstack.tiny_model.tasks import (
     score,
 )
 from devstack.tiny_model.warm import ensure_warm_model, subprocess_env
-from devstack.vllm_server import VllmServer, VllmServerConfig, ensure_vllm_venv, venv_python
+from devstack.vllm_server import VllmServer, VllmServerConfig
+from environments.vllm_cpu import ensure_vllm_venv, venv_python
 from gateway.parsers.base import ParseContext
 from gateway.parsers.hermes import HermesParser
 

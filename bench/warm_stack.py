@@ -22,7 +22,7 @@ from rich.console import Console
 import workers.demo as demo
 from devstack.tiny_model.tasks import HELDOUT_SEED, write_task_files
 from devstack.tiny_model.warm import ensure_warm_model
-from devstack.vllm_server import ensure_vllm_venv, venv_python
+from environments.vllm_cpu import ensure_vllm_venv, venv_python
 from rollout_client.storage import read_table
 from schemas.tasks import load_tasks
 

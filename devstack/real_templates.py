@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from devstack.tiny_model import default_cache_dir
+from environments.cache import default_cache_dir
 
 TEMPLATES_DIR_ENV = "ROLLOUT_TEMPLATES_DIR"
 FETCH_COMMAND = "rollout templates fetch"

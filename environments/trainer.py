@@ -39,8 +39,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from devstack.tiny_model import default_cache_dir
-from devstack.vllm_server import VllmVenvError, ensure_vllm_venv, venv_python
+from environments.cache import default_cache_dir
+from environments.vllm_cpu import VllmVenvError, ensure_vllm_venv, venv_python
 
 #: What the trainer needs beyond the vLLM venv (torch, transformers, pydantic, httpx).
 TRAINER_REQUIREMENTS = ("temporalio==1.35.0", "pyarrow>=15", "matplotlib>=3.8", "boto3>=1.34")

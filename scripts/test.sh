@@ -62,7 +62,7 @@ ensure_trainer_envs(sys.argv[1:])" "${names[@]}"
     warm_model)
       .venv/bin/python -c "
 from devstack.tiny_model.warm import ensure_warm_model
-from devstack.vllm_server import ensure_vllm_venv, venv_python
+from environments.vllm_cpu import ensure_vllm_venv, venv_python
 print(ensure_warm_model(venv_python(ensure_vllm_venv())))
 " ;;
     base_image) PYTHON=.venv/bin/python bash scripts/build_base_image.sh ;;

@@ -50,14 +50,14 @@ PLAN_ENV = "ROLLOUT_SETUP_PLAN"
 
 def trainer_names() -> tuple[str, ...]:
     """The trainers with an environment of their own (the `trainer_env:<name>` steps)."""
-    from devstack.trainer_env import TRAINER_EXTRAS
+    from environments.trainer import TRAINER_EXTRAS
 
     return tuple(TRAINER_EXTRAS)
 
 
 def ensure_trainer_envs(names: Iterable[str]) -> None:
     """The trainer step: build (or find cached) the environment of each named trainer."""
-    from devstack.trainer_env import TRAINER_EXTRAS, ensure_trainer_env
+    from environments.trainer import TRAINER_EXTRAS, ensure_trainer_env
 
     for name in names:
         print(name, ensure_trainer_env(extras=TRAINER_EXTRAS[name]), flush=True)

@@ -6,8 +6,9 @@ already samples from vLLM instead of falling back to a stand-in."""
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from devstack.tiny_model import default_cache_dir, ensure_tiny_model
-from devstack.vllm_server import (
+from devstack.tiny_model import ensure_tiny_model
+from environments.cache import default_cache_dir
+from environments.vllm_cpu import (
     INSTALL_HINT,
     VllmVenvError,
     ensure_vllm_venv,
@@ -49,7 +50,7 @@ def ensure_engine_python(console: "Console") -> Path:
 def ensure_trainer_python(console: "Console", trainer: str = "reference") -> Path:
     """The trainer overlay's interpreter (torch from the engine venv + client packages,
     plus the trainer framework's own packages for `trainer`)."""
-    from devstack.trainer_env import (
+    from environments.trainer import (
         TRAINER_EXTRAS,
         ensure_trainer_env,
         trainer_env_dir,

@@ -3,7 +3,7 @@
 The trainer needs torch and transformers, which must stay out of this process (and of
 the gateway and workers). So this command only validates the options into a
 `schemas.training.TrainConfig`, makes sure the trainer environment exists
-(`devstack.trainer_env`: the vLLM CPU venv plus a small overlay, created once), and
+(`environments.trainer`: the vLLM CPU venv plus a small overlay, created once), and
 runs `python -m trainer CONFIG.json` with that interpreter, passing its output through.
 A rerun with the same `--out` resumes from the last complete policy.
 """
@@ -30,7 +30,7 @@ def trainer_process(
 ) -> tuple[list[str], dict[str, str]]:
     """Write `cfg` into OUT and return the trainer's (argv, environment); `tls`: how it
     reaches Temporal (default: the environment it inherits)."""
-    from devstack.trainer_env import (
+    from environments.trainer import (
         TRAINER_EXTRAS,
         trainer_environment,
         trainer_python,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+
+from environments.cache import default_cache_dir
 
 from .corpus import generate_corpus
 from .template import chat_template_sha256, chat_template_text
@@ -57,12 +58,6 @@ class TinyModelInfo(BaseModel):
     pad_token_id: int
     chat_template_sha256: str
     reencode_example: ReencodeExample
-
-
-def default_cache_dir() -> Path:
-    """``$ROLLOUT_CACHE_DIR`` or ``~/.cache/agentic-rollout``: where slow builds are kept."""
-    env = os.environ.get("ROLLOUT_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "agentic-rollout"
 
 
 SOURCE_SUFFIXES = (".py", ".jinja", ".txt")

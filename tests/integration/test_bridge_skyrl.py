@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from devstack.temporal_dev_server import TemporalDevServer
-from devstack.trainer_env import TRAINER_EXTRAS, trainer_python, trainer_pythonpath
-from devstack.vllm_server import INSTALL_HINT, VllmServer, VllmVenvError
+from devstack.vllm_server import VllmServer
+from environments.trainer import TRAINER_EXTRAS, trainer_python, trainer_pythonpath
+from environments.vllm_cpu import INSTALL_HINT, VllmVenvError
 from examples.make_tasks import task as make_task
 from tests.fixtures.rollout_stack import rollout_stack
 from tests.fixtures.trainer import TrainerPython

@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 
 from devstack.tiny_model import ensure_tiny_model
-from devstack.trainer_env import (
+from environments.trainer import (
     TRAINER_EXTRAS,
     trainer_environment,
     trainer_python,
     trainer_pythonpath,
 )
-from devstack.vllm_server import INSTALL_HINT, VllmVenvError
+from environments.vllm_cpu import INSTALL_HINT, VllmVenvError
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("trainer_env:openrlhf")]
 

@@ -18,7 +18,7 @@ from bridges.policy import publish, served_index
 from bridges.rollouts import ConversionRules, TrainingGroup, TrainingRollout
 from bridges.runner import EventLoopThread, PerLoop, run_sync
 from bridges.tasks import find_task
-from devstack.trainer_env import NO_DEPS, trainer_extras
+from environments.trainer import NO_DEPS, trainer_extras
 from schemas.outcome import RolloutStatus
 from schemas.policy import PolicyState, PolicyUpdate, PolicyUpdateRecord
 from schemas.tasks import RolloutTask

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from devstack.trainer_env import TRAINER_PACKAGES, trainer_pythonpath
+from environments.trainer import TRAINER_PACKAGES, trainer_pythonpath
 
 REPO = Path(__file__).resolve().parents[2]
 
