@@ -1,32 +1,12 @@
 """SkyRL bridge: a `GeneratorInterface` whose rollouts are ours.
 
-SkyRL's trainer asks its generator for one batch at a time
-(`generate(GeneratorInput) -> GeneratorOutput`, `skyrl/train/generators/base.py`) and
-is handed its own generator by `BasePPOExp.get_generator`. This module answers that call
-with rollouts run by our workers: each input row names one of our tasks, the rows that
-share a SkyRL `TrajectoryID.instance_id` become one GRPO group (one task submitted with
-`samples_per_task` = the instance's repetitions), and each row gets back one sample, the
-rollout's primary segment (`TrainingRollout.primary`) converted by `bridges.rollouts`.
-
-The contract, decided here and documented in docs/trainers/skyrl.md:
-
-* A row's task comes from `env_extras["rollout_task"]` (a `RolloutTask` as a dict or JSON
-  text), else from `env_extras["task_id"]` looked up in the `tasks` the generator was
-  built with. SkyRL's `prompts` are not sent anywhere: the agent builds its own
-  conversation from the task, and SkyRL keeps the prompt for its length filter and logs.
-* SkyRL's `sampling_params` are not applied: a task pins its own sampling (the Gateway
-  enforces it), so one task samples the same way whatever trainer submits it.
-* Every row of the input gets exactly one sample, in input order (SkyRL checks the count).
-  A row with no trainable rollout (its workflow failed, or `infra_error`, or dropped as
-  stale) gets loss mask 0 everywhere and, as its reward, the mean reward of its group's
-  baseline rollouts: SkyRL's GRPO cannot leave a sample out of a group, so this keeps the
-  group mean what it is without it (the std over the group shrinks by
-  sqrt((k-1)/(n-1)) for k baseline rollouts of n; advantages of the others grow by the
-  inverse). A row whose rollout left no rows here (its workflow failed, or every call
-  was stale under `stale="drop"`) gets one filler token as prompt and response.
-
-Only this module imports SkyRL (import contract). Where SkyRL does not import, the
-stand-ins below have SkyRL's documented field shapes, so the conversion is the same.
+SkyRL asks its generator for one batch at a time (`generate(GeneratorInput)`). Each row
+names one of our tasks in `env_extras` (`bridges.tasks`); the rows sharing a
+`TrajectoryID.instance_id` become one GRPO group, and each row gets back one sample, its
+rollout's primary segment. SkyRL's GRPO cannot leave a row out of a group, so a row
+without a trainable rollout gets loss mask 0 and its group's baseline mean as reward.
+The contract: docs/trainers/skyrl.md. Only this module imports SkyRL; where it does not
+import, stand-ins with SkyRL's documented field shapes take its types' place.
 """
 
 from __future__ import annotations
