@@ -27,7 +27,7 @@ from bridges.rollouts import (
     aligned,
 )
 from bridges.runner import PerLoop
-from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task
+from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task, require_group_size, task_table
 from rollout_client import RolloutClient
 from schemas.tasks import ID_PATTERN, RolloutTask, group_id_for, rollout_id_for
 from schemas.training import policy_version_name
@@ -151,11 +151,13 @@ def plan_groups(
                 f"trajectory_ids: instance {g.instance_id!r} has repetitions {sorted(g.rows)}, "
                 f"not 0..{n - 1}"
             )
-        if n < min_group_size:
-            raise SkyRLInputError(
-                f"trajectory_ids: instance {g.instance_id!r} has {n} sample(s); a GRPO group "
-                f"needs at least {min_group_size} (generator.n_samples_per_prompt)"
-            )
+        require_group_size(
+            n,
+            f"trajectory_ids: samples of instance {g.instance_id!r}",
+            minimum=min_group_size,
+            hint="generator.n_samples_per_prompt",
+            error=SkyRLInputError,
+        )
         other = by_task.setdefault(g.task.task_id, g.instance_id)
         if other != g.instance_id:
             raise SkyRLInputError(
@@ -332,10 +334,7 @@ class RolloutGenerator(GeneratorInterface):
         version_index: Callable[[Any], int | None] | None = None,
         policy: Any | None = None,
     ) -> None:
-        if isinstance(tasks, Mapping):
-            self.tasks = dict(tasks)
-        else:
-            self.tasks = {t.task_id: t for t in tasks or ()}
+        self.tasks = task_table(tasks) or {}
         self._client = client if isinstance(client, RolloutClient) else None
         self._connect = None if self._client is not None else PerLoop(client)  # type: ignore[arg-type]
         self.output = output

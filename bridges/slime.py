@@ -36,7 +36,7 @@ from bridges.rollouts import (
     aligned,
 )
 from bridges.runner import Connection, run_sync
-from bridges.tasks import find_task
+from bridges.tasks import find_task, require_group_size, task_table
 from rollout_client import RolloutOutcome
 from schemas.outcome import RolloutStatus
 from schemas.tasks import ID_PATTERN, RolloutTask, group_id_for, load_tasks
@@ -473,12 +473,8 @@ async def _train_step(
             f"slime step {rollout_id}: prompt groups of different sizes {sorted(sizes)}"
         )
     group_size = sizes.pop()
-    if group_size < 2:
-        raise ValueError(
-            f"n_samples_per_prompt (--n-samples-per-prompt) is {group_size}: a GRPO group "
-            "needs at least 2 rollouts of a task"
-        )
-    lookup = {t.task_id: t for t in load_tasks(config.tasks)} if config.tasks else None
+    require_group_size(group_size, "n_samples_per_prompt", hint="--n-samples-per-prompt")
+    lookup = task_table(config.tasks)
     tasks = [task_for_group(group, lookup) for group in groups]
     version = None
     if config.gateway is not None:  # label the step with the version served (staleness)

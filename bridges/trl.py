@@ -21,6 +21,7 @@ from bridges.groups import collect_groups
 from bridges.policy import publish
 from bridges.rollouts import ConversionRules, ConvertedBatch, TrainingRollout, aligned
 from bridges.runner import EventLoopThread
+from bridges.tasks import require_group_size
 from rollout_client import GatewayPolicyClient, RolloutClient, RolloutOutcome
 from schemas.policy import PolicyUpdateRecord
 from schemas.tasks import RolloutTask
@@ -122,10 +123,7 @@ def rollout_reward(
 def group_runs(prompts: Sequence[Any], group_size: int) -> list[str]:
     """The task id of each run of `group_size` equal prompts (TRL's repeat sampler puts
     a prompt's `num_generations` copies next to each other)."""
-    if group_size < 2:
-        raise TrlBridgeError(
-            f"num_generations: {group_size}; a GRPO group needs at least 2 rollouts"
-        )
+    require_group_size(group_size, "num_generations", error=TrlBridgeError)
     if len(prompts) % group_size:
         raise TrlBridgeError(
             f"num_generations: {len(prompts)} prompts are not runs of {group_size}"

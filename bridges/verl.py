@@ -19,7 +19,6 @@ import secrets
 import time
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,11 +39,11 @@ from bridges.rollouts import (
     aligned,
 )
 from bridges.runner import PerLoop
-from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task
+from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task, task_table
 from rollout_client import RolloutClient, RolloutOutcome
 from rollout_client.client import DEFAULT_TASK_QUEUE
 from schemas.outcome import RolloutStatus
-from schemas.tasks import RolloutRequest, RolloutTask, group_id_for, load_tasks, rollout_id_for
+from schemas.tasks import RolloutRequest, RolloutTask, group_id_for, rollout_id_for
 
 AGENT_NAME = "agentic_rollout"
 """The name a dataset row's `agent_name` (or `rollout.agent.default_agent_loop`) gives."""
@@ -323,7 +322,7 @@ class AgenticRolloutLoop(AgentLoopBase):
             prompt_length=rollout.get("prompt_length"),
             response_length=rollout.get("response_length"),
         )
-        self.tasks = _tasks(self.options.tasks_path) if self.options.tasks_path else None
+        self.tasks = task_table(self.options.tasks_path)
 
     async def current_version(self) -> int | None:
         """The trainer's policy index for the staleness rule: the Gateway's served version."""
@@ -387,10 +386,6 @@ class AgenticRolloutLoop(AgentLoopBase):
         rollout = rollouts[0]
         failed = outcome.result.error if outcome.result and not rollout.in_baseline else None
         return rollout, failed or (None if rollout.in_baseline else rollout.status.value)
-
-
-def _tasks(path: str) -> dict[str, RolloutTask]:
-    return {t.task_id: t for t in load_tasks(Path(path))}
 
 
 def agent_loop_config(options: VerlOptions) -> list[dict[str, Any]]:
