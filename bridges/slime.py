@@ -411,9 +411,11 @@ async def _sample_groups(
     tasks: Sequence[RolloutTask],
     group_size: int,
     rules: ConversionRules,
+    label: str | None = None,
 ) -> tuple[dict[str, int], list[RolloutOutcome], ConvertedBatch]:
-    """Submit one GRPO group per task (in waves of distinct task ids) and wait for all:
-    (our group id → position in `tasks`, every rollout's outcome, the groups converted)."""
+    """Submit one GRPO group per task (in waves of distinct task ids, labelled `label`
+    when given) and wait for all: (our group id → position in `tasks`, every rollout's
+    outcome, the groups converted)."""
     if config.output is None:
         raise ValueError("slime args: agentic_rollout_output is required (samples dir or s3://…)")
     client = await config.connect()
@@ -430,6 +432,7 @@ async def _sample_groups(
                 group_size,
                 batch_id=batch_id,
                 rules=rules,
+                policy_version=label,
                 poll_s=config.poll_s,
             )
         )
@@ -476,14 +479,12 @@ async def _train_step(
     require_group_size(group_size, "n_samples_per_prompt", hint="--n-samples-per-prompt")
     lookup = task_table(config.tasks)
     tasks = [task_for_group(group, lookup) for group in groups]
-    version = None
-    if config.gateway is not None:  # label the step with the version served (staleness)
+    version = None  # the step is labelled with the version served (staleness)
+    if config.gateway is not None:
         version = await served_version(gateway_policy(config.gateway))
-    if version is not None:
-        tasks = [t.model_copy(update={"policy_version": version}) for t in tasks]
     current = policy_version_index(version) if version is not None else None
     positions, outcomes, converted = await _sample_groups(
-        config, f"{config.run}-r{rollout_id}", tasks, group_size, config.rules(current)
+        config, f"{config.run}-r{rollout_id}", tasks, group_size, config.rules(current), version
     )
     ordered = sorted(positions.items(), key=lambda item: item[1])
     prompt_groups = {group_id: groups[i] for group_id, i in ordered}
