@@ -304,21 +304,12 @@ class RolloutGenerator(GeneratorInterface):
     """SkyRL's generator backed by our rollout service.
 
     `client`: a connected `RolloutClient`, or an async factory called on the first
-    `generate` (SkyRL builds the generator in a Ray actor before its event loop runs;
-    connecting there, lazily, keeps the Temporal client on that loop). `output`: where
-    the workers write samples (a directory or `s3://…`). `version_index`: the trainer's
-    policy index for a batch (for the staleness rule), from SkyRL's `BatchMetadata`.
-
-    `policy`: the Gateway's policy client (`GatewayPolicyClient`, its `external_update`)
-    when SkyRL syncs weights into the engines behind the Gateway itself. SkyRL's
-    synchronous trainer syncs after each step's update, before it asks for the next
-    batch, and no rollout of ours is in flight then; so before a batch whose weights the
-    Gateway has not been told of, the generator holds and releases the Gateway with
-    `<run_id>-v<index>` (the weights after `index` updates: `global_step - 1` in
-    training, `global_step` in eval), labels the batch's tasks with it, and in training,
-    unless `version_index` is given, checks staleness against that index. A trainer
-    that overlaps generation with its sync (SkyRL's fully async trainer) must hold
-    around its own pause/resume instead (docs/trainers/skyrl.md).
+    `generate` (SkyRL builds the generator in a Ray actor before its event loop runs).
+    `version_index`: the trainer's policy index for a batch (staleness), from SkyRL's
+    `BatchMetadata`. `policy`: the Gateway's policy client when SkyRL syncs weights into
+    the engines itself: before a batch the Gateway has not been told of, the generator
+    holds and releases it with `<run_id>-v<index>` and labels the batch with that
+    (docs/trainers/skyrl.md, "Weight updates: who pauses whom").
     """
 
     def __init__(
