@@ -407,7 +407,7 @@ class RolloutGenerator(GeneratorInterface):
         converted: ConvertedBatch,
     ) -> GeneratorOutput:
         """Put each rollout back on the input row that asked for it (a row whose rollout
-        has no trainable row gets a masked sample; see the module docstring)."""
+        has no trainable row gets a masked sample, its group's baseline mean as reward)."""
         by_id = {r.rollout_id: r for r in converted.rollouts}
         slots: list[_Slot] = []
         rows: dict[int, _Slot] = {}
