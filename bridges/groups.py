@@ -1,57 +1,11 @@
 """Groups and throughput: GRPO groups reach the trainer as soon as they finish, a slow
 group does not hold back a batch, and no more than one batch of samples is in memory.
 
-The API (two entry points, both async iterators):
-
-- `stream_groups(client, batch, rules)`: for a batch already submitted, yields one
-  `CompletedGroup` per GRPO group the moment *all* of its rollouts have finished (in
-  the order groups complete), its Parquet rows loaded then and converted with
-  `bridges.rollouts.to_training_rollouts` (`CompletedGroup.group` is the
-  `TrainingGroup`; `.converted` the one-group `ConvertedBatch` with its counts).
-- `GroupBatcher(client, output, group_size=…, groups_per_batch=B, max_in_flight=K, …)`
-  and `async for batch in batcher.batches(tasks)`: submits groups (one task × group_size
-  each, through `RolloutClient.submit_groups`, so a group of one, an unevaluated task or
-  a label the Gateway never served is refused), keeps up to K of them running, and
-  yields a `GroupBatch` as soon as B groups are complete. `GroupBatch.converted` is the
-  `ConvertedBatch` every bridge's `convert_batch` takes. After publishing a new policy
-  the trainer calls `batcher.set_policy(version)`: later groups are labelled with it
-  and staleness is measured against it.
-
-The scheduling policy ("a slow group does not hold back a batch"):
-
-1. At the start, and each time the trainer asks for the next batch, the batcher tops
-   the groups in flight (submitted, not all rollouts finished) up to K, labelled with
-   the policy then serving. K − B is the slack for slow groups: K ≥ B is required, and
-   with K == B every batch waits for its slowest group.
-2. A batch is the first B groups to *complete*, in completion order. Groups still
-   running when it is full are not waited for: they stay in flight and join a later
-   batch when they complete (`GroupInfo.carried` counts the batches they sat out).
-3. A carried group is stale by construction: it was labelled with the policy of the
-   batch it was submitted at, and trained at a later one. Its lag (trainer's current
-   index − its label's index, `GroupInfo.lag`) bounds the staleness of its calls; the
-   per-call versions recorded by the Gateway measure the real one — calls made after
-   a policy update carry the new version — and the conversion rules act on those
-   (`ConversionRules.max_staleness`: a stale call gets no loss; the batch's
-   `staleness` and `stale_calls` report them).
-4. A group whose lag exceeds `max_group_lag` while still in flight is cancelled (its
-   rollouts are cancelled through Temporal; each still cleans up) and reported once in
-   `GroupBatch.dropped`: its first calls would be too old to train on and it would
-   keep occupying a slot of K.
-5. When the tasks run out, the groups in flight finish and the last batch may hold
-   fewer than B groups; the iterator then ends.
-
-Memory: a group's Parquet rows are read when the group completes (never for a group
-still running or dropped), held as an Arrow table while the batch fills, converted
-when the batch is yielded and released then: the batcher holds at most the B tables
-of the batch being built, and no reference to a batch it has yielded (the trainer
-owns that one; drop it before asking for the next to keep the whole process at one
-batch). While the trainer trains, the iterator is suspended: rollouts keep running in
-the workers, only their (small) outcomes queue up here.
-
-`collect_groups(client, tasks, output, group_size, …)` is the same stream for a bridge whose
-trainer asks for one whole batch per call: submit, wait for every group, return them as
-one `ConvertedBatch` (`Collected`).
-
+`stream_groups` yields each group of a submitted batch once all its rollouts finished;
+`collect_groups` submits one batch and returns it whole (a trainer that asks for one
+batch per call); `GroupBatcher` keeps up to K groups running and yields batches of the
+first B to complete, cancelling groups that lag too far behind the policy. The
+scheduling policy and the memory bound: docs/trainers.md, "Groups and throughput".
 Only `schemas`, `rollout_client` and `bridges.rollouts` are imported: no trainer.
 """
 
@@ -212,8 +166,8 @@ async def stream_groups(
     rules: ConversionRules | None = None,
     poll_s: float = 1.0,
 ) -> AsyncIterator[CompletedGroup]:
-    """Yield each group of `batch` as soon as all of its rollouts finished (see the
-    module docstring); its rows are read then, converted, and not kept here."""
+    """Yield each group of `batch` as soon as all of its rollouts finished; its rows are
+    read then, converted, and not kept here."""
     rules = rules or ConversionRules()
     tracker = GroupTracker()
     tracker.add(batch.groups)
@@ -361,7 +315,7 @@ _DONE = object()
 
 class GroupBatcher:
     """Submit groups, keep up to `max_in_flight` running, yield batches of
-    `groups_per_batch` complete groups (the policy is in the module docstring)."""
+    `groups_per_batch` complete groups (the policy: docs/trainers.md)."""
 
     def __init__(
         self,

@@ -1,30 +1,12 @@
 """OpenRLHF learns from our rollouts: an agent executor for `--train.agent_func_path`.
 
-OpenRLHF (read: PyPI 0.11.2, `openrlhf/utils/agent.py`, `openrlhf/trainer/ray/vllm_engine.py`,
-`openrlhf/trainer/ppo_utils/samples_generator.py`) loads the Python file named by
-`--train.agent_func_path`, takes its `AgentExecutor` class (a subclass of
-`AgentExecutorBase`), builds it with no arguments inside each of its vLLM rollout actors,
-and for every prompt calls `execute(prompt, label, sampling_params, max_length,
-hf_tokenizer, llm_engine, images)` `n_samples_per_prompt` times concurrently. Each call
-returns one dict; `_process_response_into_experience` turns it into an `Experience`:
-`observation_tokens` (prompt + everything after it), `action_ranges` (the `[start, end)`
-spans of policy tokens in it), `rollout_log_probs` (aligned with `observation_tokens`,
-0.0 where no policy token), `reward`, `scores` (dynamic filtering), `truncated`,
-`extra_logs` (scalars), and `prompt`, `label`, `images`, `mm_train_inputs` echoed.
-
-Here the agent does not run in OpenRLHF's engine: the n concurrent calls for one prompt
-join into ONE group of our rollouts (submitted through `RolloutClient`, sampled by the
-engines behind our Gateway), and each call returns its rollout's primary segment in
-OpenRLHF's shape. `llm_engine` is not used.
-
-Why infra_error and dropped rollouts still return a sample: OpenRLHF reshapes every
-batch's rewards to `(-1, n_samples_per_prompt)`, so a prompt must yield exactly n. Such a
-sample has no action range (OpenRLHF's loss skips sequences without action tokens) and
-the mean reward of its group's in-baseline rollouts, so the group's mean — the GRPO /
-Dr.GRPO / REINFORCE-baseline baseline — is the mean over the rollouts that count.
-
-This module is the only one that imports `openrlhf` (import contract), and only in
-:func:`make_agent_executor`: the conversion and `convert_batch` need no OpenRLHF.
+OpenRLHF builds the file's `AgentExecutor` with no arguments in each vLLM rollout actor
+and calls `execute(...)` `n_samples_per_prompt` times concurrently per prompt. Here those
+n calls join into one group of our rollouts (`GroupGate`), and each call returns its
+rollout's primary segment as OpenRLHF's response dict; `llm_engine` is not used.
+OpenRLHF reshapes rewards to `(-1, n)`, so a failed rollout still returns a sample: no
+action range, its group's baseline mean as reward. The contract: docs/trainers/openrlhf.md.
+Only :func:`make_agent_executor` imports `openrlhf`.
 """
 
 from __future__ import annotations
@@ -40,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from bridges.groups import collect_groups
 from bridges.policy import gateway_policy, publish, served_version
@@ -52,9 +34,8 @@ from bridges.rollouts import (
     TrainingRollout,
     aligned,
 )
-from bridges.runner import PerLoop
+from bridges.runner import Connection, PerLoop
 from bridges.tasks import require_reward
-from rollout_client import RolloutClient
 from schemas.tasks import RolloutTask
 from schemas.training import policy_version_index
 
@@ -287,7 +268,7 @@ def task_from_openrlhf(
 
 
 # ------------------------------------------------------------------------- settings
-class OpenRLHFBridgeSettings(BaseModel):
+class OpenRLHFBridgeSettings(Connection):
     """What the executor needs; OpenRLHF builds it with no arguments, so these come from
     the agent file or `ROLLOUT_OPENRLHF_SETTINGS` (JSON)."""
 
@@ -296,14 +277,6 @@ class OpenRLHFBridgeSettings(BaseModel):
     )
     samples_per_prompt: int = Field(
         ge=2, description="must equal OpenRLHF's --rollout.n_samples_per_prompt (a GRPO group)"
-    )
-    temporal: str = "127.0.0.1:7233"
-    namespace: str = "default"
-    task_queue: str = "rollouts"
-    gateway: str | None = Field(
-        default=None,
-        description="the Gateway's control URL: each group is labelled with the version it "
-        "serves (GET /policy), and new OpenRLHF checkpoints are published (POST /policy)",
     )
     checkpoint_root: str | None = Field(
         default=None,
@@ -433,9 +406,7 @@ class RolloutAgentExecutor:
         )
         s = self.settings
         self._client: Any = None  # a connected client given instead (tests)
-        self._connect = PerLoop(
-            lambda: RolloutClient.connect(s.temporal, s.namespace, s.task_queue)
-        )
+        self._connect = PerLoop(s.connect)
         self._published: int | None = None
         self._serial = 0
 

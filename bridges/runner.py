@@ -6,7 +6,8 @@ event loop they were made on. A trainer that calls us synchronously (TRL's
 own that outlives the call, so a client made in one call serves the next, even when the
 calling thread runs a loop of its own. A trainer that calls us on its own loops (verl
 and OpenRLHF actors, SkyRL's generator) gets :class:`PerLoop`: one value per running
-loop, made once even when many calls race for it.
+loop, made once even when many calls race for it. :class:`Connection` is the settings
+block of a bridge its trainer configures (where Temporal and the Gateway are).
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, Field
+
+from rollout_client import RolloutClient
 
 T = TypeVar("T")
 
@@ -80,3 +85,20 @@ class PerLoop(Generic[T]):
 
 async def _await(make: Callable[[], Awaitable[T]]) -> T:
     return await make()
+
+
+class Connection(BaseModel):
+    """Where a bridge reaches Temporal and the Gateway: the fields of the settings of
+    every bridge its trainer configures (slime's `args`, OpenRLHF's settings)."""
+
+    temporal: str = "127.0.0.1:7233"
+    namespace: str = "default"
+    task_queue: str = "rollouts"
+    gateway: str | None = Field(
+        default=None,
+        description="the Gateway's control URL: rollouts are labelled with the version it "
+        "serves (the staleness rule) and new policies are published through it",
+    )
+
+    async def connect(self) -> RolloutClient:
+        return await RolloutClient.connect(self.temporal, self.namespace, self.task_queue)

@@ -1,32 +1,12 @@
 """SkyRL bridge: a `GeneratorInterface` whose rollouts are ours.
 
-SkyRL's trainer asks its generator for one batch at a time
-(`generate(GeneratorInput) -> GeneratorOutput`, `skyrl/train/generators/base.py`) and
-is handed its own generator by `BasePPOExp.get_generator`. This module answers that call
-with rollouts run by our workers: each input row names one of our tasks, the rows that
-share a SkyRL `TrajectoryID.instance_id` become one GRPO group (one task submitted with
-`samples_per_task` = the instance's repetitions), and each row gets back one sample, the
-rollout's primary segment (`TrainingRollout.primary`) converted by `bridges.rollouts`.
-
-The contract, decided here and documented in docs/trainers/skyrl.md:
-
-* A row's task comes from `env_extras["rollout_task"]` (a `RolloutTask` as a dict or JSON
-  text), else from `env_extras["task_id"]` looked up in the `tasks` the generator was
-  built with. SkyRL's `prompts` are not sent anywhere: the agent builds its own
-  conversation from the task, and SkyRL keeps the prompt for its length filter and logs.
-* SkyRL's `sampling_params` are not applied: a task pins its own sampling (the Gateway
-  enforces it), so one task samples the same way whatever trainer submits it.
-* Every row of the input gets exactly one sample, in input order (SkyRL checks the count).
-  A row with no trainable rollout (its workflow failed, or `infra_error`, or dropped as
-  stale) gets loss mask 0 everywhere and, as its reward, the mean reward of its group's
-  baseline rollouts: SkyRL's GRPO cannot leave a sample out of a group, so this keeps the
-  group mean what it is without it (the std over the group shrinks by
-  sqrt((k-1)/(n-1)) for k baseline rollouts of n; advantages of the others grow by the
-  inverse). A row whose rollout left no rows here (its workflow failed, or every call
-  was stale under `stale="drop"`) gets one filler token as prompt and response.
-
-Only this module imports SkyRL (import contract). Where SkyRL does not import, the
-stand-ins below have SkyRL's documented field shapes, so the conversion is the same.
+SkyRL asks its generator for one batch at a time (`generate(GeneratorInput)`). Each row
+names one of our tasks in `env_extras` (`bridges.tasks`); the rows sharing a
+`TrajectoryID.instance_id` become one GRPO group, and each row gets back one sample, its
+rollout's primary segment. SkyRL's GRPO cannot leave a row out of a group, so a row
+without a trainable rollout gets loss mask 0 and its group's baseline mean as reward.
+The contract: docs/trainers/skyrl.md. Only this module imports SkyRL; where it does not
+import, stand-ins with SkyRL's documented field shapes take its types' place.
 """
 
 from __future__ import annotations
@@ -47,7 +27,7 @@ from bridges.rollouts import (
     aligned,
 )
 from bridges.runner import PerLoop
-from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task
+from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task, require_group_size, task_table
 from rollout_client import RolloutClient
 from schemas.tasks import ID_PATTERN, RolloutTask, group_id_for, rollout_id_for
 from schemas.training import policy_version_name
@@ -171,11 +151,13 @@ def plan_groups(
                 f"trajectory_ids: instance {g.instance_id!r} has repetitions {sorted(g.rows)}, "
                 f"not 0..{n - 1}"
             )
-        if n < min_group_size:
-            raise SkyRLInputError(
-                f"trajectory_ids: instance {g.instance_id!r} has {n} sample(s); a GRPO group "
-                f"needs at least {min_group_size} (generator.n_samples_per_prompt)"
-            )
+        require_group_size(
+            n,
+            f"trajectory_ids: samples of instance {g.instance_id!r}",
+            minimum=min_group_size,
+            hint="generator.n_samples_per_prompt",
+            error=SkyRLInputError,
+        )
         other = by_task.setdefault(g.task.task_id, g.instance_id)
         if other != g.instance_id:
             raise SkyRLInputError(
@@ -322,21 +304,12 @@ class RolloutGenerator(GeneratorInterface):
     """SkyRL's generator backed by our rollout service.
 
     `client`: a connected `RolloutClient`, or an async factory called on the first
-    `generate` (SkyRL builds the generator in a Ray actor before its event loop runs;
-    connecting there, lazily, keeps the Temporal client on that loop). `output`: where
-    the workers write samples (a directory or `s3://…`). `version_index`: the trainer's
-    policy index for a batch (for the staleness rule), from SkyRL's `BatchMetadata`.
-
-    `policy`: the Gateway's policy client (`GatewayPolicyClient`, its `external_update`)
-    when SkyRL syncs weights into the engines behind the Gateway itself. SkyRL's
-    synchronous trainer syncs after each step's update, before it asks for the next
-    batch, and no rollout of ours is in flight then; so before a batch whose weights the
-    Gateway has not been told of, the generator holds and releases the Gateway with
-    `<run_id>-v<index>` (the weights after `index` updates: `global_step - 1` in
-    training, `global_step` in eval), labels the batch's tasks with it, and in training,
-    unless `version_index` is given, checks staleness against that index. A trainer
-    that overlaps generation with its sync (SkyRL's fully async trainer) must hold
-    around its own pause/resume instead (docs/trainers/skyrl.md).
+    `generate` (SkyRL builds the generator in a Ray actor before its event loop runs).
+    `version_index`: the trainer's policy index for a batch (staleness), from SkyRL's
+    `BatchMetadata`. `policy`: the Gateway's policy client when SkyRL syncs weights into
+    the engines itself: before a batch the Gateway has not been told of, the generator
+    holds and releases it with `<run_id>-v<index>` and labels the batch with that
+    (docs/trainers/skyrl.md, "Weight updates: who pauses whom").
     """
 
     def __init__(
@@ -352,10 +325,7 @@ class RolloutGenerator(GeneratorInterface):
         version_index: Callable[[Any], int | None] | None = None,
         policy: Any | None = None,
     ) -> None:
-        if isinstance(tasks, Mapping):
-            self.tasks = dict(tasks)
-        else:
-            self.tasks = {t.task_id: t for t in tasks or ()}
+        self.tasks = task_table(tasks) or {}
         self._client = client if isinstance(client, RolloutClient) else None
         self._connect = None if self._client is not None else PerLoop(client)  # type: ignore[arg-type]
         self.output = output
@@ -437,7 +407,7 @@ class RolloutGenerator(GeneratorInterface):
         converted: ConvertedBatch,
     ) -> GeneratorOutput:
         """Put each rollout back on the input row that asked for it (a row whose rollout
-        has no trainable row gets a masked sample; see the module docstring)."""
+        has no trainable row gets a masked sample, its group's baseline mean as reward)."""
         by_id = {r.rollout_id: r for r in converted.rollouts}
         slots: list[_Slot] = []
         rows: dict[int, _Slot] = {}

@@ -1,40 +1,15 @@
 """slime bridge: our rollouts as slime's `Sample`s, through slime's rollout-function hook.
 
-slime (THUDM/slime) trains with Megatron and normally samples with its own SGLang
-engines. Its `--rollout-function-path` replaces the whole sampling step: slime calls
-`generate_rollout(args, rollout_id, data_source, evaluation=False)` once per step and
-trains on the groups of `Sample`s it returns. This module is that function, plus the two
-other hooks a run needs:
-
-- :func:`generate_rollout` — takes the step's prompt groups from slime's data source
-  (`data_source.get_samples(args.rollout_batch_size)`, `n_samples_per_prompt` copies per
-  prompt), maps each group to one of our tasks (the prompt sample's
-  `metadata["rollout_task"]`, a `RolloutTask` as JSON, or `metadata["task_id"]` looked up
-  in `agentic_rollout_tasks`), submits each group as one GRPO group through
-  `RolloutClient`, waits, converts the rows with `bridges.rollouts.to_training_rollouts`
-  (the rules written once) and returns `RolloutFnTrainOutput(samples=groups × rollouts ×
-  segments)`. With `evaluation=True` it runs the tasks of slime's eval datasets
-  (`--eval-prompt-data`) and returns `RolloutFnEvalOutput`.
-- :func:`post_process_rewards` — for `--custom-reward-post-process-path`: GRPO over
-  *rollouts* (each counted once, whatever its number of segments; `infra_error` out of
-  the baseline). slime's default normalisation reshapes by `n_samples_per_prompt` and
-  falls back to one batch-wide group when the counts differ (several segments per
-  rollout, a failed rollout), so it is required.
-- :func:`publish_policy` — for `--custom-update-weight-post-write-path` with slime's disk
-  weight sync: publishes each checkpoint slime writes through the Gateway's
-  `POST /policy`, so the engines behind the Gateway sample the new weights.
-
-Every segment of a rollout becomes a slime sample: slime takes several samples per rollout
-when they share `Sample.rollout_id` (its "compact" shape, a third list level) and its
-loss reducer then averages over the rollout. slime's own `Sample` is used when
-`slime.utils.types` imports; else :class:`SampleShape`, a stand-in with the documented
-fields (the PyPI project named `slime` is an unrelated statistics package, and THUDM/slime
-is not on any package index). `SLIME_IMPORTS` says which.
-
-Configuration comes from slime's `args`, as attributes named `agentic_rollout_<field>` of
-:class:`SlimeBridgeConfig` (set them in the YAML of slime's `--custom-config-path`); the
-Gateway admin token from `ROLLOUT_ADMIN_TOKEN`. This is the only module that imports
-slime (an import contract says so).
+Three hooks for slime's arguments: :func:`generate_rollout` (`--rollout-function-path`:
+each step's prompt groups submitted as our GRPO groups, every segment of a rollout one
+`Sample`, sharing its `rollout_id`), :func:`post_process_rewards`
+(`--custom-reward-post-process-path`: GRPO over rollouts, not segments; slime's default
+normalisation assumes n samples per prompt) and :func:`publish_policy`
+(`--custom-update-weight-post-write-path`: each checkpoint published through the Gateway).
+Settings are slime `args` named `agentic_rollout_<field>` (:class:`SlimeBridgeConfig`).
+slime's own `Sample` is used when `slime.utils.types` imports, else :class:`SampleShape`
+(THUDM/slime is on no package index; `SLIME_IMPORTS` says which). The contract:
+docs/trainers/slime.md. Only this module imports slime.
 """
 
 from __future__ import annotations
@@ -48,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from bridges.groups import collect_groups, merge
 from bridges.policy import gateway_policy, publish, served_version
@@ -60,9 +35,9 @@ from bridges.rollouts import (
     TrainingSegment,
     aligned,
 )
-from bridges.runner import run_sync
-from bridges.tasks import find_task
-from rollout_client import RolloutClient, RolloutOutcome
+from bridges.runner import Connection, run_sync
+from bridges.tasks import find_task, require_group_size, task_table
+from rollout_client import RolloutOutcome
 from schemas.outcome import RolloutStatus
 from schemas.tasks import ID_PATTERN, RolloutTask, group_id_for, load_tasks
 from schemas.training import policy_version_index
@@ -166,7 +141,7 @@ _STATUS: dict[RolloutStatus, str] = {
 # --------------------------------------------------------------------------- config
 
 
-class SlimeBridgeConfig(BaseModel):
+class SlimeBridgeConfig(Connection):
     """The bridge's settings: slime `args` attributes `agentic_rollout_<field>`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -174,16 +149,8 @@ class SlimeBridgeConfig(BaseModel):
     output: str | None = Field(
         default=None, description="where rollouts write samples: a directory or s3://…"
     )
-    temporal: str = "127.0.0.1:7233"
-    namespace: str = "default"
-    task_queue: str = "rollouts"
     tasks: str | None = Field(
         default=None, description="JSONL of RolloutTask, for prompts that name a task_id"
-    )
-    gateway: str | None = Field(
-        default=None,
-        description="the Gateway's control URL: labels each step with the version it "
-        "serves (staleness) and receives policies (publish_policy)",
     )
     run: str = Field(default="slime", pattern=ID_PATTERN, description="batch and version prefix")
     max_staleness: int = Field(default=1, ge=0)
@@ -444,12 +411,14 @@ async def _sample_groups(
     tasks: Sequence[RolloutTask],
     group_size: int,
     rules: ConversionRules,
+    label: str | None = None,
 ) -> tuple[dict[str, int], list[RolloutOutcome], ConvertedBatch]:
-    """Submit one GRPO group per task (in waves of distinct task ids) and wait for all:
-    (our group id → position in `tasks`, every rollout's outcome, the groups converted)."""
+    """Submit one GRPO group per task (in waves of distinct task ids, labelled `label`
+    when given) and wait for all: (our group id → position in `tasks`, every rollout's
+    outcome, the groups converted)."""
     if config.output is None:
         raise ValueError("slime args: agentic_rollout_output is required (samples dir or s3://…)")
-    client = await RolloutClient.connect(config.temporal, config.namespace, config.task_queue)
+    client = await config.connect()
     positions: dict[str, int] = {}
     runs = []
     for number, wave in enumerate(waves([t.task_id for t in tasks])):
@@ -463,6 +432,7 @@ async def _sample_groups(
                 group_size,
                 batch_id=batch_id,
                 rules=rules,
+                policy_version=label,
                 poll_s=config.poll_s,
             )
         )
@@ -506,21 +476,15 @@ async def _train_step(
             f"slime step {rollout_id}: prompt groups of different sizes {sorted(sizes)}"
         )
     group_size = sizes.pop()
-    if group_size < 2:
-        raise ValueError(
-            f"n_samples_per_prompt (--n-samples-per-prompt) is {group_size}: a GRPO group "
-            "needs at least 2 rollouts of a task"
-        )
-    lookup = {t.task_id: t for t in load_tasks(config.tasks)} if config.tasks else None
+    require_group_size(group_size, "n_samples_per_prompt", hint="--n-samples-per-prompt")
+    lookup = task_table(config.tasks)
     tasks = [task_for_group(group, lookup) for group in groups]
-    version = None
-    if config.gateway is not None:  # label the step with the version served (staleness)
+    version = None  # the step is labelled with the version served (staleness)
+    if config.gateway is not None:
         version = await served_version(gateway_policy(config.gateway))
-    if version is not None:
-        tasks = [t.model_copy(update={"policy_version": version}) for t in tasks]
     current = policy_version_index(version) if version is not None else None
     positions, outcomes, converted = await _sample_groups(
-        config, f"{config.run}-r{rollout_id}", tasks, group_size, config.rules(current)
+        config, f"{config.run}-r{rollout_id}", tasks, group_size, config.rules(current), version
     )
     ordered = sorted(positions.items(), key=lambda item: item[1])
     prompt_groups = {group_id: groups[i] for group_id, i in ordered}

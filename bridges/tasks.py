@@ -10,12 +10,13 @@ the row (`where`) and the field, so a bad dataset line is found without a debugg
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.tasks import RolloutTask
+from schemas.tasks import RolloutTask, load_tasks
 
 TASK_KEY = "rollout_task"
 """The field holding a whole `RolloutTask` (a mapping or its JSON)."""
@@ -60,3 +61,26 @@ def require_reward(task: RolloutTask, where: str, error: type[ValueError] = Valu
     """Refuse a task a training rollout cannot be scored on (no evaluation)."""
     if task.evaluation is None:
         raise error(f"{where}: task {task.task_id!r}: evaluation is missing (no reward)")
+
+
+def task_table(
+    source: str | Path | Iterable[RolloutTask] | Mapping[str, RolloutTask] | None,
+) -> dict[str, RolloutTask] | None:
+    """The tasks a bridge was configured with, by id: from a JSONL path, a list or a
+    mapping; None stays None (rows must then carry their whole task)."""
+    if source is None:
+        return None
+    if isinstance(source, str | Path):
+        source = load_tasks(Path(source))
+    if isinstance(source, Mapping):
+        return dict(source)
+    return {t.task_id: t for t in source}
+
+
+def require_group_size(
+    size: int, where: str, *, minimum: int = 2, hint: str = "", error: type[ValueError] = ValueError
+) -> None:
+    """Refuse a GRPO group too small to have a baseline (`hint`: the trainer's setting)."""
+    if size < minimum:
+        said = f" ({hint})" if hint else ""
+        raise error(f"{where}: {size}; a GRPO group needs at least {minimum} rollouts{said}")

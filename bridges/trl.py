@@ -1,34 +1,12 @@
 """TRL's `GRPOTrainer` learning from our rollouts: its `rollout_func`, a reward function
 and a callback that publishes each new policy through the Gateway.
 
-TRL's extension point (`GRPOTrainer(rollout_func=...)`, read in the installed trl 1.16):
-the trainer calls `rollout_func(prompts, trainer)` once per generation batch with the
-prompt column of the rows its sampler drew — each prompt already repeated
-`num_generations` times, consecutively — and expects one completion per entry back:
-`prompt_ids`, `completion_ids`, `logprobs` (behaviour log-probs), optionally `env_mask`
-(1 = policy token, 0 = tool/environment token; TRL multiplies it into its loss mask).
-Every other key is handed, entry by entry, to the reward functions as a keyword
-argument. Rewards are then centred per run of `num_generations` entries (the group).
-
-So here one run of `num_generations` equal prompts is one of our GRPO groups: the prompt
-is a task id, the run is submitted as that task with `samples_per_task =
-num_generations` through :class:`rollout_client.RolloutClient`, labelled with the policy
-the engines serve, and each rollout becomes one TRL sample: its
-:attr:`~bridges.rollouts.TrainingRollout.primary` segment (the rule of every
-one-sample-per-rollout trainer; the other segments are counted, not trained).
-
-**What TRL does with our failures.** TRL has no per-sample loss switch, so an
-`infra_error` rollout (and a rollout that never produced a row) is neutralised twice:
-its `env_mask` is all 0 — no token of it enters TRL's loss or its token count — and
-:func:`rollout_reward` returns None for it. TRL treats a sample whose every reward is
-None as unscorable: NaN reward, left out of its group's nan-aware mean and std, and
-advantage 0. That is our rule (masked, out of the baseline). An all-0 `env_mask` is
-safe in TRL as long as one sample of the batch trains a token (its loss divides by the
-batch's trained tokens); a batch with none is refused here before TRL divides by 0.
-
-`trl` (and `transformers`) are imported only inside the functions that need them, so
-:func:`convert_batch` and the field mapping run where neither is installed (the
-conversion benchmark, unit tests).
+TRL calls `rollout_func(prompts, trainer)` with each prompt repeated `num_generations`
+times in a run; a run is one of our GRPO groups (the prompt is a task id) and each
+rollout comes back as one TRL sample, its primary segment. TRL has no per-sample loss
+switch, so a failed rollout gets an all-0 `env_mask` and reward None (TRL leaves it out
+of its group's mean and std). Fields and rules: docs/trainers/trl.md. `trl` is imported
+only inside the functions that need it, so `convert_batch` runs without it.
 """
 
 from __future__ import annotations
@@ -43,6 +21,7 @@ from bridges.groups import collect_groups
 from bridges.policy import publish
 from bridges.rollouts import ConversionRules, ConvertedBatch, TrainingRollout, aligned
 from bridges.runner import EventLoopThread
+from bridges.tasks import require_group_size
 from rollout_client import GatewayPolicyClient, RolloutClient, RolloutOutcome
 from schemas.policy import PolicyUpdateRecord
 from schemas.tasks import RolloutTask
@@ -144,10 +123,7 @@ def rollout_reward(
 def group_runs(prompts: Sequence[Any], group_size: int) -> list[str]:
     """The task id of each run of `group_size` equal prompts (TRL's repeat sampler puts
     a prompt's `num_generations` copies next to each other)."""
-    if group_size < 2:
-        raise TrlBridgeError(
-            f"num_generations: {group_size}; a GRPO group needs at least 2 rollouts"
-        )
+    require_group_size(group_size, "num_generations", error=TrlBridgeError)
     if len(prompts) % group_size:
         raise TrlBridgeError(
             f"num_generations: {len(prompts)} prompts are not runs of {group_size}"

@@ -1,39 +1,12 @@
 """verl: our rollouts as verl's own agent loop outputs.
 
-verl's extension point for agentic RL is an agent loop: a class registered by name
-(`@register` or a YAML file named by `actor_rollout_ref.rollout.agent.agent_loop_config_path`)
-whose `async run(sampling_params, **row) -> AgentLoopOutput` turns one dataset row into one
-trajectory. :class:`AgenticRolloutLoop` is that class: each call submits the row's task as one
-rollout through `RolloutClient`, waits for it, converts its samples with
-`bridges.rollouts.to_training_rollouts` and returns verl's own `AgentLoopOutput`.
-
-Why these choices:
-
-- **Groups.** verl repeats each prompt row `rollout.n` times and gives the copies one `uid`,
-  the key of its GRPO baseline. The loop derives our batch id from that uid, so the n
-  rollouts of a row share one `group_id` (`group_id_for(batch, task)`), and our group and
-  verl's baseline are the same set. The copies do not know their position among the n, so
-  each process numbers its rollouts from a random base (:func:`_next_sample_index`): the
-  rollout ids differ without the copies talking to each other.
-- **One sample per rollout.** verl trains one (prompt, response) pair per row, so it takes
-  `TrainingRollout.primary`; the other segments (compaction, sub-agents) are counted in
-  `extra_fields["rollout_segments"]` and left out.
-- **Our failures.** An `infra_error` / `eval_error` rollout says nothing about the policy,
-  but verl needs one output per row and computes the GRPO mean and std over every row of a
-  uid (`compute_grpo_outcome_advantage`); a loop cannot take a row out of that baseline.
-  So the loop first runs such a rollout again (`infra_retries`); one still failing is
-  returned with an all-0 `response_mask` (no loss: verl multiplies the advantage by the
-  mask) and `reward_score = infra_error_reward`, which does enter its group's mean and std
-  (documented in docs/trainers/verl.md). :func:`convert_batch`, which sees whole groups,
-  gives it its group's baseline mean instead, which leaves that mean unchanged.
-- **Lengths.** verl pads every prompt to `rollout.prompt_length` and every response to
-  `rollout.response_length` and cannot take longer ones. A response longer than the limit
-  is cut (as verl's own tool agent loop does) and flagged; a prompt longer than the limit is
-  a :class:`ConversionError` naming the rollout: cutting the prompt would train on a
-  context the policy never saw.
-
-Imports verl (and only this module does: import contract); runs in the trainer's
-environment (the `verl` extra in pyproject.toml).
+:class:`AgenticRolloutLoop` is a verl agent loop (registered as `agentic_rollout`): each
+`run` submits the row's task as one rollout, waits for it and returns its primary segment
+as verl's `AgentLoopOutput`. The n copies of a row share verl's `uid`, our batch id is made
+from it, so our group and verl's GRPO baseline are the same set. verl needs one output per
+row and keeps every row in the baseline, so a failed rollout is run again
+(`infra_retries`) and, still failing, returned untrained with `infra_error_reward`. The
+contract, its fields and limits: docs/trainers/verl.md. Only this module imports verl.
 """
 
 from __future__ import annotations
@@ -46,7 +19,6 @@ import secrets
 import time
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,6 +29,7 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
+from bridges.groups import convert_outcomes
 from bridges.policy import gateway_policy, served_index
 from bridges.rollouts import (
     ConversionError,
@@ -64,14 +37,13 @@ from bridges.rollouts import (
     ConvertedBatch,
     TrainingRollout,
     aligned,
-    to_training_rollouts,
 )
 from bridges.runner import PerLoop
-from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task
+from bridges.tasks import TASK_ID_KEY, TASK_KEY, find_task, task_table
 from rollout_client import RolloutClient, RolloutOutcome
 from rollout_client.client import DEFAULT_TASK_QUEUE
 from schemas.outcome import RolloutStatus
-from schemas.tasks import RolloutRequest, RolloutTask, group_id_for, load_tasks, rollout_id_for
+from schemas.tasks import RolloutRequest, RolloutTask, group_id_for, rollout_id_for
 
 AGENT_NAME = "agentic_rollout"
 """The name a dataset row's `agent_name` (or `rollout.agent.default_agent_loop`) gives."""
@@ -350,7 +322,7 @@ class AgenticRolloutLoop(AgentLoopBase):
             prompt_length=rollout.get("prompt_length"),
             response_length=rollout.get("response_length"),
         )
-        self.tasks = _tasks(self.options.tasks_path) if self.options.tasks_path else None
+        self.tasks = task_table(self.options.tasks_path)
 
     async def current_version(self) -> int | None:
         """The trainer's policy index for the staleness rule: the Gateway's served version."""
@@ -401,8 +373,7 @@ class AgenticRolloutLoop(AgentLoopBase):
             stale="mask",  # verl needs an output for every row
             truncated=self.options.truncated,
         )
-        rows = await asyncio.to_thread(lambda: client.load_samples([outcome]).to_pylist())
-        converted = to_training_rollouts(rows, rules)
+        converted, _ = await convert_outcomes(client, [outcome], rules)
         rollouts = converted.rollouts
         if not rollouts:  # a result without sample rows (e.g. failed before any call)
             return _failed(request, outcome)
@@ -415,10 +386,6 @@ class AgenticRolloutLoop(AgentLoopBase):
         rollout = rollouts[0]
         failed = outcome.result.error if outcome.result and not rollout.in_baseline else None
         return rollout, failed or (None if rollout.in_baseline else rollout.status.value)
-
-
-def _tasks(path: str) -> dict[str, RolloutTask]:
-    return {t.task_id: t for t in load_tasks(Path(path))}
 
 
 def agent_loop_config(options: VerlOptions) -> list[dict[str, Any]]:

@@ -39,9 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bridges.policy import publish
 from gateway.engines.vllm_weights import VllmWeightLoader
 from rollout_client import Batch, GatewayPolicyClient, RolloutClient, RolloutOutcome
-from schemas.policy import PolicyUpdate, PolicyUpdateRecord, WeightUpdate
+from schemas.policy import PolicyUpdateRecord, WeightUpdate
 from schemas.tasks import RolloutTask, load_tasks
 from schemas.training import (
     FinalEval,
@@ -172,10 +173,8 @@ class Trainer:
         started = time.monotonic()
         self.last_publish = None
         if self.gateway is not None:
-            if (await self.gateway.state()).policy_version != version:
-                done = await self.gateway.update(
-                    PolicyUpdate(policy_version=version, checkpoint=checkpoint)
-                )
+            done = await publish(self.gateway, version, checkpoint, unless_served=True)
+            if done is not None:
                 self.last_publish = done
                 log(
                     f"  gateway: {version} loaded in {done.total_s:.2f}s (drain "

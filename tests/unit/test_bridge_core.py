@@ -17,7 +17,7 @@ from bridges.groups import collect_groups
 from bridges.policy import publish, served_index
 from bridges.rollouts import ConversionRules, TrainingGroup, TrainingRollout
 from bridges.runner import EventLoopThread, PerLoop, run_sync
-from bridges.tasks import find_task
+from bridges.tasks import find_task, require_group_size, task_table
 from environments.trainer import NO_DEPS, trainer_extras
 from schemas.outcome import RolloutStatus
 from schemas.policy import PolicyState, PolicyUpdate, PolicyUpdateRecord
@@ -73,6 +73,28 @@ def test_a_row_without_a_usable_task_is_refused_naming_row_and_field(
 def test_an_unevaluated_task_passes_when_no_reward_is_needed() -> None:
     found = find_task({"task_id": "bare"}, {"bare": task("bare", False)}, where="r", tasks_name="t")
     assert found.evaluation is None
+
+
+def test_the_configured_tasks_come_from_a_path_a_list_or_a_mapping(tmp_path: Path) -> None:
+    a, b = task("a"), task("b")
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(t.model_dump_json() + "\n" for t in (a, b)))
+    assert task_table(None) is None
+    assert task_table([a, b]) == {"a": a, "b": b}
+    assert task_table({"a": a}) == {"a": a}
+    assert task_table(str(path)) == {"a": a, "b": b}
+    assert task_table(path) == {"a": a, "b": b}
+
+
+class Refused(ValueError):
+    """A bridge's own error type."""
+
+
+def test_a_group_too_small_for_a_baseline_is_refused_naming_the_setting() -> None:
+    require_group_size(2, "num_generations")  # the smallest group with a baseline
+    require_group_size(1, "eval", minimum=1)
+    with pytest.raises(Refused, match=r"^n: 1; a GRPO group needs at least 2 rollouts \(--n\)$"):
+        require_group_size(1, "n", hint="--n", error=Refused)
 
 
 # ---------------------------------------------------------------------------- baseline fill

@@ -239,7 +239,7 @@ def test_a_task_drawn_twice_in_a_step_goes_to_another_wave() -> None:
 def test_group_size_1_is_refused_naming_the_slime_argument() -> None:
     config = bridge.SlimeBridgeConfig(output="/tmp/x")
     groups = [[prompt(0, rollout_task=task_json())]]
-    with pytest.raises(ValueError, match=r"n_samples_per_prompt \(--n-samples-per-prompt\) is 1"):
+    with pytest.raises(ValueError, match=r"n_samples_per_prompt: 1; .*\(--n-samples-per-prompt\)"):
         asyncio.run(bridge._train_step(argparse.Namespace(), 0, groups, config))
 
 
