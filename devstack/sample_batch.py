@@ -41,13 +41,15 @@ def rollout_rows(
     evaluation: EvaluationResult | None = None,
     batch_id: str = "b1",
     last_words: str = "The tests pass now.",
+    conversation: list[CallConversation | None] | None = None,
 ) -> list[SampleRow]:
     """A main segment of `calls` calls (half of each call's tokens sampled, half the tool
     result that followed) and a compaction segment continuing it, carrying `evaluation`
     and the artifacts `write_artifacts` leaves as the worker records them. `turns`
     (each call's sampled ids and the ids that followed it) replaces the random calls of
     the main segment. Each call's conversation is a tool loop: the task, then a `bash`
-    call answered by its result, and `last_words` as the final reply."""
+    call answered by its result, and `last_words` as the final reply (`conversation`
+    replaces the main segment's)."""
     evaluation = evaluation or passed_evaluation()
     rnd = random.Random(seed)
     rows = []
@@ -114,7 +116,11 @@ def rollout_rows(
                 harness="bash_tool",
                 harness_version="1.0",
                 sampling='{"temperature": 1.0}',
-                conversation=conversation_json(tool_loop(len(starts), last_words)),
+                conversation=conversation_json(
+                    conversation
+                    if conversation is not None and k == 0
+                    else tool_loop(len(starts), last_words)
+                ),
             )
         )
     return rows
