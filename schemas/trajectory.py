@@ -67,7 +67,8 @@ class RecordedCall(StrictModel):
     conversation: CallConversation | None = Field(
         default=None,
         description="what the protocol carried: the messages new since the segment's "
-        "previous call, the tools by name and the parsed reply (None: an older record)",
+        "previous call (filled in from the record's normalized request, where they are "
+        "stored), the tools by name and the parsed reply (None: an older record)",
     )
 
     @model_validator(mode="after")

@@ -96,7 +96,6 @@ class PlannedCall:
         """The call as recorded in the trajectory, with the outcome-specific fields given
         (`reply`: the parsed reply of a call that sampled one)."""
         meta = self.meta
-        held = 0 if match is MatchKind.fork else self.reuse.messages
         return RecordedCall(
             call_id=self.call_id,
             segment_id=segment_id,
@@ -120,10 +119,9 @@ class PlannedCall:
             parse_error=parse_error,
             drift=drift or [],
             fork_reason=fork_reason,
-            conversation=CallConversation(
-                history=held,
-                messages=[conv_message(m) for m in self.request.messages[held:]],
-                tools=[t.name for t in self.request.tools],
+            conversation=CallConversation(  # its messages: `trajectory.recorded_calls`
+                history=self.reuse.messages,
+                tools=[clip_text(t.name) or "" for t in self.request.tools],
                 reply=conv_reply(reply) if reply is not None else None,
                 finish_reason=finish_reason,
             ),
