@@ -163,8 +163,8 @@ def viewer_app(
             tokens=token_page(seg, at, tokenizer) if seg and view == "tokens" else None,
             conversation=conversation_page(seg, at) if seg and view != "tokens" else None,
             has_tokenizer=tokenizer is not None,
-            page_url=lambda n, v=view: (
-                "?" + urlencode({"segment": seg.segment_id, "view": v, "page": n})
+            page_url=lambda n: (
+                "?" + urlencode({"segment": seg.segment_id, "view": view, "page": n})
             ),
         )
 

@@ -175,7 +175,7 @@ def _calls(r: RolloutDetail) -> RenderableType:
 
 
 def reply_brief(said: CallConversation | None) -> str:
-    """A call's reply in one line: its tool calls by name and arguments, else its text."""
+    """A call's reply in one line: its text, then its tool calls by name and arguments."""
     if said is None:
         return ""
     if said.reply is None:

@@ -224,7 +224,12 @@ def conv_reply(parsed: ParsedOutput) -> ConvMessage:
 
 def _conv_tool_calls(calls: list[ToolCall]) -> list[ConvToolCall]:
     return [
-        ConvToolCall(name=c.name, arguments=clip_text(c.arguments) or "", id=c.id) for c in calls
+        ConvToolCall(
+            name=clip_text(c.name) or "",
+            arguments=clip_text(c.arguments) or "",
+            id=clip_text(c.id) or "",
+        )
+        for c in calls
     ]
 
 
