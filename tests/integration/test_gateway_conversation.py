@@ -118,7 +118,7 @@ def test_a_tool_round_trip_records_the_new_messages_and_the_reply(gw: Any, proto
     assert second.reply.content == "The directory holds hello.py."
 
 
-def test_hostile_sizes_are_clipped_and_the_tokens_keep_all(gw: Any) -> None:
+def test_a_text_past_the_cap_is_clipped_saying_how_much(gw: Any) -> None:
     """A tool result past the cap is kept to `CONVERSATION_TEXT_CHARS` characters, saying
     how many were cut; control: the same text under the cap is kept whole."""
     huge = "hello.py " + "x" * (CONVERSATION_TEXT_CHARS * 3)
