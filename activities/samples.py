@@ -17,6 +17,8 @@ Pure functions (no I/O) so every rule is unit-testable:
   `sandbox_facts`), the verifier's metrics as it reported them, what each verdict was
   read from and why the status is what it is (a masked row keeps them: they say what
   was measured, not what is trained);
+- every row carries its calls' conversation as the protocol carried it (each call's new
+  messages and parsed reply), so a viewer shows what the agent saw and did;
 - every row carries the rollout's own status, the evaluation's verdict and checks
   (detail tails capped), the run's step durations and its artifacts, so whoever reads
   the samples can say why a reward is what it is without the worker's disk.
@@ -25,6 +27,7 @@ Pure functions (no I/O) so every rule is unit-testable:
 import json
 from collections import Counter
 
+from schemas.conversation import conversation_json
 from schemas.outcome import RolloutStatus, RunOutcome, final_status, sample_status
 from schemas.rollout import CollectRequest, SamplesSummary
 from schemas.samples import (
@@ -158,6 +161,7 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
                 harness_version=outcome.harness_version,
                 sampling=sampling_json(used),
                 seed=seed,
+                conversation=conversation_json([calls[c].conversation for c, _ in sampled]),
             )
         )
     rollout = str(final_status(outcome.status, [str(r.status) for r in rows]))

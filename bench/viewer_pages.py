@@ -68,6 +68,7 @@ def pages(total_tokens: int) -> dict[str, str]:
         "rollout, first page": f"/rollout/{BIG}",
         "rollout, middle page": f"/rollout/{BIG}?segment={seg}&page={last // 2}",
         "rollout, last page": f"/rollout/{BIG}?segment={seg}&page={last}",
+        "rollout, conversation": f"/rollout/{BIG}?view=conversation",
         "evaluation": f"/rollout/{BIG}/evaluation",
     }
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from schemas.conversation import CallConversation, ConvMessage, ConvToolCall, conversation_json
 from schemas.evaluation import CheckResult, EvaluationResult
 from schemas.samples import ArtifactRow, CheckRow, SampleRow, rows_to_table
 from schemas.scenes import Scene
@@ -39,12 +40,16 @@ def rollout_rows(
     rollout_status: str = "ok",
     evaluation: EvaluationResult | None = None,
     batch_id: str = "b1",
+    last_words: str = "The tests pass now.",
+    conversation: list[CallConversation | None] | None = None,
 ) -> list[SampleRow]:
     """A main segment of `calls` calls (half of each call's tokens sampled, half the tool
     result that followed) and a compaction segment continuing it, carrying `evaluation`
     and the artifacts `write_artifacts` leaves as the worker records them. `turns`
     (each call's sampled ids and the ids that followed it) replaces the random calls of
-    the main segment."""
+    the main segment. Each call's conversation is a tool loop: the task, then a `bash`
+    call answered by its result, and `last_words` as the final reply (`conversation`
+    replaces the main segment's)."""
     evaluation = evaluation or passed_evaluation()
     rnd = random.Random(seed)
     rows = []
@@ -111,9 +116,42 @@ def rollout_rows(
                 harness="bash_tool",
                 harness_version="1.0",
                 sampling='{"temperature": 1.0}',
+                conversation=conversation_json(
+                    conversation
+                    if conversation is not None and k == 0
+                    else tool_loop(len(starts), last_words)
+                ),
             )
         )
     return rows
+
+
+def tool_loop(calls: int, last_words: str) -> list[CallConversation | None]:
+    """`calls` calls of an agent that runs `ls` until its last call, which says `last_words`."""
+    made: list[CallConversation | None] = []
+    for i in range(calls):
+        if i == 0:
+            said = [
+                ConvMessage(role="system", content="You are a coding agent."),
+                ConvMessage(role="user", content="Fix the failing test."),
+            ]
+        else:
+            said = [ConvMessage(role="tool", content=f"file{i}.py", tool_call_id=f"call-{i - 1}")]
+        last = i == calls - 1
+        reply = ConvMessage(
+            role="assistant",
+            reasoning=f"Step {i}: look around.",
+            content=last_words if last else None,
+            tool_calls=[]
+            if last
+            else [ConvToolCall(name="bash", arguments='{"command": "ls"}', id=f"call-{i}")],
+        )
+        made.append(
+            CallConversation(
+                history=0 if i == 0 else 2 * i + 1, messages=said, tools=["bash"], reply=reply
+            )
+        )
+    return made
 
 
 def write_rollout(out: Path, rows: list[SampleRow]) -> Path:

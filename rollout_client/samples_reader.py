@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollout_client.storage import read_table, s3_client
+from schemas.conversation import CallConversation, conversation_of
 from schemas.outcome import RolloutStatus, whose_failure
 from schemas.samples import (
     KNOWN_SCHEMA_VERSIONS,
@@ -77,6 +78,7 @@ _RECORDED_SINCE = {
     "evaluation checks": 6,
     "step durations": 6,
     "artifacts": 6,
+    "conversation": 7,
 }
 #: The steps of a rollout in the order they run (others follow, as recorded).
 STEP_ORDER = (
@@ -121,7 +123,8 @@ class CheckView(CheckRow):
 
 
 class CallView(_View):
-    """One engine call of a segment: the version that sampled it and its tokens."""
+    """One engine call of a segment: the version that sampled it, its tokens, and what
+    its protocol carried (None: not recorded, an older file or gateway)."""
 
     index: int
     policy_version: str
@@ -130,6 +133,7 @@ class CallView(_View):
     end: int
     trained_tokens: int
     sampling: str
+    conversation: CallConversation | None = None
 
     @property
     def tokens(self) -> int:
@@ -574,6 +578,7 @@ def _segment(row: SampleRow) -> SegmentView:
     starts = row.call_starts or [0]
     versions = row.call_policy_versions or [row.policy_version]
     sampling = row.call_sampling or [row.sampling] * len(versions)
+    said = conversation_of(row.conversation) or [None] * len(versions)
     calls = []
     for i, (version, start) in enumerate(zip(versions, starts, strict=True)):
         end = starts[i + 1] if i + 1 < len(starts) else n
@@ -585,6 +590,7 @@ def _segment(row: SampleRow) -> SegmentView:
                 end=end,
                 trained_tokens=sum(row.loss_mask[start:end]),
                 sampling=sampling[i],
+                conversation=said[i],
             )
         )
     return SegmentView(

@@ -24,6 +24,10 @@ status: its rows of an `eval_error` rollout are `infra_error`), `verdict`, `eval
 detail, capped at `CHECK_DETAIL_CHARS`), `step_durations` (seconds per step of the run)
 and `artifacts` (each file the run kept, where the worker put it). Older files read
 with them empty (`rollout_status` empty: not recorded).
+Version 7 added the conversation as the agent's protocol carried it: `conversation`,
+JSON of one entry per call of the segment (aligned with `call_policy_versions`): the
+messages new since the previous call, the tools by name and the parsed reply
+(`schemas.conversation`). Older files read with it empty (`[]`).
 """
 
 import json
@@ -35,13 +39,14 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from schemas.base import StrictModel
+from schemas.conversation import conversation_of
 from schemas.evaluation import CheckVerdict
 from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.scenes import Scene
 from schemas.tasks import check_rollout_id
 
-SCHEMA_VERSION = 6
-KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
+SCHEMA_VERSION = 7
+KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
 #: Columns each version added (a file of an older version lacks them).
 _ADDED_IN = {
     2: ("call_policy_versions", "call_starts"),
@@ -57,6 +62,7 @@ _ADDED_IN = {
         "artifacts",
         "artifacts_dir",
     ),
+    7: ("conversation",),
 }
 #: How much of a check's detail (its output's tail) a sample row keeps.
 CHECK_DETAIL_CHARS = 2000
@@ -149,6 +155,11 @@ class SampleRow(StrictModel):
     )
     sampling: str = Field(description="JSON of the sampling params of the segment's first call")
     seed: int | None = None
+    conversation: str = Field(
+        default="[]",
+        description="JSON array, per call (aligned with call_policy_versions): what the "
+        "protocol carried (`schemas.conversation.CallConversation`; null: not recorded)",
+    )
     schema_version: int = SCHEMA_VERSION
 
     @model_validator(mode="after")
@@ -176,6 +187,9 @@ class SampleRow(StrictModel):
             raise ValueError(f"rollout_status {self.rollout_status!r} is not a status")
         labels_of(self.verdict_sources, "verdict_sources")
         labels_of(self.sandbox_facts, "sandbox_facts")
+        calls = conversation_of(self.conversation)
+        if calls and len(calls) != len(self.call_policy_versions):
+            raise ValueError("conversation must align with call_policy_versions")
         return self
 
     def token_policy_versions(self) -> list[str]:
@@ -296,6 +310,7 @@ SAMPLE_ARROW_SCHEMA = pa.schema(
         pa.field("harness_version", pa.string(), nullable=False),
         pa.field("sampling", pa.string(), nullable=False),
         pa.field("seed", pa.int64()),
+        pa.field("conversation", pa.string(), nullable=False),
         pa.field("schema_version", pa.int32(), nullable=False),
     ],
     metadata={b"agentic_rollout.schema_version": str(SCHEMA_VERSION).encode()},
@@ -368,7 +383,7 @@ def upgrade(table: pa.Table) -> pa.Table:
     starting at the first response token; every call sampled with the row's `sampling`;
     no known task source, the image digest its `env_version` named, no metrics; no
     status reason, verdict sources or sandbox facts; no batch, rollout status, verdict,
-    checks, step durations or artifacts."""
+    checks, step durations or artifacts; no conversation."""
     if "call_policy_versions" not in table.column_names:
         versions = [[v] for v in table.column("policy_version").to_pylist()]
         table = table.append_column(
@@ -400,6 +415,9 @@ def upgrade(table: pa.Table) -> pa.Table:
         table = table.append_column("step_durations", pa.array(["{}"] * n, pa.string()))
         table = table.append_column("artifacts", pa.array([[]] * n, pa.list_(ARTIFACT_ARROW_TYPE)))
         table = table.append_column("artifacts_dir", pa.array([""] * n, pa.string()))
+    if "conversation" not in table.column_names:
+        n = table.num_rows
+        table = table.append_column("conversation", pa.array(["[]"] * n, pa.string()))
     return table
 
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from schemas.base import StrictModel
+from schemas.conversation import CallConversation
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
 
@@ -62,6 +63,12 @@ class RecordedCall(StrictModel):
     )
     fork_reason: str | None = Field(
         default=None, description="why this call did not extend a held segment"
+    )
+    conversation: CallConversation | None = Field(
+        default=None,
+        description="what the protocol carried: the messages new since the segment's "
+        "previous call (filled in from the record's normalized request, where they are "
+        "stored), the tools by name and the parsed reply (None: an older record)",
     )
 
     @model_validator(mode="after")

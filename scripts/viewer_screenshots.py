@@ -1,10 +1,11 @@
-"""Screenshots of the viewer's Batch, Rollout and Evaluation pages for the docs
-(docs/images/viewer-*.png), taken by headless Chromium over a made-up batch
+"""Screenshots of the viewer's Batch, Rollout (tokens, conversation) and Evaluation
+pages for the docs (docs/images/viewer-*.png), taken by headless Chromium over a made-up batch
 (devstack.sample_batch: real sample rows, the tiny model's tokenizer for the text).
 
 Run from the repository root: `.venv/bin/python scripts/viewer_screenshots.py [OUT_DIR]`.
 """
 
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +23,7 @@ from devstack.sample_batch import (
     write_rollout,
 )
 from devstack.tiny_model import ensure_tiny_model
+from schemas.conversation import CallConversation, ConvMessage, ConvToolCall
 
 REASON = "/bin/sh: 1: python: not found"
 DIFF = (
@@ -30,27 +32,62 @@ DIFF = (
 )
 
 
+SYSTEM = "You are a coding agent. Use the bash tool."
+TASK = "Fix mul() in calc.py so the tests pass."
+#: Each call: what the agent thought, said, the command it ran, and what came back.
+CALLS = [
+    ("The tests fail on mul.", "I will read the file first.", "cat calc.py",
+     "def mul(a, b):\n    return a + b\n"),
+    ("It adds.", "mul adds instead of multiplying.", "sed -i 's/a + b/a * b/' calc.py",
+     "(no output)"),
+    ("Check it.", "", "python -m pytest -q", "3 passed in 0.02s"),
+    ("Done.", "Fixed: mul() now multiplies.", None, ""),
+]  # fmt: skip
+
+
 def turns(tok: Tokenizer) -> tuple[list[int], list[tuple[list[int], list[int]]]]:
+    """The calls' tokens as the chat template renders them."""
+
     def ids(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False).ids
 
-    prompt = ids(
-        "<|im_start|>system\nYou are a coding agent. Use the bash tool.<|im_end|>\n"
-        "<|im_start|>user\nFix mul() in calc.py so the tests pass.<|im_end|>\n"
-    )
-    calls = [
-        ("I will read the file first.\n<tool_call>cat calc.py</tool_call>",
-         "def mul(a, b):\n    return a + b\n"),
-        ("mul adds instead of multiplying.\n<tool_call>sed -i 's/a + b/a * b/' calc.py</tool_call>",
-         "(no output)"),
-        ("<tool_call>python -m pytest -q</tool_call>", "3 passed in 0.02s"),
-        ("Fixed: mul() now multiplies.", ""),
-    ]  # fmt: skip
+    prompt = ids(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{TASK}<|im_end|>\n")
     out = []
-    for said, back in calls:
+    for thought, said, command, back in CALLS:
+        call = f"\n<tool_call>{command}</tool_call>" if command else ""
+        sampled = f"<|im_start|>assistant\n<think>{thought}</think>{said}{call}<|im_end|>\n"
         after = f"<|im_start|>tool\n{back}<|im_end|>\n" if back else ""
-        out.append((ids(f"<|im_start|>assistant\n{said}<|im_end|>\n"), ids(after)))
+        out.append((ids(sampled), ids(after)))
     return prompt, out
+
+
+def conversation() -> list[CallConversation | None]:
+    """The same calls as their protocol carried them."""
+    made: list[CallConversation | None] = []
+    for i, (thought, said, command, _) in enumerate(CALLS):
+        if i == 0:
+            new = [
+                ConvMessage(role="system", content=SYSTEM),
+                ConvMessage(role="user", content=TASK),
+            ]
+        else:
+            back = CALLS[i - 1][3]
+            new = [ConvMessage(role="tool", content=back, tool_call_id=f"call-{i - 1}")]
+        args = json.dumps({"command": command})
+        calls = [ConvToolCall(name="bash", arguments=args, id=f"call-{i}")] if command else []
+        reply = ConvMessage(
+            role="assistant", reasoning=thought, content=said or None, tool_calls=calls
+        )
+        made.append(
+            CallConversation(
+                history=0 if i == 0 else 2 * i + 1,
+                messages=new,
+                tools=["bash"],
+                reply=reply,
+                finish_reason="stop",
+            )
+        )
+    return made
 
 
 def make(root: Path, tok: Tokenizer) -> tuple[Path, Path]:
@@ -69,7 +106,7 @@ def make(root: Path, tok: Tokenizer) -> tuple[Path, Path]:
         rows = rollout_rows(
             rid, task, reward=reward, status=status, rollout_status=rollout_status,
             status_reason=reason, evaluation=evaluation, prompt_ids=prompt, turns=calls,
-            batch_id=out.name, seed=i,
+            batch_id=out.name, seed=i, conversation=conversation(),
         )  # fmt: skip
         write_rollout(out, rows)
         write_artifacts(data, rid, evaluation, DIFF, "agent: 4 calls, 3 tool runs\n")
@@ -92,6 +129,7 @@ def main() -> None:
             shots = {
                 "viewer-batch.png": url,
                 "viewer-rollout.png": f"{url}rollout/{out.name}-calc-mul-0",
+                "viewer-conversation.png": f"{url}rollout/{out.name}-calc-mul-0?view=conversation",
                 "viewer-evaluation.png": f"{url}rollout/{out.name}-parse-csv-1/evaluation",
             }
             for name, page in shots.items():

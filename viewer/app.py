@@ -37,6 +37,7 @@ from rollout_client.samples_reader import (
 )
 from schemas.samples import SampleRow, is_s3
 from schemas.tasks import check_rollout_id
+from viewer.conversation import PAGE_CALLS, conversation_page
 from viewer.text import clip
 from viewer.tokens import HEAT_BUCKETS, HEAT_STEP, PAGE_TOKENS, token_page
 
@@ -71,6 +72,7 @@ def viewer_app(
     env.globals.update(
         clip=clip,
         page_tokens=PAGE_TOKENS,
+        page_calls=PAGE_CALLS,
         heat_buckets=[(i, -(i + 1) * HEAT_STEP) for i in range(HEAT_BUCKETS)],
         location=reader.location,
     )
@@ -150,15 +152,20 @@ def viewer_app(
         segs = d.segment_views
         wanted = request.query_params.get("segment")
         seg = next((g for g in segs if g.segment_id == wanted), segs[0] if segs else None)
-        tokens = token_page(seg, _int(request.query_params.get("page")), tokenizer) if seg else None
+        view = "conversation" if request.query_params.get("view") == "conversation" else "tokens"
+        at = _int(request.query_params.get("page"))
         return page(
             "rollout.jinja",
             s=d,
             seg=seg,
             tree=_tree(segs),
-            tokens=tokens,
+            view=view,
+            tokens=token_page(seg, at, tokenizer) if seg and view == "tokens" else None,
+            conversation=conversation_page(seg, at) if seg and view != "tokens" else None,
             has_tokenizer=tokenizer is not None,
-            page_url=lambda n: "?" + urlencode({"segment": seg.segment_id, "page": n}),
+            page_url=lambda n: (
+                "?" + urlencode({"segment": seg.segment_id, "view": view, "page": n})
+            ),
         )
 
     def evaluation_page(request: Request) -> Response:

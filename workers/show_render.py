@@ -14,10 +14,13 @@ from rich.table import Table
 from rich.text import Text
 
 from rollout_client.samples_reader import BatchView, RolloutDetail, RolloutSummary
+from schemas.conversation import CallConversation
 
 #: How much of one line, and how many lines of a detail, the terminal shows.
 LINE_CHARS = 240
 DETAIL_LINES = 20
+#: Characters of a call's reply the calls table shows.
+REPLY_CHARS = 60
 #: What the batch view lists.
 SLOWEST = 5
 ERROR_IDS = 5
@@ -149,7 +152,8 @@ def _checks(r: RolloutDetail) -> RenderableType:
 
 def _calls(r: RolloutDetail) -> RenderableType:
     table = Table(title="calls", title_justify="left")
-    for name in ("segment", "scene", "status", "call", "policy version", "tokens", "trained"):
+    names = ("segment", "scene", "status", "call", "policy version", "tokens", "trained", "reply")
+    for name in names:
         table.add_column(name, justify="right" if name in ("call", "tokens", "trained") else "left")
     for seg in r.segment_views:
         for call in seg.calls:
@@ -161,12 +165,24 @@ def _calls(r: RolloutDetail) -> RenderableType:
                 _t(call.policy_version),
                 str(call.tokens),
                 str(call.trained_tokens),
+                Text(safe(reply_brief(call.conversation), REPLY_CHARS)),
             )
     table.caption = (
         f"{r.segments} segment(s), {r.calls} call(s): {r.prompt_tokens} prompt, "
         f"{r.response_tokens} response, {r.trained_tokens} trained tokens"
     )
     return table
+
+
+def reply_brief(said: CallConversation | None) -> str:
+    """A call's reply in one line: its text, then its tool calls by name and arguments."""
+    if said is None:
+        return ""
+    if said.reply is None:
+        return "(no reply)"
+    calls = [f"{c.name}({' '.join(c.arguments.split())})" for c in said.reply.tool_calls]
+    text = " ".join((said.reply.content or "").split())
+    return " ".join([text, *calls]).strip()
 
 
 def _artifacts(r: RolloutDetail) -> RenderableType:

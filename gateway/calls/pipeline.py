@@ -293,6 +293,7 @@ class Gateway(SessionService):
                 output_logprobs=completion.output_logprobs,
                 finish_reason=completion.finish_reason,
                 parse_error=parsed.parse_error,
+                reply=parsed,
                 drift=plan.drift,
                 fork_reason=(
                     "a concurrent call extended the same segment first"

@@ -12,10 +12,11 @@ from typing import Any
 import pydantic_core
 from pydantic_core import PydanticSerializationError
 
-from gateway.canonical import CanonicalRequest
+from gateway.canonical import CanonicalRequest, Message, ParsedOutput, ToolCall
 from gateway.capture.store import CallEntry, PromptRef, RequestOmitted, SessionMeta
 from gateway.errors import GatewayError
 from gateway.prompt.incremental import PromptPlan
+from schemas.conversation import CallConversation, ConvMessage, ConvToolCall, clip_text
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
 from schemas.trajectory import CallStatus, MatchKind, RecordedCall
@@ -90,8 +91,10 @@ class PlannedCall:
         parse_error: str | None = None,
         drift: list[str] | None = None,
         error: str | None = None,
+        reply: ParsedOutput | None = None,
     ) -> RecordedCall:
-        """The call as recorded in the trajectory, with the outcome-specific fields given."""
+        """The call as recorded in the trajectory, with the outcome-specific fields given
+        (`reply`: the parsed reply of a call that sampled one)."""
         meta = self.meta
         return RecordedCall(
             call_id=self.call_id,
@@ -116,6 +119,12 @@ class PlannedCall:
             parse_error=parse_error,
             drift=drift or [],
             fork_reason=fork_reason,
+            conversation=CallConversation(  # its messages: `trajectory.recorded_calls`
+                history=self.reuse.messages,
+                tools=[clip_text(t.name) or "" for t in self.request.tools],
+                reply=conv_reply(reply) if reply is not None else None,
+                finish_reason=finish_reason,
+            ),
         )
 
     @cached_property
@@ -190,6 +199,38 @@ class StoredRequest:
         )
         kept_size = len(pydantic_core.to_json(kept))
         return cls(kept, normalized, omitted, kept_size + normalized_size)
+
+
+def conv_message(m: Message) -> ConvMessage:
+    """A canonical message as the conversation record keeps it (text fields clipped)."""
+    return ConvMessage(
+        role=m.role,
+        content=clip_text(m.content),
+        reasoning=clip_text(m.reasoning),
+        tool_calls=_conv_tool_calls(m.tool_calls),
+        tool_call_id=clip_text(m.tool_call_id),
+        name=clip_text(m.name),
+    )
+
+
+def conv_reply(parsed: ParsedOutput) -> ConvMessage:
+    return ConvMessage(
+        role="assistant",
+        content=clip_text(parsed.content),
+        reasoning=clip_text(parsed.reasoning),
+        tool_calls=_conv_tool_calls(parsed.tool_calls),
+    )
+
+
+def _conv_tool_calls(calls: list[ToolCall]) -> list[ConvToolCall]:
+    return [
+        ConvToolCall(
+            name=clip_text(c.name) or "",
+            arguments=clip_text(c.arguments) or "",
+            id=clip_text(c.id) or "",
+        )
+        for c in calls
+    ]
 
 
 def _fields_within(raw: dict[str, Any], cap: int) -> dict[str, Any]:

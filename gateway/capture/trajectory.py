@@ -8,6 +8,8 @@ Because this needs nothing but the records, a restarted gateway serves the same 
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.canonical import Message
+from gateway.capture.recording import conv_message
 from gateway.capture.store import CallEntry, Entry, SegmentOpened
 from schemas.scenes import Scene
 from schemas.trajectory import CallStatus, RecordedCall, Segment
@@ -94,4 +96,20 @@ def build_segments(records: list[Entry], trainable: set[Scene]) -> list[Segment]
 
 
 def recorded_calls(records: list[Entry]) -> list[RecordedCall]:
-    return [r.call for r in records if isinstance(r, CallEntry)]
+    """The calls as the trajectory gives them, each conversation with its messages."""
+    return [_with_messages(r) for r in records if isinstance(r, CallEntry)]
+
+
+def _with_messages(entry: CallEntry) -> RecordedCall:
+    """The call with the messages its request added, read from the normalized request its
+    record keeps (the messages past the held ones, or all of a segment's first call):
+    stored once, there, and clipped here as the conversation keeps them."""
+    said = entry.call.conversation
+    if said is None:
+        return entry.call
+    normalized = entry.normalized
+    sent = normalized.get("new_messages", normalized.get("messages", []))
+    messages = [conv_message(Message.model_validate(m)) for m in sent]
+    return entry.call.model_copy(
+        update={"conversation": said.model_copy(update={"messages": messages})}
+    )

@@ -82,6 +82,9 @@ def test_show_explains_the_passing_rollout(run: Run) -> None:
     out = done.stdout
     assert "status   ok" in out and "reward   1.000" in out and "verdict  pass" in out
     assert "tiny-random-v0" in out  # the calls' policy version
+    table = out.split("calls", 1)[1].split("segment(s)", 1)[0]
+    calls = [ln for ln in table.splitlines() if "tiny-random-v0" in ln]
+    assert len(calls) == 2 and all(ln.rstrip(" │").endswith("42") for ln in calls)  # replies
     assert "agent " in out.split("steps", 1)[1].split("\n", 1)[0]  # the agent's step timed
     assert "not looked" in out  # no worker dir given: artifacts listed, not looked for
 

@@ -65,6 +65,31 @@ def test_batch_to_rollout_marks_trained_tokens(
     assert "42" in sampled and "6 times 7" not in sampled  # the reply, not the prompt
 
 
+def test_conversation_shows_what_the_protocol_carried(
+    chromium: webdriver.Chrome, served: str, failing_batch: RealBatch
+) -> None:
+    """The rollout's conversation link shows each call as the agent's protocol carried
+    it (examples/agent.py: two chat turns): the first with the system message and the
+    task (its `<script>` as text), the second with only what the agent added, each with
+    the model's reply."""
+    chromium.get(f"{served}rollout/{failing_batch.batch_id}-arith-mul-0")
+    navigate(chromium, chromium.find_element(By.ID, "conversation-link"))
+    assert "view=conversation" in chromium.current_url
+    first, second = chromium.find_elements(By.CSS_SELECTOR, "#conversation section.call")
+
+    def said(call: WebElement, role: str) -> list[str]:
+        return [e.text for e in call.find_elements(By.CSS_SELECTOR, f".role-{role} pre.content")]
+
+    assert said(first, "system") == ["You are a careful agent. Answer briefly."]
+    [task] = said(first, "user")
+    assert "What is 6 times 7?" in task and SCRIPT in task
+    assert said(second, "system") == []
+    assert said(second, "user") == ["Check your answer and state it again."]
+    assert said(first, "assistant") == said(second, "assistant") == ["42"]
+    assert "finish stop" in first.find_element(By.TAG_NAME, "h3").text
+    assert chromium.execute_script("return window.pwned === undefined")
+
+
 def test_evaluation_shows_reward_and_check_detail(
     chromium: webdriver.Chrome, served: str, failing_batch: RealBatch
 ) -> None:

@@ -135,7 +135,7 @@ def test_a_batch_shows_statuses_rewards_and_errors_by_first_line(batch_dir: Path
         assert [r.rollout_id for r in view.slowest(1)] == ["b1-hello-0"]
         hello = by_id["b1-hello-0"]
         assert (hello.calls, hello.response_tokens, hello.trained_tokens) == (2, 5, 4)
-        assert hello.policy_versions == ["pol-3", "pol-4"] and view.schema_versions == [6]
+        assert hello.policy_versions == ["pol-3", "pol-4"] and view.schema_versions == [7]
 
 
 def test_a_rollout_shows_checks_steps_calls_and_artifacts(batch_dir: Path, tmp_path: Path) -> None:
@@ -192,6 +192,7 @@ def test_a_v5_directory_shows_what_it_has(tmp_path: Path) -> None:
         "evaluation checks",
         "step durations",
         "artifacts",
+        "conversation",
     ]
 
 

@@ -10,6 +10,13 @@ import pytest
 from pydantic import ValidationError
 
 from rollout_client.storage import read_samples, write_samples
+from schemas.conversation import (
+    CallConversation,
+    ConvMessage,
+    ConvToolCall,
+    conversation_json,
+    conversation_of,
+)
 from schemas.evaluation import RewardFileCheck
 from schemas.outcome import RolloutStatus
 from schemas.samples import (
@@ -53,8 +60,12 @@ def make_row(**overrides: object) -> SampleRow:
 
 def as_version(table: pa.Table, version: int, drop: list[str]) -> pa.Table:
     """The table as a writer of `version` made it: without the later columns (`drop`,
-    and those of v5 and v6 for an older version), tagged."""
-    later = (V5_COLUMNS if version < 5 else []) + (V6_COLUMNS if version < 6 else [])
+    and those of v5, v6 and v7 for an older version), tagged."""
+    later = (
+        (V5_COLUMNS if version < 5 else [])
+        + (V6_COLUMNS if version < 6 else [])
+        + (V7_COLUMNS if version < 7 else [])
+    )
     table = table.drop_columns(drop + later)
     return table.set_column(
         table.schema.get_field_index("schema_version"),
@@ -74,6 +85,7 @@ V6_COLUMNS = [
     "artifacts",
     "artifacts_dir",
 ]
+V7_COLUMNS = ["conversation"]
 
 
 def test_session_config_rejects_unknown_fields() -> None:
@@ -222,9 +234,57 @@ def test_lineage_columns_round_trip(tmp_path) -> None:
     )
     write_samples([row], tmp_path / "s.parquet")
     table = read_samples(tmp_path / "s.parquet")
-    assert table.schema.metadata[b"agentic_rollout.schema_version"] == b"6"
+    assert table.schema.metadata[b"agentic_rollout.schema_version"] == b"7"
     [back] = table_to_rows(table)
-    assert back == row and back.schema_version == SCHEMA_VERSION == 6
+    assert back == row and back.schema_version == SCHEMA_VERSION == 7
+
+
+def two_calls_conversation() -> str:
+    """Two calls: a user's question answered by a tool call, then the tool's result."""
+    ask = CallConversation(
+        history=0,
+        messages=[ConvMessage(role="user", content="What is here?")],
+        tools=["bash"],
+        reply=ConvMessage(
+            role="assistant",
+            reasoning="list them",
+            tool_calls=[ConvToolCall(name="bash", arguments='{"command": "ls"}', id="c1")],
+        ),
+        finish_reason="stop",
+    )
+    result = CallConversation(
+        history=2,
+        messages=[ConvMessage(role="tool", content="hello.py", tool_call_id="c1")],
+        reply=ConvMessage(role="assistant", content="It holds hello.py."),
+    )
+    return conversation_json([ask, result])
+
+
+def test_the_conversation_column_round_trips(tmp_path) -> None:
+    raw = two_calls_conversation()
+    row = make_row(call_policy_versions=["p1", "p1"], call_starts=[0, 2], conversation=raw)
+    write_samples([row], tmp_path / "s.parquet")
+    [back] = table_to_rows(read_samples(tmp_path / "s.parquet"))
+    assert back == row
+    ask, result = conversation_of(back.conversation)
+    assert ask is not None and ask.reply is not None
+    assert ask.reply.tool_calls[0].name == "bash" and ask.reply.reasoning == "list them"
+    assert result is not None and result.messages[0].content == "hello.py"
+
+
+def test_the_conversation_must_align_with_the_calls() -> None:
+    with pytest.raises(ValidationError, match="conversation must align"):
+        make_row(conversation=two_calls_conversation())  # one call, two entries
+    with pytest.raises(ValidationError, match="conversation: not a list of calls"):
+        make_row(conversation='{"role": "user"}')
+
+
+def test_version_6_files_read_with_no_conversation(tmp_path) -> None:
+    table = as_version(rows_to_table([make_row(verdict="pass")]), 6, [])
+    assert "conversation" not in table.column_names
+    pq.write_table(table, tmp_path / "old.parquet")
+    [old] = table_to_rows(read_samples(tmp_path / "old.parquet"))
+    assert (old.conversation, old.verdict, old.schema_version) == ("[]", "pass", 6)
 
 
 def test_version_3_files_read_with_the_image_as_their_digest(tmp_path) -> None:
@@ -250,10 +310,10 @@ def test_version_4_files_read_with_no_reason_sources_or_facts(tmp_path) -> None:
     assert old.schema_version == 4
 
 
-def test_a_v6_file_without_a_lineage_column_is_refused(tmp_path) -> None:
+def test_a_v7_file_without_a_lineage_column_is_refused(tmp_path) -> None:
     table = rows_to_table([make_row()]).drop_columns(["sandbox_facts"])
     pq.write_table(table, tmp_path / "bad.parquet")
-    with pytest.raises(ValueError, match="schema v6: missing column 'sandbox_facts'"):
+    with pytest.raises(ValueError, match="schema v7: missing column 'sandbox_facts'"):
         read_samples(tmp_path / "bad.parquet")
 
 

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from rollout_client.client import Batch, RolloutOutcome
 from rollout_client.samples_reader import SamplesReader
 from rollout_client.storage import write_table
+from schemas.conversation import CallConversation, ConvMessage, ConvToolCall
 from schemas.outcome import RolloutStatus
 from schemas.rollout import RolloutResult
 from schemas.samples import rows_to_table
@@ -17,7 +18,7 @@ from tests.unit.test_samples_reader import NOT_FOUND, _rows, eval_error_outcome,
 from workers.cli import app
 from workers.run_cmd import BatchReport, failure_reasons, print_show_line, print_summary
 from workers.show_cmd import show_from_samples
-from workers.show_render import LINE_CHARS, rollout_view, safe
+from workers.show_render import LINE_CHARS, reply_brief, rollout_view, safe
 
 HOSTILE = "\x1b[2J\x1b]0;owned\x07[bold red]markup[/] <script>alert(1)</script>\r\u202e"
 
@@ -150,3 +151,14 @@ def test_the_run_summary_gives_each_failing_rollout_its_reason_and_the_show_line
     assert (
         text.splitlines()[-1] == "show: rollout show b1 --samples /out/b1 --artifacts /data/worker"
     )
+
+
+def test_a_calls_reply_in_one_line() -> None:
+    """Tool calls by name and arguments after the text; no conversation recorded: blank."""
+    call = ConvToolCall(name="bash", arguments='{\n  "command": "ls"\n}', id="c1")
+    said = CallConversation(
+        history=0, reply=ConvMessage(role="assistant", content="Let me\nlook.", tool_calls=[call])
+    )
+    assert reply_brief(said) == 'Let me look. bash({ "command": "ls" })'
+    assert reply_brief(CallConversation(history=2)) == "(no reply)"
+    assert reply_brief(None) == ""

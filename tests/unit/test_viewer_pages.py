@@ -23,6 +23,8 @@ from rollout_client.storage import write_table
 from schemas.samples import SAMPLE_ARROW_SCHEMA, rows_to_table
 from tests.unit.test_schemas import V4_COLUMNS, as_version
 from viewer.app import BATCH_ROWS, viewer_app
+from viewer.conversation import PAGE_CALLS
+from viewer.conversation import TEXT_CHARS as CONV_TEXT_CHARS
 from viewer.tokens import PAGE_TOKENS, load_tokenizer
 
 HOSTILE = "<script>window.pwned = 1</script><b>bold?</b>\x1b[31mred\x07"
@@ -142,6 +144,50 @@ def test_large_rollout_is_paged(tmp_path: Path) -> None:
     assert "call 200 of 200" in last
 
 
+def test_conversation_shows_each_calls_messages_tool_calls_and_results(batch) -> None:
+    """The conversation view, a plain link from the rollout page, shows per call what
+    the protocol carried: the task, the reply's folded reasoning and its tool call with
+    pretty arguments, then the tool's result and the final words."""
+    out, _ = batch
+    c = client(out)
+    rollout = c.get("/rollout/r-ok").text
+    link = re.search(r'<a href="([^"]+)" id="conversation-link"', rollout)[1]
+    html = c.get("/rollout/r-ok" + link.replace("&amp;", "&")).text
+    shown = html.split('id="conversation"', 1)[1]
+    calls = re.findall(r'<section class="call" id="call-(\d+)">', shown)
+    assert calls == ["1", "2", "3"]
+    first, second, last = shown.split('<section class="call"')[1:]
+    assert "Fix the failing test." in first and "You are a coding agent." in first
+    assert '<details class="reasoning"><summary>reasoning</summary><pre>Step 0' in first
+    assert "calls <b>bash</b> <small>call-0</small>" in first
+    assert '<pre class="arguments">{\n  &#34;command&#34;: &#34;ls&#34;\n}</pre>' in first
+    assert "tool result for call-0" in second and "file1.py" in second
+    assert "policy v1" in last and "The tests pass now." in last
+
+
+def test_conversation_of_a_large_rollout_is_paged_by_calls(tmp_path: Path) -> None:
+    write_rollout(tmp_path, rollout_rows("r-big", "t", calls=200))
+    c = client(tmp_path)
+    first = c.get("/rollout/r-big?view=conversation").text
+    assert first.count('<section class="call"') == PAGE_CALLS
+    assert f"calls 1–{PAGE_CALLS} of 200" in first and 'rel="next"' in first
+    pages = -(-200 // PAGE_CALLS)
+    last = c.get(f"/rollout/r-big?segment=r-big-s0&view=conversation&page={pages - 1}").text
+    assert 'id="call-200"' in last and 'rel="next"' not in last
+
+
+def test_a_hostile_agent_message_in_the_conversation_stays_text(tmp_path: Path) -> None:
+    """Control: the same text as the status reason shows escaped too (the check would see
+    a raw `<script` in the page, `test_hostile_text_is_escaped_and_clipped`)."""
+    huge = "y" * 50_000
+    write_rollout(tmp_path, rollout_rows("r-bad", "t", last_words=HOSTILE + huge))
+    html = client(tmp_path).get("/rollout/r-bad?view=conversation").text
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;window.pwned = 1&lt;/script&gt;&lt;b&gt;bold?&lt;/b&gt;" in html
+    assert "\\x1b[31mred\\x07" in html and "\x1b" not in html
+    assert f"[… {len(HOSTILE) + len(huge) - CONV_TEXT_CHARS:,} characters clipped]" in html
+
+
 def test_evaluation_shows_checks_diff_and_logs(batch) -> None:
     out, data = batch
     html = client(out, data).get("/rollout/r-ok/evaluation").text
@@ -209,6 +255,8 @@ def test_older_schema_opens(tmp_path: Path) -> None:
     html = c.get("/rollout/r-old").text
     assert "call 1 of 1" in html and 'class="tok t' in html
     assert "Written by an older samples schema: no task source" in html
+    said = c.get("/rollout/r-old?view=conversation").text
+    assert "These samples record no conversation" in said
     assert "No checks recorded (older samples schema)" in c.get("/rollout/r-old/evaluation").text
     assert c.get("/rollout/r-old/lineage").status_code == 200
 

@@ -3,6 +3,7 @@
 from datetime import UTC, datetime
 
 from activities.samples import build_rows, sampling_json, summarize
+from schemas.conversation import CallConversation, ConvMessage, ConvToolCall, conversation_of
 from schemas.evaluation import CheckResult, EvaluationResult
 from schemas.outcome import RolloutStatus, RunOutcome
 from schemas.rollout import CollectRequest, SessionRef
@@ -279,3 +280,21 @@ def test_rows_say_why_their_reward_is_what_it_is() -> None:
         assert row.sandbox_facts == '{"repo_history": "trimmed"}'
     ok = build_rows(traj, request())[0]
     assert (ok.status_reason, ok.verdict_sources, ok.sandbox_facts) == ("", "{}", "{}")
+
+
+def test_rows_carry_each_calls_conversation_aligned_with_the_calls() -> None:
+    """The row keeps what each of its calls carried, in call order; a call an older
+    gateway recorded without it is null, and a segment without call starts has none."""
+    ask = CallConversation(
+        history=0,
+        messages=[ConvMessage(role="user", content="What is here?")],
+        reply=ConvMessage(
+            role="assistant", tool_calls=[ConvToolCall(name="bash", arguments="{}", id="t1")]
+        ),
+    )
+    first = call("c1", "g1").model_copy(update={"conversation": ask})
+    seg = segment("g1", ["c1", "c2"]).model_copy(update={"call_starts": [0, 3]})
+    [row] = build_rows(trajectory([first, call("c2", "g1")], [seg]), request())
+    assert conversation_of(row.conversation) == [ask, None]
+    [old] = build_rows(trajectory([first], [segment("g1", ["c1"])]), request())
+    assert old.conversation == "[]"
