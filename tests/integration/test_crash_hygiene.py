@@ -318,13 +318,14 @@ def test_tethered_command_dies_with_its_shim() -> None:
 
 HOST_COMMAND_PARENT = textwrap.dedent(
     """
-    import asyncio, subprocess
+    import asyncio, os, subprocess
     from sandboxes.host.commands import dies_with_this_thread
 
     def start(tied):  # as a worker thread starts and waits for `docker build`
         arm = dies_with_this_thread() if tied else None
         proc = subprocess.Popen(["sleep", "600"], start_new_session=True, preexec_fn=arm)
-        print("tied" if tied else "plain", proc.pid, flush=True)
+        # one write(2) per line: two threads' print() calls can interleave on the pipe
+        os.write(1, f"{'tied' if tied else 'plain'} {proc.pid}\n".encode())
         proc.wait()
 
     async def main():
