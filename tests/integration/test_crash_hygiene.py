@@ -325,7 +325,7 @@ HOST_COMMAND_PARENT = textwrap.dedent(
         arm = dies_with_this_thread() if tied else None
         proc = subprocess.Popen(["sleep", "600"], start_new_session=True, preexec_fn=arm)
         # one write(2) per line: two threads' print() calls can interleave on the pipe
-        os.write(1, f"{'tied' if tied else 'plain'} {proc.pid}\n".encode())
+        os.write(1, f"{'tied' if tied else 'plain'} {proc.pid}\\n".encode())
         proc.wait()
 
     async def main():
