@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from devstack.scripted_engine import ScriptedEngine
-from tests.fixtures.gateway import scripted_gateway
+from tests.fixtures.gateway import calls_without_ids, scripted_gateway
 from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
@@ -183,14 +183,6 @@ CALLS: dict[str, Callable[[dict[str, Any], Held | None, bool], dict[str, Any]]] 
 }
 
 
-def recorded(gw: InProcessGateway, session_id: str) -> list[dict[str, Any]]:
-    """The session's calls without what differs between any two calls (ids, times)."""
-    drop = {"call_id", "segment_id", "started_at", "duration_s"}
-    return [
-        {k: v for k, v in c.items() if k not in drop} for c in gw.trajectory(session_id)["calls"]
-    ]
-
-
 @pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
 def test_deltas_arrive_while_the_engine_is_still_generating(
     engine_and_gateway: tuple[ScriptedEngine, InProcessGateway], protocol: str
@@ -216,8 +208,8 @@ def test_a_streamed_call_answers_and_records_what_a_plain_call_does(
     assert streamed_reply == plain_reply
     if protocol == "chat":
         assert plain_reply["reasoning"] == REASONING and plain_reply["content"] == CONTENT
-    plain_calls = recorded(gw, plain["session_id"])
-    assert recorded(gw, streamed["session_id"]) == plain_calls
+    plain_calls = calls_without_ids(gw, plain["session_id"])
+    assert calls_without_ids(gw, streamed["session_id"]) == plain_calls
     assert plain_calls[0]["status"] == "ok" and len(plain_calls) == 1
     assert plain_calls[0]["output_ids"] == engine.replies[0].output_ids
     segments = [gw.trajectory(s["session_id"])["segments"] for s in (plain, streamed)]

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from devstack.background_server import BackgroundServer
-from tests.fixtures.gateway import RecordingProxy
+from tests.fixtures.gateway import RecordingProxy, calls_without_ids
 from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
@@ -142,12 +142,6 @@ def proxied(vllm_server: Any, tiny_model_dir: Path, gateway_factory: Any):
         yield gateway_factory(proxy_server.url, tiny_model_dir, vllm_server.model), proxy
 
 
-def recorded(gw: InProcessGateway, session_id: str) -> list[dict[str, Any]]:
-    drop = {"call_id", "segment_id", "started_at", "duration_s"}
-    calls = gw.trajectory(session_id)["calls"]
-    return [{k: v for k, v in c.items() if k not in drop} for c in calls]
-
-
 @pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
 def test_sdk_stream_helpers_get_live_deltas_and_the_record_equals_a_plain_call(
     proxied: tuple[InProcessGateway, RecordingProxy], protocol: str
@@ -161,7 +155,9 @@ def test_sdk_stream_helpers_get_live_deltas_and_the_record_equals_a_plain_call(
     assert counts["reasoning"] >= 4 and counts["content"] >= 4, counts
     # Same seed, same tokens: the stream records exactly what the plain call recorded,
     # and that is what vLLM streamed.
-    assert recorded(gw, streamed["session_id"]) == recorded(gw, plain["session_id"])
+    assert calls_without_ids(gw, streamed["session_id"]) == calls_without_ids(
+        gw, plain["session_id"]
+    )
     (call,) = gw.trajectory(streamed["session_id"])["calls"]
     sent, reply = proxy.exchanges[-1]
     assert sent["stream"] is True
