@@ -79,4 +79,5 @@ echo "== import contract (what may import what: [tool.importlinter] in pyproject
 echo "== tests"
 # The fixtures of a step outside this plan fail their test, naming the step.
 export ROLLOUT_SETUP_PLAN="${steps[*]:-}"
-exec .venv/bin/python -m pytest -q -ra "$@"
+# The slowest setups and tests are listed at the end: where the suite's time goes.
+exec .venv/bin/python -m pytest -q -ra --durations=30 "$@"
