@@ -1,14 +1,20 @@
 """Our output parsers against vLLM's, family by family, on the same model output texts.
 
-vLLM is the reference a user switching to the Gateway compares with: for each family the
-parsers vLLM would run for it (its `--tool-call-parser` / `--reasoning-parser` names, see
-`FAMILIES`) split the same text, whole and streamed in groups of 1-8 tokens of that
-family's tiny tokenizer, and the results must agree with our whole parse:
+vLLM is the reference a user switching to the Gateway compares with: for each family in
+the parser registry (`test_every_registered_family_is_compared`) the parsers vLLM would
+run for it (its `--tool-call-parser` / `--reasoning-parser` names, see `FAMILIES`) split
+the same text, whole and streamed in groups of 1-8 tokens of that family's tiny
+tokenizer. Our whole parse must agree with vLLM's whole parse, and our stream (the
+Gateway's `OutputStream` fed the same groups, its deltas folded as a client folds them)
+with vLLM's stream for each group size:
 
 * arguments are compared as parsed JSON (so `{"a": 1}` equals `{"a":1}`), content and
   reasoning after stripping surrounding whitespace (an empty field equals a missing one);
 * a difference we keep on purpose is a row of `DIFFERENCES` with its reason, and the test
-  asserts the row still differs, so a difference that disappears shows up here.
+  asserts the row still differs, so a difference that disappears shows up here;
+* how it differs is pinned: both sides' exact output on every case with a row, whole and
+  streamed, not normalised, is in `PINS` (parsers_vs_vllm_pins.json, next to this file),
+  and any change in it fails `test_exempt_output_is_pinned`.
 
 The texts are written by `Family.write` from one table of scenarios (`SCENARIOS`), so
 every family meets the same content, reasoning, calls and typed arguments, plus texts
@@ -20,7 +26,9 @@ whole module.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,9 +39,12 @@ import pytest
 
 from devstack.tiny_families import ensure_family_model
 from gateway.canonical import ParsedOutput
-from gateway.parsers.base import ParseContext
-from gateway.parsers.registry import FAMILIES, get_parser
+from gateway.parsers.base import ParseContext, ToolCallDone
+from gateway.parsers.registry import FAMILIES, get_parser, parser_names
 from gateway.parsers.selection import family_for
+from gateway.parsers.stream import OutputStream
+from gateway.prompt.incremental import Tokenizer, load_tokenizer
+from gateway.protocols.sse import Sent
 from tests.fixtures.vllm_reference import (
     ReferenceCase,
     ReferenceParse,
@@ -424,6 +435,21 @@ FAMILIES_UNDER_TEST = [
         malformed=HERMES_MALFORMED,
     ),
     Family(
+        "hermes",
+        "hermes",
+        None,
+        _hermes_calls,
+        model="qwen3",
+        prompt_tail="<|im_start|>assistant\n",
+        end=QWEN_END,
+        malformed=HERMES_MALFORMED,
+        raw={
+            # A reasoning model served with the hermes tool parser alone.
+            "think_block": "<think>\nA greeting, so I answer briefly.\n</think>\n\nHello there!"
+            + QWEN_END,
+        },
+    ),
+    Family(
         "qwen3-coder",
         "qwen3_coder",
         None,
@@ -741,6 +767,11 @@ MARKER_IN_JSON_STRING = (
     "cuts the block there (whole: all content; streamed: a call with broken arguments)"
 )
 
+THINK_WITHOUT_REASONING_PARSER = (
+    "with no reasoning parser named, vLLM leaves a `<think>` block in the content; our hermes "
+    "family reads it as reasoning, as every family with `<think>` tags does"
+)
+
 EMPTY_ARGUMENTS_STREAMED = (
     'vLLM\'s streaming sends a call without arguments with arguments `""` (not JSON), and '
     "DeepSeek's may lose the call when several tokens arrive in one step; we give `{}`, as "
@@ -756,7 +787,7 @@ def _rows(
     return {(f"{f}/{c}", m): reason for f in families for c in case_ids for m in modes}
 
 
-HERMES = ("qwen3", "qwen3:no-thinking", "qwq-32b", "qwen2.5")
+HERMES = ("qwen3", "qwen3:no-thinking", "qwq-32b", "qwen2.5", "hermes")
 ENGINE_XML = ("qwen3-coder", "qwen3.5", "glm-4.7-flash", "minimax-m2")
 LLAMA = ("llama3.1", "llama3.2")
 DEEPSEEK = ("deepseek-v3.1", "deepseek-v3.1:no-thinking", "deepseek-r1-distill-qwen")
@@ -849,10 +880,69 @@ DIFFERENCES: dict[tuple[str, Mode], str] = {
         ["streamed"],
         EMPTY_ARGUMENTS_STREAMED,
     ),
+    **_rows(("hermes",), ["think_block"], WHOLE_AND_STREAMED, THINK_WITHOUT_REASONING_PARSER),
 }
 """(case key, mode) → why our parser (or vLLM's reading of the written text, for "intent")
-differs from vLLM there. "streamed": vLLM's streamed result for some chunk size differs
-from our whole parse; "intent": vLLM's whole parse does not read the scenario as meant."""
+differs from vLLM there. "streamed": vLLM's streamed result differs from ours for some
+chunk size; "intent": vLLM's whole parse does not read the scenario as meant. Both sides'
+exact output on every case named here is pinned in `PINS`."""
+
+# ---------------------------------------------------------------- our side
+
+
+@dataclass(frozen=True)
+class Ours:
+    """Our output for one case: the whole parse, and per chunk size what a client of our
+    stream ends up with (its deltas folded, plus what the stream's finish sends)."""
+
+    whole: ParsedOutput
+    streamed: dict[int, ParsedOutput]
+
+
+@functools.cache
+def _tokenizer(model: str) -> Tokenizer:
+    return load_tokenizer(ensure_family_model(model) / "tokenizer.json")
+
+
+def _context(family: Family) -> ParseContext:
+    return ParseContext(
+        call_id="vref", starts_in_reasoning=family.starts_in_reasoning, tools=TOOL_SCHEMAS
+    )
+
+
+def _our_stream(case: Case, ids: list[int], chunk: int, whole: ParsedOutput) -> ParsedOutput:
+    """The text through the Gateway's stream (`OutputStream`: decoder and splitter) in
+    groups of `chunk` tokens, folded as a client does; the finish adds what the stream
+    writers' `Sent.rest` adds to what was sent."""
+    family = case.family
+    stream = OutputStream(
+        _tokenizer(family.model or family.name), get_parser(family.name), _context(family)
+    )
+    sent = Sent()
+    for start in range(0, len(ids), chunk):
+        for event in stream.feed(ids[start : start + chunk]):
+            if isinstance(event, ToolCallDone):
+                sent.tool_calls.append(event.call)
+            elif event.field == "reasoning":
+                sent.reasoning += event.text
+            else:
+                sent.content += event.text
+    reasoning, content, calls = sent.rest(whole, "vref")
+    return ParsedOutput(
+        reasoning=sent.reasoning + reasoning or None,
+        content=sent.content + content or None,
+        tool_calls=[*sent.tool_calls, *calls],
+    )
+
+
+def our_output(case: Case) -> Ours:
+    family = case.family
+    whole = get_parser(family.name).parse(case.text, _context(family))
+    tokenizer = _tokenizer(family.model or family.name)
+    ids = tokenizer.encode(case.text)
+    assert tokenizer.decode(ids) == case.text, f"{case.key}: the tokenizer does not round-trip"
+    return Ours(whole, {size: _our_stream(case, ids, size, whole) for size in CHUNK_SIZES})
+
 
 # ---------------------------------------------------------------- comparison
 
@@ -898,18 +988,14 @@ def intent_normal(scenario: Scenario) -> dict[str, Any]:
     )
 
 
-def _family_model(name: str) -> Path:
-    return ensure_family_model(name)
-
-
-@pytest.fixture(scope="module")
-def reference() -> dict[str, ReferenceResult]:
-    """vLLM's results for every case of every family, from one subprocess."""
+def run_reference() -> dict[str, ReferenceResult]:
+    """vLLM's results for every case of every family (and for one case it must refuse
+    with a reason rather than crash on), from one subprocess."""
     requests = [
         ReferenceCase(
             tool_parser=case.family.tool_parser,
             reasoning_parser=case.family.reasoning_parser,
-            model_dir=_family_model(case.family.model or case.family.name),
+            model_dir=ensure_family_model(case.family.model or case.family.name),
             text=case.text,
             tools=TOOLS,
             request_overrides=case.family.request_overrides,
@@ -918,25 +1004,15 @@ def reference() -> dict[str, ReferenceResult]:
         )
         for case in ALL_CASES
     ]
-    # One case the reference must refuse with a reason rather than crash on.
     requests.append(requests[0].model_copy(update={"tool_parser": UNKNOWN_PARSER}))
     *results, refused = vllm_reference(requests)
     by_key = {case.key: result for case, result in zip(ALL_CASES, results, strict=True)}
     return {**by_key, UNKNOWN_PARSER: refused}
 
 
-def _our_parse(case: Case) -> dict[str, Any]:
-    family = case.family
-    parser = get_parser(family.name)
-    ctx = ParseContext(
-        call_id="vref", starts_in_reasoning=family.starts_in_reasoning, tools=TOOL_SCHEMAS
-    )
-    return ours_normal(parser.parse(case.text, ctx), ids=family.ids_from_text)
-
-
 def _verdict(key: str, mode: Mode, differs: bool, detail: str) -> str | None:
     """What is wrong with one comparison, None if nothing: an undocumented difference, or
-    a documented one that is gone."""
+    a documented one that is gone (how it differs is the pin's to check)."""
     reason = DIFFERENCES.get((key, mode))
     if reason is None:
         return f"{key} ({mode}) differs from vLLM:\n{detail}" if differs else None
@@ -951,7 +1027,109 @@ def _loaded(result: ReferenceResult, case: Case) -> ReferenceParse:
     return result.whole
 
 
+# ---------------------------------------------------------------- pins
+
+PINS = Path(__file__).with_name("parsers_vs_vllm_pins.json")
+"""Both sides' exact output on every case `DIFFERENCES` names, keyed by case: so a change
+in how a kept difference differs fails `test_exempt_output_is_pinned`. Rewrite it with
+`python -m tests.integration.test_parsers_vs_vllm` (vLLM venv needed) and review the diff."""
+EXEMPT = {key for key, _ in DIFFERENCES}
+EXEMPT_CASES = [case for case in ALL_CASES if case.key in EXEMPT]
+
+
+def _by_chunk_size(outputs: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per chunk size → one entry per distinct output, with the sizes that gave it."""
+    groups: list[dict[str, Any]] = []
+    for size, output in sorted(outputs.items()):
+        same = next((g for g in groups if g["output"] == output), None)
+        if same is None:
+            groups.append({"chunk_sizes": [size], "output": output})
+        else:
+            same["chunk_sizes"].append(size)
+    return groups
+
+
+MINTED_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}|[A-Za-z0-9]{9}")
+"""The random tool-call ids vLLM mints (Mistral's parser: 9 alphanumerics); pinned as
+`MINTED`, so a run does not change the pin but a new form of id does."""
+MINTED = "<minted by vLLM>"
+
+
+def _vllm_pin(parse: ReferenceParse, ids_from_text: bool) -> dict[str, Any]:
+    out = parse.model_dump(mode="json")
+    if not ids_from_text:
+        for call in out["tool_calls"]:
+            if call["id"] is not None and MINTED_ID.fullmatch(call["id"]):
+                call["id"] = MINTED
+    return out
+
+
+def observed_pin(case: Case, ours: Ours, result: ReferenceResult) -> dict[str, Any]:
+    """Both sides' exact output for one case: ours whole (with its parse note) and streamed,
+    vLLM's whole and streamed (with the exception a parser raised)."""
+    ids = case.family.ids_from_text
+    return {
+        "text": case.text,
+        "ours whole": ours.whole.model_dump(mode="json"),
+        "ours streamed": _by_chunk_size(
+            {
+                size: parsed.model_dump(mode="json", exclude={"parse_error"})
+                for size, parsed in ours.streamed.items()
+            }
+        ),
+        "vllm whole": _vllm_pin(_loaded(result, case), ids),
+        "vllm streamed": _by_chunk_size(
+            {size: _vllm_pin(parse, ids) for size, parse in result.streamed.items()}
+        ),
+    }
+
+
+def _json_lines(value: Any, indent: str = "") -> str:
+    """JSON laid out for review: nested objects and lists indented, each output (and each
+    chunk-size group of outputs) on one line."""
+    inner = indent + " "
+    if isinstance(value, dict) and not {"tool_calls", "output"} & value.keys():
+        items = [f"{inner}{json.dumps(k)}: {_json_lines(v, inner)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        items = [inner + _json_lines(v, inner) for v in value]
+        return "[\n" + ",\n".join(items) + f"\n{indent}]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def write_pins() -> None:
+    results = run_reference()
+    pins = {
+        case.key: observed_pin(case, our_output(case), results[case.key]) for case in EXEMPT_CASES
+    }
+    PINS.write_text(_json_lines(pins) + "\n", encoding="utf-8")
+    print(f"wrote {len(pins)} pinned cases to {PINS}")
+
+
+@functools.cache
+def _pinned() -> dict[str, Any]:
+    return json.loads(PINS.read_text(encoding="utf-8")) if PINS.exists() else {}
+
+
 # ---------------------------------------------------------------- tests
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, ReferenceResult]:
+    return run_reference()
+
+
+@pytest.fixture(scope="module")
+def ours() -> dict[str, Ours]:
+    return {case.key: our_output(case) for case in ALL_CASES}
+
+
+def test_every_registered_family_is_compared() -> None:
+    compared = {family.name for family in FAMILIES_UNDER_TEST}
+    missing = sorted(set(parser_names()) - compared)
+    assert not missing, (
+        f"families in the parser registry without a row in FAMILIES_UNDER_TEST: {missing}"
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES_UNDER_TEST, ids=lambda f: f.label)
@@ -972,6 +1150,14 @@ def test_documented_differences_name_cases() -> None:
         if key not in keys or (mode == "intent" and key not in intents)
     ]
     assert not stale, f"rows for cases that do not exist: {stale}"
+
+
+def test_pins_are_the_exempt_cases() -> None:
+    pinned = set(_pinned())
+    assert pinned == EXEMPT, (
+        f"{PINS.name}: not pinned {sorted(EXEMPT - pinned)}, pinned but not exempt "
+        f"{sorted(pinned - EXEMPT)}; rewrite it with `python -m {__name__}` and review the diff"
+    )
 
 
 def test_a_broken_reference_fails_with_its_output() -> None:
@@ -1004,27 +1190,60 @@ def test_vllm_reads_the_written_format(case: Case, reference: dict[str, Referenc
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.key)
-def test_parse_matches_vllm(case: Case, reference: dict[str, ReferenceResult]) -> None:
+def test_parse_matches_vllm(
+    case: Case, reference: dict[str, ReferenceResult], ours: dict[str, Ours]
+) -> None:
+    """Our whole parse against vLLM's, and per chunk size our stream against vLLM's."""
     assert case.family.name in FAMILIES, f"family {case.family.name!r} has no parser"
     result = reference[case.key]
-    ours = _our_parse(case)
+    mine = ours[case.key]
     ids = case.family.ids_from_text
+    our_whole = ours_normal(mine.whole, ids=ids)
     whole = reference_normal(_loaded(result, case), ids=ids)
     assert sorted(result.streamed) == CHUNK_SIZES
     streamed = {
-        size: got
+        size: (our_streamed, got)
         for size, parse in sorted(result.streamed.items())
-        if (got := reference_normal(parse, ids=ids)) != ours
+        if (got := reference_normal(parse, ids=ids))
+        != (our_streamed := ours_normal(mine.streamed[size], ids=ids))
     }
     problems = [
-        _verdict(case.key, "whole", ours != whole, f"ours: {ours}\nvLLM: {whole}"),
+        _verdict(case.key, "whole", our_whole != whole, f"ours: {our_whole}\nvLLM: {whole}"),
         _verdict(
             case.key,
             "streamed",
             bool(streamed),
-            f"ours: {ours}\n"
-            + "\n".join(f"vLLM in chunks of {k}: {v}" for k, v in streamed.items()),
+            "\n".join(
+                f"in chunks of {k}:\n  ours: {mine_k}\n  vLLM: {theirs}"
+                for k, (mine_k, theirs) in streamed.items()
+            ),
         ),
     ]
     failed = [p for p in problems if p is not None]
     assert not failed, "\n\n".join(failed)
+
+
+@pytest.mark.parametrize("case", EXEMPT_CASES, ids=lambda c: c.key)
+def test_exempt_output_is_pinned(
+    case: Case, reference: dict[str, ReferenceResult], ours: dict[str, Ours]
+) -> None:
+    """A kept difference keeps its form: both sides' exact output (whole and streamed, not
+    normalised) is what `PINS` recorded; a change on either side fails here."""
+    pinned = _pinned().get(case.key)
+    assert pinned is not None, f"{case.key} is exempt but not pinned in {PINS.name}"
+    seen = observed_pin(case, ours[case.key], reference[case.key])
+    changed = [
+        f"{part}:\n  pinned: {json.dumps(pinned.get(part), ensure_ascii=False)}\n"
+        f"  now:    {json.dumps(now, ensure_ascii=False)}"
+        for part, now in seen.items()
+        if pinned.get(part) != now
+    ]
+    reasons = "; ".join(sorted({why for (key, _), why in DIFFERENCES.items() if key == case.key}))
+    assert not changed, (
+        f"{case.key} ({reasons}) changed; if on purpose, rewrite {PINS.name} with "
+        f"`python -m {__name__}`:\n" + "\n".join(changed)
+    )
+
+
+if __name__ == "__main__":
+    write_pins()
