@@ -62,9 +62,11 @@ def sglang_routing(
 
 
 def _checked(
-    array: np.ndarray, prompt_len: int, output_len: int, start: int, keep_from: int = 0
+    array: np.ndarray, prompt_len: int, output_len: int, start: int, keep_from: int | None = None
 ) -> Routing:
-    """`array` (rows from `start` on) as the call's routing, kept from `keep_from` on."""
+    """`array` (rows from `start` on) as the call's routing, kept from `keep_from` on
+    (default: all of it)."""
+    keep_from = start if keep_from is None else keep_from
     want = _rows_wanted(prompt_len, output_len, start)
     if array.ndim != 3 or array.shape[0] != want:
         return None, (
