@@ -18,9 +18,13 @@ import httpx
 import numpy as np
 import pytest
 
+from activities.samples import build_rows
 from devstack.scripted_engine import ScriptedEngine, ScriptedRouting
+from rollout_client.storage import read_samples, write_samples
+from schemas.samples import table_to_rows
 from schemas.trajectory import Trajectory
 from tests.fixtures.gateway import scripted_gateway
+from tests.unit.test_workflow_samples import request
 from workers.local_stack import InProcessGateway
 
 pytestmark = pytest.mark.integration
@@ -127,6 +131,29 @@ def test_a_session_that_asks_records_each_tokens_routing_once(
     assert segment.routing_rereads == rereads
     assert segment.routing_reread_differs == (rereads if reread_shift else 0)
     assert traj.notes == []
+
+
+def test_the_samples_file_carries_the_segments_routing(
+    routed: tuple[ScriptedEngine, InProcessGateway], tmp_path: Path
+) -> None:
+    """Gateway → trajectory → sample row → parquet → read back: the same routing, and a
+    session that did not ask has none (null, not zeros)."""
+    engine, gw = routed
+    asked, plain = gw.create_session(routed_experts=True), gw.create_session()
+    assert turns(asked, 2) == [200, 200] and turns(plain, 1) == [200]
+    for session, name in ((asked, "asked"), (plain, "plain")):
+        traj = trajectory(gw, session)
+        write_samples(build_rows(traj, request()), tmp_path / f"{name}.parquet")
+    [row] = table_to_rows(read_samples(tmp_path / "asked.parquet"))
+    segment = trajectory(gw, asked).segments[0]
+    assert row.routed_experts == segment.routed_experts and row.routed_experts is not None
+    assert (row.routing_missing, row.routing_rereads) == ("", segment.routing_rereads)
+    np.testing.assert_array_equal(
+        row.routed_experts.array(),
+        engine.routing.rows([*row.prompt_ids, *row.response_ids], len(row.prompt_ids), 0),
+    )
+    [other] = table_to_rows(read_samples(tmp_path / "plain.parquet"))
+    assert other.routed_experts is None and other.routing_missing == ""
 
 
 def test_a_streamed_call_records_the_same_routing(
