@@ -86,7 +86,8 @@ def main() -> None:
     args = parser.parse_args()
     total = args.rows * args.tokens
     print(f"{args.rows} segments x {args.tokens} tokens, zstd Parquet (schema v8)")
-    print(f"{'shape':<16}{'layers x top_k':>15}{'dtype':>8}{'raw B/1k tok':>14}{'file B/1k tok':>15}")
+    head = f"{'shape':<16}{'layers x top_k':>15}{'dtype':>8}"
+    print(f"{head}{'raw B/1k tok':>14}{'file B/1k tok':>15}")
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         base = size(rows(np.random.default_rng(0), args.rows, args.tokens, None), directory, "none")
