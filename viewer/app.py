@@ -374,6 +374,8 @@ def _lineage(rows: list[SampleRow]) -> list[tuple[str, list[str]]]:
                 v = ", ".join(f"{k} ×{c}" for k, c in Counter(v).items()) or "(as the row's)"
             elif name in ("eval_checks", "artifacts"):
                 v = ", ".join(m.name for m in v)
+            elif name == "routed_experts" and v is not None:  # its shape, not its bytes
+                v = f"{v.tokens} tokens x {v.layers} layers x {v.top_k} experts, {v.dtype}"
             values.append("" if v is None else str(v))
         out.append((name, values))
     return out

@@ -5,6 +5,7 @@ same pages in a real browser: tests/integration/test_viewer_browser.py."""
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
@@ -20,6 +21,7 @@ from devstack.sample_batch import (
 from devstack.tiny_model import ensure_tiny_model
 from rollout_client.samples_reader import NotASamplesDirectoryError, SamplesReader
 from rollout_client.storage import write_table
+from schemas.routing import RoutedExperts
 from schemas.samples import SAMPLE_ARROW_SCHEMA, rows_to_table
 from tests.unit.test_schemas import V4_COLUMNS, as_version
 from viewer.app import BATCH_ROWS, viewer_app
@@ -333,3 +335,17 @@ def test_a_changed_batch_is_read_again(batch) -> None:
     assert "/rollout/r-new" not in c.get("/").text
     write_rollout(out, rollout_rows("r-new", "add"))
     assert "/rollout/r-new" in c.get("/").text
+
+
+def test_lineage_shows_routed_experts_by_shape_not_bytes(tmp_path: Path) -> None:
+    out = tmp_path / "b1"
+    out.mkdir()
+    rows = []
+    for r in rollout_rows("r-moe", "add"):
+        tokens = len(r.prompt_ids) + len(r.response_ids) - 1
+        ids = np.full((tokens, 3, 2), 200)
+        rows.append(r.model_copy(update={"routed_experts": RoutedExperts.of(ids)}))
+    write_rollout(out, rows)
+    html = client(out).get("/rollout/r-moe/lineage").text
+    assert f"{tokens} tokens x 3 layers x 2 experts, uint8" in html
+    assert "data=" not in html and "\\xc8" not in html
