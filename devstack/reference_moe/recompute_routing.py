@@ -1,0 +1,88 @@
+"""Independent recomputation of MoE routing with transformers (runs in the vLLM CPU venv).
+
+Shares no code with the engine that recorded the routing: a fresh model load, then for
+each stored sequence one plain forward over its whole token list (no KV cache) asking
+transformers for the router logits (``output_router_logits``), and each token's top-k
+experts taken from those logits. Reads a JSON request on stdin, writes the report on
+stdout (see ``routing_check``, which runs it from the main environment).
+
+A tie is a (token, layer) whose k-th and (k+1)-th largest router logits are equal to
+float32 round-off between two forward paths (within ``TIE_TOLERANCE``): either expert
+is a correct k-th choice, so it is counted apart and not compared.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+TIE_TOLERANCE = 1e-5
+MISMATCHES_SHOWN = 20
+
+
+def stored_rows(encoded: str) -> np.ndarray:
+    return np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(Path(request["model_dir"]), dtype=torch.float32)
+    model.eval()
+    layers = int(model.config.num_hidden_layers)
+    k = int(model.config.num_experts_per_tok)
+    agree, compared, ties = [0] * layers, [0] * layers, [0] * layers
+    mismatches: list[dict[str, object]] = []
+    for sequence in request["sequences"]:
+        rows = stored_rows(sequence["routed_experts"])
+        first = int(sequence["first_token"])
+        ids = sequence["token_ids"][: first + rows.shape[0]]
+        if rows.ndim != 3 or rows.shape[1:] != (layers, k) or len(ids) != first + rows.shape[0]:
+            raise SystemExit(
+                f"{sequence['name']}: stored routing {rows.shape} does not fit "
+                f"{len(sequence['token_ids'])} tokens from {first}, {layers} layers, top-{k}"
+            )
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids]), output_router_logits=True, use_cache=False)
+        for layer, logits in enumerate(out.router_logits):
+            logits = logits.reshape(len(ids), -1)[first:].float()
+            top = torch.topk(logits, k + 1, dim=-1)
+            tied = (top.values[:, k - 1] - top.values[:, k]).abs() <= TIE_TOLERANCE
+            for row in range(rows.shape[0]):
+                if bool(tied[row]):
+                    ties[layer] += 1
+                    continue
+                compared[layer] += 1
+                mine = sorted(int(e) for e in top.indices[row, :k])
+                theirs = sorted(int(e) for e in rows[row, layer])
+                if mine == theirs:
+                    agree[layer] += 1
+                elif len(mismatches) < MISMATCHES_SHOWN:
+                    mismatches.append(
+                        {
+                            "sequence": sequence["name"],
+                            "token": first + row,
+                            "layer": layer,
+                            "stored": theirs,
+                            "recomputed": mine,
+                        }
+                    )
+    report = {
+        "layers": [
+            {"layer": i, "agree": agree[i], "compared": compared[i], "ties": ties[i]}
+            for i in range(layers)
+        ],
+        "mismatches": mismatches,
+    }
+    json.dump(report, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Run ``recompute_routing.py`` in the vLLM CPU venv over stored sequences (main env side).
+
+The main environment has no torch; the check needs transformers, so it runs as a
+subprocess of the venv's interpreter, fed and read as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from environments.vllm_cpu import ensure_vllm_venv, venv_python
+
+SCRIPT = Path(__file__).with_name("recompute_routing.py")
+
+
+class RoutedSequence(BaseModel):
+    """One stored sequence and the routing recorded for it.
+
+    `routed_experts` is vLLM's encoding (base64 `.npy`, (rows, layers, top_k)); row r is
+    the routing of `token_ids[first_token + r]`."""
+
+    name: str
+    token_ids: list[int]
+    routed_experts: str
+    first_token: int = Field(default=0, ge=0)
+
+
+class LayerAgreement(BaseModel):
+    layer: int
+    agree: int
+    compared: int
+    ties: int
+
+
+class RoutingReport(BaseModel):
+    layers: list[LayerAgreement]
+    mismatches: list[dict[str, object]]
+
+    @property
+    def compared(self) -> int:
+        return sum(layer.compared for layer in self.layers)
+
+    @property
+    def agree(self) -> int:
+        return sum(layer.agree for layer in self.layers)
+
+    @property
+    def ties(self) -> int:
+        return sum(layer.ties for layer in self.layers)
+
+
+def recompute_routing(
+    model_dir: Path, sequences: list[RoutedSequence], timeout_s: float = 600.0
+) -> RoutingReport:
+    """Per-layer agreement of the stored routing with a fresh transformers forward."""
+    body = {"model_dir": str(model_dir), "sequences": [s.model_dump() for s in sequences]}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    done = subprocess.run(
+        [str(venv_python(ensure_vllm_venv())), str(SCRIPT)],
+        input=json.dumps(body).encode(),
+        capture_output=True,
+        env=env,
+        timeout=timeout_s,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"routing recomputation failed: {done.stderr.decode()[-2000:]}")
+    return RoutingReport.model_validate_json(done.stdout)
