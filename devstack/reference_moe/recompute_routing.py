@@ -7,8 +7,10 @@ experts taken from those logits. Reads a JSON request on stdin, writes the repor
 stdout (see ``routing_check``, which runs it from the main environment).
 
 A tie is a (token, layer) whose k-th and (k+1)-th largest router logits are equal to
-float32 round-off between two forward paths (within ``TIE_TOLERANCE``): either expert
-is a correct k-th choice, so it is counted apart and not compared.
+float32 round-off between two forward paths (within ``TIE_TOLERANCE``; a request may set
+a wider ``tie_tolerance`` for a bfloat16 engine): either expert is a correct k-th choice,
+so it is counted apart and not compared. The request may also set ``dtype`` and
+``device_map`` (a large model on a GPU).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import base64
 import io
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,27 +35,41 @@ def stored_rows(encoded: str) -> np.ndarray:
 def main() -> None:
     request = json.load(sys.stdin)
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(Path(request["model_dir"]), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        request["model_dir"],
+        dtype=getattr(torch, request.get("dtype", "float32")),
+        device_map=request.get("device_map"),
+    )
     model.eval()
-    layers = int(model.config.num_hidden_layers)
+    tolerance = float(request.get("tie_tolerance", TIE_TOLERANCE))
     k = int(model.config.num_experts_per_tok)
-    agree, compared, ties = [0] * layers, [0] * layers, [0] * layers
+    layers = 0
+    agree: list[int] = []
+    compared: list[int] = []
+    ties: list[int] = []
     mismatches: list[dict[str, object]] = []
     for sequence in request["sequences"]:
         rows = stored_rows(sequence["routed_experts"])
         first = int(sequence["first_token"])
         ids = sequence["token_ids"][: first + rows.shape[0]]
+        with torch.no_grad():
+            out = model(
+                input_ids=torch.tensor([ids], device=model.device),
+                output_router_logits=True,
+                use_cache=False,
+            )
+        if not layers:
+            layers = len(out.router_logits)
+            agree, compared, ties = [0] * layers, [0] * layers, [0] * layers
         if rows.ndim != 3 or rows.shape[1:] != (layers, k) or len(ids) != first + rows.shape[0]:
             raise SystemExit(
                 f"{sequence['name']}: stored routing {rows.shape} does not fit "
-                f"{len(sequence['token_ids'])} tokens from {first}, {layers} layers, top-{k}"
+                f"{len(sequence['token_ids'])} tokens from {first}, {layers} MoE layers, top-{k}"
             )
-        with torch.no_grad():
-            out = model(input_ids=torch.tensor([ids]), output_router_logits=True, use_cache=False)
         for layer, logits in enumerate(out.router_logits):
-            logits = logits.reshape(len(ids), -1)[first:].float()
+            logits = logits.reshape(len(ids), -1)[first:].float().cpu()
             top = torch.topk(logits, k + 1, dim=-1)
-            tied = (top.values[:, k - 1] - top.values[:, k]).abs() <= TIE_TOLERANCE
+            tied = (top.values[:, k - 1] - top.values[:, k]).abs() <= tolerance
             for row in range(rows.shape[0]):
                 if bool(tied[row]):
                     ties[layer] += 1

@@ -55,14 +55,27 @@ class RoutingReport(BaseModel):
 
 
 def recompute_routing(
-    model_dir: Path, sequences: list[RoutedSequence], timeout_s: float = 600.0
+    model: Path | str,
+    sequences: list[RoutedSequence],
+    *,
+    python: Path | None = None,
+    options: dict[str, object] | None = None,
+    timeout_s: float = 600.0,
 ) -> RoutingReport:
-    """Per-layer agreement of the stored routing with a fresh transformers forward."""
-    body = {"model_dir": str(model_dir), "sequences": [s.model_dump() for s in sequences]}
+    """Per-layer agreement of the stored routing with a fresh transformers forward.
+
+    `model`: a model directory or Hugging Face id; `python`: an interpreter with torch and
+    transformers (default: the vLLM CPU venv's); `options`: the script's `dtype`,
+    `device_map` and `tie_tolerance`."""
+    body = {
+        "model_dir": str(model),
+        "sequences": [s.model_dump() for s in sequences],
+        **(options or {}),
+    }
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     done = subprocess.run(
-        [str(venv_python(ensure_vllm_venv())), str(SCRIPT)],
+        [str(python or venv_python(ensure_vllm_venv())), str(SCRIPT)],
         input=json.dumps(body).encode(),
         capture_output=True,
         env=env,
