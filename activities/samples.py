@@ -19,6 +19,8 @@ Pure functions (no I/O) so every rule is unit-testable:
   was measured, not what is trained);
 - every row carries its calls' conversation as the protocol carried it (each call's new
   messages and parsed reply), so a viewer shows what the agent saw and did;
+- every row carries its segment's routed experts when the session recorded them whole
+  (MoE routing replay), else why not;
 - every row carries the rollout's own status, the evaluation's verdict and checks
   (detail tails capped), the run's step durations and its artifacts, so whoever reads
   the samples can say why a reward is what it is without the worker's disk.
@@ -162,6 +164,10 @@ def build_rows(traj: Trajectory, req: CollectRequest) -> list[SampleRow]:
                 sampling=sampling_json(used),
                 seed=seed,
                 conversation=conversation_json([calls[c].conversation for c, _ in sampled]),
+                routed_experts=seg.routed_experts,
+                routing_missing=seg.routing_missing or "",
+                routing_rereads=seg.routing_rereads,
+                routing_reread_differs=seg.routing_reread_differs,
             )
         )
     rollout = str(final_status(outcome.status, [str(r.status) for r in rows]))

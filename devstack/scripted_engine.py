@@ -17,10 +17,18 @@ tests can compare what a Gateway recorded with what the engine really sampled; w
 comparison survives the engine process being killed (`python -m devstack.scripted_engine`
 runs it as its own process). A `{nonce}` in a reply becomes a fresh random word per answer,
 so no two answers are alike and a sample cannot match the wrong one.
+
+It also answers vLLM's token-in/token-out `/inference/v1/generate` (tokens mode), and
+there, when told to (`routing`), returns SCRIPTED routed experts in vLLM's wire shape
+(base64 `.npy`, (tokens - 1 - routed_experts_prompt_start, layers, top_k)): ids made up
+from each token, its position and the layer, not a model's router. They exercise the
+Gateway's capture path; real routing comes from a real MoE model.
 """
 
 import argparse
 import asyncio
+import base64
+import io
 import itertools
 import json
 import secrets
@@ -29,8 +37,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -78,6 +87,58 @@ class CompletionsBody(BaseModel):
     stream: bool = False
 
 
+class GenerateBody(BaseModel):
+    """The subset of vLLM's generate request the Gateway sends; the rest is accepted."""
+
+    model_config = ConfigDict(extra="allow")
+
+    token_ids: list[int] = Field(min_length=1)
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    model: str | None = None
+    stream: bool = False
+
+
+class ScriptedRouting(BaseModel):
+    """SCRIPTED routed experts for the generate endpoint (not a model's router): expert
+    `(token * 7 + position * 3 + layer * 5 + slot + shift) % experts`, `shift` 1 on the
+    prompt when `reread_shift` (so a token re-read as prompt is routed otherwise than when
+    it was sampled). `fault` makes it misbehave: `none` sends no routing, `rows` one row
+    too few, `layers` one layer too many, `garbage` a body that is no `.npy`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layers: int = Field(default=2, ge=1)
+    top_k: int = Field(default=2, ge=1)
+    experts: int = Field(default=8, ge=1)
+    reread_shift: bool = False
+    fault: Literal["none", "rows", "layers", "garbage"] | None = None
+
+    def rows(self, sequence: list[int], prompt_len: int, start: int) -> np.ndarray:
+        """The routing of `sequence[start:-1]` (prompt then output)."""
+        positions = np.arange(start, len(sequence) - 1)
+        tokens = np.asarray(sequence[start:-1], dtype=np.int64)
+        shift = (positions < prompt_len) if self.reread_shift else np.zeros_like(positions)
+        base = tokens * 7 + positions * 3 + shift
+        layer = np.arange(self.layers)[None, :, None] * 5
+        slot = np.arange(self.top_k)[None, None, :]
+        return ((base[:, None, None] + layer + slot) % self.experts).astype(np.int32)
+
+    def wire(self, sequence: list[int], prompt_len: int, start: int) -> str | None:
+        """`routed_experts` as vLLM sends it (or as `fault` spoils it)."""
+        if self.fault == "none":
+            return None
+        if self.fault == "garbage":
+            return base64.b64encode(b"not an npy array").decode("ascii")
+        rows = self.rows(sequence, prompt_len, start)
+        if self.fault == "rows":
+            rows = rows[:-1]
+        elif self.fault == "layers":
+            rows = np.concatenate([rows, rows[:, :1]], axis=1)
+        with io.BytesIO() as buffer:
+            np.save(buffer, rows, allow_pickle=False)
+            return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
 class ScriptedEngine:
     """A scripted stand-in for vLLM. Thread-safe; records every prompt it was sent."""
 
@@ -117,6 +178,11 @@ class ScriptedEngine:
         self.fail_after_tokens: int | None = None
         #: Streams whose client left before the last token was sent (vLLM aborts those).
         self.streams_cancelled = 0
+        #: What the generate endpoint returns as routed experts (None: none, as a vLLM
+        #: started without --enable-return-routed-experts); may be changed while serving.
+        self.routing: ScriptedRouting | None = None
+        #: Each generate request's `routed_experts_prompt_start` (None: not sent).
+        self.routing_starts: list[int | None] = []
         self.prompts: list[list[int]] = []
         self.replies: list[ScriptedReply] = []
         self._used: set[int] = set()
@@ -202,6 +268,59 @@ class ScriptedEngine:
             },
         }
 
+    def generate(self, body: GenerateBody) -> dict[str, Any]:
+        """vLLM's generate reply (tokens mode) to the same script, with the routing told."""
+        params = body.sampling_params
+        start = params.get("routed_experts_prompt_start")
+        with self._lock:
+            self.routing_starts.append(start)
+        asked = CompletionsBody(
+            prompt=body.token_ids, max_tokens=params.get("max_tokens", 16), stream=body.stream
+        )
+        answer = self.complete(asked)
+        choice = answer["choices"][0]
+        ids, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+        routing = self.routing
+        routed = (
+            routing.wire([*body.token_ids, *ids], len(body.token_ids), start or 0)
+            if routing is not None
+            else None
+        )
+        content = [{"token_id": t, "logprob": lp} for t, lp in zip(ids, logprobs, strict=True)]
+        return {
+            "request_id": f"generate-tokens-{uuid.uuid4().hex}",
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": ids,
+                    "logprobs": {"content": content},
+                    "finish_reason": choice["finish_reason"],
+                    "stop_reason": None,
+                    "routed_experts": routed,
+                }
+            ],
+            "usage": answer["usage"],
+        }
+
+    @staticmethod
+    async def generate_chunks(answer: dict[str, Any]) -> Any:
+        """The generate answer as vLLM streams it: one token per chunk, the finish reason
+        and the whole call's routed experts in the last, then usage and `[DONE]`."""
+        choice = answer["choices"][0]
+        ids, content = choice["token_ids"], choice["logprobs"]["content"]
+        for i, (token, entry) in enumerate(zip(ids, content, strict=True)):
+            last = i == len(ids) - 1
+            part = {
+                "index": 0,
+                "token_ids": [token],
+                "logprobs": {"content": [entry]},
+                "finish_reason": choice["finish_reason"] if last else None,
+                "routed_experts": choice["routed_experts"] if last else None,
+            }
+            yield f"data: {json.dumps({'request_id': answer['request_id'], 'choices': [part]})}\n\n"
+        usage = {"request_id": answer["request_id"], "choices": [], "usage": answer["usage"]}
+        yield f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n"
+
     async def stream_chunks(self, body: CompletionsBody, answer: dict[str, Any]) -> Any:
         """The answer as vLLM streams it: one token per `data:` chunk (the prompt ids in the
         first), the finish reason in the last, then a usage chunk and `[DONE]`."""
@@ -252,6 +371,20 @@ class ScriptedEngine:
                     await asyncio.sleep(0.01)
             return JSONResponse(answer)
 
+        async def generate(request: Request) -> Response:
+            try:
+                body = GenerateBody.model_validate(await request.json())
+            except (ValidationError, ValueError) as exc:
+                return JSONResponse({"error": {"message": str(exc), "code": 400}}, 400)
+            answer = self.generate(body)
+            if self.delay_s > 0:
+                await asyncio.sleep(self.delay_s)
+            if body.stream:
+                return StreamingResponse(
+                    self.generate_chunks(answer), media_type="text/event-stream"
+                )
+            return JSONResponse(answer)
+
         async def models(request: Request) -> JSONResponse:
             entry = {"id": self.model, "object": "model", "max_model_len": self.max_model_len}
             return JSONResponse({"object": "list", "data": [entry]})
@@ -262,6 +395,7 @@ class ScriptedEngine:
         return Starlette(
             routes=[
                 Route("/v1/completions", completions, methods=["POST"]),
+                Route("/inference/v1/generate", generate, methods=["POST"]),
                 Route("/v1/models", models, methods=["GET"]),
                 Route("/health", health, methods=["GET"]),
             ]

@@ -100,6 +100,25 @@ class CoreSettings(BaseModel):
     )
     """A request whose messages and tools hold more characters is refused (413) before it
     is rendered or tokenized (0: no cap); see `calls.prompt_limits`."""
+    routed_experts: bool = Field(
+        default=False,
+        description="record every session's routed experts (MoE routing replay; a session "
+        "may ask alone); needs --engine-api generate or sglang",
+    )
+    """Ask the engine for each call's routed experts in every session, not only in those
+    whose create asks (`SessionConfig.routed_experts`); see docs/trainers.md."""
+    routed_experts_layers: int | None = Field(
+        default=None,
+        ge=1,
+        description="the model's MoE layers: routing of another count is recorded missing "
+        "(needed with --engine-api sglang)",
+    )
+    routed_experts_top_k: int | None = Field(
+        default=None,
+        ge=1,
+        description="experts per token and layer: routing of another width is recorded "
+        "missing (needed with --engine-api sglang)",
+    )
     parse_offload_bytes: Annotated[int, NOT_AN_OPTION] = Field(default=2**20, ge=0)
     """An agent body of at least this many bytes is parsed (JSON, protocol, prompt caps)
     in a worker process, off this process's GIL (0: never); see `http.body_parse`."""

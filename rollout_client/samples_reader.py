@@ -79,6 +79,7 @@ _RECORDED_SINCE = {
     "step durations": 6,
     "artifacts": 6,
     "conversation": 7,
+    "routed experts": 8,
 }
 #: The steps of a rollout in the order they run (others follow, as recorded).
 STEP_ORDER = (

@@ -28,6 +28,13 @@ Version 7 added the conversation as the agent's protocol carried it: `conversati
 JSON of one entry per call of the segment (aligned with `call_policy_versions`): the
 messages new since the previous call, the tools by name and the parsed reply
 (`schemas.conversation`). Older files read with it empty (`[]`).
+Version 8 added the MoE routing replay: `routed_experts`, the experts each token of
+`prompt_ids + response_ids` but the last was routed to in every MoE layer (a struct: its
+`tokens`, `layers`, `top_k`, the narrowest unsigned `dtype` and the C-order bytes of the
+(tokens, layers, top_k) array; `schemas.routing`), null when the session did not ask for
+it or it is not whole, then `routing_missing` says why; and `routing_rereads` /
+`routing_reread_differs`, how many tokens a later call routed again and how many of them
+otherwise (docs/trainers.md, "Routing replay"). Older files read with no routing.
 """
 
 import json
@@ -42,11 +49,12 @@ from schemas.base import StrictModel
 from schemas.conversation import conversation_of
 from schemas.evaluation import CheckVerdict
 from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
+from schemas.routing import RoutedExperts
 from schemas.scenes import Scene
 from schemas.tasks import check_rollout_id
 
-SCHEMA_VERSION = 7
-KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
+SCHEMA_VERSION = 8
+KNOWN_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
 #: Columns each version added (a file of an older version lacks them).
 _ADDED_IN = {
     2: ("call_policy_versions", "call_starts"),
@@ -63,6 +71,7 @@ _ADDED_IN = {
         "artifacts_dir",
     ),
     7: ("conversation",),
+    8: ("routed_experts", "routing_missing", "routing_rereads", "routing_reread_differs"),
 }
 #: How much of a check's detail (its output's tail) a sample row keeps.
 CHECK_DETAIL_CHARS = 2000
@@ -160,6 +169,20 @@ class SampleRow(StrictModel):
         description="JSON array, per call (aligned with call_policy_versions): what the "
         "protocol carried (`schemas.conversation.CallConversation`; null: not recorded)",
     )
+    routed_experts: RoutedExperts | None = Field(
+        default=None,
+        description="the routing of prompt_ids + response_ids but the last token (None: "
+        "not recorded; `routing_missing` says why when it was asked for)",
+    )
+    routing_missing: str = Field(
+        default="", description="why a segment whose routing was asked for has none"
+    )
+    routing_rereads: int = Field(
+        default=0, ge=0, description="tokens whose routing a later call returned again"
+    )
+    routing_reread_differs: int = Field(
+        default=0, ge=0, description="of those, the tokens routed otherwise when read again"
+    )
     schema_version: int = SCHEMA_VERSION
 
     @model_validator(mode="after")
@@ -190,6 +213,11 @@ class SampleRow(StrictModel):
         calls = conversation_of(self.conversation)
         if calls and len(calls) != len(self.call_policy_versions):
             raise ValueError("conversation must align with call_policy_versions")
+        routing = self.routed_experts
+        if routing is not None and (
+            routing.start != 0 or routing.tokens != len(self.prompt_ids) + n - 1
+        ):
+            raise ValueError("routed_experts must cover prompt_ids + response_ids but the last")
         return self
 
     def token_policy_versions(self) -> list[str]:
@@ -266,6 +294,17 @@ ARTIFACT_ARROW_TYPE = pa.struct(
         pa.field("size", pa.int64(), nullable=False),
     ]
 )
+ROUTED_EXPERTS_ARROW_TYPE = pa.struct(
+    [
+        pa.field("start", pa.int32()),
+        pa.field("tokens", pa.int32()),
+        pa.field("layers", pa.int32()),
+        pa.field("top_k", pa.int32()),
+        pa.field("dtype", pa.string()),
+        pa.field("data", pa.binary()),
+    ]
+)
+"""`schemas.routing.RoutedExperts` (its fields checked when a row is read)."""
 #: Columns holding lists of models (written as lists of Arrow structs).
 _MODEL_LIST_COLUMNS = ("eval_checks", "artifacts")
 
@@ -311,6 +350,10 @@ SAMPLE_ARROW_SCHEMA = pa.schema(
         pa.field("sampling", pa.string(), nullable=False),
         pa.field("seed", pa.int64()),
         pa.field("conversation", pa.string(), nullable=False),
+        pa.field("routed_experts", ROUTED_EXPERTS_ARROW_TYPE),
+        pa.field("routing_missing", pa.string(), nullable=False),
+        pa.field("routing_rereads", pa.int32(), nullable=False),
+        pa.field("routing_reread_differs", pa.int32(), nullable=False),
         pa.field("schema_version", pa.int32(), nullable=False),
     ],
     metadata={b"agentic_rollout.schema_version": str(SCHEMA_VERSION).encode()},
@@ -328,6 +371,7 @@ def rows_to_table(rows: list[SampleRow]) -> pa.Table:
     columns["status"] = [str(s) for s in columns["status"]]
     for name in _MODEL_LIST_COLUMNS:
         columns[name] = [[m.model_dump() for m in models] for models in columns[name]]
+    columns["routed_experts"] = [r and r.model_dump() for r in columns["routed_experts"]]
     return pa.Table.from_pydict(columns, schema=SAMPLE_ARROW_SCHEMA)
 
 
@@ -383,7 +427,7 @@ def upgrade(table: pa.Table) -> pa.Table:
     starting at the first response token; every call sampled with the row's `sampling`;
     no known task source, the image digest its `env_version` named, no metrics; no
     status reason, verdict sources or sandbox facts; no batch, rollout status, verdict,
-    checks, step durations or artifacts; no conversation."""
+    checks, step durations or artifacts; no conversation; no routing."""
     if "call_policy_versions" not in table.column_names:
         versions = [[v] for v in table.column("policy_version").to_pylist()]
         table = table.append_column(
@@ -418,6 +462,12 @@ def upgrade(table: pa.Table) -> pa.Table:
     if "conversation" not in table.column_names:
         n = table.num_rows
         table = table.append_column("conversation", pa.array(["[]"] * n, pa.string()))
+    if "routed_experts" not in table.column_names:
+        n = table.num_rows
+        table = table.append_column("routed_experts", pa.nulls(n, ROUTED_EXPERTS_ARROW_TYPE))
+        table = table.append_column("routing_missing", pa.array([""] * n, pa.string()))
+        for name in ("routing_rereads", "routing_reread_differs"):
+            table = table.append_column(name, pa.array([0] * n, pa.int32()))
     return table
 
 

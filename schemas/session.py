@@ -77,6 +77,11 @@ class SessionConfig(StrictModel):
         description="closed this long after its creation, whatever it does (None: never)",
     )
     limits: SessionLimits = Field(default_factory=SessionLimits)
+    routed_experts: bool = Field(
+        default=False,
+        description="record each call's routed experts (MoE routing replay); the gateway's "
+        "engine must return them (--engine-api generate or sglang)",
+    )
 
 
 class SessionSummary(StrictModel):

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from schemas.base import StrictModel
 from schemas.conversation import CallConversation
+from schemas.routing import RoutedExperts
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
 
@@ -70,6 +71,15 @@ class RecordedCall(StrictModel):
         "previous call (filled in from the record's normalized request, where they are "
         "stored), the tools by name and the parsed reply (None: an older record)",
     )
+    routed_experts: RoutedExperts | None = Field(
+        default=None,
+        description="the engine's expert routing of prompt_ids[start:] + output_ids[:-1] "
+        "(a session that asked for routing; `schemas.routing`)",
+    )
+    routing_missing: str | None = Field(
+        default=None,
+        description="why a call of a session that asked for routing has none recorded",
+    )
 
     @model_validator(mode="after")
     def _logprobs_align(self) -> "RecordedCall":
@@ -99,12 +109,33 @@ class Segment(StrictModel):
         default_factory=list,
         description="where each call's sampled tokens begin in response_ids (per call_ids)",
     )
+    routed_experts: RoutedExperts | None = Field(
+        default=None,
+        description="the routing of every token of prompt_ids + response_ids but the last, "
+        "spliced from its calls' (None: not asked for, or not all of it recorded)",
+    )
+    routing_missing: str | None = Field(
+        default=None, description="why a segment of a session that asked for routing has none"
+    )
+    routing_rereads: int = Field(
+        default=0, ge=0, description="tokens whose routing a later call returned again"
+    )
+    routing_reread_differs: int = Field(
+        default=0,
+        ge=0,
+        description="of those, the tokens routed otherwise in some layer when read again",
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> "Segment":
         n = len(self.response_ids)
         if len(self.loss_mask) != n or len(self.logprobs) != n:
             raise ValueError("loss_mask and logprobs must align with response_ids")
+        routing = self.routed_experts
+        if routing is not None and (
+            routing.start != 0 or routing.tokens != len(self.prompt_ids) + n - 1
+        ):
+            raise ValueError("routed_experts must cover prompt_ids + response_ids[:-1]")
         return self
 
 
@@ -123,4 +154,9 @@ class Trajectory(StrictModel):
         default_factory=dict,
         description="the agent's calls a per-session limit refused, by limit name (counted "
         "by the process serving the session since it took it; none are recorded as calls)",
+    )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="what a reader should know of the record, naming the calls concerned "
+        "(such as a call recorded without the routing its session asked for)",
     )

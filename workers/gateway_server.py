@@ -173,7 +173,10 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
         vocab_size=files.vocab_size,
     )
     client = ENGINES[settings.engine_api](
-        settings.model, request_timeout_s=settings.request_timeout_s, connect_retries=3
+        settings.model,
+        request_timeout_s=settings.request_timeout_s,
+        connect_retries=3,
+        routing_shape=settings.routing_shape,
     )
     engine = EngineRouter(settings.engine_urls, client, routing=settings.engine_routing)
     return Gateway(options, template, incremental, parser, engine, clock=clock)

@@ -6,9 +6,9 @@ command line is built without loading it."""
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from gateway.engines.registry import EngineName
+from gateway.engines.registry import EngineName, RoutingShape, routing_unavailable
 from gateway.engines.routing import EngineRouting
 from gateway.options import NOT_AN_OPTION, CoreSettings, OptionSpec
 
@@ -123,3 +123,21 @@ class GatewaySettings(CoreSettings):
     @classmethod
     def _absolute(cls, roots: list[Path]) -> list[Path]:
         return [root.resolve() for root in roots]
+
+    @property
+    def routing_shape(self) -> RoutingShape | None:
+        """The model's (MoE layers, top_k) when both are given."""
+        layers, top_k = self.routed_experts_layers, self.routed_experts_top_k
+        return (layers, top_k) if layers is not None and top_k is not None else None
+
+    @model_validator(mode="after")
+    def _routing_possible(self) -> "GatewaySettings":
+        """`--routed-experts` with an engine API that cannot return them is refused here,
+        before anything starts."""
+        if (self.routed_experts_layers is None) != (self.routed_experts_top_k is None):
+            raise ValueError("give --routed-experts-layers and --routed-experts-top-k together")
+        if self.routed_experts:
+            why = routing_unavailable(self.engine_api, self.routing_shape)
+            if why is not None:
+                raise ValueError(f"--routed-experts: {why}")
+        return self

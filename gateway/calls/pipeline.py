@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.calls.prompt_limits import check_prompt_size, prompt_size
+from gateway.calls.routing import recorded_routing, remember, routing_from
 from gateway.calls.stream_relay import StreamAborted, StreamRelay
 from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply
 from gateway.capture.recording import PlannedCall, reuse_of
@@ -218,6 +219,7 @@ class Gateway(SessionService):
             wall_start=wall0,
             digest=digest,
             max_stored_request_bytes=limits.max_stored_request_bytes,
+            routing_from=routing_from(session, plan) if self.wants_routing(session) else None,
         )
         planned.check_storable()
         session_id = session.meta.session_id
@@ -238,7 +240,7 @@ class Gateway(SessionService):
             async with self.policy.admitted(url) as version:  # waits while weights change
                 planned = dataclasses.replace(planned, policy_version=version)
                 completion = await self._call_engine(
-                    session, planned.plan.prompt_ids, planned.sampling, relay
+                    session, planned.plan.prompt_ids, planned.sampling, relay, planned.routing_from
                 )
                 if completion.url != url:  # routed elsewhere: that engine's version
                     version = self.policy.version_on(completion.url)
@@ -271,6 +273,9 @@ class Gateway(SessionService):
         (under the session lock); memory is put back if the append fails. Returns the
         recorded call and the future of its group commit."""
         plan = planned.plan
+        experts, routing_missing = None, None
+        if planned.routing_from is not None:
+            experts, routing_missing = recorded_routing(session, self.options, completion)
         async with session.lock:
             undo = session.checkpoint(plan)
             segment = self.incremental.commit(
@@ -300,6 +305,8 @@ class Gateway(SessionService):
                     if conflict
                     else plan.fork_reason
                 ),
+                routed_experts=experts,
+                routing_missing=routing_missing,
             )
             entry = planned.durable_record(call)
             records.append(entry)
@@ -309,6 +316,8 @@ class Gateway(SessionService):
                 undo()  # memory agrees with the file again: the call never happened
                 raise
             session.last_call[segment.segment_id] = planned.call_id
+            if planned.routing_from is not None:
+                remember(session, plan, segment.segment_id, experts)
             session.calls += 1
             session.replies.recorded(planned.digest, planned.call_id, entry.offset)
         return call, synced
@@ -399,6 +408,7 @@ class Gateway(SessionService):
         prompt_ids: list[int],
         sampling: SamplingParams,
         relay: StreamRelay | None = None,
+        routing_from: int | None = None,
     ) -> EngineCompletion:
         if self._waiting >= self.options.max_queued_engine_calls:
             raise GatewayError("overloaded", "gateway queue is full", status=429, retry_after=1.0)
@@ -413,9 +423,9 @@ class Gateway(SessionService):
             url = session.meta.engine_url
             if relay is not None:
                 return await relay.run(
-                    self.engine.stream(url, prompt_ids, sampling, relay.on_tokens)
+                    self.engine.stream(url, prompt_ids, sampling, relay.on_tokens, routing_from)
                 )
-            return await self.engine.complete(url, prompt_ids, sampling)
+            return await self.engine.complete(url, prompt_ids, sampling, routing_from)
         finally:
             self.metrics.engine_inflight.dec()
             self._engine_slots.release()

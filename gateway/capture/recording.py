@@ -17,6 +17,7 @@ from gateway.capture.store import CallEntry, PromptRef, RequestOmitted, SessionM
 from gateway.errors import GatewayError
 from gateway.prompt.incremental import PromptPlan
 from schemas.conversation import CallConversation, ConvMessage, ConvToolCall, clip_text
+from schemas.routing import RoutedExperts
 from schemas.sampling import SamplingParams
 from schemas.scenes import Scene
 from schemas.trajectory import CallStatus, MatchKind, RecordedCall
@@ -77,6 +78,9 @@ class PlannedCall:
     """The most of the raw request part the record keeps (`sessions.limits`); None: all."""
     sampling_overridden: dict[str, Any] = field(default_factory=dict)
     """Pinned fields the agent asked otherwise: field → the agent's value (JSON)."""
+    routing_from: int | None = None
+    """The first prompt token whose routed experts the engine is asked for (None: the
+    session does not record routing; `calls.routing`)."""
 
     def recorded_call(
         self,
@@ -92,6 +96,8 @@ class PlannedCall:
         drift: list[str] | None = None,
         error: str | None = None,
         reply: ParsedOutput | None = None,
+        routed_experts: RoutedExperts | None = None,
+        routing_missing: str | None = None,
     ) -> RecordedCall:
         """The call as recorded in the trajectory, with the outcome-specific fields given
         (`reply`: the parsed reply of a call that sampled one)."""
@@ -125,6 +131,8 @@ class PlannedCall:
                 reply=conv_reply(reply) if reply is not None else None,
                 finish_reason=finish_reason,
             ),
+            routed_experts=routed_experts,
+            routing_missing=routing_missing,
         )
 
     @cached_property

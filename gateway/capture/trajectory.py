@@ -6,10 +6,11 @@ followed by, per call, the newly tokenized part (loss 0) and the sampled part (l
 Because this needs nothing but the records, a restarted gateway serves the same export.
 """
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from gateway.canonical import Message
 from gateway.capture.recording import conv_message
+from gateway.capture.routing_splice import RoutingSplice
 from gateway.capture.store import CallEntry, Entry, SegmentOpened
 from schemas.scenes import Scene
 from schemas.trajectory import CallStatus, RecordedCall, Segment
@@ -30,6 +31,7 @@ class _Acc(BaseModel):
     call_ids: list[str] = Field(default_factory=list)
     call_starts: list[int] = Field(default_factory=list)
     started: bool = False
+    _routing: RoutingSplice = PrivateAttr(default_factory=RoutingSplice)
 
     def held_length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
@@ -57,6 +59,7 @@ class _Acc(BaseModel):
         self.loss_mask.extend([1] * len(call.output_ids))
         self.logprobs.extend(call.output_logprobs)
         self.call_ids.append(call.call_id)
+        self._routing.add(call)
 
 
 def build_segments(records: list[Entry], trainable: set[Scene]) -> list[Segment]:
@@ -77,6 +80,7 @@ def build_segments(records: list[Entry], trainable: set[Scene]) -> list[Segment]
         if not acc.started:
             continue
         scene = Scene(acc.opened.scene)
+        routed, routing_missing = acc._routing.result(acc.held_length())
         segments.append(
             Segment(
                 segment_id=acc.opened.segment_id,
@@ -90,9 +94,22 @@ def build_segments(records: list[Entry], trainable: set[Scene]) -> list[Segment]
                 logprobs=acc.logprobs,
                 call_ids=acc.call_ids,
                 call_starts=acc.call_starts,
+                routed_experts=routed,
+                routing_missing=routing_missing,
+                routing_rereads=acc._routing.rereads,
+                routing_reread_differs=acc._routing.reread_differs,
             )
         )
     return segments
+
+
+def routing_notes(calls: list[RecordedCall]) -> list[str]:
+    """A note naming each call recorded without the routing its session asked for."""
+    return [
+        f"call {c.call_id}: no routed experts recorded: {c.routing_missing}"
+        for c in calls
+        if c.routing_missing is not None
+    ]
 
 
 def recorded_calls(records: list[Entry]) -> list[RecordedCall]:

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from schemas.policy import WeightUpdate, WeightUpdateReport
+from schemas.routing import RoutedExperts
 from schemas.sampling import SamplingParams
 
 TokenSink = Callable[[list[int], list[float]], None]
@@ -60,7 +61,8 @@ class EngineCompletion(BaseModel):
     `text` is the engine's own detokenization (special tokens kept; empty from the generate
     endpoint); informational only — the Gateway decodes `output_ids` itself. `stop_reason`
     is vLLM's: the stop token ID or stop string that ended generation, or None for EOS /
-    length.
+    length. `routed_experts`, of a call that asked for them (`routing_from`), or why it
+    has none (`routing_missing`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -74,6 +76,8 @@ class EngineCompletion(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int
+    routed_experts: RoutedExperts | None = None
+    routing_missing: str | None = None
 
 
 class EngineModelInfo(BaseModel):
@@ -106,14 +110,27 @@ class WeightLoader(Protocol):
 class Engine(Protocol):
     """Engines serving one model, addressed by URL (a session's engine, `routing`)."""
 
+    returns_routing: bool
+    """Whether its sampling endpoint can return routed experts (`routing_from`)."""
+
     async def complete(
-        self, url: str, prompt_ids: list[int], sampling: SamplingParams
+        self,
+        url: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        routing_from: int | None = None,
     ) -> EngineCompletion:
-        """Sample a continuation of `prompt_ids` on engine `url`."""
+        """Sample a continuation of `prompt_ids` on engine `url`; with `routing_from`, also
+        the routed experts of the prompt from that token on and of the output."""
         ...
 
     async def stream(
-        self, url: str, prompt_ids: list[int], sampling: SamplingParams, on_tokens: TokenSink
+        self,
+        url: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        on_tokens: TokenSink,
+        routing_from: int | None = None,
     ) -> EngineCompletion:
         """Sample like `complete`; `on_tokens` gets each chunk's ids as they arrive. The
         result is validated exactly as `complete`'s, so both paths record the same."""

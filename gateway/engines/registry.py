@@ -12,16 +12,31 @@ token-in/token-out `/inference/v1/generate` (>= 0.32 with `--enable-scale-out`);
 `sglang`: SGLang's native `/generate` (a trainer's own SGLang engines)."""
 
 
+RoutingShape = tuple[int, int]
+"""(MoE layers, experts per token and layer) of the served model."""
+
+
 class EngineFactory(Protocol):
     """Builds the client of engines serving `model`."""
 
     def __call__(
-        self, model: str, *, request_timeout_s: float, connect_retries: int
+        self,
+        model: str,
+        *,
+        request_timeout_s: float,
+        connect_retries: int,
+        routing_shape: RoutingShape | None = None,
     ) -> "Engine": ...
 
 
 def _vllm(api: Literal["completions", "generate"]) -> EngineFactory:
-    def build(model: str, *, request_timeout_s: float, connect_retries: int) -> "Engine":
+    def build(
+        model: str,
+        *,
+        request_timeout_s: float,
+        connect_retries: int,
+        routing_shape: RoutingShape | None = None,
+    ) -> "Engine":
         from gateway.engines.vllm import VllmEngine
 
         return VllmEngine(
@@ -31,10 +46,36 @@ def _vllm(api: Literal["completions", "generate"]) -> EngineFactory:
     return build
 
 
-def _sglang(model: str, *, request_timeout_s: float, connect_retries: int) -> "Engine":
+def _sglang(
+    model: str,
+    *,
+    request_timeout_s: float,
+    connect_retries: int,
+    routing_shape: RoutingShape | None = None,
+) -> "Engine":
     from gateway.engines.sglang import SglangEngine
 
-    return SglangEngine(model, request_timeout_s=request_timeout_s, connect_retries=connect_retries)
+    return SglangEngine(
+        model,
+        routing_shape=routing_shape,
+        request_timeout_s=request_timeout_s,
+        connect_retries=connect_retries,
+    )
+
+
+def routing_unavailable(api: EngineName, shape: RoutingShape | None) -> str | None:
+    """Why the engines behind `api` cannot return routed experts (None: they can)."""
+    if api == "completions":
+        return (
+            "vLLM's /v1/completions returns no routed experts: use --engine-api generate "
+            "(vLLM >= 0.32 started with --enable-scale-out --enable-return-routed-experts)"
+        )
+    if api == "sglang" and shape is None:
+        return (
+            "SGLang returns routed experts without their shape: give "
+            "--routed-experts-layers and --routed-experts-top-k"
+        )
+    return None
 
 
 ENGINES: dict[EngineName, EngineFactory] = {

@@ -78,19 +78,34 @@ class EngineRouter:
             stats = self.stats[url] = EngineStats()
         return stats
 
+    @property
+    def returns_routing(self) -> bool:
+        return self.engine.returns_routing
+
     async def complete(
-        self, url: str, prompt_ids: list[int], sampling: SamplingParams
+        self,
+        url: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        routing_from: int | None = None,
     ) -> EngineCompletion:
         """Sample on engine `url` (the session's; the next engine under `round_robin`)."""
         url = self.route(url)
-        return await self._counted(url, self.engine.complete(url, prompt_ids, sampling))
+        call = self.engine.complete(url, prompt_ids, sampling, routing_from)
+        return await self._counted(url, call)
 
     async def stream(
-        self, url: str, prompt_ids: list[int], sampling: SamplingParams, on_tokens: TokenSink
+        self,
+        url: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        on_tokens: TokenSink,
+        routing_from: int | None = None,
     ) -> EngineCompletion:
         """Sample like `complete`, on the engine's stream (see `Engine.stream`)."""
         url = self.route(url)
-        return await self._counted(url, self.engine.stream(url, prompt_ids, sampling, on_tokens))
+        call = self.engine.stream(url, prompt_ids, sampling, on_tokens, routing_from)
+        return await self._counted(url, call)
 
     async def _counted(
         self, url: str, call: Coroutine[Any, Any, EngineCompletion]

@@ -39,6 +39,7 @@ from gateway.engines.base import (
     WeightLoadError,
     sampling_values,
 )
+from gateway.engines.routed_experts import sglang_routing
 from gateway.engines.vllm import (
     ENGINE_UNAVAILABLE_RETRY_AFTER_S,
     VllmEngine,
@@ -73,6 +74,7 @@ class _SglangMeta(ReplyWire):
     output_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
     finish_reason: _SglangFinish | None = None
     weight_version: str | None = None
+    routed_experts: str | None = None
 
 
 class SglangReply(ReplyWire):
@@ -175,37 +177,85 @@ class SglangStreamMerge:
 class SglangEngine(VllmEngine):
     """Talks to SGLang servers serving the same model (an `Engine`), through their native
     `/generate`; `incremental_stream` must match the servers'
-    `--incremental-streaming-output`."""
+    `--incremental-streaming-output`; `routing_shape` (MoE layers, top_k) is the served
+    model's, which SGLang's routed experts come without."""
 
-    def __init__(self, model: str, *, incremental_stream: bool = False, **options: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        incremental_stream: bool = False,
+        routing_shape: tuple[int, int] | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(model, **options)
         self.incremental_stream = incremental_stream
+        self.routing_shape = routing_shape
 
-    def build_payload(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
-        """Token-id prompt, sampled-token logprobs, stop tokens kept in the output."""
+    @property
+    def returns_routing(self) -> bool:
+        return self.routing_shape is not None
+
+    def build_payload(
+        self, prompt_ids: list[int], sampling: SamplingParams, routing_from: int | None = None
+    ) -> dict[str, Any]:
+        """Token-id prompt, sampled-token logprobs, stop tokens kept in the output; routed
+        experts when asked (SGLang returns the whole sequence's)."""
         params = sampling_values(sampling, _RENAMED)
         params["skip_special_tokens"] = False
         params["spaces_between_special_tokens"] = False
         params["no_stop_trim"] = True
         params.update(sampling.engine_extra)
-        return {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True}
+        payload = {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True}
+        if routing_from is not None:
+            payload["return_routed_experts"] = True
+        return payload
 
     async def complete(
-        self, url: str, prompt_ids: list[int], sampling: SamplingParams
+        self,
+        url: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        routing_from: int | None = None,
     ) -> EngineCompletion:
-        payload = orjson.dumps(self.build_payload(prompt_ids, sampling))
+        payload = orjson.dumps(self.build_payload(prompt_ids, sampling, routing_from))
         resp = await self._send("POST", url, "/generate", payload)
         reply = validate_reply(url, SglangReply, await self._read(url, resp))
-        return extract_completion(url, prompt_ids, as_completion(url, reply))
+        return self._routed(url, prompt_ids, reply, routing_from)
 
     async def stream(
-        self, url: str, prompt_ids: list[int], sampling: SamplingParams, on_tokens: TokenSink
+        self,
+        url: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        on_tokens: TokenSink,
+        routing_from: int | None = None,
     ) -> EngineCompletion:
-        payload = self.build_payload(prompt_ids, sampling)
+        payload = self.build_payload(prompt_ids, sampling, routing_from)
         payload["stream"] = True
         merged = SglangStreamMerge(url, self.incremental_stream)
         await self._read_stream(url, "/generate", payload, merged.line, on_tokens)
-        return extract_completion(url, prompt_ids, as_completion(url, merged.reply()))
+        return self._routed(url, prompt_ids, merged.reply(), routing_from)
+
+    def _routed(
+        self, url: str, prompt_ids: list[int], reply: SglangReply, routing_from: int | None
+    ) -> EngineCompletion:
+        """The validated completion, with its routing decoded when the call asked for it."""
+        completion = extract_completion(url, prompt_ids, as_completion(url, reply))
+        if routing_from is None:
+            return completion
+        if self.routing_shape is None:
+            routing = None, "SGLang's routed experts need the model's shape (not given)"
+        else:
+            routing = sglang_routing(
+                reply.meta_info.routed_experts,
+                len(prompt_ids),
+                len(completion.output_ids),
+                routing_from,
+                self.routing_shape,
+            )
+        experts, missing = routing
+        return completion.model_copy(update={"routed_experts": experts, "routing_missing": missing})
 
     async def model_info(self, url: str) -> EngineModelInfo:
         """The context window and served name from `/get_server_info` (the server's

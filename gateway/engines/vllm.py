@@ -19,8 +19,10 @@ import aiohttp
 import orjson
 
 from gateway.engines.base import EngineCompletion, EngineModelInfo, TokenSink, sampling_values
+from gateway.engines.routed_experts import vllm_routing
 from gateway.engines.vllm_weights import VllmWeightLoader
 from gateway.engines.vllm_wire import (
+    VllmCompletionReply,
     VllmModelList,
     bad_reply,
     completion_reply,
@@ -186,15 +188,26 @@ class VllmEngine:
 
     # --- HTTP -----------------------------------------------------------------------------
 
-    def build_payload(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
+    @property
+    def returns_routing(self) -> bool:
+        """Only the generate endpoint returns routed experts."""
+        return self.api == "generate"
+
+    def build_payload(
+        self, prompt_ids: list[int], sampling: SamplingParams, routing_from: int | None = None
+    ) -> dict[str, Any]:
         """The request body: token-ID prompt, sampled-token logprobs, raw output. For
         `generate` the sampling fields (and `engine_extra`) are vLLM `SamplingParams`, and
-        vLLM detokenizes only when stop strings need the text."""
+        vLLM detokenizes only when stop strings need the text; routing is returned from
+        prompt token `routing_from` on (vLLM returns it for every call once started with
+        `--enable-return-routed-experts`; this only skips what is already held)."""
         params = sampling_values(sampling)
         params["logprobs"] = self.logprobs
         params["skip_special_tokens"] = False
         if self.api == "generate":
             params["detokenize"] = bool(sampling.stop)
+            if routing_from is not None:
+                params["routed_experts_prompt_start"] = routing_from
             params.update(sampling.engine_extra)
             return {
                 "model": self.model,
@@ -288,29 +301,59 @@ class VllmEngine:
             resp.release()
 
     async def complete(
-        self, url: str, prompt_ids: list[int], sampling: SamplingParams
+        self,
+        url: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        routing_from: int | None = None,
     ) -> EngineCompletion:
         """Sample a continuation of `prompt_ids` on engine `url`."""
         # orjson and pydantic's own JSON parser: both ends scale with the prompt (vLLM
         # echoes the prompt ids), so the slower stdlib `json` would grow with the session.
-        payload = orjson.dumps(self.build_payload(prompt_ids, sampling))
+        payload = orjson.dumps(self.build_payload(prompt_ids, sampling, routing_from))
         resp = await self._send("POST", url, self._path, payload)
         content = await self._read(url, resp)
         reply = completion_reply(url, content, generate=self.api == "generate")
-        return extract_completion(url, prompt_ids, reply)
+        return self._completion(url, prompt_ids, reply, routing_from)
 
     async def stream(
-        self, url: str, prompt_ids: list[int], sampling: SamplingParams, on_tokens: TokenSink
+        self,
+        url: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        on_tokens: TokenSink,
+        routing_from: int | None = None,
     ) -> EngineCompletion:
         """Sample like `complete`, but on vLLM's stream: `on_tokens(ids, logprobs)` gets each
         chunk's sampled ids as they arrive. The result is validated exactly as `complete`'s
         (the chunks are merged into one reply first), so both paths record the same."""
-        payload = self.build_payload(prompt_ids, sampling)
+        payload = self.build_payload(prompt_ids, sampling, routing_from)
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
         merged = stream_merge(url, generate=self.api == "generate")
         await self._read_stream(url, self._path, payload, merged.line, on_tokens)
-        return extract_completion(url, prompt_ids, merged.reply())
+        return self._completion(url, prompt_ids, merged.reply(), routing_from)
+
+    def _completion(
+        self,
+        url: str,
+        prompt_ids: list[int],
+        reply: VllmCompletionReply,
+        routing_from: int | None,
+    ) -> EngineCompletion:
+        """The validated completion, with its routing decoded when the call asked for it."""
+        completion = extract_completion(url, prompt_ids, reply)
+        if routing_from is None:
+            return completion
+        if not self.returns_routing:
+            routing = None, "the /v1/completions endpoint returns no routed experts"
+        else:
+            encoded = reply.choices[0].routed_experts
+            routing = vllm_routing(
+                encoded, len(prompt_ids), len(completion.output_ids), routing_from
+            )
+        experts, missing = routing
+        return completion.model_copy(update={"routed_experts": experts, "routing_missing": missing})
 
     async def _read_stream(
         self, url: str, path: str, payload: dict[str, Any], read: LineReader, on_tokens: TokenSink

@@ -37,6 +37,8 @@ class _VllmChoice(ReplyWire):
     logprobs: _VllmLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    routed_experts: str | None = None
+    """The generate endpoint's routing (base64 `.npy`, `routed_experts`); kept, not read."""
 
 
 class _VllmPromptTokensDetails(ReplyWire):
@@ -191,6 +193,7 @@ class StreamMerge:
         self.prompt_ids: list[int] | None = None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        self.routed_experts: str | None = None
         self.usage: _VllmUsage | None = None
         self.done = False
 
@@ -232,6 +235,8 @@ class StreamMerge:
         if choice.finish_reason is not None:
             self.finish_reason = choice.finish_reason
             self.stop_reason = choice.stop_reason
+        if choice.routed_experts is not None:  # vLLM sends it once, on the final chunk
+            self.routed_experts = choice.routed_experts
         self.text.append(choice.text)
         ids = choice.token_ids or []
         logprobs = choice.logprobs.token_logprobs if choice.logprobs is not None else []
@@ -257,6 +262,7 @@ class StreamMerge:
             logprobs=_VllmLogprobs(token_logprobs=self.logprobs, tokens=self.tokens),
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
+            routed_experts=self.routed_experts,
         )
         return VllmCompletionReply(choices=[choice], usage=self.usage)
 
@@ -282,6 +288,7 @@ class _GenerateChoice(ReplyWire):
     logprobs: _GenerateLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    routed_experts: str | None = None
 
 
 class GenerateReply(ReplyWire):
@@ -317,6 +324,7 @@ def _as_completion_choice(
         logprobs=logprobs,
         finish_reason=choice.finish_reason,
         stop_reason=choice.stop_reason,
+        routed_experts=choice.routed_experts,
     )
 
 

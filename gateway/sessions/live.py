@@ -42,6 +42,12 @@ class LiveSession:
         self.lock = asyncio.Lock()
         self.parse_lock = asyncio.Lock()
         """One parse at a time uses `history` (a long one runs in a thread)."""
+        self.routing_from: dict[str, int] = {}
+        """Per segment whose routing is recorded whole so far: its last call's prompt
+        length, from where the next call asks for routing (`calls.routing`)."""
+        self.routing_shape: tuple[int, int] | None = None
+        """(MoE layers, top_k) of the session's first recorded routing, which every later
+        call's must have (unless the gateway was given the model's)."""
         self.closed = False
         self.last_active = now  # wall clock, like created_at and file mtimes
 

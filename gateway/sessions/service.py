@@ -15,7 +15,12 @@ from datetime import UTC, datetime
 from gateway.capture.retries import RetryReplies
 from gateway.capture.revival import revive
 from gateway.capture.store import CorruptRecordError, SessionMeta, SessionStore
-from gateway.capture.trajectory import TrajectoryCorruptError, build_segments, recorded_calls
+from gateway.capture.trajectory import (
+    TrajectoryCorruptError,
+    build_segments,
+    recorded_calls,
+    routing_notes,
+)
 from gateway.engines.routing import EngineRouter
 from gateway.errors import GatewayError
 from gateway.observability.metrics import GatewayMetrics
@@ -65,6 +70,14 @@ class SessionService:
         id and token derive from the key (HMAC with this data dir's secret), so a retried
         create — also after a gateway restart — gets the same session back, not a second."""
         self.check_logit_bias(config.sampling, "sampling.logit_bias")
+        if config.routed_experts and not self.engine.returns_routing:
+            raise GatewayError(
+                "invalid_request",
+                "routed_experts: this gateway's engine API cannot return routed experts "
+                "(run it with --engine-api generate, on vLLM >= 0.32 started with "
+                "--enable-return-routed-experts, or sglang with the model's routing shape)",
+                param="routed_experts",
+            )
         if config.idempotency_key is None:
             session_id = "s" + uuid.uuid4().hex
             token = f"{session_id}.{secrets.token_urlsafe(24)}"
@@ -86,6 +99,11 @@ class SessionService:
         self.sessions[session_id] = LiveSession(meta, self.clock(), self._seal(session_id))
         self.metrics.sessions_open.inc()
         return self._created_reply(session_id, token), True
+
+    def wants_routing(self, session: LiveSession) -> bool:
+        """Whether the session's calls record routed experts (its create, or the gateway's
+        `--routed-experts`)."""
+        return self.options.routed_experts or session.meta.config.routed_experts
 
     def check_logit_bias(self, sampling: SamplingParams, param: str) -> None:
         """A bias on a token id the model does not have is refused as a 400 naming it,
@@ -282,10 +300,11 @@ class SessionService:
             policy_version=meta.config.policy_version,
             closed=self.store.is_closed(session_id),
             prompt_template_version=meta.prompt_template_version,
-            calls=recorded_calls(records),
+            calls=(calls := recorded_calls(records)),
             segments=segments,
             metadata=meta.config.metadata,
             limit_refusals=live.limit_refusals if (live := self.sessions.get(session_id)) else {},
+            notes=routing_notes(calls),
         )
 
     def authenticate(self, token: str | None) -> LiveSession:

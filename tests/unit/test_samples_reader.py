@@ -14,7 +14,7 @@ from rollout_client.storage import write_table
 from schemas.evaluation import CheckResult, EvaluationResult
 from schemas.outcome import ArtifactRef, RolloutStatus, RunOutcome
 from schemas.rollout import CollectRequest
-from schemas.samples import CHECK_DETAIL_CHARS, rows_to_table
+from schemas.samples import CHECK_DETAIL_CHARS, SCHEMA_VERSION, rows_to_table
 from tests.unit.test_schemas import as_version
 from tests.unit.test_workflow_samples import call, request, segment, trajectory
 
@@ -135,7 +135,9 @@ def test_a_batch_shows_statuses_rewards_and_errors_by_first_line(batch_dir: Path
         assert [r.rollout_id for r in view.slowest(1)] == ["b1-hello-0"]
         hello = by_id["b1-hello-0"]
         assert (hello.calls, hello.response_tokens, hello.trained_tokens) == (2, 5, 4)
-        assert hello.policy_versions == ["pol-3", "pol-4"] and view.schema_versions == [7]
+        assert hello.policy_versions == ["pol-3", "pol-4"] and view.schema_versions == [
+            SCHEMA_VERSION
+        ]
 
 
 def test_a_rollout_shows_checks_steps_calls_and_artifacts(batch_dir: Path, tmp_path: Path) -> None:
@@ -193,6 +195,7 @@ def test_a_v5_directory_shows_what_it_has(tmp_path: Path) -> None:
         "step durations",
         "artifacts",
         "conversation",
+        "routed experts",
     ]
 
 

@@ -4,6 +4,7 @@ versions (the sampling rules are in test_sampling_control.py)."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,6 +20,7 @@ from schemas.conversation import (
 )
 from schemas.evaluation import RewardFileCheck
 from schemas.outcome import RolloutStatus
+from schemas.routing import RoutedExperts
 from schemas.samples import (
     SAMPLE_ARROW_SCHEMA,
     SCHEMA_VERSION,
@@ -60,11 +62,12 @@ def make_row(**overrides: object) -> SampleRow:
 
 def as_version(table: pa.Table, version: int, drop: list[str]) -> pa.Table:
     """The table as a writer of `version` made it: without the later columns (`drop`,
-    and those of v5, v6 and v7 for an older version), tagged."""
+    and those of v5 to v8 for an older version), tagged."""
     later = (
         (V5_COLUMNS if version < 5 else [])
         + (V6_COLUMNS if version < 6 else [])
         + (V7_COLUMNS if version < 7 else [])
+        + (V8_COLUMNS if version < 8 else [])
     )
     table = table.drop_columns(drop + later)
     return table.set_column(
@@ -86,6 +89,7 @@ V6_COLUMNS = [
     "artifacts_dir",
 ]
 V7_COLUMNS = ["conversation"]
+V8_COLUMNS = ["routed_experts", "routing_missing", "routing_rereads", "routing_reread_differs"]
 
 
 def test_session_config_rejects_unknown_fields() -> None:
@@ -234,9 +238,9 @@ def test_lineage_columns_round_trip(tmp_path) -> None:
     )
     write_samples([row], tmp_path / "s.parquet")
     table = read_samples(tmp_path / "s.parquet")
-    assert table.schema.metadata[b"agentic_rollout.schema_version"] == b"7"
+    assert table.schema.metadata[b"agentic_rollout.schema_version"] == b"8"
     [back] = table_to_rows(table)
-    assert back == row and back.schema_version == SCHEMA_VERSION == 7
+    assert back == row and back.schema_version == SCHEMA_VERSION == 8
 
 
 def two_calls_conversation() -> str:
@@ -279,6 +283,42 @@ def test_the_conversation_must_align_with_the_calls() -> None:
         make_row(conversation='{"role": "user"}')
 
 
+def routing_of(tokens: int) -> RoutedExperts:
+    ids = (np.arange(tokens * 4 * 2).reshape(tokens, 4, 2) * 5) % 8
+    return RoutedExperts.of(ids)
+
+
+def test_the_routed_experts_column_round_trips_narrowest(tmp_path) -> None:
+    """Five tokens (six but the last) of 4 layers x 2 experts, ids below 8: one byte
+    each, read back the same; ids past 255 take two."""
+    row = make_row(routed_experts=routing_of(5), routing_rereads=2, routing_reread_differs=1)
+    assert row.routed_experts is not None and row.routed_experts.dtype == "uint8"
+    assert len(row.routed_experts.data) == 5 * 4 * 2
+    write_samples([row], tmp_path / "s.parquet")
+    table = read_samples(tmp_path / "s.parquet")
+    [back] = table_to_rows(table)
+    assert back == row
+    np.testing.assert_array_equal(back.routed_experts.array(), row.routed_experts.array())  # type: ignore[union-attr]
+    assert RoutedExperts.of(np.full((1, 4, 2), 256)).dtype == "uint16"
+
+
+def test_routed_experts_must_cover_the_tokens_but_the_last() -> None:
+    with pytest.raises(ValidationError, match="routed_experts must cover"):
+        make_row(routed_experts=routing_of(6))  # six rows: the last token has none
+    with pytest.raises(ValidationError, match="needs 40"):
+        RoutedExperts(start=0, tokens=5, layers=4, top_k=2, dtype="uint8", data=b"\0" * 39)
+
+
+def test_version_7_files_read_with_no_routing(tmp_path) -> None:
+    table = as_version(rows_to_table([make_row(verdict="pass")]), 7, [])
+    assert "routed_experts" not in table.column_names
+    pq.write_table(table, tmp_path / "old.parquet")
+    write_samples([make_row(routed_experts=routing_of(5))], tmp_path / "new.parquet")
+    old, new = sorted(table_to_rows(read_samples(tmp_path)), key=lambda r: r.schema_version)
+    assert (old.routed_experts, old.routing_missing, old.schema_version) == (None, "", 7)
+    assert new.routed_experts == routing_of(5)
+
+
 def test_version_6_files_read_with_no_conversation(tmp_path) -> None:
     table = as_version(rows_to_table([make_row(verdict="pass")]), 6, [])
     assert "conversation" not in table.column_names
@@ -310,10 +350,10 @@ def test_version_4_files_read_with_no_reason_sources_or_facts(tmp_path) -> None:
     assert old.schema_version == 4
 
 
-def test_a_v7_file_without_a_lineage_column_is_refused(tmp_path) -> None:
+def test_a_current_file_without_a_lineage_column_is_refused(tmp_path) -> None:
     table = rows_to_table([make_row()]).drop_columns(["sandbox_facts"])
     pq.write_table(table, tmp_path / "bad.parquet")
-    with pytest.raises(ValueError, match="schema v7: missing column 'sandbox_facts'"):
+    with pytest.raises(ValueError, match="schema v8: missing column 'sandbox_facts'"):
         read_samples(tmp_path / "bad.parquet")
 
 
