@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from devstack.reference_moe import ReferenceMoeServer, RoutedSequence, recompute_routing
+from gateway.engines.routed_experts import vllm_routing
 from gateway.engines.vllm_wire import completion_reply, extract_completion, stream_merge
 from tests.fixtures.reference_moe import moe_engine, moe_model_dir  # noqa: F401
 from tests.fixtures.vllm import vllm_python  # noqa: F401
@@ -58,6 +59,8 @@ def test_reply_is_vllm_generate_shape_with_routing_of_every_forwarded_token(
     url = moe_engine.url
     body = json.dumps(reply).encode()
     assert extract_completion(url, PROMPT, completion_reply(url, body, True)).output_ids == out
+    routing, why = vllm_routing(choice["routed_experts"], len(PROMPT), len(out), 0)
+    assert why is None and routing is not None and np.array_equal(routing.array(), rows)
 
 
 def test_prompt_start_drops_leading_prompt_rows_and_nothing_else(
