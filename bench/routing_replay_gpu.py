@@ -15,7 +15,10 @@ one. It
    with transformers (`devstack/reference_moe/recompute_routing.py`: a plain forward with
    router logits, on the GPU in bfloat16), printing agreement per MoE layer.
 
-Run, with PYTHON an interpreter that has vLLM (GPU build), torch and transformers:
+Run, with PYTHON an interpreter that has vLLM (GPU build), torch and transformers, and
+the model already on disk (the bench, like every bench, stays off the network: both
+vLLM and transformers run with HF_HUB_OFFLINE=1; `huggingface-cli download MODEL` first,
+or pass a model directory):
 
     python -m bench.routing_replay_gpu --vllm-python PYTHON --model Qwen/Qwen3-30B-A3B
 
