@@ -44,10 +44,11 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.outcome import SAMPLE_STATUSES, RolloutStatus
 from schemas.policy import UNKNOWN_WEIGHTS
+from schemas.routing import RoutedExperts
 from schemas.samples import metrics_of, token_versions
 from schemas.training import policy_version_index
 
@@ -111,6 +112,12 @@ class TrainingSegment(BaseModel):
     )
     trained: bool
     staleness: int | None = Field(description="largest lag of its trained calls")
+    routed_experts: RoutedExperts | None = Field(
+        default=None,
+        description="the routing of prompt_ids + response_ids but the last token (None: "
+        "not recorded, `routing_missing` says why when asked)",
+    )
+    routing_missing: str = ""
 
     @property
     def num_calls(self) -> int:
@@ -408,8 +415,31 @@ def _segment(
         call_sampling=sampling,
         trained=any(mask),
         staleness=max(fresh_lags) if fresh_lags else (lags[0] if lags else None),
+        routed_experts=_routing(row),
+        routing_missing=str(row.get("routing_missing") or ""),
     )
     return segment, len(versions), fresh.count(True)
+
+
+def _routing(row: Mapping[str, Any]) -> RoutedExperts | None:
+    """The row's `routed_experts` (schema v8; absent before), checked to cover every
+    token but the last."""
+    raw = row.get("routed_experts")
+    if raw is None:
+        return None
+    rollout_id = str(row["rollout_id"])
+    try:
+        routing = RoutedExperts.model_validate(raw)
+    except ValidationError as exc:
+        raise ConversionError(rollout_id, "routed_experts", str(exc)) from exc
+    tokens = len(row["prompt_ids"]) + len(row["response_ids"]) - 1
+    if routing.start != 0 or routing.tokens != tokens:
+        raise ConversionError(
+            rollout_id,
+            "routed_experts",
+            f"{routing.tokens} rows from {routing.start}; the segment has {tokens} routed tokens",
+        )
+    return routing
 
 
 def _lag(version: str, current: int) -> int | None:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import ConfigDict, Field, ValidationError
 
 from bridges.groups import collect_groups, merge
@@ -230,6 +231,7 @@ def _segment_sample(
         "baseline_mean": baseline_mean,
         "staleness": segment.staleness,
         "num_segments": len(rollout.segments),
+        "routing_missing": segment.routing_missing,
     }
     sample = cls(
         group_index=getattr(prompt, "group_index", None) if prompt is not None else group_index,
@@ -242,12 +244,37 @@ def _segment_sample(
         loss_mask=list(segment.loss_mask),
         rollout_log_probs=list(segment.logprobs),
         weight_versions=list(segment.call_policy_versions),
+        rollout_routed_experts=routed_experts(segment),
         reward=float(rollout.reward),
         remove_sample=not trained,
         metadata=metadata,
     )
     sample.status = statuses[rollout.status]
     return sample
+
+
+def routed_experts(segment: TrainingSegment) -> np.ndarray | None:
+    """slime's `rollout_routed_experts`: (len(tokens) - 1, layers, top_k) int32 expert ids,
+    as slime reads SGLang's (None: not recorded)."""
+    routing = segment.routed_experts
+    return None if routing is None else routing.array().astype(np.int32)
+
+
+def _routing_all_or_none(samples: Iterable[Any]) -> None:
+    """slime takes routing for a batch only when its first sample has it, then for every
+    sample: one without it, in a batch with it, is named rather than crash slime."""
+    flat = list(samples)
+    if not any(s.rollout_routed_experts is not None for s in flat):
+        return
+    for s in flat:
+        if s.rollout_routed_experts is None:
+            ours = s.metadata[META_KEY]
+            raise ConversionError(
+                ours["rollout_id"],
+                "routed_experts",
+                f"segment {ours['segment_id']} has no routing "
+                f"({ours['routing_missing'] or 'not recorded'}) in a batch that has it",
+            )
 
 
 def to_slime_samples(
@@ -314,6 +341,7 @@ def to_slime_samples(
             )
         if slime_group:
             out.append(slime_group)
+    _routing_all_or_none(s for group in out for siblings in group for s in siblings)
     return out
 
 

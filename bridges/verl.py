@@ -156,8 +156,12 @@ def to_agent_loop_output(
     if cut:
         keep = limits.response_length or 0
         response, mask, logprobs = response[:keep], mask[:keep], logprobs[:keep]
+    experts = None
     if not response:  # verl places the reward on the last response token
         response, mask, logprobs = [filler_token_id], [0], [0.0]
+    elif seg.routed_experts is not None:
+        # verl's own shape: (prompt + response - 1, layers, top_k) from the prompt's start
+        experts = seg.routed_experts.array()[: len(seg.prompt_ids) + len(response) - 1]
     return AgentLoopOutput(
         prompt_ids=seg.prompt_ids,
         response_ids=response,
@@ -166,7 +170,8 @@ def to_agent_loop_output(
         reward_score=rollout.reward if reward is None else reward,
         num_turns=rollout.num_turns,
         metrics=metrics,
-        extra_fields=_extra(rollout, cut=cut),
+        routed_experts=experts,
+        extra_fields=_extra(rollout, cut=cut, routing_missing=seg.routing_missing),
     )
 
 

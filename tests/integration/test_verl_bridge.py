@@ -133,6 +133,16 @@ def test_our_fields_reach_verls_batch_in_row_order(found: Any) -> None:
     assert {"rollout_id", "rollout_group_id", "rollout_status", "rollout_policy_versions"} <= ours
 
 
+def test_routed_experts_reach_verls_batch_where_verl_puts_its_own(found: Any) -> None:
+    """verl 0.9.1's `AgentLoopOutput.routed_experts`: (prompt + response - 1, layers,
+    top_k); verl places it from the left-padded prompt's first token. A cut response
+    keeps the routing of what is kept (3 prompt + 12 response tokens - 1)."""
+    routing = found["routing"]
+    assert routing["rows"] == [3 + 7 - 1, 3 + 12 - 1]
+    assert routing["shape"] == [2, 8 + 12, 3, 2]
+    assert routing["placed"] == [True, True]
+
+
 def test_errors_name_the_rollout_and_the_field(found: Any) -> None:
     prompt, mask = found["errors"]["prompt"], found["errors"]["mask"]
     assert "'long-prompt'" in prompt and "prompt_ids" in prompt and "prompt_length=8" in prompt

@@ -34,6 +34,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from bridges import verl as bridge
 from bridges.rollouts import ConversionError, ConversionRules, to_training_rollouts
+from schemas.routing import RoutedExperts
 from schemas.tasks import RolloutTask
 
 PROMPT_LENGTH = 8
@@ -127,6 +128,46 @@ def through_verl(tokenizer: Any, outputs: list[AgentLoopOutput], uids: list[str]
         "advantage": adv.sum(dim=-1).tolist(),
         "row_ids": [str(x) for x in batch.non_tensor_batch["rollout_id"]],
         "dtype_mask": str(mask.dtype),
+    }
+
+
+def with_routing(r: dict[str, Any], layers: int = 3, top_k: int = 2) -> dict[str, Any]:
+    """The row with routing for every token but its last (ids 1..60, never 0)."""
+    tokens = len(r["prompt_ids"]) + len(r["response_ids"]) - 1
+    ids = np.arange(tokens * layers * top_k).reshape(tokens, layers, top_k) % 60 + 1
+    return {**r, "routed_experts": RoutedExperts.of(ids).model_dump()}
+
+
+def routing(tokenizer: Any) -> dict[str, Any]:
+    """Routed rollouts (one cut at RESPONSE_LENGTH) through verl's padding and batching:
+    where verl's batch holds each row's routing, compared with ours."""
+    rows = [
+        with_routing(row("r-0", "g", 1.0)),
+        with_routing(row("r-1", "g", 0.0, **one_call(list(range(30, 50)), -0.7))),
+    ]
+    converted = to_training_rollouts(rows, ConversionRules(current_version=3))
+    outputs = bridge.convert_batch(
+        converted, prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH
+    )
+    w = worker(tokenizer)
+
+    async def post() -> list[Any]:
+        kwargs = {"raw_prompt": [{"role": "user", "content": "task"}]}
+        return [await w._agent_loop_postprocess(o, False, **kwargs) for o in outputs]
+
+    batch = w._postprocess(asyncio.run(post()), input_non_tensor_batch=None, validate=False)
+    got = batch.batch["routed_experts"]
+    placed = []
+    for i, (out, segment) in enumerate(zip(outputs, converted.rollouts, strict=True)):
+        ours = segment.primary.routed_experts
+        n = len(out.prompt_ids) + len(out.response_ids) - 1
+        start = PROMPT_LENGTH - len(out.prompt_ids)  # verl pads prompts on the left
+        want = torch.as_tensor(ours.array()[:n].astype(np.int64))
+        placed.append(bool(torch.equal(got[i, start : start + n].to(torch.int64), want)))
+    return {
+        "shape": list(got.shape),
+        "rows": [len(o.routed_experts) for o in outputs],
+        "placed": placed,
     }
 
 
@@ -252,6 +293,7 @@ def main() -> None:
         "errors": errors(),
         "loop": loop(tokenizer_dir, tokenizer),
         "rows": rows_and_requests(),
+        "routing": routing(tokenizer),
     }
     print(json.dumps(result))
 

@@ -9,10 +9,12 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bridges import slime as bridge
 from bridges.rollouts import ConversionError, ConversionRules, to_training_rollouts
+from schemas.routing import RoutedExperts
 from schemas.tasks import RolloutTask
 
 V3 = ConversionRules(current_version=3, max_staleness=1)
@@ -310,3 +312,44 @@ def test_the_command_writes_prompt_lines_for_a_task_file(
     bridge.main([str(path)])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["metadata"]["rollout_task"]["task_id"] for line in lines] == ["a", "b"]
+
+
+def routing(r: dict[str, Any], layers: int = 4, top_k: int = 2) -> dict[str, Any]:
+    """A samples row's `routed_experts` (as Arrow hands it over) for row `r`."""
+    tokens = len(r["prompt_ids"]) + len(r["response_ids"]) - 1
+    ids = np.arange(tokens * layers * top_k).reshape(tokens, layers, top_k) % 60
+    return RoutedExperts.of(ids).model_dump()
+
+
+def test_routed_experts_become_slimes_rollout_routed_experts() -> None:
+    """slime's shape: (len(tokens) - 1, layers, top_k) int32, as its SGLang path makes
+    them; a row without routing has None, never zeros."""
+    routed = row("b-t-0", index=0)
+    routed["routed_experts"] = routing(routed)
+    plain = row("b-t-1", index=1)
+    batch = to_training_rollouts([routed], V3)
+    [sample] = flat(bridge.convert_batch(batch))
+    experts = sample.rollout_routed_experts
+    assert experts.dtype == np.int32 and experts.shape == (len(sample.tokens) - 1, 4, 2)
+    np.testing.assert_array_equal(experts, RoutedExperts(**routed["routed_experts"]).array())
+    [none] = flat(bridge.convert_batch(to_training_rollouts([plain], V3)))
+    assert none.rollout_routed_experts is None
+
+
+def test_a_batch_mixing_rows_with_and_without_routing_names_the_row_without() -> None:
+    """slime takes a batch's routing only when its first sample has it, then reads every
+    sample's: a row without it would crash slime, so it is named."""
+    routed = row("b-t-0", index=0)
+    routed["routed_experts"] = routing(routed)
+    missing = row("b-t-1", index=1)
+    missing["routing_missing"] = "call c2: the engine returned no routed_experts"
+    batch = to_training_rollouts([routed, missing], V3)
+    with pytest.raises(ConversionError, match=r"b-t-1.*call c2: the engine returned no"):
+        bridge.convert_batch(batch)
+
+
+def test_routing_of_the_wrong_length_is_refused_with_the_rollout_id() -> None:
+    bad = row("b-t-0")
+    bad["routed_experts"] = routing(row("b-t-0", mask=[1, 1, 1]))  # one token too many
+    with pytest.raises(ConversionError, match=r"b-t-0.*routed_experts"):
+        to_training_rollouts([bad], V3)

@@ -140,3 +140,45 @@ def test_the_trainer_process_gets_the_commands_tls_settings(tmp_path: Path) -> N
     env = tls_environment(tls)
     assert TemporalTLS.from_env(env) == tls
     assert tls_environment(TemporalTLS()) == {}
+
+
+SHAPE = ["--routed-experts-layers", "4", "--routed-experts-top-k", "2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--routed-experts"], "--routed-experts: vLLM's /v1/completions returns no routed"),
+        (
+            ["--routed-experts", "--engine-api", "sglang"],
+            "--routed-experts: SGLang returns routed experts without their shape",
+        ),
+        (
+            ["--routed-experts-layers", "4"],
+            "give --routed-experts-layers and --routed-experts-top-k",
+        ),
+    ],
+)
+def test_routed_experts_on_an_engine_api_that_cannot_return_them_is_refused_at_start(
+    args: list[str], says: str
+) -> None:
+    built: list[GatewaySettings] = []
+    command = typer.Typer()
+
+    @command.command()
+    @model_options("settings")
+    def serve(*, settings: GatewaySettings) -> None:
+        built.append(settings)
+
+    runner = CliRunner()
+    base = ["--model", "m", "--tokenizer", "tok", "--engine", "http://a"]
+    refused = runner.invoke(command, [*base, *args])
+    text = " ".join(refused.output.replace("│", " ").split())  # rich's box, unwrapped
+    assert refused.exit_code == 2 and says in text, text
+    # control: the engine APIs that return them start
+    for ok in (
+        ["--routed-experts", "--engine-api", "generate"],
+        ["--routed-experts", "--engine-api", "sglang", *SHAPE],
+    ):
+        assert runner.invoke(command, [*base, *ok]).exit_code == 0
+    assert [s.routing_shape for s in built] == [None, (4, 2)]

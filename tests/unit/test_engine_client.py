@@ -4,6 +4,8 @@ placement, routing and per-engine stats, against scripted fakes."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import threading
 import time
@@ -11,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -766,3 +769,40 @@ async def test_generate_stream_hands_over_each_chunk_and_validates_like_complete
     fake.scripted.append(JSONResponse(whole))
     plain = await gen_client.complete(gen_client.urls[0], PROMPT, SamplingParams())
     assert streamed == plain
+
+
+# --- routed experts ----------------------------------------------------------------------------
+
+
+def npy_b64(array: Any) -> str:
+    """An array as vLLM's `numpy2base64` sends it: base64 of its `.npy` bytes."""
+    with io.BytesIO() as buffer:
+        np.save(buffer, np.asarray(array), allow_pickle=False)
+        return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+async def test_routing_is_asked_from_a_prompt_token_and_decoded_only_when_asked(
+    gen_client: EngineRouter, fake: FakeVllmForTests
+) -> None:
+    """4 prompt + 3 output tokens asked from prompt token 1: 4 - 1 + 3 - 1 = 5 rows."""
+    rows = np.arange(5 * 2 * 2, dtype=np.int32).reshape(5, 2, 2) % 7
+    fake.scripted.append(JSONResponse(generate_reply([7, 8, 9], routed_experts=npy_b64(rows))))
+    res = await gen_client.complete(gen_client.urls[0], PROMPT, SamplingParams(), 1)
+    assert fake.requests[0]["sampling_params"]["routed_experts_prompt_start"] == 1
+    assert res.routed_experts is not None and res.routing_missing is None
+    assert (res.routed_experts.start, res.routed_experts.dtype) == (1, "uint8")
+    np.testing.assert_array_equal(res.routed_experts.array(), rows)
+    # not asked: nothing sent, nothing decoded, whatever the engine returns
+    fake.scripted.append(JSONResponse(generate_reply([7, 8, 9], routed_experts=npy_b64(rows))))
+    res = await gen_client.complete(gen_client.urls[0], PROMPT, SamplingParams())
+    assert "routed_experts_prompt_start" not in fake.requests[1]["sampling_params"]
+    assert (res.routed_experts, res.routing_missing) == (None, None)
+
+
+async def test_the_completions_endpoint_returns_no_routing(
+    client: EngineRouter, fake: FakeVllmForTests
+) -> None:
+    assert not client.returns_routing
+    res = await client.complete(client.urls[0], PROMPT, SamplingParams(), 0)
+    assert res.output_ids and res.routed_experts is None
+    assert res.routing_missing == "the /v1/completions endpoint returns no routed experts"

@@ -4,11 +4,13 @@ against `FakeSglangForTests` — SGLang does not run on this CPU box."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 from starlette.applications import Starlette
@@ -265,3 +267,53 @@ def test_the_gateway_serves_an_agent_from_an_sglang_engine_and_records_its_token
     assert segment["prompt_ids"] == fake.requests[0]["input_ids"]
     assert segment["response_ids"] == ids
     assert segment["logprobs"] == [-0.5 - i for i in range(len(ids))]
+
+
+# --- routed experts -------------------------------------------------------------------------
+
+
+def sglang_routing(rows: int, layers: int = 2, top_k: int = 2) -> str:
+    """`meta_info.routed_experts` as SGLang sends it: base64 of raw int32, no shape."""
+    ids = np.arange(rows * layers * top_k, dtype="<i4") % 64
+    return base64.b64encode(ids.tobytes()).decode("ascii")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_routed_experts_are_asked_for_and_kept_from_the_start_asked(
+    url: str, fake: FakeSglangForTests, stream: bool
+) -> None:
+    """SGLang returns the whole sequence's routing (4 prompt + 3 output - 1 rows); the
+    call keeps it from the prompt token asked (2) on, shaped by the model's (2, 2)."""
+    engine = SglangEngine(MODEL, routing_shape=(2, 2), request_timeout_s=5, connect_retries=0)
+    reply = meta([7, 8, 9], {"type": "stop", "matched": 2}, routed_experts=sglang_routing(6))
+    fake.scripted.append({"text": "xyz", "meta_info": reply})
+    if stream:
+        result = await engine.stream(url, PROMPT, SamplingParams(), lambda *_: None, 2)
+    else:
+        result = await engine.complete(url, PROMPT, SamplingParams(), 2)
+    await engine.aclose()
+    assert fake.requests[0]["return_routed_experts"] is True
+    experts = result.routed_experts
+    assert experts is not None and result.routing_missing is None
+    assert (experts.start, experts.shape) == (2, (4, 2, 2))
+    whole = np.frombuffer(base64.b64decode(sglang_routing(6)), dtype="<i4").reshape(6, 2, 2)
+    np.testing.assert_array_equal(experts.array(), whole[2:])
+
+
+async def test_sglang_routing_of_another_width_is_missing_not_a_failure(
+    url: str, fake: FakeSglangForTests
+) -> None:
+    engine = SglangEngine(MODEL, routing_shape=(3, 2), request_timeout_s=5, connect_retries=0)
+    reply = meta([7, 8, 9], {"type": "stop", "matched": 2}, routed_experts=sglang_routing(6))
+    fake.scripted.append({"text": "xyz", "meta_info": reply})
+    result = await engine.complete(url, PROMPT, SamplingParams(), 0)
+    await engine.aclose()
+    assert result.output_ids == [7, 8, 9] and result.routed_experts is None
+    assert result.routing_missing is not None
+    assert result.routing_missing.startswith("routed_experts has shape (4, 3, 2); the call needs 6")
+
+
+async def test_without_its_shape_sglang_cannot_return_routing(engine: EngineRouter) -> None:
+    assert not engine.returns_routing
+    shaped = SglangEngine(MODEL, routing_shape=(2, 2), request_timeout_s=5, connect_retries=0)
+    assert shaped.returns_routing
