@@ -177,11 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=3600.0,
     )
     print(f"{'layer':>5} {'agree':>7} {'compared':>8} {'ties':>5} {'agreement':>9}")
-    for layer in report.layers:
-        rate = layer.agree / layer.compared if layer.compared else float("nan")
-        print(f"{layer.layer:>5} {layer.agree:>7} {layer.compared:>8} {layer.ties:>5} {rate:>9.4f}")
-    total = report.agree / report.compared if report.compared else float("nan")
-    print(f"all layers: {report.agree}/{report.compared} agree ({total:.4f}), {report.ties} ties")
+    rows = [(str(layer), c) for layer, c in enumerate(report.layers())]
+    for name, counts in [*rows, ("all", report.total())]:
+        rate = counts.agree / counts.compared if counts.compared else float("nan")
+        print(f"{name:>5} {counts.agree:>7} {counts.compared:>8} {counts.ties:>5} {rate:>9.4f}")
     for mismatch in report.mismatches:
         print("mismatch:", mismatch)
     return 0

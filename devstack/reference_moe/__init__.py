@@ -19,12 +19,12 @@ Main-environment modules here need numpy only (never torch).
 """
 
 from .model import MOE_FAMILY, MoeShape, build_moe_model, ensure_moe_model, moe_fingerprint
-from .routing_check import LayerAgreement, RoutedSequence, RoutingReport, recompute_routing
+from .routing_check import Agreement, RoutedSequence, RoutingReport, recompute_routing
 from .server import ReferenceMoeServer
 
 __all__ = [
     "MOE_FAMILY",
-    "LayerAgreement",
+    "Agreement",
     "MoeShape",
     "ReferenceMoeServer",
     "RoutedSequence",

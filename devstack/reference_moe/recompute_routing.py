@@ -43,10 +43,7 @@ def main() -> None:
     model.eval()
     tolerance = float(request.get("tie_tolerance", TIE_TOLERANCE))
     k = int(model.config.num_experts_per_tok)
-    layers = 0
-    agree: list[int] = []
-    compared: list[int] = []
-    ties: list[int] = []
+    counts: dict[str, list[dict[str, int]]] = {}
     mismatches: list[dict[str, object]] = []
     for sequence in request["sequences"]:
         rows = stored_rows(sequence["routed_experts"])
@@ -58,45 +55,39 @@ def main() -> None:
                 output_router_logits=True,
                 use_cache=False,
             )
-        if not layers:
-            layers = len(out.router_logits)
-            agree, compared, ties = [0] * layers, [0] * layers, [0] * layers
+        layers = len(out.router_logits)
         if rows.ndim != 3 or rows.shape[1:] != (layers, k) or len(ids) != first + rows.shape[0]:
             raise SystemExit(
                 f"{sequence['name']}: stored routing {rows.shape} does not fit "
                 f"{len(sequence['token_ids'])} tokens from {first}, {layers} MoE layers, top-{k}"
             )
+        mine = counts[sequence["name"]] = [
+            {"agree": 0, "compared": 0, "ties": 0} for _ in range(layers)
+        ]
         for layer, logits in enumerate(out.router_logits):
             logits = logits.reshape(len(ids), -1)[first:].float().cpu()
             top = torch.topk(logits, k + 1, dim=-1)
             tied = (top.values[:, k - 1] - top.values[:, k]).abs() <= tolerance
             for row in range(rows.shape[0]):
                 if bool(tied[row]):
-                    ties[layer] += 1
+                    mine[layer]["ties"] += 1
                     continue
-                compared[layer] += 1
-                mine = sorted(int(e) for e in top.indices[row, :k])
-                theirs = sorted(int(e) for e in rows[row, layer])
-                if mine == theirs:
-                    agree[layer] += 1
+                mine[layer]["compared"] += 1
+                picked = sorted(int(e) for e in top.indices[row, :k])
+                stored = sorted(int(e) for e in rows[row, layer])
+                if picked == stored:
+                    mine[layer]["agree"] += 1
                 elif len(mismatches) < MISMATCHES_SHOWN:
                     mismatches.append(
                         {
                             "sequence": sequence["name"],
                             "token": first + row,
                             "layer": layer,
-                            "stored": theirs,
-                            "recomputed": mine,
+                            "stored": stored,
+                            "recomputed": picked,
                         }
                     )
-    report = {
-        "layers": [
-            {"layer": i, "agree": agree[i], "compared": compared[i], "ties": ties[i]}
-            for i in range(layers)
-        ],
-        "mismatches": mismatches,
-    }
-    json.dump(report, sys.stdout)
+    json.dump({"sequences": counts, "mismatches": mismatches}, sys.stdout)
 
 
 if __name__ == "__main__":

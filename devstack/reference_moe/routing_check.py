@@ -30,28 +30,34 @@ class RoutedSequence(BaseModel):
     first_token: int = Field(default=0, ge=0)
 
 
-class LayerAgreement(BaseModel):
-    layer: int
-    agree: int
-    compared: int
-    ties: int
+class Agreement(BaseModel):
+    """Of the (token, layer) choices: how many agree, were compared, or were ties."""
+
+    agree: int = 0
+    compared: int = 0
+    ties: int = 0
+
+    def __add__(self, other: Agreement) -> Agreement:
+        return Agreement(
+            agree=self.agree + other.agree,
+            compared=self.compared + other.compared,
+            ties=self.ties + other.ties,
+        )
 
 
 class RoutingReport(BaseModel):
-    layers: list[LayerAgreement]
-    mismatches: list[dict[str, object]]
+    sequences: dict[str, list[Agreement]] = Field(description="per sequence, per MoE layer")
+    mismatches: list[dict[str, object]] = Field(description="the first few, for a reader")
 
-    @property
-    def compared(self) -> int:
-        return sum(layer.compared for layer in self.layers)
+    def layers(self) -> list[Agreement]:
+        """Per MoE layer, over every sequence."""
+        per_layer = list(zip(*self.sequences.values(), strict=True))
+        return [sum(counts, Agreement()) for counts in per_layer]
 
-    @property
-    def agree(self) -> int:
-        return sum(layer.agree for layer in self.layers)
-
-    @property
-    def ties(self) -> int:
-        return sum(layer.ties for layer in self.layers)
+    def total(self, name: str | None = None) -> Agreement:
+        """Over every layer of sequence `name` (None: of every sequence)."""
+        rows = [self.sequences[name]] if name is not None else self.sequences.values()
+        return sum((c for layers in rows for c in layers), Agreement())
 
 
 def recompute_routing(

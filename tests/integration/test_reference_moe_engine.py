@@ -133,14 +133,19 @@ def test_independent_recomputation_agrees_and_catches_shifted_routing(
                 routed_experts=choice["routed_experts"],
             )
         )
-    report = recompute_routing(moe_model_dir, sequences)
-    assert report.compared + report.ties == 3 * (len(PROMPT) + 40 - 1) * LAYERS
-    assert report.agree == report.compared, report.mismatches
-    assert report.ties <= report.compared // 100
     # Control: the same rows one token late must disagree, so the check can fail.
-    shifted = [
-        s.model_copy(update={"token_ids": s.token_ids[1:] + s.token_ids[:1], "first_token": 0})
+    late = [
+        s.model_copy(
+            update={"name": f"late-{s.name}", "token_ids": s.token_ids[1:] + s.token_ids[:1]}
+        )
         for s in sequences
     ]
-    wrong = recompute_routing(moe_model_dir, shifted)
-    assert wrong.agree < wrong.compared * 0.6
+    report = recompute_routing(moe_model_dir, sequences + late)
+    for sequence in sequences:
+        counts = report.total(sequence.name)
+        assert counts.compared + counts.ties == (len(PROMPT) + 40 - 1) * LAYERS
+        assert counts.agree == counts.compared, report.mismatches
+        assert counts.ties <= counts.compared // 100
+    for sequence in late:
+        counts = report.total(sequence.name)
+        assert counts.agree < counts.compared * 0.6

@@ -172,26 +172,18 @@ def test_agent_tool_conversation_routing_is_recorded_and_recomputes(
     tokens = [*row.prompt_ids, *row.response_ids]
     assert routing.shape == (len(tokens) - 1, 3, 2) and routing.dtype == "uint8"
 
+    stored = vllm_encoding(routing)
     report = recompute_routing(
         moe_model_dir,
         [
-            RoutedSequence(
-                name=row.segment_id, token_ids=tokens, routed_experts=vllm_encoding(routing)
-            )
+            RoutedSequence(name="sample", token_ids=tokens, routed_experts=stored),
+            # Control: the same routing over the conversation one token late disagrees.
+            RoutedSequence(name="late", token_ids=tokens[1:] + tokens[:1], routed_experts=stored),
         ],
     )
-    assert report.compared + report.ties == (len(tokens) - 1) * 3
-    assert report.agree == report.compared, report.mismatches
-    assert report.ties <= report.compared // 100
-    # Control: the same routing over the conversation one token late disagrees.
-    late = recompute_routing(
-        moe_model_dir,
-        [
-            RoutedSequence(
-                name="late",
-                token_ids=tokens[1:] + tokens[:1],
-                routed_experts=vllm_encoding(routing),
-            )
-        ],
-    )
+    counts = report.total("sample")
+    assert counts.compared + counts.ties == (len(tokens) - 1) * 3
+    assert counts.agree == counts.compared, report.mismatches
+    assert counts.ties <= counts.compared // 100
+    late = report.total("late")
     assert late.agree < late.compared * 0.6
