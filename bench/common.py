@@ -174,6 +174,8 @@ def py_spy(pid: int, out: Path | None, fmt: str = "flamegraph") -> Iterator[None
     out.parent.mkdir(parents=True, exist_ok=True)
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
     argv = [spy, "record", "--pid", str(pid), "--rate", "250", "--nonblocking", "--gil"]
+    if fmt == "flamegraph":
+        argv.append("--nolineno")  # one box per function: a graph to read, and a small file
     proc = subprocess.Popen([*argv, "--format", fmt, "--output", str(out)],
                             stdout=subprocess.DEVNULL)  # fmt: skip
     try:

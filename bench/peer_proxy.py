@@ -117,7 +117,7 @@ def litellm_proxy(litellm: Path, vllm: VllmServer, key: str) -> Iterator[str]:
 
 
 class ShortChat:
-    """An 8-turn chat without tools: each reply (up to 24 tokens) is echoed, then a user turn."""
+    """A chat without tools: each reply (up to 24 tokens) is echoed, then a user turn."""
 
     path = "/chat/completions"
 
