@@ -172,7 +172,9 @@ def py_spy(pid: int, out: Path | None, fmt: str = "flamegraph") -> Iterator[None
         yield
         return
     out.parent.mkdir(parents=True, exist_ok=True)
-    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("py-spy is not installed: pip install -e '.[profile]'")
     argv = [spy, "record", "--pid", str(pid), "--rate", "250", "--nonblocking", "--gil"]
     if fmt == "flamegraph":
         argv.append("--nolineno")  # one box per function: a graph to read, and a small file

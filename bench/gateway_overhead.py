@@ -182,22 +182,17 @@ def main() -> None:
         gateways: list[tuple[str, GatewayProcess, bool]] = []
         suffix = ".svg" if args.py_spy_format == "flamegraph" else ".txt"
         try:
+            if args.before:
+                before = GatewayProcess(engine, model_dir, args.fsync, args.before)
+                gateways.append(("before", before, False))
+            for api in apis:
+                gw = GatewayProcess(engine, model_dir, args.fsync, None, api)
+                gateways.append(("gateway" if len(apis) == 1 else f"gw {api}", gw, True))
             with contextlib.ExitStack() as profiles:
-
-                def started(label: str, gw: GatewayProcess, scraped: bool) -> None:
-                    gateways.append((label, gw, scraped))
-                    out = (
-                        args.py_spy / f"{label.replace(' ', '-')}{suffix}" if args.py_spy else None
-                    )
+                for label, gw, _ in gateways:
+                    name = f"{label.replace(' ', '-')}{suffix}"
+                    out = args.py_spy / name if args.py_spy else None
                     profiles.enter_context(py_spy(gw.process.pid, out, args.py_spy_format))
-
-                if args.before:
-                    started(
-                        "before", GatewayProcess(engine, model_dir, args.fsync, args.before), False
-                    )
-                for api in apis:
-                    gw = GatewayProcess(engine, model_dir, args.fsync, None, api)
-                    started("gateway" if len(apis) == 1 else f"gw {api}", gw, True)
                 rows = measure(engine, gateways, args.conversations, args.turns)
         finally:
             for _, gw, _ in gateways:
