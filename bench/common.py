@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,3 +159,29 @@ class GatewayProcess:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def py_spy(pid: int, out: Path | None, fmt: str = "flamegraph") -> Iterator[None]:
+    """While the block runs, py-spy (the `profile` extra) samples the process `pid` and its
+    threads into `out` (`flamegraph`: an svg; `raw`: collapsed stacks, one per line). Only
+    the thread holding the GIL is sampled (`--gil`), so the profile is where the process's
+    Python work went, not where a thread waited (a syscall that released the GIL, or the
+    GIL itself). `out` None: nothing runs. Sampling does not pause the process."""
+    if out is None:
+        yield
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("py-spy is not installed: pip install -e '.[profile]'")
+    argv = [spy, "record", "--pid", str(pid), "--rate", "250", "--nonblocking", "--gil"]
+    if fmt == "flamegraph":
+        argv.append("--nolineno")  # one box per function: a graph to read, and a small file
+    proc = subprocess.Popen([*argv, "--format", fmt, "--output", str(out)],
+                            stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        proc.wait(timeout=60)

@@ -20,7 +20,9 @@ call to its last event; a stream that breaks the protocol counts as an error.
 
 Run: `python -m bench.gateway_load [--processes 1,2] [--sessions 100,500,2000]
 [--shared-port] [--large-every 0 --large-chars 60000] [--tokenize-offload-chars 16384]
-[--stream]`.
+[--stream] [--py-spy DIR]`. With `--py-spy` each run's gateway is sampled by py-spy
+over its measurement (`DIR/p<processes>-s<sessions>.svg`, or collapsed stacks with
+`--py-spy-format raw`; one process only, a supervisor's children are not sampled).
 """
 
 import argparse
@@ -42,7 +44,14 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.common import fixed_latency_engine, percentile, process_ticks, stop_process, wait_healthy
+from bench.common import (
+    fixed_latency_engine,
+    percentile,
+    process_ticks,
+    py_spy,
+    stop_process,
+    wait_healthy,
+)
 from bench.conversations import TOOL_OUTPUT, TOOLS
 from devstack.ports import consecutive_free_ports, free_port
 from devstack.tiny_model import ensure_tiny_model
@@ -413,7 +422,10 @@ def run_one(
             for url in controls:
                 wait_healthy(url, proc)
             created = asyncio.run(create_sessions(controls, sessions))
-            row = asyncio.run(drive(args, created, controls, proc.pid))
+            suffix = ".svg" if args.py_spy_format == "flamegraph" else ".txt"
+            out = args.py_spy / f"p{processes}-s{sessions}{suffix}" if args.py_spy else None
+            with py_spy(proc.pid, out if processes == 1 else None, args.py_spy_format):
+                row = asyncio.run(drive(args, created, controls, proc.pid))
         finally:
             stop_process(proc)
     return {"processes": processes, "sessions": sessions, **row}
@@ -435,6 +447,8 @@ def main() -> None:
     parser.add_argument("--tokenize-offload-chars", type=int, default=16384)
     parser.add_argument("--stream", action="store_true", help="streamed calls (SSE)")
     parser.add_argument("--json", action="store_true", help="print rows as JSON lines too")
+    parser.add_argument("--py-spy", type=Path, default=None, help="write py-spy profiles here")
+    parser.add_argument("--py-spy-format", choices=["flamegraph", "raw"], default="flamegraph")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children on the way out
     model = ensure_tiny_model()

@@ -18,7 +18,9 @@ With `--engine-api both` two gateways of this tree run side by side, one calling
 `/v1/completions`, one its token-in/token-out `/inference/v1/generate`.
 
 Run: `python -m bench.gateway_overhead [--conversations 8] [--turns 40] [--fsync off]
-[--before TREE] [--engine-api completions|generate|both]`. The tiny model never calls
+[--before TREE] [--engine-api completions|generate|both] [--py-spy DIR]`. With `--py-spy`
+each gateway process is sampled by py-spy for the whole run (`DIR/<label>.svg`, or
+collapsed stacks with `--py-spy-format raw`). The tiny model never calls
 tools, so every path forces the reply format with vLLM structured outputs; each path feeds
 its own sampled replies back.
 """
@@ -37,7 +39,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import GatewayProcess, percentile, wait_healthy
+from bench.common import GatewayProcess, percentile, py_spy, wait_healthy
 from bench.conversations import (
     VLLM_ARGS,
     Conversation,
@@ -162,6 +164,10 @@ def main() -> None:
         default="completions",
         help="how the gateway calls vLLM; both: two gateways of this tree side by side",
     )
+    parser.add_argument(
+        "--py-spy", type=Path, default=None, help="write a py-spy profile of each gateway here"
+    )
+    parser.add_argument("--py-spy-format", choices=["flamegraph", "raw"], default="flamegraph")
     args = parser.parse_args()
     model_dir = ensure_tiny_model()
     engine = (
@@ -174,6 +180,7 @@ def main() -> None:
         # (label, gateway, scrape its spans): `before` runs another tree, whose metrics
         # may differ, so only this tree's gateways are scraped.
         gateways: list[tuple[str, GatewayProcess, bool]] = []
+        suffix = ".svg" if args.py_spy_format == "flamegraph" else ".txt"
         try:
             if args.before:
                 before = GatewayProcess(engine, model_dir, args.fsync, args.before)
@@ -181,7 +188,12 @@ def main() -> None:
             for api in apis:
                 gw = GatewayProcess(engine, model_dir, args.fsync, None, api)
                 gateways.append(("gateway" if len(apis) == 1 else f"gw {api}", gw, True))
-            rows = measure(engine, gateways, args.conversations, args.turns)
+            with contextlib.ExitStack() as profiles:
+                for label, gw, _ in gateways:
+                    name = f"{label.replace(' ', '-')}{suffix}"
+                    out = args.py_spy / name if args.py_spy else None
+                    profiles.enter_context(py_spy(gw.process.pid, out, args.py_spy_format))
+                rows = measure(engine, gateways, args.conversations, args.turns)
         finally:
             for _, gw, _ in gateways:
                 gw.stop()
