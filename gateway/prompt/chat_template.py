@@ -138,6 +138,10 @@ class ChatTemplate:
     refuse (Qwen3.5, Mistral) or silently drop (gpt-oss, MiniMax-M2) a later one: agents
     send those (Claude Code its environment after the first user turn, Codex two developer
     messages), so every system message is folded into one leading message, in order.
+    `reasoning_beside_content` is False for templates that refuse an assistant message with
+    content, reasoning and tool calls together (gpt-oss: "Cannot pass both content and
+    thinking"); such a message is handed over without its reasoning, as vLLM hands it
+    (vLLM passes reasoning as `reasoning`, a field that template never reads).
     """
 
     def __init__(
@@ -161,7 +165,9 @@ class ChatTemplate:
         )
         self.one_system_message = False
         self.one_system_message = self._takes_one_system_message()
+        self.reasoning_beside_content = True
         self.tool_call_style, self.supports_tools, self.tool_names_via_ids = self._probe()
+        self.reasoning_beside_content = self._takes_reasoning_beside_content()
 
     def _compile(self, text: str) -> jinja2.Template:
         try:
@@ -192,7 +198,8 @@ class ChatTemplate:
             ]
         elif out["content"] is None:
             out["content"] = ""
-        if message.role == "assistant" and message.reasoning is not None:
+        refused = message.content and message.tool_calls and not self.reasoning_beside_content
+        if message.role == "assistant" and message.reasoning is not None and not refused:
             for field in self.reasoning_fields:
                 out[field] = message.reasoning
         if message.tool_call_id is not None:
@@ -258,9 +265,8 @@ class ChatTemplate:
     # -- probe ------------------------------------------------------------------------
 
     def _takes_one_system_message(self) -> bool:
-        """Whether a system message after the first user turn is refused or dropped while a
-        leading one renders (the conversation Claude Code sends). vLLM's Messages endpoint
-        folds only on refusal; a dropped one loses the agent's text, so we fold then too."""
+        """Whether a system message after the first user turn is refused, dropped or drops
+        the first one while a leading one renders (the conversation Claude Code sends)."""
 
         def conversation(*turns: tuple[str, str]) -> list[dict[str, Any]]:
             return [{"role": role, "content": content} for role, content in turns]
@@ -275,7 +281,22 @@ class ChatTemplate:
             text = self.render_dicts(conversation(*head, *late), None, True)
         except TemplateRenderError:
             return True
-        return _PROBE_LATE_SYSTEM not in text
+        # dropped: the later text, or the earlier one it replaced (DeepSeek-R1 keeps the last)
+        return _PROBE_LATE_SYSTEM not in text or "probe system prompt" not in text
+
+    def _takes_reasoning_beside_content(self) -> bool:
+        """Whether content, reasoning and tool calls in one assistant message render."""
+        if not (self.supports_tools and self.reasoning_fields):
+            return True
+        messages = _probe_messages()
+        messages[2] = messages[2].model_copy(
+            update={"content": "probe preamble", "reasoning": "probe thought"}
+        )
+        try:
+            self.render_dicts(self.message_dicts(messages), [_probe_tool()], True)
+        except TemplateRenderError:
+            return False
+        return True
 
     def _probe(self) -> tuple[ToolCallStyle, bool, bool]:
         """Pick the first style that renders and shows the tool call's name and arguments.
