@@ -94,6 +94,7 @@ _PROBE_TOOL = "probe_lookup_tool"
 _PROBE_KEY = "probe_key_q7"
 _PROBE_VALUE = "probe-value-z9"
 _PROBE_QUESTION = "probe question x3"
+_PROBE_SYSTEM = "probe system prompt"
 _PROBE_LATE_SYSTEM = "probe late system w4"
 
 
@@ -198,7 +199,7 @@ class ChatTemplate:
             ]
         elif out["content"] is None:
             out["content"] = ""
-        refused = message.content and message.tool_calls and not self.reasoning_beside_content
+        refused = bool(message.content and message.tool_calls) and not self.reasoning_beside_content
         if message.role == "assistant" and message.reasoning is not None and not refused:
             for field in self.reasoning_fields:
                 out[field] = message.reasoning
@@ -271,7 +272,7 @@ class ChatTemplate:
         def conversation(*turns: tuple[str, str]) -> list[dict[str, Any]]:
             return [{"role": role, "content": content} for role, content in turns]
 
-        head = (("system", "probe system prompt"), ("user", _PROBE_QUESTION))
+        head = (("system", _PROBE_SYSTEM), ("user", _PROBE_QUESTION))
         try:
             self.render_dicts(conversation(*head), None, True)
         except TemplateRenderError:
@@ -282,7 +283,7 @@ class ChatTemplate:
         except TemplateRenderError:
             return True
         # dropped: the later text, or the earlier one it replaced (DeepSeek-R1 keeps the last)
-        return _PROBE_LATE_SYSTEM not in text or "probe system prompt" not in text
+        return _PROBE_LATE_SYSTEM not in text or _PROBE_SYSTEM not in text
 
     def _takes_reasoning_beside_content(self) -> bool:
         """Whether content, reasoning and tool calls in one assistant message render."""
@@ -336,7 +337,7 @@ def _probe_messages() -> list[Message]:
         id=_PROBE_ID, name=_PROBE_TOOL, arguments=json.dumps({_PROBE_KEY: _PROBE_VALUE})
     )
     return [
-        Message(role="system", content="probe system prompt"),
+        Message(role="system", content=_PROBE_SYSTEM),
         Message(role="user", content=_PROBE_QUESTION),
         Message(role="assistant", content=None, tool_calls=[call]),
         Message(role="tool", content="probe result r5", tool_call_id=_PROBE_ID),

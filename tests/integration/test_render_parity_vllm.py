@@ -12,8 +12,9 @@ protocol conversion, planning and rendering all ran.
 Every pair is identical, or a row of `KNOWN` says exactly how it differs (first
 differing index, both lengths and the text of both ids from there) or who refuses it
 with which message, with its reason. A row that stops differing, or differs in another
-way, fails. When vLLM refuses a conversation the Gateway must refuse it too, as a 400
-carrying the template's own message.
+way, fails. When both refuse, the Gateway's 400 carries the template's own message, as
+vLLM's does; a case only vLLM refuses (its message conversion breaks the template) is a
+row too.
 """
 
 from __future__ import annotations
@@ -185,10 +186,7 @@ def _vllm_ids(rig: FamilyRig, protocol: Protocol, body: dict[str, Any]) -> list[
     if reply.status_code == 400:
         return _message(reply)
     assert reply.status_code == 200, reply.text
-    rendered = reply.json()
-    if isinstance(rendered, list):  # /v1/completions-like render replies: one per prompt
-        (rendered,) = rendered
-    return rendered["token_ids"]
+    return reply.json()["token_ids"]  # the engine request vLLM would run
 
 
 def _gateway_ids(rig: FamilyRig, protocol: Protocol, body: dict[str, Any]) -> list[int] | str:
