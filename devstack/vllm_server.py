@@ -6,6 +6,10 @@ transformers, so it lives in its own virtual environment under the cache directo
 `environments.vllm_cpu.ensure_vllm_venv` creates it on demand; :class:`VllmServer` runs
 ``python -m vllm.entrypoints.openai.api_server`` from it on a free loopback port (its
 ``vllm`` CLI looks for a ``vllm`` distribution and fails for ``vllm-cpu``).
+``render_only`` runs vLLM's GPU-less render server instead (``vllm launch render``, as
+the module ``vllm.entrypoints.launchers.render.entry``): ``/tokenize`` and the
+``/v1/chat/completions/render``, ``/v1/messages/render`` and ``/v1/responses/render``
+endpoints, no weights loaded, ``/health`` in ~10 s.
 
 Verified against vllm-cpu 0.32.0 serving the tiny model (2-core box, no GPU):
 
@@ -109,6 +113,11 @@ class VllmServerConfig(BaseModel):
     log_path: Path | None = Field(default=None, description="None: a file in the temp dir")
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
+    render_only: bool = Field(
+        default=False,
+        description="vLLM's GPU-less render server (`vllm launch render`): the render "
+        "endpoints and /tokenize, no weights loaded, ~10 s to start",
+    )
 
     @classmethod
     def trainable(cls, model_dir: Path, **overrides: Any) -> VllmServerConfig:
@@ -153,6 +162,25 @@ class VllmServer:
 
     def command(self, python: Path) -> list[str]:
         cfg = self.config
+        if cfg.render_only:
+            return [
+                str(python),
+                "-m",
+                # `vllm launch render` as a module (the CLI fails on the dist name); it
+                # takes the model by flag only (the CLI maps its positional to it).
+                "vllm.entrypoints.launchers.render.entry",
+                "--model",
+                str(cfg.model_dir),
+                "--served-model-name",
+                cfg.served_model_name,
+                "--host",
+                cfg.host,
+                "--port",
+                str(self.port),
+                "--max-model-len",
+                str(cfg.max_model_len),
+                *cfg.extra_args,
+            ]
         return [
             str(python),
             "-m",

@@ -94,6 +94,7 @@ _PROBE_TOOL = "probe_lookup_tool"
 _PROBE_KEY = "probe_key_q7"
 _PROBE_VALUE = "probe-value-z9"
 _PROBE_QUESTION = "probe question x3"
+_PROBE_SYSTEM = "probe system prompt"
 _PROBE_LATE_SYSTEM = "probe late system w4"
 
 
@@ -138,6 +139,10 @@ class ChatTemplate:
     refuse (Qwen3.5, Mistral) or silently drop (gpt-oss, MiniMax-M2) a later one: agents
     send those (Claude Code its environment after the first user turn, Codex two developer
     messages), so every system message is folded into one leading message, in order.
+    `reasoning_beside_content` is False for templates that refuse an assistant message with
+    content, reasoning and tool calls together (gpt-oss: "Cannot pass both content and
+    thinking"); such a message is handed over without its reasoning, as vLLM hands it
+    (vLLM passes reasoning as `reasoning`, a field that template never reads).
     """
 
     def __init__(
@@ -161,7 +166,9 @@ class ChatTemplate:
         )
         self.one_system_message = False
         self.one_system_message = self._takes_one_system_message()
+        self.reasoning_beside_content = True
         self.tool_call_style, self.supports_tools, self.tool_names_via_ids = self._probe()
+        self.reasoning_beside_content = self._takes_reasoning_beside_content()
 
     def _compile(self, text: str) -> jinja2.Template:
         try:
@@ -192,7 +199,8 @@ class ChatTemplate:
             ]
         elif out["content"] is None:
             out["content"] = ""
-        if message.role == "assistant" and message.reasoning is not None:
+        refused = bool(message.content and message.tool_calls) and not self.reasoning_beside_content
+        if message.role == "assistant" and message.reasoning is not None and not refused:
             for field in self.reasoning_fields:
                 out[field] = message.reasoning
         if message.tool_call_id is not None:
@@ -258,14 +266,13 @@ class ChatTemplate:
     # -- probe ------------------------------------------------------------------------
 
     def _takes_one_system_message(self) -> bool:
-        """Whether a system message after the first user turn is refused or dropped while a
-        leading one renders (the conversation Claude Code sends). vLLM's Messages endpoint
-        folds only on refusal; a dropped one loses the agent's text, so we fold then too."""
+        """Whether a system message after the first user turn is refused, dropped or drops
+        the first one while a leading one renders (the conversation Claude Code sends)."""
 
         def conversation(*turns: tuple[str, str]) -> list[dict[str, Any]]:
             return [{"role": role, "content": content} for role, content in turns]
 
-        head = (("system", "probe system prompt"), ("user", _PROBE_QUESTION))
+        head = (("system", _PROBE_SYSTEM), ("user", _PROBE_QUESTION))
         try:
             self.render_dicts(conversation(*head), None, True)
         except TemplateRenderError:
@@ -275,7 +282,22 @@ class ChatTemplate:
             text = self.render_dicts(conversation(*head, *late), None, True)
         except TemplateRenderError:
             return True
-        return _PROBE_LATE_SYSTEM not in text
+        # dropped: the later text, or the earlier one it replaced (DeepSeek-R1 keeps the last)
+        return _PROBE_LATE_SYSTEM not in text or _PROBE_SYSTEM not in text
+
+    def _takes_reasoning_beside_content(self) -> bool:
+        """Whether content, reasoning and tool calls in one assistant message render."""
+        if not (self.supports_tools and self.reasoning_fields):
+            return True
+        messages = _probe_messages()
+        messages[2] = messages[2].model_copy(
+            update={"content": "probe preamble", "reasoning": "probe thought"}
+        )
+        try:
+            self.render_dicts(self.message_dicts(messages), [_probe_tool()], True)
+        except TemplateRenderError:
+            return False
+        return True
 
     def _probe(self) -> tuple[ToolCallStyle, bool, bool]:
         """Pick the first style that renders and shows the tool call's name and arguments.
@@ -315,7 +337,7 @@ def _probe_messages() -> list[Message]:
         id=_PROBE_ID, name=_PROBE_TOOL, arguments=json.dumps({_PROBE_KEY: _PROBE_VALUE})
     )
     return [
-        Message(role="system", content="probe system prompt"),
+        Message(role="system", content=_PROBE_SYSTEM),
         Message(role="user", content=_PROBE_QUESTION),
         Message(role="assistant", content=None, tool_calls=[call]),
         Message(role="tool", content="probe result r5", tool_call_id=_PROBE_ID),

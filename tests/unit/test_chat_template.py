@@ -249,6 +249,7 @@ ANSWER = Message(role="assistant", content="Sure.")
         ("mistral-nemo", True),  # raise_exception: only an initial system message
         ("gpt-oss", True),  # renders only the first one: the later text is lost
         ("minimax-m2", True),
+        ("deepseek-r1-distill-qwen", True),  # keeps the last one: the earlier text is lost
         ("qwen3", False),  # renders each where it stands
         ("glm-4.7-flash", False),
     ],
@@ -283,3 +284,22 @@ def test_folding_gathers_leading_and_later_system_messages_and_keeps_a_lone_one(
         "assistant",
     ]
     assert t.message_dicts([SYSTEM, USER]) == real("qwen3").message_dicts([SYSTEM, USER])
+
+
+def test_content_reasoning_and_calls_drop_the_reasoning_where_the_template_refuses_both() -> None:
+    """gpt-oss's template refuses content beside `thinking` on a call turn; vLLM renders the
+    message (its reasoning field is one that template never reads): so do we, and only
+    for that message shape."""
+    t = real("gpt-oss")
+    assert t.reasoning_beside_content is False
+    assert real("qwen3.5").reasoning_beside_content is True
+    call = ToolCall(id="call00001", name="probe_lookup_tool", arguments='{"k": "v"}')
+    both = Message(
+        role="assistant", content="Let me look.", reasoning="I should look.", tool_calls=[call]
+    )
+    out = t.render([USER, both], add_generation_prompt=False)
+    assert "Let me look." in out and "I should look." not in out
+    without = both.model_copy(update={"reasoning": None})
+    assert out == t.render([USER, without], add_generation_prompt=False)
+    only_reasoning = both.model_copy(update={"content": None})
+    assert "I should look." in t.render([USER, only_reasoning], add_generation_prompt=False)
