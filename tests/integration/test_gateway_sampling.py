@@ -24,13 +24,12 @@ from activities.session import GatewayAccess, SessionActivities
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
 from rollout_client.storage import read_samples, write_samples
-from schemas.evaluation import EvaluationResult
-from schemas.outcome import RolloutStatus, RunOutcome
-from schemas.rollout import CollectRequest, SessionRef, SessionRequest
+from schemas.rollout import SessionRequest
 from schemas.samples import SCHEMA_VERSION, table_to_rows
 from schemas.sampling import SamplingControl, SamplingParams
 from schemas.tasks import HarnessSpec
 from schemas.trajectory import Trajectory
+from tests.fixtures.collect import collect_request
 from tests.fixtures.gateway import RecordingProxy
 from workers.local_stack import InProcessGateway
 
@@ -271,32 +270,6 @@ async def test_the_create_session_activity_hands_the_control_to_the_gateway(
     assert sent_sampling(proxy) == {"temperature": 1.0, "top_p": 0.4}
 
 
-def collect_request(session: dict[str, Any]) -> CollectRequest:
-    """What the collect step is given for a finished, rewarded rollout of `session`."""
-    outcome = RunOutcome(
-        status=RolloutStatus.ok,
-        evaluation=EvaluationResult(
-            status="ok", reward=1.0, verdict="pass", reward_fn_version="rf"
-        ),
-        harness="command",
-        harness_version="1",
-        reward_fn_version="rf",
-    )
-    return CollectRequest(
-        rollout_id="r-1",
-        batch_id="b",
-        task_id="t",
-        group_id="b-t",
-        sample_index=0,
-        seed=11,
-        session=SessionRef(**session, gateway_url="http://unused", owner_queue="q"),
-        env_version="env",
-        outcome=outcome,
-        sampling=SamplingParams.model_validate(POLICY),
-        output="unused",
-    )
-
-
 def test_samples_carry_each_calls_settings_across_a_segment(
     proxied: tuple[InProcessGateway, RecordingProxy], tmp_path: Path
 ) -> None:
@@ -328,7 +301,7 @@ def test_samples_carry_each_calls_settings_across_a_segment(
     trajectory = Trajectory.model_validate(gw.trajectory(session["session_id"]))
     [segment] = trajectory.segments
     assert len(segment.call_ids) == 3 and len(segment.call_starts) == 3
-    [row] = build_rows(trajectory, collect_request(session))
+    [row] = build_rows(trajectory, collect_request(session, POLICY))
     calls = {c.call_id: c for c in trajectory.calls}
     assert row.call_sampling == [sampling_json(calls[c].sampling) for c in segment.call_ids]
     assert len(set(row.call_sampling)) == 3 and row.sampling == row.call_sampling[0]

@@ -28,13 +28,10 @@ from tokenizers import Tokenizer
 from activities.samples import build_rows
 from devstack.reference_moe import ReferenceMoeServer, RoutedSequence, recompute_routing
 from rollout_client.storage import read_samples, write_samples
-from schemas.evaluation import EvaluationResult
-from schemas.outcome import RolloutStatus, RunOutcome
-from schemas.rollout import CollectRequest, SessionRef
 from schemas.routing import RoutedExperts
 from schemas.samples import table_to_rows
-from schemas.sampling import SamplingParams
 from schemas.trajectory import Trajectory
+from tests.fixtures.collect import collect_request
 from tests.fixtures.reference_moe import moe_engine, moe_model_dir  # noqa: F401
 from tests.fixtures.vllm import vllm_python  # noqa: F401
 
@@ -110,31 +107,6 @@ def run_agent(session: dict[str, Any], tok: Tokenizer) -> list[str]:
     raise AssertionError("unreachable")
 
 
-def collect_request(session: dict[str, Any]) -> CollectRequest:
-    outcome = RunOutcome(
-        status=RolloutStatus.ok,
-        evaluation=EvaluationResult(
-            status="ok", reward=1.0, verdict="pass", reward_fn_version="rf"
-        ),
-        harness="command",
-        harness_version="1",
-        reward_fn_version="rf",
-    )
-    return CollectRequest(
-        rollout_id="r-moe",
-        batch_id="b",
-        task_id="t",
-        group_id="b-t",
-        sample_index=0,
-        seed=5,
-        session=SessionRef(**session, gateway_url="http://unused", owner_queue="q"),
-        env_version="env",
-        outcome=outcome,
-        sampling=SamplingParams.model_validate(POLICY),
-        output="unused",
-    )
-
-
 def vllm_encoding(routing: RoutedExperts) -> str:
     """A stored routing in vLLM's wire encoding (base64 `.npy`), as the check reads it."""
     buffer = io.BytesIO()
@@ -165,7 +137,9 @@ def test_agent_tool_conversation_routing_is_recorded_and_recomputes(
     assert segment.routing_rereads > 0 and segment.routing_reread_differs == 0
 
     path = tmp_path / "samples.parquet"
-    write_samples(build_rows(trajectory, collect_request(session)), path)
+    write_samples(
+        build_rows(trajectory, collect_request(session, POLICY, rollout_id="r-moe")), path
+    )
     [row] = table_to_rows(read_samples(path))
     routing = row.routed_experts
     assert routing is not None
