@@ -232,13 +232,22 @@ class ChatTemplate:
         messages: Sequence[Message],
         tools: Sequence[Tool] = (),
         add_generation_prompt: bool = True,
-        *,
-        fold: bool | None = None,
         **template_kwargs: Any,
     ) -> str:
-        """Render canonical messages; raises `TemplateRenderError` with the template's reason.
+        """Render canonical messages; raises `TemplateRenderError` with the template's reason."""
+        return self.render_with_fold(messages, tools, add_generation_prompt, None, template_kwargs)
 
-        `fold` as `message_dicts` takes it."""
+    def render_with_fold(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool],
+        add_generation_prompt: bool,
+        fold: bool | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> str:
+        """`render` with the fold decided by the caller (`message_dicts`): a window renders
+        part of a conversation whose whole decides it. The kwargs come as one mapping so
+        that a template variable can never be taken for `fold`."""
         return self.render_dicts(
             self.message_dicts(messages, fold=fold),
             [_tool_dict(t) for t in tools],

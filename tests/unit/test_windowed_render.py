@@ -339,14 +339,15 @@ def test_windowing_is_probed_per_template_kwargs_and_can_be_disabled() -> None:
 
 
 class RecordingTemplate(ChatTemplate):
-    """Records how many messages and rendered characters each `render` call handled."""
+    """Records how many messages and rendered characters each render handled (every
+    render goes through `render_with_fold`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[int, int]] = []
 
-    def render(self, messages: Sequence[Message], *args: Any, **kwargs: Any) -> str:
-        text = super().render(messages, *args, **kwargs)
+    def render_with_fold(self, messages: Sequence[Message], *args: Any) -> str:
+        text = super().render_with_fold(messages, *args)
         self.calls.append((len(messages), len(text)))
         return text
 

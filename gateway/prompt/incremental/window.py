@@ -80,12 +80,8 @@ class WindowRenderer:
         # render, though the window does not hold it.
         fold = self.template.folds_system_messages(messages)
         try:
-            text = self.template.render(
-                [*messages[:n], *messages[held - 1 :]],
-                tools,
-                add_generation_prompt=True,
-                fold=fold,
-                **kwargs,
+            text = self.template.render_with_fold(
+                [*messages[:n], *messages[held - 1 :]], tools, True, fold, kwargs
             )
         except TemplateRenderError as exc:
             return f"window render failed: {exc}"
@@ -93,9 +89,7 @@ class WindowRenderer:
         cached = self.heads.get(key)
         if cached is None or not text.startswith(cached[0]):
             try:
-                head_text = self.template.render(
-                    messages[:n], tools, add_generation_prompt=False, fold=fold, **kwargs
-                )
+                head_text = self.template.render_with_fold(messages[:n], tools, False, fold, kwargs)
             except TemplateRenderError as exc:
                 return f"window head render failed: {exc}"
             if len(self.heads) >= _MAX_CACHED_HEADS:
