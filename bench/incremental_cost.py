@@ -39,15 +39,15 @@ TOOL_OUTPUT = "total 8\n-rw-r--r-- 1 root root 42 hello.py\n-rw-r--r-- 1 root ro
 
 
 class Recording(ChatTemplate):
-    """Counts the messages passed to `render` per call."""
+    """Counts the messages passed to `render_with_fold` (every render goes there) per call."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rendered: list[int] = []
 
-    def render(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+    def render_with_fold(self, messages: Any, *args: Any) -> str:
         self.rendered.append(len(messages))
-        return super().render(messages, *args, **kwargs)
+        return super().render_with_fold(messages, *args)
 
 
 def reply_for(turn: int) -> tuple[Message, str]:

@@ -25,7 +25,12 @@ class ToolCall(CanonicalModel):
 
 
 class Message(CanonicalModel):
-    """One chat message in the model's terms (developer is folded into system)."""
+    """One chat message in the model's terms.
+
+    A developer message is a system one with `developer` set: templates know system only,
+    but a developer message in the conversation changes how vLLM renders its system
+    messages (`ChatTemplate.folds_system_messages`).
+    """
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
@@ -33,6 +38,7 @@ class Message(CanonicalModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None
+    developer: bool = False
 
 
 class Tool(CanonicalModel):

@@ -32,9 +32,9 @@ class ConvToolCall(StrictModel):
 
 
 class ConvMessage(StrictModel):
-    """One message in protocol terms (a developer message is a system one)."""
+    """One message in protocol terms."""
 
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
     reasoning: str | None = None
     tool_calls: list[ConvToolCall] = Field(default_factory=list)

@@ -212,7 +212,7 @@ class StoredRequest:
 def conv_message(m: Message) -> ConvMessage:
     """A canonical message as the conversation record keeps it (text fields clipped)."""
     return ConvMessage(
-        role=m.role,
+        role="developer" if m.developer else m.role,
         content=clip_text(m.content),
         reasoning=clip_text(m.reasoning),
         tool_calls=_conv_tool_calls(m.tool_calls),

@@ -139,6 +139,9 @@ class ChatTemplate:
     refuse (Qwen3.5, Mistral) or silently drop (gpt-oss, MiniMax-M2) a later one: agents
     send those (Claude Code its environment after the first user turn, Codex two developer
     messages), so every system message is folded into one leading message, in order.
+    `developer_role` is True when the template names the developer role (vLLM's test: the
+    quoted word). Without it, vLLM folds the same way whenever a developer message is in
+    the conversation; `folds_system_messages` decides both.
     `reasoning_beside_content` is False for templates that refuse an assistant message with
     content, reasoning and tool calls together (gpt-oss: "Cannot pass both content and
     thinking"); such a message is handed over without its reasoning, as vLLM hands it
@@ -164,6 +167,7 @@ class ChatTemplate:
         self.reasoning_fields = tuple(
             f for f in _REASONING_FIELDS if re.search(rf"\b{f}\b", template_text)
         )
+        self.developer_role = any(f"{q}developer{q}" in template_text for q in "'\"")
         self.one_system_message = False
         self.one_system_message = self._takes_one_system_message()
         self.reasoning_beside_content = True
@@ -178,12 +182,24 @@ class ChatTemplate:
 
     # -- conversion -------------------------------------------------------------------
 
-    def message_dicts(
-        self, messages: Sequence[Message], style: ToolCallStyle | None = None
-    ) -> list[dict[str, Any]]:
-        """Canonical messages as the dicts this template expects."""
-        style = style or self.tool_call_style
+    def folds_system_messages(self, messages: Sequence[Message]) -> bool:
+        """Whether every system message of this conversation goes into one leading one.
+
+        Decided over the whole conversation: a window rendering part of it must be told."""
         if self.one_system_message:
+            return True
+        return not self.developer_role and any(m.developer for m in messages)
+
+    def message_dicts(
+        self,
+        messages: Sequence[Message],
+        style: ToolCallStyle | None = None,
+        fold: bool | None = None,
+    ) -> list[dict[str, Any]]:
+        """Canonical messages as the dicts this template expects (`fold`: None decides
+        from `messages`)."""
+        style = style or self.tool_call_style
+        if self.folds_system_messages(messages) if fold is None else fold:
             messages = _fold_system_messages(messages)
         return [self._message_dict(m, style) for m in messages]
 
@@ -219,8 +235,21 @@ class ChatTemplate:
         **template_kwargs: Any,
     ) -> str:
         """Render canonical messages; raises `TemplateRenderError` with the template's reason."""
+        return self.render_with_fold(messages, tools, add_generation_prompt, None, template_kwargs)
+
+    def render_with_fold(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool],
+        add_generation_prompt: bool,
+        fold: bool | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> str:
+        """`render` with the fold decided by the caller (`message_dicts`): a window renders
+        part of a conversation whose whole decides it. The kwargs come as one mapping so
+        that a template variable can never be taken for `fold`."""
         return self.render_dicts(
-            self.message_dicts(messages),
+            self.message_dicts(messages, fold=fold),
             [_tool_dict(t) for t in tools],
             add_generation_prompt,
             **template_kwargs,
@@ -324,11 +353,12 @@ class ChatTemplate:
 
 
 def _fold_system_messages(messages: Sequence[Message]) -> Sequence[Message]:
-    """Every system message's text, in order, as one leading system message."""
+    """Every system message's text, in order, as one leading system message (empty ones
+    skipped, as vLLM merges them)."""
     systems = [m for m in messages if m.role == "system"]
     if not systems or (len(systems) == 1 and messages[0].role == "system"):
         return messages
-    folded = Message(role="system", content="\n\n".join(m.content or "" for m in systems))
+    folded = Message(role="system", content="\n\n".join(m.content for m in systems if m.content))
     return [folded, *(m for m in messages if m.role != "system")]
 
 

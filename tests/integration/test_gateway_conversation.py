@@ -132,3 +132,24 @@ def test_a_text_past_the_cap_is_clipped_saying_how_much(gw: Any) -> None:
     chat_round_trip(small, huge[:CONVERSATION_TEXT_CHARS])
     kept = conversations(gw, small["session_id"])[1].messages[0].content
     assert kept == huge[:CONVERSATION_TEXT_CHARS]
+
+
+def test_a_developer_message_is_recorded_as_one(gw: Any) -> None:
+    """The record keeps the client's roles: a developer message (rendered as a system one)
+    stays a developer message beside a system one."""
+    session = gw.create_session()
+    client = openai.OpenAI(base_url=session["openai_base_url"], api_key=session["token"])
+    client.chat.completions.create(
+        model="tiny-qwen3",
+        messages=[
+            {"role": "system", "content": SYSTEM},
+            {"role": "developer", "content": "Answer in English."},
+            {"role": "user", "content": "hello.py?"},
+        ],
+    )
+    [call] = conversations(gw, session["session_id"])
+    assert [(m.role, m.content) for m in call.messages] == [
+        ("system", SYSTEM),
+        ("developer", "Answer in English."),
+        ("user", "hello.py?"),
+    ]

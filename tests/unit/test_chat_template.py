@@ -286,6 +286,37 @@ def test_folding_gathers_leading_and_later_system_messages_and_keeps_a_lone_one(
     assert t.message_dicts([SYSTEM, USER]) == real("qwen3").message_dicts([SYSTEM, USER])
 
 
+DEVELOPER = Message(role="system", content="Answer in English.", developer=True)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "glm-4.7-flash", "llama3.1"])
+def test_a_developer_message_folds_every_system_message_where_the_template_has_no_developer_role(
+    name: str,
+) -> None:
+    """vLLM's rule: with a developer message in the conversation and no developer role in
+    the template, every system message goes, in order, into one leading one (empty ones
+    skipped). These templates otherwise render a later system message where it stands."""
+    t = real(name)
+    assert not t.developer_role and not t.one_system_message
+    empty = Message(role="system", content="")
+    out = t.render([SYSTEM, USER, DEVELOPER, empty, ANSWER, USER])
+    folded = Message(role="system", content="You are terse.\n\nAnswer in English.")
+    assert out == t.render([folded, USER, ANSWER, USER])
+    # control: the same text as a plain system message stays where it stands
+    plain = DEVELOPER.model_copy(update={"developer": False})
+    in_place = t.render([SYSTEM, USER, plain, ANSWER, USER])
+    assert in_place.index("hi") < in_place.index("Answer in English.") < in_place.index("Sure.")
+    # a lone leading developer message is left as it is, as vLLM leaves it
+    assert t.render([DEVELOPER, USER]) == t.render([plain, USER])
+
+
+def test_only_gpt_oss_names_the_developer_role() -> None:
+    """vLLM hands a developer message over as such where the template's text names the
+    role; of the shipped templates only gpt-oss does (it folds anyway: one system message)."""
+    assert [n for n in template_names() if real(n).developer_role] == ["gpt-oss"]
+    assert real("gpt-oss").folds_system_messages([SYSTEM, USER])
+
+
 def test_content_reasoning_and_calls_drop_the_reasoning_where_the_template_refuses_both() -> None:
     """gpt-oss's template refuses content beside `thinking` on a call turn; vLLM renders the
     message (its reasoning field is one that template never reads): so do we, and only

@@ -257,13 +257,24 @@ def test_body_not_json_or_not_object() -> None:
     assert "JSON object" in _error(b"[1, 2]").message
 
 
-def test_developer_is_system_and_assistant_content_optional() -> None:
+def test_developer_is_a_system_message_that_remembers_it_and_assistant_content_optional() -> None:
+    """A developer message renders as a system one, but stays marked: its presence changes
+    how templates without a developer role get the system messages (vLLM folds them all)."""
     req = parse_chat_request(
         base_request(
-            messages=[{"role": "developer", "content": "d"}, {"role": "assistant", "content": None}]
+            messages=[
+                {"role": "developer", "content": "d"},
+                {"role": "system", "content": "s"},
+                {"role": "assistant", "content": None},
+            ]
         )
     )
-    assert req.messages[0].role == "system" and req.messages[1].content is None
+    assert [(m.role, m.developer) for m in req.messages] == [
+        ("system", True),
+        ("system", False),
+        ("assistant", False),
+    ]
+    assert req.messages[2].content is None
 
 
 # --- reply bodies -------------------------------------------------------------------------------

@@ -190,6 +190,7 @@ def test_codex_turn_conversion() -> None:
     assert [m.role for m in req.messages] == [
         "system", "system", "user", "user", "assistant", "tool", "tool",
     ]  # fmt: skip
+    assert [m.developer for m in req.messages[:3]] == [True, True, False]
     turn = req.messages[4]
     assert turn == Message(
         role="assistant", content=CONTENT, reasoning=REASONING, tool_calls=TOOL_CALLS

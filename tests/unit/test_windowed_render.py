@@ -284,6 +284,46 @@ def test_the_head_is_rendered_again_when_it_changes() -> None:
     assert "Today Date: 03 Jan 2025" in head_text and not others  # replaced, not added
 
 
+def test_a_developer_message_the_window_does_not_hold_still_folds_its_system_messages() -> None:
+    """Qwen3 has no developer role, so a developer message anywhere folds every system
+    message into the leading one (vLLM's rule). Codex-like: the developer message comes
+    after the first user turn, in the held middle a window skips; a system message arrives
+    later. Each call's window must plan the full render's ids."""
+    planners = {mode: planner_for("qwen3", windowing=mode) for mode in (True, False)}
+    held: dict[bool, list[HeldSegment]] = {True: [], False: []}
+    developer = Message(role="system", content="Answer in English.", developer=True)
+    late_system = Message(role="system", content="Working directory: /workspace")
+    history = [Message(role="system", content="Be useful."), Message(role="user", content="Hi")]
+    history += [developer]
+    plans = []
+    for turn in range(4):
+        if turn:
+            history += [Message(role="assistant", content=f"Answer {turn - 1}.")]
+            history += [late_system] if turn == 3 else []
+            history += [Message(role="user", content=f"Question {turn}?")]
+        step = {}
+        for mode, p in planners.items():
+            step[mode] = p.prepare(held[mode], history, TOOLS)
+            out = p.tokenizer.encode(f"Answer {turn}.<|im_end|>")
+            reply = Message(role="assistant", content=f"Answer {turn}.")
+            p.commit(held[mode], step[mode], out, [0.0] * len(out), reply, True)
+        plans.append(step)
+    # control: the last window alone holds no developer message, so would not fold
+    template = planners[True].template
+    window = [*history[:2], *history[-3:]]  # the head, our previous reply and the new ones
+    assert late_system in window and developer not in window
+    assert not template.folds_system_messages(window) and template.folds_system_messages(history)
+    for i, step in enumerate(plans):
+        assert step[True].prompt_ids == step[False].prompt_ids, f"call {i}"
+        assert (step[True].kind, step[True].new_text) == (step[False].kind, step[False].new_text)
+    assert [s[True].rendered for s in plans[1:3]] == ["window", "window"]
+    # the late system message joins the leading one: the held prompt no longer holds
+    last = plans[-1]
+    assert last[False].kind is MatchKind.fork
+    assert last[True].window_fallback == "the head rendered alone is not a prefix of the window"
+    assert "Be useful.\n\nAnswer in English.\n\nWorking directory" in last[True].new_text
+
+
 def test_windowing_is_probed_per_template_kwargs_and_can_be_disabled() -> None:
     text = chat_template_text()
     planner = qwen_planner(text)
@@ -299,14 +339,15 @@ def test_windowing_is_probed_per_template_kwargs_and_can_be_disabled() -> None:
 
 
 class RecordingTemplate(ChatTemplate):
-    """Records how many messages and rendered characters each `render` call handled."""
+    """Records how many messages and rendered characters each render handled (every
+    render goes through `render_with_fold`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[int, int]] = []
 
-    def render(self, messages: Sequence[Message], *args: Any, **kwargs: Any) -> str:
-        text = super().render(messages, *args, **kwargs)
+    def render_with_fold(self, messages: Sequence[Message], *args: Any) -> str:
+        text = super().render_with_fold(messages, *args)
         self.calls.append((len(messages), len(text)))
         return text
 

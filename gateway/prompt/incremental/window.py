@@ -46,7 +46,8 @@ class WindowRenderer:
     """Renders windows of one template and locates our previous reply's end in them.
 
     `heads` caches each head rendered alone with its marker count, keyed by the head's
-    message keys and the tools and kwargs hashes (at most 64, oldest dropped first).
+    message keys, the tools and kwargs hashes and whether system messages fold (at most
+    64, oldest dropped first).
     """
 
     def __init__(self, template: ChatTemplate, markers: EndOfTurnMarkers) -> None:
@@ -75,19 +76,20 @@ class WindowRenderer:
         n = head_length(messages, head)
         if n >= held - 1:
             return WHOLE_CONVERSATION
+        # A developer message in the held middle decides how the window's system messages
+        # render, though the window does not hold it.
+        fold = self.template.folds_system_messages(messages)
         try:
-            text = self.template.render(
-                [*messages[:n], *messages[held - 1 :]], tools, add_generation_prompt=True, **kwargs
+            text = self.template.render_with_fold(
+                [*messages[:n], *messages[held - 1 :]], tools, True, fold, kwargs
             )
         except TemplateRenderError as exc:
             return f"window render failed: {exc}"
-        key = (tuple(keys[:n]), *hashes)
+        key = (tuple(keys[:n]), *hashes, fold)
         cached = self.heads.get(key)
         if cached is None or not text.startswith(cached[0]):
             try:
-                head_text = self.template.render(
-                    messages[:n], tools, add_generation_prompt=False, **kwargs
-                )
+                head_text = self.template.render_with_fold(messages[:n], tools, False, fold, kwargs)
             except TemplateRenderError as exc:
                 return f"window head render failed: {exc}"
             if len(self.heads) >= _MAX_CACHED_HEADS:

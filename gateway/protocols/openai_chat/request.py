@@ -218,7 +218,8 @@ def _sampling(req: ChatCompletionRequest) -> SamplingParams:
 
 
 def _to_message(m: _ChatMessage) -> Message:
-    role = "system" if m.role == "developer" else m.role
+    developer = m.role == "developer"
+    role = "system" if developer else m.role
     reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content
     return Message(
         role=role,
@@ -230,4 +231,5 @@ def _to_message(m: _ChatMessage) -> Message:
         ],
         tool_call_id=m.tool_call_id if role == "tool" else None,
         name=m.name,
+        developer=developer,
     )

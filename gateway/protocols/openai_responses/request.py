@@ -308,7 +308,8 @@ def _convert_input(
                 history.assistant_text(text)
             else:
                 role = "user" if msg.role == "user" else "system"
-                history.add(Message(role=role, content=text))
+                developer = msg.role == "developer"
+                history.add(Message(role=role, content=text, developer=developer))
         elif kind == "function_call":
             fc = validate_at(_FunctionCallItem, raw, where)
             name = f"{fc.namespace}{NAMESPACE_SEP}{fc.name}" if fc.namespace else fc.name
