@@ -316,10 +316,11 @@ class VllmEngine:
         content = await self._read(url, resp)
         generate = self.api == "generate"
         lean = lean_completion(url, prompt_ids, content, generate)
-        if lean is not None and routing_from is None:
-            return lean[0]
         if lean is not None:
-            return self._with_routing(lean[0], lean[1], len(prompt_ids), routing_from)
+            completion, routed = lean
+            if routing_from is None:
+                return completion
+            return self._with_routing(completion, routed, len(prompt_ids), routing_from)
         reply = completion_reply(url, content, generate)  # names what is wrong
         return self._completion(url, prompt_ids, reply, routing_from)
 

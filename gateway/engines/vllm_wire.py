@@ -425,7 +425,7 @@ def _lean_logprobs(logprobs: Any, ids: list[int], generate: bool) -> list[float]
             return None
         if not all(type(v) is float for v in values):
             return None
-    # orjson reads no NaN or Infinity, so every float here is finite.
+    # orjson refuses NaN, Infinity and numbers past a double: every float here is finite.
     return values
 
 
