@@ -102,10 +102,12 @@ def cost_us(engine: ReplayedEngine, prompt: list[int], stream: bool, rounds: int
         for _ in range(rounds):
             start = time.thread_time()
             if stream:
-                await engine.stream(URL, prompt, sampling, lambda ids, lps: None)
+                done = await engine.stream(URL, prompt, sampling, lambda ids, lps: None)
             else:
-                await engine.complete(URL, prompt, sampling)
+                done = await engine.complete(URL, prompt, sampling)
             samples.append(time.thread_time() - start)
+        if done.prompt_tokens != len(prompt) or not done.output_ids:
+            raise SystemExit(f"the client read the prepared reply wrong: {done}")
         return samples
 
     return 1e6 * statistics.median(asyncio.run(run()))
