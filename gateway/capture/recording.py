@@ -100,9 +100,12 @@ class PlannedCall:
         routing_missing: str | None = None,
     ) -> RecordedCall:
         """The call as recorded in the trajectory, with the outcome-specific fields given
-        (`reply`: the parsed reply of a call that sampled one)."""
+        (`reply`: the parsed reply of a call that sampled one). Only the prompt ids its
+        record writes are validated: the held ones were when their call was recorded, and
+        validating the whole prompt made each call cost in proportion to the conversation."""
         meta = self.meta
-        return RecordedCall(
+        held = self._held_tokens()
+        call = RecordedCall(
             call_id=self.call_id,
             segment_id=segment_id,
             scene=self.scene,
@@ -110,7 +113,7 @@ class PlannedCall:
             path=self.request.path,
             status=status,
             match=match,
-            prompt_ids=self.plan.prompt_ids,
+            prompt_ids=self.plan.prompt_ids[held:],
             output_ids=output_ids,
             output_logprobs=output_logprobs,
             new_prompt_tokens=self.plan.new_token_count,
@@ -134,6 +137,16 @@ class PlannedCall:
             routed_experts=routed_experts,
             routing_missing=routing_missing,
         )
+        if not held:
+            return call
+        return call.model_copy(update={"prompt_ids": list(self.plan.prompt_ids)})
+
+    def _held_tokens(self) -> int:
+        """The prompt tokens the record refers to instead of writing them (0: none; see
+        `durable_record`)."""
+        if self.reuse.messages == 0 or self.reuse.after_call is None:
+            return 0
+        return self.reuse.tokens
 
     @cached_property
     def stored_request(self) -> "StoredRequest":

@@ -24,7 +24,6 @@ Tested against `FakeSglangForTests` only: SGLang does not run on this CPU box.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -141,8 +140,8 @@ class SglangStreamMerge:
             self.done = True
             return None
         try:
-            body = json.loads(data)
-        except ValueError as exc:
+            body = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
             raise bad_reply(self.url, "a stream chunk is not JSON") from exc
         if isinstance(body, dict) and "error" in body:
             error = body["error"]

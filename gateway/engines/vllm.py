@@ -27,6 +27,7 @@ from gateway.engines.vllm_wire import (
     bad_reply,
     completion_reply,
     extract_completion,
+    lean_completion,
     stream_merge,
     validate_reply,
 )
@@ -313,7 +314,14 @@ class VllmEngine:
         payload = orjson.dumps(self.build_payload(prompt_ids, sampling, routing_from))
         resp = await self._send("POST", url, self._path, payload)
         content = await self._read(url, resp)
-        reply = completion_reply(url, content, generate=self.api == "generate")
+        generate = self.api == "generate"
+        lean = lean_completion(url, prompt_ids, content, generate)
+        if lean is not None:
+            completion, routed = lean
+            if routing_from is None:
+                return completion
+            return self._with_routing(completion, routed, len(prompt_ids), routing_from)
+        reply = completion_reply(url, content, generate)  # names what is wrong
         return self._completion(url, prompt_ids, reply, routing_from)
 
     async def stream(
@@ -345,13 +353,17 @@ class VllmEngine:
         completion = extract_completion(url, prompt_ids, reply)
         if routing_from is None:
             return completion
+        encoded = reply.choices[0].routed_experts
+        return self._with_routing(completion, encoded, len(prompt_ids), routing_from)
+
+    def _with_routing(
+        self, completion: EngineCompletion, encoded: str | None, prompt_len: int, routing_from: int
+    ) -> EngineCompletion:
+        """The completion with the routed experts the call asked for, or why it has none."""
         if not self.returns_routing:
             routing = None, "the /v1/completions endpoint returns no routed experts"
         else:
-            encoded = reply.choices[0].routed_experts
-            routing = vllm_routing(
-                encoded, len(prompt_ids), len(completion.output_ids), routing_from
-            )
+            routing = vllm_routing(encoded, prompt_len, len(completion.output_ids), routing_from)
         experts, missing = routing
         return completion.model_copy(update={"routed_experts": experts, "routing_missing": missing})
 

@@ -8,10 +8,10 @@ and the token-in/token-out `/inference/v1/generate`) ends in the same checks
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, ClassVar, TypeVar
 
+import orjson
 from pydantic import Field, ValidationError
 
 from gateway.engines.base import EngineCompletion
@@ -206,8 +206,8 @@ class StreamMerge:
             self.done = True
             return None
         try:
-            body = json.loads(data)
-        except ValueError as exc:
+            body = orjson.loads(data)  # the first chunk echoes the prompt: C speed
+        except orjson.JSONDecodeError as exc:
             raise bad_reply(self.url, "a stream chunk is not JSON") from exc
         if isinstance(body, dict) and ("error" in body or body.get("object") == "error"):
             error = body.get("error", body)  # vLLM has used both shapes
@@ -336,6 +336,120 @@ def completion_reply(url: str, content: bytes, generate: bool) -> VllmCompletion
     reply = validate_reply(url, GenerateReply, content)
     choice = _as_completion_choice(url, reply.choices[0], reply.prompt_token_ids)
     return VllmCompletionReply(choices=[choice], usage=reply.usage)
+
+
+# --- the lean decode of a whole reply -----------------------------------------------------
+
+
+def lean_completion(
+    url: str, prompt_ids: list[int], content: bytes, generate: bool
+) -> tuple[EngineCompletion, str | None] | None:
+    """A well-formed whole reply of either endpoint as its completion and encoded routed
+    experts, read straight off the parsed JSON: no wire models, no re-validated lists (the
+    reply grows with the prompt, which vLLM echoes). Checks what `extract_completion`
+    checks, strictly typed; None for anything else, which the wire models then read (and
+    name what is wrong)."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    if type(body) is not dict:
+        return None
+    choices = body.get("choices")
+    if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
+        return None
+    choice: dict[str, Any] = choices[0]
+    ids = choice.get("token_ids")
+    if type(ids) is not list or not all(type(t) is int and t >= 0 for t in ids):
+        return None
+    echoed = body.get("prompt_token_ids") if generate else choice.get("prompt_token_ids")
+    if echoed is not None and echoed != prompt_ids:
+        return None
+    logprobs = _lean_logprobs(choice.get("logprobs"), ids, generate)
+    finish, stop = choice.get("finish_reason"), choice.get("stop_reason")
+    text = "" if generate else choice.get("text", "")
+    routed = choice.get("routed_experts")
+    if (
+        logprobs is None
+        or finish not in ("stop", "length")
+        or not (stop is None or type(stop) in (int, str))
+        or type(text) is not str
+        or not (routed is None or type(routed) is str)
+        or type(choice.get("index", 0)) is not int
+    ):
+        return None
+    cached = _lean_cached(body.get("usage"), len(prompt_ids), len(ids))
+    if cached is None:
+        return None
+    completion = EngineCompletion.model_construct(
+        url=url,
+        output_ids=ids,
+        output_logprobs=logprobs,
+        text=text,
+        finish_reason=finish,
+        stop_reason=stop,
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=len(ids),
+        cached_prompt_tokens=cached,
+        routed_experts=None,
+        routing_missing=None,
+    )
+    return completion, routed
+
+
+def _lean_logprobs(logprobs: Any, ids: list[int], generate: bool) -> list[float] | None:
+    """The sampled tokens' logprobs, one finite float per id; None if anything is off."""
+    if type(logprobs) is not dict:
+        return None
+    if generate:
+        entries = logprobs.get("content")
+        if type(entries) is not list or len(entries) != len(ids):
+            return None
+        values = []
+        for entry, token in zip(entries, ids, strict=True):
+            if type(entry) is not dict or entry.get("token_id") != token:
+                return None
+            values.append(entry.get("logprob"))
+        if not all(type(v) is float and v > NO_LOGPROB for v in values):
+            return None
+    else:
+        values = logprobs.get("token_logprobs")
+        tokens = logprobs.get("tokens")
+        if type(values) is not list or len(values) != len(ids):
+            return None
+        if tokens is not None and (
+            type(tokens) is not list
+            or len(tokens) != len(ids)
+            or not all(type(t) is str for t in tokens)
+        ):
+            return None
+        if not all(type(v) is float for v in values):
+            return None
+    # orjson refuses NaN, Infinity and numbers past a double: every float here is finite.
+    return values
+
+
+def _lean_cached(usage: Any, prompt_tokens: int, completion_tokens: int) -> int | None:
+    """Cached prompt tokens from a usage that agrees with the call (0 without usage)."""
+    if usage is None:
+        return 0
+    if (
+        type(usage) is not dict
+        or usage.get("prompt_tokens") != prompt_tokens
+        or usage.get("completion_tokens") != completion_tokens
+        or type(usage["prompt_tokens"]) is not int
+        or type(usage["completion_tokens"]) is not int
+    ):
+        return None
+    details = usage.get("prompt_tokens_details")
+    if details is None:
+        return 0
+    if type(details) is not dict:
+        return None
+    cached = details.get("cached_tokens", 0)
+    if cached is None:
+        return 0
+    return cached if type(cached) is int else None
 
 
 class GenerateStreamMerge(StreamMerge):

@@ -229,6 +229,11 @@ def _mutations() -> list[tuple[str, Any]]:
         ("usage prompt differs", lambda r: r["usage"].update(prompt_tokens=99)),
         ("empty choices", lambda r: r.update(choices=[])),
         ("token strings differ", lambda r: r["choices"][0]["logprobs"].update(tokens=["x"])),
+        ("boolean token id", choice(token_ids=[7, True, 9])),
+        ("token string not text", lambda r: r["choices"][0]["logprobs"].update(tokens=[1, 2, 3])),
+        ("float stop reason", choice(stop_reason=1.5)),
+        ("second choice", lambda r: r["choices"].append({**r["choices"][0], "token_ids": "x"})),
+        ("cached count not a number", lambda r: r["usage"].update(prompt_tokens_details=[])),
     ]
 
 
