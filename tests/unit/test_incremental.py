@@ -19,7 +19,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental.held_segments import HeldSegment
-from gateway.prompt.incremental.message_keys import hash_template_kwargs, hash_tools
+from gateway.prompt.incremental.message_keys import hash_template_kwargs, hash_tools, message_key
 from gateway.prompt.incremental.normalisers import DEFAULT_NORMALISERS
 from gateway.prompt.incremental.planner import IncrementalTokenizer, PromptPlan
 from gateway.prompt.incremental.tokenizer_adapter import TokenizersAdapter, load_tokenizer
@@ -413,6 +413,29 @@ def _two_calls(
     out = sampled(tokenizer, reply)
     planner.commit(segments, plan, out, [0.0] * len(out), reply, True)
     return segments, [*history, reply, tool(0, "a.py")]
+
+
+def test_held_messages_passed_again_keep_their_keys(
+    planner: IncrementalTokenizer, tokenizer: CountingTokenizer
+) -> None:
+    """Messages the request passes again as the held objects take the held keys; equal
+    copies are keyed anew, to the same keys and the same plan."""
+    segments, history = _two_calls(planner, tokenizer)
+    held = segments[0]
+    plan = planner.prepare(segments, history, TOOLS)
+    assert plan.message_keys == [message_key(m) for m in history]
+    assert [a is b for a, b in zip(plan.message_keys, held.message_keys, strict=False)] == [
+        True,
+        True,
+        True,  # the reply: the held segment holds the very object the client sent back
+    ]
+    copies = [m.model_copy(deep=True) for m in history]
+    again = planner.prepare(segments, copies, TOOLS)
+    assert again.message_keys == plan.message_keys
+    assert not any(a is b for a, b in zip(again.message_keys, held.message_keys, strict=False))
+    assert (again.kind, again.prompt_ids) == (plan.kind, plan.prompt_ids)
+    edited = [*history[:1], user("list ALL files"), *history[2:]]
+    assert planner.prepare(segments, edited, TOOLS).kind is MatchKind.fork
 
 
 def test_injected_reminders_dropped_on_resend_are_forgiven(

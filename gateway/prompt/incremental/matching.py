@@ -70,7 +70,7 @@ def _common_prefix(
     for i, (held, key) in enumerate(zip(seg.messages, seg.message_keys, strict=True)):
         if i >= len(messages):
             return i, drift
-        if key == keys[i]:
+        if key is keys[i] or key == keys[i]:  # reused keys are the held ones (`message_keys`)
             continue
         forgiven = forgive(held, messages[i], normalisers)
         if forgiven is None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gateway.canonical import Message, Tool, ToolCall
 
-__all__ = ["MessageKey", "hash_template_kwargs", "hash_tools", "message_key"]
+if TYPE_CHECKING:
+    from gateway.prompt.incremental.held_segments import HeldSegment
+
+__all__ = ["MessageKey", "hash_template_kwargs", "hash_tools", "message_key", "message_keys"]
 
 
 MessageKey = tuple[tuple[Any, ...], tuple[tuple[Any, ...], ...]]
@@ -32,6 +35,26 @@ def message_key(message: Message) -> MessageKey:
     hashing them (about 3x cheaper than a digest of `model_dump_json`).
     """
     return _message_fields(message), tuple(map(_call_fields, message.tool_calls))
+
+
+def message_keys(messages: Sequence[Message], segments: Iterable[HeldSegment]) -> list[MessageKey]:
+    """The keys of a request's messages, taking those of held messages it passes again.
+
+    A session's protocol parse hands the messages it converted before to the next call as
+    the same objects (`protocols.history`), and canonical messages are never changed
+    after their parse: a message that *is* a held one has its held key. So only the new
+    messages are keyed, and a long conversation costs one identity check per message.
+    """
+    reused: list[MessageKey] = []
+    for seg in segments:
+        held = seg.messages
+        n = 0
+        limit = min(len(held), len(messages))
+        while n < limit and held[n] is messages[n]:
+            n += 1
+        if n > len(reused):
+            reused = seg.message_keys[:n]
+    return reused + [message_key(m) for m in messages[len(reused) :]]
 
 
 def _stable_hash(value: Any) -> str:

@@ -29,6 +29,7 @@ from gateway.prompt.incremental.message_keys import (
     hash_template_kwargs,
     hash_tools,
     message_key,
+    message_keys,
 )
 from gateway.prompt.incremental.normalisers import DEFAULT_NORMALISERS, Normaliser
 from gateway.prompt.incremental.tokenizer_adapter import Tokenizer
@@ -155,11 +156,10 @@ class IncrementalTokenizer:
         anything that does not verify there is planned from the full render, exactly as
         without windowing.
         """
-        if isinstance(segments, Mapping):
-            segments = segments.values()
+        segments = list(segments.values() if isinstance(segments, Mapping) else segments)
         messages = list(messages)
         kwargs = dict(template_kwargs or {})
-        keys = [message_key(m) for m in messages]
+        keys = message_keys(messages, segments)
         tools_hash, kwargs_hash = hash_tools(tools), hash_template_kwargs(kwargs)
         match = find_match(segments, messages, keys, tools_hash, kwargs_hash, self.normalisers)
         common = dict(
