@@ -434,6 +434,9 @@ def test_held_messages_passed_again_keep_their_keys(
     assert again.message_keys == plan.message_keys
     assert not any(a is b for a, b in zip(again.message_keys, held.message_keys, strict=False))
     assert (again.kind, again.prompt_ids) == (plan.kind, plan.prompt_ids)
+    new_system = [history[0].model_copy(), *history[1:]]  # converted anew, as Messages does
+    keys = planner.prepare(segments, new_system, TOOLS).message_keys
+    assert [a is b for a, b in zip(keys, held.message_keys, strict=False)] == [False, True, True]
     edited = [*history[:1], user("list ALL files"), *history[2:]]
     assert planner.prepare(segments, edited, TOOLS).kind is MatchKind.fork
 

@@ -41,20 +41,22 @@ def message_keys(messages: Sequence[Message], segments: Iterable[HeldSegment]) -
     """The keys of a request's messages, taking those of held messages it passes again.
 
     A session's protocol parse hands the messages it converted before to the next call as
-    the same objects (`protocols.history`), and canonical messages are never changed
-    after their parse: a message that *is* a held one has its held key. So only the new
-    messages are keyed, and a long conversation costs one identity check per message.
+    the same objects (`protocols.history`; some, like a system prompt converted anew on
+    every call, are new objects), and canonical messages are never changed after their
+    parse: a message that *is* the held one at its position has the held key. So only
+    new messages are keyed, and a long conversation costs an identity check per message.
     """
-    reused: list[MessageKey] = []
+    keys: list[MessageKey | None] = [None] * len(messages)
+    missing = len(messages)
     for seg in segments:
-        held = seg.messages
-        n = 0
-        limit = min(len(held), len(messages))
-        while n < limit and held[n] is messages[n]:
-            n += 1
-        if n > len(reused):
-            reused = seg.message_keys[:n]
-    return reused + [message_key(m) for m in messages[len(reused) :]]
+        held_pairs = zip(seg.messages, seg.message_keys, strict=True)
+        for i, (held, key) in zip(range(len(messages)), held_pairs, strict=False):
+            if keys[i] is None and held is messages[i]:
+                keys[i] = key
+                missing -= 1
+        if not missing:
+            break
+    return [message_key(m) if k is None else k for k, m in zip(keys, messages, strict=True)]
 
 
 def _stable_hash(value: Any) -> str:
