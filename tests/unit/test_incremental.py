@@ -800,3 +800,19 @@ def test_plan_invariant_fields(planner: IncrementalTokenizer, tokenizer: Countin
     assert plan.segment_id == segments[0].segment_id and plan.base_length == len(segments[0].ids)
     assert plan.messages == history and plan.boundary == "count"
     assert plan.new_token_count == len(plan.prompt_ids) - plan.base_length
+
+
+def test_tool_and_kwargs_hashes_follow_content_not_key_order() -> None:
+    tool = Tool(name="t", description="d", parameters={"a": 1, "b": [1, 2]})
+    reordered = Tool(name="t", description="d", parameters={"b": [1, 2], "a": 1})
+    assert hash_tools([tool]) == hash_tools([reordered])
+    for changed in (
+        {"name": "u"},
+        {"description": None},
+        {"parameters": {"a": 1, "b": [2, 1]}},
+    ):
+        assert hash_tools([tool]) != hash_tools([tool.model_copy(update=changed)])
+    assert hash_tools([tool, reordered]) != hash_tools([tool])
+    huge = hash_template_kwargs({"x": 2**70})  # past what orjson encodes: the stdlib's JSON
+    assert huge == hash_template_kwargs({"x": 2**70}) != hash_template_kwargs({"x": 2**71})
+    assert hash_template_kwargs({"a": 1, "b": 2}) == hash_template_kwargs({"b": 2, "a": 1})

@@ -12,6 +12,8 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from gateway.canonical import Message, Tool, ToolCall
 
 if TYPE_CHECKING:
@@ -59,13 +61,24 @@ def message_keys(messages: Sequence[Message], segments: Iterable[HeldSegment]) -
     return [message_key(m) if k is None else k for k, m in zip(keys, messages, strict=True)]
 
 
+_tool_fields = operator.attrgetter(*Tool.model_fields)
+
+
 def _stable_hash(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """sha256 of `value`'s JSON with keys sorted: orjson's, or the stdlib's (values as
+    their repr) for what orjson refuses. Hashes live in memory only (a restart hashes the
+    recorded tools again), so the encoding is free to change."""
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr).encode()
+    return hashlib.sha256(text).hexdigest()
 
 
 def hash_tools(tools: Sequence[Tool]) -> str:
-    return _stable_hash([t.model_dump() for t in tools])
+    """Every field of every tool, read as they are: a `model_dump` of an agent's tools
+    cost more than hashing them."""
+    return _stable_hash([_tool_fields(t) for t in tools])
 
 
 def hash_template_kwargs(kwargs: Mapping[str, Any]) -> str:
