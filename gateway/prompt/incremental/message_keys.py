@@ -9,17 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 
 from gateway.canonical import Message, Tool, ToolCall
 
-if TYPE_CHECKING:
-    from gateway.prompt.incremental.held_segments import HeldSegment
-
-__all__ = ["MessageKey", "hash_template_kwargs", "hash_tools", "message_key", "message_keys"]
+__all__ = ["MessageKey", "hash_template_kwargs", "hash_tools", "message_key"]
 
 
 MessageKey = tuple[tuple[Any, ...], tuple[tuple[Any, ...], ...]]
@@ -37,28 +34,6 @@ def message_key(message: Message) -> MessageKey:
     hashing them (about 3x cheaper than a digest of `model_dump_json`).
     """
     return _message_fields(message), tuple(map(_call_fields, message.tool_calls))
-
-
-def message_keys(messages: Sequence[Message], segments: Iterable[HeldSegment]) -> list[MessageKey]:
-    """The keys of a request's messages, taking those of held messages it passes again.
-
-    A session's protocol parse hands the messages it converted before to the next call as
-    the same objects (`protocols.history`; some, like a system prompt converted anew on
-    every call, are new objects), and canonical messages are never changed after their
-    parse: a message that *is* the held one at its position has the held key. So only
-    new messages are keyed, and a long conversation costs an identity check per message.
-    """
-    keys: list[MessageKey | None] = [None] * len(messages)
-    missing = len(messages)
-    for seg in segments:
-        held_pairs = zip(seg.messages, seg.message_keys, strict=True)
-        for i, (held, key) in zip(range(len(messages)), held_pairs, strict=False):
-            if keys[i] is None and held is messages[i]:
-                keys[i] = key
-                missing -= 1
-        if not missing:
-            break
-    return [message_key(m) if k is None else k for k, m in zip(keys, messages, strict=True)]
 
 
 _tool_fields = operator.attrgetter(*Tool.model_fields)

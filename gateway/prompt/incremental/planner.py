@@ -23,13 +23,12 @@ from gateway.prompt.incremental.held_segments import (
     new_segment_id,
 )
 from gateway.prompt.incremental.markers import EndOfTurnMarkers
-from gateway.prompt.incremental.matching import Match, find_match
+from gateway.prompt.incremental.matching import Match, find_match, request_keys
 from gateway.prompt.incremental.message_keys import (
     MessageKey,
     hash_template_kwargs,
     hash_tools,
     message_key,
-    message_keys,
 )
 from gateway.prompt.incremental.normalisers import DEFAULT_NORMALISERS, Normaliser
 from gateway.prompt.incremental.tokenizer_adapter import Tokenizer
@@ -159,7 +158,7 @@ class IncrementalTokenizer:
         segments = list(segments.values() if isinstance(segments, Mapping) else segments)
         messages = list(messages)
         kwargs = dict(template_kwargs or {})
-        keys = message_keys(messages, segments)
+        keys = request_keys(messages, segments)
         tools_hash, kwargs_hash = hash_tools(tools), hash_template_kwargs(kwargs)
         match = find_match(segments, messages, keys, tools_hash, kwargs_hash, self.normalisers)
         common = dict(
