@@ -24,6 +24,7 @@ import jinja2
 from gateway import json_text
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.prompt.jinja_env import compile_template
+from gateway.prompt.jinja_fastpath import fast_sandbox
 
 __all__ = [
     "RESERVED_TEMPLATE_VARIABLES",
@@ -176,7 +177,7 @@ class ChatTemplate:
 
     def _compile(self, text: str) -> jinja2.Template:
         try:
-            return compile_template(text, self._clock)
+            return fast_sandbox(compile_template(text, self._clock))
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateRenderError(f"chat template syntax error: {exc}") from exc
 

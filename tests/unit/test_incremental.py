@@ -19,7 +19,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental.held_segments import HeldSegment
-from gateway.prompt.incremental.message_keys import hash_template_kwargs, hash_tools
+from gateway.prompt.incremental.message_keys import hash_template_kwargs, hash_tools, message_key
 from gateway.prompt.incremental.normalisers import DEFAULT_NORMALISERS
 from gateway.prompt.incremental.planner import IncrementalTokenizer, PromptPlan
 from gateway.prompt.incremental.tokenizer_adapter import TokenizersAdapter, load_tokenizer
@@ -415,6 +415,32 @@ def _two_calls(
     return segments, [*history, reply, tool(0, "a.py")]
 
 
+def test_held_messages_passed_again_keep_their_keys(
+    planner: IncrementalTokenizer, tokenizer: CountingTokenizer
+) -> None:
+    """Messages the request passes again as the held objects take the held keys; equal
+    copies are keyed anew, to the same keys and the same plan."""
+    segments, history = _two_calls(planner, tokenizer)
+    held = segments[0]
+    plan = planner.prepare(segments, history, TOOLS)
+    assert plan.message_keys == [message_key(m) for m in history]
+    assert [a is b for a, b in zip(plan.message_keys, held.message_keys, strict=False)] == [
+        True,
+        True,
+        True,  # the reply: the held segment holds the very object the client sent back
+    ]
+    copies = [m.model_copy(deep=True) for m in history]
+    again = planner.prepare(segments, copies, TOOLS)
+    assert again.message_keys == plan.message_keys
+    assert not any(a is b for a, b in zip(again.message_keys, held.message_keys, strict=False))
+    assert (again.kind, again.prompt_ids) == (plan.kind, plan.prompt_ids)
+    new_system = [history[0].model_copy(), *history[1:]]  # converted anew, as Messages does
+    keys = planner.prepare(segments, new_system, TOOLS).message_keys
+    assert [a is b for a, b in zip(keys, held.message_keys, strict=False)] == [False, True, True]
+    edited = [*history[:1], user("list ALL files"), *history[2:]]
+    assert planner.prepare(segments, edited, TOOLS).kind is MatchKind.fork
+
+
 def test_injected_reminders_dropped_on_resend_are_forgiven(
     planner: IncrementalTokenizer, tokenizer: CountingTokenizer
 ) -> None:
@@ -774,3 +800,19 @@ def test_plan_invariant_fields(planner: IncrementalTokenizer, tokenizer: Countin
     assert plan.segment_id == segments[0].segment_id and plan.base_length == len(segments[0].ids)
     assert plan.messages == history and plan.boundary == "count"
     assert plan.new_token_count == len(plan.prompt_ids) - plan.base_length
+
+
+def test_tool_and_kwargs_hashes_follow_content_not_key_order() -> None:
+    tool = Tool(name="t", description="d", parameters={"a": 1, "b": [1, 2]})
+    reordered = Tool(name="t", description="d", parameters={"b": [1, 2], "a": 1})
+    assert hash_tools([tool]) == hash_tools([reordered])
+    for changed in (
+        {"name": "u"},
+        {"description": None},
+        {"parameters": {"a": 1, "b": [2, 1]}},
+    ):
+        assert hash_tools([tool]) != hash_tools([tool.model_copy(update=changed)])
+    assert hash_tools([tool, reordered]) != hash_tools([tool])
+    huge = hash_template_kwargs({"x": 2**70})  # past what orjson encodes: the stdlib's JSON
+    assert huge == hash_template_kwargs({"x": 2**70}) != hash_template_kwargs({"x": 2**71})
+    assert hash_template_kwargs({"a": 1, "b": 2}) == hash_template_kwargs({"b": 2, "a": 1})

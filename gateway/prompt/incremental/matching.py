@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 from gateway.canonical import Message
 from gateway.prompt.incremental.held_segments import HeldSegment
-from gateway.prompt.incremental.message_keys import MessageKey
+from gateway.prompt.incremental.message_keys import MessageKey, message_key
 from gateway.prompt.incremental.normalisers import Normaliser, forgive
 
-__all__ = ["Match", "find_match"]
+__all__ = ["Match", "find_match", "request_keys"]
 
 
 @dataclass
@@ -24,6 +24,28 @@ class Match:
     parent: HeldSegment | None = None
     parent_common: int = 0
     reason: str = "no held segment starts like this conversation"
+
+
+def request_keys(messages: Sequence[Message], segments: Iterable[HeldSegment]) -> list[MessageKey]:
+    """The keys of a request's messages, taking those of held messages it passes again.
+
+    A session's protocol parse hands the messages it converted before to the next call as
+    the same objects (`protocols.history`; some, like a system prompt converted anew on
+    every call, are new objects), and canonical messages are never changed after their
+    parse: a message that *is* the held one at its position has the held key. So only
+    new messages are keyed, and a long conversation costs an identity check per message.
+    """
+    keys: list[MessageKey | None] = [None] * len(messages)
+    missing = len(messages)
+    for seg in segments:
+        held_pairs = zip(seg.messages, seg.message_keys, strict=True)
+        for i, (held, key) in zip(range(len(messages)), held_pairs, strict=False):
+            if keys[i] is None and held is messages[i]:
+                keys[i] = key
+                missing -= 1
+        if not missing:
+            break
+    return [message_key(m) if k is None else k for k, m in zip(keys, messages, strict=True)]
 
 
 def find_match(
@@ -70,7 +92,7 @@ def _common_prefix(
     for i, (held, key) in enumerate(zip(seg.messages, seg.message_keys, strict=True)):
         if i >= len(messages):
             return i, drift
-        if key == keys[i]:
+        if key is keys[i] or key == keys[i]:  # reused keys are the held ones (`request_keys`)
             continue
         forgiven = forgive(held, messages[i], normalisers)
         if forgiven is None:

@@ -12,6 +12,8 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from gateway.canonical import Message, Tool, ToolCall
 
 __all__ = ["MessageKey", "hash_template_kwargs", "hash_tools", "message_key"]
@@ -34,13 +36,24 @@ def message_key(message: Message) -> MessageKey:
     return _message_fields(message), tuple(map(_call_fields, message.tool_calls))
 
 
+_tool_fields = operator.attrgetter(*Tool.model_fields)
+
+
 def _stable_hash(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """sha256 of `value`'s JSON with keys sorted: orjson's, or the stdlib's (values as
+    their repr) for what orjson refuses. Hashes live in memory only (a restart hashes the
+    recorded tools again), so the encoding is free to change."""
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr).encode()
+    return hashlib.sha256(text).hexdigest()
 
 
 def hash_tools(tools: Sequence[Tool]) -> str:
-    return _stable_hash([t.model_dump() for t in tools])
+    """Every field of every tool, read as they are: a `model_dump` of an agent's tools
+    cost more than hashing them."""
+    return _stable_hash([_tool_fields(t) for t in tools])
 
 
 def hash_template_kwargs(kwargs: Mapping[str, Any]) -> str:

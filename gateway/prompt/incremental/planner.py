@@ -23,7 +23,7 @@ from gateway.prompt.incremental.held_segments import (
     new_segment_id,
 )
 from gateway.prompt.incremental.markers import EndOfTurnMarkers
-from gateway.prompt.incremental.matching import Match, find_match
+from gateway.prompt.incremental.matching import Match, find_match, request_keys
 from gateway.prompt.incremental.message_keys import (
     MessageKey,
     hash_template_kwargs,
@@ -155,11 +155,10 @@ class IncrementalTokenizer:
         anything that does not verify there is planned from the full render, exactly as
         without windowing.
         """
-        if isinstance(segments, Mapping):
-            segments = segments.values()
+        segments = list(segments.values() if isinstance(segments, Mapping) else segments)
         messages = list(messages)
         kwargs = dict(template_kwargs or {})
-        keys = [message_key(m) for m in messages]
+        keys = request_keys(messages, segments)
         tools_hash, kwargs_hash = hash_tools(tools), hash_template_kwargs(kwargs)
         match = find_match(segments, messages, keys, tools_hash, kwargs_hash, self.normalisers)
         common = dict(
