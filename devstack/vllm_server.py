@@ -162,41 +162,30 @@ class VllmServer:
 
     def command(self, python: Path) -> list[str]:
         cfg = self.config
-        if cfg.render_only:
-            return [
-                str(python),
-                "-m",
-                # `vllm launch render` as a module (the CLI fails on the dist name); it
-                # takes the model by flag only (the CLI maps its positional to it).
-                "vllm.entrypoints.launchers.render.entry",
-                "--model",
-                str(cfg.model_dir),
-                "--served-model-name",
-                cfg.served_model_name,
-                "--host",
-                cfg.host,
-                "--port",
-                str(self.port),
-                "--max-model-len",
-                str(cfg.max_model_len),
-                *cfg.extra_args,
-            ]
-        return [
-            str(python),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
+        served = [
             "--model",
             str(cfg.model_dir),
             "--served-model-name",
             cfg.served_model_name,
-            "--dtype",
-            cfg.dtype,
             "--host",
             cfg.host,
             "--port",
             str(self.port),
             "--max-model-len",
             str(cfg.max_model_len),
+        ]
+        if cfg.render_only:
+            # `vllm launch render` as a module (the CLI fails on the dist name); it takes
+            # the model by flag only (the CLI maps its positional to it).
+            module = "vllm.entrypoints.launchers.render.entry"
+            return [str(python), "-m", module, *served, *cfg.extra_args]
+        return [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            *served,
+            "--dtype",
+            cfg.dtype,
             # vLLM CPU 0.32 crashes ("CPU Generator does not use offset") on a seeded
             # request whose prompt is prefilled in chunks; a batch as large as the
             # context keeps one sequence's prefill in one chunk.
