@@ -81,7 +81,7 @@ from pydantic import BaseModel, Field
 from devstack.ports import free_port
 from devstack.tether import tethered
 from devstack.tiny_model import SERVED_MODEL_NAME
-from environments.vllm_cpu import ensure_vllm_venv, venv_python
+from environments.vllm_cpu import ensure_vllm_venv, venv_environment, venv_python
 
 
 class VllmServerError(RuntimeError):
@@ -197,11 +197,7 @@ class VllmServer:
 
     def environment(self) -> dict[str, str]:
         """The parent's environment minus anything that leaks the main env into the venv."""
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
-        }
+        env = venv_environment()
         env.update(
             VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_space_gib),
             VLLM_CPU_OMP_THREADS_BIND=self.config.omp_threads_bind,

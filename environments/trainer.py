@@ -27,7 +27,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -40,7 +39,12 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from environments.cache import default_cache_dir
-from environments.vllm_cpu import VllmVenvError, ensure_vllm_venv, venv_python
+from environments.vllm_cpu import (
+    VllmVenvError,
+    ensure_vllm_venv,
+    venv_environment,
+    venv_python,
+)
 
 #: What the trainer needs beyond the vLLM venv (torch, transformers, pydantic, httpx).
 TRAINER_REQUIREMENTS = ("temporalio==1.35.0", "pyarrow>=15", "matplotlib>=3.8", "boto3>=1.34")
@@ -132,14 +136,9 @@ def _site_packages(python: Path) -> Path:
         capture_output=True,
         text=True,
         check=True,
-        env=_clean_env(),
+        env=venv_environment(),
     )
     return Path(out.stdout.strip())
-
-
-def _clean_env() -> dict[str, str]:
-    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
-    return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def _run(cmd: list[str], log: Path, what: str) -> None:
@@ -147,7 +146,11 @@ def _run(cmd: list[str], log: Path, what: str) -> None:
         fh.write(f"\n$ {' '.join(cmd)}\n")
         fh.flush()
         code = subprocess.run(
-            cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_clean_env()
+            cmd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=venv_environment(),
         ).returncode
     if code != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
@@ -176,7 +179,7 @@ def ensure_trainer_env(cache_dir: Path | None = None, extras: tuple[str, ...] = 
             capture_output=True,
             text=True,
             check=True,
-            env=_clean_env(),
+            env=venv_environment(),
         ).stdout.strip()
         python = venv_python(env_dir)
         if not python.exists():
@@ -189,7 +192,7 @@ def ensure_trainer_env(cache_dir: Path | None = None, extras: tuple[str, ...] = 
             capture_output=True,
             text=True,
             check=True,
-            env=_clean_env(),
+            env=venv_environment(),
         ).stdout
         constraints = env_dir / "vllm-constraints.txt"
         constraints.write_text(
@@ -246,7 +249,7 @@ def trainer_pythonpath(root: Path, link_dir: Path | None = None) -> Path:
 
 def trainer_environment(pythonpath: Path) -> dict[str, str]:
     """The environment the trainer process runs with (offline HF, our trainer packages)."""
-    env = _clean_env()
+    env = venv_environment()
     env.update(
         PYTHONPATH=str(pythonpath),
         HF_HUB_OFFLINE="1",

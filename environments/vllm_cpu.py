@@ -60,6 +60,16 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+#: What would make another venv's interpreter read this process's Python.
+_LEAKING_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+
+
+def venv_environment() -> dict[str, str]:
+    """This process's environment for a child run by another venv's interpreter (vLLM's,
+    a trainer's): without the variables that would make it read our Python instead."""
+    return {k: v for k, v in os.environ.items() if k not in _LEAKING_VARIABLES}
+
+
 def install_log_path(venv: Path) -> Path:
     """Where :func:`ensure_vllm_venv` writes the output of its installers (beside the venv)."""
     return venv.parent / f"{venv.name}-install.log"

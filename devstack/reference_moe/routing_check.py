@@ -7,13 +7,12 @@ subprocess of the venv's interpreter, fed and read as JSON.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from environments.vllm_cpu import ensure_vllm_venv, venv_python
+from environments.vllm_cpu import ensure_vllm_venv, venv_environment, venv_python
 
 SCRIPT = Path(__file__).with_name("recompute_routing.py")
 
@@ -78,7 +77,7 @@ def recompute_routing(
         "sequences": [s.model_dump() for s in sequences],
         **(options or {}),
     }
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env = venv_environment()
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     done = subprocess.run(
         [str(python or venv_python(ensure_vllm_venv())), str(SCRIPT)],
