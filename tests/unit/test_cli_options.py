@@ -63,16 +63,24 @@ def test_the_core_settings_are_declared_once_for_the_command_line_and_the_core()
         assert not set(CoreSettings.model_fields) & set(vars(model)["__annotations__"]), model
 
 
-def test_the_command_line_builds_the_settings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    built: list[GatewaySettings] = []
+def settings_command(built: list[GatewaySettings]) -> typer.Typer:
+    """A one-command CLI whose options are generated from the gateway settings; each run
+    appends the settings it built to `built`."""
     command = typer.Typer()
 
     @command.command()
     @model_options("settings")
     def serve(*, settings: GatewaySettings) -> None:
         built.append(settings)
+
+    return command
+
+
+def test_the_command_line_builds_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[GatewaySettings] = []
+    command = settings_command(built)
 
     monkeypatch.setenv("ROLLOUT_ADMIN_TOKEN", "from-env")
     monkeypatch.chdir(tmp_path)
@@ -163,12 +171,7 @@ def test_routed_experts_on_an_engine_api_that_cannot_return_them_is_refused_at_s
     args: list[str], says: str
 ) -> None:
     built: list[GatewaySettings] = []
-    command = typer.Typer()
-
-    @command.command()
-    @model_options("settings")
-    def serve(*, settings: GatewaySettings) -> None:
-        built.append(settings)
+    command = settings_command(built)
 
     runner = CliRunner()
     base = ["--model", "m", "--tokenizer", "tok", "--engine", "http://a"]
