@@ -141,12 +141,14 @@ class PlannedCall:
             return call
         return call.model_copy(update={"prompt_ids": list(self.plan.prompt_ids)})
 
+    def _refers_to_held(self) -> bool:
+        """Whether the record refers to an earlier call's prompt tokens instead of writing
+        them (`durable_record`)."""
+        return self.reuse.messages > 0 and self.reuse.after_call is not None
+
     def _held_tokens(self) -> int:
-        """The prompt tokens the record refers to instead of writing them (0: none; see
-        `durable_record`)."""
-        if self.reuse.messages == 0 or self.reuse.after_call is None:
-            return 0
-        return self.reuse.tokens
+        """The prompt tokens the record refers to instead of writing them (0: none)."""
+        return self.reuse.tokens if self._refers_to_held() else 0
 
     @cached_property
     def stored_request(self) -> "StoredRequest":
@@ -180,7 +182,7 @@ class PlannedCall:
             "normalized": stored.normalized,
             "request_digest": self.digest,
         }
-        if self.reuse.messages == 0 or self.reuse.after_call is None:
+        if not self._refers_to_held():
             return CallEntry(call=call, **parts)
         tail = call.model_copy(update={"prompt_ids": call.prompt_ids[self.reuse.tokens :]})
         return CallEntry(
