@@ -10,9 +10,12 @@ parsed and tokenized), and where each millisecond of a gateway call goes: the me
 each per-call span from the gateway's `/metrics` (`gateway.observability.spans`), and what is left
 outside the app (HTTP server, network, client) as client latency minus the spans' sum.
 
+Every path takes its turn before any path goes on to the next turn (the order rotating
+from turn to turn), so load from anything else on the machine falls on all paths alike.
 With `--before TREE` the same paths also run through a gateway started from another
-source tree (e.g. `git archive <commit> | tar -x -C TREE`), each protocol's "before"
-right next to its "after", so a change is measured side by side in one run.
+source tree (e.g. `git archive <commit> | tar -x -C TREE`), interleaved with this tree's,
+and the report adds this tree's figures divided by the other's: a change measured side
+by side in one run.
 
 With `--engine-api both` two gateways of this tree run side by side, one calling vLLM's
 `/v1/completions`, one its token-in/token-out `/inference/v1/generate`.
@@ -67,8 +70,9 @@ Spans = dict[str, tuple[float, float, float]]
 """span → (count, wall seconds sum, CPU seconds sum), summed over the protocols."""
 
 
-def scrape_spans(control: str, admin: str) -> Spans:
-    """The gateway's per-call span histograms (`gateway.observability.spans`) as they stand now."""
+def scrape_spans(control: str, admin: str, protocol: str | None = None) -> Spans:
+    """The gateway's per-call span histograms (`gateway.observability.spans`) as they stand
+    now, of one protocol's calls (its span label) or summed over all."""
     text = httpx.get(f"{control}/metrics", headers={"Authorization": f"Bearer {admin}"}).text
     sums: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
@@ -79,6 +83,8 @@ def scrape_spans(control: str, admin: str) -> Spans:
             continue
         cpu = family.name.endswith("_cpu_seconds")
         for sample in family.samples:
+            if protocol is not None and sample.labels.get("protocol") != protocol:
+                continue
             entry = sums.setdefault(sample.labels["span"], [0.0, 0.0, 0.0])
             if sample.name.endswith("_count") and not cpu:
                 entry[0] += sample.value
@@ -95,46 +101,52 @@ def span_delta(after: Spans, before: Spans) -> Spans:
     }
 
 
-def run_path(
-    url: str,
-    headers_for: list[dict[str, str]],
-    model: str,
-    turns: int,
-    make: Callable[[], Conversation],
-    pid: int | None,
-    scrape: Callable[[], Spans] | None = None,
-) -> tuple[list[float], list[float], list[Spans]]:
-    """Lockstep: turn t of every conversation, then turn t+1. Returns latencies, per turn
-    the gateway CPU ms per call (empty for the direct path) and, with `scrape`, the
-    gateway's spans over the whole run, turns 1-5 and the last five turns."""
-    conversations = [make() for _ in headers_for]
-    latencies: list[float] = []
-    cpu_per_turn: list[float] = []
-    marks: dict[int, Spans] = {}
-    early, late = min(5, turns), max(0, turns - 5)  # a short run: its windows overlap
-    with httpx.Client(timeout=300) as client:
-        for turn in range(turns):
-            if scrape is not None and turn in (0, early, late):
-                marks[turn] = scrape()  # outside the turn's CPU window
-            before = cpu_ns(pid) if pid else 0
-            for conv, headers in zip(conversations, headers_for, strict=True):
-                t0 = time.perf_counter()
-                reply = client.post(f"{url}{conv.path}", json=conv.body(model), headers=headers)
-                latencies.append(time.perf_counter() - t0)
-                reply.raise_for_status()
-                conv.absorb(reply.json(), turn)
-            if pid:
-                cpu_per_turn.append((cpu_ns(pid) - before) / 1e6 / len(conversations))
-    spans: list[Spans] = []
-    if scrape is not None:
-        end = scrape()
-        marks.setdefault(early, end)  # 5 turns or fewer: the early window is the whole run
-        spans = [
-            span_delta(end, marks[0]),
-            span_delta(marks[early], marks[0]),
-            span_delta(end, marks[late]),
-        ]
-    return latencies, cpu_per_turn, spans
+class Lane:
+    """One path's conversations (vLLM direct, or one protocol through one gateway) and what
+    it measured. `turn` sends turn t of every conversation; lanes take turns, so load from
+    anything else on the machine falls on all of them alike."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        headers_for: list[dict[str, str]],
+        make: Callable[[], Conversation],
+        pid: int | None = None,
+        scrape: Callable[[], Spans] | None = None,
+    ) -> None:
+        self.name, self.url, self.headers_for = name, url, headers_for
+        self.conversations = [make() for _ in headers_for]
+        self.pid, self.scrape = pid, scrape
+        self.latencies: list[float] = []
+        self.cpu_per_turn: list[float] = []  # the gateway's CPU ms per call, per turn
+        self.marks: dict[int, Spans] = {}
+
+    def turn(self, client: httpx.Client, model: str, turn: int, marks: tuple[int, ...]) -> None:
+        if self.scrape is not None and turn in marks:
+            self.marks[turn] = self.scrape()  # outside the turn's CPU window
+        before = cpu_ns(self.pid) if self.pid else 0
+        for conv, headers in zip(self.conversations, self.headers_for, strict=True):
+            t0 = time.perf_counter()
+            reply = client.post(f"{self.url}{conv.path}", json=conv.body(model), headers=headers)
+            self.latencies.append(time.perf_counter() - t0)
+            reply.raise_for_status()
+            conv.absorb(reply.json(), turn)
+        if self.pid:
+            self.cpu_per_turn.append((cpu_ns(self.pid) - before) / 1e6 / len(self.conversations))
+
+    def row(self, early: int, late: int) -> "Row":
+        """With `scrape`: the spans over the whole run, turns 1-5 and the last five turns."""
+        spans: list[Spans] = []
+        if self.scrape is not None:
+            end = self.scrape()
+            self.marks.setdefault(early, end)  # 5 turns or fewer: early is the whole run
+            spans = [
+                span_delta(end, self.marks[0]),
+                span_delta(self.marks[early], self.marks[0]),
+                span_delta(end, self.marks[late]),
+            ]
+        return self.name, self.latencies, self.cpu_per_turn, spans
 
 
 Row = tuple[str, list[float], list[float], list[Spans]]
@@ -177,25 +189,24 @@ def main() -> None:
     )
     apis = ["completions", "generate"] if args.engine_api == "both" else [args.engine_api]
     with engine:
-        # (label, gateway, scrape its spans): `before` runs another tree, whose metrics
-        # may differ, so only this tree's gateways are scraped.
-        gateways: list[tuple[str, GatewayProcess, bool]] = []
+        gateways: list[tuple[str, GatewayProcess]] = []
         suffix = ".svg" if args.py_spy_format == "flamegraph" else ".txt"
         try:
             if args.before:
-                before = GatewayProcess(engine, model_dir, args.fsync, args.before)
-                gateways.append(("before", before, False))
+                gateways.append(
+                    ("before", GatewayProcess(engine, model_dir, args.fsync, args.before))
+                )
             for api in apis:
                 gw = GatewayProcess(engine, model_dir, args.fsync, None, api)
-                gateways.append(("gateway" if len(apis) == 1 else f"gw {api}", gw, True))
+                gateways.append(("gateway" if len(apis) == 1 else f"gw {api}", gw))
             with contextlib.ExitStack() as profiles:
-                for label, gw, _ in gateways:
+                for label, gw in gateways:
                     name = f"{label.replace(' ', '-')}{suffix}"
                     out = args.py_spy / name if args.py_spy else None
                     profiles.enter_context(py_spy(gw.process.pid, out, args.py_spy_format))
                 rows = measure(engine, gateways, args.conversations, args.turns)
         finally:
-            for _, gw, _ in gateways:
+            for _, gw in gateways:
                 gw.stop()
     report(rows, args.conversations, args.turns, args.fsync)
 
@@ -284,42 +295,81 @@ def report(rows: list[Row], conversations: int, turns: int, fsync: str) -> None:
             cells.append(f"{pair[0]:.2f}>{pair[1]:.2f}")
         cells.append(f"{totals[0]:.2f}>{totals[1]:.2f}")
         print(f"{name:<36}" + "".join(f"{c:>13}" for c in cells))
+    compare_trees(rows)
+
+
+def compare_trees(rows: list[Row]) -> None:
+    """This tree's gateway ÷ the `--before` tree's, per protocol: latency, process CPU per
+    call and event-loop CPU per call (the spans' sum), over the whole run."""
+    by_name = {row[0]: row for row in rows}
+    pairs = [
+        (protocol, by_name[f"before {protocol}"], by_name[f"gateway {protocol}"])
+        for protocol, *_ in PROTOCOLS
+        if f"before {protocol}" in by_name and f"gateway {protocol}" in by_name
+    ]
+    if not pairs:
+        return
+    print("\nThis tree ÷ before (whole run):")
+    print(f"{'protocol':<12}{'p50':>8}{'p99':>8}{'process CPU':>13}{'span CPU':>10}")
+
+    def span_cpu(spans: list[Spans]) -> float:
+        return sum(cpu / count for count, _, cpu in spans[0].values() if count)
+
+    for protocol, before, after in pairs:
+        cells = [
+            percentile(after[1], 0.5) / percentile(before[1], 0.5),
+            percentile(after[1], 0.99) / percentile(before[1], 0.99),
+            statistics.mean(after[2]) / statistics.mean(before[2]),
+            span_cpu(after[3]) / span_cpu(before[3]),
+        ]
+        widths = (8, 8, 13, 10)
+        print(
+            f"{protocol:<12}" + "".join(f"{c:>{w}.3f}" for c, w in zip(cells, widths, strict=True))
+        )
+
+
+PROTOCOLS: list[tuple[str, Callable[[], Conversation], str, str]] = [
+    ("chat", Conversation, "Authorization", "openai_chat"),
+    ("responses", ResponsesConversation, "Authorization", "openai_responses"),
+    ("messages", MessagesConversation, "x-api-key", "anthropic_messages"),
+]
+"""(row name, conversation, auth header, span label) of each protocol."""
 
 
 def measure(
     vllm: VllmServer | ScriptedEngineProcess,
-    gateways: list[tuple[str, GatewayProcess, bool]],
+    gateways: list[tuple[str, GatewayProcess]],
     conversations: int,
     turns: int,
 ) -> list[Row]:
-    """Every path in one run: vLLM's own chat endpoint (plain, then with logprobs) first,
-    then each gateway protocol through each gateway in turn."""
+    """Every path in one run, interleaved: turn t of vLLM's own chat endpoint (plain and
+    with logprobs) and of each protocol through each gateway, the lanes' order rotating
+    from turn to turn, then turn t+1."""
     plain: list[dict[str, str]] = [{} for _ in range(conversations)]
     direct = f"{vllm.url}/v1"
-    rows: list[Row] = []
+    lanes: list[Lane] = []
     if isinstance(vllm, VllmServer):
-        run_path(direct, plain[:1], vllm.model, 2, lambda: Conversation(direct=True), None)
-    for name, logprobs in (("vLLM chat", False), ("vLLM chat + logprobs", True)):
-        if not isinstance(vllm, VllmServer):
-            break
-        make = lambda lp=logprobs: Conversation(direct=True, logprobs=lp)  # noqa: E731
-        lat, _, _ = run_path(direct, plain, vllm.model, turns, make, None)
-        rows.append((name, lat, [], []))
-    paths: list[tuple[str, Callable[[], Conversation], str]] = [
-        ("chat", Conversation, "Authorization"),
-        ("responses", ResponsesConversation, "Authorization"),
-        ("messages", MessagesConversation, "x-api-key"),
-    ]
-    for protocol, make, header in paths:
-        for label, gw, scraped in gateways:
+        with httpx.Client(timeout=300) as client:  # warm-up, not measured
+            warm = Lane("warm-up", direct, plain[:1], lambda: Conversation(direct=True))
+            for turn in range(2):
+                warm.turn(client, vllm.model, turn, ())
+        for name, logprobs in (("vLLM chat", False), ("vLLM chat + logprobs", True)):
+            make = lambda lp=logprobs: Conversation(direct=True, logprobs=lp)  # noqa: E731
+            lanes.append(Lane(name, direct, plain, make))
+    for protocol, make, header, label in PROTOCOLS:
+        for gw_label, gw in gateways:
             tokens = new_sessions(gw.control, gw.admin, conversations)
             headers = [{header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens]
-            scrape = (lambda gw=gw: scrape_spans(gw.control, gw.admin)) if scraped else None
-            lat, cpu, spans = run_path(
-                f"{gw.url}/v1", headers, vllm.model, turns, make, gw.process.pid, scrape
-            )
-            rows.append((f"{label} {protocol}", lat, cpu, spans))
-    return rows
+            scrape = lambda gw=gw, label=label: scrape_spans(gw.control, gw.admin, label)  # noqa: E731
+            name = f"{gw_label} {protocol}"
+            lanes.append(Lane(name, f"{gw.url}/v1", headers, make, gw.process.pid, scrape))
+    early, late = min(5, turns), max(0, turns - 5)  # a short run: its windows overlap
+    with httpx.Client(timeout=300) as client:
+        for turn in range(turns):
+            shift = turn % len(lanes)
+            for lane in lanes[shift:] + lanes[:shift]:
+                lane.turn(client, vllm.model, turn, (0, early, late))
+    return [lane.row(early, late) for lane in lanes]
 
 
 if __name__ == "__main__":
