@@ -5,16 +5,25 @@ busy gateway at a few hundred calls per second; none leaves acknowledged calls i
 cache, lost with the machine. A single thread syncs whatever was written since its last
 batch, starts a batch at most every `interval_s`, and resolves each writer's future after
 the batch holding its bytes is on disk.
+
+A writer on an event loop waits on a future of that loop (`submit_on_loop`): the batch
+wakes each loop once, for all its writers, instead of each writer's thread-safe future
+being bridged to its loop on its own.
 """
 
+import asyncio
 import contextlib
 import logging
 import os
+import queue
 import threading
 import time
 from concurrent.futures import Future
 
 log = logging.getLogger("rollout.gateway")
+
+Waiter = Future[None] | asyncio.Future[None]
+"""What a writer waits on: a thread-safe future, or a future of its event loop."""
 
 
 def fsync_dir(path: os.PathLike[str] | str) -> None:
@@ -31,42 +40,54 @@ class GroupCommit:
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
-        self._cond = threading.Condition()
-        self._pending: list[tuple[int, Future[None]]] = []
+        self._pending: queue.SimpleQueue[tuple[int, Waiter]] = queue.SimpleQueue()
         self._last_batch = float("-inf")
+        self._start = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def submit(self, fd: int) -> Future[None]:
         """Sync `fd` in the next batch, then close it; the future fails if the fsync did."""
         done: Future[None] = Future()
         done.set_running_or_notify_cancel()  # a caller that stops waiting cannot cancel it
-        with self._cond:
-            self._pending.append((fd, done))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="rollout-group-commit", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
+        self._enqueue(fd, done)
         return done
+
+    def submit_on_loop(self, fd: int) -> asyncio.Future[None]:
+        """`submit` for a caller on the running event loop: the future is that loop's (a
+        caller that stops waiting cancels only its wait, never the sync)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._enqueue(fd, done)
+        return done
+
+    def _enqueue(self, fd: int, done: Waiter) -> None:
+        self._pending.put((fd, done))
+        if self._thread is None:
+            with self._start:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="rollout-group-commit", daemon=True
+                    )
+                    self._thread.start()
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                while not self._pending:
-                    self._cond.wait()
+            batch = [self._pending.get()]
             wait = self._last_batch + self.interval_s - time.monotonic()
             if wait > 0:
                 time.sleep(wait)  # writes keep joining the batch meanwhile
-            with self._cond:
-                batch, self._pending = self._pending, []
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    batch.append(self._pending.get_nowait())
             self._last_batch = time.monotonic()
             self._sync(batch)
 
     @staticmethod
-    def _sync(batch: list[tuple[int, Future[None]]]) -> None:
-        """One fsync per file in the batch (descriptors of one file share it), then close."""
+    def _sync(batch: list[tuple[int, Waiter]]) -> None:
+        """One fsync per file in the batch (descriptors of one file share it), then close;
+        then each writer learns its outcome, those on an event loop in one wake per loop."""
         outcome: dict[tuple[int, int], OSError | None] = {}
+        on_loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], OSError | None]]]
+        on_loops = {}
         for fd, done in batch:
             error: OSError | None = None
             try:
@@ -79,10 +100,27 @@ class GroupCommit:
                 error = exc
             with contextlib.suppress(OSError):
                 os.close(fd)
-            if error is None:
+            if isinstance(done, asyncio.Future):
+                on_loops.setdefault(done.get_loop(), []).append((done, error))
+            elif error is None:
                 done.set_result(None)
             else:
                 done.set_exception(error)
+        for loop, settled in on_loops.items():
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, settled)
+
+
+def _settle(settled: list[tuple[asyncio.Future[None], OSError | None]]) -> None:
+    """On the writers' loop: each future gets its batch's outcome (unless its writer
+    stopped waiting)."""
+    for done, error in settled:
+        if done.done():
+            continue
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
 
 
 def _fsync(fd: int) -> OSError | None:

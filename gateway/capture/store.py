@@ -6,6 +6,7 @@ template version) and `records.jsonl` (segment openings and calls, in order), pl
 any trajectory from these files alone.
 """
 
+import asyncio
 import json
 import logging
 import os
@@ -138,7 +139,8 @@ class SessionStore:
         self.durability = durability
         self._group = GroupCommit(sync_interval_s) if durability == "group" else None
         self._lock = threading.Lock()
-        self._tail_checked: set[str] = set()
+        self._appending: dict[str, str] = {}
+        """Records file of each session this process appends to, its torn tail cut."""
 
     def _dir(self, session_id: str) -> Path:
         if not session_id or "/" in session_id or session_id.startswith("."):
@@ -185,7 +187,7 @@ class SessionStore:
         (path / "records.jsonl").touch()
         self._sync_now(path, self.root)
         with self._lock:
-            self._tail_checked.add(meta.session_id)
+            self._appending[meta.session_id] = str(path / "records.jsonl")
 
     def append(self, session_id: str, *records: Entry) -> Future[None]:
         """Append records as one write; returns a future done once they are durable.
@@ -194,27 +196,45 @@ class SessionStore:
         `ValueError` and writes nothing); a failed write raises `OSError` and leaves the
         file as it was.
         """
-        lines = [r.model_dump_json().encode() + b"\n" for r in records]
-        path = self._dir(session_id) / "records.jsonl"
+        fd = self._write(session_id, records)
+        if self._group is None:
+            os.close(fd)
+            return _SYNCED
+        return self._group.submit(fd)
+
+    def append_on_loop(self, session_id: str, *records: Entry) -> asyncio.Future[None]:
+        """`append` for a caller on the running event loop: the future is that loop's,
+        woken by the group commit once per batch (`GroupCommit.submit_on_loop`)."""
+        fd = self._write(session_id, records)
+        if self._group is None:
+            os.close(fd)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return self._group.submit_on_loop(fd)
+
+    def _write(self, session_id: str, records: tuple[Entry, ...]) -> int:
+        """Write `records` at the end of the session's file (`append`); returns the open
+        descriptor, for the caller to sync and close."""
+        lines = [r.__pydantic_serializer__.to_json(r) + b"\n" for r in records]
         with self._lock:
-            if session_id not in self._tail_checked:
+            path = self._appending.get(session_id)
+            if path is None:
+                path = str(self._dir(session_id) / "records.jsonl")
                 cut_torn_tail(path)
-                self._tail_checked.add(session_id)
+                self._appending[session_id] = path
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
             try:
                 start = _append_all(fd, b"".join(lines))
             except BaseException:
                 os.close(fd)
-                self._tail_checked.discard(session_id)  # in case the cut-back failed
+                del self._appending[session_id]  # in case the cut-back failed
                 raise
         for record, line in zip(records, lines, strict=True):
             if isinstance(record, CallEntry):
                 record._offset = start
             start += len(line)
-        if self._group is None:
-            os.close(fd)
-            return _SYNCED
-        return self._group.submit(fd)
+        return fd
 
     def mark_closed(self, session_id: str, reason: str | None = None) -> None:
         """The `closed` marker: its first line is when, an optional second line why."""
@@ -373,7 +393,7 @@ def _append_all(fd: int, data: bytes) -> int:
     return start
 
 
-def cut_torn_tail(path: Path) -> int:
+def cut_torn_tail(path: str | Path) -> int:
     """Cut the file back to its last complete line (after a crash mid-write); returns the
     number of bytes removed. Without this the next record would be glued onto the torn one."""
     with open(path, "r+b") as fh:
