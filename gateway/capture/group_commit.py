@@ -6,16 +6,15 @@ cache, lost with the machine. A single thread syncs whatever was written since i
 batch, starts a batch at most every `interval_s`, and resolves each writer's future after
 the batch holding its bytes is on disk.
 
-A writer on an event loop waits on a future of that loop (`submit_on_loop`): the batch
-wakes each loop once, for all its writers, instead of each writer's thread-safe future
-being bridged to its loop on its own.
+A writer on an event loop waits on a future of that loop (`submit_on_loop`), set from the
+sync thread by one call on that loop: cheaper for the loop than bridging a thread-safe
+future to it (`asyncio.wrap_future`).
 """
 
 import asyncio
 import contextlib
 import logging
 import os
-import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -40,9 +39,9 @@ class GroupCommit:
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
-        self._pending: queue.SimpleQueue[tuple[int, Waiter]] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._pending: list[tuple[int, Waiter]] = []
         self._last_batch = float("-inf")
-        self._start = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def submit(self, fd: int) -> Future[None]:
@@ -60,34 +59,32 @@ class GroupCommit:
         return done
 
     def _enqueue(self, fd: int, done: Waiter) -> None:
-        self._pending.put((fd, done))
-        if self._thread is None:
-            with self._start:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="rollout-group-commit", daemon=True
-                    )
-                    self._thread.start()
+        with self._cond:
+            self._pending.append((fd, done))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="rollout-group-commit", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
 
     def _run(self) -> None:
         while True:
-            batch = [self._pending.get()]
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
             wait = self._last_batch + self.interval_s - time.monotonic()
             if wait > 0:
                 time.sleep(wait)  # writes keep joining the batch meanwhile
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    batch.append(self._pending.get_nowait())
+            with self._cond:
+                batch, self._pending = self._pending, []
             self._last_batch = time.monotonic()
             self._sync(batch)
 
     @staticmethod
     def _sync(batch: list[tuple[int, Waiter]]) -> None:
-        """One fsync per file in the batch (descriptors of one file share it), then close;
-        then each writer learns its outcome, those on an event loop in one wake per loop."""
+        """One fsync per file in the batch (descriptors of one file share it), then close."""
         outcome: dict[tuple[int, int], OSError | None] = {}
-        on_loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], OSError | None]]]
-        on_loops = {}
         for fd, done in batch:
             error: OSError | None = None
             try:
@@ -101,26 +98,21 @@ class GroupCommit:
             with contextlib.suppress(OSError):
                 os.close(fd)
             if isinstance(done, asyncio.Future):
-                on_loops.setdefault(done.get_loop(), []).append((done, error))
-            elif error is None:
-                done.set_result(None)
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                    done.get_loop().call_soon_threadsafe(_settle, done, error)
             else:
-                done.set_exception(error)
-        for loop, settled in on_loops.items():
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(_settle, settled)
+                _settle(done, error)
 
 
-def _settle(settled: list[tuple[asyncio.Future[None], OSError | None]]) -> None:
-    """On the writers' loop: each future gets its batch's outcome (unless its writer
-    stopped waiting)."""
-    for done, error in settled:
-        if done.done():
-            continue
-        if error is None:
-            done.set_result(None)
-        else:
-            done.set_exception(error)
+def _settle(done: Waiter, error: OSError | None) -> None:
+    """Give a writer its outcome (on its loop, for a loop's future), unless it stopped
+    waiting."""
+    if done.done():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
 
 
 def _fsync(fd: int) -> OSError | None:
