@@ -104,7 +104,7 @@ class PlannedCall:
 
         Built without validation: every part is already typed (the engine's validated
         completion, our tokenizer's ids, the parsed request and reply), and validating
-        again cost a third of the record; only what no part checks is checked here."""
+        them again would cost a third of the record; what no part checks is checked here."""
         if len(output_logprobs) != len(output_ids):
             raise ValueError("output_logprobs must align with output_ids")
         refers = self.reuse.messages > 0 and self.reuse.after_call is not None
@@ -134,7 +134,7 @@ class PlannedCall:
             fork_reason=fork_reason,
             conversation=CallConversation.model_construct(  # its messages: `trajectory`
                 history=self.reuse.messages,
-                messages=[],  # every field given: a default factory is slow here
+                messages=[],  # given: model_construct inspects a default factory each call
                 tools=[clip_text(t.name) or "" for t in self.request.tools],
                 reply=conv_reply(reply) if reply is not None else None,
                 finish_reason=finish_reason,

@@ -204,7 +204,7 @@ class SessionStore:
 
     def append_on_loop(self, session_id: str, *records: Entry) -> asyncio.Future[None]:
         """`append` for a caller on the running event loop: the future is that loop's,
-        woken by the group commit once per batch (`GroupCommit.submit_on_loop`)."""
+        which waking costs the loop less (`GroupCommit.submit_on_loop`)."""
         fd = self._write(session_id, records)
         if self._group is None:
             os.close(fd)
