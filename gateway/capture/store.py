@@ -14,6 +14,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -115,6 +116,15 @@ Durability = Literal["group", "off"]
 machine)."""
 
 
+@dataclass
+class _Records:
+    """A session's records file as this process appends to it."""
+
+    path: str
+    size: int
+    """Its bytes on disk, as of this process's last append (or its creation)."""
+
+
 class CorruptRecordError(ValueError):
     """A complete record that cannot be read back; reported, never skipped."""
 
@@ -139,8 +149,8 @@ class SessionStore:
         self.durability = durability
         self._group = GroupCommit(sync_interval_s) if durability == "group" else None
         self._lock = threading.Lock()
-        self._appending: dict[str, str] = {}
-        """Records file of each session this process appends to, its torn tail cut."""
+        self._appending: dict[str, _Records] = {}
+        """The records file of each session this process appends to (its torn tail cut)."""
 
     def _dir(self, session_id: str) -> Path:
         if not session_id or "/" in session_id or session_id.startswith("."):
@@ -187,7 +197,7 @@ class SessionStore:
         (path / "records.jsonl").touch()
         self._sync_now(path, self.root)
         with self._lock:
-            self._appending[meta.session_id] = str(path / "records.jsonl")
+            self._appending[meta.session_id] = _Records(str(path / "records.jsonl"), 0)
 
     def append(self, session_id: str, *records: Entry) -> Future[None]:
         """Append records as one write; returns a future done once they are durable.
@@ -217,19 +227,21 @@ class SessionStore:
         """Write `records` at the end of the session's file (`append`); returns the open
         descriptor, for the caller to sync and close."""
         lines = [r.__pydantic_serializer__.to_json(r) + b"\n" for r in records]
+        data = b"".join(lines)
         with self._lock:
-            path = self._appending.get(session_id)
-            if path is None:
-                path = str(self._dir(session_id) / "records.jsonl")
-                cut_torn_tail(path)
-                self._appending[session_id] = path
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            file = self._appending.get(session_id)
+            if file is None:
+                file = _Records(str(self._dir(session_id) / "records.jsonl"), 0)
+                cut_torn_tail(file.path)
+                self._appending[session_id] = file
+            fd = os.open(file.path, os.O_WRONLY | os.O_APPEND)
             try:
-                start = _append_all(fd, b"".join(lines))
+                start = _append_all(fd, data)
             except BaseException:
                 os.close(fd)
                 del self._appending[session_id]  # in case the cut-back failed
                 raise
+            file.size = start + len(data)
         for record, line in zip(records, lines, strict=True):
             if isinstance(record, CallEntry):
                 record._offset = start
@@ -261,7 +273,13 @@ class SessionStore:
             return 0.0
 
     def records_size(self, session_id: str) -> int:
-        """Bytes of the session's records on disk (0 before the first append)."""
+        """Bytes of the session's records on disk (0 before the first append): kept in
+        memory for the sessions this process appends to, which alone write their files
+        (a stat on every call cost more than anything else the store does for it)."""
+        with self._lock:
+            file = self._appending.get(session_id)
+        if file is not None:
+            return file.size
         try:
             return (self._dir(session_id) / "records.jsonl").stat().st_size
         except FileNotFoundError:
