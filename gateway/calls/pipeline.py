@@ -12,7 +12,6 @@ import json
 import logging
 import time
 import uuid
-from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +19,7 @@ from gateway.calls.prompt_limits import check_prompt_size, prompt_size
 from gateway.calls.routing import recorded_routing, remember, routing_from
 from gateway.calls.stream_relay import StreamAborted, StreamRelay
 from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply
-from gateway.capture.recording import PlannedCall, reuse_of
+from gateway.capture.recording import PlannedCall, reuse_of, stored_request
 from gateway.capture.replies import parse_output, reply_message, reply_of
 from gateway.capture.retries import is_retry, request_digest
 from gateway.capture.store import CorruptRecordError, Entry
@@ -174,7 +173,8 @@ class Gateway(SessionService):
         await self._synced(synced)
         lap("sync")
         self._count(request, planned.scene, call, planned.plan)
-        return reply_of(call, parsed, request.model or self.options.model_name)
+        model = request.model or self.options.model_name
+        return reply_of(call, parsed, model, len(prompt_ids))
 
     async def _plan_call(
         self,
@@ -205,10 +205,10 @@ class Gateway(SessionService):
             self.metrics.prepare_seconds.observe(time.process_time() - cpu0)
             reuse = reuse_of(plan, session.last_call)
         applied = self._sampling_for(config, request, len(plan.prompt_ids))
+        stored = stored_request(raw_request, request, reuse, limits.max_stored_request_bytes)
         planned = PlannedCall(
             meta=session.meta,
             request=request,
-            raw_request=raw_request,
             plan=plan,
             reuse=reuse,
             scene=scene,
@@ -217,13 +217,11 @@ class Gateway(SessionService):
             call_id=uuid.uuid4().hex[:24],
             started_at=started_at,
             wall_start=wall0,
+            stored=stored,
             digest=digest,
-            max_stored_request_bytes=limits.max_stored_request_bytes,
             routing_from=routing_from(session, plan) if self.wants_routing(session) else None,
         )
-        planned.check_storable()
         session_id = session.meta.session_id
-        stored = planned.stored_request
         check_room(session_id, self.store.records_size(session_id), stored.size_bytes, limits)
         if stored.omitted is not None:
             self.metrics.requests_stored_truncated.inc()
@@ -268,10 +266,11 @@ class Gateway(SessionService):
         completion: EngineCompletion,
         parsed: ParsedOutput,
         reply: Message,
-    ) -> tuple[RecordedCall, Future[None]]:
+    ) -> tuple[RecordedCall, asyncio.Future[None]]:
         """Commit the sampled ids to the session's held segment and append the call's records
         (under the session lock); memory is put back if the append fails. Returns the
-        recorded call and the future of its group commit."""
+        recorded call (its `prompt_ids` as written: maybe only a tail) and the future of
+        its group commit."""
         plan = planned.plan
         experts, routing_missing = None, None
         if planned.routing_from is not None:
@@ -290,7 +289,7 @@ class Gateway(SessionService):
             if segment.segment_id not in session.segment_scenes:
                 records.append(session.open_segment(segment, planned.scene))
             conflict = segment.segment_id != plan.segment_id
-            call = planned.recorded_call(
+            entry = planned.record(
                 segment_id=segment.segment_id,
                 status=CallStatus.ok,
                 match=MatchKind.fork if conflict else plan.kind,
@@ -308,7 +307,6 @@ class Gateway(SessionService):
                 routed_experts=experts,
                 routing_missing=routing_missing,
             )
-            entry = planned.durable_record(call)
             records.append(entry)
             try:
                 synced = self._append(session, records)
@@ -320,7 +318,7 @@ class Gateway(SessionService):
                 remember(session, plan, segment.segment_id, experts)
             session.calls += 1
             session.replies.recorded(planned.digest, planned.call_id, entry.offset)
-        return call, synced
+        return entry.call, synced
 
     async def _plan(self, candidates: list[HeldSegment], request: CanonicalRequest) -> PromptPlan:
         """`prepare`, with large new content tokenized off the event loop: the planner asks
@@ -430,10 +428,10 @@ class Gateway(SessionService):
             self.metrics.engine_inflight.dec()
             self._engine_slots.release()
 
-    def _append(self, session: LiveSession, records: list[Entry]) -> Future[None]:
+    def _append(self, session: LiveSession, records: list[Entry]) -> asyncio.Future[None]:
         """Append a call's records; nothing is written when this raises."""
         try:
-            return self.store.append(session.meta.session_id, *records)
+            return self.store.append_on_loop(session.meta.session_id, *records)
         except OSError as exc:
             log.error("session %s: could not append: %s", session.meta.session_id, exc)
             raise GatewayError(
@@ -443,12 +441,10 @@ class Gateway(SessionService):
                 retry_after=1.0,
             ) from exc
 
-    async def _synced(self, synced: Future[None]) -> None:
+    async def _synced(self, synced: asyncio.Future[None]) -> None:
         """Wait until the batch holding a call's records is on disk (group commit)."""
         try:
-            if not synced.done():
-                await asyncio.wrap_future(synced)
-            synced.result()
+            await synced
         except OSError as exc:
             # The record stays written (memory and file agree); only its durability is unknown.
             raise GatewayError(
@@ -476,7 +472,7 @@ class Gateway(SessionService):
             if isinstance(err, StreamAborted)
             else f"{err.status} {err.kind}: {err.message}"
         )
-        call = planned.recorded_call(
+        entry = planned.record(
             segment_id=plan.segment_id,
             status=status,
             match=plan.kind,
@@ -486,12 +482,12 @@ class Gateway(SessionService):
             fork_reason=plan.fork_reason,
         )
         async with session.lock:
-            synced = self._append(session, [planned.durable_record(call)])
+            synced = self._append(session, [entry])
             session.calls += 1
             session.failed_calls += 1
         await self._synced(synced)
         self.metrics.calls.labels(
-            planned.request.protocol, planned.scene.value, call.status.value, plan.kind
+            planned.request.protocol, planned.scene.value, status.value, plan.kind
         ).inc()
 
     def _count(

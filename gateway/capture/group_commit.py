@@ -5,8 +5,13 @@ busy gateway at a few hundred calls per second; none leaves acknowledged calls i
 cache, lost with the machine. A single thread syncs whatever was written since its last
 batch, starts a batch at most every `interval_s`, and resolves each writer's future after
 the batch holding its bytes is on disk.
+
+A writer on an event loop waits on a future of that loop (`submit_on_loop`), set from the
+sync thread by one call on that loop: cheaper for the loop than bridging a thread-safe
+future to it (`asyncio.wrap_future`).
 """
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -15,6 +20,9 @@ import time
 from concurrent.futures import Future
 
 log = logging.getLogger("rollout.gateway")
+
+Waiter = Future[None] | asyncio.Future[None]
+"""What a writer waits on: a thread-safe future, or a future of its event loop."""
 
 
 def fsync_dir(path: os.PathLike[str] | str) -> None:
@@ -32,7 +40,7 @@ class GroupCommit:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._cond = threading.Condition()
-        self._pending: list[tuple[int, Future[None]]] = []
+        self._pending: list[tuple[int, Waiter]] = []
         self._last_batch = float("-inf")
         self._thread: threading.Thread | None = None
 
@@ -40,6 +48,17 @@ class GroupCommit:
         """Sync `fd` in the next batch, then close it; the future fails if the fsync did."""
         done: Future[None] = Future()
         done.set_running_or_notify_cancel()  # a caller that stops waiting cannot cancel it
+        self._enqueue(fd, done)
+        return done
+
+    def submit_on_loop(self, fd: int) -> asyncio.Future[None]:
+        """`submit` for a caller on the running event loop: the future is that loop's (a
+        caller that stops waiting cancels only its wait, never the sync)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._enqueue(fd, done)
+        return done
+
+    def _enqueue(self, fd: int, done: Waiter) -> None:
         with self._cond:
             self._pending.append((fd, done))
             if self._thread is None:
@@ -48,7 +67,6 @@ class GroupCommit:
                 )
                 self._thread.start()
             self._cond.notify()
-        return done
 
     def _run(self) -> None:
         while True:
@@ -64,7 +82,7 @@ class GroupCommit:
             self._sync(batch)
 
     @staticmethod
-    def _sync(batch: list[tuple[int, Future[None]]]) -> None:
+    def _sync(batch: list[tuple[int, Waiter]]) -> None:
         """One fsync per file in the batch (descriptors of one file share it), then close."""
         outcome: dict[tuple[int, int], OSError | None] = {}
         for fd, done in batch:
@@ -79,10 +97,22 @@ class GroupCommit:
                 error = exc
             with contextlib.suppress(OSError):
                 os.close(fd)
-            if error is None:
-                done.set_result(None)
+            if isinstance(done, asyncio.Future):
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                    done.get_loop().call_soon_threadsafe(_settle, done, error)
             else:
-                done.set_exception(error)
+                _settle(done, error)
+
+
+def _settle(done: Waiter, error: OSError | None) -> None:
+    """Give a writer its outcome (on its loop, for a loop's future), unless it stopped
+    waiting."""
+    if done.done():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
 
 
 def _fsync(fd: int) -> OSError | None:

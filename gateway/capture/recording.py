@@ -6,7 +6,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cached_property
 from typing import Any
 
 import pydantic_core
@@ -59,7 +58,6 @@ class PlannedCall:
 
     meta: SessionMeta
     request: CanonicalRequest
-    raw_request: dict[str, Any]
     plan: PromptPlan
     reuse: Reuse
     scene: Scene
@@ -69,20 +67,20 @@ class PlannedCall:
     started_at: datetime
     wall_start: float
     """`time.perf_counter()` when the call arrived."""
+    stored: "StoredRequest"
+    """The request parts the record keeps (`stored_request`), encoded once when planned."""
     digest: str | None = None
     """The request body's digest (`retries.request_digest`), kept in the record."""
     policy_version: str | None = None
     """The version the gateway served when the engine call was admitted (set by a policy
     update); None: the session's label, as no update has named one."""
-    max_stored_request_bytes: int | None = None
-    """The most of the raw request part the record keeps (`sessions.limits`); None: all."""
     sampling_overridden: dict[str, Any] = field(default_factory=dict)
     """Pinned fields the agent asked otherwise: field → the agent's value (JSON)."""
     routing_from: int | None = None
     """The first prompt token whose routed experts the engine is asked for (None: the
     session does not record routing; `calls.routing`)."""
 
-    def recorded_call(
+    def record(
         self,
         *,
         segment_id: str,
@@ -98,14 +96,20 @@ class PlannedCall:
         reply: ParsedOutput | None = None,
         routed_experts: RoutedExperts | None = None,
         routing_missing: str | None = None,
-    ) -> RecordedCall:
-        """The call as recorded in the trajectory, with the outcome-specific fields given
-        (`reply`: the parsed reply of a call that sampled one). Only the prompt ids its
-        record writes are validated: the held ones were when their call was recorded, and
-        validating the whole prompt made each call cost in proportion to the conversation."""
-        meta = self.meta
-        held = self._held_tokens()
-        call = RecordedCall(
+    ) -> CallEntry:
+        """What the store appends for the call, with the outcome-specific fields given
+        (`reply`: the parsed reply of a call that sampled one): the request parts that are
+        new, and only the prompt tokens past the held ones when it extends an earlier call
+        (`entry.call.prompt_ids`; the store's readers expand them).
+
+        Built without validation: every part is already typed (the engine's validated
+        completion, our tokenizer's ids, the parsed request and reply), and validating
+        them again would cost a third of the record; what no part checks is checked here."""
+        if len(output_logprobs) != len(output_ids):
+            raise ValueError("output_logprobs must align with output_ids")
+        refers = self.reuse.messages > 0 and self.reuse.after_call is not None
+        held = self.reuse.tokens if refers else 0
+        call = RecordedCall.model_construct(
             call_id=self.call_id,
             segment_id=segment_id,
             scene=self.scene,
@@ -120,16 +124,17 @@ class PlannedCall:
             finish_reason=finish_reason,
             sampling=self.sampling,
             sampling_overridden=self.sampling_overridden,
-            policy_version=self.policy_version or meta.config.policy_version,
-            engine_url=meta.engine_url,
+            policy_version=self.policy_version or self.meta.config.policy_version,
+            engine_url=self.meta.engine_url,
             started_at=self.started_at,
             duration_s=time.perf_counter() - self.wall_start,
             error=error,
             parse_error=parse_error,
             drift=drift or [],
             fork_reason=fork_reason,
-            conversation=CallConversation(  # its messages: `trajectory.recorded_calls`
+            conversation=CallConversation.model_construct(  # its messages: `trajectory`
                 history=self.reuse.messages,
+                messages=[],  # given: model_construct inspects a default factory each call
                 tools=[clip_text(t.name) or "" for t in self.request.tools],
                 reply=conv_reply(reply) if reply is not None else None,
                 finish_reason=finish_reason,
@@ -137,59 +142,39 @@ class PlannedCall:
             routed_experts=routed_experts,
             routing_missing=routing_missing,
         )
-        if not held:
-            return call
-        return call.model_copy(update={"prompt_ids": list(self.plan.prompt_ids)})
-
-    def _refers_to_held(self) -> bool:
-        """Whether the record refers to an earlier call's prompt tokens instead of writing
-        them (`durable_record`)."""
-        return self.reuse.messages > 0 and self.reuse.after_call is not None
-
-    def _held_tokens(self) -> int:
-        """The prompt tokens the record refers to instead of writing them (0: none)."""
-        return self.reuse.tokens if self._refers_to_held() else 0
-
-    @cached_property
-    def stored_request(self) -> "StoredRequest":
-        """The request parts the call's record keeps (`_stored_request`), the raw one cut
-        to `max_stored_request_bytes`. Raises `PydanticSerializationError` on text with no
-        UTF-8 encoding (`check_storable`)."""
-        raw, normalized = _stored_request(self.raw_request, self.request, self.reuse)
-        return StoredRequest.of(raw, normalized, self.max_stored_request_bytes)
-
-    def check_storable(self) -> None:
-        """Refuse, as a 400 naming the field, a request whose record could not be written
-        (a lone surrogate has no UTF-8 encoding) before the engine or the session sees it."""
-        try:
-            self.stored_request  # noqa: B018 (encodes the parts once, or raises)
-        except PydanticSerializationError as exc:
-            raw, normalized = _stored_request(self.raw_request, self.request, self.reuse)
-            where = unencodable_path(raw) or unencodable_path(normalized) or "request"
-            raise GatewayError(
-                "invalid_request",
-                f"{where}: text that cannot be encoded as UTF-8 (a lone surrogate?)",
-                param=where,
-            ) from exc
-
-    def durable_record(self, call: RecordedCall) -> CallEntry:
-        """What the store appends for `call`: the request parts that are new, and only the
-        prompt tokens past the held ones when it extends an earlier call."""
-        stored = self.stored_request
-        parts: dict[str, Any] = {
-            "request": stored.raw,
-            "request_omitted": stored.omitted,
-            "normalized": stored.normalized,
-            "request_digest": self.digest,
-        }
-        if not self._refers_to_held():
-            return CallEntry(call=call, **parts)
-        tail = call.model_copy(update={"prompt_ids": call.prompt_ids[self.reuse.tokens :]})
-        return CallEntry(
-            call=tail,
-            prompt_ref=PromptRef(call_id=self.reuse.after_call, length=self.reuse.tokens),
-            **parts,
+        stored = self.stored
+        return CallEntry.model_construct(
+            kind="call",
+            call=call,
+            request=stored.raw,
+            request_omitted=stored.omitted,
+            normalized=stored.normalized,
+            prompt_ref=(
+                PromptRef.model_construct(call_id=self.reuse.after_call, length=held)
+                if refers
+                else None
+            ),
+            request_digest=self.digest,
         )
+
+
+def stored_request(
+    raw: dict[str, Any], request: CanonicalRequest, reuse: Reuse, cap: int | None
+) -> "StoredRequest":
+    """The request parts a call's record keeps (`_stored_request`), the raw one cut to
+    `cap` bytes. A request whose record could not be written (a lone surrogate has no UTF-8
+    encoding) is refused, as a 400 naming the field, before the engine or the session
+    sees it."""
+    parts = _stored_request(raw, request, reuse)
+    try:
+        return StoredRequest.of(*parts, cap)
+    except PydanticSerializationError as exc:
+        where = unencodable_path(parts[0]) or unencodable_path(parts[1]) or "request"
+        raise GatewayError(
+            "invalid_request",
+            f"{where}: text that cannot be encoded as UTF-8 (a lone surrogate?)",
+            param=where,
+        ) from exc
 
 
 @dataclass(frozen=True)

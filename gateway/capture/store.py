@@ -6,6 +6,7 @@ template version) and `records.jsonl` (segment openings and calls, in order), pl
 any trajectory from these files alone.
 """
 
+import asyncio
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -114,6 +116,15 @@ Durability = Literal["group", "off"]
 machine)."""
 
 
+@dataclass
+class _Records:
+    """A session's records file as this process appends to it."""
+
+    path: str
+    size: int
+    """Its bytes on disk, as of this process's last append (or its creation)."""
+
+
 class CorruptRecordError(ValueError):
     """A complete record that cannot be read back; reported, never skipped."""
 
@@ -138,7 +149,8 @@ class SessionStore:
         self.durability = durability
         self._group = GroupCommit(sync_interval_s) if durability == "group" else None
         self._lock = threading.Lock()
-        self._tail_checked: set[str] = set()
+        self._appending: dict[str, _Records] = {}
+        """The records file of each session this process appends to (its torn tail cut)."""
 
     def _dir(self, session_id: str) -> Path:
         if not session_id or "/" in session_id or session_id.startswith("."):
@@ -185,7 +197,7 @@ class SessionStore:
         (path / "records.jsonl").touch()
         self._sync_now(path, self.root)
         with self._lock:
-            self._tail_checked.add(meta.session_id)
+            self._appending[meta.session_id] = _Records(str(path / "records.jsonl"), 0)
 
     def append(self, session_id: str, *records: Entry) -> Future[None]:
         """Append records as one write; returns a future done once they are durable.
@@ -194,27 +206,47 @@ class SessionStore:
         `ValueError` and writes nothing); a failed write raises `OSError` and leaves the
         file as it was.
         """
-        lines = [r.model_dump_json().encode() + b"\n" for r in records]
-        path = self._dir(session_id) / "records.jsonl"
-        with self._lock:
-            if session_id not in self._tail_checked:
-                cut_torn_tail(path)
-                self._tail_checked.add(session_id)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-            try:
-                start = _append_all(fd, b"".join(lines))
-            except BaseException:
-                os.close(fd)
-                self._tail_checked.discard(session_id)  # in case the cut-back failed
-                raise
-        for record, line in zip(records, lines, strict=True):
-            if isinstance(record, CallEntry):
-                record._offset = start
-            start += len(line)
+        fd = self._write(session_id, records)
         if self._group is None:
             os.close(fd)
             return _SYNCED
         return self._group.submit(fd)
+
+    def append_on_loop(self, session_id: str, *records: Entry) -> asyncio.Future[None]:
+        """`append` for a caller on the running event loop: the future is that loop's,
+        which waking costs the loop less (`GroupCommit.submit_on_loop`)."""
+        fd = self._write(session_id, records)
+        if self._group is None:
+            os.close(fd)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return self._group.submit_on_loop(fd)
+
+    def _write(self, session_id: str, records: tuple[Entry, ...]) -> int:
+        """Write `records` at the end of the session's file (`append`); returns the open
+        descriptor, for the caller to sync and close."""
+        lines = [r.__pydantic_serializer__.to_json(r) + b"\n" for r in records]
+        data = b"".join(lines)
+        with self._lock:
+            file = self._appending.get(session_id)
+            if file is None:
+                file = _Records(str(self._dir(session_id) / "records.jsonl"), 0)
+                cut_torn_tail(file.path)
+                self._appending[session_id] = file
+            fd = os.open(file.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                start = _append_all(fd, data)
+            except BaseException:
+                os.close(fd)
+                del self._appending[session_id]  # in case the cut-back failed
+                raise
+            file.size = start + len(data)
+        for record, line in zip(records, lines, strict=True):
+            if isinstance(record, CallEntry):
+                record._offset = start
+            start += len(line)
+        return fd
 
     def mark_closed(self, session_id: str, reason: str | None = None) -> None:
         """The `closed` marker: its first line is when, an optional second line why."""
@@ -241,7 +273,13 @@ class SessionStore:
             return 0.0
 
     def records_size(self, session_id: str) -> int:
-        """Bytes of the session's records on disk (0 before the first append)."""
+        """Bytes of the session's records on disk (0 before the first append): kept in
+        memory for the sessions this process appends to, which alone write their files
+        (a stat on every call cost more than anything else the store does for it)."""
+        with self._lock:
+            file = self._appending.get(session_id)
+        if file is not None:
+            return file.size
         try:
             return (self._dir(session_id) / "records.jsonl").stat().st_size
         except FileNotFoundError:
@@ -373,7 +411,7 @@ def _append_all(fd: int, data: bytes) -> int:
     return start
 
 
-def cut_torn_tail(path: Path) -> int:
+def cut_torn_tail(path: str | Path) -> int:
     """Cut the file back to its last complete line (after a crash mid-write); returns the
     number of bytes removed. Without this the next record would be glued onto the torn one."""
     with open(path, "r+b") as fh:

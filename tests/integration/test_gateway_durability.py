@@ -20,6 +20,7 @@ import pytest
 
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine, ScriptRule
+from gateway.capture.store import CallEntry
 
 pytestmark = pytest.mark.integration
 
@@ -336,3 +337,34 @@ def test_fsync_off_never_syncs(
     httpx.delete(f"{gw.control_url}/sessions/{session['session_id']}", headers=gw.admin_headers)
     assert len(gw.trajectory(session["session_id"])["calls"]) == 3
     assert fsync.synced == []
+
+
+def test_every_record_is_written_as_its_validated_model_writes_it(
+    tiny_model_dir: Path, gateway_factory: Any
+) -> None:
+    """Records are built from already-typed parts without validating them again: each line
+    must read back through the validated model (as every reader reads it) and write out
+    byte for byte the same (a part of a type the model does not hold, say a number as
+    text, would fail or change the bytes)."""
+    engine = ScriptedEngine(
+        tiny_model_dir / "tokenizer.json",
+        Script(
+            default_reply='<think>\nok\n</think>\n\n<tool_call>\n{"name": "run", '
+            '"arguments": {"cmd": "ls"}}\n</tool_call>'
+        ),
+        model=MODEL,
+    )
+    with BackgroundServer(engine.app()) as server:
+        gw = gateway_factory(server.url, tiny_model_dir, MODEL)
+        session = gw.create_session()
+        for protocol in ("openai", "anthropic"):
+            agent = Agent(gw.url, session["token"], protocol)
+            for _ in range(3):  # a fork, then calls that refer to the held prompt
+                assert agent.turn().status_code == 200
+    path = gw.gateway.store.root / session["session_id"] / "records.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    calls = [line for line in lines if json.loads(line)["kind"] == "call"]
+    assert len(calls) == 6
+    assert any(json.loads(line)["prompt_ref"] for line in calls)
+    for line in calls:
+        assert CallEntry.model_validate_json(line).model_dump_json().encode() + b"\n" == line

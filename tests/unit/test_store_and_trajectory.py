@@ -216,6 +216,32 @@ def test_a_failed_append_writes_nothing(tmp_path: Path, monkeypatch: pytest.Monk
     assert [type(r).__name__ for r in store.load_records("s1")] == ["SegmentOpened", "CallEntry"]
 
 
+def test_records_size_is_the_files_through_appends_a_failed_one_and_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store keeps the size of the files it appends to (no stat per call): it must
+    stay the file's size."""
+    store = new_store(tmp_path)
+    records_file = tmp_path / "sessions" / "s1" / "records.jsonl"
+    assert store.records_size("s1") == 0
+    store.append("s1", SegmentOpened(segment_id="a", scene="main"))
+    assert store.records_size("s1") == records_file.stat().st_size > 0
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "write", enospc_after(20, os.write))
+        with pytest.raises(OSError):
+            store.append("s1", call("c1", "a", [1], [2]))
+    assert store.records_size("s1") == records_file.stat().st_size
+    store.append("s1", call("c1", "a", [1], [2]))
+    assert store.records_size("s1") == records_file.stat().st_size
+    with open(records_file, "ab") as fh:
+        fh.write(b'{"kind":"ca')  # torn by a crash
+    restarted = SessionStore(tmp_path)
+    assert restarted.records_size("s1") == records_file.stat().st_size
+    restarted.append("s1", call("c2", "a", [1], [2]))
+    assert restarted.records_size("s1") == records_file.stat().st_size
+    assert records_file.read_bytes().count(b"\n") == 3
+
+
 def test_group_commit_syncs_before_acknowledging_and_off_never_syncs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
