@@ -104,7 +104,10 @@ class Gateway(SessionService):
         relay: StreamRelay | None,
     ) -> Reply:
         opts = self.options
-        size = self._prompt_sizes.setdefault(session, PromptSizes()).size(request)
+        sizes = self._prompt_sizes.get(session)
+        if sizes is None:
+            sizes = self._prompt_sizes[session] = PromptSizes()
+        size = sizes.size(request)
         check_prompt_size(size, opts.max_prompt_messages, opts.max_prompt_chars)
         with call_slot(session, limits_of(session.meta.config, opts)):
             if is_retry(request.headers):
