@@ -338,7 +338,8 @@ class GatewayApp:
                         data, path, request.headers, session.seal, caps
                     )
                 else:
-                    body = load_object(data)
+                    history = session.history
+                    body = history.bodies.load(data) if history is not None else load_object(data)
                     canonical = await self._parse(body, lambda: parse(body), lock)
                 return canonical, body, request_digest(path, data)
         except GatewayError as err:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.protocols.resent_body import ResentBodies
 
 __all__ = ["HistoryCache", "Prefix"]
 
@@ -66,6 +67,8 @@ class HistoryCache:
 
     def __init__(self) -> None:
         self._entries: OrderedDict[tuple[str, bytes, bytes], tuple[int, Any]] = OrderedDict()
+        self.bodies = ResentBodies()
+        """The session's bodies, loaded parsing only new history items (`resent_body`)."""
 
     def lookup(self, protocol: str, items: Any, context: Any = None) -> Prefix:
         """The longest remembered prefix of `items` (a list of JSON values) converted under
