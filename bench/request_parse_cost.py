@@ -1,5 +1,6 @@
-"""CPU per call of what grows with the history an agent resends: the body's JSON, the
-protocol parse (resuming the session's converted history where the tree has
+"""CPU per call of what grows with the history an agent resends: the body's JSON (loaded
+by the session, parsing only new items, where the tree has `gateway.protocols.resent_body`),
+the protocol parse (resuming the session's converted history where the tree has
 `gateway.protocols.history`) and the retry digest, at an early and a late turn.
 
 Run from this tree, or against another tree to compare (its gateway package first on the
@@ -93,10 +94,12 @@ def cost_us(make: Callable[[int], dict[str, Any]], parse: Any, path: str, turn: 
     samples = []
     for _ in range(200):
         history = HistoryCache() if HistoryCache is not None else None
+        load = getattr(history, "bodies", None)  # the session's loader, in a tree with one
+        load = load.load if load is not None else load_object
         if history is not None:
-            parse(previous, {}, path, history)
+            parse(load(previous), {}, path, history)
         start = time.thread_time()
-        data = load_object(body)
+        data = load(body)
         if history is not None:
             parse(data, {}, path, history)
         else:
