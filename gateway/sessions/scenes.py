@@ -24,13 +24,9 @@ def _first_text(request: CanonicalRequest, role: str, last: bool = False) -> str
     return (found.content or "") if found is not None else ""
 
 
-def rule_matches(
-    rule: SceneRule, request: CanonicalRequest, headers: dict[str, str] | None = None
-) -> bool:
+def rule_matches(rule: SceneRule, request: CanonicalRequest, headers: dict[str, str]) -> bool:
     """Whether every condition `rule` sets holds; `headers`: the request's, names lower
-    case (computed when not given). The cheap conditions are tried first."""
-    if headers is None:
-        headers = {k.lower(): v for k, v in request.headers.items()}
+    case. The cheap conditions are tried first."""
     if rule.path_suffix is not None and not request.path.endswith(rule.path_suffix):
         return False
     if rule.header_present is not None and rule.header_present.lower() not in headers:
