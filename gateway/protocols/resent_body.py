@@ -127,7 +127,10 @@ def _history_end(text: str, field: str) -> int | None:
     object the full parse accepted), for the key's last occurrence; None when that value
     is no array or an empty one."""
     end: int | None = None
-    at = _space(text, 0) + 1  # past the object's "{"
+    at = _space(text, 0)
+    if text[at] != "{":
+        return None
+    at += 1
     while True:
         at = _space(text, at)
         if text[at] == "}":

@@ -3,6 +3,7 @@ items when a body resends a known one, and never taking the shortcut for bytes t
 look like a resent history."""
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -164,3 +165,29 @@ def test_bodies_that_never_extend_each_other_are_seldom_scanned(
     body = {"system": "other", "messages": [{"role": "user", "content": "hi"}]}
     loader.load(json.dumps(body).encode())
     assert len(scanned) == 6
+
+
+def test_any_bytes_between_a_known_head_and_tail_load_as_the_full_parse_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    full = spy_on_full_parses(monkeypatch)
+    rng = random.Random(7)
+    base = b'{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[],"n":1}'
+    cut = base.index(b"]")
+    head, tail = base[:cut], base[cut:]
+    pieces = [b",", b"]", b"[", b"{", b"}", b'"', b"\\", b"0", b"1", b":", b" ", b'"x"']
+    pieces += [b',{"a":1}', b'],"messages":[', b"e5", b".5", b"null", b"\\ud800", b"9" * 20]
+    shortcut = 0
+    for _ in range(3000):
+        middle = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+        data = head + middle + tail
+        loader = ResentBodies()
+        loader.load(base)
+        full.clear()
+        try:
+            got: Any = loader.load(data)
+        except GatewayError as exc:
+            got = str(exc)
+        assert got == outcome(data), data
+        shortcut += not full
+    assert shortcut > 100  # the control: many of them did take the shortcut
