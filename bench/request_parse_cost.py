@@ -1,5 +1,6 @@
-"""CPU per call of what grows with the history an agent resends: the body's JSON, the
-protocol parse (resuming the session's converted history where the tree has
+"""CPU per call of what grows with the history an agent resends: the body's JSON (loaded
+by the session, parsing only new items, where the tree has `gateway.protocols.resent_body`),
+the protocol parse (resuming the session's converted history where the tree has
 `gateway.protocols.history`) and the retry digest, at an early and a late turn.
 
 Run from this tree, or against another tree to compare (its gateway package first on the
@@ -11,6 +12,7 @@ session would have, and only the late body is timed (thread CPU, median).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
 import time
@@ -27,6 +29,9 @@ try:
     from gateway.protocols.history import HistoryCache
 except ImportError:  # a tree from before the history cache
     HistoryCache = None  # type: ignore[assignment,misc]
+
+DIGESTS_BYTES = "bytes" in str(inspect.signature(request_digest).parameters["body"].annotation)
+"""The digest is of the body's bytes (else, in an older tree, of the parsed body)."""
 
 OUTPUT = "total 8\n-rw-r--r-- 1 root root 42 hello.py\n-rw-r--r-- 1 root root 17 notes.md\n"
 SCHEMA = {"type": "object", "properties": {"cmd": {"type": "string"}}}
@@ -89,15 +94,17 @@ def cost_us(make: Callable[[int], dict[str, Any]], parse: Any, path: str, turn: 
     samples = []
     for _ in range(200):
         history = HistoryCache() if HistoryCache is not None else None
+        load = getattr(history, "bodies", None)  # the session's loader, in a tree with one
+        load = load.load if load is not None else load_object
         if history is not None:
-            parse(previous, {}, path, history)
+            parse(load(previous), {}, path, history)
         start = time.thread_time()
-        data = load_object(body)
+        data = load(body)
         if history is not None:
             parse(data, {}, path, history)
         else:
             parse(data, {}, path)
-        request_digest(path, data)
+        request_digest(path, body if DIGESTS_BYTES else data)
         samples.append(time.thread_time() - start)
     return 1e6 * statistics.median(samples)
 

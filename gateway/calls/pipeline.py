@@ -14,14 +14,15 @@ import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
+from weakref import WeakKeyDictionary
 
-from gateway.calls.prompt_limits import check_prompt_size, prompt_size
+from gateway.calls.prompt_limits import PromptSizes, check_prompt_size, prompt_size
 from gateway.calls.routing import recorded_routing, remember, routing_from
 from gateway.calls.stream_relay import StreamAborted, StreamRelay
 from gateway.canonical import CanonicalRequest, Message, ParsedOutput, Reply
 from gateway.capture.recording import PlannedCall, reuse_of, stored_request
 from gateway.capture.replies import parse_output, reply_message, reply_of
-from gateway.capture.retries import is_retry, request_digest
+from gateway.capture.retries import is_retry
 from gateway.capture.store import CorruptRecordError, Entry
 from gateway.engines.base import EngineCompletion
 from gateway.engines.routing import EngineRouter
@@ -68,23 +69,27 @@ class Gateway(SessionService):
         self._engine_slots = asyncio.Semaphore(options.max_inflight_engine_calls)
         self.policy = PolicyGate()  # a policy update holds engine calls here (gateway.policy)
         self._waiting = 0
+        #: each session's last prompt size, message by message (`prompt_limits`)
+        self._prompt_sizes: WeakKeyDictionary[LiveSession, PromptSizes] = WeakKeyDictionary()
 
     async def complete(
         self,
         session: LiveSession,
         request: CanonicalRequest,
         raw_request: dict[str, Any],
+        digest: str,
         relay: StreamRelay | None = None,
     ) -> Reply:
-        """One agent call. A retry (`retries.is_retry`) of a body this session answered
-        gets that answer again, same call id, nothing sampled or recorded; if the original
-        is still running, once it finishes (see `retries` for why only declared retries).
+        """One agent call (`digest`: its body's, `retries.request_digest`). A retry
+        (`retries.is_retry`) of a body this session answered gets that answer again,
+        same call id, nothing sampled or recorded; if the original is still running,
+        once it finishes (see `retries` for why only declared retries).
         With a `relay` the engine streams and the relay sees the tokens as they arrive
         (an answered retry never reaches it: the caller replays the result). Every call,
         retries included, holds one of the session's call slots while it runs (`limits`);
         a call a limit refuses is counted on the session (its trajectory says so)."""
         try:
-            return await self._complete(session, request, raw_request, relay)
+            return await self._complete(session, request, raw_request, digest, relay)
         except GatewayError as err:
             session.refused(err.limit)
             raise
@@ -94,11 +99,16 @@ class Gateway(SessionService):
         session: LiveSession,
         request: CanonicalRequest,
         raw_request: dict[str, Any],
+        digest: str,
         relay: StreamRelay | None,
     ) -> Reply:
-        self.check_prompt_size(request)
-        with call_slot(session, limits_of(session.meta.config, self.options)):
-            digest = request_digest(request.path, raw_request)
+        opts = self.options
+        sizes = self._prompt_sizes.get(session)
+        if sizes is None:
+            sizes = self._prompt_sizes[session] = PromptSizes()
+        size = sizes.size(request)
+        check_prompt_size(size, opts.max_prompt_messages, opts.max_prompt_chars)
+        with call_slot(session, limits_of(session.meta.config, opts)):
             if is_retry(request.headers):
                 answer = await session.replies.reply_for(digest)
                 if answer is not None:
@@ -397,6 +407,8 @@ class Gateway(SessionService):
         for name in applied.overridden:
             self.metrics.sampling_overridden.labels(name).inc()
         cap = min(applied.used.max_tokens or self.options.default_max_tokens, room)
+        if applied.used.max_tokens == cap:
+            return applied
         used = applied.used.model_copy(update={"max_tokens": cap})
         return applied.model_copy(update={"used": used})
 

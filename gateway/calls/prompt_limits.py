@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gateway.canonical import CanonicalRequest
+from gateway.canonical import CanonicalRequest, Message, Tool
 from gateway.errors import GatewayError
 
 
@@ -26,15 +26,45 @@ class PromptSize:
 
 
 def prompt_size(request: CanonicalRequest) -> PromptSize:
+    chars = sum(map(_message_chars, request.messages))
+    return PromptSize(len(request.messages), chars + _tool_chars(request.tools))
+
+
+def _message_chars(message: Message) -> int:
+    chars = len(message.content or "") + len(message.reasoning or "")
+    for call in message.tool_calls:
+        chars += len(call.name) + len(call.arguments)
+    return chars
+
+
+def _tool_chars(tools: list[Tool]) -> int:
     chars = 0
-    for message in request.messages:
-        chars += len(message.content or "") + len(message.reasoning or "")
-        for call in message.tool_calls:
-            chars += len(call.name) + len(call.arguments)
-    for tool in request.tools:
+    for tool in tools:
         chars += len(tool.name) + len(tool.description or "")
         chars += len(orjson.dumps(tool.parameters, default=str))
-    return PromptSize(len(request.messages), chars)
+    return chars
+
+
+class PromptSizes:
+    """`prompt_size` for one session's calls, reading only the messages its last call
+    did not have. A resent history the protocol's cache resumed is the same message
+    objects (`protocols.history`), found by identity at their place: a call compares
+    references rather than reading every message's text."""
+
+    def __init__(self) -> None:
+        self._messages: list[Message] = []
+        self._chars: list[int] = []
+        """Characters of each of `_messages`."""
+
+    def size(self, request: CanonicalRequest) -> PromptSize:
+        known, known_chars = self._messages, self._chars
+        shared = min(len(known), len(request.messages))
+        chars = [
+            known_chars[i] if i < shared and message is known[i] else _message_chars(message)
+            for i, message in enumerate(request.messages)
+        ]
+        self._messages, self._chars = list(request.messages), chars
+        return PromptSize(len(chars), sum(chars) + _tool_chars(request.tools))
 
 
 def history_items(body: dict[str, Any]) -> int:

@@ -17,33 +17,29 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
-
-import orjson
 
 from gateway.canonical import Reply
 
 RETRY_HEADER = "x-stainless-retry-count"
 
 
-def request_digest(path: str, body: Mapping[str, Any]) -> str:
-    """Digest of a request body (as parsed JSON, keys sorted) on a path.
+def request_digest(path: str, body: bytes) -> str:
+    """Digest of a request body's bytes, as read, on a path.
 
-    Every call computes it over the whole resent history, so it is encoded with orjson
-    (about 8x faster than `json`); integers past 64 bits, which orjson refuses, take the
-    stdlib encoder. Digests recorded before this encoding (stdlib `json`, ASCII-escaped)
-    differ for the same body: a retry of such a call after an upgrade is sampled again,
-    which costs one extra true sample, as any missed retry (see the module docstring).
+    An SDK's retry resends the bytes of its first attempt (it serialises the same
+    request object again, and JSON serialisers are deterministic), so the bytes are what
+    is compared: no re-serialisation of the parsed body, whose cost grew with the
+    resent history. A body that says the same in other bytes (keys reordered, other
+    spacing) is another request and is sampled again, which costs one extra true
+    sample, as any missed retry (see the module docstring).
     """
-    try:
-        text = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
-    except orjson.JSONEncodeError:
-        text = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(path.encode() + b"\n" + text).hexdigest()
+    digest = hashlib.sha256(path.encode())
+    digest.update(b"\n")
+    digest.update(body)
+    return digest.hexdigest()
 
 
 def is_retry(headers: Mapping[str, str]) -> bool:

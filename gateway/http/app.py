@@ -31,6 +31,7 @@ from starlette.routing import Route
 from gateway.calls.pipeline import Gateway
 from gateway.calls.prompt_limits import check_history_items, history_items
 from gateway.canonical import CanonicalRequest
+from gateway.capture.retries import request_digest
 from gateway.errors import GatewayError, body_timed_out, body_too_large
 from gateway.http.body_parse import BodyParser, PromptCaps
 from gateway.http.streaming import stream_reply
@@ -294,19 +295,19 @@ class GatewayApp:
     # ------------------------------------------------------------------ agent API
     async def _agent_request(
         self, request: Request, route: SamplingRoute
-    ) -> tuple[LiveSession, CanonicalRequest, dict[str, Any]]:
+    ) -> tuple[LiveSession, CanonicalRequest, dict[str, Any], str]:
         """Authenticate, read and translate an agent call with its protocol's parser."""
         session = self.gateway.authenticate(_bearer(request))
         lap("auth")
         headers, path = dict(request.headers), request.url.path
-        canonical, body = await self._agent_body(
+        canonical, body, digest = await self._agent_body(
             request,
             session,
             lambda body: route.parse(body, headers, path, session.history, session.seal),
             session.parse_lock,
         )
         lap("body_parse")
-        return session, canonical, body
+        return session, canonical, body, digest
 
     async def _agent_body(
         self,
@@ -314,13 +315,15 @@ class GatewayApp:
         session: LiveSession,
         parse: Callable[[dict[str, Any]], CanonicalRequest],
         lock: contextlib.AbstractAsyncContextManager[Any],
-    ) -> tuple[CanonicalRequest, dict[str, Any]]:
+    ) -> tuple[CanonicalRequest, dict[str, Any], str]:
         """An agent call's body (the session authenticated from the headers first), read
         and parsed within the session's body budget (`limits.body_budget`): its cap, the
         session's own `max_body_bytes` under the process's, is known before any byte is
         read. A body of `parse_offload_bytes` or more is parsed in the worker process
         (`body_parse`), any other here with `parse` (its protocol's, which may use the
-        session's history cache under `lock`). A refusal is counted on the session."""
+        session's history cache under `lock`). Returns the canonical request, the body and
+        the digest of its bytes (`retries.request_digest`). A refusal is counted on the
+        session."""
         opts = self.gateway.options
         cap = limits_of(session.meta.config, opts).max_body_bytes
         limit = min(cap, self.max_body_bytes)
@@ -328,13 +331,17 @@ class GatewayApp:
             per_s, clock = opts.session_body_bytes_per_s, self.gateway.clock
             with body_budget(session, limit, per_s, clock) as take:
                 data = await self._read_body(request, limit, take)
+                path = request.url.path
                 if opts.parse_offload_bytes and len(data) >= opts.parse_offload_bytes:
                     caps = PromptCaps(opts.max_prompt_messages, opts.max_prompt_chars)
-                    return await self.body_parser.parse(
-                        data, request.url.path, request.headers, session.seal, caps
+                    canonical, body = await self.body_parser.parse(
+                        data, path, request.headers, session.seal, caps
                     )
-                body = load_object(data)
-                return await self._parse(body, lambda: parse(body), lock), body
+                else:
+                    history = session.history
+                    body = history.bodies.load(data) if history is not None else load_object(data)
+                    canonical = await self._parse(body, lambda: parse(body), lock)
+                return canonical, body, request_digest(path, data)
         except GatewayError as err:
             session.refused(err.limit)
             raise
@@ -360,11 +367,11 @@ class GatewayApp:
         event stream when the request asks for one and the route streams."""
 
         async def sample(request: Request) -> Response:
-            session, canonical, body = await self._agent_request(request, route)
+            session, canonical, body, digest = await self._agent_request(request, route)
             if canonical.stream and route.stream_writer is not None:
                 writer = route.stream_writer(canonical, session.seal)
-                return await stream_reply(self.gateway, session, canonical, body, writer)
-            result = await self.gateway.complete(session, canonical, body)
+                return await stream_reply(self.gateway, session, canonical, body, digest, writer)
+            result = await self.gateway.complete(session, canonical, body, digest)
             return route.reply(result, canonical, session.seal)
 
         return sample
@@ -373,7 +380,7 @@ class GatewayApp:
         async def count(request: Request) -> Response:
             session = self.gateway.authenticate(_bearer(request))
             headers, path = dict(request.headers), request.url.path
-            canonical, _ = await self._agent_body(
+            canonical, _, _ = await self._agent_body(
                 request,
                 session,
                 lambda body: route.parse(body, headers, path, session.seal),

@@ -39,12 +39,13 @@ async def stream_reply(
     session: LiveSession,
     request: CanonicalRequest,
     raw_request: dict[str, Any],
+    digest: str,
     writer_for: WriterFactory,
 ) -> Response:
     """Run the call and answer with its live event stream (a replay for a retry answered
     from the record). Raises the call's `GatewayError` if it fails before any token."""
     relay = StreamRelay(gateway.incremental, gateway.parser, gateway.options.stream_abort_grace_s)
-    call = asyncio.create_task(gateway.complete(session, request, raw_request, relay))
+    call = asyncio.create_task(gateway.complete(session, request, raw_request, digest, relay))
     _running.add(call)
     call.add_done_callback(_running.discard)
     flowing = asyncio.ensure_future(relay.flowing.wait())

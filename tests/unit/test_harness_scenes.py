@@ -134,3 +134,30 @@ def test_task_rules_come_before_the_profile() -> None:
     )
     r = req(protocol="openai_responses", path="/v1/responses", headers={"x-openai-subagent": "x"})
     assert classify(r, h.scene_config()) == Scene.other
+
+
+@pytest.mark.parametrize(
+    ("rule", "holds", "fails"),
+    [
+        ({"path_suffix": "/completions"}, {}, {"path": "/v1/responses"}),
+        ({"header_present": "X-Kind"}, {"headers": {"x-kind": "a"}}, {}),
+        (
+            {"header_equals": {"X-Kind": "a"}},
+            {"headers": {"X-KIND": "a"}},
+            {"headers": {"x-kind": "b"}},
+        ),
+        ({"max_tokens_at_most": 8}, {"max_tokens": 8}, {"max_tokens": 9}),
+        ({"max_tokens_at_most": 8}, {"max_tokens": 2}, {}),  # not sent: no match
+        ({"no_tools": True}, {"tools": False}, {}),
+        ({"system_contains": "name it"}, {"system": "Please name it."}, {}),
+        ({"last_user_contains": "quota"}, {"last_user": "quota?"}, {}),
+    ],
+)
+def test_each_condition_of_a_rule_must_hold(
+    rule: dict[str, object], holds: dict[str, object], fails: dict[str, object]
+) -> None:
+    config = SceneConfig(rules=[SceneRule(scene=Scene.other, **rule)])  # type: ignore[arg-type]
+    assert classify(req(**holds), config) == Scene.other  # type: ignore[arg-type]
+    assert classify(req(**fails), config) == Scene.main  # type: ignore[arg-type]
+    both = SceneConfig(rules=[SceneRule(scene=Scene.other, model_regex="^x", **rule)])  # type: ignore[arg-type]
+    assert classify(req(**holds), both) == Scene.main  # type: ignore[arg-type]  # "tiny"

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.canonical import CanonicalRequest
 from gateway.errors import GatewayError
+from gateway.protocols import history
 from gateway.protocols.anthropic_messages import request as anthropic_messages
 from gateway.protocols.history import HistoryCache
 from gateway.protocols.openai_chat import request as openai_chat
@@ -200,3 +201,28 @@ def test_side_calls_do_not_evict_the_main_conversation() -> None:
         probe = {"model": "m", "messages": [{"role": "user", "content": f"title {n}"}]}
         both(openai_chat.parse_chat_request, probe, cache)
     assert cache.lookup("openai_chat", bodies[3]["messages"]).count == len(bodies[2]["messages"])
+
+
+@pytest.mark.parametrize(("protocol", "parse", "turns", "field"), PROTOCOLS)
+def test_a_resent_history_the_session_loaded_resumes_without_being_encoded(
+    protocol: str, parse: Parse, turns: Any, field: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoded: list[Any] = []
+    dumps = history._dumps
+    monkeypatch.setattr(history, "_dumps", lambda value: encoded.append(value) or dumps(value))
+    cache = HistoryCache()
+    for i, body in enumerate(turns(5)):
+        if "system" in body:  # the same each call, as the bodies must resend their head
+            body["system"] = "You are Claude Code."
+        data = cache.bodies.load(json.dumps(body).encode())  # the session's load
+        encoded.clear()
+        resumed = cache.lookup(protocol, data[field], history_key(protocol, data)).count
+        cached = parse(data, {"x-h": "1"}, history=cache)
+        assert (
+            cached.model_dump_json() == parse(copy.deepcopy(body), {"x-h": "1"}).model_dump_json()
+        )
+        lists = [value for value in encoded if isinstance(value, list)]
+        if i == 0:
+            assert resumed == 0 and lists  # nothing to resume: encoded to be compared
+        else:
+            assert resumed > 0 and not lists  # the same objects: nothing encoded
