@@ -205,7 +205,7 @@ class SglangEngine(VllmEngine):
         params["spaces_between_special_tokens"] = False
         params["no_stop_trim"] = True
         params.update(sampling.engine_extra)
-        payload = {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True}
+        payload = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
         if routing_from is not None:
             payload["return_routed_experts"] = True
         return payload

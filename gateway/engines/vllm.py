@@ -201,7 +201,8 @@ class VllmEngine:
         `generate` the sampling fields (and `engine_extra`) are vLLM `SamplingParams`, and
         vLLM detokenizes only when stop strings need the text; routing is returned from
         prompt token `routing_from` on (vLLM returns it for every call once started with
-        `--enable-return-routed-experts`; this only skips what is already held)."""
+        `--enable-return-routed-experts`; this only skips what is already held). It holds
+        `prompt_ids` itself, not a copy: the body is encoded at once."""
         params = sampling_values(sampling)
         params["logprobs"] = self.logprobs
         params["skip_special_tokens"] = False
@@ -212,11 +213,11 @@ class VllmEngine:
             params.update(sampling.engine_extra)
             return {
                 "model": self.model,
-                "token_ids": list(prompt_ids),
+                "token_ids": prompt_ids,
                 "sampling_params": params,
                 "output_mode": "tokens",
             }
-        payload: dict[str, Any] = {"model": self.model, "prompt": list(prompt_ids), **params}
+        payload: dict[str, Any] = {"model": self.model, "prompt": prompt_ids, **params}
         payload["return_token_ids"] = True
         payload.update(sampling.engine_extra)
         return payload
