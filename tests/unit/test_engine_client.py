@@ -646,6 +646,42 @@ async def test_stream_refused_up_front_keeps_its_status(
     assert err.message == "too long"
 
 
+def stream_head_and_first_chunk() -> bytes:
+    """A streamed reply's head and its first chunk (token 7), as vLLM sends them."""
+    event = f"data: {json.dumps(stream_chunks(PROMPT, [7, 8])[0])}\n\n".encode()
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    return head + b"transfer-encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n" % (len(event), event)
+
+
+@pytest.mark.parametrize("then", ["stall", "hang_up"])
+async def test_a_stream_that_stops_mid_way_fails_after_handing_over_what_came(then: str) -> None:
+    """A real loopback server that streams one chunk, then falls silent (the engine's
+    silence: 504) or hangs up (503); the chunk that came was handed over first."""
+
+    async def one_chunk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.write(stream_head_and_first_chunk())
+        await writer.drain()
+        if then == "stall":
+            await asyncio.sleep(10)
+        writer.close()
+
+    seen: list[int] = []
+    want = (504, "engine_timeout") if then == "stall" else (503, "engine_unavailable")
+    async with (
+        raw_server(one_chunk) as url,
+        vllm_engines([url], MODEL, request_timeout_s=0.3, connect_retries=2) as ec,
+    ):
+        err = await expect_error(
+            ec.stream(url, PROMPT, SamplingParams(), lambda i, lp: seen.extend(i)), *want
+        )
+    assert seen == [7]
+    if then == "stall":
+        assert err.message == f"engine at {url} stalled for 0.3s mid-stream"
+    else:
+        assert err.message.startswith(f"stream from engine at {url} broke")
+
+
 async def test_a_stream_line_longer_than_any_read_buffer(
     client: EngineRouter, fake: FakeVllmForTests
 ) -> None:
