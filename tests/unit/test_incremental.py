@@ -816,3 +816,12 @@ def test_tool_and_kwargs_hashes_follow_content_not_key_order() -> None:
     huge = hash_template_kwargs({"x": 2**70})  # past what orjson encodes: the stdlib's JSON
     assert huge == hash_template_kwargs({"x": 2**70}) != hash_template_kwargs({"x": 2**71})
     assert hash_template_kwargs({"a": 1, "b": 2}) == hash_template_kwargs({"b": 2, "a": 1})
+
+
+def test_plans_hash_tools_as_hash_tools_does_for_each_list(planner: IncrementalTokenizer) -> None:
+    reordered = Tool(name="t", parameters={"b": 2, "a": 1})
+    lists = [TOOLS, [Tool(name="t", parameters={"a": 1, "b": 2})], [reordered], TOOLS, []]
+    messages = [Message(role="user", content="hi")]
+    for tools in lists:  # the planner remembers each list's hash; it must stay hash_tools'
+        assert planner.prepare([], messages, tools).tools_hash == hash_tools(tools)
+    assert hash_tools(lists[1]) == hash_tools(lists[2]) != hash_tools(TOOLS)
