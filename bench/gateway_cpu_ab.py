@@ -12,7 +12,8 @@ over `--rounds`, and the event-loop CPU per call of each span from both gateways
 `/metrics` (`gateway.observability.spans`).
 
 Run: `python -m bench.gateway_cpu_ab --before TREE [--rounds 3] [--conversations 8]
-[--turns 40] [--protocols chat,responses,messages]`.
+[--turns 40] [--protocols chat,responses,messages] [--tools 15]` (`--tools`: tools per
+request, `run` and agent-sized ones).
 """
 
 import argparse
@@ -33,7 +34,7 @@ from bench.gateway_overhead import ScriptedEngineProcess, Spans, cpu_ns, scrape_
 from devstack.tiny_model import ensure_tiny_model
 from gateway.observability.spans import SPANS
 
-PROTOCOLS: dict[str, tuple[Callable[[], Conversation], str]] = {
+PROTOCOLS: dict[str, tuple[Callable[..., Conversation], str]] = {
     "chat": (Conversation, "Authorization"),
     "responses": (ResponsesConversation, "Authorization"),
     "messages": (MessagesConversation, "x-api-key"),
@@ -49,6 +50,7 @@ def one_round(
     conversations: int,
     turns: int,
     first: int,
+    tools: int = 1,
 ) -> tuple[dict[str, list[float]], dict[str, Spans]]:
     """Per gateway: CPU ms per call at each turn, and its spans over the round."""
     make, header = PROTOCOLS[protocol]
@@ -56,7 +58,7 @@ def one_round(
     for label, gw in gateways.items():
         tokens = new_sessions(gw.control, gw.admin, conversations)
         headers = [{header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens]
-        state[label] = (headers, [make() for _ in tokens])
+        state[label] = (headers, [make(tools=tools) for _ in tokens])
     start = {label: scrape_spans(gw.control, gw.admin) for label, gw in gateways.items()}
     cpu: dict[str, list[float]] = {label: [] for label in gateways}
     for turn in range(turns):
@@ -86,6 +88,9 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=40)
     parser.add_argument("--protocols", default="chat,responses,messages")
+    parser.add_argument(
+        "--tools", type=int, default=1, help="tools per request (`bench.conversations.tool_list`)"
+    )
     args = parser.parse_args()
     protocols = args.protocols.split(",")
     model_dir = ensure_tiny_model()
@@ -99,7 +104,14 @@ def main() -> None:
             for r in range(args.rounds):
                 for protocol in protocols:
                     per_turn, measured = one_round(
-                        client, engine, gateways, protocol, args.conversations, args.turns, r
+                        client,
+                        engine,
+                        gateways,
+                        protocol,
+                        args.conversations,
+                        args.turns,
+                        r,
+                        args.tools,
                     )
                     for label in LABELS:
                         cpu.setdefault((protocol, label), []).append(per_turn[label])
@@ -117,7 +129,8 @@ def report(
     args: argparse.Namespace,
 ) -> None:
     print(
-        f"{args.conversations} conversations x {args.turns} turns, {args.rounds} rounds; "
+        f"{args.conversations} conversations x {args.turns} turns, {args.tools} tools, "
+        f"{args.rounds} rounds; "
         "medians over rounds; before = --before tree, after = this tree"
     )
     print("\nGateway process CPU ms per call:")
