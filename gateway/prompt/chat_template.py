@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ TOOL_CALL_STYLES: tuple[ToolCallStyle, ...] = (
 )
 """Probe order. "" before None: None crashes several templates or renders as the text
 "None". dict before string: templates that apply `tojson` encode a string a second time."""
+
+_developer = operator.attrgetter("developer")
+"""Read in C: the fold is decided over the whole conversation on every call."""
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 """Message fields templates read reasoning from (Qwen/GLM/Kimi/MiniMax, gpt-oss, others)."""
@@ -183,7 +187,7 @@ class ChatTemplate:
         Decided over the whole conversation: a window rendering part of it must be told."""
         if self.one_system_message:
             return True
-        return not self.developer_role and any(m.developer for m in messages)
+        return not self.developer_role and any(map(_developer, messages))
 
     def message_dicts(
         self,
