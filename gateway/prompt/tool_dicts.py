@@ -8,8 +8,8 @@ cannot change them) and, for those dicts and everything inside them, the text of
 with the same arguments serialises to the same text every time.
 
 A tool list is recognised by its orjson text, taken in field order: templates write keys
-in order. orjson writes NaN and infinities as `null`, so a list whose text has a `null`
-value could be two lists and is converted anew on each call.
+in order. orjson writes NaN and infinities as `null`, so where that text holds a `null`
+the parameters must also compare equal (NaN equals nothing, not even a NaN, save itself).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ __all__ = ["RecentTexts", "ToolDicts", "has_null_value", "tool_dict", "tools_tex
 T = TypeVar("T")
 
 _NULL_VALUES = (b":null", b",null", b"[null")
-"""How a `null` value shows in orjson's compact text (a string holding one only costs a
-conversion)."""
+"""How a `null` value shows in orjson's compact text (or a string holding one)."""
 
 
 def tool_dict(tool: Tool) -> dict[str, Any]:
@@ -100,7 +99,7 @@ class ToolDicts:
 
     def __init__(self, dumps: Callable[..., str], max_lists: int = 8) -> None:
         self._dumps = dumps
-        self._lists: RecentTexts[list[dict[str, Any]]] = RecentTexts(max_lists)
+        self._lists: RecentTexts[tuple[list[dict[str, Any]], bool]] = RecentTexts(max_lists)
         self._texts: dict[int, tuple[Any, dict[tuple[Any, ...], str]]] = {}
         self._lock = threading.Lock()
 
@@ -111,19 +110,23 @@ class ToolDicts:
         key = tools_text(tools)
         if key is None:
             return [tool_dict(t) for t in tools]
-        known = self._lists.get(key)
-        if known is not None:
-            return known
-        if has_null_value(key):  # only lists without one are kept, so a hit has none
+        known = self._lists.get(key) or self._remember(key, tools)
+        dicts, nulls = known
+        if nulls and any(
+            t.parameters != d["function"]["parameters"] for t, d in zip(tools, dicts, strict=True)
+        ):
             return [tool_dict(t) for t in tools]
+        return dicts
+
+    def _remember(self, key: bytes, tools: Sequence[Tool]) -> tuple[list[dict[str, Any]], bool]:
         with self._lock:
             known = self._lists.get(key)
             if known is None:
-                known = copy.deepcopy([tool_dict(t) for t in tools])
-                for part in _containers(known):
+                known = copy.deepcopy([tool_dict(t) for t in tools]), has_null_value(key)
+                for part in _containers(known[0]):
                     self._texts[id(part)] = part, {}
                 dropped = self._lists.put(key, known)
-                for old in _containers(dropped):
+                for old in _containers(dropped[0] if dropped else None):
                     del self._texts[id(old)]
         return known
 

@@ -131,6 +131,15 @@ def test_nan_and_null_share_an_orjson_text_yet_render_apart() -> None:
         )
 
 
+def test_tools_with_null_defaults_are_remembered_too() -> None:
+    tool_dicts = ToolDicts(tojson)
+    optional = {"type": ["string", "null"], "default": None}
+    tools = [Tool(name="t", parameters={"type": "object", "properties": {"o": optional}})]
+    first = tool_dicts.dicts(tools)
+    assert tool_dicts.dicts([t.model_copy(deep=True) for t in tools]) is first
+    assert first == [tool_dict(t) for t in tools]
+
+
 def test_only_the_last_lists_are_kept() -> None:
     tool_dicts = ToolDicts(tojson, max_lists=2)
     lists = [[Tool(name=f"t{i}", parameters={"n": i})] for i in range(3)]
