@@ -144,7 +144,8 @@ class IncrementalTokenizer:
 
     def _hash_tools(self, tools: Sequence[Tool]) -> str:
         """`hash_tools`, remembered for the last tool lists: agents send the same ones on
-        every call. Equal orjson texts hash alike (`hash_tools` sorts the keys of that text)."""
+        every call. Equal `tools_text`s are equal fields, which `hash_tools` hashes alike
+        (NaN and null too: its orjson writes both as null)."""
         text = tools_text(tools)
         if text is None:
             return hash_tools(tools)
