@@ -23,7 +23,14 @@ import orjson
 
 from gateway.canonical import Tool
 
-__all__ = ["RecentTexts", "ToolDicts", "has_null_value", "tool_dict", "tools_text"]
+__all__ = [
+    "RecentTexts",
+    "ToolDicts",
+    "ToolList",
+    "has_null_value",
+    "tool_dict",
+    "tools_text",
+]
 
 T = TypeVar("T")
 
@@ -61,6 +68,17 @@ def tools_text(tools: Sequence[Tool]) -> bytes | None:
         )
     except (TypeError, orjson.JSONEncodeError):
         return None
+
+
+class ToolList(tuple[Tool, ...]):
+    """Tools with their `tools_text`, taken once for everything that plans one request."""
+
+    text: bytes | None
+
+    def __new__(cls, tools: Sequence[Tool]) -> ToolList:
+        self = super().__new__(cls, tools)
+        self.text = tools_text(self)
+        return self
 
 
 def has_null_value(text: bytes) -> bool:
@@ -107,7 +125,7 @@ class ToolDicts:
         """The tools as template dicts: the remembered ones for a list seen before."""
         if not tools:
             return []
-        key = tools_text(tools)
+        key = tools.text if isinstance(tools, ToolList) else tools_text(tools)
         if key is None:
             return [tool_dict(t) for t in tools]
         known = self._lists.get(key) or self._remember(key, tools)

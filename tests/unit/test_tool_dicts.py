@@ -13,7 +13,7 @@ from devstack.real_templates import template_names
 from gateway.canonical import Message, Tool
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.jinja_env import compile_template, tojson
-from gateway.prompt.tool_dicts import ToolDicts, tool_dict, tools_text
+from gateway.prompt.tool_dicts import ToolDicts, ToolList, tool_dict, tools_text
 from tests.fixtures.real_templates import real_template_text
 
 CLOCK = datetime(2025, 1, 2)
@@ -65,7 +65,7 @@ def test_renders_from_memory_equal_renders_from_scratch(name: str) -> None:
     first = template.render(CONVERSATION, tools)
     again = template.render(CONVERSATION, [t.model_copy(deep=True) for t in tools])
     assert first == again == expected
-    assert template._tools.dicts(tools) is template._tools.dicts(agent_tools(15))
+    assert template._tools.dicts(tools) is template._tools.dicts(ToolList(agent_tools(15)))
 
 
 def test_remembered_json_is_served_for_the_same_tools_only() -> None:

@@ -34,7 +34,7 @@ from gateway.prompt.incremental.normalisers import DEFAULT_NORMALISERS, Normalis
 from gateway.prompt.incremental.tokenizer_adapter import Tokenizer
 from gateway.prompt.incremental.window import WHOLE_CONVERSATION, WindowRenderer
 from gateway.prompt.incremental.window_probe import WindowDecision, WindowProbe
-from gateway.prompt.tool_dicts import RecentTexts, tools_text
+from gateway.prompt.tool_dicts import RecentTexts, ToolList
 from schemas.trajectory import MatchKind
 
 __all__ = ["IncrementalTokenizer", "PromptPlan"]
@@ -142,11 +142,11 @@ class IncrementalTokenizer:
         opened, closed = (text.rfind(tag) for tag in self.reasoning_tags)
         return opened > closed
 
-    def _hash_tools(self, tools: Sequence[Tool]) -> str:
+    def _hash_tools(self, tools: ToolList) -> str:
         """`hash_tools`, remembered for the last tool lists: agents send the same ones on
         every call. Equal `tools_text`s are equal fields, which `hash_tools` hashes alike
         (NaN and null too: its orjson writes both as null)."""
-        text = tools_text(tools)
+        text = tools.text
         if text is None:
             return hash_tools(tools)
         known = self._tools_hashes.get(text)
@@ -172,6 +172,7 @@ class IncrementalTokenizer:
         """
         segments = list(segments.values() if isinstance(segments, Mapping) else segments)
         messages = list(messages)
+        tools = ToolList(tools)
         kwargs = dict(template_kwargs or {})
         keys = request_keys(messages, segments)
         tools_hash, kwargs_hash = self._hash_tools(tools), hash_template_kwargs(kwargs)
