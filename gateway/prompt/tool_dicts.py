@@ -27,7 +27,6 @@ __all__ = [
     "RecentTexts",
     "ToolDicts",
     "ToolList",
-    "has_null_value",
     "tool_dict",
     "tools_text",
 ]
@@ -61,7 +60,7 @@ def _containers(value: Any) -> list[Any]:
 def tools_text(tools: Sequence[Tool]) -> bytes | None:
     """The tools' fields as orjson text, in their order (None: orjson cannot write them).
     Equal texts are equal tool lists, save NaN and infinities, which orjson writes as a
-    `null` value (`has_null_value`)."""
+    `null` value (`_has_null_value`)."""
     try:
         return orjson.dumps(
             [(t.name, t.description is None, t.description or "", t.parameters) for t in tools]
@@ -81,7 +80,7 @@ class ToolList(tuple[Tool, ...]):
         return self
 
 
-def has_null_value(text: bytes) -> bool:
+def _has_null_value(text: bytes) -> bool:
     """Whether orjson's compact `text` may hold a `null` value (or a string showing one)."""
     return any(null in text for null in _NULL_VALUES)
 
@@ -140,7 +139,7 @@ class ToolDicts:
         with self._lock:
             known = self._lists.get(key)
             if known is None:
-                known = copy.deepcopy([tool_dict(t) for t in tools]), has_null_value(key)
+                known = copy.deepcopy([tool_dict(t) for t in tools]), _has_null_value(key)
                 for part in _containers(known[0]):
                     self._texts[id(part)] = part, {}
                 dropped = self._lists.put(key, known)
