@@ -28,6 +28,46 @@ TOOLS = [
         },
     }
 ]
+AGENT_TOOLS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("read_file", ("path", "offset", "limit")),
+    ("write_file", ("path", "content")),
+    ("edit_file", ("path", "old_string", "new_string", "replace_all")),
+    ("grep", ("pattern", "path", "glob", "output_mode", "context")),
+    ("glob", ("pattern", "path")),
+    ("list_dir", ("path", "ignore")),
+    ("web_fetch", ("url", "prompt")),
+    ("web_search", ("query", "allowed_domains", "blocked_domains")),
+    ("todo_write", ("todos",)),
+    ("task", ("description", "prompt", "subagent_type")),
+    ("notebook_edit", ("notebook_path", "cell_id", "new_source", "edit_mode")),
+    ("shell_output", ("shell_id", "filter")),
+    ("kill_shell", ("shell_id",)),
+    ("ask_user", ("question", "options")),
+)
+"""Names and parameters of the tools an agent like Claude Code or Codex declares."""
+
+
+def tool_list(count: int = 1) -> list[dict[str, Any]]:
+    """`count` tools in Chat Completions form: `run` (the one the replies call) and then
+    agent-sized ones (a description of ~1 KB, a documented schema of 1-5 parameters)."""
+    if not 1 <= count <= 1 + len(AGENT_TOOLS):
+        raise ValueError(f"tools must be 1..{1 + len(AGENT_TOOLS)}, got {count}")
+    tools = list(TOOLS)
+    for name, params in AGENT_TOOLS[: count - 1]:
+        usage = (
+            f"Use {name} when the task needs it; prefer it to running a shell command, check "
+            "its result before going on, and never guess a value you can look up. "
+        )
+        properties = {
+            p: {"type": "string", "description": f"The {p.replace('_', ' ')} for {name}."}
+            for p in params
+        }
+        parameters = {"type": "object", "properties": properties, "required": [params[0]]}
+        function = {"name": name, "description": usage * 6, "parameters": parameters}
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
 # vLLM's own chat endpoint needs a tool parser to accept `tools` (the Gateway parses itself).
 VLLM_ARGS = [
     "--enforce-eager",
@@ -44,9 +84,10 @@ class Conversation:
 
     path = "/chat/completions"
 
-    def __init__(self, direct: bool = False, logprobs: bool = False) -> None:
+    def __init__(self, direct: bool = False, logprobs: bool = False, tools: int = 1) -> None:
         self.direct = direct
         self.logprobs = logprobs
+        self.tools = tool_list(tools)
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a coding agent."},
             {"role": "user", "content": "List the files, then inspect each one."},
@@ -56,7 +97,7 @@ class Conversation:
         body: dict[str, Any] = {
             "model": model,
             "messages": self.messages,
-            "tools": TOOLS,
+            "tools": self.tools,
             "max_tokens": 64,
         }
         if self.direct:  # the gateway applies the same params from its session policy
@@ -85,18 +126,18 @@ class ResponsesConversation(Conversation):
 
     path = "/responses"
 
-    def __init__(self) -> None:
+    def __init__(self, tools: int = 1) -> None:
+        self.tools = [{"type": "function", **tool["function"]} for tool in tool_list(tools)]
         self.items: list[dict[str, Any]] = [
             {"role": "user", "content": "List the files, then inspect each one."}
         ]
 
     def body(self, model: str) -> dict[str, Any]:
-        tool = {"type": "function", **TOOLS[0]["function"]}
         return {
             "model": model,
             "instructions": "You are a coding agent.",
             "input": self.items,
-            "tools": [tool],
+            "tools": self.tools,
             "store": False,
             "max_output_tokens": 64,
         }
@@ -118,21 +159,23 @@ class MessagesConversation(Conversation):
 
     path = "/messages"
 
-    def __init__(self) -> None:
+    def __init__(self, tools: int = 1) -> None:
+        self.tools = [
+            {
+                "name": fn["name"],
+                "description": fn["description"],
+                "input_schema": fn["parameters"],
+            }
+            for fn in (tool["function"] for tool in tool_list(tools))
+        ]
         self.messages = [{"role": "user", "content": "List the files, then inspect each one."}]
 
     def body(self, model: str) -> dict[str, Any]:
-        fn = TOOLS[0]["function"]
-        tool = {
-            "name": fn["name"],
-            "description": fn["description"],
-            "input_schema": fn["parameters"],
-        }
         return {
             "model": model,
             "system": "You are a coding agent.",
             "messages": self.messages,
-            "tools": [tool],
+            "tools": self.tools,
             "max_tokens": 64,
         }
 

@@ -21,7 +21,8 @@ With `--engine-api both` two gateways of this tree run side by side, one calling
 `/v1/completions`, one its token-in/token-out `/inference/v1/generate`.
 
 Run: `python -m bench.gateway_overhead [--conversations 8] [--turns 40] [--fsync off]
-[--before TREE] [--engine-api completions|generate|both] [--py-spy DIR]`. With `--py-spy`
+[--before TREE] [--tools N] [--engine-api completions|generate|both] [--py-spy DIR]`.
+`--tools N` sends N tools per request (`run`, then agent-sized ones). With `--py-spy`
 each gateway process is sampled by py-spy for the whole run (`DIR/<label>.svg`, or
 collapsed stacks with `--py-spy-format raw`). The tiny model never calls
 tools, so every path forces the reply format with vLLM structured outputs; each path feeds
@@ -177,6 +178,9 @@ def main() -> None:
         help="how the gateway calls vLLM; both: two gateways of this tree side by side",
     )
     parser.add_argument(
+        "--tools", type=int, default=1, help="tools per request (`bench.conversations.tool_list`)"
+    )
+    parser.add_argument(
         "--py-spy", type=Path, default=None, help="write a py-spy profile of each gateway here"
     )
     parser.add_argument("--py-spy-format", choices=["flamegraph", "raw"], default="flamegraph")
@@ -204,11 +208,11 @@ def main() -> None:
                     name = f"{label.replace(' ', '-')}{suffix}"
                     out = args.py_spy / name if args.py_spy else None
                     profiles.enter_context(py_spy(gw.process.pid, out, args.py_spy_format))
-                rows = measure(engine, gateways, args.conversations, args.turns)
+                rows = measure(engine, gateways, args.conversations, args.turns, args.tools)
         finally:
             for _, gw in gateways:
                 gw.stop()
-    report(rows, args.conversations, args.turns, args.fsync)
+    report(rows, args.conversations, args.turns, args.fsync, args.tools)
 
 
 SCRIPTED_REPLY = (
@@ -245,8 +249,8 @@ class ScriptedEngineProcess:
         self.process.wait(timeout=30)
 
 
-def report(rows: list[Row], conversations: int, turns: int, fsync: str) -> None:
-    print(f"{conversations} conversations x {turns} turns per path, fsync {fsync}")
+def report(rows: list[Row], conversations: int, turns: int, fsync: str, tools: int = 1) -> None:
+    print(f"{conversations} conversations x {turns} turns per path, {tools} tools, fsync {fsync}")
     late = f"t{turns - 4}-{turns}"
     print(
         f"{'path':<36}{'p50 ms':>8}{'p99 ms':>8}{'p50 x chat':>11}{'x lp':>6}"
@@ -341,6 +345,7 @@ def measure(
     gateways: list[tuple[str, GatewayProcess]],
     conversations: int,
     turns: int,
+    tools: int = 1,
 ) -> list[Row]:
     """Every path in one run, interleaved: turn t of vLLM's own chat endpoint (plain and
     with logprobs) and of each protocol through each gateway, the lanes' order rotating
@@ -354,7 +359,7 @@ def measure(
             for turn in range(2):
                 warm.turn(client, vllm.model, turn, ())
         for name, logprobs in (("vLLM chat", False), ("vLLM chat + logprobs", True)):
-            make = lambda lp=logprobs: Conversation(direct=True, logprobs=lp)  # noqa: E731
+            make = lambda lp=logprobs: Conversation(direct=True, logprobs=lp, tools=tools)  # noqa: E731
             lanes.append(Lane(name, direct, plain, make))
     for protocol, make, header, label in PROTOCOLS:
         for gw_label, gw in gateways:
@@ -362,7 +367,8 @@ def measure(
             headers = [{header: f"Bearer {t}" if header == "Authorization" else t} for t in tokens]
             scrape = lambda gw=gw, label=label: scrape_spans(gw.control, gw.admin, label)  # noqa: E731
             name = f"{gw_label} {protocol}"
-            lanes.append(Lane(name, f"{gw.url}/v1", headers, make, gw.process.pid, scrape))
+            lane_make = lambda make=make: make(tools=tools)  # noqa: E731
+            lanes.append(Lane(name, f"{gw.url}/v1", headers, lane_make, gw.process.pid, scrape))
     early, late = min(5, turns), max(0, turns - 5)  # a short run: its windows overlap
     with httpx.Client(timeout=300) as client:
         for turn in range(turns):

@@ -6,7 +6,9 @@ once rendering only a window (`window`, see `gateway.prompt.incremental`). Print
 per-call CPU (thread time) at early and late turns, and how many messages each call
 passed to the template. No engine: the "sampled" reply is the tokenized reply text.
 
-Run: `python -m bench.incremental_cost [--turns 80] [--conversations 5]`.
+Run: `python -m bench.incremental_cost [--turns 80] [--conversations 5] [--tools 15]`
+(`--tools N`: `bench.conversations.tool_list(N)`, `run` and agent-sized tools, in place of
+two small ones).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import statistics
 import time
 from typing import Any
 
+from bench.conversations import tool_list
 from devstack.tiny_model import IM_END, chat_template_text, ensure_tiny_model
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.prompt.chat_template import ChatTemplate
@@ -65,7 +68,9 @@ def reply_for(turn: int) -> tuple[Message, str]:
     return Message(role="assistant", content="", reasoning=reasoning, tool_calls=[call]), text
 
 
-def conversation(planner: IncrementalTokenizer, turns: int) -> tuple[list[float], list[int]]:
+def conversation(
+    planner: IncrementalTokenizer, turns: int, tools: list[Tool]
+) -> tuple[list[float], list[int]]:
     """Per call: CPU seconds of prepare + commit, and messages passed to the template."""
     template = planner.template
     assert isinstance(template, Recording)
@@ -78,7 +83,7 @@ def conversation(planner: IncrementalTokenizer, turns: int) -> tuple[list[float]
         sampled = planner.tokenizer.encode(text)
         template.rendered.clear()
         t0 = time.thread_time()
-        plan = planner.prepare(segments, history, TOOLS)
+        plan = planner.prepare(segments, history, tools)
         planner.commit(segments, plan, sampled, [-0.1] * len(sampled), reply, True)
         cpu.append(time.thread_time() - t0)
         rendered.append(sum(template.rendered))
@@ -98,13 +103,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=80)
     parser.add_argument("--conversations", type=int, default=5)
+    parser.add_argument("--tools", type=int, default=None, help="agent-sized tools instead")
     args = parser.parse_args()
+    tools = TOOLS
+    if args.tools is not None:
+        functions = (tool["function"] for tool in tool_list(args.tools))
+        tools = [Tool(**function) for function in functions]
     tokenizer = load_tokenizer(ensure_tiny_model() / "tokenizer.json")
     early, late = range(0, 5), range(args.turns - 5, args.turns)
     for windowing in (False, True):
         template = Recording(chat_template_text(), bos_token=None, eos_token=IM_END)
         planner = IncrementalTokenizer(template, tokenizer, windowing=windowing)
-        runs = [conversation(planner, args.turns) for _ in range(args.conversations)]
+        runs = [conversation(planner, args.turns, tools) for _ in range(args.conversations)]
         per_turn = [statistics.median(cpu[t] for cpu, _ in runs) for t in range(args.turns)]
         messages = runs[0][1]
         print(

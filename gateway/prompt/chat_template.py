@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,8 +24,9 @@ import jinja2
 
 from gateway import json_text
 from gateway.canonical import Message, Tool, ToolCall
-from gateway.prompt.jinja_env import compile_template
+from gateway.prompt.jinja_env import compile_template, tojson
 from gateway.prompt.jinja_fastpath import fast_sandbox
+from gateway.prompt.tool_dicts import ToolDicts, tool_dict
 
 __all__ = [
     "RESERVED_TEMPLATE_VARIABLES",
@@ -79,6 +81,9 @@ TOOL_CALL_STYLES: tuple[ToolCallStyle, ...] = (
 """Probe order. "" before None: None crashes several templates or renders as the text
 "None". dict before string: templates that apply `tojson` encode a string a second time."""
 
+_developer = operator.attrgetter("developer")
+"""Read in C: the fold is decided over the whole conversation on every call."""
+
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 """Message fields templates read reasoning from (Qwen/GLM/Kimi/MiniMax, gpt-oss, others)."""
 
@@ -97,14 +102,6 @@ _PROBE_VALUE = "probe-value-z9"
 _PROBE_QUESTION = "probe question x3"
 _PROBE_SYSTEM = "probe system prompt"
 _PROBE_LATE_SYSTEM = "probe late system w4"
-
-
-def _tool_dict(tool: Tool) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": tool.name}
-    if tool.description is not None:
-        function["description"] = tool.description
-    function["parameters"] = tool.parameters
-    return {"type": "function", "function": function}
 
 
 def _arguments(text: str, as_dict: bool) -> Any:
@@ -164,6 +161,7 @@ class ChatTemplate:
         self.version = hashlib.sha256(template_text.encode("utf-8")).hexdigest()
         self._extra = dict(extra_context or {})
         self._clock = clock or datetime.now
+        self._tools = ToolDicts(tojson)
         self._template = self._compile(template_text)
         self.reasoning_fields = tuple(
             f for f in _REASONING_FIELDS if re.search(rf"\b{f}\b", template_text)
@@ -177,7 +175,7 @@ class ChatTemplate:
 
     def _compile(self, text: str) -> jinja2.Template:
         try:
-            return fast_sandbox(compile_template(text, self._clock))
+            return fast_sandbox(compile_template(text, self._clock, self._tools.tojson))
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateRenderError(f"chat template syntax error: {exc}") from exc
 
@@ -189,7 +187,7 @@ class ChatTemplate:
         Decided over the whole conversation: a window rendering part of it must be told."""
         if self.one_system_message:
             return True
-        return not self.developer_role and any(m.developer for m in messages)
+        return not self.developer_role and any(map(_developer, messages))
 
     def message_dicts(
         self,
@@ -251,7 +249,7 @@ class ChatTemplate:
         that a template variable can never be taken for `fold`."""
         return self.render_dicts(
             self.message_dicts(messages, fold=fold),
-            [_tool_dict(t) for t in tools],
+            self._tools.dicts(tools),
             add_generation_prompt,
             **template_kwargs,
         )
@@ -377,7 +375,7 @@ def _probe_messages() -> list[Message]:
 
 def _probe_tool() -> dict[str, Any]:
     schema = {"type": "object", "properties": {_PROBE_KEY: {"type": "string"}}}
-    return _tool_dict(Tool(name=_PROBE_TOOL, description="Probe tool.", parameters=schema))
+    return tool_dict(Tool(name=_PROBE_TOOL, description="Probe tool.", parameters=schema))
 
 
 def _tool_call_visible(text: str, handle: str) -> bool:

@@ -37,13 +37,18 @@ def raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def compile_template(text: str, clock: Callable[[], datetime] = datetime.now) -> jinja2.Template:
-    """`text` compiled in the environment; `clock` is what `strftime_now` reads. A syntax
-    error raises `jinja2.TemplateSyntaxError`."""
+def compile_template(
+    text: str,
+    clock: Callable[[], datetime] = datetime.now,
+    tojson_filter: Callable[..., str] = tojson,
+) -> jinja2.Template:
+    """`text` compiled in the environment; `clock` is what `strftime_now` reads, and
+    `tojson_filter` must give `tojson`'s text (it may remember it). A syntax error raises
+    `jinja2.TemplateSyntaxError`."""
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
     )
-    env.filters["tojson"] = tojson
+    env.filters["tojson"] = tojson_filter
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: clock().strftime(fmt)
     return env.from_string(text)

@@ -19,6 +19,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.incremental.held_segments import HeldSegment
+from gateway.prompt.incremental.matching import request_keys
 from gateway.prompt.incremental.message_keys import hash_template_kwargs, hash_tools, message_key
 from gateway.prompt.incremental.normalisers import DEFAULT_NORMALISERS
 from gateway.prompt.incremental.planner import IncrementalTokenizer, PromptPlan
@@ -816,3 +817,32 @@ def test_tool_and_kwargs_hashes_follow_content_not_key_order() -> None:
     huge = hash_template_kwargs({"x": 2**70})  # past what orjson encodes: the stdlib's JSON
     assert huge == hash_template_kwargs({"x": 2**70}) != hash_template_kwargs({"x": 2**71})
     assert hash_template_kwargs({"a": 1, "b": 2}) == hash_template_kwargs({"b": 2, "a": 1})
+
+
+def test_plans_hash_tools_as_hash_tools_does_for_each_list(planner: IncrementalTokenizer) -> None:
+    reordered = Tool(name="t", parameters={"b": 2, "a": 1})
+    lists = [TOOLS, [Tool(name="t", parameters={"a": 1, "b": 2})], [reordered], TOOLS, []]
+    messages = [Message(role="user", content="hi")]
+    for tools in lists:  # the planner remembers each list's hash; it must stay hash_tools'
+        assert planner.prepare([], messages, tools).tools_hash == hash_tools(tools)
+    assert hash_tools(lists[1]) == hash_tools(lists[2]) != hash_tools(TOOLS)
+
+
+def test_request_keys_take_each_held_object_s_key_from_whichever_segment_holds_it() -> None:
+    def held(messages: list[Message]) -> HeldSegment:
+        keys = [message_key(m) for m in messages]
+        return HeldSegment("s", None, messages, keys, "", "", [], [], [], 0, 0, 0, True)
+
+    system, first, second = Message(role="system", content="sys"), user("one"), user("two")
+    reply = Message(role="assistant", content="ok")
+    a, b = held([system, first]), held([system.model_copy(), second, reply])
+    request = [system, second, reply, user("new")]
+    keys = request_keys(request, [a, b])
+    assert keys == [message_key(m) for m in request]
+    assert [k is a.message_keys[0] for k in keys[:1]] == [True]
+    assert [k is h for k, h in zip(keys[1:3], b.message_keys[1:], strict=True)] == [True, True]
+    shorter = request_keys([system], [b, a])  # a request shorter than a held segment
+    assert len(shorter) == 1 and shorter[0] is a.message_keys[0]
+    assert request_keys([], [a, b]) == []
+    fresh = request_keys(request, [])
+    assert fresh == keys and not any(k is h for k in fresh for h in a.message_keys)

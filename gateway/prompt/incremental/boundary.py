@@ -70,6 +70,7 @@ def find_boundary(
     finished: bool,
     floor: int = 0,
     reply_markers: int = 0,
+    prefix_spans: Sequence[tuple[int, int]] = (),
 ) -> Located | str | None:
     """(boundary offset, method), a reason, or None when marker `counted` is missing.
 
@@ -81,8 +82,12 @@ def find_boundary(
     The closing marker must start at or after `floor`. `reply_markers` are the markers
     sampled inside our reply (not its stop token): the reply is looked for from the
     marker before them, since its text may hold them (a re-render shows them as text).
+    `prefix_spans` are the markers of a prefix of `text` found before (a window's head):
+    the search goes on from the last one's end, which finds the same markers as a search
+    of the whole text.
     """
-    spans = markers.spans(text)
+    start = prefix_spans[-1][1] if prefix_spans else 0
+    spans = [*prefix_spans, *markers.spans(text, start)]
     anchored = _anchor_index(text, spans, new)
 
     def verified(index: int) -> int | None:

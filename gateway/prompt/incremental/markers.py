@@ -30,9 +30,9 @@ class EndOfTurnMarkers:
     def count_text(self, text: str) -> int:
         return sum(1 for _ in self._pattern.finditer(text))
 
-    def spans(self, text: str) -> list[tuple[int, int]]:
-        """(start, end) of every marker in `text`, in order."""
-        return [(m.start(), m.end()) for m in self._pattern.finditer(text)]
+    def spans(self, text: str, start: int = 0) -> list[tuple[int, int]]:
+        """(start, end) of every marker in `text` from `start` on, in order."""
+        return [(m.start(), m.end()) for m in self._pattern.finditer(text, start)]
 
     def closes_turn(self, output_ids: Sequence[int], finished_with_eot: bool) -> bool:
         """Did the engine end the turn itself? Only if its last sampled id is a marker."""

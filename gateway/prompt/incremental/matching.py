@@ -3,8 +3,11 @@ whose messages (as keys, or equal after normalisers) prefix the request."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, count
+from typing import cast
 
 from gateway.canonical import Message
 from gateway.prompt.incremental.held_segments import HeldSegment
@@ -33,19 +36,30 @@ def request_keys(messages: Sequence[Message], segments: Iterable[HeldSegment]) -
     the same objects (`protocols.history`; some, like a system prompt converted anew on
     every call, are new objects), and canonical messages are never changed after their
     parse: a message that *is* the held one at its position has the held key. So only
-    new messages are keyed, and a long conversation costs an identity check per message.
+    new messages are keyed. The first segment's keys are taken in one slice and the `is`
+    checks run in C (`map`, `compress`): a long conversation costs little per message.
     """
-    keys: list[MessageKey | None] = [None] * len(messages)
-    missing = len(messages)
+    n = len(messages)
+    keys: list[MessageKey | None] = [None] * n
+    missing: list[int] | None = None  # positions still without a key (None: all)
     for seg in segments:
-        held_pairs = zip(seg.messages, seg.message_keys, strict=True)
-        for i, (held, key) in zip(range(len(messages)), held_pairs, strict=False):
-            if keys[i] is None and held is messages[i]:
-                keys[i] = key
-                missing -= 1
+        held = seg.messages
+        if missing is None:
+            m = min(n, len(held))
+            keys[:m] = seg.message_keys[:m]
+            missing = [*compress(count(), map(operator.is_not, held, messages)), *range(m, n)]
+            for i in missing:
+                keys[i] = None
+        else:
+            for i in missing:
+                if i < len(held) and held[i] is messages[i]:
+                    keys[i] = seg.message_keys[i]
+            missing = [i for i in missing if keys[i] is None]
         if not missing:
             break
-    return [message_key(m) if k is None else k for k, m in zip(keys, messages, strict=True)]
+    for i in range(n) if missing is None else missing:
+        keys[i] = message_key(messages[i])
+    return cast(list[MessageKey], keys)
 
 
 def find_match(
@@ -89,13 +103,14 @@ def _common_prefix(
     normalisers: Sequence[Normaliser],
 ) -> tuple[int, list[str]]:
     drift: list[str] = []
-    for i, (held, key) in enumerate(zip(seg.messages, seg.message_keys, strict=True)):
-        if i >= len(messages):
-            return i, drift
-        if key is keys[i] or key == keys[i]:  # reused keys are the held ones (`request_keys`)
+    held_keys = seg.message_keys
+    # Reused keys are the held ones (`request_keys`): only the others are compared.
+    for i in compress(count(), map(operator.is_not, held_keys, keys)):
+        if held_keys[i] == keys[i]:
             continue
+        held = seg.messages[i]
         forgiven = forgive(held, messages[i], normalisers)
         if forgiven is None:
             return i, drift
         drift.append(f"message {i} ({held.role}): {', '.join(forgiven)}")
-    return len(seg.messages), drift
+    return min(len(held_keys), len(messages)), drift

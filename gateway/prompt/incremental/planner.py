@@ -34,6 +34,7 @@ from gateway.prompt.incremental.normalisers import DEFAULT_NORMALISERS, Normalis
 from gateway.prompt.incremental.tokenizer_adapter import Tokenizer
 from gateway.prompt.incremental.window import WHOLE_CONVERSATION, WindowRenderer
 from gateway.prompt.incremental.window_probe import WindowDecision, WindowProbe
+from gateway.prompt.tool_dicts import RecentTexts, ToolList
 from schemas.trajectory import MatchKind
 
 __all__ = ["IncrementalTokenizer", "PromptPlan"]
@@ -113,6 +114,7 @@ class IncrementalTokenizer:
         self._window = WindowRenderer(template, self._markers)
         self._probe = WindowProbe(template, self._markers, windowing)
         self.windowing = self.windowing_for({})
+        self._tools_hashes: RecentTexts[str] = RecentTexts(16)
 
     def count_markers(self, ids: Iterable[int]) -> int:
         return self._markers.count_ids(ids)
@@ -140,6 +142,19 @@ class IncrementalTokenizer:
         opened, closed = (text.rfind(tag) for tag in self.reasoning_tags)
         return opened > closed
 
+    def _hash_tools(self, tools: ToolList) -> str:
+        """`hash_tools`, remembered for the last tool lists: agents send the same ones on
+        every call. Equal `tools_text`s are equal fields, which `hash_tools` hashes alike
+        (NaN and null too: its orjson writes both as null)."""
+        text = tools.text
+        if text is None:
+            return hash_tools(tools)
+        known = self._tools_hashes.get(text)
+        if known is None:
+            known = hash_tools(tools)
+            self._tools_hashes.put(text, known)
+        return known
+
     # -- prepare ----------------------------------------------------------------------
 
     def prepare(
@@ -157,9 +172,10 @@ class IncrementalTokenizer:
         """
         segments = list(segments.values() if isinstance(segments, Mapping) else segments)
         messages = list(messages)
+        tools = ToolList(tools)
         kwargs = dict(template_kwargs or {})
         keys = request_keys(messages, segments)
-        tools_hash, kwargs_hash = hash_tools(tools), hash_template_kwargs(kwargs)
+        tools_hash, kwargs_hash = self._hash_tools(tools), hash_template_kwargs(kwargs)
         match = find_match(segments, messages, keys, tools_hash, kwargs_hash, self.normalisers)
         common = dict(
             messages=messages, message_keys=keys, tools_hash=tools_hash, kwargs_hash=kwargs_hash

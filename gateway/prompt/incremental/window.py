@@ -45,7 +45,7 @@ def head_length(messages: Sequence[Message], head: str) -> int:
 class WindowRenderer:
     """Renders windows of one template and locates our previous reply's end in them.
 
-    `heads` caches each head rendered alone with its marker count, keyed by the head's
+    `heads` caches each head rendered alone with its markers (spans), keyed by the head's
     message keys, the tools and kwargs hashes and whether system messages fold (at most
     64, oldest dropped first).
     """
@@ -53,7 +53,7 @@ class WindowRenderer:
     def __init__(self, template: ChatTemplate, markers: EndOfTurnMarkers) -> None:
         self.template = template
         self.markers = markers
-        self.heads: dict[tuple[Any, ...], tuple[str, int]] = {}
+        self.heads: dict[tuple[Any, ...], tuple[str, list[tuple[int, int]]]] = {}
 
     def locate(
         self,
@@ -94,21 +94,22 @@ class WindowRenderer:
                 return f"window head render failed: {exc}"
             if len(self.heads) >= _MAX_CACHED_HEADS:
                 self.heads.pop(next(iter(self.heads)))
-            cached = self.heads[key] = head_text, self.markers.count_text(head_text)
+            cached = self.heads[key] = head_text, self.markers.spans(head_text)
             if not text.startswith(head_text):
                 return "the head rendered alone is not a prefix of the window"
-        head_text, head_markers = cached
+        head_text, head_spans = cached
         finished = seg.reply_finished
         located = find_boundary(
             self.markers,
             text,
             messages[held - 1],
             messages[held:],
-            counted=head_markers + seg.reply_markers - int(finished),
+            counted=len(head_spans) + seg.reply_markers - int(finished),
             tolerance=seg.reply_markers - int(finished),
             finished=finished,
             floor=len(head_text),
             reply_markers=seg.reply_markers - int(finished),
+            prefix_spans=head_spans,
         )
         if located is None:
             return f"{NOT_FOUND} in the window"
