@@ -7,6 +7,7 @@ official SDKs, is `tests/integration/test_gateway_limits.py`."""
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -336,8 +337,23 @@ def test_a_kept_alive_connection_is_not_cut_between_requests(
     assert cuts.names == []
 
 
+def test_a_request_the_parser_rejects_is_answered_in_json_and_closed(
+    served: tuple[BackgroundServer, Cuts],
+) -> None:
+    server, cuts = served
+    with connect(server) as bad:
+        bad.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n")
+        reply = read_to_eof(bad)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert b"content-type: application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_request" and "header is malformed" in error["message"]
+    assert cuts.names == []
+
+
 def test_without_the_deadlines_uvicorn_keeps_a_trickled_head_open() -> None:
-    """Control: the stock h11 protocol holds the same trickling client past the time in
+    """Control: uvicorn's stock protocol holds the same trickling client past the time in
     which the deadline protocol cut it (so the cuts above are the deadlines' doing)."""
     app = Starlette(routes=[Route("/", early, methods=["GET"])])
     with BackgroundServer(app) as server, connect(server) as slow:
