@@ -261,7 +261,10 @@ class Listeners:
         http = http_protocol(settings, self.app.gateway.metrics)
 
         def server(app: Any, **config: Any) -> _Listener:
-            return _Listener(uvicorn.Config(app, log_level="warning", http=http, **config))
+            # proxy_headers off: nothing reads a client's address, so uvicorn need not
+            # rewrite it from X-Forwarded-* on every request
+            options = {"log_level": "warning", "http": http, "proxy_headers": False}
+            return _Listener(uvicorn.Config(app, **options, **config))
 
         self.agent = [(server(agent_app), agent_sock)]
         if shared_sock is not None:
