@@ -79,4 +79,4 @@ async def measured(
         _current.reset(token)
     spans.lap("respond")
     if status < 400:
-        metrics.observe_spans(protocol, spans.wall, spans.cpu)
+        metrics.spans.observe(protocol, spans.wall, spans.cpu)
