@@ -298,7 +298,7 @@ class GatewayApp:
         """Authenticate, read and translate an agent call with its protocol's parser."""
         session = self.gateway.authenticate(_bearer(request))
         lap("auth")
-        headers, path = dict(request.headers), request.url.path
+        headers, path = dict(request.headers), route.path
         canonical, body = await self._agent_body(
             request,
             session,
