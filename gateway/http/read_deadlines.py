@@ -5,7 +5,7 @@ uvicorn puts no deadline on a request head: its keep-alive timer runs only betwe
 requests and any byte received cancels it, so a client sending one header byte every few
 seconds holds a connection (and a file descriptor) for good. Neither does it bound a body
 the app does not read, as after an early error reply. This protocol (uvicorn's httptools
-one, whose C parser costs a third of h11's CPU per request) adds two timers:
+one, whose C parser takes less CPU per request than h11) adds two timers:
 
 - head: from the connection's start, or from the first byte of a request after a
   keep-alive pause, the whole request head must arrive within `header_timeout_s`;
