@@ -16,11 +16,12 @@ one, whose C parser takes less CPU per request than h11) adds two timers:
 A cut closes the connection without a reply (HTTP has no place for one before a request
 head) and is counted by the limit's name.
 
-Two more things keep the app's view of a request what it is under h11: a request target
-that is not a plain path (absolute-form, a fragment) reaches the app as sent, where
-httptools would drop the authority or the fragment, so the app's target checks refuse it
-by name; and a request the parser rejects is answered with a JSON error in OpenAI's shape
-(the path, which picks a protocol, is not known yet), not uvicorn's plain text.
+Three more things keep a request what it was under h11: a head past `MAX_HEAD_BYTES` is
+refused (431); a request target that is not a plain path (absolute-form, a fragment)
+reaches the app as sent, where httptools would drop the authority or the fragment, so the
+app's target checks refuse it by name; and a request the parser rejects is answered with
+a JSON error in OpenAI's shape (the path, which picks a protocol, is not known yet), not
+uvicorn's plain text.
 """
 
 import asyncio
@@ -35,6 +36,10 @@ from gateway.protocols.registry import DEFAULT_ERROR_RESPONSE
 
 BODY_GRACE_S = 5.0
 """How much longer than the app's body deadline the connection's own one waits."""
+
+MAX_HEAD_BYTES = 16 * 1024
+"""The longest request head (request line and headers) taken, as uvicorn's h11 protocol
+took: httptools itself holds a head of any size in memory."""
 
 Phase = Literal["header_timeout_s", "body_timeout_s"]
 
@@ -61,13 +66,21 @@ def deadline_protocol(
             self._reading: Phase | None = "header_timeout_s"
             self._phase: Phase | None = None
             self._timer: asyncio.TimerHandle | None = None
+            self._head_bytes = 0  # of the head being read
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._set(self._reading)
 
         def data_received(self, data: bytes) -> None:
+            in_head = self._reading == "header_timeout_s"
             super().data_received(data)
+            if self._reading == "header_timeout_s" and not self.transport.is_closing():
+                # every byte fed while a head is still incomplete is part of it
+                self._head_bytes = (self._head_bytes if in_head else 0) + len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    why = f"the request head exceeds {MAX_HEAD_BYTES} bytes"
+                    self._refuse(GatewayError("too_large", why, status=431))
             self._set(self._reading)
 
         def on_message_begin(self) -> None:
@@ -88,13 +101,18 @@ def deadline_protocol(
             self._reading = None
 
         def send_400_response(self, msg: str) -> None:
-            err = GatewayError(
-                "invalid_request",
-                "not a valid HTTP/1.1 request: its request line (method, request target, "
-                "version) or a header is malformed",
+            self._refuse(
+                GatewayError(
+                    "invalid_request",
+                    "not a valid HTTP/1.1 request: its request line (method, request "
+                    "target, version) or a header is malformed",
+                )
             )
+
+        def _refuse(self, err: GatewayError) -> None:
+            """Answer `err` in JSON before any app saw the request, and close."""
             reply = DEFAULT_ERROR_RESPONSE(err)
-            head = [STATUS_LINE[400]]
+            head = [STATUS_LINE[err.status]]
             head += [name + b": " + value + b"\r\n" for name, value in reply.raw_headers]
             self.transport.write(b"".join([*head, b"connection: close\r\n\r\n", reply.body]))
             self.transport.close()
