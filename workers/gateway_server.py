@@ -5,7 +5,8 @@ the control API, /metrics and /health listen on `control_port` (what workers and
 trainers use), served from their own thread and event loop so a loaded agent listener
 cannot delay them. One process saturates on tokenization; N processes each own the sessions
 created on them (the base URL handed to the agent names the owning process), sharing only
-the data dir; process i listens on `port + i` and `control_port + i`.
+the data dir; process i listens on `port + i` and `control_port + i`. Both loops are
+uvloop's, whose transports cost less CPU per call than asyncio's.
 """
 
 import asyncio
@@ -24,7 +25,8 @@ from typing import Any, Literal
 
 import httpx
 import uvicorn
-from starlette.applications import Starlette
+import uvloop
+from starlette.types import ASGIApp
 
 from gateway import lifeline
 from gateway.calls.pipeline import Gateway
@@ -184,7 +186,7 @@ def build_gateway(settings: GatewaySettings, clock: Clock = time.time) -> Gatewa
 
 def build_listener_apps(
     settings: GatewaySettings,
-) -> tuple[Starlette, Starlette, OwnerForwarder]:
+) -> tuple[ASGIApp, ASGIApp, OwnerForwarder]:
     """(agent app, control app, shared-port app) around one Gateway core: the shared-port
     app serves this process's sessions with the agent app and relays the others'."""
     _, agent, control, shared = _build_listener_apps(settings)
@@ -193,7 +195,7 @@ def build_listener_apps(
 
 def _build_listener_apps(
     settings: GatewaySettings,
-) -> tuple[GatewayApp, Starlette, Starlette, OwnerForwarder]:
+) -> tuple[GatewayApp, ASGIApp, ASGIApp, OwnerForwarder]:
     check_admin_policy(settings)
     app = GatewayApp(
         build_gateway(settings),
@@ -208,7 +210,7 @@ def _build_listener_apps(
 
 
 def http_protocol(settings: GatewaySettings, metrics: GatewayMetrics) -> type[asyncio.Protocol]:
-    """uvicorn's `http` for every listener of a process: h11 with read deadlines
+    """uvicorn's `http` for every listener of a process: httptools with read deadlines
     (gateway/http/read_deadlines.py), each cut counted as a limit refusal."""
 
     def cut(limit: str) -> None:
@@ -259,7 +261,10 @@ class Listeners:
         http = http_protocol(settings, self.app.gateway.metrics)
 
         def server(app: Any, **config: Any) -> _Listener:
-            return _Listener(uvicorn.Config(app, log_level="warning", http=http, **config))
+            # proxy_headers off: nothing reads a client's address, so uvicorn need not
+            # rewrite it from X-Forwarded-* on every request
+            options = {"log_level": "warning", "http": http, "proxy_headers": False}
+            return _Listener(uvicorn.Config(app, **options, **config))
 
         self.agent = [(server(agent_app), agent_sock)]
         if shared_sock is not None:
@@ -287,7 +292,7 @@ class Listeners:
                 served.append(asyncio.ensure_future(control.serve(sockets=[control_sock])))
             elif not served[0].done():
                 thread = threading.Thread(
-                    target=asyncio.run,
+                    target=uvloop.run,
                     args=(control.serve(sockets=[control_sock]),),
                     name="gateway-control",
                     daemon=True,
@@ -337,7 +342,7 @@ def serve(settings: GatewaySettings) -> None:
             f"http://{settings.control_host}:{settings.control_port}, model family {family}",
             flush=True,
         )
-        asyncio.run(serve_listeners(settings))
+        uvloop.run(serve_listeners(settings))
         return
     children: list[subprocess.Popen[bytes]] = []
     controls = [

@@ -133,6 +133,12 @@ _SYNCED: Future[None] = Future()
 _SYNCED.set_result(None)
 
 
+def _checked(session_id: str) -> str:
+    if not session_id or "/" in session_id or session_id.startswith("."):
+        raise ValueError(f"invalid session id {session_id!r}")
+    return session_id
+
+
 class SessionStore:
     """Append-only files per session. Thread-safe.
 
@@ -146,6 +152,7 @@ class SessionStore:
     ) -> None:
         self.root = Path(data_dir) / "sessions"
         self.root.mkdir(parents=True, exist_ok=True)
+        self._root_text = str(self.root)
         self.durability = durability
         self._group = GroupCommit(sync_interval_s) if durability == "group" else None
         self._lock = threading.Lock()
@@ -153,9 +160,13 @@ class SessionStore:
         """The records file of each session this process appends to (its torn tail cut)."""
 
     def _dir(self, session_id: str) -> Path:
-        if not session_id or "/" in session_id or session_id.startswith("."):
-            raise ValueError(f"invalid session id {session_id!r}")
-        return self.root / session_id
+        return self.root / _checked(session_id)
+
+    def _file(self, session_id: str, name: str) -> str:
+        """A session file's path as text: the checks every call makes (`is_closed`,
+        `last_write`) stat it without building pathlib objects, which cost several times
+        the stat itself on the event loop."""
+        return f"{self._root_text}/{_checked(session_id)}/{name}"
 
     def _sync_now(self, *paths: Path) -> None:
         """Synchronous fsync of rarely written files and directories (create, close)."""
@@ -268,7 +279,7 @@ class SessionStore:
         """Wall-clock time of the last record appended (the file's mtime); 0 when a crash
         during `create` left no records file (nothing was ever appended)."""
         try:
-            return (self._dir(session_id) / "records.jsonl").stat().st_mtime
+            return os.stat(self._file(session_id, "records.jsonl")).st_mtime
         except FileNotFoundError:
             return 0.0
 
@@ -292,7 +303,11 @@ class SessionStore:
             return False
 
     def is_closed(self, session_id: str) -> bool:
-        return (self._dir(session_id) / "closed").exists()
+        try:
+            os.stat(self._file(session_id, "closed"))
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return True
 
     def load_meta(self, session_id: str) -> SessionMeta:
         return SessionMeta.model_validate_json((self._dir(session_id) / "meta.json").read_text())

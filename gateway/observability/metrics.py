@@ -1,9 +1,9 @@
 """Prometheus metrics of the Gateway, on a private registry so several apps can coexist
 in one test process without colliding on the global default registry."""
 
-from collections.abc import Mapping
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gateway.observability.span_histograms import SpanHistograms
 
 SPAN_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 SPAN_BUCKETS += (0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -87,35 +87,18 @@ class GatewayMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
             registry=self.registry,
         )
-        self.span_seconds = Histogram(
-            "rollout_gateway_call_span_seconds",
-            "Wall time of one span of a successful agent call (see "
-            "gateway.observability.spans.SPANS); a call's spans add up to the whole time "
-            "the app held it.",
-            ["protocol", "span"],
+        #: per-call spans of the model calls (`gateway.observability.spans`)
+        self.spans = SpanHistograms(
+            self.registry,
+            wall=(
+                "rollout_gateway_call_span_seconds",
+                "Wall time of one span of a successful agent call (see "
+                "gateway.observability.spans.SPANS); a call's spans add up to the whole time "
+                "the app held it.",
+            ),
+            cpu=(
+                "rollout_gateway_call_span_cpu_seconds",
+                "Event-loop thread CPU time of one span of a successful agent call.",
+            ),
             buckets=SPAN_BUCKETS,
-            registry=self.registry,
         )
-        self.span_cpu_seconds = Histogram(
-            "rollout_gateway_call_span_cpu_seconds",
-            "Event-loop thread CPU time of one span of a successful agent call.",
-            ["protocol", "span"],
-            buckets=SPAN_BUCKETS,
-            registry=self.registry,
-        )
-        self._span_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
-
-    def observe_spans(
-        self, protocol: str, wall: Mapping[str, float], cpu: Mapping[str, float]
-    ) -> None:
-        """One finished call's spans (wall and CPU seconds by span name)."""
-        for span, seconds in wall.items():
-            children = self._span_children.get((protocol, span))
-            if children is None:  # labels() per observation was a fifth of this method
-                children = (
-                    self.span_seconds.labels(protocol, span),
-                    self.span_cpu_seconds.labels(protocol, span),
-                )
-                self._span_children[(protocol, span)] = children
-            children[0].observe(seconds)
-            children[1].observe(cpu.get(span, 0.0))

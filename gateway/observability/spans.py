@@ -3,20 +3,17 @@
 A call's handler marks laps as it moves on (`lap("plan")` after planning, `lap("engine")`
 after the engine answered, ...): each lap gets the time since the previous one, so the
 spans of a call add up to the whole time the app held it, with nothing unattributed. The
-laps are kept on a context variable set by `SpanMiddleware`, so the code that marks them
-takes no extra argument, and a lap outside a measured call (a test driving the core
-directly) costs nothing. The middleware closes the last span (`respond`: building the
-response and handing it to the server) and observes every span into the histograms.
+laps are kept on a context variable set by `measured`, so the code that marks them takes
+no extra argument, and a lap outside a measured call (a test driving the core directly)
+costs nothing. `measured` closes the last span (`respond`: building the response and
+handing it to the server) and observes every span into the histograms.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any
-
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.observability.metrics import GatewayMetrics
 
@@ -69,35 +66,17 @@ def lap(span: str) -> None:
         spans.lap(span)
 
 
-class SpanMiddleware:
-    """ASGI middleware around the agent app: measures the model calls that end in a
-    success and observes their spans. `measured`: path → label of the calls to measure
-    (the protocols' sampling routes, `gateway.protocols.registry.span_labels`)."""
-
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, measured: Mapping[str, str]) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.measured = dict(measured)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        protocol = self.measured.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if protocol is None:
-            await self.app(scope, receive, send)
-            return
-        spans = CallSpans()
-        status: dict[str, Any] = {}
-
-        async def measured_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                spans.lap("respond")
-                if status.get("code", 500) < 400:
-                    self.metrics.observe_spans(protocol, spans.wall, spans.cpu)
-
-        token = _current.set(spans)
-        try:
-            await self.app(scope, receive, measured_send)
-        finally:
-            _current.reset(token)
+async def measured(
+    metrics: GatewayMetrics, protocol: str, call: Callable[[], Awaitable[int]]
+) -> None:
+    """Run `call` (one model call, answered when it returns; it returns the status) with
+    its spans measured, and observe them under `protocol` if it succeeded."""
+    spans = CallSpans()
+    token = _current.set(spans)
+    try:
+        status = await call()
+    finally:
+        _current.reset(token)
+    spans.lap("respond")
+    if status < 400:
+        metrics.spans.observe(protocol, spans.wall, spans.cpu)

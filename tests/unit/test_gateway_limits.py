@@ -7,6 +7,7 @@ official SDKs, is `tests/integration/test_gateway_limits.py`."""
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from devstack.background_server import BackgroundServer
 from gateway.capture.recording import StoredRequest
 from gateway.capture.store import SessionMeta
 from gateway.errors import LIMIT_HEADER, GatewayError, body_timed_out
-from gateway.http.read_deadlines import deadline_protocol
+from gateway.http.read_deadlines import MAX_HEAD_BYTES, deadline_protocol
 from gateway.options import GatewayOptions
 from gateway.protocols.anthropic_messages.reply import anthropic_error_response
 from gateway.protocols.opaque_token import TokenSeal
@@ -336,8 +337,45 @@ def test_a_kept_alive_connection_is_not_cut_between_requests(
     assert cuts.names == []
 
 
+def test_a_request_the_parser_rejects_is_answered_in_json_and_closed(
+    served: tuple[BackgroundServer, Cuts],
+) -> None:
+    server, cuts = served
+    with connect(server) as bad:
+        bad.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n")
+        reply = read_to_eof(bad)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert b"content-type: application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_request" and "header is malformed" in error["message"]
+    assert cuts.names == []
+
+
+def test_a_head_past_its_size_limit_is_refused_and_a_large_body_is_not(
+    served: tuple[BackgroundServer, Cuts],
+) -> None:
+    server, _ = served
+    with connect(server) as big:
+        big.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * MAX_HEAD_BYTES)
+        reply = read_to_eof(big)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431")
+    assert f"exceeds {MAX_HEAD_BYTES} bytes" in json.loads(body)["error"]["message"]
+    # Control: a head just under the limit, and a body four times its size sent with its
+    # head in one write, are served.
+    near = b"X-Big: " + b"a" * (MAX_HEAD_BYTES - 100) + b"\r\n"
+    body = b"{" + b" " * (4 * MAX_HEAD_BYTES) + b"}"
+    with connect(server) as ok:
+        ok.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n" + near + b"\r\n")
+        assert read_response(ok).startswith(b"HTTP/1.1 200")
+        length = f"Content-Length: {len(body)}\r\n".encode()
+        ok.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n" + length + b"\r\n" + body)
+        assert read_response(ok).startswith(b"HTTP/1.1 200")
+
+
 def test_without_the_deadlines_uvicorn_keeps_a_trickled_head_open() -> None:
-    """Control: the stock h11 protocol holds the same trickling client past the time in
+    """Control: uvicorn's stock protocol holds the same trickling client past the time in
     which the deadline protocol cut it (so the cuts above are the deadlines' doing)."""
     app = Starlette(routes=[Route("/", early, methods=["GET"])])
     with BackgroundServer(app) as server, connect(server) as slow:

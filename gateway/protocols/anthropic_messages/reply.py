@@ -8,6 +8,7 @@ a verbatim echo restores our reasoning even if the client hid its text.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from gateway import json_text
 from gateway.canonical import Reply, ToolCall
 from gateway.errors import GatewayError
+from gateway.protocols.json_reply import json_reply
 from gateway.protocols.opaque_token import TokenSeal
 from gateway.protocols.sse import (
     SSE_PIECE_CHARS,
@@ -120,6 +122,11 @@ def _usage(result: Reply) -> dict[str, int]:
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": result.cached_prompt_tokens,
     }
+
+
+_MAY_HOLD_FLOAT = re.compile(r"[0-9][.eE]|NaN|Infinity")
+"""Tool-call arguments a float could be parsed from (a tool input is the only place a
+reply body holds one): their reply is written by the stdlib encoder (`json_reply`)."""
 
 
 def _tool_input(tc: ToolCall) -> tuple[dict[str, Any], str]:
@@ -357,9 +364,12 @@ def messages_response(
                 result, seal, include_thinking=include_thinking, stop_sequence=stop_sequence
             )
         )
-    return JSONResponse(
-        messages_body(result, seal, include_thinking=include_thinking, stop_sequence=stop_sequence)
+    body = messages_body(
+        result, seal, include_thinking=include_thinking, stop_sequence=stop_sequence
     )
+    if any(_MAY_HOLD_FLOAT.search(tc.arguments) for tc in result.output.tool_calls):
+        return JSONResponse(body)  # a tool input's floats as the stdlib encoder spells them
+    return json_reply(body)
 
 
 def count_tokens_response(input_tokens: int) -> Response:

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.canonical import Reply, ToolCall
 from gateway.errors import GatewayError
+from gateway.protocols.json_reply import json_reply
 from gateway.protocols.sse import (
     SSE_PIECE_CHARS,
     Sent,
@@ -231,4 +232,4 @@ def chat_completion_response(
         return event_stream_response(
             chat_completion_sse(result, include_usage, include_reasoning=include_reasoning)
         )
-    return JSONResponse(chat_completion_body(result, include_reasoning))
+    return json_reply(chat_completion_body(result, include_reasoning))

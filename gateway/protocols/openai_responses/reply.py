@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.canonical import CanonicalRequest, Reply, ToolCall
 from gateway.errors import GatewayError
+from gateway.protocols.json_reply import json_reply
 from gateway.protocols.opaque_token import TokenSeal
 from gateway.protocols.openai_responses.request import (
     COMPACT_INSTRUCTION,
@@ -405,7 +406,7 @@ def responses_response(result: Reply, seal: TokenSeal, *, stream: bool) -> Respo
     """Starlette response for a finished `/v1/responses` call, streamed or not."""
     if stream:
         return event_stream_response(responses_sse(result, seal))
-    return JSONResponse(responses_body(result, seal))
+    return json_reply(responses_body(result, seal))
 
 
 def compact_response(result: Reply, request: CanonicalRequest, seal: TokenSeal) -> Response:
