@@ -21,7 +21,8 @@ With `--engine-api both` two gateways of this tree run side by side, one calling
 `/v1/completions`, one its token-in/token-out `/inference/v1/generate`.
 
 Run: `python -m bench.gateway_overhead [--conversations 8] [--turns 40] [--fsync off]
-[--before TREE] [--tools N] [--engine-api completions|generate|both] [--py-spy DIR]`.
+[--before TREE] [--tools N] [--engine-api completions|generate|both] [--py-spy DIR]
+[--engine scripted [--engine-latency-ms MS]]`.
 `--tools N` sends N tools per request (`run`, then agent-sized ones). With `--py-spy`
 each gateway process is sampled by py-spy for the whole run (`DIR/<label>.svg`, or
 collapsed stacks with `--py-spy-format raw`). The tiny model never calls
@@ -172,6 +173,13 @@ def main() -> None:
         "the gateway's own CPU per call and spans without vLLM (no vLLM rows, no ratios)",
     )
     parser.add_argument(
+        "--engine-latency-ms",
+        type=float,
+        default=0.0,
+        help="scripted only: the engine answers each call this much later (its idle wait "
+        "shows what the gateway's own timers cost a call that waits on a real engine)",
+    )
+    parser.add_argument(
         "--engine-api",
         choices=["completions", "generate", "both"],
         default="completions",
@@ -185,11 +193,13 @@ def main() -> None:
     )
     parser.add_argument("--py-spy-format", choices=["flamegraph", "raw"], default="flamegraph")
     args = parser.parse_args()
+    if args.engine_latency_ms and args.engine != "scripted":
+        parser.error("--engine-latency-ms needs --engine scripted")
     model_dir = ensure_tiny_model()
     engine = (
         VllmServer(VllmServerConfig(model_dir=model_dir, extra_args=VLLM_ARGS))
         if args.engine == "vllm"
-        else ScriptedEngineProcess(model_dir)
+        else ScriptedEngineProcess(model_dir, args.engine_latency_ms)
     )
     apis = ["completions", "generate"] if args.engine_api == "both" else [args.engine_api]
     with engine:
@@ -222,13 +232,15 @@ SCRIPTED_REPLY = (
 
 
 class ScriptedEngineProcess:
-    """`python -m devstack.scripted_engine` (a FAKE engine: every answer is one tool call)
-    on a free port, with the `url` and `model` of a `VllmServer`."""
+    """`python -m devstack.scripted_engine` (a FAKE engine: every answer is one tool call,
+    `latency_ms` after the call) on a free port, with the `url` and `model` of a
+    `VllmServer`."""
 
     model = "tiny-qwen3"
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, latency_ms: float = 0.0) -> None:
         self.model_dir = model_dir
+        self.latency_ms = latency_ms
         self.url = f"http://127.0.0.1:{free_port()}"
 
     def __enter__(self) -> "ScriptedEngineProcess":
@@ -236,6 +248,7 @@ class ScriptedEngineProcess:
         script.write_text(json.dumps({"default_reply": SCRIPTED_REPLY}))
         argv = [sys.executable, "-m", "devstack.scripted_engine", "--script", str(script)]
         argv += ["--tokenizer", str(self.model_dir / "tokenizer.json"), "--model", self.model]
+        argv += ["--delay-ms", str(self.latency_ms)]
         self.process = subprocess.Popen([*argv, "--port", self.url.rsplit(":", 1)[1]])
         try:
             wait_healthy(self.url, self.process, timeout_s=60)

@@ -425,10 +425,16 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--log", type=Path, default=None, help="append each answer here")
     parser.add_argument("--eos-token", default="<|im_end|>", help="token every reply ends with")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="wait before each answer")
     args = parser.parse_args()
     script = Script.model_validate(json.loads(args.script.read_text()))
     engine = ScriptedEngine(
-        args.tokenizer, script, eos_token=args.eos_token, model=args.model, log_path=args.log
+        args.tokenizer,
+        script,
+        eos_token=args.eos_token,
+        model=args.model,
+        log_path=args.log,
+        delay_s=args.delay_ms / 1000,
     )
     uvicorn.run(engine.app(), host="127.0.0.1", port=args.port, log_level="warning")
 

@@ -187,6 +187,12 @@ def test_traffic_moves_every_series_by_what_it_did(
         pending = pool.submit(ask, small, [{"role": "user", "content": "Held."}])
         assert engine.arrived.wait(300)
         inflight = scrape(gw)
+        # the loop-lag probe samples every LAG_INTERVAL_S: the call stays held until it has
+        lag = "rollout_gateway_event_loop_lag_seconds_count"
+        deadline = time.monotonic() + 30
+        while value(scrape(gw), lag) == value(before, lag):
+            assert time.monotonic() < deadline, "the loop-lag probe took no sample in 30 s"
+            time.sleep(0.05)
         engine.release.set()
         assert pending.result().status_code == 200
     httpx.delete(f"{gw.control_url}/sessions/{sid}", headers=gw.admin_headers).raise_for_status()
