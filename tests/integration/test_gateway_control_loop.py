@@ -21,6 +21,7 @@ import pytest
 
 from devstack.background_server import BackgroundServer
 from devstack.scripted_engine import Script, ScriptedEngine
+from workers import gateway_server
 from workers.gateway_server import GatewaySettings, Listeners
 
 pytestmark = pytest.mark.integration
@@ -138,3 +139,19 @@ def test_control_on_the_agent_loop_is_held_by_the_same_block(
         assert httpx.get(f"{gw.control}/health", timeout=30).status_code == 200
     finally:
         gw.stop()
+
+
+def test_a_stop_ends_both_listeners_without_waiting_for_their_tick(
+    engine_url: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Idle listeners wake once per `TICK_S`; a stop (here from another thread, as a
+    signal's handler or a test does it) wakes both at once. With a tick of an hour, a stop
+    that waited for the tick would leave the serving thread running past the join."""
+    monkeypatch.setattr(gateway_server, "TICK_S", 3600.0)
+    gw = served(engine_url, tiny_model_dir, tmp_path, own_loop=True)
+    # the first tick set the Date header before serving
+    assert httpx.get(f"{gw.agent}/v1/models").headers["date"].endswith(" GMT")
+    gw.listeners.stop()
+    gw.thread.join(30)
+    assert not gw.thread.is_alive()
+    gw.loop.close()
