@@ -13,6 +13,10 @@ checks are a third of a window render's CPU. Here:
   (`abc.get_cache_token()` moves, and the verdicts are forgotten).
 
 Everything else, `str.format` wrapping included, takes the sandbox's own path.
+
+A render also starts faster: the template's globals (a `ChainMap` of its own and the
+environment's, which every render copies key by key in Python) become one plain dict,
+taken once the environment is set up; nothing changes them afterwards.
 """
 
 from __future__ import annotations
@@ -80,7 +84,8 @@ class _FastSandbox(ImmutableSandboxedEnvironment):
 def fast_sandbox(template: jinja2.Template) -> jinja2.Template:
     """`template` (compiled by `jinja_env.compile_template`, in an environment of its own)
     rendering with the fast paths. The environment keeps its setup; only its class gains
-    the faster `getattr`, which the compiled template calls for every attribute."""
+    the faster `getattr`, which the compiled template calls for every attribute, and the
+    template its globals as one dict."""
     env = template.environment
     if type(env) is not ImmutableSandboxedEnvironment:
         raise TypeError(f"expected jinja_env's sandboxed environment, got {type(env).__name__}")
@@ -88,4 +93,5 @@ def fast_sandbox(template: jinja2.Template) -> jinja2.Template:
     assert isinstance(env, _FastSandbox)
     env._verdicts = {}
     env._abc_token = abc.get_cache_token()
+    template.globals = dict(template.globals)
     return template

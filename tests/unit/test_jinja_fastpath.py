@@ -40,6 +40,10 @@ EXPRESSIONS = [
     "{% set ns = namespace(a=1) %}{% set ns.a = 2 %}{{ ns.a }}{{ ns._Namespace__attrs }}",
     "{{ raise_exception.__globals__ }}",
     "{{ cycler.__init__.__globals__ }}",
+    "{{ range(3) | list }}{{ dict(a=1) }}{{ strftime_now is defined }}{{ joiner is defined }}",
+    "{{ raise_exception('refused ' + m.role) }}",
+    "{% set range = m.role %}{{ range }}",
+    "{% macro f(x) %}{{ x }}{{ raise_exception is defined }}{% endmacro %}{{ f(m.content) }}",
 ]
 """Reads a template may make, allowed and refused, on every kind of value it sees."""
 
