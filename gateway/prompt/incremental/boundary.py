@@ -19,8 +19,8 @@ held tokens are what the model saw.
 from __future__ import annotations
 
 import bisect
-import json
 from collections.abc import Sequence
+from json.encoder import encode_basestring, encode_basestring_ascii
 
 from gateway.canonical import Message
 from gateway.prompt.incremental.held_segments import HeldSegment
@@ -88,7 +88,8 @@ def find_boundary(
     """
     start = prefix_spans[-1][1] if prefix_spans else 0
     spans = [*prefix_spans, *markers.spans(text, start)]
-    anchored = _anchor_index(text, spans, new)
+    new_anchors = [_anchors(m) for m in new]
+    anchored = _anchor_index(text, spans, new_anchors)
 
     def verified(index: int) -> int | None:
         if not 0 <= index < len(spans) or spans[index][0] < floor:
@@ -97,7 +98,7 @@ def find_boundary(
         if seen is False or (seen is None and anchored != counted):
             return None
         boundary = spans[index][1] if finished else spans[index][0]
-        return boundary if _new_visible(text, spans, index, boundary, new) else None
+        return boundary if _new_visible(text, spans, index, boundary, new_anchors) else None
 
     by_count = verified(counted)
     if by_count is not None:
@@ -128,12 +129,14 @@ def last_anchor_end(text: str, message: Message) -> int:
 def _text_forms(text: str | None) -> list[str]:
     """How a text may appear in a rendering: as is, trimmed, or JSON-escaped."""
     raw = text or ""
+    stripped = raw.strip()
     forms: list[str] = []
+    # `json.dumps` of a str, without and with `ensure_ascii`, as its own C functions
     for form in (
         raw,
-        raw.strip(),
-        json.dumps(raw.strip(), ensure_ascii=False)[1:-1],
-        json.dumps(raw.strip())[1:-1],
+        stripped,
+        encode_basestring(stripped)[1:-1],
+        encode_basestring_ascii(stripped)[1:-1],
     ):
         if form.strip() and form not in forms:
             forms.append(form)
@@ -153,11 +156,13 @@ def _find_any(text: str, forms: Sequence[str], start: int, end: int) -> int:
     return min(hits) if hits else -1
 
 
-def _anchor_index(text: str, spans: list[tuple[int, int]], new: list[Message]) -> int | None:
-    """Index of the last marker before the first new message, found from the end."""
+def _anchor_index(
+    text: str, spans: list[tuple[int, int]], new_anchors: list[list[list[str]]]
+) -> int | None:
+    """Index of the last marker before the first new message (`new_anchors`: each new
+    message's `_anchors`), found from the end."""
     end = len(text)
-    for position, message in reversed(list(enumerate(new))):
-        anchors = _anchors(message)
+    for position, anchors in reversed(list(enumerate(new_anchors))):
         if not anchors:
             if position == 0:
                 return None
@@ -184,13 +189,17 @@ def _reply_visible(
 
 
 def _new_visible(
-    text: str, spans: list[tuple[int, int]], index: int, boundary: int, new: list[Message]
+    text: str,
+    spans: list[tuple[int, int]],
+    index: int,
+    boundary: int,
+    new_anchors: list[list[list[str]]],
 ) -> bool:
     """New messages appear in order after the boundary, the first before any marker."""
     next_marker = spans[index + 1][0] if index + 1 < len(spans) else len(text)
     cursor = boundary
-    for position, message in enumerate(new):
-        for forms in _anchors(message):
+    for position, anchors in enumerate(new_anchors):
+        for forms in anchors:
             hit = _find_any(text, forms, cursor, len(text))
             if hit < 0 or (position == 0 and hit >= next_marker):
                 return False
