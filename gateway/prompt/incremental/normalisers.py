@@ -149,11 +149,12 @@ DEFAULT_NORMALISERS: tuple[Normaliser, ...] = (
 )
 
 
-def _changes(normaliser: Normaliser, held: Message, echoed: Message) -> bool:
+def _changed(normaliser: Normaliser, held: Message, echoed: Message) -> Pair | None:
+    """The pair `normaliser` makes of the two, or None if it changes neither."""
     new_held, new_echoed = normaliser.apply(held, echoed)
     if new_held is held and new_echoed is echoed:
-        return False
-    return (new_held, new_echoed) != (held, echoed)
+        return None
+    return None if (new_held, new_echoed) == (held, echoed) else (new_held, new_echoed)
 
 
 def _equal_after(normalisers: Sequence[Normaliser], held: Message, echoed: Message) -> bool:
@@ -166,7 +167,11 @@ def forgive(held: Message, echoed: Message, normalisers: Sequence[Normaliser]) -
     """Names of the normalisers needed to make the two equal, or None if none do."""
     if held.role != echoed.role:
         return None
-    used = [n for n in normalisers if _changes(n, held, echoed)]
+    changed = [(n, pair) for n in normalisers if (pair := _changed(n, held, echoed))]
+    if len(changed) == 1:  # the common case: one rule, already applied, needed if it works
+        [(normaliser, (new_held, new_echoed))] = changed
+        return [normaliser.name] if new_held == new_echoed else None
+    used = [n for n, _ in changed]
     if not _equal_after(used, held, echoed):
         return None
     # Report only what was needed: a normaliser that merely canonicalised two
