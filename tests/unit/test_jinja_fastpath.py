@@ -44,6 +44,11 @@ EXPRESSIONS = [
     "{{ raise_exception('refused ' + m.role) }}",
     "{% set range = m.role %}{{ range }}",
     "{% macro f(x) %}{{ x }}{{ raise_exception is defined }}{% endmacro %}{{ f(m.content) }}",
+    "{% macro f(x, y='d') %}{{ x }}{{ y }}{{ varargs }}{{ kwargs }}{% endmacro %}"
+    "{% for c in 'ab' %}{{ f(c, 1, 2, z=loop.index) }}{{ f(x=c) }}{% endfor %}",
+    "{% macro f() %}[{{ caller(m.role) }}]{% endmacro %}{% call(r) f() %}{{ r }}{% endcall %}",
+    "{% macro f(x) %}{{ x }}{% endmacro %}{{ f() }}{{ f(1, 2) }}",
+    "{% macro f() %}{{ f.__globals__ }}{% endmacro %}{{ f() }}",
 ]
 """Reads a template may make, allowed and refused, on every kind of value it sees."""
 
