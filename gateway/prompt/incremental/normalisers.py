@@ -168,13 +168,18 @@ def forgive(held: Message, echoed: Message, normalisers: Sequence[Normaliser]) -
     if held.role != echoed.role:
         return None
     changed = [(n, pair) for n in normalisers if (pair := _changed(n, held, echoed))]
-    if len(changed) == 1:  # the common case: one rule, already applied, needed if it works
-        [(normaliser, (new_held, new_echoed))] = changed
-        return [normaliser.name] if new_held == new_echoed else None
-    used = [n for n, _ in changed]
-    if not _equal_after(used, held, echoed):
+
+    def equal_after(rules: list[tuple[Normaliser, Pair]]) -> bool:
+        if len(rules) == 1:  # applied alone already
+            new_held, new_echoed = rules[0][1]
+            return new_held == new_echoed
+        return _equal_after([n for n, _ in rules], held, echoed)
+
+    if not equal_after(changed):
         return None
+    if len(changed) == 1:  # needed or not (the two were equal), it is the one named
+        return [changed[0][0].name]
     # Report only what was needed: a normaliser that merely canonicalised two
     # already-equal fields is not drift.
-    needed = [n for n in used if not _equal_after([m for m in used if m is not n], held, echoed)]
-    return [n.name for n in needed or used]
+    needed = [n for n, _ in changed if not equal_after([c for c in changed if c[0] is not n])]
+    return [n.name for n in needed] or [n.name for n, _ in changed]
