@@ -75,7 +75,12 @@ class _FastSandbox(ImmutableSandboxedEnvironment):
         if type(obj) is Macro:
             kwargs.pop("_loop_vars", None)  # scope hints for context-taking callables
             kwargs.pop("_block_vars", None)
-            return obj(*args, **kwargs)
+            try:
+                return obj(*args, **kwargs)
+            except StopIteration:  # as the context's own call answers it
+                return self.undefined(
+                    "value was undefined because a callable raised a StopIteration exception"
+                )
         return super().call(context, obj, *args, **kwargs)
 
     def _safe(self, kind: type, obj: Any, attribute: str, value: Any) -> bool:

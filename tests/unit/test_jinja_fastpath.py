@@ -5,7 +5,7 @@ import abc
 
 import jinja2
 import pytest
-from jinja2.sandbox import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from gateway.prompt.jinja_env import compile_template
 from gateway.prompt.jinja_fastpath import fast_sandbox
@@ -107,3 +107,21 @@ def test_verdicts_are_forgotten_when_an_abc_registers_a_class() -> None:
 def test_only_jinja_envs_sandbox_is_sped_up() -> None:
     with pytest.raises(TypeError):
         fast_sandbox(jinja2.Environment().from_string("{{ 1 }}"))
+
+
+def test_a_macro_that_raises_stop_iteration_renders_as_in_the_sandbox() -> None:
+    """A filter raising StopIteration inside a macro: the stock sandbox's call answers it
+    with an undefined value, and so does the fast macro call."""
+
+    def stop(value: object) -> object:
+        raise StopIteration
+
+    def compiled() -> jinja2.Template:
+        env = ImmutableSandboxedEnvironment()
+        env.filters["stop"] = stop
+        return env.from_string("{% macro f() %}{{ 1 | stop }}{% endmacro %}[{{ f() }}]")
+
+    stock, fast = compiled(), fast_sandbox(compiled())
+    assert stock.render() == "[]"
+    assert fast.render() == stock.render()
+    assert type(fast.environment).__name__ == "_FastSandbox"  # the fast path ran it
