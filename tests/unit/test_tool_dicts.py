@@ -13,7 +13,7 @@ from devstack.real_templates import template_names
 from gateway.canonical import Message, Tool
 from gateway.prompt.chat_template import ChatTemplate
 from gateway.prompt.jinja_env import compile_template, tojson
-from gateway.prompt.tool_dicts import ToolDicts, ToolList, tool_dict, tools_text
+from gateway.prompt.tool_dicts import ToolDicts, ToolList, _containers, tool_dict, tools_text
 from tests.fixtures.real_templates import real_template_text
 
 CLOCK = datetime(2025, 1, 2)
@@ -146,14 +146,4 @@ def test_only_the_last_lists_are_kept() -> None:
     first = [tool_dicts.dicts(tools) for tools in lists]
     assert tool_dicts.dicts(lists[2]) is first[2] and tool_dicts.dicts(lists[1]) is first[1]
     assert tool_dicts.dicts(lists[0]) is not first[0]  # dropped, converted again
-    assert len(tool_dicts._texts) == 2 * len(_parts(first[0]))
-
-
-def _parts(dicts: list[dict[str, Any]]) -> list[Any]:
-    found, stack = [], [dicts]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict | list):
-            found.append(item)
-            stack.extend(item.values() if isinstance(item, dict) else item)
-    return found
+    assert len(tool_dicts._texts) == 2 * len(_containers(first[0]))
